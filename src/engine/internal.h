@@ -1,0 +1,60 @@
+// Engine-internal helpers shared by the engine's .cpp files (not a public API):
+// the GEMM entry point, row argmin, checked sizes and the seeded RNG.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+// Hot loops get an AVX2+FMA clone picked at load time, so the library stays
+// runnable on any x86-64 without -march=native.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define GPU_IVFPQ_HOT __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define GPU_IVFPQ_HOT
+#endif
+
+namespace gpuivfpq::detail {
+
+// C[i*ldc + j] = sum_t A[i*lda + t] * B[j*ldb + t] for i < M, j < N (C = A B^T):
+// cblas_sgemm when built with BLAS, the portable loop otherwise.
+void gemm_nt(size_t M, size_t N, size_t K, const float* A, size_t lda, const float* B,
+             size_t ldb, float* C, size_t ldc);
+
+// The portable blocked loop behind gemm_nt (exposed so tests cover it even
+// when BLAS is linked).
+void gemm_nt_portable(size_t M, size_t N, size_t K, const float* A, size_t lda, const float* B,
+                      size_t ldb, float* C, size_t ldc);
+
+// Whether gemm_nt uses BLAS (false without BLAS or while forced portable).
+bool gemm_uses_blas();
+
+// Routes gemm_nt through the portable loop process-wide (for tests).
+void set_force_portable_gemm(bool on);
+
+// Index of the smallest norms[j] - 2*ip[j] over j < n (first on ties), i.e.
+// the L2-nearest row given the inner products of one query row; n >= 1.
+size_t argmin_l2(const float* ip, const float* norms, size_t n);
+
+// a * b, throwing Error(InvalidArgument) with what on size_t overflow.
+size_t checked_mul(size_t a, size_t b, const char* what);
+
+// Deterministic 64-bit generator (splitmix64): same stream on every platform,
+// unlike std:: distributions.
+class Rng {
+public:
+    explicit Rng(uint64_t seed) : state_(seed) {}
+    uint64_t next();
+    // Uniform-ish integer in [0, n) for n >= 1 (multiply-shift; bias < 2^-32).
+    size_t below(size_t n);
+    // Uniform float in [0, 1).
+    float unit();
+
+private:
+    uint64_t state_;
+};
+
+// k distinct indices of [0, n) (k <= n), ascending, drawn from rng.
+std::vector<size_t> sample_indices(size_t n, size_t k, Rng& rng);
+
+}  // namespace gpuivfpq::detail

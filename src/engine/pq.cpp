@@ -1,0 +1,214 @@
+// Product quantizer: per-slice k-means training, GEMM encoding, tables and ADC scans.
+#include "pq.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "distances.h"
+#include "error.h"
+#include "internal.h"
+#include "parallel.h"
+
+namespace gpuivfpq {
+
+ProductQuantizer::ProductQuantizer(size_t d, size_t m) : d_(d), m_(m), dsub_(0)
+{
+    require(d >= 1, "product quantizer: dimension must be at least 1");
+    require(m >= 1, "product quantizer: m must be at least 1");
+    require(d % m == 0, "product quantizer: dimension " + std::to_string(d) +
+                            " is not a multiple of m = " + std::to_string(m));
+    dsub_ = d / m;
+    codebooks_.assign(detail::checked_mul(m * kPqCentroids, dsub_, "PQ codebooks"), 0.0f);
+}
+
+void ProductQuantizer::set_codebooks(const float* data)
+{
+    require(data != nullptr, "product quantizer: null codebooks");
+    std::copy(data, data + codebooks_.size(), codebooks_.begin());
+}
+
+void ProductQuantizer::train(const float* x, size_t n, const KMeansParams& params)
+{
+    require(n >= 1, "product quantizer: need at least one training vector");
+    require(x != nullptr, "product quantizer: null training data");
+    detail::checked_mul(n, d_, "PQ training set");
+    const int threads = std::max(params.threads, 1);
+    // Sub-quantizers are independent: spread them over threads, and give any
+    // threads left over to each k-means (results do not depend on threads).
+    const int outer = int(std::min<size_t>(size_t(threads), m_));
+    const int inner = std::max(1, threads / outer);
+    parallel_for(m_, outer, [&](size_t j0, size_t j1) {
+        std::vector<float> slice(n * dsub_);
+        for (size_t j = j0; j < j1; j++) {
+            for (size_t i = 0; i < n; i++)
+                std::memcpy(slice.data() + i * dsub_, x + i * d_ + j * dsub_,
+                            dsub_ * sizeof(float));
+            KMeansParams kp = params;
+            kp.threads = inner;
+            kp.seed = params.seed + 0x9E3779B97F4A7C15ULL * (j + 1);  // decorrelate slices
+            kmeans_train(slice.data(), n, dsub_, kPqCentroids, kp,
+                         codebooks_.data() + j * kPqCentroids * dsub_);
+        }
+    });
+}
+
+void ProductQuantizer::encode(const float* x, size_t n, uint8_t* codes, int threads) const
+{
+    if (n == 0)
+        return;
+    require(x && codes, "product quantizer: null pointer in encode");
+    std::vector<float> norms(m_ * kPqCentroids);
+    for (size_t c = 0; c < m_ * kPqCentroids; c++)
+        norms[c] = norm_sqr(codebooks_.data() + c * dsub_, dsub_);
+    // Tiles of rows: per sub-quantizer one strided GEMM (lda = d) against its
+    // 256 codewords, then the row argmin.
+    constexpr size_t kRows = 1024;
+    const size_t ntiles = (n + kRows - 1) / kRows;
+    parallel_for(ntiles, threads, [&](size_t t0, size_t t1) {
+        std::vector<float> block(kRows * kPqCentroids);
+        for (size_t t = t0; t < t1; t++) {
+            const size_t r0 = t * kRows, nr = std::min(kRows, n - r0);
+            for (size_t j = 0; j < m_; j++) {
+                detail::gemm_nt(nr, kPqCentroids, dsub_, x + r0 * d_ + j * dsub_, d_,
+                                codebooks_.data() + j * kPqCentroids * dsub_, dsub_,
+                                block.data(), kPqCentroids);
+                for (size_t i = 0; i < nr; i++)
+                    codes[(r0 + i) * m_ + j] = uint8_t(detail::argmin_l2(
+                        block.data() + i * kPqCentroids, norms.data() + j * kPqCentroids,
+                        kPqCentroids));
+            }
+        }
+    });
+}
+
+void ProductQuantizer::decode(const uint8_t* codes, size_t n, float* x) const
+{
+    if (n == 0)
+        return;
+    require(codes && x, "product quantizer: null pointer in decode");
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < m_; j++)
+            std::memcpy(x + i * d_ + j * dsub_,
+                        codebooks_.data() + (j * kPqCentroids + codes[i * m_ + j]) * dsub_,
+                        dsub_ * sizeof(float));
+}
+
+namespace {
+
+// One sub-quantizer's 256 squared distances (IP = false) or inner products
+// (IP = true) to q_j, with the sub-dimension fixed at compile time so the
+// inner loop unrolls completely.
+template <size_t D, bool IP>
+inline __attribute__((always_inline)) void sub_table_fixed(const float* qj, const float* C,
+                                                           float* out)
+{
+    for (size_t c = 0; c < kPqCentroids; c++) {
+        const float* w = C + c * D;
+        float s = 0.0f;
+        for (size_t t = 0; t < D; t++) {
+            if (IP) {
+                s += qj[t] * w[t];
+            } else {
+                const float diff = qj[t] - w[t];
+                s += diff * diff;
+            }
+        }
+        out[c] = s;
+    }
+}
+
+// Table of all m sub-quantizers: common sub-dimensions get unrolled kernels,
+// the rest use the general distance functions.
+template <bool IP>
+inline __attribute__((always_inline)) void build_table(const float* q, const float* codebooks,
+                                                       size_t m, size_t dsub, float* table)
+{
+    for (size_t j = 0; j < m; j++) {
+        const float* qj = q + j * dsub;
+        const float* C = codebooks + j * kPqCentroids * dsub;
+        float* out = table + j * kPqCentroids;
+        switch (dsub) {
+        case 1: sub_table_fixed<1, IP>(qj, C, out); break;
+        case 2: sub_table_fixed<2, IP>(qj, C, out); break;
+        case 4: sub_table_fixed<4, IP>(qj, C, out); break;
+        case 8: sub_table_fixed<8, IP>(qj, C, out); break;
+        case 16: sub_table_fixed<16, IP>(qj, C, out); break;
+        default:
+            for (size_t c = 0; c < kPqCentroids; c++)
+                out[c] = IP ? inner_product(qj, C + c * dsub, dsub)
+                            : l2_sqr(qj, C + c * dsub, dsub);
+        }
+    }
+}
+
+// Non-template entry points so each gets its own AVX2 clone.
+GPU_IVFPQ_HOT void build_l2_table(const float* q, const float* cb, size_t m, size_t dsub,
+                                  float* table)
+{
+    build_table<false>(q, cb, m, dsub, table);
+}
+
+GPU_IVFPQ_HOT void build_ip_table(const float* q, const float* cb, size_t m, size_t dsub,
+                                  float* table)
+{
+    build_table<true>(q, cb, m, dsub, table);
+}
+
+}  // namespace
+
+void ProductQuantizer::l2_table(const float* q, float* table) const
+{
+    require(q && table, "product quantizer: null pointer in l2_table");
+    build_l2_table(q, codebooks_.data(), m_, dsub_, table);
+}
+
+void ProductQuantizer::ip_table(const float* q, float* table) const
+{
+    require(q && table, "product quantizer: null pointer in ip_table");
+    build_ip_table(q, codebooks_.data(), m_, dsub_, table);
+}
+
+namespace {
+
+// ADC for a compile-time m: fully unrolled lookups into two accumulators
+// (halves the add dependency chain; the loads dominate anyway).
+template <size_t M>
+inline __attribute__((always_inline)) void adc_fixed(const uint8_t* codes, size_t n,
+                                                     size_t stride, const float* table,
+                                                     float base, float* out)
+{
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t* c = codes + i * stride;
+        float s0 = 0.0f, s1 = 0.0f;
+        for (size_t j = 0; j < M; j += 2) {
+            s0 += table[j * kPqCentroids + c[j]];
+            s1 += table[(j + 1) * kPqCentroids + c[j + 1]];
+        }
+        out[i] = base + (s0 + s1);
+    }
+}
+
+}  // namespace
+
+void adc_scan(const uint8_t* codes, size_t n, size_t stride, const float* table, size_t m,
+              float base, float* out)
+{
+    if (n == 0)
+        return;
+    require(m >= 1, "adc_scan: m must be at least 1");
+    require(stride >= m, "adc_scan: stride must be at least m");
+    require(codes && table && out, "adc_scan: null pointer");
+    switch (m) {
+    case 4: adc_fixed<4>(codes, n, stride, table, base, out); return;
+    case 8: adc_fixed<8>(codes, n, stride, table, base, out); return;
+    case 16: adc_fixed<16>(codes, n, stride, table, base, out); return;
+    case 32: adc_fixed<32>(codes, n, stride, table, base, out); return;
+    case 64: adc_fixed<64>(codes, n, stride, table, base, out); return;
+    default:
+        for (size_t i = 0; i < n; i++)
+            out[i] = base + adc_lookup(codes + i * stride, table, m);
+    }
+}
+
+}  // namespace gpuivfpq
