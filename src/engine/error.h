@@ -1,0 +1,28 @@
+// Engine errors: the engine reports failures by throwing, never by aborting.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace gpuivfpq {
+
+// Kind lets the PostgreSQL guard pick an errcode without parsing text.
+enum class ErrorKind { InvalidArgument, OutOfMemory, Internal, Unsupported };
+
+class Error : public std::runtime_error {
+public:
+    Error(ErrorKind kind, const std::string& msg) : std::runtime_error(msg), kind_(kind) {}
+    ErrorKind kind() const { return kind_; }
+
+private:
+    ErrorKind kind_;
+};
+
+// Throws Error(InvalidArgument) with msg when cond is false.
+inline void require(bool cond, const std::string& msg)
+{
+    if (!cond)
+        throw Error(ErrorKind::InvalidArgument, msg);
+}
+
+}  // namespace gpuivfpq

@@ -1,0 +1,88 @@
+// IVFADC model: coarse quantizer + residual product quantizer, the paper's
+// three-term distance decomposition, and per-query lookup tables.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "distances.h"
+#include "kmeans.h"
+#include "pq.h"
+
+namespace gpuivfpq {
+
+struct IvfPqTrainParams {
+    int iterations = 10;          // k-means iterations, coarse and PQ
+    uint64_t seed = 1234;
+    size_t max_points_per_centroid = 64;  // coarse training subsample bound
+    size_t pq_max_training = 65536;       // PQ training subsample bound
+    int threads = 1;
+};
+
+// Per-query state: the ordered probe list and the query-only table (term 3).
+struct IvfPqQuery {
+    std::vector<float> q;            // the query (unit length for Cosine)
+    std::vector<int32_t> lists;      // probed lists, nearest first
+    std::vector<float> coarse;       // their coarse distances (||q-c||^2, or -<q,c> for IP)
+    std::vector<float> term3;        // m x 256: -2<q_j, C_jc> (L2/Cosine) or -<q_j, C_jc> (IP)
+};
+
+// The trained quantizers of one index. Vectors are encoded as
+// (list = nearest coarse centroid, code = PQ(x - centroid)). For Cosine the
+// model normalises inputs and works in L2 on the unit sphere, which ranks
+// exactly like cosine distance.
+class IvfPqModel {
+public:
+    IvfPqModel(size_t d, size_t lists, size_t m, Metric metric);
+
+    size_t d() const { return d_; }
+    size_t lists() const { return lists_; }
+    size_t m() const { return pq_.m(); }
+    Metric metric() const { return metric_; }
+
+    const std::vector<float>& centroids() const { return centroids_; }  // lists x d
+    const ProductQuantizer& pq() const { return pq_; }
+
+    // Loads trained parameters (from index pages).
+    void set_centroids(const float* data);  // lists x d
+    void set_codebooks(const float* data);  // m x 256 x (d/m)
+
+    // Trains on n sample vectors (n >= 1; with n < lists some centroids repeat).
+    void train(const float* x, size_t n, const IvfPqTrainParams& params);
+
+    // Encodes n vectors: list_ids[i], codes[i*m .. i*m+m), and optionally
+    // centroid_dist[i] = exact Euclidean distance from the (normalised) vector
+    // to its list centroid (the covering radius bookkeeping of range search).
+    void encode(const float* x, size_t n, int32_t* list_ids, uint8_t* codes,
+                float* centroid_dist = nullptr, int threads = 1) const;
+
+    // Builds the precomputed term-1 tables (lists x m x 256 floats:
+    // ||r||^2 + 2<c_j, r> per list, sub-quantizer and code) when they take at
+    // most max_bytes; returns whether they are in use. Not used for IP,
+    // where the table does not depend on the list.
+    bool precompute_tables(size_t max_bytes);
+    bool has_precomputed() const { return !term1_.empty(); }
+    size_t precomputed_bytes() const { return term1_.size() * sizeof(float); }
+
+    // Coarse search and term 3 for one query: the nprobe nearest lists
+    // (nprobe is clamped to lists), ordered nearest first.
+    void prepare_query(const float* q, size_t nprobe, IvfPqQuery& out) const;
+
+    // The ADC table (m x 256) and base distance for the probe-th list of a
+    // prepared query: distance(code) = base + sum_j table[j*256 + code[j]].
+    void list_table(const IvfPqQuery& query, size_t probe, float* table, float* base) const;
+
+    // Reconstruction of a code in a list (for tests): centroid + decode(code).
+    void reconstruct(int32_t list, const uint8_t* code, float* out) const;
+
+private:
+    size_t d_, lists_;
+    Metric metric_;
+    std::vector<float> centroids_;
+    std::vector<float> centroid_norms_;  // ||c||^2 per list
+    ProductQuantizer pq_;
+    std::vector<float> term1_;           // lists x m x 256, or empty
+};
+
+}  // namespace gpuivfpq

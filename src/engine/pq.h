@@ -1,0 +1,60 @@
+// Product quantizer: m sub-quantizers of 256 centroids (8-bit codes) each.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kmeans.h"
+
+namespace gpuivfpq {
+
+constexpr size_t kPqCentroids = 256;  // 2^nbits, nbits = 8
+
+class ProductQuantizer {
+public:
+    // d must be a multiple of m.
+    ProductQuantizer(size_t d, size_t m);
+
+    size_t d() const { return d_; }
+    size_t m() const { return m_; }
+    size_t dsub() const { return dsub_; }
+
+    // Codebooks, m x 256 x dsub floats (sub-quantizer j, centroid c at
+    // ((j * 256) + c) * dsub).
+    const std::vector<float>& codebooks() const { return codebooks_; }
+    void set_codebooks(const float* data);  // copies m * 256 * dsub floats
+
+    // Trains each sub-quantizer by k-means on the corresponding slice of x.
+    void train(const float* x, size_t n, const KMeansParams& params);
+
+    // codes: n x m bytes.
+    void encode(const float* x, size_t n, uint8_t* codes, int threads = 1) const;
+    void decode(const uint8_t* codes, size_t n, float* x) const;
+
+    // Distance tables for one query q (d floats), each m x 256:
+    // l2_table[j*256+c] = ||q_j - C_jc||^2 ; ip_table[j*256+c] = <q_j, C_jc>.
+    void l2_table(const float* q, float* table) const;
+    void ip_table(const float* q, float* table) const;
+
+private:
+    size_t d_, m_, dsub_;
+    std::vector<float> codebooks_;
+};
+
+// Sum of table lookups for one code: sum_j table[j*256 + code[j]].
+inline float adc_lookup(const uint8_t* code, const float* table, size_t m)
+{
+    float s = 0.0f;
+    for (size_t j = 0; j < m; j++)
+        s += table[j * kPqCentroids + code[j]];
+    return s;
+}
+
+// ADC over n codes laid out with a byte stride between consecutive codes
+// (stride >= m, so codes may sit interleaved with other data):
+// out[i] = base + sum_j table[j*256 + codes[i*stride + j]].
+void adc_scan(const uint8_t* codes, size_t n, size_t stride, const float* table, size_t m,
+              float base, float* out);
+
+}  // namespace gpuivfpq
