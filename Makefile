@@ -1,0 +1,37 @@
+# PGXS build of the gpu_ivfpq extension: `make`, `make install`,
+# `make installcheck` (pg_regress). The engine's unit tests and the CUDA
+# kernels are built with CMake (see README.md).
+EXTENSION = gpu_ivfpq
+MODULE_big = gpu_ivfpq
+DATA = sql/gpu_ivfpq--0.1.0.sql
+
+ENGINE_SRCS = $(sort $(wildcard src/engine/*.cpp))
+PG_SRCS = $(sort $(wildcard src/*.cpp))
+OBJS = $(PG_SRCS:.cpp=.o) $(ENGINE_SRCS:.cpp=.o)
+
+REGRESS = operators options build_edge scan_basic dml_vacuum
+
+# Debian's PGXS expects clang for LLVM bitcode; the extension needs no JIT.
+override with_llvm = no
+
+PG_CONFIG ?= pg_config
+
+# Serial OpenBLAS when present (no BLAS thread pool inside a backend).
+OPENBLAS_INC := $(firstword $(wildcard /usr/include/x86_64-linux-gnu/openblas-serial /usr/include/openblas-serial))
+OPENBLAS_LIB := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/openblas-serial))
+ifneq ($(OPENBLAS_INC),)
+ifneq ($(OPENBLAS_LIB),)
+BLAS_CPPFLAGS = -DGPU_IVFPQ_HAVE_CBLAS=1 -I$(OPENBLAS_INC)
+SHLIB_LINK += -L$(OPENBLAS_LIB) -Wl,-rpath,$(OPENBLAS_LIB) -lopenblas
+endif
+endif
+
+PG_CPPFLAGS = -I$(srcdir)/src $(BLAS_CPPFLAGS)
+SHLIB_LINK += -lstdc++ -lpthread
+
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)
+
+# PostgreSQL's CXXFLAGS are C-oriented (-O2); the engine's hot loops want -O3
+# and OpenMP SIMD hints (no OpenMP runtime).
+override CXXFLAGS := $(filter-out -O2,$(CXXFLAGS)) -O3 -fopenmp-simd -std=c++17 -Wno-missing-field-initializers

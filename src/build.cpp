@@ -1,0 +1,520 @@
+// CREATE INDEX: sample, train the quantizers, assign and encode every row,
+// write the lists. Also the empty index of an unlogged table's init fork.
+#include "gpu_ivfpq.h"
+#include "guard.h"
+#include "engine/ivfpq.h"
+
+/* Build phases, as pg_stat_progress_create_index shows them. */
+#define PHASE_SAMPLE	2
+#define PHASE_TRAIN		3
+#define PHASE_ENCODE	4
+#define PHASE_WRITE		5
+
+#define SAMPLES_PER_LIST	64		/* training rows per list ... */
+#define MIN_SAMPLE			16384	/* ... but at least this many */
+#define MIN_SAMPLES_PER_LIST 8		/* below this, error instead of training */
+#define ENCODE_BATCH		4096	/* rows encoded per engine call */
+
+typedef struct BuildState
+{
+	Relation	index;
+	int			dim;			/* from the first non-NULL row */
+	int			metric;
+	int			lists;
+	int			m;
+	double		heap_tuples;	/* rows seen, NULLs included */
+	double		index_tuples;	/* non-NULL rows */
+	MemoryContext tmpctx;		/* reset per row */
+
+	/* pass 1: reservoir sample */
+	float	   *sample;
+	int			sample_cap;
+	int			sample_n;
+	pg_prng_state prng;
+
+	/* pass 2: encode in batches, buffer entries by list, flush when full */
+	gpuivfpq::IvfPqModel *model;
+	gpuivfpq::IvfPqModel **model_holder;	/* freed by a context callback on error */
+	float	   *batch;
+	ItemPointerData *batch_tids;
+	int			batch_n;
+	int32	   *batch_lists;
+	uint8	   *batch_codes;
+	float	   *batch_radius;
+	int32	   *pend_lists;		/* pending entries (list, tid, code) */
+	ItemPointerData *pend_tids;
+	uint8	   *pend_codes;
+	float	   *list_radius;	/* per list, max over pending entries */
+	int			pend_n;
+	int			pend_cap;
+	GpuIvfpqMetaPageData *meta;
+} BuildState;
+
+/* Frees the engine model if the build is aborted by an error. */
+static void
+DeleteModelCallback(void *arg)
+{
+	gpuivfpq::IvfPqModel **holder = (gpuivfpq::IvfPqModel **) arg;
+
+	delete *holder;
+	*holder = NULL;
+}
+
+/* Bytes of maintenance_work_mem. */
+static Size
+MaintenanceBytes(void)
+{
+	return (Size) maintenance_work_mem * 1024;
+}
+
+/* Errors out, with the figures, when a build needs more memory than allowed. */
+static void
+CheckBuildMemory(Size needed, const char *what)
+{
+	if (needed > MaintenanceBytes())
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("gpu_ivfpq build needs %zu MB of memory for %s, maintenance_work_mem is %d MB",
+						needed / (1024 * 1024) + 1, what, maintenance_work_mem / 1024),
+				 errhint("Increase maintenance_work_mem, or use fewer lists.")));
+}
+
+/* Validates one indexed value and returns its elements (in tmpctx). */
+static const float *
+RowVector(BuildState *bs, Datum value)
+{
+	int			dim;
+	const float *v = GpuIvfpqArrayVector(DatumGetArrayTypeP(value), &dim, "indexed vector");
+
+	if (bs->dim == 0)
+	{
+		if (dim > GPU_IVFPQ_MAX_DIM)
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("vector has %d dimensions, gpu_ivfpq indexes at most %d", dim, GPU_IVFPQ_MAX_DIM)));
+		bs->dim = dim;
+	}
+	else if (dim != bs->dim)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_EXCEPTION),
+				 errmsg("vector has %d dimensions, the index has %d", dim, bs->dim),
+				 errhint("Every indexed vector must have the same number of dimensions.")));
+	return v;
+}
+
+/* Pass 1: keeps a uniform reservoir sample of the rows for training. */
+static void
+SampleCallback(Relation index, ItemPointer tid, Datum *values, bool *isnull,
+			   bool tupleIsAlive, void *state)
+{
+	BuildState *bs = (BuildState *) state;
+	MemoryContext old;
+	const float *v;
+	int			slot = -1;
+
+	bs->heap_tuples++;
+	if (isnull[0])
+		return;
+	old = MemoryContextSwitchTo(bs->tmpctx);
+	v = RowVector(bs, values[0]);
+	MemoryContextSwitchTo(old);
+
+	if (bs->sample == NULL)
+	{
+		/* First row: the dimension is known, size the sample to the memory limit. */
+		Size		row = (Size) bs->dim * sizeof(float);
+		int			want = Max(bs->lists * SAMPLES_PER_LIST, MIN_SAMPLE);
+		int			fits = (int) Min((Size) INT_MAX, MaintenanceBytes() / 2 / row);
+
+		if (fits < Min(want, bs->lists * MIN_SAMPLES_PER_LIST))
+			CheckBuildMemory((Size) bs->lists * MIN_SAMPLES_PER_LIST * row * 2,
+							 "the training sample");
+		bs->sample_cap = Min(want, fits);
+		bs->sample = (float *) palloc_extended((Size) bs->sample_cap * row, MCXT_ALLOC_HUGE);
+	}
+
+	if (bs->sample_n < bs->sample_cap)
+		slot = bs->sample_n++;
+	else
+	{
+		uint64		j = pg_prng_uint64_range(&bs->prng, 0, (uint64) bs->index_tuples);
+
+		if (j < (uint64) bs->sample_cap)
+			slot = (int) j;
+	}
+	if (slot >= 0)
+		memcpy(bs->sample + (Size) slot * bs->dim, v, (Size) bs->dim * sizeof(float));
+	bs->index_tuples++;
+	MemoryContextReset(bs->tmpctx);
+}
+
+/* Writes the pending entries to their lists, grouped by list. */
+static void
+FlushPending(BuildState *bs)
+{
+	int			esz = GpuIvfpqEntrySize(bs->m);
+	int		   *counts = (int *) palloc0(sizeof(int) * (bs->lists + 1));
+	int		   *order = (int *) palloc(sizeof(int) * Max(bs->pend_n, 1));
+	char	   *packed = (char *) palloc_extended((Size) Max(bs->pend_n, 1) * esz, MCXT_ALLOC_HUGE);
+
+	pgstat_progress_update_param(PROGRESS_CREATE_IDX_SUBPHASE, PHASE_WRITE);
+	/* Counting sort by list keeps build order (and so TID order) within a list. */
+	for (int i = 0; i < bs->pend_n; i++)
+		counts[bs->pend_lists[i] + 1]++;
+	for (int l = 0; l < bs->lists; l++)
+		counts[l + 1] += counts[l];
+	for (int i = 0; i < bs->pend_n; i++)
+		order[counts[bs->pend_lists[i]]++] = i;
+	/* counts[l] is now the end of list l, counts[l-1] its start. */
+	for (int i = 0; i < bs->pend_n; i++)
+	{
+		int			e = order[i];
+		char	   *dst = packed + (Size) i * esz;
+
+		memcpy(dst, &bs->pend_tids[e], GPU_IVFPQ_TID_BYTES);
+		memcpy(dst + GPU_IVFPQ_TID_BYTES, bs->pend_codes + (Size) e * bs->m, bs->m);
+	}
+	for (int l = 0; l < bs->lists; l++)
+	{
+		int			start = l == 0 ? 0 : counts[l - 1];
+		int			n = counts[l] - start;
+
+		if (n > 0)
+			GpuIvfpqAppendEntries(bs->index, bs->meta, l, packed + (Size) start * esz, n,
+								  bs->list_radius[l]);
+		bs->list_radius[l] = 0.0f;
+		CHECK_FOR_INTERRUPTS();
+	}
+	pfree(counts);
+	pfree(order);
+	pfree(packed);
+	bs->pend_n = 0;
+	pgstat_progress_update_param(PROGRESS_CREATE_IDX_SUBPHASE, PHASE_ENCODE);
+}
+
+/* Encodes the rows of the current batch and moves them to the pending entries. */
+static void
+EncodeBatch(BuildState *bs)
+{
+	int			threads = Max(1, max_parallel_maintenance_workers + 1);
+
+	if (bs->batch_n == 0)
+		return;
+	if (bs->pend_n + bs->batch_n > bs->pend_cap)
+		FlushPending(bs);
+	GpuIvfpqGuard("encoding", [&] {
+		bs->model->encode(bs->batch, bs->batch_n, bs->batch_lists, bs->batch_codes,
+						  bs->batch_radius, threads);
+	});
+	for (int i = 0; i < bs->batch_n; i++)
+	{
+		int			p = bs->pend_n++;
+		int			l = bs->batch_lists[i];
+
+		bs->pend_lists[p] = l;
+		bs->pend_tids[p] = bs->batch_tids[i];
+		memcpy(bs->pend_codes + (Size) p * bs->m, bs->batch_codes + (Size) i * bs->m, bs->m);
+		if (bs->batch_radius[i] > bs->list_radius[l])
+			bs->list_radius[l] = bs->batch_radius[i];
+	}
+	pgstat_progress_update_param(PROGRESS_CREATE_IDX_TUPLES_DONE, (int64) bs->index_tuples);
+	bs->batch_n = 0;
+}
+
+/* Pass 2: collects rows into encode batches. */
+static void
+EncodeCallback(Relation index, ItemPointer tid, Datum *values, bool *isnull,
+			   bool tupleIsAlive, void *state)
+{
+	BuildState *bs = (BuildState *) state;
+	MemoryContext old;
+	const float *v;
+
+	if (isnull[0])
+		return;
+	old = MemoryContextSwitchTo(bs->tmpctx);
+	v = RowVector(bs, values[0]);
+	memcpy(bs->batch + (Size) bs->batch_n * bs->dim, v, (Size) bs->dim * sizeof(float));
+	bs->batch_tids[bs->batch_n++] = *tid;
+	MemoryContextSwitchTo(old);
+	MemoryContextReset(bs->tmpctx);
+	bs->index_tuples++;
+	if (bs->batch_n == ENCODE_BATCH)
+		EncodeBatch(bs);
+}
+
+/* Writes (or rewrites) the metapage at block 0 of fork. */
+static void
+WriteMetaPage(Relation index, const GpuIvfpqMetaPageData *meta, Buffer buf)
+{
+	GenericXLogState *state = GenericXLogStart(index);
+	Page		page = GenericXLogRegisterBuffer(state, buf, GENERIC_XLOG_FULL_IMAGE);
+
+	GpuIvfpqInitPage(page, GPU_IVFPQ_PAGE_META);
+	memcpy(GpuIvfpqPageGetMeta(page), meta, sizeof(*meta));
+	((PageHeader) page)->pd_lower = (char *) GpuIvfpqPageGetMeta(page) + sizeof(*meta) - (char *) page;
+	GenericXLogFinish(state);
+}
+
+/* Fills a directory of `lists` empty lists into consecutive new pages. */
+static BlockNumber
+WriteEmptyListDir(Relation index, int lists, uint32 *npages)
+{
+	Size		bytes = sizeof(GpuIvfpqListDirEntry) * lists;
+	GpuIvfpqListDirEntry *dir = (GpuIvfpqListDirEntry *) palloc(bytes);
+	BlockNumber start = InvalidBlockNumber;
+
+	for (int l = 0; l < lists; l++)
+	{
+		dir[l].head = InvalidBlockNumber;
+		dir[l].insert_hint = InvalidBlockNumber;
+		dir[l].radius = 0.0f;
+		dir[l].reserved = 0;
+	}
+	*npages = 0;
+	for (int first = 0; first < lists; first += GPU_IVFPQ_LISTDIR_PER_PAGE)
+	{
+		Buffer		buf = GpuIvfpqNewBuffer(index, MAIN_FORKNUM);
+		GenericXLogState *state = GenericXLogStart(index);
+		Page		page = GenericXLogRegisterBuffer(state, buf, GENERIC_XLOG_FULL_IMAGE);
+		int			n = Min(GPU_IVFPQ_LISTDIR_PER_PAGE, lists - first);
+
+		GpuIvfpqInitPage(page, GPU_IVFPQ_PAGE_LISTDIR);
+		memcpy(PageGetContents(page), dir + first, sizeof(GpuIvfpqListDirEntry) * n);
+		((PageHeader) page)->pd_lower += MAXALIGN(sizeof(GpuIvfpqListDirEntry) * n);
+		if (start == InvalidBlockNumber)
+			start = BufferGetBlockNumber(buf);
+		GenericXLogFinish(state);
+		UnlockReleaseBuffer(buf);
+		(*npages)++;
+	}
+	pfree(dir);
+	return start;
+}
+
+/* The options of an index, with defaults when it has none. */
+static void
+IndexOptions(Relation index, int *lists, int *m)
+{
+	GpuIvfpqOptions *opts = (GpuIvfpqOptions *) index->rd_options;
+
+	*lists = opts ? opts->lists : GPU_IVFPQ_DEFAULT_LISTS;
+	*m = opts ? opts->m : 0;
+}
+
+/* Checks m against the dimension, naming the values that would work. */
+static int
+ChooseM(int requested, int dim)
+{
+	StringInfoData valid;
+
+	if (requested == 0)
+		return GpuIvfpqDefaultM(dim);
+	if (requested <= dim && dim % requested == 0)
+		return requested;
+	initStringInfo(&valid);
+	for (int m = 1; m <= Min(dim, GPU_IVFPQ_MAX_M); m++)
+		if (dim % m == 0)
+			appendStringInfo(&valid, "%s%d", valid.len ? ", " : "", m);
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("m = %d does not divide the dimension %d", requested, dim),
+			 errhint("m must divide the number of dimensions; for %d dimensions use one of: %s.",
+					 dim, valid.data)));
+	return 0;
+}
+
+/* ambuild: builds the whole index from the table. */
+IndexBuildResult *
+gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
+{
+	IndexBuildResult *result = (IndexBuildResult *) palloc0(sizeof(IndexBuildResult));
+	BuildState	bs;
+	GpuIvfpqMetaPageData meta;
+	Buffer		metabuf;
+	int			requested_m;
+	MemoryContextCallback *model_cb;
+
+	if (RelationGetNumberOfBlocks(index) != 0)
+		elog(ERROR, "index \"%s\" already contains data", RelationGetRelationName(index));
+
+	memset(&bs, 0, sizeof(bs));
+	bs.index = index;
+	bs.metric = GpuIvfpqMetricOf(index);
+	IndexOptions(index, &bs.lists, &requested_m);
+	bs.tmpctx = AllocSetContextCreate(CurrentMemoryContext, "gpu_ivfpq build row",
+									  ALLOCSET_DEFAULT_SIZES);
+	pg_prng_seed(&bs.prng, 0x9e3779b97f4a7c15ULL);	/* same table, same index */
+
+	/* Block 0 is the metapage; it is rewritten once the build is complete. */
+	memset(&meta, 0, sizeof(meta));
+	meta.magic = GPU_IVFPQ_MAGIC;
+	meta.version = GPU_IVFPQ_VERSION;
+	meta.nbits = GPU_IVFPQ_NBITS;
+	meta.metric = (uint8) bs.metric;
+	meta.build_id = pg_prng_uint32(&pg_global_prng_state);
+	metabuf = GpuIvfpqNewBuffer(index, MAIN_FORKNUM);
+	WriteMetaPage(index, &meta, metabuf);
+	UnlockReleaseBuffer(metabuf);
+	bs.model_holder = (gpuivfpq::IvfPqModel **) palloc0(sizeof(gpuivfpq::IvfPqModel *));
+	model_cb = (MemoryContextCallback *) palloc(sizeof(MemoryContextCallback));
+	model_cb->func = DeleteModelCallback;
+	model_cb->arg = bs.model_holder;
+	MemoryContextRegisterResetCallback(CurrentMemoryContext, model_cb);
+
+	/* Pass 1: sample. */
+	pgstat_progress_update_param(PROGRESS_CREATE_IDX_SUBPHASE, PHASE_SAMPLE);
+	table_index_build_scan(heap, index, indexInfo, true, true, SampleCallback, &bs, NULL);
+	pgstat_progress_update_param(PROGRESS_CREATE_IDX_TUPLES_TOTAL, (int64) bs.index_tuples);
+
+	meta.dimensions = bs.dim;
+	if (bs.index_tuples == 0)
+	{
+		/* Nothing to train on: an untrained index whose rows are searched exactly. */
+		ereport(NOTICE,
+				(errmsg("gpu_ivfpq index \"%s\" created on a table without vectors",
+						RelationGetRelationName(index)),
+				 errdetail("Until it is rebuilt, rows are kept unquantized in one list and every scan computes exact distances for all of them."),
+				 errhint("REINDEX the index once the table holds data, to train its quantizers.")));
+		meta.lists = 1;
+		meta.m = 0;
+		meta.trained = false;
+	}
+	else
+	{
+		gpuivfpq::IvfPqTrainParams params;
+		int			threads = Max(1, max_parallel_maintenance_workers + 1);
+
+		bs.m = ChooseM(requested_m, bs.dim);
+		if (bs.index_tuples < bs.lists)
+			ereport(NOTICE,
+					(errmsg("gpu_ivfpq index \"%s\" has %.0f vectors for %d lists",
+							RelationGetRelationName(index), bs.index_tuples, bs.lists),
+					 errdetail("Some centroids repeat and their lists stay empty; results remain correct."),
+					 errhint("Use lists of about sqrt(rows), or REINDEX once the table has grown.")));
+
+		pgstat_progress_update_param(PROGRESS_CREATE_IDX_SUBPHASE, PHASE_TRAIN);
+		params.threads = threads;
+		GpuIvfpqGuard("training", [&] {
+			bs.model = *bs.model_holder = new gpuivfpq::IvfPqModel(bs.dim, bs.lists, bs.m,
+																   (gpuivfpq::Metric) bs.metric);
+			bs.model->train(bs.sample, bs.sample_n, params);
+		});
+		pfree(bs.sample);
+		bs.sample = NULL;
+
+		meta.lists = bs.lists;
+		meta.m = bs.m;
+		meta.trained = true;
+		meta.centroid_start = GpuIvfpqWriteBlob(index, bs.model->centroids().data(),
+												bs.model->centroids().size() * sizeof(float));
+		meta.codebook_start = GpuIvfpqWriteBlob(index, bs.model->pq().codebooks().data(),
+												bs.model->pq().codebooks().size() * sizeof(float));
+	}
+	meta.listdir_start = WriteEmptyListDir(index, meta.lists, &meta.listdir_pages);
+	bs.meta = &meta;
+
+	if (meta.trained)
+	{
+		/* Pass 2: assign and encode every row; pending entries bounded by memory. */
+		Size		batch_bytes = (Size) ENCODE_BATCH * (bs.dim * sizeof(float) + sizeof(ItemPointerData) +
+														 sizeof(int32) + bs.m + sizeof(float));
+		Size		entry_bytes = sizeof(int32) + sizeof(ItemPointerData) + bs.m;
+
+		CheckBuildMemory(batch_bytes + (Size) ENCODE_BATCH * entry_bytes, "encoding");
+		bs.pend_cap = (int) Min((Size) INT_MAX / 2, (MaintenanceBytes() - batch_bytes) / entry_bytes);
+		bs.pend_cap = Min(bs.pend_cap, (int) Max(bs.index_tuples, (double) ENCODE_BATCH));
+		bs.batch = (float *) palloc_extended((Size) ENCODE_BATCH * bs.dim * sizeof(float), MCXT_ALLOC_HUGE);
+		bs.batch_tids = (ItemPointerData *) palloc(sizeof(ItemPointerData) * ENCODE_BATCH);
+		bs.batch_lists = (int32 *) palloc(sizeof(int32) * ENCODE_BATCH);
+		bs.batch_codes = (uint8 *) palloc((Size) ENCODE_BATCH * bs.m);
+		bs.batch_radius = (float *) palloc(sizeof(float) * ENCODE_BATCH);
+		bs.pend_lists = (int32 *) palloc_extended(sizeof(int32) * bs.pend_cap, MCXT_ALLOC_HUGE);
+		bs.pend_tids = (ItemPointerData *) palloc_extended(sizeof(ItemPointerData) * bs.pend_cap, MCXT_ALLOC_HUGE);
+		bs.pend_codes = (uint8 *) palloc_extended((Size) bs.pend_cap * bs.m, MCXT_ALLOC_HUGE);
+		bs.list_radius = (float *) palloc0(sizeof(float) * bs.lists);
+
+		pgstat_progress_update_param(PROGRESS_CREATE_IDX_SUBPHASE, PHASE_ENCODE);
+		bs.index_tuples = 0;
+		bs.heap_tuples = 0;
+		table_index_build_scan(heap, index, indexInfo, true, true, EncodeCallback, &bs, NULL);
+		EncodeBatch(&bs);
+		FlushPending(&bs);
+		*bs.model_holder = NULL;
+		GpuIvfpqGuard("cleanup", [&] { delete bs.model; });
+		bs.model = NULL;
+	}
+
+	meta.build_tuples = (uint64) bs.index_tuples;
+	metabuf = ReadBuffer(index, GPU_IVFPQ_METAPAGE_BLKNO);
+	LockBuffer(metabuf, BUFFER_LOCK_EXCLUSIVE);
+	WriteMetaPage(index, &meta, metabuf);
+	UnlockReleaseBuffer(metabuf);
+	MemoryContextDelete(bs.tmpctx);
+
+	result->heap_tuples = bs.heap_tuples;
+	result->index_tuples = bs.index_tuples;
+	return result;
+}
+
+/* ambuildempty: the init fork of an unlogged index, an empty untrained index. */
+void
+gpuivfpqbuildempty(Relation index)
+{
+	PGAlignedBlock metablock;
+	PGAlignedBlock dirblock;
+	Page		metapage = (Page) metablock.data;
+	Page		dirpage = (Page) dirblock.data;
+	GpuIvfpqMetaPageData meta;
+	GpuIvfpqListDirEntry entry;
+
+	memset(&meta, 0, sizeof(meta));
+	meta.magic = GPU_IVFPQ_MAGIC;
+	meta.version = GPU_IVFPQ_VERSION;
+	meta.nbits = GPU_IVFPQ_NBITS;
+	meta.metric = (uint8) GpuIvfpqMetricOf(index);
+	meta.build_id = pg_prng_uint32(&pg_global_prng_state);
+	meta.lists = 1;
+	meta.listdir_start = 1;
+	meta.listdir_pages = 1;
+
+	GpuIvfpqInitPage(metapage, GPU_IVFPQ_PAGE_META);
+	memcpy(GpuIvfpqPageGetMeta(metapage), &meta, sizeof(meta));
+	((PageHeader) metapage)->pd_lower = (char *) GpuIvfpqPageGetMeta(metapage) + sizeof(meta) - (char *) metapage;
+
+	entry.head = entry.insert_hint = InvalidBlockNumber;
+	entry.radius = 0.0f;
+	entry.reserved = 0;
+	GpuIvfpqInitPage(dirpage, GPU_IVFPQ_PAGE_LISTDIR);
+	memcpy(PageGetContents(dirpage), &entry, sizeof(entry));
+	((PageHeader) dirpage)->pd_lower += MAXALIGN(sizeof(entry));
+
+	PageSetChecksumInplace(metapage, 0);
+	PageSetChecksumInplace(dirpage, 1);
+	smgrwrite(RelationGetSmgr(index), INIT_FORKNUM, 0, (char *) metapage, true);
+	log_newpage(&(RelationGetSmgr(index))->smgr_rnode.node, INIT_FORKNUM, 0, metapage, true);
+	smgrwrite(RelationGetSmgr(index), INIT_FORKNUM, 1, (char *) dirpage, true);
+	log_newpage(&(RelationGetSmgr(index))->smgr_rnode.node, INIT_FORKNUM, 1, dirpage, true);
+	smgrimmedsync(RelationGetSmgr(index), INIT_FORKNUM);
+}
+
+/* Names of the build phases for pg_stat_progress_create_index. */
+char *
+gpuivfpqbuildphasename(int64 phase)
+{
+	switch (phase)
+	{
+		case PROGRESS_CREATE_IDX_SUBPHASE_INITIALIZE:
+			return (char *) "initializing";
+		case PHASE_SAMPLE:
+			return (char *) "sampling table";
+		case PHASE_TRAIN:
+			return (char *) "training quantizers";
+		case PHASE_ENCODE:
+			return (char *) "assigning and encoding rows";
+		case PHASE_WRITE:
+			return (char *) "writing inverted lists";
+		default:
+			return NULL;
+	}
+}

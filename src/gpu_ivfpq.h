@@ -1,0 +1,173 @@
+// Private header of the gpu_ivfpq access method: on-disk format, options,
+// GUCs and the prototypes of each source file.
+#pragma once
+
+#include "pg.h"
+
+namespace gpuivfpq {
+class IvfPqModel;
+}
+
+/* ---- on-disk format ---- */
+#define GPU_IVFPQ_MAGIC			0x49565051	/* "IVPQ" */
+#define GPU_IVFPQ_VERSION		1
+#define GPU_IVFPQ_PAGE_ID		0xFF8A		/* last 2 bytes of every page */
+#define GPU_IVFPQ_METAPAGE_BLKNO	0
+
+/* page kinds, in the opaque flags */
+#define GPU_IVFPQ_PAGE_META		1
+#define GPU_IVFPQ_PAGE_BLOB		2	/* centroids or codebooks, raw floats */
+#define GPU_IVFPQ_PAGE_LISTDIR	3
+#define GPU_IVFPQ_PAGE_LIST		4
+
+#define GPU_IVFPQ_MAX_DIM		16000
+#define GPU_IVFPQ_MAX_LISTS		65536
+#define GPU_IVFPQ_MAX_M			256
+#define GPU_IVFPQ_NBITS			8
+
+/* Every page carries this in its special space. */
+typedef struct GpuIvfpqPageOpaqueData
+{
+	BlockNumber next;			/* next page of a list chain, or Invalid */
+	uint16		flags;			/* GPU_IVFPQ_PAGE_* */
+	uint16		page_id;		/* GPU_IVFPQ_PAGE_ID */
+} GpuIvfpqPageOpaqueData;
+typedef GpuIvfpqPageOpaqueData *GpuIvfpqPageOpaque;
+
+#define GpuIvfpqPageGetOpaque(page) \
+	((GpuIvfpqPageOpaque) PageGetSpecialPointer(page))
+
+/* Bytes usable for content on one page (between header and special space). */
+#define GPU_IVFPQ_PAGE_CONTENT \
+	(BLCKSZ - MAXALIGN(SizeOfPageHeaderData) - MAXALIGN(sizeof(GpuIvfpqPageOpaqueData)))
+
+/* Metapage contents. */
+typedef struct GpuIvfpqMetaPageData
+{
+	uint32		magic;
+	uint32		version;
+	uint32		dimensions;
+	uint32		lists;			/* lists in the directory (1 when untrained) */
+	uint16		m;				/* PQ sub-quantizers (0 when untrained) */
+	uint16		nbits;
+	uint8		metric;			/* gpuivfpq::Metric */
+	bool		trained;		/* quantizers exist; else entries hold no code */
+	uint32		build_id;		/* changes with every build: cache key */
+	BlockNumber centroid_start; /* lists x dim floats, consecutive pages */
+	BlockNumber codebook_start; /* m x 256 x (dim/m) floats */
+	BlockNumber listdir_start;	/* consecutive list directory pages */
+	uint32		listdir_pages;
+	uint64		build_tuples;	/* rows indexed by the build */
+} GpuIvfpqMetaPageData;
+typedef GpuIvfpqMetaPageData *GpuIvfpqMetaPage;
+
+#define GpuIvfpqPageGetMeta(page) ((GpuIvfpqMetaPage) PageGetContents(page))
+
+/* One inverted list in the directory. */
+typedef struct GpuIvfpqListDirEntry
+{
+	BlockNumber head;			/* first page of the chain, or Invalid */
+	BlockNumber insert_hint;	/* a page at or before the first with room */
+	float4		radius;			/* covering radius: max ||x - c|| (never shrinks) */
+	uint32		reserved;
+} GpuIvfpqListDirEntry;
+
+#define GPU_IVFPQ_LISTDIR_PER_PAGE \
+	((int) (GPU_IVFPQ_PAGE_CONTENT / sizeof(GpuIvfpqListDirEntry)))
+
+/*
+ * List pages hold packed entries from PageGetContents: a heap TID (6 bytes)
+ * followed by the m-byte PQ code. pd_lower marks the end of the entries, so
+ * GenericXLog logs only the used part of a page.
+ */
+#define GPU_IVFPQ_TID_BYTES		((int) sizeof(ItemPointerData))
+
+static inline int
+GpuIvfpqEntrySize(int m)
+{
+	return GPU_IVFPQ_TID_BYTES + m;
+}
+
+static inline int
+GpuIvfpqEntriesPerPage(int m)
+{
+	return (int) (GPU_IVFPQ_PAGE_CONTENT / GpuIvfpqEntrySize(m));
+}
+
+static inline int
+GpuIvfpqPageEntryCount(Page page, int m)
+{
+	return (int) ((((PageHeader) page)->pd_lower - MAXALIGN(SizeOfPageHeaderData)) /
+				  GpuIvfpqEntrySize(m));
+}
+
+/* ---- options ---- */
+typedef struct GpuIvfpqOptions
+{
+	int32		vl_len_;		/* varlena header (do not touch directly!) */
+	int			lists;
+	int			m;				/* 0 = choose from the dimension */
+	int			nbits;
+} GpuIvfpqOptions;
+
+#define GPU_IVFPQ_DEFAULT_LISTS 100
+
+/* ---- GUCs (handler.cpp) ---- */
+extern int	gpu_ivfpq_probes;
+extern int	gpu_ivfpq_rerank;
+extern int	gpu_ivfpq_max_scan_tuples;
+extern int	gpu_ivfpq_table_memory_mb;
+
+/* ---- opclass support ---- */
+#define GPU_IVFPQ_DISTANCE_PROC 1
+#define GPU_IVFPQ_METRIC_PROC	2
+
+/* ---- vector_ops.cpp ---- */
+extern const float *GpuIvfpqArrayVector(ArrayType *arr, int *dim, const char *what);
+extern double GpuIvfpqExactDistance(int metric, const float *a, const float *b, int dim);
+
+/* ---- pages.cpp ---- */
+extern void GpuIvfpqInitPage(Page page, uint16 flags);
+extern Buffer GpuIvfpqNewBuffer(Relation index, ForkNumber fork);
+extern void GpuIvfpqReadMeta(Relation index, GpuIvfpqMetaPageData *meta);
+extern BlockNumber GpuIvfpqWriteBlob(Relation index, const void *data, Size bytes);
+extern void GpuIvfpqReadBlob(Relation index, BlockNumber start, void *data, Size bytes);
+extern GpuIvfpqListDirEntry *GpuIvfpqReadListDir(Relation index, const GpuIvfpqMetaPageData *meta);
+extern void GpuIvfpqAppendEntries(Relation index, const GpuIvfpqMetaPageData *meta, int list,
+								  const char *entries, int count, float radius);
+extern void GpuIvfpqLowerInsertHint(Relation index, const GpuIvfpqMetaPageData *meta, int list, BlockNumber blk);
+extern void GpuIvfpqSetDimensions(Relation index, GpuIvfpqMetaPageData *meta, int dim);
+extern int	GpuIvfpqDefaultM(int dim);
+extern int	GpuIvfpqMetricOf(Relation index);
+
+/* ---- model_cache.cpp ---- */
+extern gpuivfpq::IvfPqModel *GpuIvfpqGetModel(Relation index, const GpuIvfpqMetaPageData *meta);
+
+/* ---- build.cpp ---- */
+extern IndexBuildResult *gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo);
+extern void gpuivfpqbuildempty(Relation index);
+extern char *gpuivfpqbuildphasename(int64 phase);
+
+/* ---- insert.cpp ---- */
+extern bool gpuivfpqinsert(Relation index, Datum *values, bool *isnull, ItemPointer heap_tid,
+						   Relation heap, IndexUniqueCheck checkUnique,
+						   bool indexUnchanged, IndexInfo *indexInfo);
+
+/* ---- scan.cpp ---- */
+extern IndexScanDesc gpuivfpqbeginscan(Relation index, int nkeys, int norderbys);
+extern void gpuivfpqrescan(IndexScanDesc scan, ScanKey keys, int nkeys, ScanKey orderbys, int norderbys);
+extern bool gpuivfpqgettuple(IndexScanDesc scan, ScanDirection dir);
+extern void gpuivfpqendscan(IndexScanDesc scan);
+
+/* ---- vacuum.cpp ---- */
+extern IndexBulkDeleteResult *gpuivfpqbulkdelete(IndexVacuumInfo *info, IndexBulkDeleteResult *stats,
+												 IndexBulkDeleteCallback callback, void *callback_state);
+extern IndexBulkDeleteResult *gpuivfpqvacuumcleanup(IndexVacuumInfo *info, IndexBulkDeleteResult *stats);
+
+/* ---- handler.cpp ---- */
+extern void gpuivfpqcostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
+								 Cost *indexStartupCost, Cost *indexTotalCost,
+								 Selectivity *indexSelectivity, double *indexCorrelation,
+								 double *indexPages);
+extern bytea *gpuivfpqoptions(Datum reloptions, bool validate);
+extern bool gpuivfpqvalidate(Oid opclassoid);

@@ -1,0 +1,223 @@
+// Module entry: GUCs, reloptions, the access method handler, cost estimate
+// and operator class validation.
+#include <cfloat>
+
+#include "gpu_ivfpq.h"
+
+extern "C" {
+PG_MODULE_MAGIC;
+PG_FUNCTION_INFO_V1(gpu_ivfpq_handler);
+void		_PG_init(void);
+}
+
+int			gpu_ivfpq_probes = 10;
+int			gpu_ivfpq_rerank = 100;
+int			gpu_ivfpq_max_scan_tuples = 20000;
+int			gpu_ivfpq_table_memory_mb = 128;
+
+static relopt_kind gpu_ivfpq_relopt_kind;
+
+/* Registers the GUCs and index options. */
+void
+_PG_init(void)
+{
+	gpu_ivfpq_relopt_kind = add_reloption_kind();
+	add_int_reloption(gpu_ivfpq_relopt_kind, "lists", "Number of inverted lists (coarse centroids)",
+					  GPU_IVFPQ_DEFAULT_LISTS, 1, GPU_IVFPQ_MAX_LISTS, AccessExclusiveLock);
+	add_int_reloption(gpu_ivfpq_relopt_kind, "m",
+					  "Number of PQ sub-quantizers, a divisor of the dimension (0 = chosen from it)",
+					  0, 0, GPU_IVFPQ_MAX_M, AccessExclusiveLock);
+	add_int_reloption(gpu_ivfpq_relopt_kind, "nbits", "Bits per PQ sub-quantizer code (8 only)",
+					  GPU_IVFPQ_NBITS, GPU_IVFPQ_NBITS, GPU_IVFPQ_NBITS, AccessExclusiveLock);
+
+	DefineCustomIntVariable("gpu_ivfpq.probes", "Number of inverted lists probed by a scan.",
+							"More probes: higher recall, slower queries.",
+							&gpu_ivfpq_probes, 10, 1, GPU_IVFPQ_MAX_LISTS, PGC_USERSET, 0,
+							NULL, NULL, NULL);
+	DefineCustomIntVariable("gpu_ivfpq.rerank", "Number of ADC candidates re-ranked with exact distances.",
+							"Rows come back in exact distance order among the re-ranked candidates.",
+							&gpu_ivfpq_rerank, 100, 1, 1000000, PGC_USERSET, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("gpu_ivfpq.max_scan_tuples",
+							"Most rows one scan re-ranks when it continues past the first batch.",
+							"Bounds the work of a filtered query that needs more rows.",
+							&gpu_ivfpq_max_scan_tuples, 20000, 1, INT_MAX, PGC_USERSET, 0,
+							NULL, NULL, NULL);
+	DefineCustomIntVariable("gpu_ivfpq.table_memory", "Memory per index for precomputed lookup-table terms.",
+							"Term 1 of the IVFADC decomposition takes lists * m * 256 floats; above this budget tables are computed per list at query time.",
+							&gpu_ivfpq_table_memory_mb, 128, 0, 65536, PGC_USERSET, GUC_UNIT_MB,
+							NULL, NULL, NULL);
+	MarkGUCPrefixReserved("gpu_ivfpq");
+}
+
+/* amoptions: parses WITH (lists, m, nbits). */
+bytea *
+gpuivfpqoptions(Datum reloptions, bool validate)
+{
+	static const relopt_parse_elt tab[] = {
+		{"lists", RELOPT_TYPE_INT, offsetof(GpuIvfpqOptions, lists)},
+		{"m", RELOPT_TYPE_INT, offsetof(GpuIvfpqOptions, m)},
+		{"nbits", RELOPT_TYPE_INT, offsetof(GpuIvfpqOptions, nbits)},
+	};
+
+	return (bytea *) build_reloptions(reloptions, validate, gpu_ivfpq_relopt_kind,
+									  sizeof(GpuIvfpqOptions), tab, lengthof(tab));
+}
+
+/*
+ * amcostestimate: the index only serves ORDER BY <op> LIMIT; without an
+ * ORDER BY it must never be chosen. All work happens before the first row,
+ * so startup cost equals total cost.
+ */
+void
+gpuivfpqcostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
+					 Cost *indexStartupCost, Cost *indexTotalCost,
+					 Selectivity *indexSelectivity, double *indexCorrelation,
+					 double *indexPages)
+{
+	GenericCosts costs;
+	int			lists = GPU_IVFPQ_DEFAULT_LISTS;
+	double		ratio;
+	Relation	index;
+
+	if (path->indexorderbys == NIL)
+	{
+		*indexStartupCost = DBL_MAX;
+		*indexTotalCost = DBL_MAX;
+		*indexSelectivity = 0;
+		*indexCorrelation = 0;
+		*indexPages = 0;
+		return;
+	}
+
+	index = index_open(path->indexinfo->indexoid, NoLock);
+	if (index->rd_options)
+		lists = ((GpuIvfpqOptions *) index->rd_options)->lists;
+	index_close(index, NoLock);
+
+	ratio = Min(1.0, (double) gpu_ivfpq_probes / Max(lists, 1));
+	MemSet(&costs, 0, sizeof(costs));
+	costs.numIndexTuples = path->indexinfo->tuples * ratio;
+	genericcostestimate(root, path, loop_count, &costs);
+
+	/* Each re-ranked candidate costs a heap fetch. */
+	costs.indexTotalCost += Min((double) gpu_ivfpq_rerank, path->indexinfo->rel->tuples) *
+		(random_page_cost / 4 + cpu_tuple_cost);
+	*indexStartupCost = costs.indexTotalCost;
+	*indexTotalCost = costs.indexTotalCost;
+	*indexSelectivity = costs.indexSelectivity;
+	*indexCorrelation = 0;
+	*indexPages = costs.numIndexPages;
+}
+
+/* amvalidate: an operator class has ORDER BY operator 1 and support functions 1 and 2. */
+bool
+gpuivfpqvalidate(Oid opclassoid)
+{
+	bool		result = true;
+	HeapTuple	classtup = SearchSysCache1(CLAOID, ObjectIdGetDatum(opclassoid));
+	Form_pg_opclass classform;
+	CatCList   *oprlist;
+	CatCList   *proclist;
+	bool		have_proc[3] = {false, false, false};
+	bool		have_op = false;
+
+	if (!HeapTupleIsValid(classtup))
+		elog(ERROR, "cache lookup failed for operator class %u", opclassoid);
+	classform = (Form_pg_opclass) GETSTRUCT(classtup);
+
+	oprlist = SearchSysCacheList1(AMOPSTRATEGY, ObjectIdGetDatum(classform->opcfamily));
+	for (int i = 0; i < oprlist->n_members; i++)
+	{
+		Form_pg_amop op = (Form_pg_amop) GETSTRUCT(&oprlist->members[i]->tuple);
+
+		if (op->amopstrategy != 1 || op->amoppurpose != AMOP_ORDER)
+		{
+			ereport(INFO,
+					(errcode(ERRCODE_INVALID_OBJECT_DEFINITION),
+					 errmsg("gpu_ivfpq operator family contains operator %u with strategy %d; only ORDER BY operator 1 is supported",
+							op->amopopr, op->amopstrategy)));
+			result = false;
+		}
+		else
+			have_op = true;
+	}
+	proclist = SearchSysCacheList1(AMPROCNUM, ObjectIdGetDatum(classform->opcfamily));
+	for (int i = 0; i < proclist->n_members; i++)
+	{
+		Form_pg_amproc proc = (Form_pg_amproc) GETSTRUCT(&proclist->members[i]->tuple);
+
+		if (proc->amprocnum < 1 || proc->amprocnum > 2)
+		{
+			ereport(INFO,
+					(errcode(ERRCODE_INVALID_OBJECT_DEFINITION),
+					 errmsg("gpu_ivfpq operator family contains invalid support function number %d",
+							proc->amprocnum)));
+			result = false;
+		}
+		else
+			have_proc[proc->amprocnum] = true;
+	}
+	if (!have_op || !have_proc[1] || !have_proc[2])
+	{
+		ereport(INFO,
+				(errcode(ERRCODE_INVALID_OBJECT_DEFINITION),
+				 errmsg("gpu_ivfpq operator class needs ORDER BY operator 1 and support functions 1 and 2")));
+		result = false;
+	}
+	ReleaseCatCacheList(proclist);
+	ReleaseCatCacheList(oprlist);
+	ReleaseSysCache(classtup);
+	return result;
+}
+
+/* The access method handler: every IndexAmRoutine field is set. */
+Datum
+gpu_ivfpq_handler(PG_FUNCTION_ARGS)
+{
+	IndexAmRoutine *am = makeNode(IndexAmRoutine);
+
+	am->amstrategies = 0;
+	am->amsupport = 2;
+	am->amoptsprocnum = 0;
+	am->amcanorder = false;
+	am->amcanorderbyop = true;
+	am->amcanbackward = false;
+	am->amcanunique = false;
+	am->amcanmulticol = false;
+	am->amoptionalkey = true;
+	am->amsearcharray = false;
+	am->amsearchnulls = false;
+	am->amstorage = false;
+	am->amclusterable = false;
+	am->ampredlocks = false;
+	am->amcanparallel = false;
+	am->amcaninclude = false;
+	am->amusemaintenanceworkmem = false;
+	am->amparallelvacuumoptions = VACUUM_OPTION_PARALLEL_BULKDEL;
+	am->amkeytype = InvalidOid;
+
+	am->ambuild = gpuivfpqbuild;
+	am->ambuildempty = gpuivfpqbuildempty;
+	am->aminsert = gpuivfpqinsert;
+	am->ambulkdelete = gpuivfpqbulkdelete;
+	am->amvacuumcleanup = gpuivfpqvacuumcleanup;
+	am->amcanreturn = NULL;
+	am->amcostestimate = gpuivfpqcostestimate;
+	am->amoptions = gpuivfpqoptions;
+	am->amproperty = NULL;
+	am->ambuildphasename = gpuivfpqbuildphasename;
+	am->amvalidate = gpuivfpqvalidate;
+	am->amadjustmembers = NULL;
+	am->ambeginscan = gpuivfpqbeginscan;
+	am->amrescan = gpuivfpqrescan;
+	am->amgettuple = gpuivfpqgettuple;
+	am->amgetbitmap = NULL;
+	am->amendscan = gpuivfpqendscan;
+	am->ammarkpos = NULL;
+	am->amrestrpos = NULL;
+	am->amestimateparallelscan = NULL;
+	am->aminitparallelscan = NULL;
+	am->amparallelrescan = NULL;
+
+	PG_RETURN_POINTER(am);
+}

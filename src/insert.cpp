@@ -1,0 +1,58 @@
+// aminsert: encode one new row and append it to its nearest list.
+#include "gpu_ivfpq.h"
+#include "guard.h"
+#include "engine/ivfpq.h"
+
+/* Inserts one row: NULLs are not indexed; a wrong dimension is an error. */
+bool
+gpuivfpqinsert(Relation index, Datum *values, bool *isnull, ItemPointer heap_tid,
+			   Relation heap, IndexUniqueCheck checkUnique,
+			   bool indexUnchanged, IndexInfo *indexInfo)
+{
+	MemoryContext ctx;
+	MemoryContext old;
+	GpuIvfpqMetaPageData meta;
+	const float *v;
+	int			dim;
+	char	   *entry;
+	int32		list = 0;
+	float		radius = 0.0f;
+
+	if (isnull[0])
+		return false;
+
+	ctx = AllocSetContextCreate(CurrentMemoryContext, "gpu_ivfpq insert", ALLOCSET_SMALL_SIZES);
+	old = MemoryContextSwitchTo(ctx);
+
+	v = GpuIvfpqArrayVector(DatumGetArrayTypeP(values[0]), &dim, "indexed vector");
+	GpuIvfpqReadMeta(index, &meta);
+	if (meta.dimensions == 0)
+	{
+		if (dim > GPU_IVFPQ_MAX_DIM)
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("vector has %d dimensions, gpu_ivfpq indexes at most %d", dim, GPU_IVFPQ_MAX_DIM)));
+		GpuIvfpqSetDimensions(index, &meta, dim);
+	}
+	if ((uint32) dim != meta.dimensions)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_EXCEPTION),
+				 errmsg("vector has %d dimensions, the index \"%s\" has %u",
+						dim, RelationGetRelationName(index), meta.dimensions),
+				 errhint("Every indexed vector must have the same number of dimensions.")));
+
+	entry = (char *) palloc(GpuIvfpqEntrySize(meta.trained ? meta.m : 0));
+	memcpy(entry, heap_tid, GPU_IVFPQ_TID_BYTES);
+	if (meta.trained)
+	{
+		gpuivfpq::IvfPqModel *model = GpuIvfpqGetModel(index, &meta);
+		uint8	   *code = (uint8 *) entry + GPU_IVFPQ_TID_BYTES;
+
+		GpuIvfpqGuard("encoding", [&] { model->encode(v, 1, &list, code, &radius, 1); });
+	}
+	GpuIvfpqAppendEntries(index, &meta, list, entry, 1, radius);
+
+	MemoryContextSwitchTo(old);
+	MemoryContextDelete(ctx);
+	return false;
+}

@@ -1,0 +1,456 @@
+// Ordered index scan: probe the nearest lists, rank codes by ADC, re-rank
+// the best candidates with exact distances from the heap, and continue with
+// more candidates and lists when the executor asks for more rows.
+#include <algorithm>
+#include <cmath>
+
+#include "gpu_ivfpq.h"
+#include "guard.h"
+#include "engine/ivfpq.h"
+#include "engine/topk.h"
+
+/* One re-ranked row, returned in (dist, tid) order within its batch. */
+typedef struct ScanResult
+{
+	double		dist;
+	ItemPointerData tid;
+} ScanResult;
+
+typedef struct GpuIvfpqScanOpaqueData
+{
+	MemoryContext scanctx;		/* lives as long as the scan */
+	MemoryContext batchctx;		/* reset on rescan */
+	MemoryContext rowctx;		/* reset per re-ranked row */
+
+	GpuIvfpqMetaPageData meta;
+	GpuIvfpqListDirEntry *dir;
+	int			metric;
+
+	/* the query of the current rescan */
+	bool		null_query;
+	float	   *query;
+	gpuivfpq::IvfPqModel *model;	/* owned by the backend cache */
+	gpuivfpq::IvfPqQuery *prepared; /* owned here, freed by a context callback */
+
+	/* progress of the iterative scan */
+	bool		started;
+	bool		exhausted;
+	int			probes;			/* lists probed by the current round */
+	int			candidates;		/* ADC candidates taken by the current round */
+	int64		reranked;		/* rows re-ranked so far (the bound counts these) */
+	int64		entries_seen;	/* entries in the probed lists, last round */
+	HTAB	   *seen;			/* TIDs already re-ranked */
+
+	ScanResult *results;
+	int			nresults;
+	int			next;
+
+	/* heap access for re-ranking */
+	IndexFetchTableData *fetch;
+	TupleTableSlot *slot;
+	EState	   *estate;
+	IndexInfo  *indexInfo;
+} GpuIvfpqScanOpaqueData;
+typedef GpuIvfpqScanOpaqueData *GpuIvfpqScanOpaque;
+
+/* Frees the prepared query (engine memory) with the scan's context. */
+static void
+FreePreparedQuery(void *arg)
+{
+	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) arg;
+
+	delete so->prepared;
+	so->prepared = NULL;
+}
+
+/* TIDs travel through the engine as 64-bit labels. */
+static inline int64
+TidToLabel(const ItemPointerData *tid)
+{
+	return ((int64) ItemPointerGetBlockNumberNoCheck(tid) << 16) |
+		ItemPointerGetOffsetNumberNoCheck(tid);
+}
+
+static inline void
+LabelToTid(int64 label, ItemPointerData *tid)
+{
+	ItemPointerSet(tid, (BlockNumber) (label >> 16), (OffsetNumber) (label & 0xFFFF));
+}
+
+/* Orders results by exact distance (NaN last), then TID. */
+static bool
+ResultLess(const ScanResult &a, const ScanResult &b)
+{
+	bool		an = std::isnan(a.dist);
+	bool		bn = std::isnan(b.dist);
+
+	if (an != bn)
+		return bn;
+	if (!an && a.dist != b.dist)
+		return a.dist < b.dist;
+	return ItemPointerCompare((ItemPointer) &a.tid, (ItemPointer) &b.tid) < 0;
+}
+
+/* ambeginscan */
+IndexScanDesc
+gpuivfpqbeginscan(Relation index, int nkeys, int norderbys)
+{
+	IndexScanDesc scan = RelationGetIndexScan(index, nkeys, norderbys);
+	MemoryContext scanctx = AllocSetContextCreate(CurrentMemoryContext, "gpu_ivfpq scan",
+												  ALLOCSET_DEFAULT_SIZES);
+	MemoryContext old = MemoryContextSwitchTo(scanctx);
+	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) palloc0(sizeof(GpuIvfpqScanOpaqueData));
+	MemoryContextCallback *cb = (MemoryContextCallback *) palloc(sizeof(MemoryContextCallback));
+
+	so->scanctx = scanctx;
+	so->batchctx = AllocSetContextCreate(scanctx, "gpu_ivfpq scan batch", ALLOCSET_DEFAULT_SIZES);
+	so->rowctx = AllocSetContextCreate(scanctx, "gpu_ivfpq scan row", ALLOCSET_DEFAULT_SIZES);
+	so->metric = GpuIvfpqMetricOf(index);
+	GpuIvfpqReadMeta(index, &so->meta);
+	so->dir = GpuIvfpqReadListDir(index, &so->meta);
+	cb->func = FreePreparedQuery;
+	cb->arg = so;
+	MemoryContextRegisterResetCallback(scanctx, cb);
+	MemoryContextSwitchTo(old);
+
+	scan->opaque = so;
+	return scan;
+}
+
+/* Sets up the heap fetch machinery on first use (only scans that re-rank need it). */
+static void
+EnsureHeapAccess(IndexScanDesc scan)
+{
+	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
+	MemoryContext old;
+
+	if (so->fetch != NULL)
+		return;
+	if (scan->heapRelation == NULL)
+		elog(ERROR, "gpu_ivfpq scans need the heap relation");
+	old = MemoryContextSwitchTo(so->scanctx);
+	so->indexInfo = BuildIndexInfo(scan->indexRelation);
+	so->estate = CreateExecutorState();
+	so->slot = table_slot_create(scan->heapRelation, NULL);
+	GetPerTupleExprContext(so->estate)->ecxt_scantuple = so->slot;
+	so->fetch = table_index_fetch_begin(scan->heapRelation);
+	MemoryContextSwitchTo(old);
+}
+
+/* amrescan: takes the query vector of the ORDER BY and restarts the scan. */
+void
+gpuivfpqrescan(IndexScanDesc scan, ScanKey keys, int nkeys, ScanKey orderbys, int norderbys)
+{
+	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
+	MemoryContext old;
+	HASHCTL		hctl;
+
+	MemoryContextReset(so->batchctx);
+	so->started = false;
+	so->exhausted = false;
+	so->reranked = 0;
+	so->entries_seen = 0;
+	so->results = NULL;
+	so->nresults = 0;
+	so->next = 0;
+	so->query = NULL;
+	so->null_query = true;
+
+	if (orderbys && scan->numberOfOrderBys > 0)
+		memmove(scan->orderByData, orderbys, scan->numberOfOrderBys * sizeof(ScanKeyData));
+
+	old = MemoryContextSwitchTo(so->batchctx);
+	memset(&hctl, 0, sizeof(hctl));
+	hctl.keysize = sizeof(ItemPointerData);
+	hctl.entrysize = sizeof(ItemPointerData);
+	hctl.hcxt = so->batchctx;
+	so->seen = hash_create("gpu_ivfpq seen TIDs", 256, &hctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+
+	if (scan->numberOfOrderBys > 0 && !(scan->orderByData[0].sk_flags & SK_ISNULL))
+	{
+		int			dim;
+		ArrayType  *arr = DatumGetArrayTypePCopy(scan->orderByData[0].sk_argument);
+		const float *q = GpuIvfpqArrayVector(arr, &dim, "query vector");
+
+		if (so->meta.dimensions != 0 && (uint32) dim != so->meta.dimensions)
+			ereport(ERROR,
+					(errcode(ERRCODE_DATA_EXCEPTION),
+					 errmsg("query vector has %d dimensions, the index \"%s\" has %u",
+							dim, RelationGetRelationName(scan->indexRelation), so->meta.dimensions)));
+		so->query = (float *) palloc(sizeof(float) * Max(dim, 1));
+		memcpy(so->query, q, sizeof(float) * dim);
+		so->null_query = false;
+	}
+	MemoryContextSwitchTo(old);
+}
+
+/* Collects the entries of the probed lists into topk (all of them when topk is NULL). */
+static void
+CollectCandidates(IndexScanDesc scan, gpuivfpq::TopK *topk, int64 **all, int *nall)
+{
+	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
+	int			m = so->meta.trained ? so->meta.m : 0;
+	int			esz = GpuIvfpqEntrySize(m);
+	int			per_page = GpuIvfpqEntriesPerPage(m);
+	float	   *table = NULL;
+	float	   *dists = (float *) palloc(sizeof(float) * per_page);
+	int			cap = 0;
+
+	if (topk != NULL)
+		table = (float *) palloc(sizeof(float) * m * 256);
+	so->entries_seen = 0;
+	for (int p = 0; p < so->probes; p++)
+	{
+		int			list = topk != NULL ? so->prepared->lists[p] : p;
+		BlockNumber blk = so->dir[list].head;
+		float		base = 0.0f;
+
+		if (topk != NULL)
+			GpuIvfpqGuard("lookup tables", [&] { so->model->list_table(*so->prepared, p, table, &base); });
+		while (blk != InvalidBlockNumber)
+		{
+			Buffer		buf = ReadBuffer(scan->indexRelation, blk);
+			Page		page;
+			const char *ent;
+			int			n;
+
+			LockBuffer(buf, BUFFER_LOCK_SHARE);
+			page = BufferGetPage(buf);
+			ent = (const char *) PageGetContents(page);
+			n = GpuIvfpqPageEntryCount(page, m);
+			so->entries_seen += n;
+			if (topk != NULL)
+			{
+				GpuIvfpqGuard("list scan", [&] {
+					gpuivfpq::adc_scan((const uint8 *) ent + GPU_IVFPQ_TID_BYTES, n, esz, table, m,
+									   base, dists);
+					for (int i = 0; i < n; i++)
+					{
+						if (dists[i] < topk->threshold())
+						{
+							ItemPointerData tid;
+
+							memcpy(&tid, ent + (Size) i * esz, GPU_IVFPQ_TID_BYTES);
+							topk->push(dists[i], TidToLabel(&tid));
+						}
+					}
+				});
+			}
+			else
+			{
+				if (*nall + n > cap)
+				{
+					cap = Max(cap * 2, *nall + n);
+					*all = *all ? (int64 *) repalloc_huge(*all, sizeof(int64) * cap)
+						: (int64 *) palloc_extended(sizeof(int64) * cap, MCXT_ALLOC_HUGE);
+				}
+				for (int i = 0; i < n; i++)
+				{
+					ItemPointerData tid;
+
+					memcpy(&tid, ent + (Size) i * esz, GPU_IVFPQ_TID_BYTES);
+					(*all)[(*nall)++] = TidToLabel(&tid);
+				}
+			}
+			blk = GpuIvfpqPageGetOpaque(page)->next;
+			UnlockReleaseBuffer(buf);
+			CHECK_FOR_INTERRUPTS();
+		}
+	}
+	pfree(dists);
+	if (table)
+		pfree(table);
+}
+
+/*
+ * Re-ranks the candidate TIDs not seen before: fetches each row visible to
+ * the scan's snapshot, computes its exact distance, and appends it to the
+ * results. Rows no longer visible are skipped.
+ */
+static void
+Rerank(IndexScanDesc scan, const int64 *labels, int n)
+{
+	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
+	int			dim = so->meta.dimensions;
+
+	EnsureHeapAccess(scan);
+	so->results = (ScanResult *) MemoryContextAllocHuge(so->batchctx, sizeof(ScanResult) * Max(n, 1));
+	so->nresults = 0;
+	so->next = 0;
+	for (int i = 0; i < n; i++)
+	{
+		ItemPointerData tid;
+		bool		found;
+		bool		call_again = false;
+		bool		all_dead = false;
+		Datum		values[INDEX_MAX_KEYS];
+		bool		isnull[INDEX_MAX_KEYS];
+		MemoryContext old;
+
+		LabelToTid(labels[i], &tid);
+		hash_search(so->seen, &tid, HASH_ENTER, &found);
+		if (found)
+			continue;
+		so->reranked++;
+
+		MemoryContextReset(so->rowctx);
+		old = MemoryContextSwitchTo(so->rowctx);
+		if (table_index_fetch_tuple(so->fetch, &tid, scan->xs_snapshot, so->slot,
+									&call_again, &all_dead))
+		{
+			ResetExprContext(GetPerTupleExprContext(so->estate));
+			FormIndexDatum(so->indexInfo, so->slot, so->estate, values, isnull);
+			if (!isnull[0] && !so->null_query)
+			{
+				int			vdim;
+				const float *v = GpuIvfpqArrayVector(DatumGetArrayTypeP(values[0]), &vdim,
+													 "indexed vector");
+
+				if (vdim == dim)
+				{
+					so->results[so->nresults].dist = GpuIvfpqExactDistance(so->metric, so->query, v, dim);
+					so->results[so->nresults].tid = tid;
+					so->nresults++;
+				}
+			}
+			else if (!isnull[0])
+			{
+				so->results[so->nresults].dist = get_float8_nan();
+				so->results[so->nresults].tid = tid;
+				so->nresults++;
+			}
+			ExecClearTuple(so->slot);
+		}
+		MemoryContextSwitchTo(old);
+		CHECK_FOR_INTERRUPTS();
+	}
+	if (!so->null_query)
+		std::sort(so->results, so->results + so->nresults, ResultLess);
+}
+
+/*
+ * Produces the next batch of results. Round 1 probes gpu_ivfpq.probes lists
+ * and re-ranks the gpu_ivfpq.rerank best ADC candidates. Each later round
+ * doubles the candidates, and doubles the probed lists once the probed lists
+ * have no unseen entries left, until gpu_ivfpq.max_scan_tuples rows were
+ * re-ranked or every entry was seen. Returns false when nothing is left.
+ */
+static bool
+NextBatch(IndexScanDesc scan)
+{
+	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
+
+	while (!so->exhausted)
+	{
+		MemoryContext old = MemoryContextSwitchTo(so->batchctx);
+		int64	   *labels = NULL;
+		int			nlabels = 0;
+
+		if (!so->meta.trained || so->null_query || so->meta.dimensions == 0)
+		{
+			/* No quantizers (or no distances): one exact pass over every entry. */
+			so->probes = so->meta.lists;
+			CollectCandidates(scan, NULL, &labels, &nlabels);
+			so->exhausted = true;
+		}
+		else
+		{
+			int			lists = (int) so->meta.lists;
+
+			if (!so->started)
+			{
+				so->model = GpuIvfpqGetModel(scan->indexRelation, &so->meta);
+				so->probes = Min(gpu_ivfpq_probes, lists);
+				so->candidates = gpu_ivfpq_rerank;
+				GpuIvfpqGuard("query preparation", [&] {
+					if (so->prepared == NULL)
+						so->prepared = new gpuivfpq::IvfPqQuery();
+					so->model->prepare_query(so->query, lists, *so->prepared);
+				});
+			}
+			else
+			{
+				if (so->reranked >= gpu_ivfpq_max_scan_tuples ||
+					(so->probes >= lists && so->reranked >= so->entries_seen))
+				{
+					so->exhausted = true;
+					MemoryContextSwitchTo(old);
+					break;
+				}
+				if (so->reranked >= so->entries_seen)
+					so->probes = Min(so->probes * 2, lists);
+				so->candidates = (int) Min((int64) so->candidates * 2, (int64) INT_MAX / 4);
+			}
+			{
+				int			want = (int) Min((int64) so->candidates + so->reranked,
+											 (int64) gpu_ivfpq_max_scan_tuples + so->candidates);
+				gpuivfpq::TopK *topk = NULL;
+
+				GpuIvfpqGuard("k-selection", [&] { topk = new gpuivfpq::TopK(want); });
+				PG_TRY();
+				{
+					CollectCandidates(scan, topk, NULL, NULL);
+				}
+				PG_CATCH();
+				{
+					delete topk;
+					PG_RE_THROW();
+				}
+				PG_END_TRY();
+				labels = (int64 *) palloc(sizeof(int64) * Max((int) topk->size(), 1));
+				GpuIvfpqGuard("k-selection", [&] {
+					std::vector<gpuivfpq::Neighbor> best = topk->take_sorted();
+
+					for (const auto &nb : best)
+						labels[nlabels++] = nb.label;
+					delete topk;
+				});
+			}
+		}
+		so->started = true;
+		MemoryContextSwitchTo(old);
+		Rerank(scan, labels, nlabels);
+		if (so->nresults > 0)
+			return true;
+	}
+	return false;
+}
+
+/* amgettuple: the next row in distance order. */
+bool
+gpuivfpqgettuple(IndexScanDesc scan, ScanDirection dir)
+{
+	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
+	ScanResult *r;
+
+	if (!ScanDirectionIsForward(dir))
+		elog(ERROR, "gpu_ivfpq only supports forward scans");
+	if (so->next >= so->nresults && !NextBatch(scan))
+		return false;
+	r = &so->results[so->next++];
+	scan->xs_heaptid = r->tid;
+	scan->xs_recheck = false;
+	scan->xs_recheckorderby = false;
+	if (scan->numberOfOrderBys > 0)
+	{
+		scan->xs_orderbyvals[0] = Float8GetDatum(r->dist);
+		scan->xs_orderbynulls[0] = so->null_query;
+	}
+	return true;
+}
+
+/* amendscan */
+void
+gpuivfpqendscan(IndexScanDesc scan)
+{
+	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
+
+	if (so->fetch != NULL)
+	{
+		table_index_fetch_end(so->fetch);
+		ExecDropSingleTupleTableSlot(so->slot);
+		FreeExecutorState(so->estate);
+	}
+	MemoryContextDelete(so->scanctx);
+	scan->opaque = NULL;
+}

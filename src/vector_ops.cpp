@@ -1,0 +1,161 @@
+// Distance operators on real[] (<->, <#>, <=>) and the input checks they
+// share with the index.
+#include <cmath>
+
+#include "gpu_ivfpq.h"
+#include "engine/distances.h"
+
+extern "C" {
+PG_FUNCTION_INFO_V1(gpu_ivfpq_l2_distance);
+PG_FUNCTION_INFO_V1(gpu_ivfpq_negative_inner_product);
+PG_FUNCTION_INFO_V1(gpu_ivfpq_cosine_distance);
+PG_FUNCTION_INFO_V1(gpu_ivfpq_metric_l2);
+PG_FUNCTION_INFO_V1(gpu_ivfpq_metric_ip);
+PG_FUNCTION_INFO_V1(gpu_ivfpq_metric_cosine);
+}
+
+/*
+ * Checks that arr is a usable vector (one dimension, float4, no NULLs, only
+ * finite values) and returns its elements. what names the value in errors.
+ */
+const float *
+GpuIvfpqArrayVector(ArrayType *arr, int *dim, const char *what)
+{
+	const float *data;
+	int			n;
+
+	if (ARR_ELEMTYPE(arr) != FLOAT4OID)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("%s must be a real[] array", what)));
+	if (ARR_NDIM(arr) != 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("%s must be a one-dimensional array, not %d-dimensional", what, ARR_NDIM(arr)),
+				 errhint("Use a flat array such as '{0.1, 0.2, 0.3}'; an empty array is not a vector.")));
+	if (ARR_HASNULL(arr) && array_contains_nulls(arr))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not contain NULL elements", what)));
+	n = ARR_DIMS(arr)[0];
+	data = (const float *) ARR_DATA_PTR(arr);
+	for (int i = 0; i < n; i++)
+	{
+		if (unlikely(!std::isfinite(data[i])))
+			ereport(ERROR,
+					(errcode(ERRCODE_DATA_EXCEPTION),
+					 errmsg("%s element %d is %s", what, i + 1,
+							std::isnan(data[i]) ? "NaN" : "infinite"),
+					 errhint("Vectors must hold finite values only.")));
+	}
+	*dim = n;
+	return data;
+}
+
+/*
+ * The exact distance of a metric, as the SQL operators return it. Both the
+ * operators and the index's re-ranking call this, so an index scan orders
+ * rows by exactly the values a sequential scan would compute.
+ */
+double
+GpuIvfpqExactDistance(int metric, const float *a, const float *b, int dim)
+{
+	double		s = 0.0;
+
+	switch ((gpuivfpq::Metric) metric)
+	{
+		case gpuivfpq::Metric::L2:
+			for (int i = 0; i < dim; i++)
+			{
+				double		diff = (double) a[i] - (double) b[i];
+
+				s += diff * diff;
+			}
+			return sqrt(s);
+		case gpuivfpq::Metric::InnerProduct:
+			for (int i = 0; i < dim; i++)
+				s += (double) a[i] * (double) b[i];
+			return -s;
+		case gpuivfpq::Metric::Cosine:
+			{
+				double		na = 0.0,
+							nb = 0.0;
+
+				for (int i = 0; i < dim; i++)
+				{
+					s += (double) a[i] * (double) b[i];
+					na += (double) a[i] * (double) a[i];
+					nb += (double) b[i] * (double) b[i];
+				}
+				/* Undefined for a zero vector: NaN sorts after every number. */
+				if (na == 0.0 || nb == 0.0)
+					return get_float8_nan();
+				s = s / sqrt(na * nb);
+				/* Rounding can push |cos| past 1. */
+				if (s > 1.0)
+					s = 1.0;
+				else if (s < -1.0)
+					s = -1.0;
+				return 1.0 - s;
+			}
+	}
+	return get_float8_nan();
+}
+
+/* Shared body of the three operators: checks both inputs, then measures. */
+static double
+DistanceBetweenArrays(FunctionCallInfo fcinfo, int metric)
+{
+	ArrayType  *a = PG_GETARG_ARRAYTYPE_P(0);
+	ArrayType  *b = PG_GETARG_ARRAYTYPE_P(1);
+	int			da,
+				db;
+	const float *va = GpuIvfpqArrayVector(a, &da, "vector");
+	const float *vb = GpuIvfpqArrayVector(b, &db, "vector");
+
+	if (da != db)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_EXCEPTION),
+				 errmsg("vectors have different dimensions %d and %d", da, db)));
+	return GpuIvfpqExactDistance(metric, va, vb, da);
+}
+
+/* real[] <-> real[]: Euclidean distance. */
+Datum
+gpu_ivfpq_l2_distance(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_FLOAT8(DistanceBetweenArrays(fcinfo, (int) gpuivfpq::Metric::L2));
+}
+
+/* real[] <#> real[]: negative inner product (smaller is more similar). */
+Datum
+gpu_ivfpq_negative_inner_product(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_FLOAT8(DistanceBetweenArrays(fcinfo, (int) gpuivfpq::Metric::InnerProduct));
+}
+
+/* real[] <=> real[]: cosine distance, 1 - cos(a, b). */
+Datum
+gpu_ivfpq_cosine_distance(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_FLOAT8(DistanceBetweenArrays(fcinfo, (int) gpuivfpq::Metric::Cosine));
+}
+
+/* Opclass support function 2: which metric an operator class indexes. */
+Datum
+gpu_ivfpq_metric_l2(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_INT32((int32) gpuivfpq::Metric::L2);
+}
+
+Datum
+gpu_ivfpq_metric_ip(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_INT32((int32) gpuivfpq::Metric::InnerProduct);
+}
+
+Datum
+gpu_ivfpq_metric_cosine(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_INT32((int32) gpuivfpq::Metric::Cosine);
+}
