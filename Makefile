@@ -27,6 +27,7 @@ endif
 endif
 
 PG_CPPFLAGS = -I$(srcdir)/src $(BLAS_CPPFLAGS)
+PG_CXXFLAGS = -Wno-register
 SHLIB_LINK += -lstdc++ -lpthread
 
 PGXS := $(shell $(PG_CONFIG) --pgxs)

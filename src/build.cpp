@@ -157,7 +157,7 @@ FlushPending(BuildState *bs)
 	int		   *order = (int *) palloc(sizeof(int) * Max(bs->pend_n, 1));
 	char	   *packed = (char *) palloc_extended((Size) Max(bs->pend_n, 1) * esz, MCXT_ALLOC_HUGE);
 
-	pgstat_progress_update_param(PROGRESS_CREATE_IDX_SUBPHASE, PHASE_WRITE);
+	pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_WRITE);
 	/* Counting sort by list keeps build order (and so TID order) within a list. */
 	for (int i = 0; i < bs->pend_n; i++)
 		counts[bs->pend_lists[i] + 1]++;
@@ -189,7 +189,7 @@ FlushPending(BuildState *bs)
 	pfree(order);
 	pfree(packed);
 	bs->pend_n = 0;
-	pgstat_progress_update_param(PROGRESS_CREATE_IDX_SUBPHASE, PHASE_ENCODE);
+	pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_ENCODE);
 }
 
 /* Encodes the rows of the current batch and moves them to the pending entries. */
@@ -217,7 +217,7 @@ EncodeBatch(BuildState *bs)
 		if (bs->batch_radius[i] > bs->list_radius[l])
 			bs->list_radius[l] = bs->batch_radius[i];
 	}
-	pgstat_progress_update_param(PROGRESS_CREATE_IDX_TUPLES_DONE, (int64) bs->index_tuples);
+	pgstat_progress_update_param(PROGRESS_CREATEIDX_TUPLES_DONE, (int64) bs->index_tuples);
 	bs->batch_n = 0;
 }
 
@@ -363,9 +363,9 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 	MemoryContextRegisterResetCallback(CurrentMemoryContext, model_cb);
 
 	/* Pass 1: sample. */
-	pgstat_progress_update_param(PROGRESS_CREATE_IDX_SUBPHASE, PHASE_SAMPLE);
+	pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_SAMPLE);
 	table_index_build_scan(heap, index, indexInfo, true, true, SampleCallback, &bs, NULL);
-	pgstat_progress_update_param(PROGRESS_CREATE_IDX_TUPLES_TOTAL, (int64) bs.index_tuples);
+	pgstat_progress_update_param(PROGRESS_CREATEIDX_TUPLES_TOTAL, (int64) bs.index_tuples);
 
 	meta.dimensions = bs.dim;
 	if (bs.index_tuples == 0)
@@ -393,7 +393,7 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 					 errdetail("Some centroids repeat and their lists stay empty; results remain correct."),
 					 errhint("Use lists of about sqrt(rows), or REINDEX once the table has grown.")));
 
-		pgstat_progress_update_param(PROGRESS_CREATE_IDX_SUBPHASE, PHASE_TRAIN);
+		pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_TRAIN);
 		params.threads = threads;
 		GpuIvfpqGuard("training", [&] {
 			bs.model = *bs.model_holder = new gpuivfpq::IvfPqModel(bs.dim, bs.lists, bs.m,
@@ -434,7 +434,7 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 		bs.pend_codes = (uint8 *) palloc_extended((Size) bs.pend_cap * bs.m, MCXT_ALLOC_HUGE);
 		bs.list_radius = (float *) palloc0(sizeof(float) * bs.lists);
 
-		pgstat_progress_update_param(PROGRESS_CREATE_IDX_SUBPHASE, PHASE_ENCODE);
+		pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_ENCODE);
 		bs.index_tuples = 0;
 		bs.heap_tuples = 0;
 		table_index_build_scan(heap, index, indexInfo, true, true, EncodeCallback, &bs, NULL);
@@ -504,7 +504,7 @@ gpuivfpqbuildphasename(int64 phase)
 {
 	switch (phase)
 	{
-		case PROGRESS_CREATE_IDX_SUBPHASE_INITIALIZE:
+		case PROGRESS_CREATEIDX_SUBPHASE_INITIALIZE:
 			return (char *) "initializing";
 		case PHASE_SAMPLE:
 			return (char *) "sampling table";

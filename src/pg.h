@@ -20,6 +20,7 @@ extern "C" {
 #include "pgstat.h"
 #include "utils/lsyscache.h"
 #include "utils/syscache.h"
+#include "utils/catcache.h"
 #include "catalog/pg_opclass.h"
 #include "catalog/pg_amop.h"
 #include "catalog/pg_amproc.h"

@@ -113,6 +113,13 @@ gpuivfpqbeginscan(Relation index, int nkeys, int norderbys)
 	MemoryContextRegisterResetCallback(scanctx, cb);
 	MemoryContextSwitchTo(old);
 
+	/* The executor reads the ORDER BY values from these; the AM provides them. */
+	if (norderbys > 0)
+	{
+		scan->xs_orderbyvals = (Datum *) palloc0(sizeof(Datum) * norderbys);
+		scan->xs_orderbynulls = (bool *) palloc(sizeof(bool) * norderbys);
+		memset(scan->xs_orderbynulls, true, sizeof(bool) * norderbys);
+	}
 	scan->opaque = so;
 	return scan;
 }
