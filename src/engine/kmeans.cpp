@@ -90,6 +90,43 @@ void split_empty_clusters(float* centroids, std::vector<size_t>& counts, size_t 
     }
 }
 
+// Multiply-adds (points x centroids x d) up to which k-means++ seeding is used.
+constexpr double kPlusPlusBudget = double(1 << 25);
+
+// k-means++ seeding: each next centroid is a point drawn with probability
+// proportional to its squared distance to the nearest centroid so far.
+void init_plus_plus(const float* x, size_t n, size_t d, size_t k, detail::Rng& rng,
+                    float* centroids)
+{
+    std::vector<double> mind(n);
+    size_t pick = rng.below(n);
+    for (size_t c = 0; c < k; c++) {
+        std::memcpy(centroids + c * d, x + pick * d, d * sizeof(float));
+        const float* cc = centroids + c * d;
+        double total = 0.0;
+        for (size_t i = 0; i < n; i++) {
+            const double v = l2_sqr(x + i * d, cc, d);
+            mind[i] = c == 0 ? v : std::min(mind[i], v);
+            total += mind[i];
+        }
+        if (c + 1 == k)
+            break;
+        if (!(total > 0.0)) {
+            pick = rng.below(n);  // every point already covered: any one will do
+            continue;
+        }
+        double target = double(rng.unit()) * total, acc = 0.0;
+        pick = n - 1;
+        for (size_t i = 0; i < n; i++) {
+            acc += mind[i];
+            if (acc > target && mind[i] > 0.0) {
+                pick = i;
+                break;
+            }
+        }
+    }
+}
+
 }  // namespace
 
 void kmeans_train(const float* x, size_t n, size_t d, size_t k, const KMeansParams& params,
@@ -130,8 +167,11 @@ void kmeans_train(const float* x, size_t n, size_t d, size_t k, const KMeansPara
         ns = cap;
     }
 
-    // Init: k distinct random sample points (k-means++ costs k passes over the data).
-    {
+    // Init: k-means++ where its k passes over the data are cheap (it avoids the
+    // bad local minima of random seeding), k distinct random points otherwise.
+    if (double(ns) * double(k) * double(d) <= kPlusPlusBudget) {
+        init_plus_plus(data, ns, d, k, rng, centroids);
+    } else {
         const std::vector<size_t> idx = detail::sample_indices(ns, k, rng);
         for (size_t c = 0; c < k; c++)
             std::memcpy(centroids + c * d, data + idx[c] * d, d * sizeof(float));
