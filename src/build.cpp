@@ -10,7 +10,7 @@
 #define PHASE_ENCODE	4
 #define PHASE_WRITE		5
 
-#define SAMPLES_PER_LIST	64		/* training rows per list ... */
+#define SAMPLES_PER_LIST	40		/* training rows per list (k-means wants >= 39) ... */
 #define MIN_SAMPLE			16384	/* ... but at least this many */
 #define MIN_SAMPLES_PER_LIST 8		/* below this, error instead of training */
 #define ENCODE_BATCH		4096	/* rows encoded per engine call */
@@ -58,6 +58,17 @@ DeleteModelCallback(void *arg)
 
 	delete *holder;
 	*holder = NULL;
+}
+
+/* Logs how long a build phase took (DEBUG1), and restarts the clock. */
+static void
+ReportPhase(const char *phase, double rows, TimestampTz *start)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	elog(DEBUG1, "gpu_ivfpq build: %s (%.0f rows) took %.3f s", phase, rows,
+		 (double) (now - *start) / 1000000.0);
+	*start = now;
 }
 
 /* Bytes of maintenance_work_mem. */
@@ -334,6 +345,7 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 	Buffer		metabuf;
 	int			requested_m;
 	MemoryContextCallback *model_cb;
+	TimestampTz phase_start;
 
 	if (RelationGetNumberOfBlocks(index) != 0)
 		elog(ERROR, "index \"%s\" already contains data", RelationGetRelationName(index));
@@ -364,7 +376,9 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 
 	/* Pass 1: sample. */
 	pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_SAMPLE);
+	phase_start = GetCurrentTimestamp();
 	table_index_build_scan(heap, index, indexInfo, true, true, SampleCallback, &bs, NULL);
+	ReportPhase("sampling", bs.index_tuples, &phase_start);
 	pgstat_progress_update_param(PROGRESS_CREATEIDX_TUPLES_TOTAL, (int64) bs.index_tuples);
 
 	meta.dimensions = bs.dim;
@@ -400,6 +414,7 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 																   (gpuivfpq::Metric) bs.metric);
 			bs.model->train(bs.sample, bs.sample_n, params);
 		});
+		ReportPhase("training", bs.sample_n, &phase_start);
 		pfree(bs.sample);
 		bs.sample = NULL;
 
@@ -440,6 +455,7 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 		table_index_build_scan(heap, index, indexInfo, true, true, EncodeCallback, &bs, NULL);
 		EncodeBatch(&bs);
 		FlushPending(&bs);
+		ReportPhase("encoding and writing", bs.index_tuples, &phase_start);
 		*bs.model_holder = NULL;
 		GpuIvfpqGuard("cleanup", [&] { delete bs.model; });
 		bs.model = NULL;
