@@ -275,12 +275,14 @@ CollectCandidates(IndexScanDesc scan, gpuivfpq::TopK *topk, int64 **all, int *na
  * results. Rows no longer visible are skipped.
  */
 static void
-Rerank(IndexScanDesc scan, const int64 *labels, int n)
+Rerank(IndexScanDesc scan, int64 *labels, int n)
 {
 	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
 	int			dim = so->meta.dimensions;
 
 	EnsureHeapAccess(scan);
+	/* Labels sort as (block, offset): fetching in that order reads the heap sequentially. */
+	std::sort(labels, labels + n);
 	so->results = (ScanResult *) MemoryContextAllocHuge(so->batchctx, sizeof(ScanResult) * Max(n, 1));
 	so->nresults = 0;
 	so->next = 0;
