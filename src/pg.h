@@ -40,4 +40,5 @@ extern "C" {
 #include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/timestamp.h"
+#include "portability/instr_time.h"
 }

@@ -45,6 +45,11 @@ typedef struct GpuIvfpqScanOpaqueData
 	int			nresults;
 	int			next;
 
+	/* instrumentation, reported at DEBUG1 when the scan ends */
+	int64		codes_scanned;
+	instr_time	adc_time;
+	instr_time	rerank_time;
+
 	/* heap access for re-ranking */
 	IndexFetchTableData *fetch;
 	TupleTableSlot *slot;
@@ -395,7 +400,11 @@ NextBatch(IndexScanDesc scan)
 											 (int64) gpu_ivfpq_max_scan_tuples + so->candidates);
 				gpuivfpq::TopK *topk = NULL;
 
+				instr_time	start,
+							end;
+
 				GpuIvfpqGuard("k-selection", [&] { topk = new gpuivfpq::TopK(want); });
+				INSTR_TIME_SET_CURRENT(start);
 				PG_TRY();
 				{
 					CollectCandidates(scan, topk, NULL, NULL);
@@ -406,6 +415,9 @@ NextBatch(IndexScanDesc scan)
 					PG_RE_THROW();
 				}
 				PG_END_TRY();
+				INSTR_TIME_SET_CURRENT(end);
+				INSTR_TIME_ACCUM_DIFF(so->adc_time, end, start);
+				so->codes_scanned += so->entries_seen;
 				labels = (int64 *) palloc(sizeof(int64) * Max((int) topk->size(), 1));
 				GpuIvfpqGuard("k-selection", [&] {
 					std::vector<gpuivfpq::Neighbor> best = topk->take_sorted();
@@ -418,7 +430,15 @@ NextBatch(IndexScanDesc scan)
 		}
 		so->started = true;
 		MemoryContextSwitchTo(old);
-		Rerank(scan, labels, nlabels);
+		{
+			instr_time	start,
+						end;
+
+			INSTR_TIME_SET_CURRENT(start);
+			Rerank(scan, labels, nlabels);
+			INSTR_TIME_SET_CURRENT(end);
+			INSTR_TIME_ACCUM_DIFF(so->rerank_time, end, start);
+		}
 		if (so->nresults > 0)
 			return true;
 	}
@@ -454,6 +474,11 @@ gpuivfpqendscan(IndexScanDesc scan)
 {
 	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
 
+	if (so->started)
+		elog(DEBUG1, "gpu_ivfpq scan of \"%s\": %d lists probed, %lld codes ranked in %.3f ms, %lld rows re-ranked in %.3f ms",
+			 RelationGetRelationName(scan->indexRelation), so->probes,
+			 (long long) so->codes_scanned, INSTR_TIME_GET_MILLISEC(so->adc_time),
+			 (long long) so->reranked, INSTR_TIME_GET_MILLISEC(so->rerank_time));
 	if (so->fetch != NULL)
 	{
 		table_index_fetch_end(so->fetch);
