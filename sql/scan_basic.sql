@@ -1,0 +1,284 @@
+-- Index scans: plans, exact results for the three operator classes with
+-- exact settings, the iterative continuation for filtered queries and its
+-- bound, NULL queries, prepared statements, rescans (LATERAL), cursors.
+SET client_min_messages = warning;
+CREATE EXTENSION IF NOT EXISTS gpu_ivfpq;
+RESET client_min_messages;
+
+-- knn(query, use_index) runs query (which selects an "id" column) either
+-- through a gpu_ivfpq index scan or through a sequential scan, checks from
+-- EXPLAIN that the intended plan was used, and returns the ids in order.
+CREATE FUNCTION knn(query text, use_index bool) RETURNS int[] LANGUAGE plpgsql AS $$
+DECLARE
+	line text;
+	plan text := '';
+	result int[];
+BEGIN
+	PERFORM set_config('enable_seqscan', CASE WHEN use_index THEN 'off' ELSE 'on' END, true);
+	PERFORM set_config('enable_indexscan', CASE WHEN use_index THEN 'on' ELSE 'off' END, true);
+	PERFORM set_config('enable_bitmapscan', 'off', true);
+	FOR line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || query LOOP
+		plan := plan || line || E'\n';
+	END LOOP;
+	IF (plan LIKE '%Index Scan using%') <> use_index THEN
+		RAISE EXCEPTION 'unexpected plan for %: %', query, plan;
+	END IF;
+	EXECUTE 'SELECT coalesce(array_agg(id), ''{}'') FROM (' || query || ') knn_query' INTO result;
+	RETURN result;
+END $$;
+
+-- 500 rows of 16 dimensions in [0, 10), and 5 query vectors (deterministic;
+-- the distances of a query to the rows are all different).
+SELECT setseed(0.42);
+CREATE TABLE s (id int, v real[]);
+INSERT INTO s
+SELECT i, ARRAY(SELECT (random() * 10)::real FROM generate_series(1, 16) WHERE i > 0)
+FROM generate_series(1, 500) i;
+CREATE TABLE q (qid int, qv real[]);
+INSERT INTO q
+SELECT i, ARRAY(SELECT (random() * 10)::real FROM generate_series(1, 16) WHERE i > 0)
+FROM generate_series(1, 5) i;
+SELECT count(DISTINCT s.v <-> q.qv) = 2500 AS l2_distinct,
+       count(DISTINCT s.v <#> q.qv) = 2500 AS ip_distinct,
+       count(DISTINCT s.v <=> q.qv) = 2500 AS cos_distinct
+FROM s, q;
+-- The query vector of the single-query tests.
+SELECT qv AS q1 FROM q WHERE qid = 1 \gset
+
+CREATE INDEX s_l2 ON s USING gpu_ivfpq (v) WITH (lists = 8, m = 4);
+ANALYZE s;
+
+--
+-- Plans. The table is small, so the planner prefers a sequential scan on
+-- cost; enable_seqscan = off shows where the index can be used.
+--
+SET enable_seqscan = off;
+-- ORDER BY <op> LIMIT: the index, either operand order.
+EXPLAIN (COSTS OFF) SELECT id FROM s ORDER BY v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' LIMIT 5;
+EXPLAIN (COSTS OFF) SELECT id FROM s ORDER BY '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' <-> v LIMIT 5;
+EXPLAIN (COSTS OFF) SELECT id, v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' AS d FROM s ORDER BY d LIMIT 5;
+-- ... with a filter on another column.
+EXPLAIN (COSTS OFF) SELECT id FROM s WHERE id % 10 = 0 ORDER BY v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' LIMIT 5;
+-- Never without ORDER BY, nor for a WHERE on the distance, nor for DESC,
+-- nor for another operator than the operator class's, nor an expression.
+EXPLAIN (COSTS OFF) SELECT id FROM s;
+EXPLAIN (COSTS OFF) SELECT count(*) FROM s;
+EXPLAIN (COSTS OFF) SELECT id FROM s WHERE v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' < 5;
+EXPLAIN (COSTS OFF) SELECT id FROM s WHERE v = '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}';
+EXPLAIN (COSTS OFF) SELECT id FROM s ORDER BY v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' DESC LIMIT 5;
+EXPLAIN (COSTS OFF) SELECT id FROM s ORDER BY v <#> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' LIMIT 5;
+EXPLAIN (COSTS OFF) SELECT id FROM s ORDER BY (v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}') + 1 LIMIT 5;
+-- Properties of the index.
+SELECT pg_index_column_has_property('s_l2', 1, 'orderable') AS orderable,
+       pg_index_has_property('s_l2', 'index_scan') AS index_scan,
+       pg_index_has_property('s_l2', 'bitmap_scan') AS bitmap_scan;
+RESET enable_seqscan;
+
+--
+-- Exact settings (every list probed, every row re-ranked) give exactly the
+-- results of a sequential scan, for each operator class.
+--
+SET gpu_ivfpq.probes = 8;
+SET gpu_ivfpq.rerank = 1000;
+-- L2.
+SELECT knn(format('SELECT id FROM s ORDER BY v <-> %L LIMIT 10', :'q1'), true) AS l2_index,
+       knn(format('SELECT id FROM s ORDER BY v <-> %L LIMIT 10', :'q1'), false) AS l2_seqscan;
+SELECT qid,
+       knn(format('SELECT id FROM s ORDER BY v <-> %L LIMIT 10', qv), true) =
+       knn(format('SELECT id FROM s ORDER BY v <-> %L LIMIT 10', qv), false) AS same_top10,
+       knn(format('SELECT id FROM s ORDER BY v <-> %L', qv), true) =
+       knn(format('SELECT id FROM s ORDER BY v <-> %L', qv), false) AS same_all
+FROM q ORDER BY qid;
+-- Inner product.
+CREATE INDEX s_ip ON s USING gpu_ivfpq (v real_ip_ops) WITH (lists = 8, m = 4);
+SELECT knn(format('SELECT id FROM s ORDER BY v <#> %L LIMIT 10', :'q1'), true) AS ip_index,
+       knn(format('SELECT id FROM s ORDER BY v <#> %L LIMIT 10', :'q1'), false) AS ip_seqscan;
+SELECT qid,
+       knn(format('SELECT id FROM s ORDER BY v <#> %L LIMIT 10', qv), true) =
+       knn(format('SELECT id FROM s ORDER BY v <#> %L LIMIT 10', qv), false) AS same_top10,
+       knn(format('SELECT id FROM s ORDER BY v <#> %L', qv), true) =
+       knn(format('SELECT id FROM s ORDER BY v <#> %L', qv), false) AS same_all
+FROM q ORDER BY qid;
+-- Cosine.
+CREATE INDEX s_cos ON s USING gpu_ivfpq (v real_cosine_ops) WITH (lists = 8, m = 4);
+SELECT knn(format('SELECT id FROM s ORDER BY v <=> %L LIMIT 10', :'q1'), true) AS cos_index,
+       knn(format('SELECT id FROM s ORDER BY v <=> %L LIMIT 10', :'q1'), false) AS cos_seqscan;
+SELECT qid,
+       knn(format('SELECT id FROM s ORDER BY v <=> %L LIMIT 10', qv), true) =
+       knn(format('SELECT id FROM s ORDER BY v <=> %L LIMIT 10', qv), false) AS same_top10,
+       knn(format('SELECT id FROM s ORDER BY v <=> %L', qv), true) =
+       knn(format('SELECT id FROM s ORDER BY v <=> %L', qv), false) AS same_all
+FROM q ORDER BY qid;
+-- Each operator picks the index of its operator class.
+SET enable_seqscan = off;
+EXPLAIN (COSTS OFF) SELECT id FROM s ORDER BY v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' LIMIT 5;
+EXPLAIN (COSTS OFF) SELECT id FROM s ORDER BY v <#> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' LIMIT 5;
+EXPLAIN (COSTS OFF) SELECT id FROM s ORDER BY v <=> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' LIMIT 5;
+RESET enable_seqscan;
+DROP INDEX s_ip, s_cos;
+
+-- The ORDER BY values the index returns are the exact distances.
+SET enable_seqscan = off;
+SELECT id, round((v <-> :'q1')::numeric, 9) AS dist FROM s ORDER BY v <-> :'q1' LIMIT 5;
+RESET enable_seqscan;
+SELECT id, round((v <-> :'q1')::numeric, 9) AS dist FROM s ORDER BY v <-> :'q1' LIMIT 5;
+
+--
+-- Filtered queries: when the first round of candidates leaves too few rows
+-- after the filter, the scan continues (doubling the candidates, then the
+-- probed lists) until the LIMIT is met or gpu_ivfpq.max_scan_tuples rows
+-- were re-ranked. Each round comes back in exact distance order; a later
+-- round may return a row closer than rows of an earlier round.
+--
+SET gpu_ivfpq.probes = 1;
+SET gpu_ivfpq.rerank = 10;
+-- 50 rows pass the filter; 20 are asked for and come back.
+SELECT count(*) AS n, count(DISTINCT id) AS n_distinct, bool_and(id % 10 = 0) AS all_match
+FROM unnest(knn(format('SELECT id FROM s WHERE id %% 10 = 0 ORDER BY v <-> %L LIMIT 20', :'q1'), true)) id;
+SELECT qid, cardinality(knn(format('SELECT id FROM s WHERE id %% 10 = 0 ORDER BY v <-> %L LIMIT 20', qv), true)) AS n
+FROM q ORDER BY qid;
+-- All 50 when no LIMIT; every row when there is no filter.
+SELECT cardinality(knn(format('SELECT id FROM s WHERE id %% 10 = 0 ORDER BY v <-> %L', :'q1'), true)) AS n_filtered,
+       cardinality(knn(format('SELECT id FROM s ORDER BY v <-> %L', :'q1'), true)) AS n_all;
+-- A single far row is found; a filter nothing passes ends after every entry.
+SELECT knn(format('SELECT id FROM s WHERE id = 123 ORDER BY v <-> %L', :'q1'), true) AS id_123,
+       knn(format('SELECT id FROM s WHERE id < 0 ORDER BY v <-> %L', :'q1'), true) AS none;
+-- With exact settings, the filtered query equals the sequential scan.
+SET gpu_ivfpq.probes = 8;
+SET gpu_ivfpq.rerank = 1000;
+SELECT knn(format('SELECT id FROM s WHERE id %% 10 = 0 ORDER BY v <-> %L LIMIT 20', :'q1'), true) =
+       knn(format('SELECT id FROM s WHERE id %% 10 = 0 ORDER BY v <-> %L LIMIT 20', :'q1'), false) AS same_filtered;
+
+--
+-- gpu_ivfpq.max_scan_tuples bounds the rows re-ranked: the first round
+-- always re-ranks gpu_ivfpq.rerank candidates, and no further round starts
+-- once the bound is reached. With every list probed, rerank = 10 and
+-- max_scan_tuples = 50, rounds re-rank 10, 20 and 40 new rows: an
+-- unfiltered scan returns 70 rows, then stops.
+--
+SET gpu_ivfpq.probes = 8;
+SET gpu_ivfpq.rerank = 10;
+SET gpu_ivfpq.max_scan_tuples = 50;
+SELECT cardinality(knn(format('SELECT id FROM s ORDER BY v <-> %L', :'q1'), true)) AS n;
+SET gpu_ivfpq.max_scan_tuples = 10;
+SELECT cardinality(knn(format('SELECT id FROM s ORDER BY v <-> %L', :'q1'), true)) AS n;
+-- A bound below rerank: still the first round.
+SET gpu_ivfpq.max_scan_tuples = 1;
+SELECT cardinality(knn(format('SELECT id FROM s ORDER BY v <-> %L', :'q1'), true)) AS n;
+-- So a filtered query gets at most the matching rows among those 10: fewer
+-- than the 20 it asks for (how many depends on the quantizer).
+SELECT cardinality(knn(format('SELECT id FROM s WHERE id %% 10 = 0 ORDER BY v <-> %L LIMIT 20', :'q1'), true)) <= 10 AS at_most_10;
+-- The default bound (20000) covers this table.
+RESET gpu_ivfpq.max_scan_tuples;
+SELECT cardinality(knn(format('SELECT id FROM s ORDER BY v <-> %L', :'q1'), true)) AS n;
+
+--
+-- A NULL query vector: all distances are NULL, so any order is correct;
+-- the scan returns every indexed row. (A literal NULL is folded away by the
+-- planner; a parameter or a sub-select reaches the index.)
+--
+SET gpu_ivfpq.probes = 1;
+SET gpu_ivfpq.rerank = 10;
+SET enable_seqscan = off;
+EXPLAIN (COSTS OFF) SELECT id FROM s ORDER BY v <-> NULL LIMIT 5;
+EXPLAIN (COSTS OFF) SELECT id FROM s ORDER BY v <-> (SELECT NULL::real[]) LIMIT 5;
+SELECT count(*), count(DISTINCT id), bool_and(d IS NULL) AS all_null
+FROM (SELECT id, v <-> (SELECT NULL::real[]) AS d FROM s ORDER BY v <-> (SELECT NULL::real[])) x;
+SELECT count(*) FROM (SELECT id FROM s ORDER BY v <-> (SELECT NULL::real[]) LIMIT 5) x;
+RESET enable_seqscan;
+
+--
+-- Prepared statements: the query vector as a parameter, generic and custom
+-- plans, different vectors one after the other.
+--
+SET gpu_ivfpq.probes = 8;
+SET gpu_ivfpq.rerank = 1000;
+SET enable_seqscan = off;
+PREPARE nearest(real[], int) AS SELECT id FROM s ORDER BY v <-> $1 LIMIT $2;
+SET plan_cache_mode = force_generic_plan;
+EXPLAIN (COSTS OFF) EXECUTE nearest('{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}', 3);
+SELECT qv AS q2 FROM q WHERE qid = 2 \gset
+-- The sequential scan's answers, for reference.
+SELECT knn(format('SELECT id FROM s ORDER BY v <-> %L LIMIT 5', :'q1'), false) AS q1_top5,
+       knn(format('SELECT id FROM s ORDER BY v <-> %L LIMIT 5', :'q2'), false) AS q2_top5;
+EXECUTE nearest(:'q1', 5);
+EXECUTE nearest(:'q2', 5);
+EXECUTE nearest(:'q1', 2);
+EXECUTE nearest('{1,2,3}', 5);
+SET plan_cache_mode = force_custom_plan;
+EXPLAIN (COSTS OFF) EXECUTE nearest('{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}', 3);
+EXECUTE nearest(:'q2', 5);
+EXECUTE nearest(:'q1', 5);
+RESET plan_cache_mode;
+DEALLOCATE nearest;
+-- A NULL parameter in a generic plan reaches the index: 5 rows, any order.
+PREPARE nearest_count(real[]) AS SELECT count(*) FROM (SELECT id FROM s ORDER BY v <-> $1 LIMIT 5) x;
+SET plan_cache_mode = force_generic_plan;
+EXECUTE nearest_count(NULL);
+EXECUTE nearest_count(:'q1');
+RESET plan_cache_mode;
+DEALLOCATE nearest_count;
+
+--
+-- Rescans: for each query row, the 3 nearest rows through LATERAL (the
+-- index is rescanned with a new query vector for each outer row).
+--
+EXPLAIN (COSTS OFF)
+SELECT q.qid, x.id FROM q CROSS JOIN LATERAL (SELECT id FROM s ORDER BY s.v <-> q.qv LIMIT 3) x;
+CREATE TEMP TABLE lateral_index AS
+SELECT q.qid, x.id, x.d FROM q CROSS JOIN LATERAL (SELECT id, v <-> q.qv AS d FROM s ORDER BY s.v <-> q.qv LIMIT 3) x;
+RESET enable_seqscan;
+SET enable_indexscan = off;
+CREATE TEMP TABLE lateral_seqscan AS
+SELECT q.qid, x.id, x.d FROM q CROSS JOIN LATERAL (SELECT id, v <-> q.qv AS d FROM s ORDER BY s.v <-> q.qv LIMIT 3) x;
+RESET enable_indexscan;
+SELECT qid, id, round(d::numeric, 6) AS d FROM lateral_index ORDER BY qid, d;
+SELECT count(*) AS differences FROM (
+	(SELECT * FROM lateral_index EXCEPT SELECT * FROM lateral_seqscan)
+	UNION ALL
+	(SELECT * FROM lateral_seqscan EXCEPT SELECT * FROM lateral_index)) x;
+-- The same through a correlated sub-select, and with a NULL query row among
+-- the others (3 rows for each, in any order for the NULL one).
+SET enable_seqscan = off;
+INSERT INTO q VALUES (6, NULL);
+SELECT qid, cardinality(ARRAY(SELECT id FROM s ORDER BY s.v <-> q.qv LIMIT 3)) AS n,
+       ARRAY(SELECT id FROM s ORDER BY s.v <-> q.qv LIMIT 3) =
+       ARRAY(SELECT id FROM lateral_seqscan l WHERE l.qid = q.qid ORDER BY d) AS same
+FROM q ORDER BY qid;
+-- A rescan that stops early (LIMIT 1) then a long one (all rows).
+SELECT q.qid, (SELECT id FROM s ORDER BY s.v <-> q.qv LIMIT 1) = (SELECT id FROM lateral_seqscan l WHERE l.qid = q.qid ORDER BY d LIMIT 1) AS same_first,
+       (SELECT count(*) FROM (SELECT id FROM s ORDER BY s.v <-> q.qv) x) AS n_all
+FROM q WHERE qv IS NOT NULL ORDER BY qid;
+DELETE FROM q WHERE qid = 6;
+RESET enable_seqscan;
+
+--
+-- Cursors: fetching in steps continues the same scan; a scroll cursor
+-- (the index scans forward only, so it is materialized) can go back; the
+-- cursor's snapshot does not see rows inserted after it was opened.
+--
+SELECT knn('SELECT id FROM s ORDER BY v <-> ''{0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0}'' LIMIT 6', false) AS seqscan_top6;
+SET enable_seqscan = off;
+BEGIN;
+DECLARE c CURSOR FOR SELECT id FROM s ORDER BY v <-> '{0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0}';
+FETCH 3 FROM c;
+INSERT INTO s VALUES (0, '{0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0}');
+FETCH 3 FROM c;
+CLOSE c;
+-- A new scan sees the new row (id 0, distance 0).
+SELECT id FROM s ORDER BY v <-> '{0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0}' LIMIT 6;
+DECLARE sc SCROLL CURSOR FOR SELECT id FROM s ORDER BY v <-> '{0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0}';
+FETCH 3 FROM sc;
+FETCH BACKWARD 2 FROM sc;
+FETCH ABSOLUTE 6 FROM sc;
+CLOSE sc;
+DECLARE c2 CURSOR FOR SELECT id FROM s ORDER BY v <-> '{0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0}';
+FETCH 1 FROM c2;
+FETCH BACKWARD 1 FROM c2;
+ROLLBACK;
+RESET enable_seqscan;
+
+RESET gpu_ivfpq.probes;
+RESET gpu_ivfpq.rerank;
+DROP TABLE s, q;
+DROP FUNCTION knn(text, bool);
