@@ -128,34 +128,92 @@ void gemm_nt(size_t M, size_t N, size_t K, const float* A, size_t lda, const flo
     gemm_nt_portable(M, N, K, A, lda, B, ldb, C, ldc);
 }
 
-GPU_IVFPQ_HOT
-size_t argmin_l2(const float* ip, const float* norms, size_t n)
+namespace {
+
+// GCC vector extensions of W floats / int32 lanes (unaligned, aliasing loads):
+// the argmin below needs compare+blend, which the auto-vectoriser will not
+// produce from scalar code.
+template <int W>
+struct Lanes {
+    typedef float F __attribute__((vector_size(W * 4)));
+    typedef float FU __attribute__((vector_size(W * 4), aligned(4), may_alias));
+    typedef int32_t I __attribute__((vector_size(W * 4)));
+};
+
+// Lane-wise running minimum of norms - 2*ip with the index where each lane
+// first reached it (two independent sets for ILP), then a scalar merge that
+// prefers the smaller index on equal values: the first index of the minimum.
+template <int W>
+inline __attribute__((always_inline)) size_t argmin_impl(const float* ip, const float* norms,
+                                                         size_t n)
 {
-    // Pass 1: lane-wise minimum (vectorises; `v < m ? v : m` is exactly minps).
-    constexpr size_t kLanes = 16;
-    float mins[kLanes];
-    for (size_t l = 0; l < kLanes; l++)
-        mins[l] = std::numeric_limits<float>::infinity();
+    typedef typename Lanes<W>::F F;
+    typedef typename Lanes<W>::FU FU;
+    typedef typename Lanes<W>::I I;
+    const float inf = std::numeric_limits<float>::infinity();
+    F b0, b1;
+    I i0, i1, c0, c1;
+    for (int l = 0; l < W; l++) {
+        b0[l] = b1[l] = inf;
+        i0[l] = i1[l] = 0;
+        c0[l] = l;
+        c1[l] = W + l;
+    }
     size_t j = 0;
-    for (; j + kLanes <= n; j += kLanes) {
-        for (size_t l = 0; l < kLanes; l++) {
-            const float v = norms[j + l] - 2.0f * ip[j + l];
-            mins[l] = v < mins[l] ? v : mins[l];
+    // int32 lane indices: callers pass n <= 2^31 (centroid counts).
+    for (; j + 2 * W <= n; j += 2 * W) {
+        const F v0 = *reinterpret_cast<const FU*>(norms + j) -
+                     2.0f * *reinterpret_cast<const FU*>(ip + j);
+        const F v1 = *reinterpret_cast<const FU*>(norms + j + W) -
+                     2.0f * *reinterpret_cast<const FU*>(ip + j + W);
+        const I lt0 = v0 < b0, lt1 = v1 < b1;
+        b0 = lt0 ? v0 : b0;
+        i0 = lt0 ? c0 : i0;
+        b1 = lt1 ? v1 : b1;
+        i1 = lt1 ? c1 : i1;
+        c0 += 2 * W;
+        c1 += 2 * W;
+    }
+    float best = inf;
+    size_t bi = 0;
+    for (int l = 0; l < W; l++) {
+        if (b0[l] < best || (b0[l] == best && size_t(i0[l]) < bi)) {
+            best = b0[l];
+            bi = size_t(i0[l]);
+        }
+        if (b1[l] < best || (b1[l] == best && size_t(i1[l]) < bi)) {
+            best = b1[l];
+            bi = size_t(i1[l]);
         }
     }
-    float best = std::numeric_limits<float>::infinity();
     for (; j < n; j++) {
         const float v = norms[j] - 2.0f * ip[j];
-        best = v < best ? v : best;
+        if (v < best) {
+            best = v;
+            bi = j;
+        }
     }
-    for (size_t l = 0; l < kLanes; l++)
-        best = mins[l] < best ? mins[l] : best;
-    // Pass 2: the first index reaching it (2*ip is exact, so recomputing v
-    // gives the same bits whether or not the compiler fused it).
-    for (j = 0; j < n; j++)
-        if (norms[j] - 2.0f * ip[j] == best)
-            return j;
-    return 0;  // all NaN: any answer is as good
+    return bi;  // 0 when every value is NaN: any answer is as good
+}
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+__attribute__((target("arch=x86-64-v3"))) size_t argmin_avx2(const float* ip,
+                                                              const float* norms, size_t n)
+{
+    return argmin_impl<8>(ip, norms, n);
+}
+#endif
+
+}  // namespace
+
+size_t argmin_l2(const float* ip, const float* norms, size_t n)
+{
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+    static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (avx2)
+        return argmin_avx2(ip, norms, n);
+#endif
+    return argmin_impl<4>(ip, norms, n);
 }
 
 size_t checked_mul(size_t a, size_t b, const char* what)

@@ -36,6 +36,24 @@ void set_force_portable_gemm(bool on);
 // the L2-nearest row given the inner products of one query row; n >= 1.
 size_t argmin_l2(const float* ip, const float* norms, size_t n);
 
+// Codebook laid out for nearest_small: transposed (d x kpad, kpad = k
+// rounded up to 64) with padding codewords at norm +inf.
+struct SmallCodebook {
+    size_t k = 0, d = 0, kpad = 0;
+    std::vector<float> ct;     // ct[t * kpad + c] = centroid c, coordinate t
+    std::vector<float> norms;  // kpad values, ||c||^2 (+inf for padding)
+};
+
+// Dimensions up to which nearest_small beats BLAS GEMM + argmin (BLAS is
+// slow with a tiny inner dimension; measured on x86-64 with OpenBLAS).
+constexpr size_t kSmallDimMax = 16;
+
+SmallCodebook make_small_codebook(const float* centroids, size_t k, size_t d);
+
+// out[i] = index of the L2-nearest codeword (first on ties) for each of the n
+// rows of d floats at stride ldx.
+void nearest_small(const float* x, size_t n, size_t ldx, const SmallCodebook& cb, int32_t* out);
+
 // a * b, throwing Error(InvalidArgument) with what on size_t overflow.
 size_t checked_mul(size_t a, size_t b, const char* what);
 

@@ -24,6 +24,28 @@ void assign_nearest(const float* x, size_t n, const float* centroids, size_t k, 
         return;
     require(x && centroids && assign, "assign_nearest: null pointer");
 
+    // Exact distance to the winner: the GEMM form loses precision by
+    // cancellation when the point is close to its centroid.
+    auto fill_dist = [&](size_t r0, size_t nr) {
+        if (dist)
+            for (size_t i = r0; i < r0 + nr; i++)
+                dist[i] = l2_sqr(x + i * d, centroids + size_t(assign[i]) * d, d);
+    };
+
+    if (d <= detail::kSmallDimMax) {
+        // Tiny d (PQ sub-vectors): the fused kernel beats GEMM + argmin.
+        const detail::SmallCodebook cb = detail::make_small_codebook(centroids, k, d);
+        constexpr size_t kRows = 4096;
+        parallel_for((n + kRows - 1) / kRows, threads, [&](size_t t0, size_t t1) {
+            for (size_t t = t0; t < t1; t++) {
+                const size_t r0 = t * kRows, nr = std::min(kRows, n - r0);
+                detail::nearest_small(x + r0 * d, nr, d, cb, assign + r0);
+                fill_dist(r0, nr);
+            }
+        });
+        return;
+    }
+
     std::vector<float> cnorm(k);
     for (size_t j = 0; j < k; j++)
         cnorm[j] = norm_sqr(centroids + j * d, d);
@@ -52,12 +74,7 @@ void assign_nearest(const float* x, size_t n, const float* centroids, size_t k, 
                     }
                 }
             }
-            if (dist) {
-                // Exact distance to the winner: the GEMM form loses precision
-                // by cancellation when the point is close to its centroid.
-                for (size_t i = 0; i < nr; i++)
-                    dist[r0 + i] = l2_sqr(xt + i * d, centroids + size_t(assign[r0 + i]) * d, d);
-            }
+            fill_dist(r0, nr);
         }
     });
 }
@@ -90,8 +107,9 @@ void split_empty_clusters(float* centroids, std::vector<size_t>& counts, size_t 
     }
 }
 
-// Multiply-adds (points x centroids x d) up to which k-means++ seeding is used.
-constexpr double kPlusPlusBudget = double(1 << 25);
+// Point-centroid distance evaluations (points x centroids) up to which
+// k-means++ seeding is used: it is sequential, so keep it to ~tens of ms.
+constexpr double kPlusPlusBudget = double(1 << 22);
 
 // k-means++ seeding: each next centroid is a point drawn with probability
 // proportional to its squared distance to the nearest centroid so far.
@@ -169,7 +187,7 @@ void kmeans_train(const float* x, size_t n, size_t d, size_t k, const KMeansPara
 
     // Init: k-means++ where its k passes over the data are cheap (it avoids the
     // bad local minima of random seeding), k distinct random points otherwise.
-    if (double(ns) * double(k) * double(d) <= kPlusPlusBudget) {
+    if (double(ns) * double(k) <= kPlusPlusBudget) {
         init_plus_plus(data, ns, d, k, rng, centroids);
     } else {
         const std::vector<size_t> idx = detail::sample_indices(ns, k, rng);

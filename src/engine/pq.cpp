@@ -58,13 +58,33 @@ void ProductQuantizer::encode(const float* x, size_t n, uint8_t* codes, int thre
     if (n == 0)
         return;
     require(x && codes, "product quantizer: null pointer in encode");
+    constexpr size_t kRows = 1024;
+    const size_t ntiles = (n + kRows - 1) / kRows;
+    if (dsub_ <= detail::kSmallDimMax) {
+        // Small sub-vectors: the fused kernel per sub-quantizer (BLAS is slow
+        // with a tiny, strided inner dimension).
+        std::vector<detail::SmallCodebook> cbs;
+        for (size_t j = 0; j < m_; j++)
+            cbs.push_back(detail::make_small_codebook(
+                codebooks_.data() + j * kPqCentroids * dsub_, kPqCentroids, dsub_));
+        parallel_for(ntiles, threads, [&](size_t t0, size_t t1) {
+            std::vector<int32_t> idx(kRows);
+            for (size_t t = t0; t < t1; t++) {
+                const size_t r0 = t * kRows, nr = std::min(kRows, n - r0);
+                for (size_t j = 0; j < m_; j++) {
+                    detail::nearest_small(x + r0 * d_ + j * dsub_, nr, d_, cbs[j], idx.data());
+                    for (size_t i = 0; i < nr; i++)
+                        codes[(r0 + i) * m_ + j] = uint8_t(idx[i]);
+                }
+            }
+        });
+        return;
+    }
     std::vector<float> norms(m_ * kPqCentroids);
     for (size_t c = 0; c < m_ * kPqCentroids; c++)
         norms[c] = norm_sqr(codebooks_.data() + c * dsub_, dsub_);
     // Tiles of rows: per sub-quantizer one strided GEMM (lda = d) against its
     // 256 codewords, then the row argmin.
-    constexpr size_t kRows = 1024;
-    const size_t ntiles = (n + kRows - 1) / kRows;
     parallel_for(ntiles, threads, [&](size_t t0, size_t t1) {
         std::vector<float> block(kRows * kPqCentroids);
         for (size_t t = t0; t < t1; t++) {

@@ -146,3 +146,33 @@ TEST(Gemm, ZeroInnerDimensionGivesZeros)
     for (float v : out)
         EXPECT_EQ(v, 0.0f);
 }
+
+TEST(Gemm, ArgminL2FindsFirstMinimum)
+{
+    const uint64_t seed = test_seed(206);
+    std::mt19937_64 gen(seed);
+    for (size_t n : {1, 2, 3, 7, 8, 15, 16, 17, 31, 32, 33, 255, 256, 257, 1000}) {
+        for (int variant = 0; variant < 3; variant++) {
+            SCOPED_TRACE(testing::Message() << "seed=" << seed << " n=" << n
+                                            << " variant=" << variant);
+            // variant 0: continuous; 1: few levels (ties); 2: ties plus NaNs.
+            std::vector<float> ip(n), norms(n);
+            for (size_t j = 0; j < n; j++) {
+                ip[j] = variant == 0 ? float(gen() % 100000) * 1e-4f : float(gen() % 3);
+                norms[j] = variant == 0 ? float(gen() % 100000) * 1e-4f : float(gen() % 3);
+                if (variant == 2 && gen() % 4 == 0)
+                    ip[j] = std::nanf("");
+            }
+            size_t want = 0;
+            float best = std::numeric_limits<float>::infinity();
+            for (size_t j = 0; j < n; j++) {
+                const float v = norms[j] - 2.0f * ip[j];
+                if (v < best) {
+                    best = v;
+                    want = j;
+                }
+            }
+            ASSERT_EQ(detail::argmin_l2(ip.data(), norms.data(), n), want);
+        }
+    }
+}

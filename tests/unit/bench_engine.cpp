@@ -1,0 +1,111 @@
+// Micro-benchmarks of the engine's hot paths; disabled by default, run with
+// engine_tests --gtest_also_run_disabled_tests --gtest_filter='*Bench*'.
+#include <time.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "ivfpq.h"
+#include "test_util.h"
+#include "topk.h"
+
+using namespace gpuivfpq;
+
+namespace {
+
+// Wall and process-CPU seconds of one call (CPU time is robust on a busy box).
+template <class F>
+void timed(const char* what, F&& f)
+{
+    timespec c0, c1;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+    const auto w0 = std::chrono::steady_clock::now();
+    f();
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+    const double cpu = double(c1.tv_sec - c0.tv_sec) + 1e-9 * double(c1.tv_nsec - c0.tv_nsec);
+    std::printf("%-58s wall %9.4f s  cpu %9.4f s\n", what, wall, cpu);
+}
+
+}  // namespace
+
+TEST(EngineBench, DISABLED_AssignAndAdc)
+{
+    const size_t d = 128, k = 1024, n = 100000;
+    const auto x = testutil::clustered_vectors(n, d, 1000, 1.0f, 1);
+    const auto c = testutil::gaussian_vectors(k, d, 2);
+    std::vector<int32_t> as(n);
+    std::vector<float> dist(n);
+    for (int threads : {1, 2})
+        timed(threads == 1 ? "assign_nearest 100k x 128 -> 1024, 1 thread"
+                           : "assign_nearest 100k x 128 -> 1024, 2 threads",
+              [&] { assign_nearest(x.data(), n, c.data(), k, d, as.data(), dist.data(), threads); });
+
+    std::mt19937_64 gen(3);
+    const size_t nc = 1000000;
+    for (size_t m : {8, 16, 32, 64}) {
+        std::vector<uint8_t> codes(nc * m);
+        for (auto& b : codes)
+            b = uint8_t(gen());
+        const auto table = testutil::uniform_vectors(m * 256, 1, 4);
+        std::vector<float> out(nc);
+        char name[96];
+        std::snprintf(name, sizeof name, "adc_scan 1M codes m=%zu (x10)", m);
+        timed(name, [&] {
+            for (int r = 0; r < 10; r++)
+                adc_scan(codes.data(), nc, m, table.data(), m, 0.0f, out.data());
+        });
+    }
+}
+
+TEST(EngineBench, DISABLED_BuildAndQuery1M)
+{
+    const size_t d = 128, lists = 1024, m = 16, n = 1000000, nq = 200, nprobe = 32;
+    const auto x = testutil::clustered_vectors(n + nq, d, 4000, 1.0f, 5);
+    IvfPqModel model(d, lists, m, Metric::L2);
+    IvfPqTrainParams p;
+    p.threads = 2;
+    timed("train 1M x 128, lists=1024 m=16 (65k + 65k samples), 2 thr",
+          [&] { model.train(x.data(), n, p); });
+    std::vector<int32_t> ids(n);
+    std::vector<uint8_t> codes(n * m);
+    std::vector<float> radius(n);
+    timed("encode 1M x 128, 2 threads",
+          [&] { model.encode(x.data(), n, ids.data(), codes.data(), radius.data(), 2); });
+    timed("precompute_tables (64 MiB budget)", [&] { model.precompute_tables(size_t(64) << 20); });
+
+    // Per query: prepare, then for each probed list its table and a scan
+    // of ~1000 codes (the typical list length at 1M / 1024).
+    std::vector<uint8_t> list_codes(1000 * m);
+    std::copy(codes.begin(), codes.begin() + list_codes.size(), list_codes.begin());
+    std::vector<float> table(m * 256), out(1000);
+    IvfPqQuery query;
+    for (bool pre : {true, false}) {
+        if (!pre)
+            model.precompute_tables(0);
+        char name[96];
+        std::snprintf(name, sizeof name, "%zu queries, nprobe=%zu x 1000 codes, precomputed=%d",
+                      nq, nprobe, int(pre));
+        timed(name, [&] {
+            for (size_t qi = 0; qi < nq; qi++) {
+                model.prepare_query(x.data() + (n + qi) * d, nprobe, query);
+                TopK top(100);
+                for (size_t pr = 0; pr < query.lists.size(); pr++) {
+                    float base;
+                    model.list_table(query, pr, table.data(), &base);
+                    adc_scan(list_codes.data(), 1000, m, table.data(), m, base, out.data());
+                    top.push_range(out.data(), 1000, int64_t(pr * 1000));
+                }
+                top.take_sorted();
+            }
+        });
+    }
+
+    std::vector<float> bd(100 * 10);
+    std::vector<int64_t> bl(100 * 10);
+    timed("brute_force_knn 100 queries x 1M x 128, k=10", [&] {
+        brute_force_knn(x.data() + n * d, 100, x.data(), n, d, Metric::L2, 10, bd.data(),
+                        bl.data());
+    });
+}
