@@ -43,7 +43,8 @@ Writes synthetic SIFT-like vectors, deterministically from --seed.
   --latent L            dimension of the center subspace (default 24)
   --rank R              rank of each cluster's anisotropic shape (default 12)
   --overlap X           within-cluster spread relative to the center spread
-                        (default 0.55; larger = harder)
+                        (default 3.0: an IVF of 1000 lists over 1M rows needs
+                        ~32 probes for recall@10 0.95; 2.0: ~12; 1.2: ~2)
   --threads T           generator threads (default 2; output is the same for any T)
   --help
 
@@ -188,7 +189,7 @@ int main(int argc, char** argv)
     const long long clusters = args.num("clusters", 2000);
     const long long latent = args.num("latent", 24);
     const long long rank = args.num("rank", 12);
-    const double overlap = args.real("overlap", 0.55);
+    const double overlap = args.real("overlap", 3.0);
     const long long threads = args.num("threads", 2);
     if (rows < 0 || queries < 0 || dim < 1 || clusters < 1 || latent < 1 || rank < 1 ||
         threads < 1 || overlap <= 0)

@@ -450,7 +450,7 @@ int main(int argc, char** argv)
         compute_gt(queries, nq, base, metric, kgt, static_cast<int>(threads), gt);
         double t_gt = std::chrono::duration<double>(Clock::now() - t1).count();
         char b[160];
-        std::snprintf(b, sizeof b, "ground truth: brute force (read %zu rows in %.1f s, knn in %.1f s)",
+        std::snprintf(b, sizeof b, "ground truth: brute force (read %zu rows in %.1f s, knn in %.2f s)",
                       base.ids.size(), t_read, t_gt);
         gt_note = b;
         if (!cache.empty())
