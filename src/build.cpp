@@ -241,6 +241,8 @@ EncodeCallback(Relation index, ItemPointer tid, Datum *values, bool *isnull,
 	MemoryContext old;
 	const float *v;
 
+	/* Pass 2 recounts the rows: ambuild reports them as the table's reltuples. */
+	bs->heap_tuples++;
 	if (isnull[0])
 		return;
 	old = MemoryContextSwitchTo(bs->tmpctx);
