@@ -57,6 +57,24 @@ SELECT reltuples FROM pg_class WHERE relname = 'nulls_idx';
 DROP TABLE nulls;
 
 --
+-- CREATE INDEX records the table's row count (NULLs included) and the
+-- index's entry count (NULLs excluded) in pg_class.
+--
+CREATE TABLE stats_t (v real[]);
+INSERT INTO stats_t SELECT ARRAY[i, i % 7]::real[] FROM generate_series(1, 500) i;
+INSERT INTO stats_t SELECT NULL FROM generate_series(1, 20);
+ANALYZE stats_t;
+CREATE INDEX stats_idx ON stats_t USING gpu_ivfpq (v) WITH (lists = 4);
+SELECT relname, reltuples FROM pg_class WHERE relname IN ('stats_t', 'stats_idx') ORDER BY 1;
+REINDEX INDEX stats_idx;
+SELECT relname, reltuples FROM pg_class WHERE relname IN ('stats_t', 'stats_idx') ORDER BY 1;
+TRUNCATE stats_t;
+INSERT INTO stats_t SELECT NULL FROM generate_series(1, 30);
+REINDEX INDEX stats_idx;
+SELECT relname, reltuples FROM pg_class WHERE relname IN ('stats_t', 'stats_idx') ORDER BY 1;
+DROP TABLE stats_t;
+
+--
 -- A table with only NULLs, or no rows: an untrained index (NOTICE); rows
 -- inserted later are stored unquantized and every scan is exact.
 --
