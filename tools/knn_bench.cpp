@@ -35,8 +35,8 @@ const char* kUsage = R"USAGE(usage: knn_bench --table T (--queries FILE.fvecs | 
   --k K                 neighbours per query (default 10)
   --op OP               <-> (L2, default), <#> (inner product) or <=> (cosine)
   --settings LIST       settings to compare, separated by ';' or spaces; each is a comma
-                        list of GUC=value (a name without a dot means gpu_ivfpq.<name>),
-                        or 'default' for none. Example: "probes=8,rerank=100;probes=32,rerank=200"
+                        list of GUC=value (a name that is neither a core setting nor
+                        dotted means gpu_ivfpq.<name>), or 'default' for none. Example: "probes=8,rerank=100;probes=32,rerank=200"
                         (may be repeated; default: one run with 'default')
   --sql STMT            run STMT once after connecting (may be repeated), e.g. "SET jit = off"
   --warmup N            untimed queries before each setting (default 20)
@@ -203,8 +203,6 @@ std::vector<Setting> parse_settings(const std::vector<std::string>& args)
                         for (char ch : name)
                             if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '.'))
                                 die("bad GUC name '" + name + "'");
-                        if (name.find('.') == std::string::npos)
-                            name = "gpu_ivfpq." + name;
                         s.gucs.emplace_back(name, kv.substr(eq + 1));
                     }
                     if (comma == std::string::npos)
@@ -493,7 +491,15 @@ int main(int argc, char** argv)
         for (const std::string& name : set_before)
             exec_ok(c, "RESET " + name);
         set_before.clear();
-        for (const auto& g : s.gucs) {
+        for (auto g : s.gucs) {
+            if (g.first.find('.') == std::string::npos) {
+                char* nl = PQescapeLiteral(c, g.first.c_str(), g.first.size());
+                bool core = scalar(c, "SELECT count(*) FROM pg_settings WHERE name = " +
+                                          std::string(nl)) != "0";
+                PQfreemem(nl);
+                if (!core)
+                    g.first = "gpu_ivfpq." + g.first;
+            }
             char* lit = PQescapeLiteral(c, g.second.c_str(), g.second.size());
             exec_ok(c, "SET " + g.first + " = " + std::string(lit));
             PQfreemem(lit);

@@ -1,0 +1,117 @@
+# Shared shell helpers for scripts/ and bench/ (source it; bash only).
+# Sets REPO_ROOT from this file's location and PG_BIN; offers:
+#   build_extension      make + make install of the extension (quiet)
+#   build_tools          builds tools/ into $TOOLS_BUILD (quiet)
+#   pg_temp_start DIR    throwaway server as the postgres OS user in DIR
+#   pg_temp_stop         stops it (safe to call twice)
+#   free_port            prints a TCP port nobody listens on
+#   run_quiet LOG CMD..  runs CMD with output to LOG; prints LOG's tail on failure
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+PG_MAJOR=${PG_MAJOR:-15}
+PG_BIN=${PG_BIN:-/usr/lib/postgresql/$PG_MAJOR/bin}
+TOOLS_BUILD=${TOOLS_BUILD:-$REPO_ROOT/build-tools}
+export PATH="$PG_BIN:$PATH"
+
+# Parallel jobs for builds (the CI machine has 2 cores).
+JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
+
+say() { printf '%s\n' "$*"; }
+warn() { printf '%s\n' "$*" >&2; }
+
+run_quiet() {
+  local log=$1; shift
+  if ! "$@" >"$log" 2>&1; then
+    tail -n 80 "$log" >&2
+    warn "FAILED: $* (full log: $log)"
+    return 1
+  fi
+}
+
+# Builds and installs the extension with PGXS. LLVM bitcode is off unless
+# WITH_LLVM=yes (Debian's PGXS wants clang for it, which is not installed).
+build_extension() {
+  local log=${1:-$(mktemp /tmp/gpu_ivfpq-make.XXXXXX)}
+  if [ ! -f "$REPO_ROOT/Makefile" ]; then
+    warn "no Makefile at the repository root: the extension cannot be built"
+    return 1
+  fi
+  run_quiet "$log" make -C "$REPO_ROOT" -j"$JOBS" with_llvm="${WITH_LLVM:-no}" \
+      PG_CONFIG="$PG_BIN/pg_config" all install
+}
+
+build_tools() {
+  local log=${1:-$(mktemp /tmp/gpu_ivfpq-tools.XXXXXX)}
+  run_quiet "$log" cmake -S "$REPO_ROOT/tools" -B "$TOOLS_BUILD" -DCMAKE_BUILD_TYPE=Release &&
+  run_quiet "$log.build" cmake --build "$TOOLS_BUILD" -j"$JOBS" || return 1
+  for t in gen_synthetic fmnist_load knn_bench; do
+    if [ ! -x "$TOOLS_BUILD/$t" ]; then
+      warn "tools: $t was not built (see $log)"
+      return 1
+    fi
+  done
+}
+
+free_port() {
+  local p
+  for _ in $(seq 1 200); do
+    p=$(( 20000 + RANDOM % 30000 ))
+    # Nothing answers on TCP, and no socket file of another server of ours.
+    if ! (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null; then
+      echo "$p"
+      return 0
+    fi
+  done
+  return 1
+}
+
+# pg_temp_start DIR [extra postgresql.conf lines...]
+# DIR must exist; it becomes owned by postgres and holds the data directory,
+# the socket and the log. Exports PGHOST, PGPORT, PGUSER, PGDATABASE and
+# PG_TEMP_DIR. Listens on the unix socket only.
+pg_temp_start() {
+  PG_TEMP_DIR=$1; shift
+  id postgres >/dev/null 2>&1 || { warn "no postgres OS user (install postgresql-$PG_MAJOR)"; return 1; }
+  chown postgres: "$PG_TEMP_DIR"
+  chmod 755 "$PG_TEMP_DIR"
+  PGPORT=${PGPORT_WANTED:-$(free_port)}
+  if ! runuser -u postgres -- "$PG_BIN/initdb" -D "$PG_TEMP_DIR/data" -A trust -U postgres \
+        --no-locale -E UTF8 >"$PG_TEMP_DIR/initdb.log" 2>&1; then
+    cat "$PG_TEMP_DIR/initdb.log" >&2
+    return 1
+  fi
+  {
+    echo "listen_addresses = ''"
+    echo "port = $PGPORT"
+    echo "unix_socket_directories = '$PG_TEMP_DIR'"
+    echo "fsync = off"
+    echo "synchronous_commit = off"
+    echo "full_page_writes = off"
+    echo "jit = off"
+    echo "shared_buffers = ${PG_SHARED_BUFFERS:-512MB}"
+    echo "maintenance_work_mem = ${PG_MAINTENANCE_WORK_MEM:-1GB}"
+    echo "work_mem = 64MB"
+    echo "max_wal_size = 8GB"
+    echo "checkpoint_timeout = 1h"
+    echo "logging_collector = off"
+    for line in "$@"; do echo "$line"; done
+  } >>"$PG_TEMP_DIR/data/postgresql.conf"
+  if ! runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_TEMP_DIR/data" -l "$PG_TEMP_DIR/server.log" \
+        -w -t 60 start >/dev/null 2>&1; then
+    tail -n 40 "$PG_TEMP_DIR/server.log" >&2
+    warn "could not start the temporary server"
+    return 1
+  fi
+  export PGHOST=$PG_TEMP_DIR PGPORT PGUSER=postgres PGDATABASE=postgres PG_TEMP_DIR
+}
+
+pg_temp_stop() {
+  if [ -n "${PG_TEMP_DIR:-}" ] && [ -f "$PG_TEMP_DIR/data/postmaster.pid" ]; then
+    runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_TEMP_DIR/data" -m fast -w stop >/dev/null 2>&1 || true
+  fi
+}
+
+# psql with the temporary server's environment, stopping at the first error.
+psql_q() {
+  "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 "$@"
+}

@@ -1,0 +1,331 @@
+#!/usr/bin/env bash
+# The one test command of gpu_ivfpq (CI runs it through .ci/run, as root).
+#
+#   scripts/run-tests.sh [--skip-deps] [--keep] [--only SUITES]
+#
+# Suites, in order (a suite with no tests is skipped, not failed):
+#   unit     engine + GoogleTest: cmake -S . -B build, build, ctest
+#   regress  builds and installs the extension (make with_llvm=no install),
+#            then pg_regress on a temporary instance, as the postgres OS user,
+#            for the tests named by REGRESS in the Makefile (REGRESS_OPTS added)
+#   tap      prove tests/t/*.pl as postgres (PostgreSQL::Test::Cluster)
+#   tools    builds tools/ and checks them end to end on a throwaway server
+#            (gen_synthetic, fmnist_load, knn_bench; with the extension
+#            installed, also a small gpu_ivfpq index through knn_bench)
+#
+# --skip-deps (or SKIP_DEPS=1) skips scripts/install-deps.sh; --keep keeps the
+# staged copy under /tmp; --only takes a comma list of suite names.
+# Quiet on success; on failure prints the logs and diffs. Ends with the line
+# "N passed, N failed" (ctest tests + pg_regress tests + TAP files + tool
+# checks; a build that fails counts as one failure) and exits non-zero when
+# anything failed.
+set -uo pipefail
+
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+
+SKIP_DEPS=${SKIP_DEPS:-0}
+KEEP=0
+ONLY="unit,regress,tap,tools"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --skip-deps) SKIP_DEPS=1 ;;
+    --keep) KEEP=1 ;;
+    --only) ONLY=$2; shift ;;
+    --only=*) ONLY=${1#--only=} ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    *) warn "unknown option $1"; exit 2 ;;
+  esac
+  shift
+done
+want() { [[ ",$ONLY," == *",$1,"* ]]; }
+
+PASSED=0
+FAILED=0
+FAILURES=()
+SKIPS=()
+pass() { PASSED=$((PASSED + ${1:-1})); }
+fail() { FAILED=$((FAILED + ${2:-1})); FAILURES+=("$1"); }
+skip() { SKIPS+=("$1"); }
+
+PGXS_DIR=$("$PG_BIN/pg_config" --pgxs 2>/dev/null | xargs -r dirname | xargs -r dirname)
+PGXS_DIR=${PGXS_DIR:-/usr/lib/postgresql/$PG_MAJOR/lib/pgxs/src}
+PG_REGRESS=${PG_REGRESS:-$PGXS_DIR/test/regress/pg_regress}
+PG_PERL=${PG_PERL:-$PGXS_DIR/test/perl}
+
+WORK=$(mktemp -d /tmp/gpu_ivfpq-tests.XXXXXX)
+LOGS=$WORK/logs
+mkdir -p "$LOGS"
+cleanup() {
+  pg_temp_stop
+  if [ "$KEEP" = 1 ]; then
+    say "kept $WORK"
+  else
+    rm -rf "$WORK"
+  fi
+}
+trap cleanup EXIT
+
+# ------------------------------------------------------------------ deps
+if [ "$SKIP_DEPS" != 1 ]; then
+  if ! "$REPO_ROOT/scripts/install-deps.sh"; then
+    fail "install-deps"
+    say "$PASSED passed, $FAILED failed"
+    exit 1
+  fi
+fi
+
+# ------------------------------------------------------------------ unit
+run_unit() {
+  if [ ! -f "$REPO_ROOT/CMakeLists.txt" ] || ! compgen -G "$REPO_ROOT/tests/unit/*.cpp" >/dev/null; then
+    skip "unit (no CMakeLists.txt or tests/unit/*.cpp)"
+    return
+  fi
+  local build=$REPO_ROOT/build
+  if ! run_quiet "$LOGS/unit-configure.log" cmake -S "$REPO_ROOT" -B "$build" ||
+     ! run_quiet "$LOGS/unit-build.log" cmake --build "$build" -j"$JOBS"; then
+    fail "unit: build"
+    return
+  fi
+  local rc=0
+  ctest --test-dir "$build" --output-on-failure --timeout "${CTEST_TIMEOUT:-900}" -j"$JOBS" \
+    >"$LOGS/ctest.log" 2>&1 || rc=$?
+  local line total nfail
+  line=$(grep -E '[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$LOGS/ctest.log" | tail -n 1)
+  if [ -n "$line" ]; then
+    nfail=$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<<"$line")
+    total=$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\2/' <<<"$line")
+  elif grep -q 'No tests were found' "$LOGS/ctest.log"; then
+    skip "unit (ctest found no tests)"
+    return
+  else
+    nfail=1; total=1
+  fi
+  if [ "$rc" -ne 0 ] || [ "$nfail" -ne 0 ]; then
+    cat "$LOGS/ctest.log"
+    [ "$nfail" -eq 0 ] && nfail=1 && total=$((total > 0 ? total : 1))
+    fail "unit: $nfail of $total ctest tests" "$nfail"
+    pass $((total - nfail))
+  else
+    say "unit: $line"
+    pass "$total"
+  fi
+}
+
+# ------------------------------------------------------------------ extension
+EXT_STATE=none   # none (no Makefile) | ok | failed
+build_ext_once() {
+  [ "$EXT_STATE" != none ] && return
+  if [ ! -f "$REPO_ROOT/Makefile" ]; then
+    EXT_STATE=absent
+    return
+  fi
+  if build_extension "$LOGS/extension-build.log"; then
+    EXT_STATE=ok
+  else
+    EXT_STATE=failed
+    fail "extension: make install"
+  fi
+}
+
+# A copy of the repository's test inputs the postgres user can read and write.
+STAGE=""
+stage_repo() {
+  [ -n "$STAGE" ] && return
+  STAGE=$WORK/stage
+  mkdir -p "$STAGE"
+  tar -C "$REPO_ROOT" --exclude=./.git --exclude=./build --exclude='./build-*' \
+      --exclude=./results --exclude=./tmp_check --exclude=./log -cf - . | tar -C "$STAGE" -xf -
+  chown -R postgres: "$WORK"
+  chmod 755 "$WORK"
+}
+
+make_var() {  # prints a variable of the top-level Makefile (PGXS included)
+  make -s --no-print-directory -C "$REPO_ROOT" -f Makefile -f - "print-$1" <<'EOF' 2>/dev/null
+print-%: ; $(info $($*))@:
+EOF
+}
+
+# ------------------------------------------------------------------ regress
+run_regress() {
+  if [ ! -f "$REPO_ROOT/Makefile" ]; then
+    skip "regress (no Makefile)"
+    return
+  fi
+  local tests opts
+  tests=$(make_var REGRESS | xargs)
+  if [ -z "$tests" ]; then
+    skip "regress (REGRESS is empty)"
+    return
+  fi
+  build_ext_once
+  if [ "$EXT_STATE" != ok ]; then
+    fail "regress: not run, the extension did not build" "$(wc -w <<<"$tests")"
+    return
+  fi
+  opts=$(make_var REGRESS_OPTS)
+  stage_repo
+  local out=$STAGE/regress_out rc=0
+  mkdir -p "$out" && chown postgres: "$out"
+  # shellcheck disable=SC2086  # REGRESS and REGRESS_OPTS are word lists
+  (cd "$STAGE" && runuser -u postgres -- "$PG_REGRESS" \
+      --temp-instance="$STAGE/tmp_check_regress" --bindir="$PG_BIN" \
+      --inputdir="$STAGE" --outputdir="$out" --no-locale --encoding=UTF8 \
+      $opts $tests) >"$LOGS/regress.log" 2>&1 || rc=$?
+  local ok bad
+  ok=$(grep -cE '\.\.\. +(ok|failed \(ignored\))' "$LOGS/regress.log")
+  bad=$(grep -cE '\.\.\. +FAILED' "$LOGS/regress.log")
+  if [ "$rc" -ne 0 ] || [ "$bad" -ne 0 ]; then
+    cat "$LOGS/regress.log"
+    if [ -f "$out/regression.diffs" ]; then
+      say "---- regression.diffs (first 400 lines)"
+      head -n 400 "$out/regression.diffs"
+    fi
+    if [ "$bad" -eq 0 ]; then
+      bad=1
+      compgen -G "$STAGE/tmp_check_regress/log/*" >/dev/null &&
+        tail -n 40 "$STAGE"/tmp_check_regress/log/* 2>/dev/null
+    fi
+    fail "regress: $bad failed" "$bad"
+    pass "$ok"
+  else
+    say "regress: $ok tests passed"
+    pass "$ok"
+  fi
+}
+
+# ------------------------------------------------------------------ tap
+run_tap() {
+  local files=()
+  local f
+  for f in "$REPO_ROOT"/tests/t/*.pl; do
+    [ -e "$f" ] && files+=("tests/t/$(basename "$f")")
+  done
+  if [ ${#files[@]} -eq 0 ]; then
+    skip "tap (no tests/t/*.pl)"
+    return
+  fi
+  if [ -f "$REPO_ROOT/Makefile" ]; then
+    build_ext_once
+    if [ "$EXT_STATE" != ok ]; then
+      fail "tap: not run, the extension did not build" "${#files[@]}"
+      return
+    fi
+  fi
+  stage_repo
+  local rc=0
+  (cd "$STAGE" && runuser -u postgres -- env \
+      PATH="$PG_BIN:$PATH" PERL5LIB="$PG_PERL:$STAGE/tests/t:$STAGE/tests${PERL5LIB:+:$PERL5LIB}" \
+      PG_REGRESS="$PG_REGRESS" TESTDIR="$STAGE" top_builddir="$STAGE" \
+      GPU_IVFPQ_TOOLS="$TOOLS_BUILD" \
+      prove ${PROVE_FLAGS:-} "${files[@]}") >"$LOGS/tap.log" 2>&1 || rc=$?
+  local total=${#files[@]} nfail=0 line
+  if [ "$rc" -ne 0 ]; then
+    line=$(grep -E '^Failed [0-9]+/[0-9]+ test programs' "$LOGS/tap.log" | tail -n 1)
+    if [ -n "$line" ]; then
+      nfail=$(sed -E 's#^Failed ([0-9]+)/.*#\1#' <<<"$line")
+    fi
+    [ "$nfail" -eq 0 ] && nfail=$total
+    cat "$LOGS/tap.log"
+    for f in "$STAGE"/tmp_check/log/regress_log_*; do
+      [ -e "$f" ] || continue
+      say "---- $(basename "$f") (last 60 lines)"
+      tail -n 60 "$f"
+    done
+    fail "tap: $nfail of $total test files" "$nfail"
+    pass $((total - nfail))
+  else
+    say "tap: $(grep -E '^Files=' "$LOGS/tap.log" | tail -n 1)"
+    pass "$total"
+  fi
+}
+
+# ------------------------------------------------------------------ tools
+tools_check() {  # tools_check NAME CMD... : one counted check
+  local name=$1; shift
+  local log
+  log="$LOGS/tools-$(tr -c 'a-zA-Z0-9_\n' _ <<<"$name").log"
+  if "$@" >"$log" 2>&1; then
+    pass
+  else
+    cat "$log"
+    fail "tools: $name"
+  fi
+}
+
+run_tools() {
+  [ -f "$REPO_ROOT/Makefile" ] && build_ext_once
+  if ! build_tools "$LOGS/tools-build.log"; then
+    fail "tools: build"
+    return
+  fi
+  local T=$TOOLS_BUILD
+  # Determinism: the same bytes for any thread count; queries differ from base.
+  tools_check "gen_synthetic deterministic" bash -c "
+    a=\$('$T/gen_synthetic' --rows 3000 --threads 1 | md5sum)
+    b=\$('$T/gen_synthetic' --rows 3000 --threads 2 | md5sum)
+    c=\$('$T/gen_synthetic' --what queries --queries 3000 | md5sum)
+    [ \"\$a\" = \"\$b\" ] && [ \"\$a\" != \"\$c\" ]"
+
+  local srv=$WORK/tools-server
+  mkdir -p "$srv"
+  if ! pg_temp_start "$srv" >"$LOGS/tools-server.log" 2>&1; then
+    cat "$LOGS/tools-server.log"
+    fail "tools: temporary server"
+    return
+  fi
+  local have_ext=0
+  if [ "$EXT_STATE" = ok ] && psql_q -c "CREATE EXTENSION gpu_ivfpq" >"$LOGS/tools-ext.log" 2>&1; then
+    have_ext=1
+  fi
+  if [ "$have_ext" = 0 ]; then
+    # Exact L2 distance as a plain SQL operator, so knn_bench has something to query.
+    psql_q >"$LOGS/tools-op.log" 2>&1 <<'SQL'
+CREATE FUNCTION scratch_l2(a real[], b real[]) RETURNS real LANGUAGE sql IMMUTABLE STRICT AS
+$$ SELECT sqrt(sum((x - y) * (x - y)))::real FROM unnest(a, b) AS t(x, y) $$;
+CREATE OPERATOR <-> (LEFTARG = real[], RIGHTARG = real[], FUNCTION = scratch_l2);
+SQL
+  fi
+
+  tools_check "fmnist_load test split" bash -c "
+    set -e -o pipefail
+    psql_() { '$PG_BIN/psql' -X -q -v ON_ERROR_STOP=1 \"\$@\"; }
+    psql_ -c 'CREATE TABLE fm_test (id bigint, label int, embedding real[])'
+    '$T/fmnist_load' --set test | psql_ -c 'COPY fm_test FROM STDIN WITH (FORMAT binary)'
+    r=\$(psql_ -At -c \"SELECT count(*), sum(label), min(array_length(embedding,1)), max(embedding[400]) <= 255 FROM fm_test\")
+    echo \"\$r\"; [ \"\$r\" = '10000|45000|784|t' ]"
+
+  tools_check "gen_synthetic COPY load" bash -c "
+    set -e -o pipefail
+    psql_() { '$PG_BIN/psql' -X -q -v ON_ERROR_STOP=1 \"\$@\"; }
+    psql_ -c 'CREATE TABLE syn (id bigint, embedding real[])'
+    '$T/gen_synthetic' --rows 2000 | psql_ -c 'COPY syn FROM STDIN WITH (FORMAT binary)'
+    '$T/gen_synthetic' --what queries --queries 30 --format fvecs --out '$WORK/q.fvecs'
+    r=\$(psql_ -At -c 'SELECT count(*), min(id), max(id), min(array_length(embedding,1)) FROM syn')
+    echo \"\$r\"; [ \"\$r\" = '2000|1|2000|128' ]"
+
+  # Exact search (no index): the recall must be 1.
+  tools_check "knn_bench exact recall" "$T/knn_bench" --table syn --queries "$WORK/q.fvecs" \
+    --k 10 --warmup 1 --settings "enable_indexscan=off" --min-recall 0.9999 --gt-cache "$WORK/syn.gt"
+
+  if [ "$have_ext" = 1 ]; then
+    # A small index, every list probed: recall must be high, through the index.
+    tools_check "knn_bench gpu_ivfpq index" bash -c "
+      set -e -o pipefail
+      '$PG_BIN/psql' -X -q -v ON_ERROR_STOP=1 -c 'CREATE INDEX syn_idx ON syn USING gpu_ivfpq (embedding) WITH (lists = 8, m = 16)'
+      '$T/knn_bench' --table syn --queries '$WORK/q.fvecs' --k 10 --warmup 1 \
+        --settings 'probes=8,rerank=200,enable_seqscan=off' --min-recall 0.9 --gt-cache '$WORK/syn.gt' | tee /dev/stderr | grep -q 'Index Scan'"
+  else
+    skip "tools: index check (extension not installed)"
+  fi
+  pg_temp_stop
+}
+
+want unit && run_unit
+want regress && run_regress
+want tap && run_tap
+want tools && run_tools
+
+for s in "${SKIPS[@]}"; do say "skipped: $s"; done
+for f in "${FAILURES[@]}"; do say "FAILED: $f"; done
+say "$PASSED passed, $FAILED failed"
+[ "$FAILED" -eq 0 ]
