@@ -1,0 +1,301 @@
+// Benchmark of the GPU kernels: copy bandwidth, k-selection, exact search,
+// k-means and IVFPQ search on a deterministic SIFT-like 1M x 128 set.
+// Prints markdown tables; `--dump DIR` also writes the data for the torch
+// baseline script; `--quick` shrinks every size for a smoke run.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "error.h"
+#include "gpu_ivfpq/device_buffer.h"
+#include "gpu_ivfpq/exact_search.h"
+#include "gpu_ivfpq/gpu_context.h"
+#include "gpu_ivfpq/ivfpq_index.h"
+#include "gpu_ivfpq/k_select.h"
+#include "gpu_ivfpq/kmeans_gpu.h"
+#include "synth_data.h"
+
+using namespace gpuivfpq;
+using namespace gpuivfpq::gpu;
+
+namespace {
+
+void ck(cudaError_t e, const char* what)
+{
+    if (e != cudaSuccess) {
+        std::fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(e));
+        std::exit(2);
+    }
+}
+
+// Median device time (ms) of reps runs of f on the context's stream.
+double time_ms(GpuContext& ctx, const std::function<void()>& f, int reps, int warmup = 1)
+{
+    cudaStream_t st = static_cast<cudaStream_t>(ctx.stream());
+    for (int i = 0; i < warmup; ++i)
+        f();
+    ctx.synchronize();
+    cudaEvent_t a, b;
+    ck(cudaEventCreate(&a), "event");
+    ck(cudaEventCreate(&b), "event");
+    std::vector<double> t;
+    for (int i = 0; i < reps; ++i) {
+        ck(cudaEventRecord(a, st), "record");
+        f();
+        ck(cudaEventRecord(b, st), "record");
+        ck(cudaEventSynchronize(b), "sync");
+        float ms = 0;
+        ck(cudaEventElapsedTime(&ms, a, b), "elapsed");
+        t.push_back(ms);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+double recall_at(const std::vector<int64_t>& labels, size_t k, const std::vector<int64_t>& gt, size_t r)
+{
+    size_t hit = 0;
+    for (size_t i = 0; i < gt.size(); ++i)
+        for (size_t j = 0; j < std::min(r, k); ++j)
+            if (labels[i * k + j] == gt[i]) {
+                ++hit;
+                break;
+            }
+    return double(hit) / double(gt.size());
+}
+
+}  // namespace
+
+int main(int argc, char** argv)
+{
+    bool quick = false;
+    std::string dump;
+    for (int i = 1; i < argc; ++i) {
+        if (!std::strcmp(argv[i], "--quick"))
+            quick = true;
+        else if (!std::strcmp(argv[i], "--dump") && i + 1 < argc)
+            dump = argv[++i];
+    }
+    if (device_count() <= 0) {
+        std::printf("no CUDA device: benchmark skipped\n");
+        return 0;
+    }
+    try {
+        GpuContext ctx(0);
+        cudaDeviceProp prop{};
+        ck(cudaGetDeviceProperties(&prop, 0), "props");
+        std::printf("# gpu_bench on %s (%d SMs, %.1f GiB), budget %.1f GiB%s\n\n", prop.name,
+                    prop.multiProcessorCount, prop.totalGlobalMem / double(1 << 30),
+                    ctx.budget() / double(1 << 30), quick ? " [quick]" : "");
+        std::fflush(stdout);
+
+        // Copy bandwidth: (bytes read + bytes written) / time of a D2D copy.
+        const size_t cbytes = quick ? (size_t(256) << 20) : (size_t(2) << 30);
+        double bw;
+        {
+            DeviceBuffer a(ctx, cbytes), b(ctx, cbytes);
+            ck(cudaMemsetAsync(a.data(), 1, cbytes, static_cast<cudaStream_t>(ctx.stream())), "memset");
+            double ms = time_ms(ctx, [&] {
+                ck(cudaMemcpyAsync(b.data(), a.data(), cbytes, cudaMemcpyDeviceToDevice,
+                                   static_cast<cudaStream_t>(ctx.stream())), "copy");
+            }, 10, 2);
+            bw = 2.0 * cbytes / (ms * 1e-3);
+            std::printf("copy bandwidth (read+write): %.0f GB/s (%.2f GB copied in %.3f ms)\n\n", bw / 1e9,
+                        cbytes / 1e9, ms);
+        }
+
+        // k-selection on a rows x cols uniform matrix.
+        {
+            const size_t rows = quick ? 1000 : 10000, cols = quick ? 12800 : 128000;
+            DeviceBuffer m(ctx, rows * cols * 4);
+            synth_uniform(m.as<float>(), int64_t(rows * cols), 7, ctx.stream());
+            const double floor_ms = rows * cols * 4.0 / bw * 1e3;
+            std::printf("## k-selection, %zu x %zu float32 (%.2f GB read; floor %.3f ms at copy bandwidth)\n\n",
+                        rows, cols, rows * cols * 4 / 1e9, floor_ms);
+            std::printf("| k | algorithm | ms | %% of bandwidth floor |\n|---|---|---|---|\n");
+            DeviceBuffer od(ctx, rows * 2048 * 4), oi(ctx, rows * 2048 * 4);
+            for (size_t k : {1, 10, 100, 1000, 2048})
+                for (SelectAlgo algo : {SelectAlgo::Warp, SelectAlgo::Block}) {
+                    if (k == 2048 && algo == SelectAlgo::Warp)
+                        continue;  // runs as BlockSelect
+                    double ms = time_ms(ctx, [&] {
+                        k_select(ctx, m.as<float>(), rows, cols, cols, k, false, od.as<float>(),
+                                 oi.as<int32_t>(), algo);
+                    }, 5);
+                    std::printf("| %zu | %s | %.3f | %.1f%% |\n", k,
+                                algo == SelectAlgo::Warp ? "WarpSelect" : "BlockSelect", ms,
+                                100.0 * floor_ms / ms);
+                    std::fflush(stdout);
+                }
+            std::printf("\n");
+        }
+
+        // The data set.
+        const size_t n = quick ? 100000 : 1000000, nq = quick ? 1000 : 10000, d = 128;
+        const size_t lists = quick ? 256 : 4096;
+        DeviceBuffer base(ctx, n * d * 4), queries(ctx, nq * d * 4), centres(ctx, 1000 * d * 4);
+        synth_sift_like(base.as<float>(), int64_t(n), int(d), centres.as<float>(), 1000, 42, 1, ctx.stream());
+        synth_sift_like(queries.as<float>(), int64_t(nq), int(d), centres.as<float>(), 1000, 42, 2,
+                        ctx.stream());
+        std::vector<float> hbase(n * d), hq(nq * d);
+        base.download(hbase.data(), n * d * 4);
+        queries.download(hq.data(), nq * d * 4);
+        if (!dump.empty()) {
+            std::ofstream(dump + "/gpu_bench_base.f32", std::ios::binary)
+                .write(reinterpret_cast<const char*>(hbase.data()), hbase.size() * 4);
+            std::ofstream(dump + "/gpu_bench_queries.f32", std::ios::binary)
+                .write(reinterpret_cast<const char*>(hq.data()), hq.size() * 4);
+        }
+        std::printf("data: %zu x %zu SIFT-like base (1000 clusters, integer values), %zu queries\n\n", n, d, nq);
+
+        // Exact search.
+        std::vector<int64_t> gt(nq);
+        {
+            std::printf("## exact search, %zu queries x %zu base, d = %zu, L2 (fp32 SGEMM, 1 GiB tiles)\n\n", nq, n, d);
+            std::printf("| k | exact_knn ms | GEMM tiles alone ms | selection overhead | queries/s |\n|---|---|---|---|---|\n");
+            DeviceBuffer norms(ctx, n * 4);
+            row_norms(ctx, base.as<float>(), n, d, norms.as<float>());
+            const double gemm = time_ms(ctx, [&] {
+                gemm_tiles_only(ctx, queries.as<float>(), nq, base.as<float>(), n, d);
+            }, 3);
+            DeviceBuffer od(ctx, nq * 100 * 4), ol(ctx, nq * 100 * 8);
+            for (size_t k : {10, 100}) {
+                double ms = time_ms(ctx, [&] {
+                    exact_knn(ctx, queries.as<float>(), nq, base.as<float>(), n, d, Metric::L2, k,
+                              od.as<float>(), ol.as<int64_t>(), norms.as<float>());
+                }, 3);
+                std::printf("| %zu | %.2f | %.2f | %.0f%% | %.0f |\n", k, ms, gemm, 100.0 * (ms - gemm) / gemm,
+                            nq / (ms * 1e-3));
+                std::fflush(stdout);
+            }
+            std::vector<int64_t> l(nq * 100);
+            ol.download(l.data(), l.size() * 8);
+            for (size_t i = 0; i < nq; ++i)
+                gt[i] = l[i * 100];
+            std::printf("\n");
+        }
+
+        // k-means timing (the IVF section trains its own quantizers the same way).
+        std::vector<float> cents(lists * d);
+        {
+            KMeansParams kp;
+            kp.iterations = quick ? 3 : 10;
+            kp.seed = 1234;
+            kp.max_points_per_centroid = 256;
+            DeviceBuffer dc(ctx, lists * d * 4);
+            KMeansGpuStats st;
+            kmeans_train_gpu(ctx, base.as<float>(), n, d, lists, kp, dc.as<float>(), &st);
+            dc.download(cents.data(), cents.size() * 4);
+            std::printf("## k-means: %zu x %zu into %zu centroids: %.1f ms per iteration (%d iterations, "
+                        "%zu points used, %zu empty-cluster splits, objective %.4g)\n\n",
+                        n, d, lists, st.seconds_per_iteration * 1e3, st.iterations, st.points_used,
+                        st.empty_splits, st.objective);
+            std::fflush(stdout);
+        }
+
+        // IVFPQ.
+        const size_t k = 100;
+        std::vector<size_t> probes = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+        std::vector<int64_t> ids(n);
+        for (size_t i = 0; i < n; ++i)
+            ids[i] = int64_t(i);
+        for (size_t m : {16, 64}) {
+            std::vector<float> cb(m * 256 * (d / m)), c2(lists * d);
+            KMeansParams pq;
+            pq.iterations = 10;
+            pq.seed = 99;
+            KMeansParams kc;
+            kc.iterations = quick ? 3 : 10;
+            kc.seed = 1234;
+            kc.max_points_per_centroid = 256;
+            train_ivfpq_gpu(ctx, hbase.data(), n, d, lists, m, Metric::L2, kc, pq, 65536, c2.data(), cb.data());
+            GpuIvfPqIndex idx(ctx, d, lists, m, Metric::L2, c2.data(), cb.data());
+            idx.add(n, hbase.data(), ids.data());
+            auto mem = idx.memory_use();
+            std::printf("## IVF%zu,PQ%zu: %zu vectors, device memory %.1f MiB (codes %.1f, ids %.1f, term1 %.1f)\n\n",
+                        lists, m, idx.ntotal(), mem.total() / 1048576.0, mem.codes / 1048576.0,
+                        mem.ids / 1048576.0, mem.term1 / 1048576.0);
+            // Probed code bytes need the lists this index probes.
+            std::vector<int64_t> plab(nq * 256);
+            {
+                DeviceBuffer dc(ctx, lists * d * 4), pd(ctx, nq * 256 * 4), pl(ctx, nq * 256 * 8);
+                dc.upload(c2.data(), c2.size() * 4);
+                exact_knn(ctx, queries.as<float>(), nq, dc.as<float>(), lists, d, Metric::L2,
+                          std::min<size_t>(256, lists), pd.as<float>(), pl.as<int64_t>());
+                pl.download(plab.data(), plab.size() * 8);
+            }
+            std::printf("| nprobe | batch %zu ms | QPS batch %zu | QPS batch 1 | R@1 | R@10 | R@100 | probed codes GB | %% of code-read floor |\n",
+                        nq, nq);
+            std::printf("|---|---|---|---|---|---|---|---|---|\n");
+            DeviceBuffer od(ctx, nq * k * 4), ol(ctx, nq * k * 8);
+            std::vector<int64_t> lab(nq * k);
+            for (size_t np : probes) {
+                if (np > lists)
+                    continue;
+                double bytes = 0;
+                for (size_t i = 0; i < nq; ++i)
+                    for (size_t p = 0; p < np; ++p)
+                        bytes += double(idx.list_size(plab[i * 256 + p])) * m;
+                const double ms = time_ms(ctx, [&] {
+                    idx.search_device(queries.as<float>(), nq, k, np, od.as<float>(), ol.as<int64_t>());
+                }, 3);
+                ol.download(lab.data(), lab.size() * 8);
+                // Batch 1: queries one at a time, each waited for (latency-bound).
+                const size_t b1 = quick ? 50 : (np <= 32 ? 500 : 200);
+                double b1_ms = time_ms(ctx, [&] {
+                    for (size_t i = 0; i < b1; ++i) {
+                        idx.search_device(queries.as<float>() + i * d, 1, k, np, od.as<float>(), ol.as<int64_t>());
+                        ctx.synchronize();
+                    }
+                }, 1);
+                const double floor_ms = bytes / bw * 1e3;
+                std::printf("| %zu | %.2f | %.0f | %.0f | %.3f | %.3f | %.3f | %.2f | %.1f%% |\n", np, ms,
+                            nq / (ms * 1e-3), b1 / (b1_ms * 1e-3), recall_at(lab, k, gt, 1), recall_at(lab, k, gt, 10),
+                            recall_at(lab, k, gt, 100), bytes / 1e9, 100.0 * floor_ms / ms);
+                std::fflush(stdout);
+            }
+            // Variants at a few nprobe: fused vs two-pass selection, fp32 vs fp16 tables, k.
+            std::printf("\nvariants (batch %zu, ms):\n\n| nprobe | k | fused fp32 | two-pass fp32 | fused fp16 | two-pass fp16 | fused fp16 R@10 |\n|---|---|---|---|---|---|---|\n", nq);
+            for (size_t np : {8, 32, 128}) {
+                for (size_t kk : {10, 100}) {
+                    double t[4];
+                    int i = 0;
+                    double r10 = 0;
+                    for (bool half : {false, true}) {
+                        idx.set_float16_tables(half);
+                        for (ScanAlgo a : {ScanAlgo::Fused, ScanAlgo::TwoPass}) {
+                            idx.set_scan_algo(a);
+                            t[i++] = time_ms(ctx, [&] {
+                                idx.search_device(queries.as<float>(), nq, kk, np, od.as<float>(), ol.as<int64_t>());
+                            }, 3);
+                            if (half && a == ScanAlgo::Fused) {
+                                std::vector<int64_t> l2(nq * kk);
+                                ol.download(l2.data(), l2.size() * 8);
+                                r10 = recall_at(l2, kk, gt, 10);
+                            }
+                        }
+                    }
+                    idx.set_float16_tables(false);
+                    idx.set_scan_algo(ScanAlgo::Auto);
+                    std::printf("| %zu | %zu | %.2f | %.2f | %.2f | %.2f | %.3f |\n", np, kk, t[0], t[1], t[2], t[3], r10);
+                    std::fflush(stdout);
+                }
+            }
+            std::printf("\n");
+        }
+        std::printf("peak device memory through the context: %.2f GiB\n", ctx.bytes_peak() / double(1 << 30));
+    } catch (const Error& e) {
+        std::fprintf(stderr, "gpu_bench: error: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}

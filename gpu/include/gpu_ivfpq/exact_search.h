@@ -1,0 +1,42 @@
+// Exact k-NN on the GPU: cuBLAS GEMM + norms with k-selection fused into the
+// pass over each distance tile.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "distances.h"
+
+namespace gpuivfpq::gpu {
+
+class GpuContext;
+
+// For each of nq queries (device, nq x d), the k nearest of the n base
+// vectors (device, n x d) under metric, as ranking distances of
+// metric_distance (L2: squared, clamped at 0; InnerProduct: -<q,y>;
+// Cosine: 1 - cos), sorted ascending; out_label is the base row, rows with
+// fewer than k candidates padded with (+inf, -1). base_norms (device, n
+// values of ||y||^2) may be null. tile_bytes bounds the distance tile
+// (0 = min(1 GiB, a quarter of the free budget)). All outputs on the device.
+void exact_knn(GpuContext& ctx, const float* queries, size_t nq, const float* base, size_t n,
+               size_t d, Metric metric, size_t k, float* out_dist, int64_t* out_label,
+               const float* base_norms = nullptr, size_t tile_bytes = 0);
+
+// Same, with int32 labels (the form k-means assignment and the coarse
+// quantizer use).
+void exact_knn_i32(GpuContext& ctx, const float* queries, size_t nq, const float* base, size_t n,
+                   size_t d, Metric metric, size_t k, float* out_dist, int32_t* out_label,
+                   const float* base_norms = nullptr, size_t tile_bytes = 0);
+
+// ||x_i||^2 for the n rows of x (device, n x d) into out (device).
+void row_norms(GpuContext& ctx, const float* x, size_t n, size_t d, float* out);
+
+// Scales each row to unit length in place (zero rows stay zero).
+void normalize_rows(GpuContext& ctx, float* x, size_t n, size_t d);
+
+// Timing aid for the benchmark: the GEMM tiles of exact_knn alone (same
+// tiling, no selection), so that the cost of selection can be read off.
+void gemm_tiles_only(GpuContext& ctx, const float* queries, size_t nq, const float* base, size_t n,
+                     size_t d, size_t tile_bytes = 0);
+
+}  // namespace gpuivfpq::gpu

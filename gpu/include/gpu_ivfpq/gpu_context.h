@@ -1,0 +1,40 @@
+// GPU context: device, stream, cuBLAS handle, device-memory budget, scratch.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+namespace gpuivfpq::gpu {
+
+// Number of CUDA devices, 0 where the runtime or driver is missing (never throws).
+int device_count();
+
+// Owns one CUDA stream and cuBLAS handle on one device, and accounts every
+// device allocation made through it against a byte budget. All work of the
+// library is queued on this stream; host entry points that return host data
+// synchronise it. Not thread-safe: one context per host thread.
+class GpuContext {
+public:
+    // budget_bytes = 0: the device's free memory at creation minus 256 MiB.
+    explicit GpuContext(int device = 0, size_t budget_bytes = 0);
+    ~GpuContext();
+    GpuContext(const GpuContext&) = delete;
+    GpuContext& operator=(const GpuContext&) = delete;
+
+    int device() const;
+    void* stream() const;  // the cudaStream_t, as void* to keep CUDA out of this header
+    void synchronize() const;
+
+    size_t budget() const;
+    size_t bytes_in_use() const;   // live allocations, scratch included
+    size_t bytes_peak() const;
+    int multiprocessors() const;
+
+    struct Impl;
+    Impl& impl() { return *impl_; }
+
+private:
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gpuivfpq::gpu

@@ -1,0 +1,100 @@
+// Device-resident IVFPQ index: the mirror of a trained IvfPqModel (coarse
+// centroids, PQ codebooks, precomputed term-1 tables) plus inverted lists of
+// codes and ids, with IVFADC search.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "distances.h"
+#include "kmeans.h"
+
+namespace gpuivfpq::gpu {
+
+class GpuContext;
+
+// How the list scan meets k-selection: Fused scans and selects in one
+// kernel (tables in shared memory, BlockSelect in registers); TwoPass writes
+// every candidate distance to device memory and k-selects it afterwards (the
+// paper's scheme). Auto picks Fused.
+enum class ScanAlgo { Auto, Fused, TwoPass };
+
+// What search returns as labels: the stored ids, or list << 32 | offset.
+enum class LabelKind { Ids, ListOffset };
+
+struct GpuIvfPqOptions {
+    bool precompute_term1 = true;          // if the tables take <= precompute_max_bytes
+    size_t precompute_max_bytes = size_t(1) << 30;
+    bool float16_tables = false;           // fp16 lookup tables (and fp16 term 1)
+    ScanAlgo scan = ScanAlgo::Auto;
+};
+
+struct GpuMemoryUse {
+    size_t centroids = 0, codebooks = 0, term1 = 0, codes = 0, ids = 0, list_meta = 0;
+    size_t total() const { return centroids + codebooks + term1 + codes + ids + list_meta; }
+};
+
+class GpuIvfPqIndex {
+public:
+    // centroids: lists x d, codebooks: m x 256 x (d/m), host pointers (as
+    // IvfPqModel holds them). Throws Unsupported for m outside 1..64 or d not
+    // a multiple of m, OutOfMemory when the mirror exceeds the budget.
+    GpuIvfPqIndex(GpuContext& ctx, size_t d, size_t lists, size_t m, Metric metric,
+                  const float* centroids, const float* codebooks, const GpuIvfPqOptions& opt = {});
+    ~GpuIvfPqIndex();
+    GpuIvfPqIndex(const GpuIvfPqIndex&) = delete;
+    GpuIvfPqIndex& operator=(const GpuIvfPqIndex&) = delete;
+
+    size_t d() const;
+    size_t lists() const;
+    size_t m() const;
+    Metric metric() const;
+    size_t ntotal() const;
+    size_t list_size(size_t list) const;
+    bool has_precomputed() const;
+    GpuMemoryUse memory_use() const;
+
+    void set_float16_tables(bool on);  // rebuilds term 1 in the new precision
+    void set_scan_algo(ScanAlgo algo);
+
+    // Appends n encoded vectors (host): list_ids[i], codes[i*m..], ids[i].
+    void add_encoded(size_t n, const int32_t* list_ids, const uint8_t* codes, const int64_t* ids);
+    // Encodes n raw vectors (host, n x d) on the GPU and appends them.
+    void add(size_t n, const float* x, const int64_t* ids);
+    // Removes every stored vector whose id is in ids[0..n); returns how many.
+    size_t remove_ids(const int64_t* ids, size_t n);
+
+    // GPU encoding (host in/out), as IvfPqModel::encode does on the CPU.
+    void encode(const float* x, size_t n, int32_t* list_ids, uint8_t* codes) const;
+
+    // k nearest for nq queries through nprobe lists. Host pointers: queries
+    // nq x d, dist / labels nq x k; padded with (+inf, -1).
+    void search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist,
+                int64_t* labels, LabelKind kind = LabelKind::Ids) const;
+    // Same with device pointers, results left on the device (no host sync).
+    void search_device(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist,
+                       int64_t* labels, LabelKind kind = LabelKind::Ids) const;
+
+    // The lookup tables the scan uses, materialised (host outputs): for
+    // each query and probe, lists (nq x nprobe), base (nq x nprobe) and
+    // tables (nq x nprobe x m x 256) with distance = base + sum_j table[j][code_j].
+    void compute_tables(const float* queries, size_t nq, size_t nprobe, int32_t* lists,
+                        float* base, float* tables) const;
+
+    struct Impl;
+
+private:
+    std::unique_ptr<Impl> impl_;
+};
+
+// Trains an IVFPQ model on the GPU (host data n x d): coarse k-means into
+// lists centroids, then PQ k-means on the residuals. Outputs (host):
+// centroids lists x d, codebooks m x 256 x (d/m), as IvfPqModel::set_*
+// take them. For Cosine the data are normalised first.
+void train_ivfpq_gpu(GpuContext& ctx, const float* x, size_t n, size_t d, size_t lists, size_t m,
+                     Metric metric, const KMeansParams& coarse, const KMeansParams& pq,
+                     size_t pq_max_training, float* centroids, float* codebooks);
+
+}  // namespace gpuivfpq::gpu

@@ -1,0 +1,25 @@
+// k-selection on the GPU (WarpSelect / BlockSelect) over an rows x n matrix.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace gpuivfpq::gpu {
+
+class GpuContext;
+
+constexpr size_t kMaxSelectK = 2048;
+
+// Auto picks BlockSelect (a block of 4 warps per row) when there are too few
+// rows to fill the device with one warp per row, WarpSelect otherwise.
+enum class SelectAlgo { Auto, Warp, Block };
+
+// For each row of in (device, rows x n, row stride ld >= n floats), the k
+// smallest (largest = false) or largest values, sorted best first, and their
+// column indices. Rows with n < k are padded with (+inf or -inf, -1).
+// out_dist / out_idx: device, rows x k. Throws InvalidArgument for k = 0 or
+// k > kMaxSelectK. Values must not be NaN.
+void k_select(GpuContext& ctx, const float* in, size_t rows, size_t n, size_t ld, size_t k,
+              bool largest, float* out_dist, int32_t* out_idx, SelectAlgo algo = SelectAlgo::Auto);
+
+}  // namespace gpuivfpq::gpu

@@ -1,0 +1,137 @@
+// IVF scan launchers not tied to a k bucket: two-pass distance pass,
+// materialised tables, candidate offsets, and the k dispatch of the fused scan.
+#include "ivf_scan.cuh"
+
+namespace gpuivfpq::gpu {
+
+namespace {
+
+// Pass 0 of the two-pass scan: block = (query, probe); every candidate's
+// distance goes to all_dist[q][prefix[q][p] + i].
+template <typename LutT>
+__global__ void __launch_bounds__(kScanThreads) ivf_distances_kernel(IvfScanArgs a)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    LutT* table = reinterpret_cast<LutT*>(smem);
+    float* resid = reinterpret_cast<float*>(
+        smem + (static_cast<size_t>(a.m) * 256 * sizeof(LutT) + 15) / 16 * 16);
+    const int q = blockIdx.x / a.nprobe;
+    const int p = blockIdx.x - q * a.nprobe;
+    const int list = a.probe_lists[blockIdx.x];
+    if (list < 0)
+        return;
+    const int len = a.list_len[list];
+    if (len == 0)
+        return;
+    const float base = build_table<LutT>(a, q, p, list, table, resid);
+    const uint8_t* codes = a.list_codes[list];
+    float* out = a.all_dist + static_cast<int64_t>(q) * a.all_ld +
+                 a.prefix[static_cast<int64_t>(q) * (a.nprobe + 1) + p];
+    for (int i = threadIdx.x; i < len; i += blockDim.x)
+        out[i] = base + code_distance(codes + static_cast<int64_t>(i) * a.m, a.m, table);
+}
+
+template <typename LutT>
+__global__ void __launch_bounds__(kScanThreads) ivf_tables_kernel(IvfScanArgs a)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    LutT* table = reinterpret_cast<LutT*>(smem);
+    float* resid = reinterpret_cast<float*>(
+        smem + (static_cast<size_t>(a.m) * 256 * sizeof(LutT) + 15) / 16 * 16);
+    const int q = blockIdx.x / a.nprobe;
+    const int p = blockIdx.x - q * a.nprobe;
+    const int list = a.probe_lists[blockIdx.x];
+    const int n = a.m * 256;
+    float* out = a.tables_out + static_cast<int64_t>(blockIdx.x) * n;
+    if (list < 0) {
+        for (int e = threadIdx.x; e < n; e += blockDim.x)
+            out[e] = 0.0f;
+        if (threadIdx.x == 0)
+            a.base_out[blockIdx.x] = INFINITY;
+        return;
+    }
+    const float base = build_table<LutT>(a, q, p, list, table, resid);
+    for (int e = threadIdx.x; e < n; e += blockDim.x)
+        out[e] = lut_get(table, e);
+    if (threadIdx.x == 0)
+        a.base_out[blockIdx.x] = base;
+}
+
+// prefix[q][p] = candidates in probes 0..p-1 of query q (a thread per query).
+__global__ void ivf_prefix_kernel(IvfScanArgs a)
+{
+    const int q = blockIdx.x * blockDim.x + threadIdx.x;
+    if (q >= a.nq)
+        return;
+    int32_t* pre = const_cast<int32_t*>(a.prefix) + static_cast<int64_t>(q) * (a.nprobe + 1);
+    const int32_t* pl = a.probe_lists + static_cast<int64_t>(q) * a.nprobe;
+    int64_t s = 0;
+    for (int p = 0; p < a.nprobe; ++p) {
+        pre[p] = static_cast<int32_t>(s);
+        const int l = pl[p];
+        s += l >= 0 ? a.list_len[l] : 0;
+    }
+    pre[a.nprobe] = static_cast<int32_t>(s);
+}
+
+}  // namespace
+
+void launch_ivf_fused(const IvfScanArgs& a, bool half, cudaStream_t stream)
+{
+    if (a.k <= 32)
+        launch_ivf_fused_bucket<32>(a, half, stream);
+    else if (a.k <= 64)
+        launch_ivf_fused_bucket<64>(a, half, stream);
+    else if (a.k <= 128)
+        launch_ivf_fused_bucket<128>(a, half, stream);
+    else if (a.k <= 256)
+        launch_ivf_fused_bucket<256>(a, half, stream);
+    else if (a.k <= 512)
+        launch_ivf_fused_bucket<512>(a, half, stream);
+    else if (a.k <= 1024)
+        launch_ivf_fused_bucket<1024>(a, half, stream);
+    else
+        launch_ivf_fused_bucket<2048>(a, half, stream);
+}
+
+void launch_ivf_distances(const IvfScanArgs& a, bool half, cudaStream_t stream)
+{
+    const size_t smem = scan_smem_bytes(a, half);
+    const unsigned blocks = static_cast<unsigned>(static_cast<int64_t>(a.nq) * a.nprobe);
+    if (!blocks)
+        return;
+    if (half) {
+        allow_smem(ivf_distances_kernel<__half>, smem);
+        ivf_distances_kernel<__half><<<blocks, kScanThreads, smem, stream>>>(a);
+    } else {
+        allow_smem(ivf_distances_kernel<float>, smem);
+        ivf_distances_kernel<float><<<blocks, kScanThreads, smem, stream>>>(a);
+    }
+    GPU_KERNEL_CHECK();
+}
+
+void launch_ivf_tables(const IvfScanArgs& a, bool half, cudaStream_t stream)
+{
+    const size_t smem = scan_smem_bytes(a, half);
+    const unsigned blocks = static_cast<unsigned>(static_cast<int64_t>(a.nq) * a.nprobe);
+    if (!blocks)
+        return;
+    if (half) {
+        allow_smem(ivf_tables_kernel<__half>, smem);
+        ivf_tables_kernel<__half><<<blocks, kScanThreads, smem, stream>>>(a);
+    } else {
+        allow_smem(ivf_tables_kernel<float>, smem);
+        ivf_tables_kernel<float><<<blocks, kScanThreads, smem, stream>>>(a);
+    }
+    GPU_KERNEL_CHECK();
+}
+
+void launch_ivf_prefix(const IvfScanArgs& a, cudaStream_t stream)
+{
+    if (!a.nq)
+        return;
+    ivf_prefix_kernel<<<(a.nq + 127) / 128, 128, 0, stream>>>(a);
+    GPU_KERNEL_CHECK();
+}
+
+}  // namespace gpuivfpq::gpu

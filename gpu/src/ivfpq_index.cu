@@ -1,0 +1,606 @@
+// GpuIvfPqIndex: the device mirror (centroids, codebooks, term-1 tables,
+// per-list code and id buffers) and the IVFADC search pipeline
+// (coarse k-NN -> term 3 GEMM -> list scan with k-selection -> labels).
+#include "gpu_ivfpq/ivfpq_index.h"
+
+#include <algorithm>
+#include <random>
+#include <sstream>
+#include <unordered_set>
+
+#include "context_impl.h"
+#include "cuda_check.h"
+#include "gpu_ivfpq/device_buffer.h"
+#include "gpu_ivfpq/exact_search.h"
+#include "gpu_ivfpq/gpu_context.h"
+#include "gpu_ivfpq/k_select.h"
+#include "gpu_ivfpq/kmeans_gpu.h"
+#include "ivf_scan.cuh"
+#include "ivfpq_kernels.h"
+#include "select_args.h"
+
+namespace gpuivfpq::gpu {
+
+struct GpuIvfPqIndex::Impl {
+    GpuContext& ctx;
+    size_t d, lists, m, dsub;
+    Metric metric;
+    GpuIvfPqOptions opt;
+    DeviceBuffer centroids, centroid_norms, codebooks, term1;
+    bool precomputed = false;
+    bool term1_half = false;
+
+    struct List {
+        DeviceBuffer codes, ids;
+        size_t size = 0, cap = 0;
+    };
+    std::vector<List> lst;
+    std::vector<std::vector<int64_t>> host_ids;  // mirror for remove_ids
+    DeviceBuffer code_ptrs, id_ptrs, lens;
+    size_t ntotal = 0, max_len = 0;
+
+    Impl(GpuContext& c) : ctx(c) {}
+
+    cudaStream_t st() const { return ctx.impl().stream; }
+    Metric coarse_metric() const { return metric == Metric::InnerProduct ? Metric::InnerProduct : Metric::L2; }
+    int table_mode() const
+    {
+        if (metric == Metric::InnerProduct)
+            return kTableTerm3;
+        return precomputed ? kTablePrecomputed : kTableDirect;
+    }
+
+    void build_term1()
+    {
+        term1.reset();
+        precomputed = false;
+        if (metric == Metric::InnerProduct || !opt.precompute_term1)
+            return;
+        const size_t bytes = lists * m * 256 * (opt.float16_tables ? 2 : 4);
+        if (bytes > opt.precompute_max_bytes)
+            return;
+        term1 = DeviceBuffer(ctx, bytes);
+        launch_term1(centroids.as<float>(), static_cast<int64_t>(lists), codebooks.as<float>(),
+                     static_cast<int>(d), static_cast<int>(m), term1.data(), opt.float16_tables, st());
+        precomputed = true;
+        term1_half = opt.float16_tables;
+    }
+
+    void grow(size_t l, size_t need)
+    {
+        List& L = lst[l];
+        if (need <= L.cap)
+            return;
+        const size_t cap = std::max(need, L.cap + L.cap / 2);
+        DeviceBuffer codes(ctx, cap * m), ids(ctx, cap * sizeof(int64_t));
+        if (L.size) {
+            GPU_CUDA_CHECK(cudaMemcpyAsync(codes.data(), L.codes.data(), L.size * m,
+                                           cudaMemcpyDeviceToDevice, st()));
+            GPU_CUDA_CHECK(cudaMemcpyAsync(ids.data(), L.ids.data(), L.size * sizeof(int64_t),
+                                           cudaMemcpyDeviceToDevice, st()));
+        }
+        L.codes = std::move(codes);
+        L.ids = std::move(ids);
+        L.cap = cap;
+    }
+
+    void upload_meta()
+    {
+        std::vector<const uint8_t*> cp(lists);
+        std::vector<const int64_t*> ip(lists);
+        std::vector<int32_t> ln(lists);
+        max_len = 0;
+        for (size_t l = 0; l < lists; ++l) {
+            cp[l] = lst[l].codes.as<uint8_t>();
+            ip[l] = lst[l].ids.as<int64_t>();
+            ln[l] = static_cast<int32_t>(lst[l].size);
+            max_len = std::max(max_len, lst[l].size);
+        }
+        code_ptrs.upload(cp.data(), lists * sizeof(void*));
+        id_ptrs.upload(ip.data(), lists * sizeof(void*));
+        lens.upload(ln.data(), lists * sizeof(int32_t));
+    }
+
+    // Queries to use on the device (normalised copy for Cosine).
+    const float* prepare_queries(const float* q, size_t nq, float* copy)
+    {
+        if (metric != Metric::Cosine)
+            return q;
+        GPU_CUDA_CHECK(cudaMemcpyAsync(copy, q, nq * d * sizeof(float), cudaMemcpyDeviceToDevice, st()));
+        normalize_rows(ctx, copy, nq, d);
+        return copy;
+    }
+
+    void coarse_and_term3(const float* q, size_t nq, size_t nprobe, float* probe_dist,
+                          int32_t* probe_lists, float* term3)
+    {
+        exact_knn_i32(ctx, q, nq, centroids.as<float>(), lists, d, coarse_metric(), nprobe,
+                      probe_dist, probe_lists, centroid_norms.as<float>());
+        // The probed lists' base distances recomputed directly: the GEMM
+        // form cancels badly near a centroid (the CPU engine does the same).
+        launch_exact_base(q, static_cast<int64_t>(nq), static_cast<int>(nprobe), static_cast<int>(d),
+                          centroids.as<float>(), probe_lists, metric == Metric::InnerProduct,
+                          probe_dist, st());
+        if (table_mode() != kTableDirect)
+            compute_term3(ctx, q, static_cast<int64_t>(nq), codebooks.as<float>(), static_cast<int>(d),
+                          static_cast<int>(m), metric == Metric::InnerProduct ? -1.0f : -2.0f, term3);
+    }
+
+    IvfScanArgs scan_args(const float* q, size_t nq, size_t nprobe, size_t k, const float* probe_dist,
+                          const int32_t* probe_lists, const int32_t* prefix, const float* term3) const
+    {
+        IvfScanArgs a;
+        a.nq = static_cast<int>(nq);
+        a.nprobe = static_cast<int>(nprobe);
+        a.m = static_cast<int>(m);
+        a.dsub = static_cast<int>(dsub);
+        a.d = static_cast<int>(d);
+        a.k = static_cast<int>(k);
+        a.mode = table_mode();
+        a.probe_lists = probe_lists;
+        a.probe_dist = probe_dist;
+        a.prefix = prefix;
+        a.list_codes = code_ptrs.as<const uint8_t* const>();
+        a.list_len = lens.as<int32_t>();
+        a.term1 = term1.data();
+        a.term3 = term3;
+        a.queries = q;
+        a.centroids = centroids.as<float>();
+        a.codebooks = codebooks.as<float>();
+        return a;
+    }
+
+    void search_tile(const float* queries, size_t nq, size_t k, size_t nprobe, float* out_dist,
+                     int64_t* out_labels, LabelKind kind, ScanAlgo algo);
+};
+
+GpuIvfPqIndex::GpuIvfPqIndex(GpuContext& ctx, size_t d, size_t lists, size_t m, Metric metric,
+                             const float* centroids, const float* codebooks,
+                             const GpuIvfPqOptions& opt)
+    : impl_(new Impl(ctx))
+{
+    if (m < 1 || m > 64 || d == 0 || d % m != 0) {
+        std::ostringstream os;
+        os << "GPU IVFPQ: m = " << m << " not supported for d = " << d
+           << " (needs 1 <= m <= 64 and d a multiple of m)";
+        throw Error(ErrorKind::Unsupported, os.str());
+    }
+    require(lists >= 1 && lists < (size_t(1) << 31), "GPU IVFPQ: lists must be in [1, 2^31)");
+    Impl& I = *impl_;
+    I.d = d;
+    I.lists = lists;
+    I.m = m;
+    I.dsub = d / m;
+    I.metric = metric;
+    I.opt = opt;
+    I.centroids = DeviceBuffer(ctx, lists * d * sizeof(float));
+    I.centroids.upload(centroids, lists * d * sizeof(float));
+    I.centroid_norms = DeviceBuffer(ctx, lists * sizeof(float));
+    row_norms(ctx, I.centroids.as<float>(), lists, d, I.centroid_norms.as<float>());
+    I.codebooks = DeviceBuffer(ctx, m * 256 * I.dsub * sizeof(float));
+    I.codebooks.upload(codebooks, m * 256 * I.dsub * sizeof(float));
+    I.build_term1();
+    I.lst.resize(lists);
+    I.host_ids.resize(lists);
+    I.code_ptrs = DeviceBuffer(ctx, lists * sizeof(void*));
+    I.id_ptrs = DeviceBuffer(ctx, lists * sizeof(void*));
+    I.lens = DeviceBuffer(ctx, lists * sizeof(int32_t));
+    I.upload_meta();
+    ctx.synchronize();
+}
+
+GpuIvfPqIndex::~GpuIvfPqIndex() = default;
+
+size_t GpuIvfPqIndex::d() const { return impl_->d; }
+size_t GpuIvfPqIndex::lists() const { return impl_->lists; }
+size_t GpuIvfPqIndex::m() const { return impl_->m; }
+Metric GpuIvfPqIndex::metric() const { return impl_->metric; }
+size_t GpuIvfPqIndex::ntotal() const { return impl_->ntotal; }
+bool GpuIvfPqIndex::has_precomputed() const { return impl_->precomputed; }
+
+size_t GpuIvfPqIndex::list_size(size_t list) const
+{
+    require(list < impl_->lists, "list index out of range");
+    return impl_->lst[list].size;
+}
+
+GpuMemoryUse GpuIvfPqIndex::memory_use() const
+{
+    const Impl& I = *impl_;
+    GpuMemoryUse u;
+    u.centroids = I.centroids.bytes() + I.centroid_norms.bytes();
+    u.codebooks = I.codebooks.bytes();
+    u.term1 = I.term1.bytes();
+    for (const auto& L : I.lst) {
+        u.codes += L.codes.bytes();
+        u.ids += L.ids.bytes();
+    }
+    u.list_meta = I.code_ptrs.bytes() + I.id_ptrs.bytes() + I.lens.bytes();
+    return u;
+}
+
+void GpuIvfPqIndex::set_float16_tables(bool on)
+{
+    impl_->opt.float16_tables = on;
+    impl_->build_term1();
+}
+
+void GpuIvfPqIndex::set_scan_algo(ScanAlgo algo) { impl_->opt.scan = algo; }
+
+void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t* codes,
+                                const int64_t* ids)
+{
+    Impl& I = *impl_;
+    if (!n)
+        return;
+    require(I.ntotal + n < (size_t(1) << 31), "GPU IVFPQ: more than 2^31 vectors");
+    std::vector<size_t> count(I.lists + 1, 0);
+    for (size_t i = 0; i < n; ++i) {
+        require(list_ids[i] >= 0 && static_cast<size_t>(list_ids[i]) < I.lists,
+                "add_encoded: list id out of range");
+        count[list_ids[i] + 1]++;
+    }
+    for (size_t l = 0; l < I.lists; ++l)
+        count[l + 1] += count[l];  // count[l] = first slot of list l
+    std::vector<uint8_t> scodes(n * I.m);
+    std::vector<int64_t> sids(n);
+    {
+        std::vector<size_t> fill(count.begin(), count.end() - 1);
+        for (size_t i = 0; i < n; ++i) {
+            const size_t s = fill[list_ids[i]]++;
+            std::copy(codes + i * I.m, codes + (i + 1) * I.m, scodes.begin() + s * I.m);
+            sids[s] = ids[i];
+        }
+    }
+    // Grow every touched list first: an out-of-memory error leaves the
+    // index unchanged (contents and sizes).
+    for (size_t l = 0; l < I.lists; ++l)
+        if (count[l + 1] > count[l])
+            I.grow(l, I.lst[l].size + (count[l + 1] - count[l]));
+    DeviceBuffer dcodes(I.ctx, n * I.m), dids(I.ctx, n * sizeof(int64_t));
+    dcodes.upload(scodes.data(), n * I.m);
+    dids.upload(sids.data(), n * sizeof(int64_t));
+    for (size_t l = 0; l < I.lists; ++l) {
+        const size_t c = count[l + 1] - count[l];
+        if (!c)
+            continue;
+        Impl::List& L = I.lst[l];
+        GPU_CUDA_CHECK(cudaMemcpyAsync(L.codes.as<uint8_t>() + L.size * I.m,
+                                       dcodes.as<uint8_t>() + count[l] * I.m, c * I.m,
+                                       cudaMemcpyDeviceToDevice, I.st()));
+        GPU_CUDA_CHECK(cudaMemcpyAsync(L.ids.as<int64_t>() + L.size, dids.as<int64_t>() + count[l],
+                                       c * sizeof(int64_t), cudaMemcpyDeviceToDevice, I.st()));
+        L.size += c;
+        I.host_ids[l].insert(I.host_ids[l].end(), sids.begin() + count[l], sids.begin() + count[l + 1]);
+    }
+    I.ntotal += n;
+    I.upload_meta();
+    I.ctx.synchronize();
+}
+
+size_t GpuIvfPqIndex::remove_ids(const int64_t* ids, size_t n)
+{
+    Impl& I = *impl_;
+    std::unordered_set<int64_t> gone(ids, ids + n);
+    size_t removed = 0;
+    std::vector<uint8_t> codes;
+    for (size_t l = 0; l < I.lists; ++l) {
+        auto& hid = I.host_ids[l];
+        size_t hits = 0;
+        for (int64_t id : hid)
+            hits += gone.count(id);
+        if (!hits)
+            continue;
+        // Order-preserving compaction on the host: removal is rare and the
+        // list is small next to a search's traffic.
+        Impl::List& L = I.lst[l];
+        codes.resize(L.size * I.m);
+        copy_to_host(I.ctx, codes.data(), L.codes.data(), L.size * I.m);
+        size_t w = 0;
+        for (size_t r = 0; r < L.size; ++r) {
+            if (gone.count(hid[r]))
+                continue;
+            if (w != r) {
+                std::copy(codes.begin() + r * I.m, codes.begin() + (r + 1) * I.m, codes.begin() + w * I.m);
+                hid[w] = hid[r];
+            }
+            ++w;
+        }
+        hid.resize(w);
+        removed += L.size - w;
+        L.size = w;
+        if (w) {
+            L.codes.upload(codes.data(), w * I.m);
+            L.ids.upload(hid.data(), w * sizeof(int64_t));
+        }
+        I.ctx.synchronize();  // host staging vectors are reused next list
+    }
+    I.ntotal -= removed;
+    I.upload_meta();
+    I.ctx.synchronize();
+    return removed;
+}
+
+void GpuIvfPqIndex::encode(const float* x, size_t n, int32_t* list_ids, uint8_t* codes) const
+{
+    Impl& I = *impl_;
+    const size_t batch = 65536;
+    for (size_t i0 = 0; i0 < n; i0 += batch) {
+        const size_t b = std::min(batch, n - i0);
+        Carver sz;
+        sz.take<float>(b * I.d);
+        sz.take<float>(b * I.d);
+        sz.take<float>(b);
+        sz.take<int32_t>(b);
+        sz.take<uint8_t>(b * I.m);
+        Scratch s(I.ctx, sz.size());
+        Carver c(s.data());
+        float* dx = c.take<float>(b * I.d);
+        float* res = c.take<float>(b * I.d);
+        float* dist = c.take<float>(b);
+        int32_t* asg = c.take<int32_t>(b);
+        uint8_t* dcodes = c.take<uint8_t>(b * I.m);
+        copy_to_device(I.ctx, dx, x + i0 * I.d, b * I.d * sizeof(float));
+        if (I.metric == Metric::Cosine)
+            normalize_rows(I.ctx, dx, b, I.d);
+        // Vectors go to their L2-nearest centroid for every metric, as
+        // IvfPqModel::encode does (the residual is what PQ must encode well).
+        exact_knn_i32(I.ctx, dx, b, I.centroids.as<float>(), I.lists, I.d, Metric::L2, 1, dist,
+                      asg, I.centroid_norms.as<float>());
+        launch_residuals(dx, static_cast<int64_t>(b), static_cast<int>(I.d), I.centroids.as<float>(),
+                         asg, res, I.st());
+        launch_pq_encode(res, static_cast<int64_t>(b), static_cast<int>(I.d), static_cast<int>(I.m),
+                         I.codebooks.as<float>(), dcodes, I.st());
+        copy_to_host(I.ctx, codes + i0 * I.m, dcodes, b * I.m);
+        copy_to_host(I.ctx, list_ids + i0, asg, b * sizeof(int32_t));
+    }
+}
+
+void GpuIvfPqIndex::add(size_t n, const float* x, const int64_t* ids)
+{
+    std::vector<int32_t> l(n);
+    std::vector<uint8_t> c(n * impl_->m);
+    encode(x, n, l.data(), c.data());
+    add_encoded(n, l.data(), c.data(), ids);
+}
+
+void GpuIvfPqIndex::Impl::search_tile(const float* queries, size_t nq, size_t k, size_t nprobe,
+                                      float* out_dist, int64_t* out_labels, LabelKind kind,
+                                      ScanAlgo algo)
+{
+    const bool half = term1_half && precomputed ? true : opt.float16_tables;
+    const bool two_pass = algo == ScanAlgo::TwoPass;
+    const int sms = ctx.multiprocessors();
+    const int mode = table_mode();
+    // Fused: enough (query, probe-chunk) blocks to fill the device.
+    size_t chunks = 1, ppc = nprobe;
+    if (!two_pass) {
+        chunks = std::min<size_t>(nprobe, std::max<size_t>(1, (static_cast<size_t>(sms) * 8 + nq - 1) / nq));
+        ppc = (nprobe + chunks - 1) / chunks;
+        chunks = (nprobe + ppc - 1) / ppc;
+    }
+    const size_t all_ld = two_pass ? std::max<size_t>(nprobe * max_len, 1) : 0;
+    require(nprobe * max_len < (size_t(1) << 31), "GPU IVFPQ: too many candidates per query");
+    size_t p1_chunks = 1;
+    int64_t p1_len = static_cast<int64_t>(all_ld);
+    if (two_pass) {
+        p1_chunks = std::max<size_t>(1, (static_cast<size_t>(sms) * 16 + nq - 1) / nq);
+        p1_chunks = std::min<size_t>(p1_chunks, (all_ld + 1023) / 1024);
+        p1_chunks = std::max<size_t>(p1_chunks, 1);
+        p1_len = static_cast<int64_t>((all_ld + p1_chunks - 1) / p1_chunks + 127) / 128 * 128;
+        p1_chunks = (all_ld + p1_len - 1) / p1_len;
+        chunks = p1_chunks;
+    }
+    Carver sz;
+    sz.take<float>(metric == Metric::Cosine ? nq * d : 0);
+    sz.take<float>(nq * nprobe);
+    sz.take<int32_t>(nq * nprobe);
+    sz.take<int32_t>(nq * (nprobe + 1));
+    sz.take<float>(mode != kTableDirect ? nq * m * 256 : 0);
+    sz.take<float>(chunks > 1 ? nq * chunks * k : 0);
+    sz.take<int32_t>(chunks > 1 ? nq * chunks * k : 0);
+    sz.take<int32_t>(nq * k);
+    sz.take<float>(nq * all_ld);
+    Scratch s(ctx, sz.size());
+    Carver c(s.data());
+    float* qcopy = c.take<float>(metric == Metric::Cosine ? nq * d : 0);
+    float* probe_dist = c.take<float>(nq * nprobe);
+    int32_t* probe_lists = c.take<int32_t>(nq * nprobe);
+    int32_t* prefix = c.take<int32_t>(nq * (nprobe + 1));
+    float* term3 = c.take<float>(mode != kTableDirect ? nq * m * 256 : 0);
+    float* cdist = c.take<float>(chunks > 1 ? nq * chunks * k : 0);
+    int32_t* cidx = c.take<int32_t>(chunks > 1 ? nq * chunks * k : 0);
+    int32_t* pos = c.take<int32_t>(nq * k);
+    float* all = c.take<float>(nq * all_ld);
+
+    const float* q = prepare_queries(queries, nq, qcopy);
+    coarse_and_term3(q, nq, nprobe, probe_dist, probe_lists, term3);
+    IvfScanArgs a = scan_args(q, nq, nprobe, k, probe_dist, probe_lists, prefix, term3);
+    launch_ivf_prefix(a, st());
+    if (!two_pass) {
+        a.chunks = static_cast<int>(chunks);
+        a.probes_per_chunk = static_cast<int>(ppc);
+        a.out_dist = chunks > 1 ? cdist : out_dist;
+        a.out_idx = chunks > 1 ? cidx : pos;
+        launch_ivf_fused(a, half, st());
+    } else {
+        a.all_dist = all;
+        a.all_ld = static_cast<int64_t>(all_ld);
+        launch_ivf_distances(a, half, st());
+        SelectArgs p1;
+        p1.in = all;
+        p1.ld = static_cast<int64_t>(all_ld);
+        p1.n = static_cast<int64_t>(all_ld);
+        p1.row_len = prefix + nprobe;
+        p1.row_len_stride = static_cast<int64_t>(nprobe + 1);
+        p1.rows = static_cast<int64_t>(nq);
+        p1.chunks = static_cast<int>(p1_chunks);
+        p1.chunk_len = p1_len;
+        p1.k = static_cast<int>(k);
+        p1.out_dist = chunks > 1 ? cdist : out_dist;
+        p1.out_idx = chunks > 1 ? cidx : pos;
+        launch_select(p1, false, st());
+    }
+    if (chunks > 1) {
+        SelectArgs p2;
+        p2.in = cdist;
+        p2.in_labels = cidx;
+        p2.ld = static_cast<int64_t>(chunks * k);
+        p2.n = p2.ld;
+        p2.rows = static_cast<int64_t>(nq);
+        p2.chunk_len = p2.ld;
+        p2.k = static_cast<int>(k);
+        p2.out_dist = out_dist;
+        p2.out_idx = pos;
+        launch_select(p2, nq < static_cast<size_t>(sms) * 16, st());
+    }
+    launch_decode_labels(pos, static_cast<int64_t>(nq), static_cast<int>(k), static_cast<int>(nprobe),
+                         prefix, probe_lists,
+                         kind == LabelKind::Ids ? id_ptrs.as<const int64_t* const>() : nullptr,
+                         out_labels, st());
+}
+
+void GpuIvfPqIndex::search_device(const float* queries, size_t nq, size_t k, size_t nprobe,
+                                  float* dist, int64_t* labels, LabelKind kind) const
+{
+    Impl& I = *impl_;
+    if (k == 0 || k > kMaxSelectK) {
+        std::ostringstream os;
+        os << "GPU IVFPQ search: k = " << k << " outside [1, " << kMaxSelectK << "]";
+        throw Error(ErrorKind::InvalidArgument, os.str());
+    }
+    nprobe = std::min(std::max<size_t>(nprobe, 1), I.lists);
+    if (nprobe > kMaxSelectK)
+        throw Error(ErrorKind::InvalidArgument, "GPU IVFPQ search: nprobe > 2048 not supported");
+    if (!nq)
+        return;
+    ScanAlgo algo = I.opt.scan == ScanAlgo::Auto ? ScanAlgo::Fused : I.opt.scan;
+    // Query tiles sized so the per-query scratch stays within a quarter of
+    // the free budget (at most 2 GiB).
+    size_t per_q = (I.metric == Metric::Cosine ? I.d * 4 : 0) + nprobe * 12 + 4 +
+                   I.m * 256 * 4 + nprobe * k * 8 + k * 4;
+    if (algo == ScanAlgo::TwoPass)
+        per_q += nprobe * I.max_len * 4;
+    const size_t free_b = I.ctx.budget() > I.ctx.bytes_in_use() ? I.ctx.budget() - I.ctx.bytes_in_use() : 0;
+    const size_t avail = std::min<size_t>(size_t(2) << 30, free_b / 4);
+    size_t tq = std::max<size_t>(1, std::min(nq, avail / per_q));
+    tq = std::min<size_t>(tq, 65536);
+    for (size_t q0 = 0; q0 < nq; q0 += tq) {
+        const size_t b = std::min(tq, nq - q0);
+        I.search_tile(queries + q0 * I.d, b, k, nprobe, dist + q0 * k, labels + q0 * k, kind, algo);
+    }
+}
+
+void GpuIvfPqIndex::search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist,
+                           int64_t* labels, LabelKind kind) const
+{
+    Impl& I = *impl_;
+    if (!nq)
+        return;
+    require(k >= 1, "GPU IVFPQ search: k must be >= 1");
+    Carver sz;
+    sz.take<float>(nq * I.d);
+    sz.take<float>(nq * k);
+    sz.take<int64_t>(nq * k);
+    Scratch s(I.ctx, sz.size());
+    Carver c(s.data());
+    float* dq = c.take<float>(nq * I.d);
+    float* dd = c.take<float>(nq * k);
+    int64_t* dl = c.take<int64_t>(nq * k);
+    copy_to_device(I.ctx, dq, queries, nq * I.d * sizeof(float));
+    search_device(dq, nq, k, nprobe, dd, dl, kind);
+    copy_to_host(I.ctx, dist, dd, nq * k * sizeof(float));
+    copy_to_host(I.ctx, labels, dl, nq * k * sizeof(int64_t));
+}
+
+void GpuIvfPqIndex::compute_tables(const float* queries, size_t nq, size_t nprobe, int32_t* lists,
+                                   float* base, float* tables) const
+{
+    Impl& I = *impl_;
+    nprobe = std::min(std::max<size_t>(nprobe, 1), I.lists);
+    require(nprobe <= kMaxSelectK, "compute_tables: nprobe > 2048");
+    if (!nq)
+        return;
+    const size_t tsz = I.m * 256;
+    Carver sz;
+    sz.take<float>(nq * I.d);
+    sz.take<float>(nq * I.d);
+    sz.take<float>(nq * nprobe);
+    sz.take<int32_t>(nq * nprobe);
+    sz.take<float>(nq * tsz);
+    sz.take<float>(nq * nprobe * tsz);
+    sz.take<float>(nq * nprobe);
+    Scratch s(I.ctx, sz.size());
+    Carver c(s.data());
+    float* dq = c.take<float>(nq * I.d);
+    float* qcopy = c.take<float>(nq * I.d);
+    float* pd = c.take<float>(nq * nprobe);
+    int32_t* pl = c.take<int32_t>(nq * nprobe);
+    float* t3 = c.take<float>(nq * tsz);
+    float* tout = c.take<float>(nq * nprobe * tsz);
+    float* bout = c.take<float>(nq * nprobe);
+    copy_to_device(I.ctx, dq, queries, nq * I.d * sizeof(float));
+    const float* q = I.prepare_queries(dq, nq, qcopy);
+    I.coarse_and_term3(q, nq, nprobe, pd, pl, t3);
+    IvfScanArgs a = I.scan_args(q, nq, nprobe, 1, pd, pl, nullptr, t3);
+    a.tables_out = tout;
+    a.base_out = bout;
+    const bool half = I.precomputed ? I.term1_half : I.opt.float16_tables;
+    launch_ivf_tables(a, half, I.st());
+    copy_to_host(I.ctx, lists, pl, nq * nprobe * sizeof(int32_t));
+    copy_to_host(I.ctx, base, bout, nq * nprobe * sizeof(float));
+    copy_to_host(I.ctx, tables, tout, nq * nprobe * tsz * sizeof(float));
+}
+
+void train_ivfpq_gpu(GpuContext& ctx, const float* x, size_t n, size_t d, size_t lists, size_t m,
+                     Metric metric, const KMeansParams& coarse, const KMeansParams& pq,
+                     size_t pq_max_training, float* centroids, float* codebooks)
+{
+    if (m < 1 || m > 64 || d == 0 || d % m != 0)
+        throw Error(ErrorKind::Unsupported, "train_ivfpq_gpu: m must be in [1, 64] and divide d");
+    require(n >= 1 && lists >= 1, "train_ivfpq_gpu: needs n >= 1 and lists >= 1");
+    cudaStream_t st = stream_of(ctx);
+    const size_t dsub = d / m;
+    DeviceBuffer dx(ctx, n * d * sizeof(float));
+    dx.upload(x, n * d * sizeof(float));
+    if (metric == Metric::Cosine)
+        normalize_rows(ctx, dx.as<float>(), n, d);
+    DeviceBuffer dc(ctx, lists * d * sizeof(float));
+    kmeans_train_gpu(ctx, dx.as<float>(), n, d, lists, coarse, dc.as<float>());
+    // PQ on residuals of (a seeded subsample of) the training points.
+    const size_t nt = std::min(n, pq_max_training ? pq_max_training : n);
+    DeviceBuffer sub(ctx, nt * d * sizeof(float));
+    {
+        std::vector<int64_t> idx(n);
+        for (size_t i = 0; i < n; ++i)
+            idx[i] = static_cast<int64_t>(i);
+        std::mt19937_64 rng(pq.seed ^ 0x9e3779b97f4a7c15ull);
+        for (size_t i = 0; i < nt; ++i)
+            std::swap(idx[i], idx[i + rng() % (n - i)]);
+        idx.resize(nt);
+        DeviceBuffer didx(ctx, nt * sizeof(int64_t));
+        didx.upload(idx.data(), nt * sizeof(int64_t));
+        launch_gather_rows(dx.as<float>(), didx.as<int64_t>(), static_cast<int64_t>(nt),
+                           static_cast<int>(d), sub.as<float>(), st);
+        ctx.synchronize();
+    }
+    dx.reset();
+    DeviceBuffer dist(ctx, nt * sizeof(float)), asg(ctx, nt * sizeof(int32_t));
+    DeviceBuffer norms(ctx, lists * sizeof(float));
+    row_norms(ctx, dc.as<float>(), lists, d, norms.as<float>());
+    exact_knn_i32(ctx, sub.as<float>(), nt, dc.as<float>(), lists, d, Metric::L2, 1,
+                  dist.as<float>(), asg.as<int32_t>(), norms.as<float>());
+    DeviceBuffer res(ctx, nt * d * sizeof(float)), slice(ctx, nt * dsub * sizeof(float));
+    launch_residuals(sub.as<float>(), static_cast<int64_t>(nt), static_cast<int>(d), dc.as<float>(),
+                     asg.as<int32_t>(), res.as<float>(), st);
+    DeviceBuffer dcb(ctx, m * 256 * dsub * sizeof(float));
+    for (size_t j = 0; j < m; ++j) {
+        launch_column_slice(res.as<float>(), static_cast<int64_t>(nt), static_cast<int>(d),
+                            static_cast<int>(j * dsub), static_cast<int>(dsub), slice.as<float>(), st);
+        kmeans_train_gpu(ctx, slice.as<float>(), nt, dsub, 256, pq, dcb.as<float>() + j * 256 * dsub);
+    }
+    dc.download(centroids, lists * d * sizeof(float));
+    dcb.download(codebooks, m * 256 * dsub * sizeof(float));
+}
+
+}  // namespace gpuivfpq::gpu

@@ -1,0 +1,254 @@
+// Small IVFPQ kernels: term 1, term 3 (cuBLAS), PQ encoding, residuals,
+// slices, gathers and label decoding.
+#include <cuda_fp16.h>
+
+#include <sstream>
+
+#include "context_impl.h"
+#include "cuda_check.h"
+#include "ivfpq_kernels.h"
+
+namespace gpuivfpq::gpu {
+
+namespace {
+
+template <typename T>
+__device__ __forceinline__ void store_as(T* p, int64_t i, float v);
+template <>
+__device__ __forceinline__ void store_as<float>(float* p, int64_t i, float v) { p[i] = v; }
+template <>
+__device__ __forceinline__ void store_as<__half>(__half* p, int64_t i, float v)
+{
+    p[i] = __float2half_rn(v);
+}
+
+template <typename T>
+__global__ void term1_kernel(const float* centroids, int64_t lists, const float* codebooks, int d,
+                             int m, T* out)
+{
+    const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    const int64_t per_list = static_cast<int64_t>(m) * 256;
+    if (e >= lists * per_list)
+        return;
+    const int64_t l = e / per_list;
+    const int jc = static_cast<int>(e - l * per_list);
+    const int j = jc >> 8;
+    const int dsub = d / m;
+    const float* cw = codebooks + static_cast<int64_t>(jc) * dsub;
+    const float* cl = centroids + l * d + j * dsub;
+    float s = 0.0f;
+    for (int t = 0; t < dsub; ++t)
+        s += cw[t] * cw[t] + 2.0f * cl[t] * cw[t];
+    store_as<T>(out, e, s);
+}
+
+__global__ void residuals_kernel(const float* x, int64_t n, int d, const float* centroids,
+                                 const int32_t* assign, float* out)
+{
+    const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e >= n * d)
+        return;
+    const int64_t i = e / d;
+    const int c = static_cast<int>(e - i * d);
+    out[e] = x[e] - centroids[static_cast<int64_t>(assign[i]) * d + c];
+}
+
+// A thread per (vector, sub-quantizer); ties go to the smaller code, as a
+// strict '<' scan over codes does on the CPU.
+__global__ void pq_encode_kernel(const float* resid, int64_t n, int d, int m, const float* codebooks,
+                                 uint8_t* codes)
+{
+    const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e >= n * m)
+        return;
+    const int64_t i = e / m;
+    const int j = static_cast<int>(e - i * m);
+    const int dsub = d / m;
+    const float* r = resid + i * d + j * dsub;
+    const float* cb = codebooks + static_cast<int64_t>(j) * 256 * dsub;
+    float best = INFINITY;
+    int arg = 0;
+    for (int c = 0; c < 256; ++c) {
+        const float* cw = cb + c * dsub;
+        float s = 0.0f;
+        for (int t = 0; t < dsub; ++t) {
+            const float df = r[t] - cw[t];
+            s = fmaf(df, df, s);
+        }
+        if (s < best) {
+            best = s;
+            arg = c;
+        }
+    }
+    codes[e] = static_cast<uint8_t>(arg);
+}
+
+__global__ void column_slice_kernel(const float* x, int64_t n, int d, int col0, int w, float* out)
+{
+    const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e >= n * w)
+        return;
+    const int64_t i = e / w;
+    out[e] = x[i * d + col0 + (e - i * w)];
+}
+
+__global__ void gather_rows_kernel(const float* x, const int64_t* idx, int64_t n, int d, float* out)
+{
+    const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e >= n * d)
+        return;
+    const int64_t i = e / d;
+    out[e] = x[idx[i] * d + (e - i * d)];
+}
+
+__global__ void decode_kernel(const int32_t* pos, int64_t nq, int k, int nprobe,
+                              const int32_t* prefix, const int32_t* probe_lists,
+                              const int64_t* const* list_ids, int64_t* out)
+{
+    const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e >= nq * k)
+        return;
+    const int64_t q = e / k;
+    const int p = pos[e];
+    if (p < 0) {
+        out[e] = -1;
+        return;
+    }
+    const int32_t* pre = prefix + q * (nprobe + 1);
+    // Last probe whose first candidate is <= p (empty probes share offsets).
+    int lo = 0, hi = nprobe;  // invariant: pre[lo] <= p < pre[hi]
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (pre[mid] <= p)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    const int list = probe_lists[q * nprobe + lo];
+    const int off = p - pre[lo];
+    out[e] = list_ids ? list_ids[list][off]
+                      : (static_cast<int64_t>(list) << 32) | static_cast<uint32_t>(off);
+}
+
+__global__ void exact_base_kernel(const float* queries, int64_t nq, int nprobe, int d,
+                                  const float* centroids, const int32_t* probe_lists, bool ip,
+                                  float* probe_dist)
+{
+    const int64_t e = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (e >= nq * nprobe)
+        return;
+    const int list = probe_lists[e];
+    if (list < 0)
+        return;
+    const float* q = queries + (e / nprobe) * d;
+    const float* c = centroids + static_cast<int64_t>(list) * d;
+    float s = 0.0f;
+    for (int j = lane; j < d; j += 32) {
+        const float v = ip ? q[j] * c[j] : (q[j] - c[j]) * (q[j] - c[j]);
+        s += v;
+    }
+    for (int off = 16; off > 0; off >>= 1)
+        s += __shfl_xor_sync(0xffffffffu, s, off);
+    if (lane == 0)
+        probe_dist[e] = ip ? -s : s;
+}
+
+unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
+
+}  // namespace
+
+void launch_term1(const float* centroids, int64_t lists, const float* codebooks, int d, int m,
+                  void* out, bool half, cudaStream_t st)
+{
+    const int64_t n = lists * m * 256;
+    if (!n)
+        return;
+    if (half)
+        term1_kernel<__half><<<blocks_for(n, 256), 256, 0, st>>>(centroids, lists, codebooks, d, m,
+                                                                  static_cast<__half*>(out));
+    else
+        term1_kernel<float><<<blocks_for(n, 256), 256, 0, st>>>(centroids, lists, codebooks, d, m,
+                                                                 static_cast<float*>(out));
+    GPU_KERNEL_CHECK();
+}
+
+void compute_term3(GpuContext& ctx, const float* queries, int64_t nq, const float* codebooks, int d,
+                   int m, float scale, float* out)
+{
+    if (!nq)
+        return;
+    const int dsub = d / m;
+    const float zero = 0.0f;
+    // Column-major view: batch j computes C_j (256 x nq, ldc = m*256, at
+    // row offset j*256) = A_j^T B_j with A_j = codebook j (dsub x 256) and
+    // B_j = query slice j (dsub x nq, ldb = d, at offset j*dsub).
+    std::ostringstream shapes;
+    shapes << "m=256 n=" << nq << " k=" << dsub << " batches=" << m;
+    GPU_CUBLAS_CHECK(cublasSgemmStridedBatched(
+                         ctx.impl().cublas, CUBLAS_OP_T, CUBLAS_OP_N, 256, static_cast<int>(nq),
+                         dsub, &scale, codebooks, dsub, static_cast<long long>(256) * dsub, queries,
+                         d, dsub, &zero, out, m * 256, 256, m),
+                     shapes.str());
+}
+
+void launch_residuals(const float* x, int64_t n, int d, const float* centroids,
+                      const int32_t* assign, float* out, cudaStream_t st)
+{
+    if (!n)
+        return;
+    residuals_kernel<<<blocks_for(n * d, 256), 256, 0, st>>>(x, n, d, centroids, assign, out);
+    GPU_KERNEL_CHECK();
+}
+
+void launch_pq_encode(const float* resid, int64_t n, int d, int m, const float* codebooks,
+                      uint8_t* codes, cudaStream_t st)
+{
+    if (!n)
+        return;
+    pq_encode_kernel<<<blocks_for(n * m, 128), 128, 0, st>>>(resid, n, d, m, codebooks, codes);
+    GPU_KERNEL_CHECK();
+}
+
+void launch_column_slice(const float* x, int64_t n, int d, int col0, int w, float* out,
+                         cudaStream_t st)
+{
+    if (!n)
+        return;
+    column_slice_kernel<<<blocks_for(n * w, 256), 256, 0, st>>>(x, n, d, col0, w, out);
+    GPU_KERNEL_CHECK();
+}
+
+void launch_gather_rows(const float* x, const int64_t* idx, int64_t n, int d, float* out,
+                        cudaStream_t st)
+{
+    if (!n)
+        return;
+    gather_rows_kernel<<<blocks_for(n * d, 256), 256, 0, st>>>(x, idx, n, d, out);
+    GPU_KERNEL_CHECK();
+}
+
+void launch_exact_base(const float* queries, int64_t nq, int nprobe, int d, const float* centroids,
+                       const int32_t* probe_lists, bool inner_product, float* probe_dist,
+                       cudaStream_t st)
+{
+    const int64_t n = nq * nprobe;
+    if (!n)
+        return;
+    exact_base_kernel<<<blocks_for(n, 8), 256, 0, st>>>(queries, nq, nprobe, d, centroids,
+                                                         probe_lists, inner_product, probe_dist);
+    GPU_KERNEL_CHECK();
+}
+
+void launch_decode_labels(const int32_t* pos, int64_t nq, int k, int nprobe, const int32_t* prefix,
+                          const int32_t* probe_lists, const int64_t* const* list_ids,
+                          int64_t* out, cudaStream_t st)
+{
+    if (!nq)
+        return;
+    decode_kernel<<<blocks_for(nq * k, 256), 256, 0, st>>>(pos, nq, k, nprobe, prefix, probe_lists,
+                                                            list_ids, out);
+    GPU_KERNEL_CHECK();
+}
+
+}  // namespace gpuivfpq::gpu

@@ -1,0 +1,49 @@
+// Small IVFPQ kernels (host launchers): term-1 tables, term-3 GEMM, PQ
+// encoding, residuals, column slices, row gathers and label decoding.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace gpuivfpq::gpu {
+
+class GpuContext;
+
+// term1[l][j][c] = ||C_jc||^2 + 2 <c_l slice j, C_jc>, stored as float or half.
+void launch_term1(const float* centroids, int64_t lists, const float* codebooks, int d, int m,
+                  void* out, bool half, cudaStream_t st);
+
+// term3[q][j][c] = scale * <q slice j, C_jc> by one strided-batched GEMM (m batches).
+void compute_term3(GpuContext& ctx, const float* queries, int64_t nq, const float* codebooks, int d,
+                   int m, float scale, float* out);
+
+// out[i] = x[i] - centroids[assign[i]] (n x d).
+void launch_residuals(const float* x, int64_t n, int d, const float* centroids,
+                      const int32_t* assign, float* out, cudaStream_t st);
+
+// codes[i][j] = argmin_c ||r_i slice j - C_jc||^2 (n x m bytes).
+void launch_pq_encode(const float* resid, int64_t n, int d, int m, const float* codebooks,
+                      uint8_t* codes, cudaStream_t st);
+
+// out (n x w) = x[:, col0 .. col0 + w) of x (n x d).
+void launch_column_slice(const float* x, int64_t n, int d, int col0, int w, float* out,
+                         cudaStream_t st);
+
+// out[i] = x[idx[i]] rows (n x d).
+void launch_gather_rows(const float* x, const int64_t* idx, int64_t n, int d, float* out,
+                        cudaStream_t st);
+
+// probe_dist[q][p] = ||q - c||^2 (or -<q, c>) of list probe_lists[q][p],
+// computed directly (a warp per pair).
+void launch_exact_base(const float* queries, int64_t nq, int nprobe, int d, const float* centroids,
+                       const int32_t* probe_lists, bool inner_product, float* probe_dist,
+                       cudaStream_t st);
+
+// Candidate positions -> labels: the probe is found by binary search in the
+// query's offsets; label = ids[list][offset] or list << 32 | offset; -1 stays -1.
+void launch_decode_labels(const int32_t* pos, int64_t nq, int k, int nprobe, const int32_t* prefix,
+                          const int32_t* probe_lists, const int64_t* const* list_ids,
+                          int64_t* out, cudaStream_t st);
+
+}  // namespace gpuivfpq::gpu

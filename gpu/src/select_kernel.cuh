@@ -1,0 +1,172 @@
+// The generic k-selection kernel (WarpSelect: a warp per row, BlockSelect:
+// 4 warps per row) and the k = 1 arg-min kernel, over SelectArgs inputs.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda_check.h"
+#include "select_args.h"
+#include "warp_select.cuh"
+
+namespace gpuivfpq::gpu {
+
+constexpr int kSelectThreads = 128;
+
+__device__ __forceinline__ float select_key(const SelectArgs& a, float x, float rn, float cn)
+{
+    switch (a.transform) {
+    case kTransformNegate:
+    case kTransformIP:
+        return -x;
+    case kTransformL2:
+        return fmaxf(rn + cn - 2.0f * x, 0.0f);
+    case kTransformCosine: {
+        float nn = rn * cn;
+        return nn > 0.0f ? 1.0f - x * rsqrtf(nn) : 1.0f;
+    }
+    default:
+        return x;
+    }
+}
+
+// Calls f(key, label) for every candidate of one output row, t = this
+// thread's index among the nt threads serving the row. Every thread makes
+// the same number of calls (padding with (+inf, -1)), as WarpSelect needs.
+// f (WarpSelect::add, which may inline a whole merge network) appears at
+// only two call sites, inside loops that are not unrolled: this keeps code
+// size and compile time in check; loads are software-pipelined instead.
+template <typename F>
+__device__ __forceinline__ void for_each_candidate(const SelectArgs& a, int64_t orow, int t, int nt,
+                                                   F&& f)
+{
+    const int64_t row = orow / a.chunks;
+    const int chunk = static_cast<int>(orow - row * a.chunks);
+    const int64_t len = a.row_len ? a.row_len[row * a.row_len_stride] : a.n;
+    const int64_t begin = static_cast<int64_t>(chunk) * a.chunk_len;
+    const int64_t end = begin + a.chunk_len < len ? begin + a.chunk_len : len;
+    const float* rp = a.in + row * a.ld;
+    const int32_t* lp = a.in_labels ? a.in_labels + row * a.ld : nullptr;
+    const bool norms = a.transform == kTransformL2 || a.transform == kTransformCosine;
+    const float rn = norms ? a.row_norms[row] : 0.0f;
+    // 16-byte loads, the next one in flight while the current four are
+    // offered, when everything is aligned; the rest goes through scalar slots.
+    const bool vec = !lp && (a.ld & 3) == 0 && (begin & 3) == 0 &&
+                     (reinterpret_cast<uintptr_t>(a.in) & 15) == 0 &&
+                     (!norms || (reinterpret_cast<uintptr_t>(a.col_norms) & 15) == 0);
+    const int64_t span = end > begin ? end - begin : 0;
+    const int64_t vec_end = vec ? begin + span / (4 * nt) * (4 * nt) : begin;
+
+    // Scalar slots first: the prefix candidates (a running top-k, chunk 0
+    // only: it sets a tight bar early), then the row's unaligned tail.
+    const int plen = (chunk == 0) ? a.prefix_len : 0;
+    const int64_t pslots = (plen + nt - 1) / nt * nt;
+    const int64_t slots = pslots + (end > vec_end ? end - vec_end : 0);
+    const float* pd = plen ? a.prefix_dist + row * a.prefix_ld : nullptr;
+    const int32_t* pi = plen ? a.prefix_idx + row * a.prefix_ld : nullptr;
+    for (int64_t s0 = 0; s0 < slots; s0 += nt) {
+        const int64_t s = s0 + t;
+        float key = INFINITY;
+        int lab = -1;
+        if (s < pslots) {
+            if (s < plen) {
+                key = pd[s];
+                lab = pi[s];
+            }
+        } else if (s < slots) {
+            const int64_t c = vec_end + (s - pslots);
+            key = select_key(a, rp[c], rn, norms ? a.col_norms[c] : 0.0f);
+            lab = lp ? lp[c] : a.label_base + static_cast<int>(c);
+        }
+        f(key, lab);
+    }
+
+    if (vec_end > begin) {
+        const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float4 x = __ldcs(reinterpret_cast<const float4*>(rp + begin + 4 * t));
+        float4 nx = norms ? __ldg(reinterpret_cast<const float4*>(a.col_norms + begin + 4 * t)) : zero4;
+        for (int64_t i = begin; i < vec_end; i += 4 * nt) {
+            const int64_t nxt = i + 4 * nt;
+            float4 y = zero4, ny = zero4;
+            if (nxt < vec_end) {
+                y = __ldcs(reinterpret_cast<const float4*>(rp + nxt + 4 * t));
+                if (norms)
+                    ny = __ldg(reinterpret_cast<const float4*>(a.col_norms + nxt + 4 * t));
+            }
+            float v0 = x.x, v1 = x.y, v2 = x.z, v3 = x.w;
+            float m0 = nx.x, m1 = nx.y, m2 = nx.z, m3 = nx.w;
+            const int lab = a.label_base + static_cast<int>(i + 4 * t);
+#pragma unroll 1
+            for (int u = 0; u < 4; ++u) {
+                f(select_key(a, v0, rn, m0), lab + u);
+                v0 = v1;
+                v1 = v2;
+                v2 = v3;
+                m0 = m1;
+                m1 = m2;
+                m2 = m3;
+            }
+            x = y;
+            nx = ny;
+        }
+    }
+}
+
+__device__ __forceinline__ void store_label(const SelectArgs& a, int64_t pos, int lab)
+{
+    if (a.out_idx64)
+        a.out_idx64[pos] = lab;
+    else
+        a.out_idx[pos] = lab;
+}
+
+template <int kQ, int kWarps>
+__global__ void __launch_bounds__(kSelectThreads) select_kernel(SelectArgs a)
+{
+    constexpr int kT = ThreadQ<kQ>::value;
+    const int warp = threadIdx.x >> 5;
+    const int64_t total = a.rows * a.chunks;
+    const int64_t orow =
+        kWarps == 1 ? static_cast<int64_t>(blockIdx.x) * (kSelectThreads / 32) + warp : blockIdx.x;
+    if (kWarps == 1 && orow >= total)
+        return;  // whole warp leaves: WarpSelect needs no block barrier
+    const int t = kWarps == 1 ? (threadIdx.x & 31) : threadIdx.x;
+    WarpSelect<kQ, kT> ws;
+    ws.init(a.k);
+    for_each_candidate(a, orow, t, 32 * kWarps, [&](float key, int lab) { ws.add(key, lab); });
+    ws.finish();
+    if (kWarps > 1) {
+        __shared__ float sk[kQ];
+        __shared__ int sv[kQ];
+        block_merge(ws, kWarps, sk, sv);
+        if (warp != 0)
+            return;
+    }
+    const int64_t base = orow * a.k;
+#pragma unroll
+    for (int s = 0; s < WarpSelect<kQ, kT>::kW; ++s) {
+        const int i = s * 32 + ws.lane;
+        if (i < a.k) {
+            a.out_dist[base + i] = a.out_sign * ws.wk[s];
+            store_label(a, base + i, ws.wv[s]);
+        }
+    }
+}
+
+template <int kQ>
+void launch_select_impl(const SelectArgs& a, bool block_per_row, cudaStream_t stream)
+{
+    const int64_t total = a.rows * a.chunks;
+    if (total == 0)
+        return;
+    // A 2048-entry warp queue needs ~230 registers: one warp per row would
+    // spill, so that bucket always runs as BlockSelect.
+    if (block_per_row || kQ >= 2048) {
+        select_kernel<kQ, 4><<<static_cast<unsigned>(total), kSelectThreads, 0, stream>>>(a);
+    } else {
+        const int64_t blocks = (total + 3) / 4;
+        select_kernel<kQ < 2048 ? kQ : 32, 1><<<static_cast<unsigned>(blocks), kSelectThreads, 0, stream>>>(a);
+    }
+    GPU_KERNEL_CHECK();
+}
+
+}  // namespace gpuivfpq::gpu
