@@ -1,11 +1,13 @@
 // The engine's one GEMM shape (C = A B^T, both row-major) over BLAS or a
-// portable blocked loop, plus the row argmin that consumes its output.
+// portable register-blocked kernel, plus the row argmin that consumes it.
 #include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "error.h"
 #include "internal.h"
@@ -20,73 +22,132 @@ namespace {
 
 std::atomic<bool> g_force_portable{false};
 
-// Dot products of one A row with four B rows; 8 independent lanes per
-// product so GCC vectorises the loop without reassociating (no -ffast-math).
-inline __attribute__((always_inline)) void dot4(const float* a, const float* b0,
-                                                const float* b1, const float* b2,
-                                                const float* b3, size_t K, float* out)
+#ifdef GPU_IVFPQ_HAVE_CBLAS
+// Debian's serial OpenBLAS is built without locking: concurrent calls from
+// several threads share its packing buffers and return wrong results
+// (reproduced: ~3% of concurrent sgemm calls differ). So parallel_for chunks
+// use the portable kernel, and this lock guards the remaining BLAS calls
+// against a host that calls the engine from several threads.
+std::mutex g_blas_mutex;
+#endif
+
+// Register-blocked micro-kernel: MR rows of A times one packed panel of
+// 2*W columns of B^T (kb x 2W floats), accumulated in MR x 2 vectors; written
+// to C (or added, for later K blocks), only the first ncols columns.
+template <int W, int MR>
+inline __attribute__((always_inline)) void micro_kernel(const float* A, size_t lda,
+                                                        const float* panel, size_t kb, float* C,
+                                                        size_t ldc, size_t ncols, bool add)
 {
-    float s0[8] = {}, s1[8] = {}, s2[8] = {}, s3[8] = {};
-    size_t t = 0;
-    for (; t + 8 <= K; t += 8) {
-        for (size_t l = 0; l < 8; l++) {
-            const float av = a[t + l];
-            s0[l] += av * b0[t + l];
-            s1[l] += av * b1[t + l];
-            s2[l] += av * b2[t + l];
-            s3[l] += av * b3[t + l];
+    typedef typename Lanes<W>::F F;
+    typedef typename Lanes<W>::FU FU;
+    F acc[MR][2];
+    for (int r = 0; r < MR; r++)
+        acc[r][0] = acc[r][1] = F{};
+    for (size_t k = 0; k < kb; k++) {
+        const F b0 = *reinterpret_cast<const FU*>(panel + k * 2 * W);
+        const F b1 = *reinterpret_cast<const FU*>(panel + k * 2 * W + W);
+        for (int r = 0; r < MR; r++) {
+            const float a = A[r * lda + k];
+            acc[r][0] += a * b0;
+            acc[r][1] += a * b1;
         }
     }
-    float r0 = 0.0f, r1 = 0.0f, r2 = 0.0f, r3 = 0.0f;
-    for (; t < K; t++) {
-        r0 += a[t] * b0[t];
-        r1 += a[t] * b1[t];
-        r2 += a[t] * b2[t];
-        r3 += a[t] * b3[t];
+    for (int r = 0; r < MR; r++) {
+        float* c = C + r * ldc;
+        if (ncols == size_t(2 * W)) {
+            FU* c0 = reinterpret_cast<FU*>(c);
+            FU* c1 = reinterpret_cast<FU*>(c + W);
+            *c0 = add ? F(*c0) + acc[r][0] : acc[r][0];
+            *c1 = add ? F(*c1) + acc[r][1] : acc[r][1];
+        } else {
+            float tmp[2 * W];
+            *reinterpret_cast<FU*>(tmp) = acc[r][0];
+            *reinterpret_cast<FU*>(tmp + W) = acc[r][1];
+            for (size_t j = 0; j < ncols; j++)
+                c[j] = add ? c[j] + tmp[j] : tmp[j];
+        }
     }
-    for (size_t l = 0; l < 8; l++) {
-        r0 += s0[l];
-        r1 += s1[l];
-        r2 += s2[l];
-        r3 += s3[l];
-    }
-    out[0] = r0;
-    out[1] = r1;
-    out[2] = r2;
-    out[3] = r3;
 }
 
-}  // namespace
-
-GPU_IVFPQ_HOT
-void gemm_nt_portable(size_t M, size_t N, size_t K, const float* A, size_t lda, const float* B,
-                      size_t ldb, float* C, size_t ldc)
+// Blocked GEMM (C = A B^T): blocks of B^T (KB x NB) are packed into panels of
+// 2*W columns that stay in L2, and every 4-row group of A sweeps them.
+template <int W>
+inline __attribute__((always_inline)) void gemm_blocked(size_t M, size_t N, size_t K,
+                                                        const float* A, size_t lda,
+                                                        const float* B, size_t ldb, float* C,
+                                                        size_t ldc)
 {
-    // Blocks of B rows small enough to stay in L2 while every A row visits.
-    constexpr size_t kBlockB = 64;
-    for (size_t j0 = 0; j0 < N; j0 += kBlockB) {
-        const size_t j1 = std::min(N, j0 + kBlockB);
-        for (size_t i = 0; i < M; i++) {
-            const float* a = A + i * lda;
-            float* c = C + i * ldc;
-            size_t j = j0;
-            for (; j + 4 <= j1; j += 4)
-                dot4(a, B + j * ldb, B + (j + 1) * ldb, B + (j + 2) * ldb, B + (j + 3) * ldb, K,
-                     c + j);
-            for (; j < j1; j++) {
-                float tmp[4];
-                const float* b = B + j * ldb;
-                dot4(a, b, b, b, b, K, tmp);
-                c[j] = tmp[0];
+    constexpr size_t NR = 2 * W, KB = 256, NB = 128;
+    std::vector<float> packed(KB * NB);
+    for (size_t j0 = 0; j0 < N; j0 += NB) {
+        const size_t nb = std::min(NB, N - j0), npanels = (nb + NR - 1) / NR;
+        for (size_t k0 = 0; k0 < K; k0 += KB) {
+            const size_t kb = std::min(KB, K - k0);
+            for (size_t p = 0; p < npanels; p++) {
+                float* panel = packed.data() + p * kb * NR;
+                for (size_t c = 0; c < NR; c++) {
+                    const size_t col = j0 + p * NR + c;
+                    const float* src = B + col * ldb + k0;
+                    for (size_t k = 0; k < kb; k++)
+                        panel[k * NR + c] = col < N ? src[k] : 0.0f;
+                }
+            }
+            const bool add = k0 > 0;
+            for (size_t i0 = 0; i0 < M; i0 += 4) {
+                const size_t mr = std::min<size_t>(4, M - i0);
+                const float* a = A + i0 * lda + k0;
+                for (size_t p = 0; p < npanels; p++) {
+                    const float* panel = packed.data() + p * kb * NR;
+                    float* c = C + i0 * ldc + j0 + p * NR;
+                    const size_t nc = std::min(NR, nb - p * NR);
+                    switch (mr) {
+                    case 4: micro_kernel<W, 4>(a, lda, panel, kb, c, ldc, nc, add); break;
+                    case 3: micro_kernel<W, 3>(a, lda, panel, kb, c, ldc, nc, add); break;
+                    case 2: micro_kernel<W, 2>(a, lda, panel, kb, c, ldc, nc, add); break;
+                    default: micro_kernel<W, 1>(a, lda, panel, kb, c, ldc, nc, add); break;
+                    }
+                }
             }
         }
     }
 }
 
+#if GPU_IVFPQ_X86_DISPATCH
+__attribute__((target("arch=x86-64-v3"))) void gemm_blocked_avx2(size_t M, size_t N, size_t K,
+                                                                  const float* A, size_t lda,
+                                                                  const float* B, size_t ldb,
+                                                                  float* C, size_t ldc)
+{
+    gemm_blocked<8>(M, N, K, A, lda, B, ldb, C, ldc);
+}
+#endif
+
+}  // namespace
+
+void gemm_nt_portable(size_t M, size_t N, size_t K, const float* A, size_t lda, const float* B,
+                      size_t ldb, float* C, size_t ldc)
+{
+    if (M == 0 || N == 0)
+        return;
+    if (K == 0) {
+        for (size_t i = 0; i < M; i++)
+            std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
+        return;
+    }
+#if GPU_IVFPQ_X86_DISPATCH
+    if (cpu_has_avx2()) {
+        gemm_blocked_avx2(M, N, K, A, lda, B, ldb, C, ldc);
+        return;
+    }
+#endif
+    gemm_blocked<4>(M, N, K, A, lda, B, ldb, C, ldc);
+}
+
 bool gemm_uses_blas()
 {
 #ifdef GPU_IVFPQ_HAVE_CBLAS
-    return !g_force_portable.load(std::memory_order_relaxed);
+    return !g_force_portable.load(std::memory_order_relaxed) && !in_parallel_region();
 #else
     return false;
 #endif
@@ -102,17 +163,13 @@ void gemm_nt(size_t M, size_t N, size_t K, const float* A, size_t lda, const flo
 {
     if (M == 0 || N == 0)
         return;
-    if (K == 0) {
-        // BLAS wants lda >= 1 here; the empty sum is simply zero.
-        for (size_t i = 0; i < M; i++)
-            std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
-        return;
-    }
 #ifdef GPU_IVFPQ_HAVE_CBLAS
     // cblas takes int dimensions: split M and N, fall back when strides overflow.
     const size_t kMaxDim = size_t(1) << 30;
     const size_t kIntMax = size_t(INT_MAX);
-    if (gemm_uses_blas() && K <= kIntMax && lda <= kIntMax && ldb <= kIntMax && ldc <= kIntMax) {
+    if (gemm_uses_blas() && K >= 1 && K <= kIntMax && lda <= kIntMax && ldb <= kIntMax &&
+        ldc <= kIntMax) {
+        std::lock_guard<std::mutex> lock(g_blas_mutex);
         for (size_t i0 = 0; i0 < M; i0 += kMaxDim) {
             const size_t mi = std::min(kMaxDim, M - i0);
             for (size_t j0 = 0; j0 < N; j0 += kMaxDim) {
@@ -129,16 +186,6 @@ void gemm_nt(size_t M, size_t N, size_t K, const float* A, size_t lda, const flo
 }
 
 namespace {
-
-// GCC vector extensions of W floats / int32 lanes (unaligned, aliasing loads):
-// the argmin below needs compare+blend, which the auto-vectoriser will not
-// produce from scalar code.
-template <int W>
-struct Lanes {
-    typedef float F __attribute__((vector_size(W * 4)));
-    typedef float FU __attribute__((vector_size(W * 4), aligned(4), may_alias));
-    typedef int32_t I __attribute__((vector_size(W * 4)));
-};
 
 // Lane-wise running minimum of norms - 2*ip with the index where each lane
 // first reached it (two independent sets for ILP), then a scalar merge that
@@ -196,7 +243,7 @@ inline __attribute__((always_inline)) size_t argmin_impl(const float* ip, const 
     return bi;  // 0 when every value is NaN: any answer is as good
 }
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#if GPU_IVFPQ_X86_DISPATCH
 __attribute__((target("arch=x86-64-v3"))) size_t argmin_avx2(const float* ip,
                                                               const float* norms, size_t n)
 {
@@ -208,9 +255,8 @@ __attribute__((target("arch=x86-64-v3"))) size_t argmin_avx2(const float* ip,
 
 size_t argmin_l2(const float* ip, const float* norms, size_t n)
 {
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-    static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    if (avx2)
+#if GPU_IVFPQ_X86_DISPATCH
+    if (cpu_has_avx2())
         return argmin_avx2(ip, norms, n);
 #endif
     return argmin_impl<4>(ip, norms, n);

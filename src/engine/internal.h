@@ -14,19 +14,52 @@
 #define GPU_IVFPQ_HOT
 #endif
 
+// Explicit AVX2+FMA variants of kernels written with vector extensions,
+// chosen at run time (cpu_has_avx2), where target_clones cannot help.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define GPU_IVFPQ_X86_DISPATCH 1
+#else
+#define GPU_IVFPQ_X86_DISPATCH 0
+#endif
+
 namespace gpuivfpq::detail {
 
+// GCC vector extensions of W floats / int32 lanes; FU is for unaligned,
+// aliasing loads and stores through float pointers.
+template <int W>
+struct Lanes {
+    typedef float F __attribute__((vector_size(W * 4)));
+    typedef float FU __attribute__((vector_size(W * 4), aligned(4), may_alias));
+    typedef int32_t I __attribute__((vector_size(W * 4)));
+};
+
+#if GPU_IVFPQ_X86_DISPATCH
+// Whether this CPU runs the x86-64-v3 (AVX2 + FMA) kernel variants.
+inline bool cpu_has_avx2()
+{
+    static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return yes;
+}
+#endif
+
 // C[i*ldc + j] = sum_t A[i*lda + t] * B[j*ldb + t] for i < M, j < N (C = A B^T):
-// cblas_sgemm when built with BLAS, the portable loop otherwise.
+// cblas_sgemm (serialised by a lock) when gemm_uses_blas(), else the portable
+// kernel. Results are deterministic for a given thread count; one thread and
+// several may differ by float rounding.
 void gemm_nt(size_t M, size_t N, size_t K, const float* A, size_t lda, const float* B,
              size_t ldb, float* C, size_t ldc);
 
-// The portable blocked loop behind gemm_nt (exposed so tests cover it even
-// when BLAS is linked).
+// The portable register-blocked kernel behind gemm_nt (exposed so tests
+// cover it even when BLAS is linked); thread-safe, unlike serial OpenBLAS.
 void gemm_nt_portable(size_t M, size_t N, size_t K, const float* A, size_t lda, const float* B,
                       size_t ldb, float* C, size_t ldc);
 
-// Whether gemm_nt uses BLAS (false without BLAS or while forced portable).
+// Whether the calling thread runs a chunk of a multi-threaded parallel_for.
+bool in_parallel_region();
+
+// Whether gemm_nt, called from this thread now, uses BLAS: only with BLAS
+// built in, outside multi-threaded parallel_for chunks (serial OpenBLAS is
+// not thread-safe, see gemm.cpp) and when not forced portable.
 bool gemm_uses_blas();
 
 // Routes gemm_nt through the portable loop process-wide (for tests).

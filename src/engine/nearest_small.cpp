@@ -14,13 +14,6 @@ namespace {
 // Codewords per padded block: a multiple of every kernel's block (8 x W).
 constexpr size_t kPad = 64;
 
-template <int W>
-struct Vec {
-    typedef float F __attribute__((vector_size(W * 4)));
-    typedef float FU __attribute__((vector_size(W * 4), aligned(4), may_alias));
-    typedef int32_t I __attribute__((vector_size(W * 4)));
-};
-
 // For each row, accumulates <x, c> for blocks of 8*W codewords in registers
 // (one broadcast FMA per coordinate), turns them into norms - 2<x,c> and keeps
 // a lane-wise running minimum with its index; the final merge prefers the
@@ -29,9 +22,9 @@ template <int W>
 inline __attribute__((always_inline)) void nearest_impl(const float* x, size_t n, size_t ldx,
                                                         const SmallCodebook& cb, int32_t* out)
 {
-    typedef typename Vec<W>::F F;
-    typedef typename Vec<W>::FU FU;
-    typedef typename Vec<W>::I I;
+    typedef typename Lanes<W>::F F;
+    typedef typename Lanes<W>::FU FU;
+    typedef typename Lanes<W>::I I;
     constexpr int U = 8;
     constexpr size_t B = size_t(U) * W;
     const size_t d = cb.d, kpad = cb.kpad;
@@ -78,7 +71,7 @@ inline __attribute__((always_inline)) void nearest_impl(const float* x, size_t n
     }
 }
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#if GPU_IVFPQ_X86_DISPATCH
 __attribute__((target("arch=x86-64-v3"))) void nearest_avx2(const float* x, size_t n,
                                                              size_t ldx, const SmallCodebook& cb,
                                                              int32_t* out)
@@ -108,9 +101,8 @@ SmallCodebook make_small_codebook(const float* centroids, size_t k, size_t d)
 
 void nearest_small(const float* x, size_t n, size_t ldx, const SmallCodebook& cb, int32_t* out)
 {
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-    static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    if (avx2) {
+#if GPU_IVFPQ_X86_DISPATCH
+    if (cpu_has_avx2()) {
         nearest_avx2(x, n, ldx, cb, out);
         return;
     }

@@ -2,6 +2,8 @@
 // process's signal handlers (PostgreSQL's) only run on the calling thread.
 #include "parallel.h"
 
+#include "internal.h"
+
 #include <pthread.h>
 #include <signal.h>
 
@@ -12,6 +14,19 @@
 #include <vector>
 
 namespace gpuivfpq {
+
+namespace detail {
+
+namespace {
+thread_local bool t_in_parallel = false;
+}  // namespace
+
+bool in_parallel_region()
+{
+    return t_in_parallel;
+}
+
+}  // namespace detail
 
 namespace {
 
@@ -55,6 +70,10 @@ void parallel_for(size_t n, int threads, const std::function<void(size_t, size_t
     // Runs one chunk, keeping the first exception (in time) for the caller.
     auto run_chunk = [&](size_t c) {
         const size_t begin = n * c / nt, end = n * (c + 1) / nt;
+        // Marks the chunk as concurrent (the caller's too), so GEMMs inside
+        // use the thread-safe portable kernel rather than serial OpenBLAS.
+        const bool saved = detail::t_in_parallel;
+        detail::t_in_parallel = true;
         try {
             if (begin < end)
                 body(begin, end);
@@ -63,6 +82,7 @@ void parallel_for(size_t n, int threads, const std::function<void(size_t, size_t
             if (!first)
                 first = std::current_exception();
         }
+        detail::t_in_parallel = saved;
     };
 
     std::vector<std::thread> workers;

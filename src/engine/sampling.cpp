@@ -20,7 +20,8 @@ uint64_t Rng::next()
 size_t Rng::below(size_t n)
 {
     // Multiply-shift maps 64 random bits onto [0, n) without a division.
-    return size_t((static_cast<unsigned __int128>(next()) * n) >> 64);
+    __extension__ typedef unsigned __int128 u128;  // GCC/Clang, 64-bit targets
+    return size_t((static_cast<u128>(next()) * n) >> 64);
 }
 
 float Rng::unit()

@@ -1,5 +1,9 @@
 // GEMM-backed blocks (BLAS and the portable fallback) vs float64 references.
 #include <cmath>
+#include <atomic>
+#include <thread>
+
+#include "parallel.h"
 
 #include "test_util.h"
 
@@ -12,8 +16,11 @@ struct Shape {
     size_t nx, ny, d;
 };
 
-const Shape kShapes[] = {{1, 1, 1}, {1, 7, 3}, {5, 1, 17}, {37, 53, 17}, {64, 64, 128},
-                         {3, 300, 784}, {130, 67, 33}, {2, 9, 1000}};
+// Edge cases of the blocking: single rows/columns, M % 4 != 0, N beyond one
+// column block (128) and not a multiple of 16, K beyond one K block (256).
+const Shape kShapes[] = {{1, 1, 1},     {1, 7, 3},      {5, 1, 17},   {37, 53, 17},
+                         {64, 64, 128}, {3, 300, 784},  {130, 67, 33}, {2, 9, 1000},
+                         {9, 1100, 520}, {258, 130, 257}};
 
 // Checks out (nx x ny, stride ldc) against float64 dot products of x and y.
 void expect_ip_block(const float* x, const float* y, const Shape& s, const float* out,
@@ -175,4 +182,55 @@ TEST(Gemm, ArgminL2FindsFirstMinimum)
             ASSERT_EQ(detail::argmin_l2(ip.data(), norms.data(), n), want);
         }
     }
+}
+
+TEST(Gemm, ConcurrentCallersGetCorrectResults)
+{
+    // Serial OpenBLAS returns wrong results when called from several threads
+    // at once; the engine must hide that from a multi-threaded host. (Without
+    // the engine's lock this fails in roughly half the runs on a busy 2-core
+    // box: a race can only be caught when the threads really overlap.)
+    const uint64_t seed = test_seed(207);
+    SCOPED_TRACE(testing::Message() << "seed=" << seed << " blas=" << detail::gemm_uses_blas());
+    const size_t nx = 16, ny = 64, d = 16, nthreads = 4, calls = 20000;
+    std::vector<std::vector<float>> x(nthreads), want(nthreads);
+    const auto y = testutil::uniform_vectors(ny, d, seed);
+    for (size_t t = 0; t < nthreads; t++) {
+        x[t] = testutil::uniform_vectors(nx, d, seed + 1 + t);
+        want[t].resize(nx * ny);
+        inner_products(x[t].data(), nx, y.data(), ny, d, want[t].data());
+    }
+    std::vector<size_t> bad(nthreads, 0);
+    std::vector<std::thread> pool;
+    std::atomic<size_t> ready{0};
+    for (size_t t = 0; t < nthreads; t++)
+        pool.emplace_back([&, t] {
+            std::vector<float> out(nx * ny);
+            // Start together so the calls really overlap.
+            ready++;
+            while (ready.load() < nthreads)
+                std::this_thread::yield();
+            for (size_t c = 0; c < calls; c++) {
+                inner_products(x[t].data(), nx, y.data(), ny, d, out.data());
+                bad[t] += out != want[t];
+            }
+        });
+    for (auto& th : pool)
+        th.join();
+    for (size_t t = 0; t < nthreads; t++)
+        EXPECT_EQ(bad[t], 0u) << "thread " << t;
+}
+
+TEST(Gemm, ParallelChunksAvoidBlas)
+{
+    EXPECT_FALSE(detail::in_parallel_region());
+    std::atomic<int> inside{0}, blas{0};
+    parallel_for(2, 2, [&](size_t, size_t) {
+        inside += detail::in_parallel_region();
+        blas += detail::gemm_uses_blas();
+    });
+    EXPECT_EQ(inside.load(), 2);
+    EXPECT_EQ(blas.load(), 0);
+    EXPECT_FALSE(detail::in_parallel_region());  // restored on the caller
+    parallel_for(2, 1, [&](size_t, size_t) { EXPECT_FALSE(detail::in_parallel_region()); });
 }
