@@ -218,18 +218,19 @@ run_tap() {
       PG_REGRESS="$PG_REGRESS" TESTDIR="$STAGE" top_builddir="$STAGE" \
       GPU_IVFPQ_TOOLS="$TOOLS_BUILD" \
       prove ${PROVE_FLAGS:-} "${files[@]}") >"$LOGS/tap.log" 2>&1 || rc=$?
-  local total=${#files[@]} nfail=0 line
+  local total=${#files[@]} nfail=0 bad
   if [ "$rc" -ne 0 ]; then
-    line=$(grep -E '^Failed [0-9]+/[0-9]+ test programs' "$LOGS/tap.log" | tail -n 1)
-    if [ -n "$line" ]; then
-      nfail=$(sed -E 's#^Failed ([0-9]+)/.*#\1#' <<<"$line")
-    fi
-    [ "$nfail" -eq 0 ] && nfail=$total
+    # Failed files are listed in prove's "Test Summary Report" as
+    # "tests/t/x.pl (Wstat: ...)"; with none listed (a bail-out), all count.
+    bad=$(grep -oE '^tests/t/[^ ]+\.pl \(Wstat' "$LOGS/tap.log" | sed 's/ (Wstat//' | sort -u)
+    nfail=$(grep -c . <<<"$bad")
+    [ "$nfail" -eq 0 ] && nfail=$total && bad="${files[*]}"
     cat "$LOGS/tap.log"
-    for f in "$STAGE"/tmp_check/log/regress_log_*; do
+    for f in $bad; do
+      f=$STAGE/tmp_check/log/regress_log_$(basename "$f" .pl)
       [ -e "$f" ] || continue
-      say "---- $(basename "$f") (last 60 lines)"
-      tail -n 60 "$f"
+      say "---- $(basename "$f") (last 80 lines)"
+      tail -n 80 "$f"
     done
     fail "tap: $nfail of $total test files" "$nfail"
     pass $((total - nfail))
