@@ -74,6 +74,10 @@ pg_temp_start() {
   id postgres >/dev/null 2>&1 || { warn "no postgres OS user (install postgresql-$PG_MAJOR)"; return 1; }
   chown postgres: "$PG_TEMP_DIR"
   chmod 755 "$PG_TEMP_DIR"
+  if ! runuser -u postgres -- test -w "$PG_TEMP_DIR"; then
+    warn "the postgres OS user cannot reach $PG_TEMP_DIR (a parent folder is not searchable)"
+    return 1
+  fi
   PGPORT=${PGPORT_WANTED:-$(free_port)}
   if ! runuser -u postgres -- "$PG_BIN/initdb" -D "$PG_TEMP_DIR/data" -A trust -U postgres \
         --no-locale -E UTF8 >"$PG_TEMP_DIR/initdb.log" 2>&1; then
@@ -114,4 +118,43 @@ pg_temp_stop() {
 # psql with the temporary server's environment, stopping at the first error.
 psql_q() {
   "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 "$@"
+}
+
+# ---------------------------------------------------------------- data + index
+# (need a server from pg_temp_start and tools from build_tools)
+
+# load_fmnist TABLE train|test [LIMIT]: table (id bigint, label int, embedding real[]),
+# raw pixel values 0..255 as floats.
+load_fmnist() {
+  local table=$1 set=$2 limit=${3:-0}
+  psql_ -c "CREATE TABLE $table (id bigint PRIMARY KEY, label int, embedding real[])" || return 1
+  "$TOOLS_BUILD/fmnist_load" --set "$set" --limit "$limit" |
+    psql_ -c "COPY $table (id, label, embedding) FROM STDIN WITH (FORMAT binary)" || return 1
+  psql_ -c "VACUUM ANALYZE $table"
+}
+
+# load_synthetic TABLE ROWS [SEED]: table (id bigint, embedding real[]) from gen_synthetic.
+load_synthetic() {
+  local table=$1 rows=$2 seed=${3:-42}
+  psql_ -c "CREATE TABLE $table (id bigint, embedding real[])" || return 1
+  "$TOOLS_BUILD/gen_synthetic" --rows "$rows" --seed "$seed" |
+    psql_ -c "COPY $table (id, embedding) FROM STDIN WITH (FORMAT binary)" || return 1
+  psql_ -c "ALTER TABLE $table ADD PRIMARY KEY (id)" -c "VACUUM ANALYZE $table"
+}
+
+# create_index_timed TABLE LISTS M [OPCLASS]: creates <TABLE>_ivfpq and
+# prints the wall-clock seconds CREATE INDEX took.
+create_index_timed() {
+  local table=$1 lists=$2 m=$3 opclass=${4:-}
+  local t0=$EPOCHREALTIME
+  psql_ -c "CREATE INDEX ${table}_ivfpq ON $table USING gpu_ivfpq (embedding $opclass) WITH (lists = $lists, m = $m)" >&2 || return 1
+  local t1=$EPOCHREALTIME
+  awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f\n", b - a }'
+}
+
+psql_() { psql_q "$@"; }
+
+# duration_since T0: seconds (2 decimals) since an $EPOCHREALTIME value.
+duration_since() {
+  awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }'
 }
