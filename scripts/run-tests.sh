@@ -39,6 +39,12 @@ while [ $# -gt 0 ]; do
 done
 want() { [[ ",$ONLY," == *",$1,"* ]]; }
 
+if [ "$(id -u)" -ne 0 ]; then
+  warn "run-tests.sh runs as root: it installs packages and the extension, and runs"
+  warn "the test servers as the postgres OS user through runuser"
+  exit 2
+fi
+
 PASSED=0
 FAILED=0
 FAILURES=()
@@ -216,7 +222,6 @@ run_tap() {
   (cd "$STAGE" && runuser -u postgres -- env \
       PATH="$PG_BIN:$PATH" PERL5LIB="$PG_PERL:$STAGE/tests/t:$STAGE/tests${PERL5LIB:+:$PERL5LIB}" \
       PG_REGRESS="$PG_REGRESS" TESTDIR="$STAGE" top_builddir="$STAGE" \
-      GPU_IVFPQ_TOOLS="$TOOLS_BUILD" \
       prove ${PROVE_FLAGS:-} "${files[@]}") >"$LOGS/tap.log" 2>&1 || rc=$?
   local total=${#files[@]} nfail=0 bad
   if [ "$rc" -ne 0 ]; then
