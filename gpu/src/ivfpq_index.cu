@@ -379,7 +379,8 @@ void GpuIvfPqIndex::Impl::search_tile(const float* queries, size_t nq, size_t k,
         ppc = (nprobe + chunks - 1) / chunks;
         chunks = (nprobe + ppc - 1) / ppc;
     }
-    const size_t all_ld = two_pass ? std::max<size_t>(nprobe * max_len, 1) : 0;
+    // Row stride a multiple of 4 floats: the selection pass reads 16 bytes at a time.
+    const size_t all_ld = two_pass ? std::max<size_t>((nprobe * max_len + 3) / 4 * 4, 4) : 0;
     require(nprobe * max_len < (size_t(1) << 31), "GPU IVFPQ: too many candidates per query");
     size_t p1_chunks = 1;
     int64_t p1_len = static_cast<int64_t>(all_ld);
