@@ -1,0 +1,201 @@
+# Recall@10 of a gpu_ivfpq index on real data: Fashion-MNIST (Debian
+# package dataset-fashion-mnist), 60000 training images of 28x28 uint8
+# pixels as real[784], L2 distance, lists = 256, m = 16. The first N test
+# images are the queries (N = $GPU_IVFPQ_RECALL_QUERIES, default 1000; the
+# exact ground truth costs one sequential scan of the 60000 rows per query,
+# spread over two sessions: about 100 s of the test's 2 minutes on a busy
+# 2-core machine). Recall is tie-aware: a returned row counts when its exact
+# distance is at most the 10th exact distance.
+#
+# Measured (1000 queries): probes 1 / rerank 10: 0.44, probes 4 / rerank
+# 100: 0.94, probes 10 / rerank 100 (the defaults): 0.977, probes 16 /
+# rerank 200: 0.994, probes 32 / rerank 200: 0.996; 1-NN label accuracy
+# 0.84. The floors asserted below leave a margin for changes of training.
+use strict;
+use warnings;
+
+use IO::Uncompress::Gunzip qw(gunzip $GunzipError);
+use IPC::Run;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time);
+
+my $datadir = '/usr/share/datasets/fashion-mnist';
+my @files = qw(train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz
+  t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz);
+if (grep { !-r "$datadir/$_" } @files)
+{
+	plan skip_all => "Fashion-MNIST is not installed in $datadir";
+}
+
+my $nqueries = $ENV{GPU_IVFPQ_RECALL_QUERIES} || 1000;
+my $t_start = time;
+
+# Converts one idx image file and its label file to COPY text: id, label,
+# embedding. Returns the number of rows written.
+sub idx_to_copy
+{
+	my ($images, $labels, $limit, $path) = @_;
+	my ($img, $lab);
+	gunzip("$datadir/$images" => \$img) or die "gunzip $images: $GunzipError";
+	gunzip("$datadir/$labels" => \$lab) or die "gunzip $labels: $GunzipError";
+	my ($magic, $n, $rows, $cols) = unpack('N4', $img);
+	die "$images: not an idx3 ubyte file" unless $magic == 0x803;
+	my ($lmagic, $ln) = unpack('N2', $lab);
+	die "$labels: not an idx1 ubyte file for $images"
+	  unless $lmagic == 0x801 && $ln == $n;
+	$n = $limit if $limit < $n;
+	my $dim = $rows * $cols;
+	open my $out, '>', $path or die "$path: $!";
+	for my $i (0 .. $n - 1)
+	{
+		my @pixels = unpack('C*', substr($img, 16 + $i * $dim, $dim));
+		my $label = unpack('C', substr($lab, 8 + $i, 1));
+		print $out $i + 1, "\t$label\t{", join(',', @pixels), "}\n";
+	}
+	close $out;
+	return $n;
+}
+
+my $tmp = PostgreSQL::Test::Utils::tempdir;
+is(idx_to_copy($files[0], $files[1], 60000, "$tmp/train.txt"),
+	60000, 'converted the training images');
+is(idx_to_copy($files[2], $files[3], $nqueries, "$tmp/test.txt"),
+	$nqueries, "converted $nqueries test images");
+
+my $node = PostgreSQL::Test::Cluster->new('recall');
+$node->init;
+$node->append_conf(
+	'postgresql.conf', q{
+shared_buffers = '384MB'
+maintenance_work_mem = '512MB'
+max_parallel_workers_per_gather = 0
+max_wal_size = '4GB'
+log_statement = 'none'
+});
+$node->start;
+
+# Embeddings are stored uncompressed (3 kB each): no decompression per distance.
+my $t0 = time;
+$node->safe_psql(
+	'postgres', qq{
+	CREATE EXTENSION gpu_ivfpq;
+	BEGIN;
+	CREATE TABLE train (id int, label int, v real[]);
+	ALTER TABLE train ALTER COLUMN v SET STORAGE PLAIN;
+	COPY train FROM '$tmp/train.txt';
+	CREATE TABLE test (id int, label int, v real[]);
+	ALTER TABLE test ALTER COLUMN v SET STORAGE PLAIN;
+	COPY test FROM '$tmp/test.txt';
+	COMMIT;
+	VACUUM ANALYZE train;
+	VACUUM ANALYZE test;
+});
+unlink "$tmp/train.txt", "$tmp/test.txt";
+diag(sprintf('Fashion-MNIST loaded in %.1f s', time - $t0));
+is($node->safe_psql('postgres', 'SELECT count(*), count(DISTINCT label) FROM train'),
+	'60000|10', 'training rows and labels');
+
+$t0 = time;
+$node->safe_psql('postgres',
+	'CREATE INDEX train_idx ON train USING gpu_ivfpq (v) WITH (lists = 256, m = 16)');
+diag(sprintf('index built in %.1f s, %s', time - $t0,
+	$node->safe_psql('postgres', "SELECT pg_size_pretty(pg_relation_size('train_idx'))")));
+
+# Exact ground truth by sequential scans, the queries split over two
+# sessions: the ids of the 10 nearest rows and the 10th distance.
+$t0 = time;
+$node->safe_psql('postgres', 'CREATE TABLE gt (qid int, ids int[], kth float8)');
+my @sessions;
+for my $part (0, 1)
+{
+	my ($out, $err) = ('', '');
+	my $sql = qq{
+		SET enable_indexscan = off;
+		SET enable_bitmapscan = off;
+		INSERT INTO gt
+		SELECT q.id, array_agg(x.id ORDER BY x.d), max(x.d)
+		FROM test q CROSS JOIN LATERAL (
+			SELECT t.id, t.v <-> q.v AS d FROM train t ORDER BY t.v <-> q.v LIMIT 10) x
+		WHERE q.id % 2 = $part
+		GROUP BY q.id;
+	};
+	push @sessions,
+	  [
+		IPC::Run::start(
+			[ 'psql', '-X', '-v', 'ON_ERROR_STOP=1', '-d', $node->connstr('postgres'), '-c', $sql ],
+			'<', \undef, '>', \$out, '2>', \$err),
+		\$err
+	  ];
+}
+for my $s (@sessions)
+{
+	$s->[0]->finish or die "ground truth failed: ${$s->[1]}";
+}
+diag(sprintf('exact ground truth for %d queries in %.1f s', $nqueries, time - $t0));
+is($node->safe_psql('postgres', 'SELECT count(*), bool_and(cardinality(ids) = 10) FROM gt'),
+	"$nqueries|t", 'ground truth for every query');
+
+# Recall@10 and ms per query with the given probes and rerank, through the
+# index (checked from EXPLAIN).
+$node->safe_psql(
+	'postgres', q{
+	CREATE FUNCTION recall(p int, r int, OUT recall float8, OUT ms float8) LANGUAGE plpgsql AS $$
+	DECLARE
+		t0 timestamptz;
+		plan text := '';
+		line text;
+	BEGIN
+		PERFORM set_config('enable_seqscan', 'off', true);
+		PERFORM set_config('gpu_ivfpq.probes', p::text, true);
+		PERFORM set_config('gpu_ivfpq.rerank', r::text, true);
+		FOR line IN EXPLAIN (COSTS OFF)
+			SELECT t.id FROM train t ORDER BY t.v <-> (SELECT v FROM test WHERE id = 1) LIMIT 10
+		LOOP
+			plan := plan || line;
+		END LOOP;
+		IF plan NOT LIKE '%Index Scan using train_idx%' THEN
+			RAISE EXCEPTION 'the index is not used: %', plan;
+		END IF;
+		t0 := clock_timestamp();
+		SELECT avg(hits) / 10.0, extract(epoch FROM clock_timestamp() - t0) * 1000 / count(*)
+		INTO recall, ms
+		FROM (
+			SELECT (SELECT count(*) FROM (
+						SELECT t.v <-> q.v AS d FROM train t ORDER BY t.v <-> q.v LIMIT 10) x
+					WHERE x.d <= g.kth) AS hits
+			FROM gt g JOIN test q ON q.id = g.qid) y;
+	END $$;
+});
+
+my %recall;
+for my $setting ([ 1, 10 ], [ 4, 100 ], [ 10, 100 ], [ 16, 200 ], [ 32, 200 ])
+{
+	my ($p, $r) = @$setting;
+	my ($rec, $ms) = split /\|/,
+	  $node->safe_psql('postgres', "SELECT * FROM recall($p, $r)");
+	$recall{"$p/$r"} = $rec;
+	diag(sprintf('probes %3d, rerank %4d: recall@10 %.4f, %.2f ms/query', $p, $r, $rec, $ms));
+}
+
+cmp_ok($recall{'10/100'}, '>=', 0.95, 'recall@10 with the default settings (probes 10, rerank 100)');
+cmp_ok($recall{'16/200'}, '>=', 0.98, 'recall@10 with probes 16, rerank 200');
+cmp_ok($recall{'32/200'}, '>=', 0.98, 'recall@10 with probes 32, rerank 200');
+cmp_ok($recall{'4/100'}, '>=', 0.88, 'recall@10 with probes 4, rerank 100');
+cmp_ok($recall{'16/200'}, '>', $recall{'1/10'}, 'more probes and re-ranking find more');
+
+# The nearest neighbour's label predicts the query's label (1-NN accuracy
+# with raw pixels and L2 is about 0.85 on Fashion-MNIST).
+my $accuracy = $node->safe_psql(
+	'postgres', q{
+	SET enable_seqscan = off;
+	SELECT avg((q.label = (SELECT t.label FROM train t ORDER BY t.v <-> q.v LIMIT 1))::int)
+	FROM test q;
+});
+diag(sprintf('1-NN label accuracy through the index: %.3f', $accuracy));
+cmp_ok($accuracy, '>=', 0.80, '1-NN label accuracy through the index');
+
+$node->stop;
+diag(sprintf('total %.0f s', time - $t_start));
+done_testing();
