@@ -146,7 +146,19 @@ CREATE INDEX ON one_row USING gpu_ivfpq (v) WITH (lists = 1);
 SELECT knn('SELECT id FROM one_row ORDER BY v <-> ''{0,0,0,0,0,0,0,0}''', true) AS index_ids;
 INSERT INTO one_row VALUES (2, '{0,0,0,0,0,0,0,1}');
 SELECT knn('SELECT id FROM one_row ORDER BY v <-> ''{0,0,0,0,0,0,0,0}''', true) AS index_ids;
-DROP TABLE few, one_row;
+-- The most lists, for 100 rows.
+CREATE TABLE many_lists (id int, v real[]);
+INSERT INTO many_lists SELECT i, ARRAY[i, -i]::real[] FROM generate_series(1, 100) i;
+CREATE INDEX ON many_lists USING gpu_ivfpq (v) WITH (lists = 65536);
+SET gpu_ivfpq.probes = 10;
+SET gpu_ivfpq.rerank = 100;
+SELECT cardinality(knn('SELECT id FROM many_lists ORDER BY v <-> ''{50.2,-50.1}'' LIMIT 3', true)) AS n3,
+       cardinality(knn('SELECT id FROM many_lists ORDER BY v <-> ''{50.2,-50.1}''', true)) AS n_all;
+SET gpu_ivfpq.probes = 65536;
+SET gpu_ivfpq.rerank = 1000000;
+SELECT knn('SELECT id FROM many_lists ORDER BY v <-> ''{50.2,-50.1}''', true) =
+       knn('SELECT id FROM many_lists ORDER BY v <-> ''{50.2,-50.1}''', false) AS same_all;
+DROP TABLE few, one_row, many_lists;
 
 --
 -- Wrong dimensions: an error naming both dimensions, at insert, at build

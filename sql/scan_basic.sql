@@ -117,6 +117,28 @@ EXPLAIN (COSTS OFF) SELECT id FROM s ORDER BY v <=> '{1,2,3,4,5,6,7,8,9,0,1,2,3,
 RESET enable_seqscan;
 DROP INDEX s_ip, s_cos;
 
+-- gpu_ivfpq.table_memory = 0: the ADC lookup tables are computed per probed
+-- list at query time instead of from the precomputed term. (A backend
+-- caches the model of an index when it first uses it, so the setting
+-- applies to an index loaded afterwards: here, after a REINDEX, which
+-- rebuilds the same index from the same rows.) The approximate results are
+-- those of the precomputed tables; the exact ones those of a seq scan.
+SET gpu_ivfpq.probes = 8;
+SET gpu_ivfpq.rerank = 100;
+CREATE TEMP TABLE approx_precomputed AS
+SELECT qid, knn(format('SELECT id FROM s ORDER BY v <-> %L LIMIT 10', qv), true) AS ids FROM q;
+SET gpu_ivfpq.table_memory = 0;
+REINDEX INDEX s_l2;
+SELECT qid, knn(format('SELECT id FROM s ORDER BY v <-> %L LIMIT 10', qv), true) = a.ids AS same_approx
+FROM q JOIN approx_precomputed a USING (qid) ORDER BY qid;
+SET gpu_ivfpq.rerank = 1000;
+SELECT qid, knn(format('SELECT id FROM s ORDER BY v <-> %L', qv), true) =
+            knn(format('SELECT id FROM s ORDER BY v <-> %L', qv), false) AS same_all
+FROM q ORDER BY qid;
+RESET gpu_ivfpq.table_memory;
+REINDEX INDEX s_l2;
+DROP TABLE approx_precomputed;
+
 -- The ORDER BY values the index returns are the exact distances.
 SET enable_seqscan = off;
 SELECT id, round((v <-> :'q1')::numeric, 9) AS dist FROM s ORDER BY v <-> :'q1' LIMIT 5;
@@ -277,6 +299,28 @@ FETCH 1 FROM c2;
 FETCH BACKWARD 1 FROM c2;
 ROLLBACK;
 RESET enable_seqscan;
+
+--
+-- A partitioned table: an index per partition, merged in distance order.
+--
+CREATE TABLE sp (id int, part int, v real[]) PARTITION BY LIST (part);
+CREATE TABLE sp0 PARTITION OF sp FOR VALUES IN (0);
+CREATE TABLE sp1 PARTITION OF sp FOR VALUES IN (1);
+CREATE TABLE sp2 PARTITION OF sp FOR VALUES IN (2);
+INSERT INTO sp SELECT id, id % 3, v FROM s;
+CREATE INDEX sp_idx ON sp USING gpu_ivfpq (v) WITH (lists = 4, m = 4);
+SET gpu_ivfpq.probes = 4;
+SET gpu_ivfpq.rerank = 1000;
+SET enable_seqscan = off;
+EXPLAIN (COSTS OFF) SELECT id FROM sp ORDER BY v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' LIMIT 5;
+EXPLAIN (COSTS OFF) SELECT id FROM sp WHERE part = 1 ORDER BY v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' LIMIT 5;
+RESET enable_seqscan;
+SELECT qid, knn(format('SELECT id FROM sp ORDER BY v <-> %L LIMIT 10', qv), true) =
+            knn(format('SELECT id FROM s ORDER BY v <-> %L LIMIT 10', qv), false) AS same_top10,
+            knn(format('SELECT id FROM sp WHERE part = 2 ORDER BY v <-> %L LIMIT 10', qv), true) =
+            knn(format('SELECT id FROM s WHERE id %% 3 = 2 ORDER BY v <-> %L LIMIT 10', qv), false) AS same_top10_part2
+FROM q ORDER BY qid;
+DROP TABLE sp;
 
 RESET gpu_ivfpq.probes;
 RESET gpu_ivfpq.rerank;
