@@ -165,47 +165,59 @@ public:
     std::vector<float> vecs;
     size_t d = 0;
 
+    // Rows expected (a hint: reserves memory once d is known).
+    size_t expect_rows = 0;
+
     void feed(const char* p, size_t n)
     {
+        if (pending_.empty()) {
+            // Usual case: a chunk holds whole rows; parse it in place.
+            size_t used = parse(p, n);
+            pending_.assign(p + used, p + n);
+            return;
+        }
         pending_.insert(pending_.end(), p, p + n);
+        size_t used = parse(pending_.data(), pending_.size());
+        pending_.erase(pending_.begin(), pending_.begin() + static_cast<long>(used));
+    }
+
+private:
+    // Parses what it can of b[0, avail); returns the bytes consumed.
+    size_t parse(const char* b, size_t avail)
+    {
         size_t pos = 0;
         if (!header_done_) {
-            if (pending_.size() < 19)
-                return;
-            if (std::memcmp(pending_.data(), "PGCOPY\n\377\r\n\0", 11) != 0)
+            if (avail < 19)
+                return 0;
+            if (std::memcmp(b, "PGCOPY\n\377\r\n\0", 11) != 0)
                 throw std::runtime_error("not a binary COPY stream");
-            uint32_t ext = get32(pending_.data() + 15);
-            if (pending_.size() < 19 + ext)
-                return;
+            uint32_t ext = get32(b + 15);
+            if (avail < 19 + ext)
+                return 0;
             pos = 19 + ext;
             header_done_ = true;
         }
         for (;;) {
             size_t start = pos;
-            if (pending_.size() - pos < 2)
+            if (avail - pos < 2)
                 break;
-            int16_t nf = static_cast<int16_t>(get16(pending_.data() + pos));
+            int16_t nf = static_cast<int16_t>(get16(b + pos));
             pos += 2;
-            if (nf == -1) {  // trailer
-                pos = pending_.size();
-                break;
-            }
+            if (nf == -1)  // trailer
+                return avail;
             if (nf != 2)
                 throw std::runtime_error("expected 2 columns (id, embedding), got " +
                                          std::to_string(nf));
-            if (!parse_row(pos)) {
+            if (!parse_row(b, avail, pos)) {
                 pos = start;
                 break;
             }
         }
-        pending_.erase(pending_.begin(), pending_.begin() + static_cast<long>(pos));
+        return pos;
     }
 
-private:
-    bool parse_row(size_t& pos)
+    bool parse_row(const char* b, size_t avail, size_t& pos)
     {
-        const char* b = pending_.data();
-        size_t avail = pending_.size();
         if (avail - pos < 4)
             return false;
         int32_t len = static_cast<int32_t>(get32(b + pos));
@@ -236,21 +248,28 @@ private:
         } else if (ndim != 0) {
             throw std::runtime_error("embedding must be a one-dimensional array");
         }
-        if (ids.empty())
+        if (ids.empty()) {
             d = dim;
-        else if (dim != d)
+            if (expect_rows) {
+                ids.reserve(expect_rows);
+                vecs.reserve(expect_rows * d);
+            }
+        } else if (dim != d) {
             throw std::runtime_error("embedding of id " + std::to_string(id) + " has " +
                                      std::to_string(dim) + " elements, expected " +
                                      std::to_string(d));
+        }
+        if (static_cast<size_t>(alen) != (e - a) + dim * 8)
+            throw std::runtime_error("NULL element in embedding of id " + std::to_string(id));
         ids.push_back(id);
         size_t base = vecs.size();
         vecs.resize(base + dim);
+        float* out = &vecs[base];
         for (size_t j = 0; j < dim; j++) {
-            int32_t el = static_cast<int32_t>(get32(e));
-            if (el != 4)
+            if (get32(e) != 4)
                 throw std::runtime_error("NULL element in embedding of id " + std::to_string(id));
             uint32_t bits = get32(e + 4);
-            std::memcpy(&vecs[base + j], &bits, 4);
+            std::memcpy(&out[j], &bits, 4);
             e += 8;
         }
         pos = q + 4 + alen;

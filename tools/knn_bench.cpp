@@ -438,6 +438,7 @@ int main(int argc, char** argv)
         gt_note = "ground truth: cached in " + cache;
     } else {
         CopyRowParser base;
+        base.expect_rows = rows;
         copy_out(c, "COPY (SELECT " + idcol + ", " + col + " FROM " + tab + ") TO STDOUT (FORMAT binary)",
                  base);
         if (base.d != d)

@@ -90,6 +90,7 @@ main() {
   say "# gpu_ivfpq CPU benchmark, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $commit"
   say "# machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)"
   say "# $(psql_ -At -c 'SELECT version()' | cut -d, -f1); shared_buffers=$PG_SHARED_BUFFERS, one client, prepared statement, binary float4[] parameter"
+  say "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg) (other work on the machine skews QPS and latency)"
   say "# recall@$K against exact brute force (engine brute_force_knn); QPS = queries / wall time; latency per query round trip"
   say ""
   for ds in $DATASETS; do
