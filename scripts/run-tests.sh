@@ -227,7 +227,7 @@ run_tap() {
   if [ "$rc" -ne 0 ]; then
     # Failed files are listed in prove's "Test Summary Report" as
     # "tests/t/x.pl (Wstat: ...)"; with none listed (a bail-out), all count.
-    bad=$(grep -oE '^tests/t/[^ ]+\.pl \(Wstat' "$LOGS/tap.log" | sed 's/ (Wstat//' | sort -u)
+    bad=$(grep -oE '^tests/t/[^ ]+\.pl +\(Wstat' "$LOGS/tap.log" | sed -E 's/ +\(Wstat//' | sort -u)
     nfail=$(grep -c . <<<"$bad")
     [ "$nfail" -eq 0 ] && nfail=$total && bad="${files[*]}"
     cat "$LOGS/tap.log"
@@ -280,8 +280,13 @@ run_tools() {
     return
   fi
   local have_ext=0
-  if [ "$EXT_STATE" = ok ] && psql_q -c "CREATE EXTENSION gpu_ivfpq" >"$LOGS/tools-ext.log" 2>&1; then
-    have_ext=1
+  if [ "$EXT_STATE" = ok ]; then
+    if psql_q -c "CREATE EXTENSION gpu_ivfpq" >"$LOGS/tools-ext.log" 2>&1; then
+      have_ext=1
+    else
+      cat "$LOGS/tools-ext.log"
+      fail "tools: CREATE EXTENSION gpu_ivfpq (installed, but does not load)"
+    fi
   fi
   if [ "$have_ext" = 0 ]; then
     # Exact L2 distance as a plain SQL operator, so knn_bench has something to query.
@@ -321,7 +326,7 @@ SQL
       '$T/knn_bench' --table syn --queries '$WORK/q.fvecs' --k 10 --warmup 1 \
         --settings 'probes=8,rerank=200,enable_seqscan=off' --min-recall 0.9 --gt-cache '$WORK/syn.gt' | tee /dev/stderr | grep -q 'Index Scan'"
   else
-    skip "tools: index check (extension not installed)"
+    skip "tools: index check (no working extension)"
   fi
   pg_temp_stop
 }
