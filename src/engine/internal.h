@@ -4,11 +4,17 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <string>
 #include <vector>
+
+#include "error.h"
 
 // Hot loops get an AVX2+FMA clone picked at load time, so the library stays
 // runnable on any x86-64 without -march=native.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+// (Not under ThreadSanitizer: its runtime crashes in ifunc resolvers.)
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
+    !defined(__SANITIZE_THREAD__)
 #define GPU_IVFPQ_HOT __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define GPU_IVFPQ_HOT
@@ -37,7 +43,10 @@ struct Lanes {
 // Whether this CPU runs the x86-64-v3 (AVX2 + FMA) kernel variants.
 inline bool cpu_has_avx2()
 {
-    static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    static const bool yes = [] {
+        __builtin_cpu_init();  // harmless if libgcc's constructor already ran
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    }();
     return yes;
 }
 #endif
@@ -88,7 +97,12 @@ SmallCodebook make_small_codebook(const float* centroids, size_t k, size_t d);
 void nearest_small(const float* x, size_t n, size_t ldx, const SmallCodebook& cb, int32_t* out);
 
 // a * b, throwing Error(InvalidArgument) with what on size_t overflow.
-size_t checked_mul(size_t a, size_t b, const char* what);
+inline size_t checked_mul(size_t a, size_t b, const char* what)
+{
+    if (a != 0 && b > std::numeric_limits<size_t>::max() / a)
+        throw Error(ErrorKind::InvalidArgument, std::string(what) + ": size overflows");
+    return a * b;
+}
 
 // Deterministic 64-bit generator (splitmix64): same stream on every platform,
 // unlike std:: distributions.
