@@ -36,3 +36,6 @@ include $(PGXS)
 # PostgreSQL's CXXFLAGS are C-oriented (-O2); the engine's hot loops want -O3
 # and OpenMP SIMD hints (no OpenMP runtime).
 override CXXFLAGS := $(filter-out -O2,$(CXXFLAGS)) -O3 -fopenmp-simd -std=c++17 -Wno-missing-field-initializers
+
+# Headers are few and shared: rebuild every object when one changes.
+$(OBJS): $(wildcard src/*.h src/engine/*.h)
