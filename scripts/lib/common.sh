@@ -30,14 +30,27 @@ run_quiet() {
 
 # Builds and installs the extension with PGXS. LLVM bitcode is off unless
 # WITH_LLVM=yes (Debian's PGXS wants clang for it, which is not installed).
+# The build runs in a fresh copy of the sources (no objects carried over):
+# PGXS does not track header dependencies, so objects left in the work tree
+# can be stale. EXT_BUILD_IN_PLACE=1 builds in the work tree instead.
 build_extension() {
   local log=${1:-$(mktemp /tmp/gpu_ivfpq-make.XXXXXX)}
   if [ ! -f "$REPO_ROOT/Makefile" ]; then
     warn "no Makefile at the repository root: the extension cannot be built"
     return 1
   fi
-  run_quiet "$log" make -C "$REPO_ROOT" -j"$JOBS" with_llvm="${WITH_LLVM:-no}" \
-      PG_CONFIG="$PG_BIN/pg_config" all install
+  local dir=$REPO_ROOT tmp="" rc=0
+  if [ "${EXT_BUILD_IN_PLACE:-0}" != 1 ]; then
+    tmp=$(mktemp -d /tmp/gpu_ivfpq-ext.XXXXXX)
+    tar -C "$REPO_ROOT" --exclude=./.git --exclude=./build --exclude='./build-*' \
+        --exclude='*.o' --exclude='*.so' --exclude='*.bc' --exclude=./results \
+        --exclude=./tmp_check -cf - . | tar -C "$tmp" -xf -
+    dir=$tmp
+  fi
+  run_quiet "$log" make -C "$dir" -j"$JOBS" with_llvm="${WITH_LLVM:-no}" \
+      PG_CONFIG="$PG_BIN/pg_config" all install || rc=$?
+  [ -n "$tmp" ] && rm -rf "$tmp"
+  return "$rc"
 }
 
 build_tools() {
