@@ -218,12 +218,24 @@ int main(int argc, char** argv)
             kc.seed = 1234;
             kc.max_points_per_centroid = 256;
             train_ivfpq_gpu(ctx, hbase.data(), n, d, lists, m, Metric::L2, kc, pq, 65536, c2.data(), cb.data());
+            // Default index (term 1 folded per vector) and the paper's layout
+            // (per-list term-1 tables) over the same GPU-encoded codes.
             GpuIvfPqIndex idx(ctx, d, lists, m, Metric::L2, c2.data(), cb.data());
-            idx.add(n, hbase.data(), ids.data());
+            std::vector<int32_t> enc_l(n);
+            std::vector<uint8_t> enc_c(n * m);
+            idx.encode(hbase.data(), n, enc_l.data(), enc_c.data());
+            idx.add_encoded(n, enc_l.data(), enc_c.data(), ids.data());
+            GpuIvfPqOptions paper;
+            paper.term1_per_vector = false;
+            GpuIvfPqIndex idx_paper(ctx, d, lists, m, Metric::L2, c2.data(), cb.data(), paper);
+            idx_paper.add_encoded(n, enc_l.data(), enc_c.data(), ids.data());
             auto mem = idx.memory_use();
-            std::printf("## IVF%zu,PQ%zu: %zu vectors, device memory %.1f MiB (codes %.1f, ids %.1f, term1 %.1f)\n\n",
+            auto memp = idx_paper.memory_use();
+            std::printf("## IVF%zu,PQ%zu: %zu vectors, device memory %.1f MiB (codes %.1f, ids %.1f, "
+                        "per-vector term 1 %.1f); paper layout %.1f MiB (per-list term-1 tables %.1f)\n\n",
                         lists, m, idx.ntotal(), mem.total() / 1048576.0, mem.codes / 1048576.0,
-                        mem.ids / 1048576.0, mem.term1 / 1048576.0);
+                        mem.ids / 1048576.0, mem.vector_terms / 1048576.0, memp.total() / 1048576.0,
+                        memp.term1 / 1048576.0);
             // Probed code bytes need the lists this index probes.
             std::vector<int64_t> plab(nq * 256);
             {
@@ -263,30 +275,37 @@ int main(int argc, char** argv)
                             recall_at(lab, k, gt, 100), bytes / 1e9, 100.0 * floor_ms / ms);
                 std::fflush(stdout);
             }
-            // Variants at a few nprobe: fused vs two-pass selection, fp32 vs fp16 tables, k.
-            std::printf("\nvariants (batch %zu, ms):\n\n| nprobe | k | fused fp32 | two-pass fp32 | fused fp16 | two-pass fp16 | fused fp16 R@10 |\n|---|---|---|---|---|---|---|\n", nq);
+            // Variants at a few nprobe: term-1 layout, fused vs two-pass
+            // selection, fp32 vs fp16 tables.
+            std::printf("\nvariants (batch %zu, ms; pv = term 1 per vector, pl = per-list term-1 tables "
+                        "as in the paper):\n\n| nprobe | k | pv fused fp32 | pv two-pass fp32 | pv fused fp16 | "
+                        "pl fused fp32 | pl two-pass fp32 | pl fused fp16 | pl two-pass fp16 | pv fp16 R@10 |\n"
+                        "|---|---|---|---|---|---|---|---|---|---|\n", nq);
             for (size_t np : {8, 32, 128}) {
                 for (size_t kk : {10, 100}) {
-                    double t[4];
-                    int i = 0;
+                    struct V { GpuIvfPqIndex* ix; ScanAlgo a; bool half; };
+                    const V vs[] = {{&idx, ScanAlgo::Fused, false},       {&idx, ScanAlgo::TwoPass, false},
+                                    {&idx, ScanAlgo::Fused, true},        {&idx_paper, ScanAlgo::Fused, false},
+                                    {&idx_paper, ScanAlgo::TwoPass, false}, {&idx_paper, ScanAlgo::Fused, true},
+                                    {&idx_paper, ScanAlgo::TwoPass, true}};
+                    std::printf("| %zu | %zu |", np, kk);
                     double r10 = 0;
-                    for (bool half : {false, true}) {
-                        idx.set_float16_tables(half);
-                        for (ScanAlgo a : {ScanAlgo::Fused, ScanAlgo::TwoPass}) {
-                            idx.set_scan_algo(a);
-                            t[i++] = time_ms(ctx, [&] {
-                                idx.search_device(queries.as<float>(), nq, kk, np, od.as<float>(), ol.as<int64_t>());
-                            }, 3);
-                            if (half && a == ScanAlgo::Fused) {
-                                std::vector<int64_t> l2(nq * kk);
-                                ol.download(l2.data(), l2.size() * 8);
-                                r10 = recall_at(l2, kk, gt, 10);
-                            }
+                    for (const V& v : vs) {
+                        v.ix->set_float16_tables(v.half);
+                        v.ix->set_scan_algo(v.a);
+                        const double t = time_ms(ctx, [&] {
+                            v.ix->search_device(queries.as<float>(), nq, kk, np, od.as<float>(), ol.as<int64_t>());
+                        }, 3);
+                        if (v.ix == &idx && v.half) {
+                            std::vector<int64_t> l2(nq * kk);
+                            ol.download(l2.data(), l2.size() * 8);
+                            r10 = recall_at(l2, kk, gt, 10);
                         }
+                        v.ix->set_float16_tables(false);
+                        v.ix->set_scan_algo(ScanAlgo::Auto);
+                        std::printf(" %.2f |", t);
                     }
-                    idx.set_float16_tables(false);
-                    idx.set_scan_algo(ScanAlgo::Auto);
-                    std::printf("| %zu | %zu | %.2f | %.2f | %.2f | %.2f | %.3f |\n", np, kk, t[0], t[1], t[2], t[3], r10);
+                    std::printf(" %.3f |\n", r10);
                     std::fflush(stdout);
                 }
             }

@@ -14,6 +14,7 @@ namespace gpuivfpq::gpu {
 struct GpuContext::Impl {
     int device = 0;
     cudaStream_t stream = nullptr;
+    cudaStream_t aux = nullptr;  // second stream: overlaps selection with the next GEMM
     cublasHandle_t cublas = nullptr;
     cudaDeviceProp props{};
     bool async_alloc = false;  // stream-ordered allocator available

@@ -107,10 +107,17 @@ void exact_impl(GpuContext& ctx, const float* queries, size_t nq, const float* b
     const int transform = metric == Metric::L2            ? kTransformL2
                           : metric == Metric::InnerProduct ? kTransformIP
                                                            : kTransformCosine;
-    Tiling t = plan_tiles(ctx, nq, std::max<size_t>(n, 1), tile_bytes);
+    // Two tiles: the GEMM of one tile (main stream) overlaps the selection
+    // of the previous one (aux stream): compute-bound next to memory-bound.
+    if (!tile_bytes) {
+        const size_t free_b = ctx.budget() > ctx.bytes_in_use() ? ctx.budget() - ctx.bytes_in_use() : 0;
+        tile_bytes = std::min<size_t>(size_t(1) << 30, free_b / 4);
+    }
+    Tiling t = plan_tiles(ctx, nq, std::max<size_t>(n, 1), std::max<size_t>(tile_bytes / 2, 1));
     Carver sizing;
     sizing.take<float>(norms ? nq : 0);
     sizing.take<float>(norms && !base_norms ? n : 0);
+    sizing.take<float>(n ? t.tq * t.ld : 0);
     sizing.take<float>(n ? t.tq * t.ld : 0);
     for (int b = 0; b < 2; ++b) {
         sizing.take<float>(t.tq * k);
@@ -120,7 +127,31 @@ void exact_impl(GpuContext& ctx, const float* queries, size_t nq, const float* b
     Carver carve(scratch.data());
     float* qn = carve.take<float>(norms ? nq : 0);
     float* yn = carve.take<float>(norms && !base_norms ? n : 0);
-    float* tile = carve.take<float>(n ? t.tq * t.ld : 0);
+    float* tiles[2];
+    tiles[0] = carve.take<float>(n ? t.tq * t.ld : 0);
+    tiles[1] = carve.take<float>(n ? t.tq * t.ld : 0);
+    cudaStream_t aux = ctx.impl().aux;
+    // gemm_done[b]: tile b written (main -> aux); sel_done[b]: tile b read (aux -> main).
+    cudaEvent_t gemm_done[2], sel_done[2];
+    for (int b = 0; b < 2; ++b) {
+        GPU_CUDA_CHECK(cudaEventCreateWithFlags(&gemm_done[b], cudaEventDisableTiming));
+        GPU_CUDA_CHECK(cudaEventCreateWithFlags(&sel_done[b], cudaEventDisableTiming));
+    }
+    // On every exit (errors included) the main stream waits for the aux
+    // stream before the scratch is released on it, then the events go.
+    struct Events {
+        cudaEvent_t* e;
+        cudaStream_t main, aux;
+        ~Events()
+        {
+            cudaEventRecord(e[0], aux);
+            cudaStreamWaitEvent(main, e[0], 0);
+            for (int i = 0; i < 4; ++i)
+                cudaEventDestroy(e[i]);
+        }
+    };
+    cudaEvent_t all_ev[4] = {gemm_done[0], gemm_done[1], sel_done[0], sel_done[1]};
+    Events guard{all_ev, st, aux};
     float* run_d[2];
     int32_t* run_i[2];
     for (int b = 0; b < 2; ++b) {
@@ -134,6 +165,12 @@ void exact_impl(GpuContext& ctx, const float* queries, size_t nq, const float* b
             base_norms = yn;
         }
     }
+    // The aux stream starts after everything queued so far (norms, inputs).
+    GPU_CUDA_CHECK(cudaEventRecord(sel_done[0], st));
+    GPU_CUDA_CHECK(cudaStreamWaitEvent(aux, sel_done[0], 0));
+    GPU_CUDA_CHECK(cudaEventRecord(sel_done[0], aux));
+    GPU_CUDA_CHECK(cudaEventRecord(sel_done[1], aux));
+    int tb = 0;  // tile buffer in turn
     for (size_t q0 = 0; q0 < nq; q0 += t.tq) {
         const size_t tq = std::min(t.tq, nq - q0);
         int cur = 0;
@@ -141,8 +178,12 @@ void exact_impl(GpuContext& ctx, const float* queries, size_t nq, const float* b
         do {
             const size_t tn = n ? std::min(t.tn, n - n0) : 0;
             const bool last = n0 + tn >= n;
+            float* tile = tiles[tb];
+            GPU_CUDA_CHECK(cudaStreamWaitEvent(st, sel_done[tb], 0));
             if (tn)
                 gemm_ip(ctx, queries + q0 * d, tq, base + n0 * d, tn, d, tile, t.ld);
+            GPU_CUDA_CHECK(cudaEventRecord(gemm_done[tb], st));
+            GPU_CUDA_CHECK(cudaStreamWaitEvent(aux, gemm_done[tb], 0));
             SelectArgs a;
             a.in = tile;
             a.ld = static_cast<int64_t>(t.ld);
@@ -170,11 +211,15 @@ void exact_impl(GpuContext& ctx, const float* queries, size_t nq, const float* b
                 a.out_dist = run_d[cur ^ 1];
                 a.out_idx = run_i[cur ^ 1];
             }
-            launch_select(a, prefer_block(ctx, static_cast<int64_t>(tq)), st);
+            launch_select(a, prefer_block(ctx, static_cast<int64_t>(tq)), aux);
+            GPU_CUDA_CHECK(cudaEventRecord(sel_done[tb], aux));
+            tb ^= 1;
             cur ^= 1;
             n0 += tn;
         } while (n0 < n);
     }
+    // Everything later on the main stream (the caller's reads, the scratch
+    // release) waits for the last selection: the guard's destructor.
 }
 
 }  // namespace

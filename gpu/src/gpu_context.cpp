@@ -57,6 +57,7 @@ GpuContext::GpuContext(int device, size_t budget_bytes) : impl_(new Impl)
     GPU_CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device));
     c.async_alloc = pools != 0;
     GPU_CUDA_CHECK(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
+    GPU_CUDA_CHECK(cudaStreamCreateWithFlags(&c.aux, cudaStreamNonBlocking));
     cublasStatus_t st = cublasCreate(&c.cublas);
     if (st != CUBLAS_STATUS_SUCCESS) {
         cudaStreamDestroy(c.stream);
@@ -76,7 +77,9 @@ GpuContext::~GpuContext()
     if (c.arena)
         c.release(c.arena, c.arena_bytes);
     cudaStreamSynchronize(c.stream);
+    cudaStreamSynchronize(c.aux);
     cublasDestroy(c.cublas);
+    cudaStreamDestroy(c.aux);
     cudaStreamDestroy(c.stream);
 }
 

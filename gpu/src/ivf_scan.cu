@@ -27,8 +27,10 @@ __global__ void __launch_bounds__(kScanThreads) ivf_distances_kernel(IvfScanArgs
     const uint8_t* codes = a.list_codes[list];
     float* out = a.all_dist + static_cast<int64_t>(q) * a.all_ld +
                  a.prefix[static_cast<int64_t>(q) * (a.nprobe + 1) + p];
+    const float* vt = a.list_term1 ? a.list_term1[list] : nullptr;
     for (int i = threadIdx.x; i < len; i += blockDim.x)
-        out[i] = base + code_distance(codes + static_cast<int64_t>(i) * a.m, a.m, table);
+        out[i] = base + code_distance(codes + static_cast<int64_t>(i) * a.m, a.m, table) +
+                 (vt ? __ldg(vt + i) : 0.0f);
 }
 
 template <typename LutT>

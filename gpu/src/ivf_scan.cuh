@@ -17,7 +17,17 @@ enum TableMode : int {
     kTablePrecomputed = 0,  // term1[list] + term3[query]; base = ||q - c||^2 (term 2)
     kTableTerm3 = 1,        // term3[query] only; base = -<q, c> (inner product)
     kTableDirect = 2,       // ||(q - c)_j - C_jc||^2 from the residual; base = 0
+    // term3[query] only, built once per block for all its probes; base =
+    // term 2, plus term 1 folded per stored vector (||r||^2 + 2<c, r>, one
+    // float a vector) when list_term1 is set: no per-list table at all.
+    kTableQuery = 3,
 };
+
+// Tables that depend on the query alone are built once per block.
+__host__ __device__ inline bool table_per_query(int mode)
+{
+    return mode == kTableTerm3 || mode == kTableQuery;
+}
 
 struct IvfScanArgs {
     int nq = 0, nprobe = 0, m = 0, dsub = 0, d = 0, k = 0;
@@ -27,6 +37,7 @@ struct IvfScanArgs {
     const int32_t* prefix = nullptr;       // nq x (nprobe + 1) candidate offsets
     const uint8_t* const* list_codes = nullptr;
     const int32_t* list_len = nullptr;
+    const float* const* list_term1 = nullptr;  // per stored vector (kTableQuery), or null
     const void* term1 = nullptr;    // lists x m x 256, float or half (as the tables)
     const float* term3 = nullptr;   // nq x m x 256
     const float* queries = nullptr;    // nq x d (direct mode)
@@ -65,7 +76,7 @@ __device__ float build_table(const IvfScanArgs& a, int q, int probe, int list, L
         __syncthreads();
         return a.probe_dist[pi];
     }
-    if (a.mode == kTableTerm3) {
+    if (table_per_query(a.mode)) {
         const float* t3 = a.term3 + static_cast<int64_t>(q) * n;
         for (int e = threadIdx.x; e < n; e += blockDim.x)
             lut_set(table, e, t3[e]);
@@ -146,22 +157,35 @@ __global__ void __launch_bounds__(kScanThreads) ivf_fused_kernel(IvfScanArgs a)
     const int p1 = min(a.nprobe, p0 + a.probes_per_chunk);
     WarpSelect<kQ, kT> ws;
     ws.init(a.k);
+    const bool once = table_per_query(a.mode);
+    if (once && p0 < p1)
+        build_table<LutT>(a, q, p0, 0, table, resid);  // ends with a barrier
     for (int p = p0; p < p1; ++p) {
-        const int list = a.probe_lists[static_cast<int64_t>(q) * a.nprobe + p];
+        const int64_t pi = static_cast<int64_t>(q) * a.nprobe + p;
+        const int list = a.probe_lists[pi];
         if (list < 0)
             continue;  // uniform over the block
         const int len = a.list_len[list];
         if (len == 0)
             continue;
-        __syncthreads();  // previous table no longer read
-        const float base = build_table<LutT>(a, q, p, list, table, resid);
+        float base;
+        if (once) {
+            base = a.probe_dist[pi];
+        } else {
+            __syncthreads();  // previous table no longer read
+            base = build_table<LutT>(a, q, p, list, table, resid);
+        }
         const uint8_t* codes = a.list_codes[list];
+        const float* vt = a.list_term1 ? a.list_term1[list] : nullptr;
         const int label0 = a.prefix[static_cast<int64_t>(q) * (a.nprobe + 1) + p];
         for (int i0 = 0; i0 < len; i0 += kScanThreads) {
             const int i = i0 + threadIdx.x;
             float key = INFINITY;
-            if (i < len)
+            if (i < len) {
                 key = base + code_distance(codes + static_cast<int64_t>(i) * a.m, a.m, table);
+                if (vt)
+                    key += __ldg(vt + i);
+            }
             ws.add(key, label0 + i);
         }
     }

@@ -31,19 +31,29 @@ struct GpuIvfPqIndex::Impl {
     bool term1_half = false;
 
     struct List {
-        DeviceBuffer codes, ids;
+        DeviceBuffer codes, ids, vt;  // vt: per-vector term 1 (per_vector())
         size_t size = 0, cap = 0;
     };
     std::vector<List> lst;
     std::vector<std::vector<int64_t>> host_ids;  // mirror for remove_ids
-    DeviceBuffer code_ptrs, id_ptrs, lens;
+    DeviceBuffer code_ptrs, id_ptrs, vt_ptrs, lens;
     size_t ntotal = 0, max_len = 0;
 
     Impl(GpuContext& c) : ctx(c) {}
 
     cudaStream_t st() const { return ctx.impl().stream; }
     Metric coarse_metric() const { return metric == Metric::InnerProduct ? Metric::InnerProduct : Metric::L2; }
+    bool per_vector() const { return metric != Metric::InnerProduct && opt.term1_per_vector; }
+    // The scan's decomposition.
     int table_mode() const
+    {
+        if (metric == Metric::InnerProduct || per_vector())
+            return kTableQuery;
+        return precomputed ? kTablePrecomputed : kTableDirect;
+    }
+    // compute_tables() materialises per-(query, list) tables: the per-list
+    // form (with term 1 tables if held), never the per-vector fold.
+    int list_table_mode() const
     {
         if (metric == Metric::InnerProduct)
             return kTableTerm3;
@@ -54,7 +64,7 @@ struct GpuIvfPqIndex::Impl {
     {
         term1.reset();
         precomputed = false;
-        if (metric == Metric::InnerProduct || !opt.precompute_term1)
+        if (metric == Metric::InnerProduct || !opt.precompute_term1 || per_vector())
             return;
         const size_t bytes = lists * m * 256 * (opt.float16_tables ? 2 : 4);
         if (bytes > opt.precompute_max_bytes)
@@ -73,6 +83,10 @@ struct GpuIvfPqIndex::Impl {
             return;
         const size_t cap = std::max(need, L.cap + L.cap / 2);
         DeviceBuffer codes(ctx, cap * m), ids(ctx, cap * sizeof(int64_t));
+        DeviceBuffer vt = per_vector() ? DeviceBuffer(ctx, cap * sizeof(float)) : DeviceBuffer();
+        if (L.size && per_vector())
+            GPU_CUDA_CHECK(cudaMemcpyAsync(vt.data(), L.vt.data(), L.size * sizeof(float),
+                                           cudaMemcpyDeviceToDevice, st()));
         if (L.size) {
             GPU_CUDA_CHECK(cudaMemcpyAsync(codes.data(), L.codes.data(), L.size * m,
                                            cudaMemcpyDeviceToDevice, st()));
@@ -81,6 +95,7 @@ struct GpuIvfPqIndex::Impl {
         }
         L.codes = std::move(codes);
         L.ids = std::move(ids);
+        L.vt = std::move(vt);
         L.cap = cap;
     }
 
@@ -88,16 +103,19 @@ struct GpuIvfPqIndex::Impl {
     {
         std::vector<const uint8_t*> cp(lists);
         std::vector<const int64_t*> ip(lists);
+        std::vector<const float*> vp(lists);
         std::vector<int32_t> ln(lists);
         max_len = 0;
         for (size_t l = 0; l < lists; ++l) {
             cp[l] = lst[l].codes.as<uint8_t>();
             ip[l] = lst[l].ids.as<int64_t>();
+            vp[l] = lst[l].vt.as<float>();
             ln[l] = static_cast<int32_t>(lst[l].size);
             max_len = std::max(max_len, lst[l].size);
         }
         code_ptrs.upload(cp.data(), lists * sizeof(void*));
         id_ptrs.upload(ip.data(), lists * sizeof(void*));
+        vt_ptrs.upload(vp.data(), lists * sizeof(void*));
         lens.upload(ln.data(), lists * sizeof(int32_t));
     }
 
@@ -121,7 +139,7 @@ struct GpuIvfPqIndex::Impl {
         launch_exact_base(q, static_cast<int64_t>(nq), static_cast<int>(nprobe), static_cast<int>(d),
                           centroids.as<float>(), probe_lists, metric == Metric::InnerProduct,
                           probe_dist, st());
-        if (table_mode() != kTableDirect)
+        if (table_mode() != kTableDirect || list_table_mode() != kTableDirect)
             compute_term3(ctx, q, static_cast<int64_t>(nq), codebooks.as<float>(), static_cast<int>(d),
                           static_cast<int>(m), metric == Metric::InnerProduct ? -1.0f : -2.0f, term3);
     }
@@ -142,6 +160,7 @@ struct GpuIvfPqIndex::Impl {
         a.prefix = prefix;
         a.list_codes = code_ptrs.as<const uint8_t* const>();
         a.list_len = lens.as<int32_t>();
+        a.list_term1 = per_vector() ? vt_ptrs.as<const float* const>() : nullptr;
         a.term1 = term1.data();
         a.term3 = term3;
         a.queries = q;
@@ -184,6 +203,7 @@ GpuIvfPqIndex::GpuIvfPqIndex(GpuContext& ctx, size_t d, size_t lists, size_t m, 
     I.host_ids.resize(lists);
     I.code_ptrs = DeviceBuffer(ctx, lists * sizeof(void*));
     I.id_ptrs = DeviceBuffer(ctx, lists * sizeof(void*));
+    I.vt_ptrs = DeviceBuffer(ctx, lists * sizeof(void*));
     I.lens = DeviceBuffer(ctx, lists * sizeof(int32_t));
     I.upload_meta();
     ctx.synchronize();
@@ -214,8 +234,9 @@ GpuMemoryUse GpuIvfPqIndex::memory_use() const
     for (const auto& L : I.lst) {
         u.codes += L.codes.bytes();
         u.ids += L.ids.bytes();
+        u.vector_terms += L.vt.bytes();
     }
-    u.list_meta = I.code_ptrs.bytes() + I.id_ptrs.bytes() + I.lens.bytes();
+    u.list_meta = I.code_ptrs.bytes() + I.id_ptrs.bytes() + I.vt_ptrs.bytes() + I.lens.bytes();
     return u;
 }
 
@@ -244,12 +265,14 @@ void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t
         count[l + 1] += count[l];  // count[l] = first slot of list l
     std::vector<uint8_t> scodes(n * I.m);
     std::vector<int64_t> sids(n);
+    std::vector<int32_t> slists(n);
     {
         std::vector<size_t> fill(count.begin(), count.end() - 1);
         for (size_t i = 0; i < n; ++i) {
             const size_t s = fill[list_ids[i]]++;
             std::copy(codes + i * I.m, codes + (i + 1) * I.m, scodes.begin() + s * I.m);
             sids[s] = ids[i];
+            slists[s] = list_ids[i];
         }
     }
     // Grow every touched list first: an out-of-memory error leaves the
@@ -260,6 +283,15 @@ void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t
     DeviceBuffer dcodes(I.ctx, n * I.m), dids(I.ctx, n * sizeof(int64_t));
     dcodes.upload(scodes.data(), n * I.m);
     dids.upload(sids.data(), n * sizeof(int64_t));
+    DeviceBuffer dvt;
+    if (I.per_vector()) {
+        DeviceBuffer dl(I.ctx, n * sizeof(int32_t));
+        dl.upload(slists.data(), n * sizeof(int32_t));
+        dvt = DeviceBuffer(I.ctx, n * sizeof(float));
+        launch_vector_term1(dcodes.as<uint8_t>(), dl.as<int32_t>(), static_cast<int64_t>(n),
+                            I.centroids.as<float>(), I.codebooks.as<float>(), static_cast<int>(I.d),
+                            static_cast<int>(I.m), dvt.as<float>(), I.st());
+    }
     for (size_t l = 0; l < I.lists; ++l) {
         const size_t c = count[l + 1] - count[l];
         if (!c)
@@ -270,6 +302,9 @@ void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t
                                        cudaMemcpyDeviceToDevice, I.st()));
         GPU_CUDA_CHECK(cudaMemcpyAsync(L.ids.as<int64_t>() + L.size, dids.as<int64_t>() + count[l],
                                        c * sizeof(int64_t), cudaMemcpyDeviceToDevice, I.st()));
+        if (I.per_vector())
+            GPU_CUDA_CHECK(cudaMemcpyAsync(L.vt.as<float>() + L.size, dvt.as<float>() + count[l],
+                                           c * sizeof(float), cudaMemcpyDeviceToDevice, I.st()));
         L.size += c;
         I.host_ids[l].insert(I.host_ids[l].end(), sids.begin() + count[l], sids.begin() + count[l + 1]);
     }
@@ -296,6 +331,9 @@ size_t GpuIvfPqIndex::remove_ids(const int64_t* ids, size_t n)
         Impl::List& L = I.lst[l];
         codes.resize(L.size * I.m);
         copy_to_host(I.ctx, codes.data(), L.codes.data(), L.size * I.m);
+        std::vector<float> vt(I.per_vector() ? L.size : 0);
+        if (I.per_vector())
+            copy_to_host(I.ctx, vt.data(), L.vt.data(), L.size * sizeof(float));
         size_t w = 0;
         for (size_t r = 0; r < L.size; ++r) {
             if (gone.count(hid[r]))
@@ -303,6 +341,8 @@ size_t GpuIvfPqIndex::remove_ids(const int64_t* ids, size_t n)
             if (w != r) {
                 std::copy(codes.begin() + r * I.m, codes.begin() + (r + 1) * I.m, codes.begin() + w * I.m);
                 hid[w] = hid[r];
+                if (!vt.empty())
+                    vt[w] = vt[r];
             }
             ++w;
         }
@@ -312,6 +352,8 @@ size_t GpuIvfPqIndex::remove_ids(const int64_t* ids, size_t n)
         if (w) {
             L.codes.upload(codes.data(), w * I.m);
             L.ids.upload(hid.data(), w * sizeof(int64_t));
+            if (!vt.empty())
+                L.vt.upload(vt.data(), w * sizeof(float));
         }
         I.ctx.synchronize();  // host staging vectors are reused next list
     }
@@ -544,6 +586,8 @@ void GpuIvfPqIndex::compute_tables(const float* queries, size_t nq, size_t nprob
     const float* q = I.prepare_queries(dq, nq, qcopy);
     I.coarse_and_term3(q, nq, nprobe, pd, pl, t3);
     IvfScanArgs a = I.scan_args(q, nq, nprobe, 1, pd, pl, nullptr, t3);
+    a.mode = I.list_table_mode();
+    a.list_term1 = nullptr;
     a.tables_out = tout;
     a.base_out = bout;
     const bool half = I.precomputed ? I.term1_half : I.opt.float16_tables;

@@ -42,6 +42,24 @@ __global__ void term1_kernel(const float* centroids, int64_t lists, const float*
     store_as<T>(out, e, s);
 }
 
+__global__ void vector_term1_kernel(const uint8_t* codes, const int32_t* list_ids, int64_t n,
+                                    const float* centroids, const float* codebooks, int d, int m,
+                                    float* out)
+{
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    const int dsub = d / m;
+    const float* cl = centroids + static_cast<int64_t>(list_ids[i]) * d;
+    float s = 0.0f;
+    for (int j = 0; j < m; ++j) {
+        const float* cw = codebooks + (static_cast<int64_t>(j) * 256 + codes[i * m + j]) * dsub;
+        for (int t = 0; t < dsub; ++t)
+            s += cw[t] * cw[t] + 2.0f * cl[j * dsub + t] * cw[t];
+    }
+    out[i] = s;
+}
+
 __global__ void residuals_kernel(const float* x, int64_t n, int d, const float* centroids,
                                  const int32_t* assign, float* out)
 {
@@ -170,6 +188,16 @@ void launch_term1(const float* centroids, int64_t lists, const float* codebooks,
     else
         term1_kernel<float><<<blocks_for(n, 256), 256, 0, st>>>(centroids, lists, codebooks, d, m,
                                                                  static_cast<float*>(out));
+    GPU_KERNEL_CHECK();
+}
+
+void launch_vector_term1(const uint8_t* codes, const int32_t* list_ids, int64_t n, const float* centroids,
+                         const float* codebooks, int d, int m, float* out, cudaStream_t st)
+{
+    if (!n)
+        return;
+    vector_term1_kernel<<<blocks_for(n, 128), 128, 0, st>>>(codes, list_ids, n, centroids, codebooks, d,
+                                                             m, out);
     GPU_KERNEL_CHECK();
 }
 

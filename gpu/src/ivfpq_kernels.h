@@ -14,6 +14,11 @@ class GpuContext;
 void launch_term1(const float* centroids, int64_t lists, const float* codebooks, int d, int m,
                   void* out, bool half, cudaStream_t st);
 
+// out[i] = sum_j ||C_j,code_j||^2 + 2 <c_list slice j, C_j,code_j>: term 1 of
+// vector i folded into one float (||r||^2 + 2<c, r> of its reconstruction).
+void launch_vector_term1(const uint8_t* codes, const int32_t* list_ids, int64_t n, const float* centroids,
+                         const float* codebooks, int d, int m, float* out, cudaStream_t st);
+
 // term3[q][j][c] = scale * <q slice j, C_jc> by one strided-batched GEMM (m batches).
 void compute_term3(GpuContext& ctx, const float* queries, int64_t nq, const float* codebooks, int d,
                    int m, float scale, float* out);

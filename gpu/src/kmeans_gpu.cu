@@ -1,6 +1,7 @@
 // GPU k-means: assignment by exact search (k = 1), centroid sums by atomics
 // on the device, empty clusters split from the largest one on the host.
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -45,6 +46,21 @@ __global__ void update_kernel(float* centroids, const float* sums, const int* co
         centroids[e] = sums[e] / static_cast<float>(counts[c]);
 }
 
+// k-means++ pass: mind[i] = min(mind[i], ||x_i - c||^2) (a thread per point).
+__global__ void plusplus_kernel(const float* x, int64_t n, int d, const float* c, float* mind, bool first)
+{
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    const float* p = x + i * d;
+    float s = 0.0f;
+    for (int j = 0; j < d; ++j) {
+        const float df = p[j] - c[j];
+        s = fmaf(df, df, s);
+    }
+    mind[i] = first ? s : fminf(mind[i], s);
+}
+
 // Distinct random indices (partial Fisher-Yates), seeded.
 std::vector<int64_t> sample_indices(size_t n, size_t count, std::mt19937_64& rng)
 {
@@ -78,6 +94,18 @@ void kmeans_train_gpu(GpuContext& ctx, const float* x, size_t n, size_t d, size_
     require(k < (size_t(1) << 31) && n < (size_t(1) << 31), "k-means: too many points or centroids");
     cudaStream_t st = stream_of(ctx);
     std::mt19937_64 rng(params.seed);
+    if (n <= k) {
+        // Too few points to cluster: the points, then seeded repeats (as the CPU).
+        GPU_CUDA_CHECK(cudaMemcpyAsync(centroids, x, n * d * sizeof(float), cudaMemcpyDeviceToDevice, st));
+        std::uniform_int_distribution<size_t> u(0, n - 1);
+        for (size_t c = n; c < k; ++c)
+            GPU_CUDA_CHECK(cudaMemcpyAsync(centroids + c * d, x + u(rng) * d, d * sizeof(float),
+                                           cudaMemcpyDeviceToDevice, st));
+        ctx.synchronize();
+        if (stats)
+            *stats = KMeansGpuStats{params.iterations, 0.0, 0.0, n, 0};
+        return;
+    }
 
     // Subsample as the CPU does: at most k * max_points_per_centroid points.
     const float* xs = x;
@@ -95,23 +123,60 @@ void kmeans_train_gpu(GpuContext& ctx, const float* x, size_t n, size_t d, size_
         xs = sub.as<float>();
     }
 
-    // Initial centroids: distinct random points; with ns < k the points
-    // first, then random repeats (as the CPU documents).
-    {
-        std::vector<int64_t> idx;
-        if (ns >= k) {
-            idx = sample_indices(ns, k, rng);
-        } else {
-            idx.resize(k);
-            std::iota(idx.begin(), idx.begin() + ns, 0);
-            std::uniform_int_distribution<size_t> u(0, ns - 1);
-            for (size_t i = ns; i < k; ++i)
-                idx[i] = static_cast<int64_t>(u(rng));
+    // k-means++ seeding where its k sequential passes are cheap (the CPU
+    // engine's rule: points x centroids <= 2^22), k distinct random points
+    // otherwise. Distances on the device, the weighted draw on the host.
+    if (double(ns) * double(k) <= double(1 << 22)) {
+        DeviceBuffer mind(ctx, ns * sizeof(float));
+        std::vector<float> hm(ns);
+        std::uniform_real_distribution<double> unit(0.0, 1.0);
+        size_t pick = std::uniform_int_distribution<size_t>(0, ns - 1)(rng);
+        for (size_t c = 0; c < k; ++c) {
+            GPU_CUDA_CHECK(cudaMemcpyAsync(centroids + c * d, xs + pick * d, d * sizeof(float),
+                                           cudaMemcpyDeviceToDevice, st));
+            if (c + 1 == k)
+                break;
+            plusplus_kernel<<<static_cast<unsigned>((ns + 255) / 256), 256, 0, st>>>(
+                xs, static_cast<int64_t>(ns), static_cast<int>(d), centroids + c * d, mind.as<float>(),
+                c == 0);
+            GPU_KERNEL_CHECK();
+            mind.download(hm.data(), ns * sizeof(float));
+            double total = 0;
+            for (float v : hm)
+                total += v;
+            if (!(total > 0)) {
+                pick = std::uniform_int_distribution<size_t>(0, ns - 1)(rng);
+                continue;
+            }
+            const double target = unit(rng) * total;
+            double acc = 0;
+            pick = ns - 1;
+            for (size_t i = 0; i < ns; ++i) {
+                acc += hm[i];
+                if (acc > target && hm[i] > 0) {
+                    pick = i;
+                    break;
+                }
+            }
         }
+    } else {
+        std::vector<int64_t> idx = sample_indices(ns, k, rng);
         DeviceBuffer didx(ctx, k * sizeof(int64_t));
         didx.upload(idx.data(), k * sizeof(int64_t));
         launch_gather_rows(xs, didx.as<int64_t>(), static_cast<int64_t>(k), static_cast<int>(d),
                            centroids, st);
+    }
+    // Data scale for perturbing split clusters (RMS coordinate), as the CPU.
+    float scale = 1.0f;
+    {
+        DeviceBuffer nrm(ctx, ns * sizeof(float));
+        row_norms(ctx, xs, ns, d, nrm.as<float>());
+        std::vector<float> hn(ns);
+        nrm.download(hn.data(), ns * sizeof(float));
+        double sq = 0;
+        for (float v : hn)
+            sq += v;
+        scale = static_cast<float>(std::sqrt(sq / double(ns * d)));
     }
 
     DeviceBuffer assign(ctx, ns * sizeof(int32_t)), dist(ctx, ns * sizeof(float));
@@ -148,8 +213,12 @@ void kmeans_train_gpu(GpuContext& ctx, const float* x, size_t n, size_t d, size_
                 dist.download(hdist.data(), ns * sizeof(float));
                 objective = std::accumulate(hdist.begin(), hdist.end(), 0.0);
             }
-            // Empty cluster: split the largest one in two, nudging both
-            // copies apart (relative 1/1024, alternating per coordinate).
+            // Empty cluster: split the largest one in two, nudging both copies
+            // apart (additive, sign-randomised, relative 1/1024 of |x| + the
+            // data scale: the CPU's rule). Not after the last update: nothing
+            // would re-assign the points and the nudge would only add error.
+            if (it == params.iterations - 1)
+                continue;
             std::vector<float> big(d), empty(d);
             for (size_t c = 0; c < k; ++c) {
                 if (hcounts[c] != 0)
@@ -160,12 +229,14 @@ void kmeans_train_gpu(GpuContext& ctx, const float* x, size_t n, size_t d, size_
                 copy_to_host(ctx, big.data(), centroids + b * d, d * sizeof(float));
                 const float eps = 1.0f / 1024.0f;
                 for (size_t j = 0; j < d; ++j) {
-                    const float sgn = (j % 2 == 0) ? 1.0f : -1.0f;
-                    empty[j] = big[j] * (1.0f + sgn * eps);
-                    big[j] = big[j] * (1.0f - sgn * eps);
+                    const float delta = eps * (std::fabs(big[j]) + scale);
+                    const float sgn = (rng() & 1) ? 1.0f : -1.0f;
+                    empty[j] = big[j] + sgn * delta;
+                    big[j] = big[j] - sgn * delta;
                 }
                 copy_to_device(ctx, centroids + b * d, big.data(), d * sizeof(float));
                 copy_to_device(ctx, centroids + c * d, empty.data(), d * sizeof(float));
+                ctx.synchronize();  // host vectors are reused
                 hcounts[c] = hcounts[b] / 2;
                 hcounts[b] -= hcounts[c];
                 ++splits;

@@ -48,13 +48,16 @@ __device__ __forceinline__ void for_each_candidate(const SelectArgs& a, int64_t 
     const int32_t* lp = a.in_labels ? a.in_labels + row * a.ld : nullptr;
     const bool norms = a.transform == kTransformL2 || a.transform == kTransformCosine;
     const float rn = norms ? a.row_norms[row] : 0.0f;
-    // 16-byte loads, the next one in flight while the current four are
-    // offered, when everything is aligned; the rest goes through scalar slots.
+    // 16-byte loads, two per thread per step, the next step's two in flight
+    // while the current eight values are offered (memory-level parallelism
+    // is what the selection pass lacks, not instructions); the rest of the
+    // row goes through the scalar slots.
     const bool vec = !lp && (a.ld & 3) == 0 && (begin & 3) == 0 &&
                      (reinterpret_cast<uintptr_t>(a.in) & 15) == 0 &&
                      (!norms || (reinterpret_cast<uintptr_t>(a.col_norms) & 15) == 0);
     const int64_t span = end > begin ? end - begin : 0;
-    const int64_t vec_end = vec ? begin + span / (4 * nt) * (4 * nt) : begin;
+    const int64_t step = 8 * nt;
+    const int64_t vec_end = vec ? begin + span / step * step : begin;
 
     // Scalar slots first: the prefix candidates (a running top-k, chunk 0
     // only: it sets a tight bar early), then the row's unaligned tail.
@@ -81,32 +84,42 @@ __device__ __forceinline__ void for_each_candidate(const SelectArgs& a, int64_t 
     }
 
     if (vec_end > begin) {
-        const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        float4 x = __ldcs(reinterpret_cast<const float4*>(rp + begin + 4 * t));
-        float4 nx = norms ? __ldg(reinterpret_cast<const float4*>(a.col_norms + begin + 4 * t)) : zero4;
-        for (int64_t i = begin; i < vec_end; i += 4 * nt) {
-            const int64_t nxt = i + 4 * nt;
-            float4 y = zero4, ny = zero4;
+        const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        auto ld4 = [&](int64_t c) { return __ldcs(reinterpret_cast<const float4*>(rp + c)); };
+        auto ldn = [&](int64_t c) {
+            return norms ? __ldg(reinterpret_cast<const float4*>(a.col_norms + c)) : z4;
+        };
+        const int64_t o0 = 4 * t, o1 = 4 * nt + 4 * t;
+        float4 x0 = ld4(begin + o0), x1 = ld4(begin + o1);
+        float4 n0 = ldn(begin + o0), n1 = ldn(begin + o1);
+        for (int64_t i = begin; i < vec_end; i += step) {
+            const int64_t nxt = i + step;
+            float4 y0 = z4, y1 = z4, m0 = z4, m1 = z4;
             if (nxt < vec_end) {
-                y = __ldcs(reinterpret_cast<const float4*>(rp + nxt + 4 * t));
-                if (norms)
-                    ny = __ldg(reinterpret_cast<const float4*>(a.col_norms + nxt + 4 * t));
+                y0 = ld4(nxt + o0);
+                y1 = ld4(nxt + o1);
+                m0 = ldn(nxt + o0);
+                m1 = ldn(nxt + o1);
             }
-            float v0 = x.x, v1 = x.y, v2 = x.z, v3 = x.w;
-            float m0 = nx.x, m1 = nx.y, m2 = nx.z, m3 = nx.w;
-            const int lab = a.label_base + static_cast<int>(i + 4 * t);
+            float v[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+            float w[8] = {n0.x, n0.y, n0.z, n0.w, n1.x, n1.y, n1.z, n1.w};
+            const int l0 = a.label_base + static_cast<int>(i + o0);
+            const int l1 = a.label_base + static_cast<int>(i + o1);
 #pragma unroll 1
-            for (int u = 0; u < 4; ++u) {
-                f(select_key(a, v0, rn, m0), lab + u);
-                v0 = v1;
-                v1 = v2;
-                v2 = v3;
-                m0 = m1;
-                m1 = m2;
-                m2 = m3;
+            for (int u = 0; u < 8; ++u) {
+                f(select_key(a, v[0], rn, w[0]), (u < 4 ? l0 : l1 - 4) + u);
+                // Rotate instead of indexing v[u]: a run-time index would put
+                // the arrays in local memory.
+#pragma unroll
+                for (int r = 0; r < 7; ++r) {
+                    v[r] = v[r + 1];
+                    w[r] = w[r + 1];
+                }
             }
-            x = y;
-            nx = ny;
+            x0 = y0;
+            x1 = y1;
+            n0 = m0;
+            n1 = m1;
         }
     }
 }

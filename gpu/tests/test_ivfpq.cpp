@@ -143,6 +143,7 @@ TEST(IvfPqTables, MatchCpuListTables)
             SCOPED_TRACE(what);
             Fixture f(c.d, 16, c.m, 2000, 7, c.metric, s, c.pre);
             GpuIvfPqOptions opt;
+            opt.term1_per_vector = false;  // the paper's per-list tables
             opt.precompute_term1 = c.pre;
             opt.float16_tables = half;
             GpuIvfPqIndex idx(ctx(), f.d, f.lists, f.m, f.metric, f.model->centroids().data(),
@@ -222,19 +223,23 @@ TEST(IvfPqSearch, SameNeighboursAsCpu)
                           {30, 3, Metric::L2, true},   {64, 32, Metric::L2, true}};
     for (const Case& c : cases) {
         Fixture f(c.d, 32, c.m, 5000, 60, c.metric, s + c.m, c.pre);
-        for (ScanAlgo algo : {ScanAlgo::Fused, ScanAlgo::TwoPass}) {
+        for (int variant = 0; variant < 4; ++variant) {
+            const ScanAlgo algo = variant % 2 ? ScanAlgo::TwoPass : ScanAlgo::Fused;
+            const bool per_vector = variant < 2;
             GpuIvfPqOptions opt;
             opt.precompute_term1 = c.pre;
+            opt.term1_per_vector = per_vector;
             opt.scan = algo;
             auto idx = f.gpu(opt);
             EXPECT_EQ(idx->ntotal(), f.n);
-            EXPECT_EQ(idx->has_precomputed(), c.pre && c.metric != Metric::InnerProduct);
+            EXPECT_EQ(idx->has_precomputed(), c.pre && !per_vector && c.metric != Metric::InnerProduct);
             for (size_t k : {1, 10, 100})
                 for (size_t nprobe : {1, 4, 16})
                     compare_search(f, *idx, k, nprobe, 2e-4,
                                    shape("search", {{"d", double(c.d)}, {"m", double(c.m)},
                                                     {"metric", double(int(c.metric))}, {"pre", double(c.pre)},
                                                     {"twopass", double(algo == ScanAlgo::TwoPass)},
+                                                    {"per_vector", double(per_vector)},
                                                     {"k", double(k)}, {"nprobe", double(nprobe)}},
                                          s + c.m));
         }
@@ -294,7 +299,8 @@ TEST(IvfPqIndex, ListOffsetLabelsAppendRemoveMemory)
     EXPECT_GE(mem.codes, f.n * f.m);
     EXPECT_GE(mem.ids, f.n * sizeof(int64_t));
     EXPECT_EQ(mem.centroids, f.lists * f.d * 4 + f.lists * 4);
-    EXPECT_EQ(mem.term1, f.lists * f.m * 256 * 4);
+    EXPECT_EQ(mem.term1, 0u);  // default: term 1 folded per vector
+    EXPECT_GE(mem.vector_terms, f.n * sizeof(float));
     EXPECT_LE(mem.total(), ctx().bytes_in_use());
     compare_search(f, idx, 10, 4, 2e-4, shape("two batches", {}, s));
 

@@ -66,7 +66,9 @@ TEST(KMeansGpu, ObjectiveComparableToCpu)
     EXPECT_LT(og, oc * 1.10) << shape("kmeans", {{"cpu", oc}, {"gpu", og}}, s);
     EXPECT_EQ(st.iterations, 15);
     EXPECT_GT(st.seconds_per_iteration, 0.0);
-    EXPECT_NEAR(st.objective / og, 1.0, 0.05);
+    // The reported objective is over the points used (a subsample), per point
+    // about what the final centroids give on all points.
+    EXPECT_NEAR(st.objective / st.points_used, og / n, 0.1 * og / n);
 }
 
 TEST(KMeansGpu, EmptyClustersAndFewPoints)

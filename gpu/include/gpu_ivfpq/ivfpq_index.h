@@ -25,15 +25,20 @@ enum class ScanAlgo { Auto, Fused, TwoPass };
 enum class LabelKind { Ids, ListOffset };
 
 struct GpuIvfPqOptions {
-    bool precompute_term1 = true;          // if the tables take <= precompute_max_bytes
+    // L2 / Cosine: fold term 1 into one float per stored vector (||r||^2 +
+    // 2<c, r>, computed when it is added), so the scan's table depends on the
+    // query alone and is built once per query instead of once per (query,
+    // list). Off: the paper's per-list term-1 tables (below), or direct tables.
+    bool term1_per_vector = true;
+    bool precompute_term1 = true;          // per-list tables, if they take <= precompute_max_bytes
     size_t precompute_max_bytes = size_t(1) << 30;
     bool float16_tables = false;           // fp16 lookup tables (and fp16 term 1)
     ScanAlgo scan = ScanAlgo::Auto;
 };
 
 struct GpuMemoryUse {
-    size_t centroids = 0, codebooks = 0, term1 = 0, codes = 0, ids = 0, list_meta = 0;
-    size_t total() const { return centroids + codebooks + term1 + codes + ids + list_meta; }
+    size_t centroids = 0, codebooks = 0, term1 = 0, codes = 0, ids = 0, vector_terms = 0, list_meta = 0;
+    size_t total() const { return centroids + codebooks + term1 + codes + ids + vector_terms + list_meta; }
 };
 
 class GpuIvfPqIndex {
