@@ -8,7 +8,9 @@
 #   regress  builds and installs the extension (make with_llvm=no install),
 #            then pg_regress on a temporary instance, as the postgres OS user,
 #            for the tests named by REGRESS in the Makefile (REGRESS_OPTS added)
-#   tap      prove tests/t/*.pl as postgres (PostgreSQL::Test::Cluster)
+#   tap      prove tests/t/*.pl as postgres (PostgreSQL::Test::Cluster); the
+#            tools (gen_synthetic, fmnist_load, knn_bench) are built first and
+#            their folder is passed as GPU_IVFPQ_TOOLS_BIN (empty if they failed)
 #   tools    builds tools/ and checks them end to end on a throwaway server
 #            (gen_synthetic, fmnist_load, knn_bench; with the extension
 #            installed, also a small gpu_ivfpq index through knn_bench)
@@ -218,10 +220,19 @@ run_tap() {
     fi
   fi
   stage_repo
+  # The tools, where they build, for tests that want them: $GPU_IVFPQ_TOOLS_BIN.
+  local tools_bin=""
+  if [ -f "$REPO_ROOT/tools/CMakeLists.txt" ] && build_tools_once; then
+    tools_bin=$STAGE/tools-bin
+    mkdir -p "$tools_bin"
+    cp "$TOOLS_BUILD"/gen_synthetic "$TOOLS_BUILD"/fmnist_load "$TOOLS_BUILD"/knn_bench "$tools_bin"/
+    chown -R postgres: "$tools_bin"
+  fi
   local rc=0
   (cd "$STAGE" && runuser -u postgres -- env \
       PATH="$PG_BIN:$PATH" PERL5LIB="$PG_PERL:$STAGE/tests/t:$STAGE/tests${PERL5LIB:+:$PERL5LIB}" \
       PG_REGRESS="$PG_REGRESS" TESTDIR="$STAGE" top_builddir="$STAGE" \
+      GPU_IVFPQ_TOOLS_BIN="$tools_bin" \
       prove ${PROVE_FLAGS:-} "${files[@]}") >"$LOGS/tap.log" 2>&1 || rc=$?
   local total=${#files[@]} nfail=0 bad
   if [ "$rc" -ne 0 ]; then
@@ -246,6 +257,13 @@ run_tap() {
 }
 
 # ------------------------------------------------------------------ tools
+TOOLS_STATE=none  # none | ok | failed
+build_tools_once() {
+  [ "$TOOLS_STATE" != none ] && { [ "$TOOLS_STATE" = ok ]; return; }
+  if build_tools "$LOGS/tools-build.log"; then TOOLS_STATE=ok; else TOOLS_STATE=failed; fi
+  [ "$TOOLS_STATE" = ok ]
+}
+
 tools_check() {  # tools_check NAME CMD... : one counted check
   local name=$1; shift
   local log
@@ -260,7 +278,7 @@ tools_check() {  # tools_check NAME CMD... : one counted check
 
 run_tools() {
   [ -f "$REPO_ROOT/Makefile" ] && build_ext_once
-  if ! build_tools "$LOGS/tools-build.log"; then
+  if ! build_tools_once; then
     fail "tools: build"
     return
   fi
