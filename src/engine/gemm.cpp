@@ -2,10 +2,12 @@
 // portable register-blocked kernel.
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <climits>
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "internal.h"
@@ -142,10 +144,43 @@ void gemm_nt_portable(size_t M, size_t N, size_t K, const float* A, size_t lda, 
     gemm_blocked<4>(M, N, K, A, lda, B, ldb, C, ldc);
 }
 
+#ifdef GPU_IVFPQ_HAVE_CBLAS
+namespace {
+
+// Whether OpenBLAS runs an AVX2-class kernel here, or our portable kernel
+// cannot do better. OpenBLAS 0.3.21 falls back to its SSE3 "Prescott" kernel
+// on CPUs it does not know (measured on a Sapphire Rapids VM: 3x slower than
+// the portable AVX2 kernel), so then the portable kernel is used instead. A
+// per-machine rule, not a timing, keeps results deterministic.
+bool blas_kernel_is_fast()
+{
+#if defined(OPENBLAS_VERSION) && GPU_IVFPQ_X86_DISPATCH
+    static const bool fast = [] {
+        if (!cpu_has_avx2())
+            return true;
+        const char* core = openblas_get_corename();
+        std::string name = core ? core : "";
+        for (char& ch : name)
+            ch = char(std::tolower(static_cast<unsigned char>(ch)));
+        for (const char* good : {"haswell", "skylake", "cooperlake", "sapphire", "zen"})
+            if (name.find(good) != std::string::npos)
+                return true;
+        return false;
+    }();
+    return fast;
+#else
+    return true;
+#endif
+}
+
+}  // namespace
+#endif
+
 bool gemm_uses_blas()
 {
 #ifdef GPU_IVFPQ_HAVE_CBLAS
-    return !g_force_portable.load(std::memory_order_relaxed) && !in_parallel_region();
+    return !g_force_portable.load(std::memory_order_relaxed) && !in_parallel_region() &&
+           blas_kernel_is_fast();
 #else
     return false;
 #endif

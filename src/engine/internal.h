@@ -68,7 +68,8 @@ bool in_parallel_region();
 
 // Whether gemm_nt, called from this thread now, uses BLAS: only with BLAS
 // built in, outside multi-threaded parallel_for chunks (serial OpenBLAS is
-// not thread-safe, see gemm.cpp) and when not forced portable.
+// not thread-safe), when OpenBLAS runs an AVX2-class kernel on this CPU (see
+// gemm.cpp) and when not forced portable.
 bool gemm_uses_blas();
 
 // Routes gemm_nt through the portable loop process-wide (for tests).

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 
 #include "ivfpq.h"
 #include "test_util.h"
@@ -64,15 +65,19 @@ TEST(EngineBench, DISABLED_BuildAndQuery1M)
     const size_t d = 128, lists = 1024, m = 16, n = 1000000, nq = 200, nprobe = 32;
     const auto x = testutil::clustered_vectors(n + nq, d, 4000, 1.0f, 5);
     IvfPqModel model(d, lists, m, Metric::L2);
-    IvfPqTrainParams p;
-    p.threads = 2;
-    timed("train 1M x 128, lists=1024 m=16 (65k + 65k samples), 2 thr",
-          [&] { model.train(x.data(), n, p); });
     std::vector<int32_t> ids(n);
     std::vector<uint8_t> codes(n * m);
     std::vector<float> radius(n);
-    timed("encode 1M x 128, 2 threads",
-          [&] { model.encode(x.data(), n, ids.data(), codes.data(), radius.data(), 2); });
+    // Threads from GPU_IVFPQ_BENCH_THREADS (default 2, the target box).
+    const char* env = std::getenv("GPU_IVFPQ_BENCH_THREADS");
+    const int threads = env ? std::atoi(env) : 2;
+    IvfPqTrainParams p;
+    p.threads = threads;
+    char name[96];
+    std::snprintf(name, sizeof name, "train 1M x 128, lists=1024 m=16, %d thr", threads);
+    timed(name, [&] { model.train(x.data(), n, p); });
+    std::snprintf(name, sizeof name, "encode 1M x 128, %d thr", threads);
+    timed(name, [&] { model.encode(x.data(), n, ids.data(), codes.data(), radius.data(), threads); });
     timed("precompute_tables (64 MiB budget)", [&] { model.precompute_tables(size_t(64) << 20); });
 
     // Per query: prepare, then for each probed list its table and a scan
@@ -84,7 +89,6 @@ TEST(EngineBench, DISABLED_BuildAndQuery1M)
     for (bool pre : {true, false}) {
         if (!pre)
             model.precompute_tables(0);
-        char name[96];
         std::snprintf(name, sizeof name, "%zu queries, nprobe=%zu x 1000 codes, precomputed=%d",
                       nq, nprobe, int(pre));
         timed(name, [&] {

@@ -131,6 +131,8 @@ TEST(Gemm, ForcedPortablePathAgreesWithDefault)
 {
     const uint64_t seed = test_seed(205);
     SCOPED_TRACE(testing::Message() << "seed=" << seed << " blas=" << detail::gemm_uses_blas());
+    std::printf("single-threaded GEMM here: %s\n",
+                detail::gemm_uses_blas() ? "BLAS" : "portable kernel");
     const size_t nx = 70, ny = 90, d = 45;
     const auto x = testutil::uniform_vectors(nx, d, seed);
     const auto y = testutil::uniform_vectors(ny, d, seed + 1);
