@@ -114,8 +114,8 @@ void IvfPqModel::encode(const float* x, size_t n, int32_t* list_ids, uint8_t* co
     require(x && list_ids && codes, "IVFPQ: null pointer in encode");
     const bool cosine = metric_ == Metric::Cosine;
     const size_t m = pq_.m();
-    // Fixed tiles (independent of threads): copy, normalise, assign, subtract
-    // the centroid, PQ-encode the residual.
+    // Fixed tiles (independent of the thread count): copy, normalise, assign,
+    // subtract the centroid, PQ-encode the residual.
     constexpr size_t kRows = 2048;
     const size_t ntiles = (n + kRows - 1) / kRows;
     parallel_for(ntiles, threads, [&](size_t t0, size_t t1) {

@@ -51,7 +51,7 @@ void assign_nearest(const float* x, size_t n, const float* centroids, size_t k, 
         cnorm[j] = norm_sqr(centroids + j * d, d);
 
     // Tiles of rows x centroid-block keep each thread's block at <= 4 MiB;
-    // tiling depends only on (n, k), so results do not depend on threads.
+    // tiling depends only on (n, k), never on the thread count.
     const size_t cb = std::min<size_t>(k, 4096);
     const size_t rows = std::clamp<size_t>((size_t(1) << 20) / cb, 64, 1024);
     const size_t ntiles = (n + rows - 1) / rows;

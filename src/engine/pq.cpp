@@ -1,4 +1,4 @@
-// Product quantizer: per-slice k-means training, GEMM encoding, tables and ADC scans.
+// Product quantizer: per-slice k-means training, encoding, tables and ADC scans.
 #include "pq.h"
 
 #include <algorithm>
@@ -35,7 +35,7 @@ void ProductQuantizer::train(const float* x, size_t n, const KMeansParams& param
     detail::checked_mul(n, d_, "PQ training set");
     const int threads = std::max(params.threads, 1);
     // Sub-quantizers are independent: spread them over threads, and give any
-    // threads left over to each k-means (results do not depend on threads).
+    // threads left over to each k-means (deterministic per thread count).
     const int outer = int(std::min<size_t>(size_t(threads), m_));
     const int inner = std::max(1, threads / outer);
     parallel_for(m_, outer, [&](size_t j0, size_t j1) {
