@@ -317,8 +317,7 @@ Rerank(IndexScanDesc scan, int64 *labels, int n)
 			if (!isnull[0] && !so->null_query)
 			{
 				int			vdim;
-				const float *v = GpuIvfpqArrayVector(DatumGetArrayTypeP(values[0]), &vdim,
-													 "indexed vector");
+				const float *v = GpuIvfpqStoredVector(DatumGetArrayTypeP(values[0]), &vdim);
 
 				if (vdim == dim)
 				{

@@ -53,6 +53,19 @@ GpuIvfpqArrayVector(ArrayType *arr, int *dim, const char *what)
 }
 
 /*
+ * The elements of a vector read back from the heap for re-ranking. It was
+ * fully checked when it was indexed, so only the shape is checked here.
+ */
+const float *
+GpuIvfpqStoredVector(ArrayType *arr, int *dim)
+{
+	if (ARR_ELEMTYPE(arr) != FLOAT4OID || ARR_NDIM(arr) != 1 || ARR_HASNULL(arr))
+		return GpuIvfpqArrayVector(arr, dim, "indexed vector");
+	*dim = ARR_DIMS(arr)[0];
+	return (const float *) ARR_DATA_PTR(arr);
+}
+
+/*
  * The exact distance of a metric, as the SQL operators return it. Both the
  * operators and the index's re-ranking call this, so an index scan orders
  * rows by exactly the values a sequential scan would compute.
@@ -65,17 +78,38 @@ GpuIvfpqExactDistance(int metric, const float *a, const float *b, int dim)
 	switch ((gpuivfpq::Metric) metric)
 	{
 		case gpuivfpq::Metric::L2:
-			for (int i = 0; i < dim; i++)
 			{
-				double		diff = (double) a[i] - (double) b[i];
+				/* Four partial sums: no single dependency chain, same order everywhere. */
+				double		p[4] = {0.0, 0.0, 0.0, 0.0};
+				int			i = 0;
 
-				s += diff * diff;
+				for (; i + 4 <= dim; i += 4)
+					for (int j = 0; j < 4; j++)
+					{
+						double		diff = (double) a[i + j] - (double) b[i + j];
+
+						p[j] += diff * diff;
+					}
+				for (; i < dim; i++)
+				{
+					double		diff = (double) a[i] - (double) b[i];
+
+					p[0] += diff * diff;
+				}
+				return sqrt((p[0] + p[1]) + (p[2] + p[3]));
 			}
-			return sqrt(s);
 		case gpuivfpq::Metric::InnerProduct:
-			for (int i = 0; i < dim; i++)
-				s += (double) a[i] * (double) b[i];
-			return -s;
+			{
+				double		p[4] = {0.0, 0.0, 0.0, 0.0};
+				int			i = 0;
+
+				for (; i + 4 <= dim; i += 4)
+					for (int j = 0; j < 4; j++)
+						p[j] += (double) a[i + j] * (double) b[i + j];
+				for (; i < dim; i++)
+					p[0] += (double) a[i] * (double) b[i];
+				return -((p[0] + p[1]) + (p[2] + p[3]));
+			}
 		case gpuivfpq::Metric::Cosine:
 			{
 				double		na = 0.0,
