@@ -34,7 +34,7 @@ while [ $# -gt 0 ]; do
     --keep) KEEP=1 ;;
     --only) ONLY=$2; shift ;;
     --only=*) ONLY=${1#--only=} ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) warn "unknown option $1"; exit 2 ;;
   esac
   shift

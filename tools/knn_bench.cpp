@@ -44,6 +44,7 @@ const char* kUsage = R"USAGE(usage: knn_bench --table T (--queries FILE.fvecs | 
                         table name and row count), else compute it and save it there
   --threads T           threads for the ground truth (default 2)
   --min-recall X        exit 2 when any setting's recall@k is below X
+  --latencies FILE      write every query's latency: lines "setting<TAB>query<TAB>ms"
   --help
 
 The table printed has one row per setting: setting | recall@k | QPS | p50 ms |
@@ -365,7 +366,8 @@ int main(int argc, char** argv)
         return 0;
     }
     args.check({"conninfo", "table", "column", "id-column", "queries", "query-table", "nq", "k",
-                "op", "settings", "sql", "warmup", "gt-cache", "threads", "min-recall"});
+                "op", "settings", "sql", "warmup", "gt-cache", "threads", "min-recall",
+                "latencies"});
     const std::string table = args.str("table");
     if (table.empty())
         die("--table is required (see --help)");
@@ -488,6 +490,12 @@ int main(int argc, char** argv)
     std::vector<Row> table_rows;
     std::vector<std::string> set_before;
     bool below = false;
+    FILE* lat_file = nullptr;
+    if (args.has("latencies")) {
+        lat_file = std::fopen(args.str("latencies").c_str(), "w");
+        if (!lat_file)
+            die("cannot write " + args.str("latencies") + ": " + std::strerror(errno));
+    }
     for (const Setting& s : settings) {
         for (const std::string& name : set_before)
             exec_ok(c, "RESET " + name);
@@ -548,6 +556,9 @@ int main(int argc, char** argv)
             lat[i] = std::chrono::duration<double, std::milli>(Clock::now() - q0).count();
         }
         double total = std::chrono::duration<double>(Clock::now() - start).count();
+        if (lat_file)
+            for (size_t i = 0; i < nq; i++)
+                std::fprintf(lat_file, "%s\t%zu\t%.4f\n", s.label.c_str(), i, lat[i]);
 
         double recall_sum = 0;
         for (size_t i = 0; i < nq; i++) {
@@ -567,6 +578,8 @@ int main(int argc, char** argv)
     }
     for (const std::string& name : set_before)
         exec_ok(c, "RESET " + name);
+    if (lat_file && std::fclose(lat_file) != 0)
+        die("writing " + args.str("latencies") + " failed");
 
     // The table.
     std::string rk = "recall@" + std::to_string(k);
