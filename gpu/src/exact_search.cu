@@ -2,6 +2,7 @@
 // tile, then one selection kernel that adds the norms and k-selects the tile
 // together with the running top-k of the earlier base tiles.
 #include <algorithm>
+#include <cstdlib>
 #include <sstream>
 
 #include "context_impl.h"
@@ -130,7 +131,9 @@ void exact_impl(GpuContext& ctx, const float* queries, size_t nq, const float* b
     float* tiles[2];
     tiles[0] = carve.take<float>(n ? t.tq * t.ld : 0);
     tiles[1] = carve.take<float>(n ? t.tq * t.ld : 0);
-    cudaStream_t aux = ctx.impl().aux;
+    // GPU_IVFPQ_EXACT_NO_OVERLAP (benchmarking aid): selection on the main
+    // stream, strictly after each GEMM.
+    cudaStream_t aux = std::getenv("GPU_IVFPQ_EXACT_NO_OVERLAP") ? st : ctx.impl().aux;
     // gemm_done[b]: tile b written (main -> aux); sel_done[b]: tile b read (aux -> main).
     cudaEvent_t gemm_done[2], sel_done[2];
     for (int b = 0; b < 2; ++b) {

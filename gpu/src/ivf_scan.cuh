@@ -155,8 +155,9 @@ __global__ void __launch_bounds__(kScanThreads) ivf_fused_kernel(IvfScanArgs a)
     const int chunk = blockIdx.x - q * a.chunks;
     const int p0 = chunk * a.probes_per_chunk;
     const int p1 = min(a.nprobe, p0 + a.probes_per_chunk);
+    SelectState<kQ, kT> state;
     WarpSelect<kQ, kT> ws;
-    ws.init(a.k);
+    ws.init(&state, a.k);
     const bool once = table_per_query(a.mode);
     if (once && p0 < p1)
         build_table<LutT>(a, q, p0, 0, table, resid);  // ends with a barrier
@@ -200,8 +201,8 @@ __global__ void __launch_bounds__(kScanThreads) ivf_fused_kernel(IvfScanArgs a)
     for (int s = 0; s < WarpSelect<kQ, kT>::kW; ++s) {
         const int i = s * 32 + ws.lane;
         if (i < a.k) {
-            a.out_dist[out + i] = ws.wk[s];
-            a.out_idx[out + i] = ws.wv[s];
+            a.out_dist[out + i] = ws.key_at(s);
+            a.out_idx[out + i] = ws.value_at(s);
         }
     }
 }

@@ -12,22 +12,20 @@ namespace gpuivfpq::gpu {
 
 constexpr int kSelectThreads = 128;
 
-__device__ __forceinline__ float select_key(const SelectArgs& a, float x, float rn, float cn)
-{
-    switch (a.transform) {
-    case kTransformNegate:
-    case kTransformIP:
-        return -x;
-    case kTransformL2:
-        return fmaxf(rn + cn - 2.0f * x, 0.0f);
-    case kTransformCosine: {
-        float nn = rn * cn;
-        return nn > 0.0f ? 1.0f - x * rsqrtf(nn) : 1.0f;
+// The transform as key = max(alpha * x + rn + cn, lo), uniform per kernel
+// and branch-free per element (cosine aside).
+struct KeyFn {
+    float alpha, lo, rn;
+    bool cosine;
+    __device__ __forceinline__ float operator()(float x, float cn) const
+    {
+        if (cosine) {
+            const float nn = rn * cn;
+            return nn > 0.0f ? 1.0f - x * rsqrtf(nn) : 1.0f;
+        }
+        return fmaxf(fmaf(alpha, x, rn + cn), lo);
     }
-    default:
-        return x;
-    }
-}
+};
 
 // Calls f(key, label) for every candidate of one output row, t = this
 // thread's index among the nt threads serving the row. Every thread makes
@@ -48,6 +46,13 @@ __device__ __forceinline__ void for_each_candidate(const SelectArgs& a, int64_t 
     const int32_t* lp = a.in_labels ? a.in_labels + row * a.ld : nullptr;
     const bool norms = a.transform == kTransformL2 || a.transform == kTransformCosine;
     const float rn = norms ? a.row_norms[row] : 0.0f;
+    KeyFn key_of;
+    key_of.alpha = a.transform == kTransformL2 ? -2.0f
+                   : (a.transform == kTransformNegate || a.transform == kTransformIP) ? -1.0f
+                                                                                       : 1.0f;
+    key_of.lo = a.transform == kTransformL2 ? 0.0f : -INFINITY;
+    key_of.rn = rn;
+    key_of.cosine = a.transform == kTransformCosine;
     // 16-byte loads, two per thread per step, the next step's two in flight
     // while the current eight values are offered (memory-level parallelism
     // is what the selection pass lacks, not instructions); the rest of the
@@ -77,7 +82,7 @@ __device__ __forceinline__ void for_each_candidate(const SelectArgs& a, int64_t 
             }
         } else if (s < slots) {
             const int64_t c = vec_end + (s - pslots);
-            key = select_key(a, rp[c], rn, norms ? a.col_norms[c] : 0.0f);
+            key = key_of(rp[c], norms ? a.col_norms[c] : 0.0f);
             lab = lp ? lp[c] : a.label_base + static_cast<int>(c);
         }
         f(key, lab);
@@ -101,21 +106,18 @@ __device__ __forceinline__ void for_each_candidate(const SelectArgs& a, int64_t 
                 m0 = ldn(nxt + o0);
                 m1 = ldn(nxt + o1);
             }
-            float v[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-            float w[8] = {n0.x, n0.y, n0.z, n0.w, n1.x, n1.y, n1.z, n1.w};
+            // Eight explicit calls: f is small now that the merge network
+            // is out of line.
             const int l0 = a.label_base + static_cast<int>(i + o0);
             const int l1 = a.label_base + static_cast<int>(i + o1);
-#pragma unroll 1
-            for (int u = 0; u < 8; ++u) {
-                f(select_key(a, v[0], rn, w[0]), (u < 4 ? l0 : l1 - 4) + u);
-                // Rotate instead of indexing v[u]: a run-time index would put
-                // the arrays in local memory.
-#pragma unroll
-                for (int r = 0; r < 7; ++r) {
-                    v[r] = v[r + 1];
-                    w[r] = w[r + 1];
-                }
-            }
+            f(key_of(x0.x, n0.x), l0);
+            f(key_of(x0.y, n0.y), l0 + 1);
+            f(key_of(x0.z, n0.z), l0 + 2);
+            f(key_of(x0.w, n0.w), l0 + 3);
+            f(key_of(x1.x, n1.x), l1);
+            f(key_of(x1.y, n1.y), l1 + 1);
+            f(key_of(x1.z, n1.z), l1 + 2);
+            f(key_of(x1.w, n1.w), l1 + 3);
             x0 = y0;
             x1 = y1;
             n0 = m0;
@@ -143,8 +145,9 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(SelectArgs a)
     if (kWarps == 1 && orow >= total)
         return;  // whole warp leaves: WarpSelect needs no block barrier
     const int t = kWarps == 1 ? (threadIdx.x & 31) : threadIdx.x;
+    SelectState<kQ, kT> state;
     WarpSelect<kQ, kT> ws;
-    ws.init(a.k);
+    ws.init(&state, a.k);
     for_each_candidate(a, orow, t, 32 * kWarps, [&](float key, int lab) { ws.add(key, lab); });
     ws.finish();
     if (kWarps > 1) {
@@ -159,8 +162,8 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(SelectArgs a)
     for (int s = 0; s < WarpSelect<kQ, kT>::kW; ++s) {
         const int i = s * 32 + ws.lane;
         if (i < a.k) {
-            a.out_dist[base + i] = a.out_sign * ws.wk[s];
-            store_label(a, base + i, ws.wv[s]);
+            a.out_dist[base + i] = a.out_sign * ws.key_at(s);
+            store_label(a, base + i, ws.value_at(s));
         }
     }
 }

@@ -89,14 +89,100 @@ __device__ __forceinline__ void warp_merge(float (&k)[S], int (&v)[S], int lane)
         bitonic_stage<S>(k, v, lane, 32 * S, stride);
 }
 
+// Queue state that only the (rare) merges touch: the warp queue and a copy
+// of the thread queue. It lives in local memory (its address goes to the
+// out-of-line merge), so the hot path keeps few registers and the merge
+// network is compiled once per queue size instead of at every call site.
+template <int kQ, int kT>
+struct SelectState {
+    float wk[kQ / 32];
+    int wv[kQ / 32];
+    float tk[kT];
+    int tv[kT];
+};
+
+// Sort the 32*kT thread-queue entries, then keep the kQ smallest of the
+// union with the warp queue: min(A[i], B[kQ-1-i]) is bitonic and holds
+// exactly those, one bitonic merge sorts it. Returns the new bar: the k-th
+// smallest (every lane gets it). All 32 lanes must call it.
+template <int kQ, int kT>
+__device__ __noinline__ float merge_thread_queues(SelectState<kQ, kT>* st, int k)
+{
+    constexpr int kW = kQ / 32;
+    const int lane = threadIdx.x & 31;
+    float wk[kW], tk[kT];
+    int wv[kW], tv[kT];
+#pragma unroll
+    for (int s = 0; s < kW; ++s) {
+        wk[s] = st->wk[s];
+        wv[s] = st->wv[s];
+    }
+#pragma unroll
+    for (int t = 0; t < kT; ++t) {
+        tk[t] = st->tk[t];
+        tv[t] = st->tv[t];
+    }
+    warp_sort<kT>(tk, tv, lane);
+#pragma unroll
+    for (int s = 0; s < kW; ++s) {
+        const int bs = kW - 1 - s;
+        float ok = INFINITY;
+        int ov = -1;
+        if (bs < kT) {
+            const int b = bs < kT ? bs : 0;
+            ok = __shfl_xor_sync(kFullMask, tk[b], 31);
+            ov = __shfl_xor_sync(kFullMask, tv[b], 31);
+        }
+        if (ok < wk[s]) {
+            wk[s] = ok;
+            wv[s] = ov;
+        }
+    }
+    warp_merge<kW>(wk, wv, lane);
+    const int r = (k - 1) >> 5;
+    float top = wk[0];
+#pragma unroll
+    for (int s = 0; s < kW; ++s) {
+        st->wk[s] = wk[s];
+        st->wv[s] = wv[s];
+        if (s == r)
+            top = wk[s];
+    }
+    return __shfl_sync(kFullMask, top, (k - 1) & 31);
+}
+
+// Merges another sorted warp queue (striped in shared memory) into st's.
+template <int kQ, int kT>
+__device__ __noinline__ void merge_shared_queue(SelectState<kQ, kT>* st, const float* sk, const int* sv)
+{
+    constexpr int kW = kQ / 32;
+    const int lane = threadIdx.x & 31;
+    float wk[kW];
+    int wv[kW];
+#pragma unroll
+    for (int s = 0; s < kW; ++s) {
+        const int j = kQ - 1 - (s * 32 + lane);
+        const float ok = sk[j];
+        const float mk = st->wk[s];
+        const bool take = ok < mk;
+        wk[s] = take ? ok : mk;
+        wv[s] = take ? sv[j] : st->wv[s];
+    }
+    warp_merge<kW>(wk, wv, lane);
+#pragma unroll
+    for (int s = 0; s < kW; ++s) {
+        st->wk[s] = wk[s];
+        st->wv[s] = wv[s];
+    }
+}
+
 // The k smallest (key, value) pairs offered by one warp. kQ: warp queue
 // length, a power of two >= 32 and >= k; kT: thread queue length, a power of
 // two. Every lane must call add() the same number of times (pad with +inf).
 template <int kQ, int kT>
 struct WarpSelect {
     static constexpr int kW = kQ / 32;
-    float wk[kW];
-    int wv[kW];
+    SelectState<kQ, kT>* st;
     float tk[kT];
     int tv[kT];
     int num;    // entries in this lane's thread queue
@@ -104,16 +190,17 @@ struct WarpSelect {
     int k;
     int lane;
 
-    __device__ __forceinline__ void init(int k_)
+    __device__ __forceinline__ void init(SelectState<kQ, kT>* state, int k_)
     {
+        st = state;
         k = k_;
         lane = threadIdx.x & 31;
         num = 0;
         top = INFINITY;
 #pragma unroll
         for (int s = 0; s < kW; ++s) {
-            wk[s] = INFINITY;
-            wv[s] = -1;
+            st->wk[s] = INFINITY;
+            st->wv[s] = -1;
         }
 #pragma unroll
         for (int t = 0; t < kT; ++t) {
@@ -141,79 +228,24 @@ struct WarpSelect {
             merge();
     }
 
-    // Sort the 32*kT thread-queue entries, then keep the kQ smallest of the
-    // union with the warp queue: min(A[i], B[kQ-1-i]) is bitonic and holds
-    // exactly those, one bitonic merge sorts it.
     __device__ __forceinline__ void merge()
     {
-        warp_sort<kT>(tk, tv, lane);
-#pragma unroll
-        for (int s = 0; s < kW; ++s) {
-            const int bs = kW - 1 - s;
-            float ok = INFINITY;
-            int ov = -1;
-            if (bs < kT) {
-                const int b = bs < kT ? bs : 0;
-                ok = __shfl_xor_sync(kFullMask, tk[b], 31);
-                ov = __shfl_xor_sync(kFullMask, tv[b], 31);
-            }
-            if (ok < wk[s]) {
-                wk[s] = ok;
-                wv[s] = ov;
-            }
-        }
-        warp_merge<kW>(wk, wv, lane);
 #pragma unroll
         for (int t = 0; t < kT; ++t) {
+            st->tk[t] = tk[t];
+            st->tv[t] = tv[t];
             tk[t] = INFINITY;
             tv[t] = -1;
         }
         num = 0;
-        update_top();
-    }
-
-    __device__ __forceinline__ void update_top()
-    {
-        const int r = (k - 1) >> 5;
-        float t = wk[0];
-#pragma unroll
-        for (int s = 1; s < kW; ++s)
-            if (s == r)
-                t = wk[s];
-        top = __shfl_sync(kFullMask, t, (k - 1) & 31);
+        top = merge_thread_queues<kQ, kT>(st, k);
     }
 
     // Folds in what the thread queues still hold.
     __device__ __forceinline__ void finish() { merge(); }
 
-    // Merges another sorted warp queue (striped in shared memory) into this one.
-    __device__ __forceinline__ void merge_from_shared(const float* sk, const int* sv)
-    {
-#pragma unroll
-        for (int s = 0; s < kW; ++s) {
-            const int j = kQ - 1 - (s * 32 + lane);
-            float ok = sk[j];
-            if (ok < wk[s]) {
-                wk[s] = ok;
-                wv[s] = sv[j];
-            }
-        }
-        warp_merge<kW>(wk, wv, lane);
-    }
-
-    // Writes the first k results; sign = -1 turns keys back for largest-first.
-    template <typename Label, typename LabelFn>
-    __device__ __forceinline__ void write(float* out_k, Label* out_v, float sign, LabelFn fn) const
-    {
-#pragma unroll
-        for (int s = 0; s < kW; ++s) {
-            const int i = s * 32 + lane;
-            if (i < k) {
-                out_k[i] = sign * wk[s];
-                out_v[i] = fn(wv[s]);
-            }
-        }
-    }
+    __device__ __forceinline__ float key_at(int s) const { return st->wk[s]; }
+    __device__ __forceinline__ int value_at(int s) const { return st->wv[s]; }
 };
 
 // BlockSelect's final step: warps 1..W-1 hand their queues to warp 0 one at a
@@ -227,13 +259,13 @@ __device__ __forceinline__ void block_merge(WarpSelect<kQ, kT>& ws, int nwarps, 
         if (warp == w) {
 #pragma unroll
             for (int s = 0; s < WarpSelect<kQ, kT>::kW; ++s) {
-                sk[s * 32 + ws.lane] = ws.wk[s];
-                sv[s * 32 + ws.lane] = ws.wv[s];
+                sk[s * 32 + ws.lane] = ws.st->wk[s];
+                sv[s * 32 + ws.lane] = ws.st->wv[s];
             }
         }
         __syncthreads();
         if (warp == 0)
-            ws.merge_from_shared(sk, sv);
+            merge_shared_queue<kQ, kT>(ws.st, sk, sv);
         __syncthreads();
     }
 }
