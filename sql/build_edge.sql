@@ -35,7 +35,7 @@ SET gpu_ivfpq.rerank = 1000000;
 --
 -- NULL embeddings are not indexed and never returned by index scans.
 --
-CREATE TABLE nulls (id int, v real[]);
+CREATE TABLE nulls (id int, v real[]) WITH (autovacuum_enabled = off);
 INSERT INTO nulls SELECT i, CASE WHEN i % 3 = 0 THEN NULL ELSE ARRAY[i, i % 5]::real[] END
 FROM generate_series(1, 30) i;
 CREATE INDEX nulls_idx ON nulls USING gpu_ivfpq (v) WITH (lists = 2);
@@ -60,7 +60,7 @@ DROP TABLE nulls;
 -- CREATE INDEX records the table's row count (NULLs included) and the
 -- index's entry count (NULLs excluded) in pg_class.
 --
-CREATE TABLE stats_t (v real[]);
+CREATE TABLE stats_t (v real[]) WITH (autovacuum_enabled = off);
 INSERT INTO stats_t SELECT ARRAY[i, i % 7]::real[] FROM generate_series(1, 500) i;
 INSERT INTO stats_t SELECT NULL FROM generate_series(1, 20);
 ANALYZE stats_t;
