@@ -157,11 +157,7 @@ __global__ void __launch_bounds__(kScanThreads) ivf_fused_kernel(IvfScanArgs a)
     const int p1 = min(a.nprobe, p0 + a.probes_per_chunk);
     SelectState<kQ, kT> state;
     WarpSelect<kQ, kT> ws;
-    __shared__ float tops[kScanThreads / 32];
-    if (threadIdx.x < kScanThreads / 32)
-        tops[threadIdx.x] = INFINITY;
-    __syncthreads();
-    ws.init(&state, a.k, tops, kScanThreads / 32);
+    ws.init(&state, a.k);
     const bool once = table_per_query(a.mode);
     if (once && p0 < p1)
         build_table<LutT>(a, q, p0, 0, table, resid);  // ends with a barrier

@@ -147,15 +147,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(SelectArgs a)
     const int t = kWarps == 1 ? (threadIdx.x & 31) : threadIdx.x;
     SelectState<kQ, kT> state;
     WarpSelect<kQ, kT> ws;
-    if (kWarps > 1) {
-        __shared__ float tops[kWarps > 1 ? kWarps : 1];
-        if (threadIdx.x < kWarps)
-            tops[threadIdx.x] = INFINITY;
-        __syncthreads();
-        ws.init(&state, a.k, tops, kWarps);
-    } else {
-        ws.init(&state, a.k);
-    }
+    ws.init(&state, a.k);
     for_each_candidate(a, orow, t, 32 * kWarps, [&](float key, int lab) { ws.add(key, lab); });
     ws.finish();
     if (kWarps > 1) {

@@ -183,11 +183,6 @@ template <int kQ, int kT>
 struct WarpSelect {
     static constexpr int kW = kQ / 32;
     SelectState<kQ, kT>* st;
-    // BlockSelect: each warp's bar in shared memory. A candidate above any
-    // warp's k-th smallest cannot be in the block's k best (that warp alone
-    // holds k better ones), so every warp may use the minimum of the bars.
-    volatile float* shared_tops;
-    int nwarps;
     float tk[kT];
     int tv[kT];
     int num;    // entries in this lane's thread queue
@@ -195,13 +190,9 @@ struct WarpSelect {
     int k;
     int lane;
 
-    // tops: nw floats of shared memory set to +inf before (BlockSelect), or null.
-    __device__ __forceinline__ void init(SelectState<kQ, kT>* state, int k_, volatile float* tops = nullptr,
-                                         int nw = 1)
+    __device__ __forceinline__ void init(SelectState<kQ, kT>* state, int k_)
     {
         st = state;
-        shared_tops = tops;
-        nwarps = nw;
         k = k_;
         lane = threadIdx.x & 31;
         num = 0;
@@ -248,13 +239,6 @@ struct WarpSelect {
         }
         num = 0;
         top = merge_thread_queues<kQ, kT>(st, k);
-        if (shared_tops) {
-            if (lane == 0)
-                shared_tops[threadIdx.x >> 5] = top;
-            // Stale reads only loosen the bar: no barrier needed.
-            for (int w = 0; w < nwarps; ++w)
-                top = fminf(top, shared_tops[w]);
-        }
     }
 
     // Folds in what the thread queues still hold.
