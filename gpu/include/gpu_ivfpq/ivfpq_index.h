@@ -18,7 +18,8 @@ class GpuContext;
 // How the list scan meets k-selection: Fused scans and selects in one
 // kernel (tables in shared memory, BlockSelect in registers); TwoPass writes
 // every candidate distance to device memory and k-selects it afterwards (the
-// paper's scheme). Auto picks Fused.
+// paper's scheme). Auto picks Fused for query-only tables (the default
+// term-1-per-vector layout, and inner product), TwoPass for per-list tables.
 enum class ScanAlgo { Auto, Fused, TwoPass };
 
 // What search returns as labels: the stored ids, or list << 32 | offset.
