@@ -169,3 +169,11 @@ SHOW gpu_ivfpq.probes;
 
 DROP TABLE opt;
 DROP FUNCTION ivfpq_meta(regclass);
+
+-- The indexed column is distance-orderable; other properties come from core.
+CREATE TABLE prop_t (v real[]);
+CREATE INDEX prop_i ON prop_t USING gpu_ivfpq (v);
+SELECT pg_index_column_has_property('prop_i'::regclass, 1, 'distance_orderable') AS distance_orderable,
+       pg_index_column_has_property('prop_i'::regclass, 1, 'orderable') AS orderable,
+       pg_index_has_property('prop_i'::regclass, 'clusterable') AS clusterable;
+DROP TABLE prop_t;

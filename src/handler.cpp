@@ -170,6 +170,23 @@ gpuivfpqvalidate(Oid opclassoid)
 	return result;
 }
 
+/*
+ * amproperty: the indexed column can be ordered by distance (core leaves this
+ * property to the AM, as only ordering-by-operator AMs know it).
+ */
+static bool
+gpuivfpqproperty(Oid index_oid, int attno, IndexAMProperty prop, const char *propname,
+				 bool *res, bool *isnull)
+{
+	if (attno == 1 && prop == AMPROP_DISTANCE_ORDERABLE)
+	{
+		*res = true;
+		*isnull = false;
+		return true;
+	}
+	return false;
+}
+
 /* The access method handler: every IndexAmRoutine field is set. */
 Datum
 gpu_ivfpq_handler(PG_FUNCTION_ARGS)
@@ -204,7 +221,7 @@ gpu_ivfpq_handler(PG_FUNCTION_ARGS)
 	am->amcanreturn = NULL;
 	am->amcostestimate = gpuivfpqcostestimate;
 	am->amoptions = gpuivfpqoptions;
-	am->amproperty = NULL;
+	am->amproperty = gpuivfpqproperty;
 	am->ambuildphasename = gpuivfpqbuildphasename;
 	am->amvalidate = gpuivfpqvalidate;
 	am->amadjustmembers = NULL;
