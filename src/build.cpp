@@ -10,7 +10,7 @@
 #define PHASE_ENCODE	4
 #define PHASE_WRITE		5
 
-#define SAMPLES_PER_LIST	40		/* training rows per list (k-means wants >= 39) ... */
+#define SAMPLES_PER_LIST	128		/* training rows per list (k-means balance improves up to ~128) ... */
 #define MIN_SAMPLE			16384	/* ... but at least this many */
 #define MIN_SAMPLES_PER_LIST 8		/* below this, error instead of training */
 #define ENCODE_BATCH		4096	/* rows encoded per engine call */
@@ -411,6 +411,7 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 
 		pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_TRAIN);
 		params.threads = threads;
+		params.max_points_per_centroid = SAMPLES_PER_LIST;
 		GpuIvfpqGuard("training", [&] {
 			bs.model = *bs.model_holder = new gpuivfpq::IvfPqModel(bs.dim, bs.lists, bs.m,
 																   (gpuivfpq::Metric) bs.metric);
