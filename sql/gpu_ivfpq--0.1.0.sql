@@ -54,3 +54,11 @@ CREATE OPERATOR CLASS real_cosine_ops
 	OPERATOR 1 <=> (real[], real[]) FOR ORDER BY float_ops,
 	FUNCTION 1 gpu_ivfpq_cosine_distance(real[], real[]),
 	FUNCTION 2 (real[], real[]) gpu_ivfpq_metric_cosine(internal);
+
+-- The GPU service's state and what scans it counted (a service exists only
+-- when gpu_ivfpq is in shared_preload_libraries).
+CREATE FUNCTION gpu_ivfpq_status(
+	OUT state text, OUT service_pid int4, OUT device text, OUT service_starts int4,
+	OUT started_at timestamptz, OUT queries_gpu int8, OUT queries_cpu int8, OUT last_error text)
+	RETURNS record AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
+CREATE VIEW gpu_ivfpq_status AS SELECT * FROM gpu_ivfpq_status();

@@ -165,6 +165,10 @@ extern IndexBulkDeleteResult *gpuivfpqbulkdelete(IndexVacuumInfo *info, IndexBul
 												 IndexBulkDeleteCallback callback, void *callback_state);
 extern IndexBulkDeleteResult *gpuivfpqvacuumcleanup(IndexVacuumInfo *info, IndexBulkDeleteResult *stats);
 
+/* ---- service.cpp ---- */
+extern void GpuIvfpqServiceRegister(void);
+extern void GpuIvfpqCountCpuQuery(void);
+
 /* ---- handler.cpp ---- */
 extern void gpuivfpqcostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
 								 Cost *indexStartupCost, Cost *indexTotalCost,

@@ -47,6 +47,9 @@ _PG_init(void)
 							&gpu_ivfpq_table_memory_mb, 128, 0, 65536, PGC_USERSET, GUC_UNIT_MB,
 							NULL, NULL, NULL);
 	MarkGUCPrefixReserved("gpu_ivfpq");
+
+	if (process_shared_preload_libraries_in_progress)
+		GpuIvfpqServiceRegister();
 }
 
 /* amoptions: parses WITH (lists, m, nbits). */

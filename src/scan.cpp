@@ -372,6 +372,7 @@ NextBatch(IndexScanDesc scan)
 
 			if (!so->started)
 			{
+				GpuIvfpqCountCpuQuery();
 				so->model = GpuIvfpqGetModel(scan->indexRelation, &so->meta);
 				so->probes = Min(gpu_ivfpq_probes, lists);
 				so->candidates = gpu_ivfpq_rerank;
