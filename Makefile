@@ -27,6 +27,15 @@ endif
 endif
 
 PG_CPPFLAGS = -I$(srcdir)/src $(BLAS_CPPFLAGS)
+
+# Optional: link the CUDA kernels (CMake, -DGPU_IVFPQ_CUDA=ON) so that the GPU
+# service can open the device, e.g.
+#   make GPU_IVFPQ_CUDA_LIB=build-gpu/gpu/libgpu_ivfpq_gpu.a
+CUDA_HOME ?= /usr/local/cuda
+ifneq ($(GPU_IVFPQ_CUDA_LIB),)
+PG_CPPFLAGS += -DGPU_IVFPQ_WITH_CUDA=1 -I$(srcdir)/gpu/include
+SHLIB_LINK += $(abspath $(GPU_IVFPQ_CUDA_LIB)) -L$(CUDA_HOME)/lib64 -lcublas -lcudart
+endif
 PG_CXXFLAGS = -Wno-register
 SHLIB_LINK += -lstdc++ -lpthread
 

@@ -5,7 +5,13 @@
 // found, restarts when killed, and counts the queries scans served. Queries
 // are still served by the CPU engine in the backends; requests to the GPU are
 // the service's next step.
+#include <exception>
+#include <string>
+
 #include "gpu_ivfpq.h"
+#ifdef GPU_IVFPQ_WITH_CUDA
+#include "gpu_ivfpq/gpu_context.h"
+#endif
 
 extern "C" {
 #include "funcapi.h"
@@ -27,6 +33,7 @@ typedef enum ServiceState
 {
 	SERVICE_STARTING = 0,
 	SERVICE_CPU_ONLY,			/* running; no usable GPU, scans use the CPU */
+	SERVICE_GPU_FOUND,			/* running with a GPU; scans still use the CPU */
 	SERVICE_STOPPED
 } ServiceState;
 
@@ -113,6 +120,43 @@ GpuIvfpqCountCpuQuery(void)
 		pg_atomic_fetch_add_u64(&service->queries_cpu, 1);
 }
 
+/*
+ * Looks for a usable GPU (CUDA is initialised here, in the service, never in
+ * the postmaster or a backend). Describes it in device, or says why there is
+ * none; a CUDA failure is recorded in err instead of ending the service.
+ */
+static bool
+ProbeDevice(char *device, size_t devlen, char *err, size_t errlen)
+{
+#ifdef GPU_IVFPQ_WITH_CUDA
+	bool		found = false;
+
+	/* Engine code only inside: no PostgreSQL call may longjmp over it. */
+	try
+	{
+		if (gpuivfpq::gpu::device_count() == 0)
+			snprintf(device, devlen, "none (no CUDA device found)");
+		else
+		{
+			std::string d = gpuivfpq::gpu::device_description(0);
+
+			snprintf(device, devlen, "%s", d.c_str());
+			found = true;
+		}
+	}
+	catch (const std::exception &e)
+	{
+		snprintf(device, devlen, "none (CUDA error)");
+		snprintf(err, errlen, "%s", e.what());
+		found = false;
+	}
+	return found;
+#else
+	snprintf(device, devlen, "none (extension built without CUDA)");
+	return false;
+#endif
+}
+
 /* Marks the service stopped when its process exits, however it exits. */
 static void
 ServiceExit(int code, Datum arg)
@@ -135,14 +179,26 @@ gpu_ivfpq_service_main(Datum arg)
 	BackgroundWorkerUnblockSignals();
 	before_shmem_exit(ServiceExit, (Datum) 0);
 
-	SpinLockAcquire(&service->mutex);
-	service->pid = MyProcPid;
-	service->starts++;
-	service->started_at = GetCurrentTimestamp();
-	/* This build carries no CUDA code: the CPU engine serves every scan. */
-	service->state = SERVICE_CPU_ONLY;
-	snprintf(service->device, sizeof(service->device), "none (extension built without CUDA)");
-	SpinLockRelease(&service->mutex);
+	{
+		char		device[128];
+		char		err[256];
+		bool		gpu;
+
+		err[0] = '\0';
+		gpu = ProbeDevice(device, sizeof(device), err, sizeof(err));
+		if (err[0] != '\0')
+			ereport(LOG, (errmsg("gpu_ivfpq service: no usable GPU: %s", err)));
+
+		SpinLockAcquire(&service->mutex);
+		service->pid = MyProcPid;
+		service->starts++;
+		service->started_at = GetCurrentTimestamp();
+		service->state = gpu ? SERVICE_GPU_FOUND : SERVICE_CPU_ONLY;
+		memcpy(service->device, device, sizeof(device));
+		if (err[0] != '\0')
+			memcpy(service->last_error, err, sizeof(err));
+		SpinLockRelease(&service->mutex);
+	}
 
 	for (;;)
 	{
@@ -160,7 +216,8 @@ gpu_ivfpq_status(PG_FUNCTION_ARGS)
 	TupleDesc	tupdesc;
 	Datum		values[8];
 	bool		nulls[8];
-	static const char *const state_names[] = {"starting", "running (CPU only)", "stopped"};
+	static const char *const state_names[] = {"starting", "running (CPU only)",
+		"running (GPU found; scans use the CPU)", "stopped"};
 
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "gpu_ivfpq_status must return a composite type");

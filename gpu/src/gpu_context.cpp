@@ -43,6 +43,19 @@ int device_count()
     return n;
 }
 
+std::string device_description(int device)
+{
+    cudaDeviceProp prop;
+    GPU_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    size_t free_bytes = 0, total_bytes = 0;
+    GPU_CUDA_CHECK(cudaSetDevice(device));
+    GPU_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    std::ostringstream os;
+    os << prop.name << " (sm_" << prop.major << prop.minor << ", " << prop.multiProcessorCount
+       << " SMs, " << (total_bytes >> 20) << " MiB)";
+    return os.str();
+}
+
 GpuContext::GpuContext(int device, size_t budget_bytes) : impl_(new Impl)
 {
     int n = device_count();

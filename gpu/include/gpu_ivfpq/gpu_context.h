@@ -3,11 +3,15 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 
 namespace gpuivfpq::gpu {
 
 // Number of CUDA devices, 0 where the runtime or driver is missing (never throws).
 int device_count();
+
+// "name (sm_XY, N SMs, M MiB)" of a device; throws gpuivfpq::Error on CUDA errors.
+std::string device_description(int device);
 
 // Owns one CUDA stream and cuBLAS handle on one device, and accounts every
 // device allocation made through it against a byte budget. All work of the
