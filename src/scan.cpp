@@ -475,7 +475,7 @@ gpuivfpqendscan(IndexScanDesc scan)
 	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
 
 	if (so->started)
-		elog(DEBUG1, "gpu_ivfpq scan of \"%s\": %d lists probed, %lld codes ranked in %.3f ms, %lld rows re-ranked in %.3f ms",
+		elog(DEBUG1, "gpu_ivfpq scan of \"%s\" (CPU engine): %d lists probed, %lld codes ranked in %.3f ms, %lld rows re-ranked in %.3f ms",
 			 RelationGetRelationName(scan->indexRelation), so->probes,
 			 (long long) so->codes_scanned, INSTR_TIME_GET_MILLISEC(so->adc_time),
 			 (long long) so->reranked, INSTR_TIME_GET_MILLISEC(so->rerank_time));
