@@ -99,10 +99,7 @@ RowVector(BuildState *bs, Datum value)
 
 	if (bs->dim == 0)
 	{
-		if (dim > GPU_IVFPQ_MAX_DIM)
-			ereport(ERROR,
-					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-					 errmsg("vector has %d dimensions, gpu_ivfpq indexes at most %d", dim, GPU_IVFPQ_MAX_DIM)));
+		GpuIvfpqCheckIndexableDim(dim);
 		bs->dim = dim;
 	}
 	else if (dim != bs->dim)
@@ -256,16 +253,34 @@ EncodeCallback(Relation index, ItemPointer tid, Datum *values, bool *isnull,
 		EncodeBatch(bs);
 }
 
+/* Starts a metapage's contents: format identity, metric and a fresh build id. */
+static void
+InitMeta(GpuIvfpqMetaPageData *meta, int metric)
+{
+	memset(meta, 0, sizeof(*meta));
+	meta->magic = GPU_IVFPQ_MAGIC;
+	meta->version = GPU_IVFPQ_VERSION;
+	meta->nbits = GPU_IVFPQ_NBITS;
+	meta->metric = (uint8) metric;
+	meta->build_id = pg_prng_uint32(&pg_global_prng_state);
+}
+
+/* Formats page as the metapage holding meta. */
+static void
+FormatMetaPage(Page page, const GpuIvfpqMetaPageData *meta)
+{
+	GpuIvfpqInitPage(page, GPU_IVFPQ_PAGE_META);
+	memcpy(GpuIvfpqPageGetMeta(page), meta, sizeof(*meta));
+	((PageHeader) page)->pd_lower = (char *) GpuIvfpqPageGetMeta(page) + sizeof(*meta) - (char *) page;
+}
+
 /* Writes (or rewrites) the metapage at block 0 of fork. */
 static void
 WriteMetaPage(Relation index, const GpuIvfpqMetaPageData *meta, Buffer buf)
 {
 	GenericXLogState *state = GenericXLogStart(index);
-	Page		page = GenericXLogRegisterBuffer(state, buf, GENERIC_XLOG_FULL_IMAGE);
 
-	GpuIvfpqInitPage(page, GPU_IVFPQ_PAGE_META);
-	memcpy(GpuIvfpqPageGetMeta(page), meta, sizeof(*meta));
-	((PageHeader) page)->pd_lower = (char *) GpuIvfpqPageGetMeta(page) + sizeof(*meta) - (char *) page;
+	FormatMetaPage(GenericXLogRegisterBuffer(state, buf, GENERIC_XLOG_FULL_IMAGE), meta);
 	GenericXLogFinish(state);
 }
 
@@ -361,12 +376,7 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 	pg_prng_seed(&bs.prng, 0x9e3779b97f4a7c15ULL);	/* same table, same index */
 
 	/* Block 0 is the metapage; it is rewritten once the build is complete. */
-	memset(&meta, 0, sizeof(meta));
-	meta.magic = GPU_IVFPQ_MAGIC;
-	meta.version = GPU_IVFPQ_VERSION;
-	meta.nbits = GPU_IVFPQ_NBITS;
-	meta.metric = (uint8) bs.metric;
-	meta.build_id = pg_prng_uint32(&pg_global_prng_state);
+	InitMeta(&meta, bs.metric);
 	metabuf = GpuIvfpqNewBuffer(index, MAIN_FORKNUM);
 	WriteMetaPage(index, &meta, metabuf);
 	UnlockReleaseBuffer(metabuf);
@@ -487,19 +497,11 @@ gpuivfpqbuildempty(Relation index)
 	GpuIvfpqMetaPageData meta;
 	GpuIvfpqListDirEntry entry;
 
-	memset(&meta, 0, sizeof(meta));
-	meta.magic = GPU_IVFPQ_MAGIC;
-	meta.version = GPU_IVFPQ_VERSION;
-	meta.nbits = GPU_IVFPQ_NBITS;
-	meta.metric = (uint8) GpuIvfpqMetricOf(index);
-	meta.build_id = pg_prng_uint32(&pg_global_prng_state);
+	InitMeta(&meta, GpuIvfpqMetricOf(index));
 	meta.lists = 1;
 	meta.listdir_start = 1;
 	meta.listdir_pages = 1;
-
-	GpuIvfpqInitPage(metapage, GPU_IVFPQ_PAGE_META);
-	memcpy(GpuIvfpqPageGetMeta(metapage), &meta, sizeof(meta));
-	((PageHeader) metapage)->pd_lower = (char *) GpuIvfpqPageGetMeta(metapage) + sizeof(meta) - (char *) metapage;
+	FormatMetaPage(metapage, &meta);
 
 	entry.head = entry.insert_hint = InvalidBlockNumber;
 	entry.radius = 0.0f;

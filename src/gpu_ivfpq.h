@@ -124,6 +124,7 @@ extern int	gpu_ivfpq_table_memory_mb;
 
 /* ---- vector_ops.cpp ---- */
 extern const float *GpuIvfpqArrayVector(ArrayType *arr, int *dim, const char *what);
+extern void GpuIvfpqCheckIndexableDim(int dim);
 extern const float *GpuIvfpqStoredVector(ArrayType *arr, int *dim);
 extern double GpuIvfpqExactDistance(int metric, const float *a, const float *b, int dim);
 

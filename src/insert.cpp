@@ -28,10 +28,7 @@ gpuivfpqinsert(Relation index, Datum *values, bool *isnull, ItemPointer heap_tid
 	GpuIvfpqReadMeta(index, &meta);
 	if (meta.dimensions == 0)
 	{
-		if (dim > GPU_IVFPQ_MAX_DIM)
-			ereport(ERROR,
-					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-					 errmsg("vector has %d dimensions, gpu_ivfpq indexes at most %d", dim, GPU_IVFPQ_MAX_DIM)));
+		GpuIvfpqCheckIndexableDim(dim);
 		GpuIvfpqSetDimensions(index, &meta, dim);
 	}
 	if ((uint32) dim != meta.dimensions)

@@ -52,6 +52,16 @@ GpuIvfpqArrayVector(ArrayType *arr, int *dim, const char *what)
 	return data;
 }
 
+/* Errors out when a vector has more dimensions than the index can hold. */
+void
+GpuIvfpqCheckIndexableDim(int dim)
+{
+	if (dim > GPU_IVFPQ_MAX_DIM)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("vector has %d dimensions, gpu_ivfpq indexes at most %d", dim, GPU_IVFPQ_MAX_DIM)));
+}
+
 /*
  * The elements of a vector read back from the heap for re-ranking. It was
  * fully checked when it was indexed, so only the shape is checked here.
