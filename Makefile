@@ -6,7 +6,8 @@ MODULE_big = gpu_ivfpq
 DATA = sql/gpu_ivfpq--0.1.0.sql
 
 ENGINE_SRCS = $(sort $(wildcard src/engine/*.cpp))
-PG_SRCS = $(sort $(wildcard src/*.cpp))
+# cuda_device.cpp needs the kernels' headers: only with GPU_IVFPQ_CUDA_LIB.
+PG_SRCS = $(sort $(filter-out src/cuda_device.cpp,$(wildcard src/*.cpp)))
 OBJS = $(PG_SRCS:.cpp=.o) $(ENGINE_SRCS:.cpp=.o)
 
 REGRESS = operators options build_edge scan_basic dml_vacuum
@@ -33,7 +34,8 @@ PG_CPPFLAGS = -I$(srcdir)/src $(BLAS_CPPFLAGS)
 #   make GPU_IVFPQ_CUDA_LIB=build-gpu/gpu/libgpu_ivfpq_gpu.a
 CUDA_HOME ?= /usr/local/cuda
 ifneq ($(GPU_IVFPQ_CUDA_LIB),)
-PG_CPPFLAGS += -DGPU_IVFPQ_WITH_CUDA=1 -I$(srcdir)/gpu/include
+PG_CPPFLAGS += -DGPU_IVFPQ_WITH_CUDA=1 -I$(srcdir)/gpu/include -I$(srcdir)/src/engine
+OBJS += src/cuda_device.o
 SHLIB_LINK += $(abspath $(GPU_IVFPQ_CUDA_LIB)) -L$(CUDA_HOME)/lib64 -lcublas -lcudart
 endif
 PG_CXXFLAGS = -Wno-register

@@ -59,6 +59,24 @@ CREATE OPERATOR CLASS real_cosine_ops
 -- when gpu_ivfpq is in shared_preload_libraries).
 CREATE FUNCTION gpu_ivfpq_status(
 	OUT state text, OUT service_pid int4, OUT device text, OUT service_starts int4,
-	OUT started_at timestamptz, OUT queries_gpu int8, OUT queries_cpu int8, OUT last_error text)
+	OUT started_at timestamptz, OUT queries_gpu int8, OUT queries_cpu int8,
+	OUT gpu_fallbacks int8, OUT batches int8, OUT mean_batch float8, OUT batch_histogram int8[],
+	OUT mirrors int4, OUT memory_used_mb float8, OUT memory_budget_mb float8, OUT last_error text)
 	RETURNS record AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
 CREATE VIEW gpu_ivfpq_status AS SELECT * FROM gpu_ivfpq_status();
+
+-- Indexes mirrored in GPU memory (all databases; index names resolve in the current one).
+CREATE FUNCTION gpu_ivfpq_mirrors(
+	OUT datid oid, OUT indexrelid oid, OUT relfilenode oid, OUT build_id int8,
+	OUT entries int8, OUT size_mb float8, OUT queries int8)
+	RETURNS SETOF record AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
+CREATE VIEW gpu_ivfpq_mirrors AS
+	SELECT m.datid, d.datname, m.indexrelid,
+		   CASE WHEN m.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
+				THEN m.indexrelid::regclass::text END AS index,
+		   m.relfilenode, m.build_id, m.entries, m.size_mb, m.queries
+	FROM gpu_ivfpq_mirrors() m LEFT JOIN pg_database d ON d.oid = m.datid;
+
+-- Loads an index into GPU memory now instead of on its first scan.
+CREATE FUNCTION gpu_ivfpq_prewarm(index regclass) RETURNS int8
+	AS 'MODULE_PATHNAME' LANGUAGE C STRICT VOLATILE;

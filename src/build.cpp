@@ -38,6 +38,8 @@ typedef struct BuildState
 	float	   *batch;
 	ItemPointerData *batch_tids;
 	int			batch_n;
+	int			batch_cap;		/* ENCODE_BATCH, or the GPU encoder's segment */
+	GpuIvfpqRemoteEncoder *gpu_encoder; /* encodes on the service's GPU when set */
 	int32	   *batch_lists;
 	uint8	   *batch_codes;
 	float	   *batch_radius;
@@ -210,10 +212,19 @@ EncodeBatch(BuildState *bs)
 		return;
 	if (bs->pend_n + bs->batch_n > bs->pend_cap)
 		FlushPending(bs);
-	GpuIvfpqGuard("encoding", [&] {
-		bs->model->encode(bs->batch, bs->batch_n, bs->batch_lists, bs->batch_codes,
-						  bs->batch_radius, threads);
-	});
+	if (bs->gpu_encoder != NULL &&
+		GpuIvfpqServiceEncode(bs->gpu_encoder, bs->batch_n, bs->batch_lists, bs->batch_codes))
+	{
+		/* The GPU assigned and encoded; the covering radii are cheap here. */
+		GpuIvfpqGuard("encoding", [&] {
+			bs->model->centroid_distances(bs->batch, bs->batch_n, bs->batch_lists, bs->batch_radius);
+		});
+	}
+	else
+		GpuIvfpqGuard("encoding", [&] {
+			bs->model->encode(bs->batch, bs->batch_n, bs->batch_lists, bs->batch_codes,
+							  bs->batch_radius, threads);
+		});
 	for (int i = 0; i < bs->batch_n; i++)
 	{
 		int			p = bs->pend_n++;
@@ -249,7 +260,7 @@ EncodeCallback(Relation index, ItemPointer tid, Datum *values, bool *isnull,
 	MemoryContextSwitchTo(old);
 	MemoryContextReset(bs->tmpctx);
 	bs->index_tuples++;
-	if (bs->batch_n == ENCODE_BATCH)
+	if (bs->batch_n == bs->batch_cap)
 		EncodeBatch(bs);
 }
 
@@ -422,12 +433,29 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 		pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_TRAIN);
 		params.threads = threads;
 		params.max_points_per_centroid = SAMPLES_PER_LIST;
-		GpuIvfpqGuard("training", [&] {
-			bs.model = *bs.model_holder = new gpuivfpq::IvfPqModel(bs.dim, bs.lists, bs.m,
-																   (gpuivfpq::Metric) bs.metric);
-			bs.model->train(bs.sample, bs.sample_n, params);
-		});
-		ReportPhase("training", bs.sample_n, &phase_start);
+		{
+			float	   *centroids = (float *) palloc_extended(sizeof(float) * bs.lists * bs.dim, MCXT_ALLOC_HUGE);
+			float	   *codebooks = (float *) palloc(sizeof(float) * 256 * bs.dim);
+			bool		on_gpu = GpuIvfpqServiceTrain(bs.sample, bs.sample_n, bs.dim, bs.lists, bs.m,
+													  bs.metric, params.iterations,
+													  (int) params.max_points_per_centroid,
+													  params.seed, centroids, codebooks);
+
+			GpuIvfpqGuard("training", [&] {
+				bs.model = *bs.model_holder = new gpuivfpq::IvfPqModel(bs.dim, bs.lists, bs.m,
+																	   (gpuivfpq::Metric) bs.metric);
+				if (on_gpu)
+				{
+					bs.model->set_centroids(centroids);
+					bs.model->set_codebooks(codebooks);
+				}
+				else
+					bs.model->train(bs.sample, bs.sample_n, params);
+			});
+			pfree(centroids);
+			pfree(codebooks);
+			ReportPhase(on_gpu ? "training (service GPU)" : "training", bs.sample_n, &phase_start);
+		}
 		pfree(bs.sample);
 		bs.sample = NULL;
 
@@ -452,11 +480,18 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 		CheckBuildMemory(batch_bytes + (Size) ENCODE_BATCH * entry_bytes, "encoding");
 		bs.pend_cap = (int) Min((Size) INT_MAX / 2, (MaintenanceBytes() - batch_bytes) / entry_bytes);
 		bs.pend_cap = Min(bs.pend_cap, (int) Max(bs.index_tuples, (double) ENCODE_BATCH));
-		bs.batch = (float *) palloc_extended((Size) ENCODE_BATCH * bs.dim * sizeof(float), MCXT_ALLOC_HUGE);
-		bs.batch_tids = (ItemPointerData *) palloc(sizeof(ItemPointerData) * ENCODE_BATCH);
-		bs.batch_lists = (int32 *) palloc(sizeof(int32) * ENCODE_BATCH);
-		bs.batch_codes = (uint8 *) palloc((Size) ENCODE_BATCH * bs.m);
-		bs.batch_radius = (float *) palloc(sizeof(float) * ENCODE_BATCH);
+		bs.batch_cap = ENCODE_BATCH;
+		bs.gpu_encoder = GpuIvfpqServiceEncoderBegin(bs.model->centroids().data(),
+													 bs.model->pq().codebooks().data(), bs.dim,
+													 bs.lists, bs.m, bs.metric, &bs.batch_cap);
+		/* Rows go straight into the GPU request's segment when there is one. */
+		bs.batch = bs.gpu_encoder != NULL ? GpuIvfpqServiceEncoderRows(bs.gpu_encoder)
+			: (float *) palloc_extended((Size) ENCODE_BATCH * bs.dim * sizeof(float), MCXT_ALLOC_HUGE);
+		bs.batch_tids = (ItemPointerData *) palloc(sizeof(ItemPointerData) * bs.batch_cap);
+		bs.batch_lists = (int32 *) palloc(sizeof(int32) * bs.batch_cap);
+		bs.batch_codes = (uint8 *) palloc((Size) bs.batch_cap * bs.m);
+		bs.batch_radius = (float *) palloc(sizeof(float) * bs.batch_cap);
+		bs.pend_cap = Max(bs.pend_cap, bs.batch_cap);	/* a flush always makes room for a batch */
 		bs.pend_lists = (int32 *) palloc_extended(sizeof(int32) * bs.pend_cap, MCXT_ALLOC_HUGE);
 		bs.pend_tids = (ItemPointerData *) palloc_extended(sizeof(ItemPointerData) * bs.pend_cap, MCXT_ALLOC_HUGE);
 		bs.pend_codes = (uint8 *) palloc_extended((Size) bs.pend_cap * bs.m, MCXT_ALLOC_HUGE);
@@ -468,13 +503,18 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 		table_index_build_scan(heap, index, indexInfo, true, true, EncodeCallback, &bs, NULL);
 		EncodeBatch(&bs);
 		FlushPending(&bs);
-		ReportPhase("encoding and writing", bs.index_tuples, &phase_start);
+		ReportPhase(bs.gpu_encoder ? "encoding (service GPU) and writing" : "encoding and writing",
+					bs.index_tuples, &phase_start);
+		GpuIvfpqServiceEncoderEnd(bs.gpu_encoder);
+		bs.gpu_encoder = NULL;
 		*bs.model_holder = NULL;
 		GpuIvfpqGuard("cleanup", [&] { delete bs.model; });
 		bs.model = NULL;
 	}
 
 	meta.build_tuples = (uint64) bs.index_tuples;
+	/* REINDEX and TRUNCATE rebuild in place of an older version: its mirror goes. */
+	GpuIvfpqServiceInvalidate(index, false);
 	metabuf = ReadBuffer(index, GPU_IVFPQ_METAPAGE_BLKNO);
 	LockBuffer(metabuf, BUFFER_LOCK_EXCLUSIVE);
 	WriteMetaPage(index, &meta, metabuf);

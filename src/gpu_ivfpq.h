@@ -101,6 +101,20 @@ GpuIvfpqPageEntryCount(Page page, int m)
 				  GpuIvfpqEntrySize(m));
 }
 
+/* TIDs travel through the engine and the GPU as 64-bit labels. */
+static inline int64
+GpuIvfpqTidToLabel(const ItemPointerData *tid)
+{
+	return ((int64) ItemPointerGetBlockNumberNoCheck(tid) << 16) |
+		ItemPointerGetOffsetNumberNoCheck(tid);
+}
+
+static inline void
+GpuIvfpqLabelToTid(int64 label, ItemPointerData *tid)
+{
+	ItemPointerSet(tid, (BlockNumber) (label >> 16), (OffsetNumber) (label & 0xFFFF));
+}
+
 /* ---- options ---- */
 typedef struct GpuIvfpqOptions
 {
@@ -117,6 +131,19 @@ extern int	gpu_ivfpq_probes;
 extern int	gpu_ivfpq_rerank;
 extern int	gpu_ivfpq_max_scan_tuples;
 extern int	gpu_ivfpq_table_memory_mb;
+extern int	gpu_ivfpq_device;
+extern int	gpu_ivfpq_gpu_memory_budget_mb;
+extern int	gpu_ivfpq_batch_size;
+extern int	gpu_ivfpq_batch_wait_us;
+extern bool gpu_ivfpq_service_emulate_gpu;
+
+/* gpu_ivfpq.device */
+#define GPU_IVFPQ_DEVICE_AUTO	0
+#define GPU_IVFPQ_DEVICE_GPU	1
+#define GPU_IVFPQ_DEVICE_CPU	2
+
+/* Most candidates one GPU round selects (WarpSelect / BlockSelect queues). */
+#define GPU_IVFPQ_SERVICE_MAX_K 2048
 
 /* ---- opclass support ---- */
 #define GPU_IVFPQ_DISTANCE_PROC 1
@@ -166,9 +193,28 @@ extern IndexBulkDeleteResult *gpuivfpqbulkdelete(IndexVacuumInfo *info, IndexBul
 												 IndexBulkDeleteCallback callback, void *callback_state);
 extern IndexBulkDeleteResult *gpuivfpqvacuumcleanup(IndexVacuumInfo *info, IndexBulkDeleteResult *stats);
 
-/* ---- service.cpp ---- */
+/* ---- service.cpp, service_client.cpp ---- */
 extern void GpuIvfpqServiceRegister(void);
+extern void GpuIvfpqServiceInstallHooks(void);
 extern void GpuIvfpqCountCpuQuery(void);
+extern bool GpuIvfpqServiceWanted(void);
+extern int	GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const float *query,
+								  int k, int nprobe, int64 *labels, int *batch);
+extern void GpuIvfpqServiceLogAppend(Relation index, const GpuIvfpqMetaPageData *meta, int list,
+									 int64 label, const uint8 *code);
+extern void GpuIvfpqServiceInvalidate(Relation index, bool wait);
+
+/* Index builds on the service's device (service_build.cpp). */
+typedef struct GpuIvfpqRemoteEncoder GpuIvfpqRemoteEncoder;
+extern bool GpuIvfpqServiceTrain(const float *sample, int64 n, int d, int lists, int m, int metric,
+								 int iterations, int max_points_per_centroid, uint64 seed,
+								 float *centroids, float *codebooks);
+extern GpuIvfpqRemoteEncoder *GpuIvfpqServiceEncoderBegin(const float *centroids, const float *codebooks,
+														  int d, int lists, int m, int metric,
+														  int *capacity);
+extern float *GpuIvfpqServiceEncoderRows(GpuIvfpqRemoteEncoder *enc);
+extern bool GpuIvfpqServiceEncode(GpuIvfpqRemoteEncoder *enc, int n, int32 *lists, uint8 *codes);
+extern void GpuIvfpqServiceEncoderEnd(GpuIvfpqRemoteEncoder *enc);
 
 /* ---- handler.cpp ---- */
 extern void gpuivfpqcostestimate(PlannerInfo *root, IndexPath *path, double loop_count,

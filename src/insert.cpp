@@ -48,6 +48,10 @@ gpuivfpqinsert(Relation index, Datum *values, bool *isnull, ItemPointer heap_tid
 		GpuIvfpqGuard("encoding", [&] { model->encode(v, 1, &list, code, &radius, 1); });
 	}
 	GpuIvfpqAppendEntries(index, &meta, list, entry, 1, radius);
+	/* After the page: a mirror loaded from now on sees it in the pages or the log. */
+	if (meta.trained)
+		GpuIvfpqServiceLogAppend(index, &meta, list, GpuIvfpqTidToLabel(heap_tid),
+								 (const uint8 *) entry + GPU_IVFPQ_TID_BYTES);
 
 	MemoryContextSwitchTo(old);
 	MemoryContextDelete(ctx);

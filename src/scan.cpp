@@ -31,6 +31,7 @@ typedef struct GpuIvfpqScanOpaqueData
 	float	   *query;
 	gpuivfpq::IvfPqModel *model;	/* owned by the backend cache */
 	gpuivfpq::IvfPqQuery *prepared; /* owned here, freed by a context callback */
+	bool		query_prepared; /* prepared holds the current query */
 
 	/* progress of the iterative scan */
 	bool		started;
@@ -46,6 +47,9 @@ typedef struct GpuIvfpqScanOpaqueData
 	int			next;
 
 	/* instrumentation, reported at DEBUG1 when the scan ends */
+	int			gpu_rounds;		/* rounds the GPU service served */
+	int			cpu_rounds;
+	int64		gpu_batch_sum;	/* sizes of the GPU batches that served them */
 	int64		codes_scanned;
 	instr_time	adc_time;
 	instr_time	rerank_time;
@@ -66,20 +70,6 @@ FreePreparedQuery(void *arg)
 
 	delete so->prepared;
 	so->prepared = NULL;
-}
-
-/* TIDs travel through the engine as 64-bit labels. */
-static inline int64
-TidToLabel(const ItemPointerData *tid)
-{
-	return ((int64) ItemPointerGetBlockNumberNoCheck(tid) << 16) |
-		ItemPointerGetOffsetNumberNoCheck(tid);
-}
-
-static inline void
-LabelToTid(int64 label, ItemPointerData *tid)
-{
-	ItemPointerSet(tid, (BlockNumber) (label >> 16), (OffsetNumber) (label & 0xFFFF));
 }
 
 /* Orders results by exact distance (NaN last), then TID. */
@@ -167,6 +157,7 @@ gpuivfpqrescan(IndexScanDesc scan, ScanKey keys, int nkeys, ScanKey orderbys, in
 	so->next = 0;
 	so->query = NULL;
 	so->null_query = true;
+	so->query_prepared = false;
 
 	if (orderbys && scan->numberOfOrderBys > 0)
 		memmove(scan->orderByData, orderbys, scan->numberOfOrderBys * sizeof(ScanKeyData));
@@ -243,7 +234,7 @@ CollectCandidates(IndexScanDesc scan, gpuivfpq::TopK *topk, int64 **all, int *na
 							ItemPointerData tid;
 
 							memcpy(&tid, ent + (Size) i * esz, GPU_IVFPQ_TID_BYTES);
-							topk->push(dists[i], TidToLabel(&tid));
+							topk->push(dists[i], GpuIvfpqTidToLabel(&tid));
 						}
 					}
 				});
@@ -261,7 +252,7 @@ CollectCandidates(IndexScanDesc scan, gpuivfpq::TopK *topk, int64 **all, int *na
 					ItemPointerData tid;
 
 					memcpy(&tid, ent + (Size) i * esz, GPU_IVFPQ_TID_BYTES);
-					(*all)[(*nall)++] = TidToLabel(&tid);
+					(*all)[(*nall)++] = GpuIvfpqTidToLabel(&tid);
 				}
 			}
 			blk = GpuIvfpqPageGetOpaque(page)->next;
@@ -301,7 +292,7 @@ Rerank(IndexScanDesc scan, int64 *labels, int n)
 		bool		isnull[INDEX_MAX_KEYS];
 		MemoryContext old;
 
-		LabelToTid(labels[i], &tid);
+		GpuIvfpqLabelToTid(labels[i], &tid);
 		hash_search(so->seen, &tid, HASH_ENTER, &found);
 		if (found)
 			continue;
@@ -342,6 +333,51 @@ Rerank(IndexScanDesc scan, int64 *labels, int n)
 }
 
 /*
+ * One round on the CPU engine: the want best entries of the probed lists by
+ * ADC distance, into labels (allocated here, in the batch context).
+ */
+static void
+CpuRound(IndexScanDesc scan, int want, int64 **labels, int *nlabels)
+{
+	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
+	gpuivfpq::TopK *topk = NULL;
+
+	if (!so->query_prepared)
+	{
+		so->model = GpuIvfpqGetModel(scan->indexRelation, &so->meta);
+		so->query_prepared = true;
+		GpuIvfpqGuard("query preparation", [&] {
+			if (so->prepared == NULL)
+				so->prepared = new gpuivfpq::IvfPqQuery();
+			so->model->prepare_query(so->query, so->meta.lists, *so->prepared);
+		});
+	}
+	GpuIvfpqCountCpuQuery();
+	so->cpu_rounds++;
+	GpuIvfpqGuard("k-selection", [&] { topk = new gpuivfpq::TopK(want); });
+	PG_TRY();
+	{
+		CollectCandidates(scan, topk, NULL, NULL);
+	}
+	PG_CATCH();
+	{
+		delete topk;
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	so->codes_scanned += so->entries_seen;
+	*labels = (int64 *) palloc(sizeof(int64) * Max((int) topk->size(), 1));
+	*nlabels = 0;
+	GpuIvfpqGuard("k-selection", [&] {
+		std::vector<gpuivfpq::Neighbor> best = topk->take_sorted();
+
+		for (const auto &nb : best)
+			(*labels)[(*nlabels)++] = nb.label;
+		delete topk;
+	});
+}
+
+/*
  * Produces the next batch of results. Round 1 probes gpu_ivfpq.probes lists
  * and re-ranks the gpu_ivfpq.rerank best ADC candidates. Each later round
  * doubles the candidates, and doubles the probed lists once the probed lists
@@ -372,15 +408,8 @@ NextBatch(IndexScanDesc scan)
 
 			if (!so->started)
 			{
-				GpuIvfpqCountCpuQuery();
-				so->model = GpuIvfpqGetModel(scan->indexRelation, &so->meta);
 				so->probes = Min(gpu_ivfpq_probes, lists);
 				so->candidates = gpu_ivfpq_rerank;
-				GpuIvfpqGuard("query preparation", [&] {
-					if (so->prepared == NULL)
-						so->prepared = new gpuivfpq::IvfPqQuery();
-					so->model->prepare_query(so->query, lists, *so->prepared);
-				});
 			}
 			else
 			{
@@ -398,34 +427,33 @@ NextBatch(IndexScanDesc scan)
 			{
 				int			want = (int) Min((int64) so->candidates + so->reranked,
 											 (int64) gpu_ivfpq_max_scan_tuples + so->candidates);
-				gpuivfpq::TopK *topk = NULL;
-
 				instr_time	start,
 							end;
 
-				GpuIvfpqGuard("k-selection", [&] { topk = new gpuivfpq::TopK(want); });
 				INSTR_TIME_SET_CURRENT(start);
-				PG_TRY();
+				nlabels = -1;
+				if (GpuIvfpqServiceWanted())
 				{
-					CollectCandidates(scan, topk, NULL, NULL);
+					int			batch = 0;
+
+					labels = (int64 *) palloc(sizeof(int64) * want);
+					nlabels = GpuIvfpqServiceSearch(scan->indexRelation, &so->meta, so->query, want,
+													so->probes, labels, &batch);
+					if (nlabels >= 0)
+					{
+						/*
+						 * Fewer than asked: the probed lists hold no more entries
+						 * (the CPU path's entries_seen); else at least one more.
+						 */
+						so->entries_seen = nlabels < want ? nlabels : (int64) nlabels + 1;
+						so->gpu_rounds++;
+						so->gpu_batch_sum += batch;
+					}
 				}
-				PG_CATCH();
-				{
-					delete topk;
-					PG_RE_THROW();
-				}
-				PG_END_TRY();
+				if (nlabels < 0)
+					CpuRound(scan, want, &labels, &nlabels);
 				INSTR_TIME_SET_CURRENT(end);
 				INSTR_TIME_ACCUM_DIFF(so->adc_time, end, start);
-				so->codes_scanned += so->entries_seen;
-				labels = (int64 *) palloc(sizeof(int64) * Max((int) topk->size(), 1));
-				GpuIvfpqGuard("k-selection", [&] {
-					std::vector<gpuivfpq::Neighbor> best = topk->take_sorted();
-
-					for (const auto &nb : best)
-						labels[nlabels++] = nb.label;
-					delete topk;
-				});
 			}
 		}
 		so->started = true;
@@ -474,7 +502,13 @@ gpuivfpqendscan(IndexScanDesc scan)
 {
 	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
 
-	if (so->started)
+	if (so->started && so->gpu_rounds > 0)
+		elog(DEBUG1, "gpu_ivfpq scan of \"%s\" (GPU service: %d of %d rounds, mean batch %.1f): %d lists probed, candidates in %.3f ms, %lld rows re-ranked in %.3f ms",
+			 RelationGetRelationName(scan->indexRelation), so->gpu_rounds,
+			 so->gpu_rounds + so->cpu_rounds, (double) so->gpu_batch_sum / so->gpu_rounds,
+			 so->probes, INSTR_TIME_GET_MILLISEC(so->adc_time),
+			 (long long) so->reranked, INSTR_TIME_GET_MILLISEC(so->rerank_time));
+	else if (so->started)
 		elog(DEBUG1, "gpu_ivfpq scan of \"%s\" (CPU engine): %d lists probed, %lld codes ranked in %.3f ms, %lld rows re-ranked in %.3f ms",
 			 RelationGetRelationName(scan->indexRelation), so->probes,
 			 (long long) so->codes_scanned, INSTR_TIME_GET_MILLISEC(so->adc_time),

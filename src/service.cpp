@@ -1,87 +1,71 @@
-// The GPU service process (a background worker started when gpu_ivfpq is in
-// shared_preload_libraries) and the shared state that gpu_ivfpq_status shows.
-//
-// This is the first part of the service: it starts, records which device it
-// found, restarts when killed, and counts the queries scans served. Queries
-// are still served by the CPU engine in the backends; requests to the GPU are
-// the service's next step.
-#include <exception>
-#include <string>
-
-#include "gpu_ivfpq.h"
-#ifdef GPU_IVFPQ_WITH_CUDA
-#include "gpu_ivfpq/gpu_context.h"
-#endif
+// The GPU service's shared state: reserved when gpu_ivfpq is in
+// shared_preload_libraries, with the background worker (service_worker.cpp)
+// registered beside it; and the status functions behind gpu_ivfpq_status
+// and gpu_ivfpq_mirrors.
+#include "service_shmem.h"
 
 extern "C" {
 #include "funcapi.h"
-#include "port/atomics.h"
+#include "miscadmin.h"
 #include "postmaster/bgworker.h"
 #include "storage/ipc.h"
-#include "storage/latch.h"
 #include "storage/shmem.h"
-#include "storage/spin.h"
-#include "tcop/tcopprot.h"
-#include "utils/wait_event.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
 
-PGDLLEXPORT void gpu_ivfpq_service_main(Datum arg);
 PG_FUNCTION_INFO_V1(gpu_ivfpq_status);
+PG_FUNCTION_INFO_V1(gpu_ivfpq_mirrors);
 }
 
-/* Service states, as the status view names them. */
-typedef enum ServiceState
-{
-	SERVICE_STARTING = 0,
-	SERVICE_CPU_ONLY,			/* running; no usable GPU, scans use the CPU */
-	SERVICE_GPU_FOUND,			/* running with a GPU; scans still use the CPU */
-	SERVICE_STOPPED
-} ServiceState;
-
-typedef struct GpuIvfpqServiceShared
-{
-	slock_t		mutex;			/* protects the non-atomic fields */
-	int			pid;			/* the service's pid, 0 when not running */
-	ServiceState state;
-	int			starts;			/* how often the service has started */
-	TimestampTz started_at;
-	char		device[128];
-	char		last_error[256];
-	pg_atomic_uint64 queries_gpu;
-	pg_atomic_uint64 queries_cpu;
-} GpuIvfpqServiceShared;
-
-static GpuIvfpqServiceShared *service = NULL;
+GpuIvfpqServiceShared *gpu_ivfpq_service = NULL;
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
-/* Reserves the service's shared memory (shmem_request_hook). */
+/* One slot per process that can run a query (MaxBackends covers them all). */
+static Size
+ServiceShmemSize(void)
+{
+	return add_size(offsetof(GpuIvfpqServiceShared, slots),
+					mul_size(MaxBackends, sizeof(GpuIvfpqSlot)));
+}
+
 static void
 ServiceShmemRequest(void)
 {
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
-	RequestAddinShmemSpace(MAXALIGN(sizeof(GpuIvfpqServiceShared)));
+	RequestAddinShmemSpace(MAXALIGN(ServiceShmemSize()));
+	RequestNamedLWLockTranche("gpu_ivfpq", 1);
 }
 
-/* Creates or attaches the shared state (shmem_startup_hook). */
 static void
 ServiceShmemStartup(void)
 {
 	bool		found;
+	GpuIvfpqServiceShared *s;
 
 	if (prev_shmem_startup_hook)
 		prev_shmem_startup_hook();
 	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-	service = (GpuIvfpqServiceShared *) ShmemInitStruct("gpu_ivfpq service",
-														 sizeof(GpuIvfpqServiceShared), &found);
+	s = (GpuIvfpqServiceShared *) ShmemInitStruct("gpu_ivfpq service", ServiceShmemSize(), &found);
 	if (!found)
 	{
-		memset(service, 0, sizeof(*service));
-		SpinLockInit(&service->mutex);
-		service->state = SERVICE_STOPPED;
-		pg_atomic_init_u64(&service->queries_gpu, 0);
-		pg_atomic_init_u64(&service->queries_cpu, 0);
+		memset(s, 0, ServiceShmemSize());
+		SpinLockInit(&s->mutex);
+		s->state = SERVICE_STOPPED;
+		pg_atomic_init_u64(&s->queries_gpu, 0);
+		pg_atomic_init_u64(&s->queries_cpu, 0);
+		pg_atomic_init_u64(&s->fallbacks, 0);
+		pg_atomic_init_u64(&s->batches, 0);
+		for (int i = 0; i < GPU_IVFPQ_BATCH_BUCKETS; i++)
+			pg_atomic_init_u64(&s->batch_hist[i], 0);
+		pg_atomic_init_u64(&s->log_applied, 0);
+		s->log_lock = &(GetNamedLWLockTranche("gpu_ivfpq"))->lock;
+		s->nslots = MaxBackends;
+		for (int i = 0; i < s->nslots; i++)
+			SpinLockInit(&s->slots[i].mutex);
 	}
+	gpu_ivfpq_service = s;
 	LWLockRelease(AddinShmemInitLock);
 }
 
@@ -112,101 +96,64 @@ GpuIvfpqServiceRegister(void)
 	RegisterBackgroundWorker(&worker);
 }
 
-/* Counts one scan served by the CPU engine (a no-op without the service). */
-void
-GpuIvfpqCountCpuQuery(void)
+/* Array offsets of a request's DSM segment (service_shmem.h). */
+GpuIvfpqDsmLayout
+GpuIvfpqDsmLayoutFor(RequestKind kind, const GpuIvfpqDsmHeader *h)
 {
-	if (service != NULL)
-		pg_atomic_fetch_add_u64(&service->queries_cpu, 1);
+	GpuIvfpqDsmLayout l;
+	Size		n = (Size) h->n;
+	Size		model_c = (Size) h->lists * h->d * sizeof(float);
+	Size		model_b = (Size) 256 * h->d * sizeof(float);
+	Size		off = MAXALIGN(sizeof(GpuIvfpqDsmHeader));
+
+	memset(&l, 0, sizeof(l));
+	if (kind == REQ_TRAIN)
+	{
+		l.rows = off;
+		off += MAXALIGN(n * h->d * sizeof(float));
+	}
+	l.centroids = off;
+	off += MAXALIGN(model_c);
+	l.codebooks = off;
+	off += MAXALIGN(model_b);
+	if (kind == REQ_ENCODE)
+	{
+		l.rows = off;
+		off += MAXALIGN(n * h->d * sizeof(float));
+	}
+	if (kind == REQ_LOAD || kind == REQ_ENCODE)
+	{
+		l.lists = off;
+		off += MAXALIGN(n * sizeof(int32));
+		l.codes = off;
+		off += MAXALIGN(n * h->m);
+	}
+	if (kind == REQ_LOAD)
+	{
+		l.labels = off;
+		off += MAXALIGN(n * sizeof(int64));
+	}
+	l.total = off;
+	return l;
 }
 
-/*
- * Looks for a usable GPU (CUDA is initialised here, in the service, never in
- * the postmaster or a backend). Describes it in device, or says why there is
- * none; a CUDA failure is recorded in err instead of ending the service.
- */
-static bool
-ProbeDevice(char *device, size_t devlen, char *err, size_t errlen)
+static const char *
+StateName(ServiceState state)
 {
-#ifdef GPU_IVFPQ_WITH_CUDA
-	bool		found = false;
-
-	/* Engine code only inside: no PostgreSQL call may longjmp over it. */
-	try
+	switch (state)
 	{
-		if (gpuivfpq::gpu::device_count() == 0)
-			snprintf(device, devlen, "none (no CUDA device found)");
-		else
-		{
-			std::string d = gpuivfpq::gpu::device_description(0);
-
-			snprintf(device, devlen, "%s", d.c_str());
-			found = true;
-		}
+		case SERVICE_STARTING:
+			return "starting";
+		case SERVICE_CPU_ONLY:
+			return "running (no GPU: scans use the CPU)";
+		case SERVICE_GPU:
+			return "running (GPU)";
+		case SERVICE_EMULATED:
+			return "running (GPU emulated on the CPU, for tests)";
+		case SERVICE_STOPPED:
+			break;
 	}
-	catch (const std::exception &e)
-	{
-		snprintf(device, devlen, "none (CUDA error)");
-		snprintf(err, errlen, "%s", e.what());
-		found = false;
-	}
-	return found;
-#else
-	snprintf(device, devlen, "none (extension built without CUDA)");
-	return false;
-#endif
-}
-
-/* Marks the service stopped when its process exits, however it exits. */
-static void
-ServiceExit(int code, Datum arg)
-{
-	SpinLockAcquire(&service->mutex);
-	service->pid = 0;
-	service->state = SERVICE_STOPPED;
-	SpinLockRelease(&service->mutex);
-}
-
-/*
- * The service's main loop. SIGTERM ends it with FATAL (exit code 1), so the
- * postmaster starts it again after bgw_restart_time unless it is shutting
- * down.
- */
-void
-gpu_ivfpq_service_main(Datum arg)
-{
-	pqsignal(SIGTERM, die);
-	BackgroundWorkerUnblockSignals();
-	before_shmem_exit(ServiceExit, (Datum) 0);
-
-	{
-		char		device[128];
-		char		err[256];
-		bool		gpu;
-
-		err[0] = '\0';
-		gpu = ProbeDevice(device, sizeof(device), err, sizeof(err));
-		if (err[0] != '\0')
-			ereport(LOG, (errmsg("gpu_ivfpq service: no usable GPU: %s", err)));
-
-		SpinLockAcquire(&service->mutex);
-		service->pid = MyProcPid;
-		service->starts++;
-		service->started_at = GetCurrentTimestamp();
-		service->state = gpu ? SERVICE_GPU_FOUND : SERVICE_CPU_ONLY;
-		memcpy(service->device, device, sizeof(device));
-		if (err[0] != '\0')
-			memcpy(service->last_error, err, sizeof(err));
-		SpinLockRelease(&service->mutex);
-	}
-
-	for (;;)
-	{
-		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, 10000L,
-						 PG_WAIT_EXTENSION);
-		ResetLatch(MyLatch);
-		CHECK_FOR_INTERRUPTS();
-	}
+	return "stopped";
 }
 
 /* gpu_ivfpq_status(): one row describing the service and what it served. */
@@ -214,49 +161,87 @@ Datum
 gpu_ivfpq_status(PG_FUNCTION_ARGS)
 {
 	TupleDesc	tupdesc;
-	Datum		values[8];
-	bool		nulls[8];
-	static const char *const state_names[] = {"starting", "running (CPU only)",
-		"running (GPU found; scans use the CPU)", "stopped"};
+	Datum		values[15];
+	bool		nulls[15];
+	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
 
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "gpu_ivfpq_status must return a composite type");
 	memset(nulls, 0, sizeof(nulls));
-	if (service == NULL)
+	if (s == NULL)
 	{
 		values[0] = CStringGetTextDatum("not loaded (add gpu_ivfpq to shared_preload_libraries)");
-		for (int i = 1; i < 8; i++)
+		for (int i = 1; i < 15; i++)
 			nulls[i] = true;
 	}
 	else
 	{
-		int			pid;
-		int			starts;
-		ServiceState state;
-		TimestampTz started_at;
-		char		device[128];
-		char		last_error[256];
+		GpuIvfpqServiceShared copy;
+		uint64		batches = pg_atomic_read_u64(&s->batches);
+		uint64		gpu = pg_atomic_read_u64(&s->queries_gpu);
+		Datum		hist[GPU_IVFPQ_BATCH_BUCKETS];
 
-		SpinLockAcquire(&service->mutex);
-		pid = service->pid;
-		starts = service->starts;
-		state = service->state;
-		started_at = service->started_at;
-		memcpy(device, service->device, sizeof(device));
-		memcpy(last_error, service->last_error, sizeof(last_error));
-		SpinLockRelease(&service->mutex);
+		SpinLockAcquire(&s->mutex);
+		memcpy(&copy, s, offsetof(GpuIvfpqServiceShared, queries_gpu));
+		SpinLockRelease(&s->mutex);
+		for (int i = 0; i < GPU_IVFPQ_BATCH_BUCKETS; i++)
+			hist[i] = Int64GetDatum((int64) pg_atomic_read_u64(&s->batch_hist[i]));
 
-		values[0] = CStringGetTextDatum(state_names[state]);
-		values[1] = Int32GetDatum(pid);
-		nulls[1] = pid == 0;
-		values[2] = CStringGetTextDatum(device);
-		values[3] = Int32GetDatum(starts);
-		values[4] = TimestampTzGetDatum(started_at);
-		nulls[4] = starts == 0;
-		values[5] = Int64GetDatum((int64) pg_atomic_read_u64(&service->queries_gpu));
-		values[6] = Int64GetDatum((int64) pg_atomic_read_u64(&service->queries_cpu));
-		values[7] = CStringGetTextDatum(last_error);
-		nulls[7] = last_error[0] == '\0';
+		values[0] = CStringGetTextDatum(StateName(copy.state));
+		values[1] = Int32GetDatum(copy.pid);
+		nulls[1] = copy.pid == 0;
+		values[2] = CStringGetTextDatum(copy.device);
+		values[3] = Int32GetDatum(copy.starts);
+		values[4] = TimestampTzGetDatum(copy.started_at);
+		nulls[4] = copy.starts == 0;
+		values[5] = Int64GetDatum((int64) gpu);
+		values[6] = Int64GetDatum((int64) pg_atomic_read_u64(&s->queries_cpu));
+		values[7] = Int64GetDatum((int64) pg_atomic_read_u64(&s->fallbacks));
+		values[8] = Int64GetDatum((int64) batches);
+		values[9] = Float8GetDatum(batches > 0 ? (double) gpu / batches : 0.0);
+		nulls[9] = batches == 0;
+		values[10] = PointerGetDatum(construct_array(hist, GPU_IVFPQ_BATCH_BUCKETS, INT8OID, 8,
+													 FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+		values[11] = Int32GetDatum(copy.nmirrors);
+		values[12] = Float8GetDatum((double) copy.memory_used / (1024.0 * 1024.0));
+		values[13] = Float8GetDatum((double) copy.memory_budget / (1024.0 * 1024.0));
+		nulls[13] = copy.memory_budget == 0;
+		values[14] = CStringGetTextDatum(copy.last_error);
+		nulls[14] = copy.last_error[0] == '\0';
 	}
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
+}
+
+/* gpu_ivfpq_mirrors(): the indexes mirrored in GPU memory, as last published. */
+Datum
+gpu_ivfpq_mirrors(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+	GpuIvfpqMirrorStatus mirrors[GPU_IVFPQ_STATUS_MIRRORS];
+	int			n = 0;
+
+	InitMaterializedSRF(fcinfo, 0);
+	if (s == NULL)
+		PG_RETURN_VOID();
+	SpinLockAcquire(&s->mutex);
+	n = s->nmirrors;
+	memcpy(mirrors, s->mirrors, sizeof(GpuIvfpqMirrorStatus) * n);
+	SpinLockRelease(&s->mutex);
+	for (int i = 0; i < n; i++)
+	{
+		Datum		values[7];
+		bool		nulls[7];
+
+		memset(nulls, 0, sizeof(nulls));
+		values[0] = ObjectIdGetDatum(mirrors[i].key.db);
+		values[1] = ObjectIdGetDatum(mirrors[i].key.index);
+		values[2] = ObjectIdGetDatum(mirrors[i].key.relnode);
+		values[3] = Int64GetDatum((int64) mirrors[i].key.build);
+		values[4] = Int64GetDatum(mirrors[i].entries);
+		values[5] = Float8GetDatum((double) mirrors[i].bytes / (1024.0 * 1024.0));
+		values[6] = Int64GetDatum(mirrors[i].queries);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	PG_RETURN_VOID();
 }

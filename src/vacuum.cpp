@@ -94,10 +94,22 @@ IndexBulkDeleteResult *
 gpuivfpqbulkdelete(IndexVacuumInfo *info, IndexBulkDeleteResult *stats,
 				   IndexBulkDeleteCallback callback, void *callback_state)
 {
+	double		removed_before;
+
 	if (stats == NULL)
 		stats = (IndexBulkDeleteResult *) palloc0(sizeof(IndexBulkDeleteResult));
 	stats->num_index_tuples = 0;
+	removed_before = stats->tuples_removed;
 	WalkLists(info, stats, callback, callback_state);
+
+	/*
+	 * Entries were removed and others moved: the GPU mirror goes (and is
+	 * reloaded from the pages on next use) before VACUUM lets the heap reuse
+	 * the removed TIDs, so a mirror never offers a TID for a row it no longer
+	 * describes.
+	 */
+	if (stats->tuples_removed > removed_before)
+		GpuIvfpqServiceInvalidate(info->index, true);
 	return stats;
 }
 

@@ -140,6 +140,19 @@ void IvfPqModel::encode(const float* x, size_t n, int32_t* list_ids, uint8_t* co
     });
 }
 
+void IvfPqModel::centroid_distances(const float* x, size_t n, const int32_t* list_ids,
+                                    float* out) const
+{
+    std::vector<float> v(d_);
+    for (size_t i = 0; i < n; i++) {
+        require(list_ids[i] >= 0 && size_t(list_ids[i]) < lists_, "IVFPQ: list id out of range");
+        std::memcpy(v.data(), x + i * d_, d_ * sizeof(float));
+        if (metric_ == Metric::Cosine)
+            normalize_rows(v.data(), 1, d_);
+        out[i] = std::sqrt(l2_sqr(v.data(), centroids_.data() + size_t(list_ids[i]) * d_, d_));
+    }
+}
+
 bool IvfPqModel::precompute_tables(size_t max_bytes)
 {
     term1_.clear();

@@ -57,6 +57,10 @@ public:
     void encode(const float* x, size_t n, int32_t* list_ids, uint8_t* codes,
                 float* centroid_dist = nullptr, int threads = 1) const;
 
+    // out[i] = exact Euclidean distance from the (normalised) x_i to the
+    // centroid of list_ids[i]: encode's centroid_dist for codes made elsewhere.
+    void centroid_distances(const float* x, size_t n, const int32_t* list_ids, float* out) const;
+
     // Builds the precomputed term-1 tables (lists x m x 256 floats:
     // ||r||^2 + 2<c_j, r> per list, sub-quantizer and code) when they take at
     // most max_bytes; returns whether they are in use. Not used for IP,

@@ -1,0 +1,122 @@
+// The service's compute device on a CUDA GPU: mirrors are GpuIvfPqIndex
+// objects, builds train with the GPU k-means and encode on the GPU. Built
+// only when the extension is linked with the kernels (no postgres.h here).
+#include <cstring>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "cuda_device.h"
+#include "engine/error.h"
+#include "gpu_ivfpq/gpu_context.h"
+#include "gpu_ivfpq/ivfpq_index.h"
+
+namespace gpuivfpq {
+namespace {
+
+using gpu::GpuContext;
+using gpu::GpuIvfPqIndex;
+using gpu::GpuIvfPqOptions;
+
+GpuIvfPqOptions MirrorOptions()
+{
+    GpuIvfPqOptions opt;
+    // Term 1 folded into one float per stored vector: no per-list tables to
+    // hold, and the scan's table depends on the query only (gpu/NOTES.md).
+    opt.term1_per_vector = true;
+    opt.precompute_term1 = false;
+    return opt;
+}
+
+class CudaMirror final : public Mirror {
+public:
+    CudaMirror(GpuContext& ctx, const MirrorSpec& s)
+        : index_(ctx, s.d, s.lists, s.m, s.metric, s.centroids, s.codebooks, MirrorOptions())
+    {
+    }
+    void add(size_t n, const int32_t* list_ids, const uint8_t* codes, const int64_t* labels) override
+    {
+        index_.add_encoded(n, list_ids, codes, labels);
+    }
+    void search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist,
+                int64_t* labels) override
+    {
+        index_.search(queries, nq, k, nprobe, dist, labels);
+    }
+    size_t entries() const override { return index_.ntotal(); }
+    size_t bytes() const override { return index_.memory_use().total(); }
+
+private:
+    GpuIvfPqIndex index_;
+};
+
+class CudaDevice final : public ComputeDevice {
+public:
+    CudaDevice(int device, size_t budget) : ctx_(device, budget), device_(device) {}
+
+    std::string description() const override { return gpu::device_description(device_); }
+    bool is_gpu() const override { return true; }
+    size_t memory_capacity() const override { return ctx_.budget(); }
+    size_t max_k() const override { return 2048; }  // WarpSelect / BlockSelect queues
+    size_t mirror_bytes(const MirrorSpec& s, size_t n) const override
+    {
+        // codes, ids and the per-vector term 1; centroids, norms, codebooks;
+        // list capacity grows by doubling, so allow a quarter more.
+        size_t lists = n * (s.m + sizeof(int64_t) + sizeof(float));
+        return lists + lists / 4 + s.lists * (s.d + 1) * sizeof(float) +
+               s.m * 256 * (s.d / s.m) * sizeof(float) + s.lists * 64;
+    }
+    std::unique_ptr<Mirror> create_mirror(const MirrorSpec& spec) override
+    {
+        return std::make_unique<CudaMirror>(ctx_, spec);
+    }
+    void train(const float* x, size_t n, size_t d, size_t lists, size_t m, Metric metric,
+               const IvfPqTrainParams& params, float* centroids, float* codebooks) override
+    {
+        KMeansParams coarse, pq;
+        coarse.iterations = pq.iterations = params.iterations;
+        coarse.seed = pq.seed = params.seed;
+        coarse.max_points_per_centroid = params.max_points_per_centroid;
+        gpu::train_ivfpq_gpu(ctx_, x, n, d, lists, m, metric, coarse, pq, params.pq_max_training,
+                             centroids, codebooks);
+    }
+    void encode(const MirrorSpec& s, const float* x, size_t n, int32_t* list_ids,
+                uint8_t* codes) override
+    {
+        // One encoder per model: a build sends many batches with the same one.
+        bool same = encoder_ && enc_d_ == s.d && enc_lists_ == s.lists && enc_m_ == s.m &&
+                    enc_metric_ == s.metric &&
+                    std::memcmp(enc_centroids_.data(), s.centroids, s.lists * s.d * sizeof(float)) == 0 &&
+                    std::memcmp(enc_codebooks_.data(), s.codebooks, s.d * 256 * sizeof(float)) == 0;
+        if (!same) {
+            encoder_.reset();
+            encoder_ = std::make_unique<GpuIvfPqIndex>(ctx_, s.d, s.lists, s.m, s.metric, s.centroids,
+                                                       s.codebooks, MirrorOptions());
+            enc_d_ = s.d;
+            enc_lists_ = s.lists;
+            enc_m_ = s.m;
+            enc_metric_ = s.metric;
+            enc_centroids_.assign(s.centroids, s.centroids + s.lists * s.d);
+            enc_codebooks_.assign(s.codebooks, s.codebooks + s.d * 256);
+        }
+        encoder_->encode(x, n, list_ids, codes);
+    }
+private:
+    GpuContext ctx_;
+    int device_;
+    std::unique_ptr<GpuIvfPqIndex> encoder_;
+    size_t enc_d_ = 0, enc_lists_ = 0, enc_m_ = 0;
+    Metric enc_metric_ = Metric::L2;
+    std::vector<float> enc_centroids_, enc_codebooks_;
+};
+
+}  // namespace
+
+int cuda_device_count() { return gpu::device_count(); }
+
+std::unique_ptr<ComputeDevice> make_cuda_device(int device, size_t budget)
+{
+    return std::make_unique<CudaDevice>(device, budget);
+}
+
+}  // namespace gpuivfpq

@@ -1,0 +1,18 @@
+// The CUDA implementation of the service's compute device (cuda_device.cpp,
+// compiled only when the extension links the kernels).
+#pragma once
+
+#include <memory>
+
+#include "engine/mirror.h"
+
+namespace gpuivfpq {
+
+// CUDA devices visible to this process, 0 without a driver (never throws).
+int cuda_device_count();
+
+// Opens device (a CUDA context, stream and cuBLAS handle); budget 0 = the
+// device's free memory less a reserve. Throws gpuivfpq::Error on failure.
+std::unique_ptr<ComputeDevice> make_cuda_device(int device, size_t budget);
+
+}  // namespace gpuivfpq

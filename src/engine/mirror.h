@@ -1,0 +1,67 @@
+// What the GPU service runs on: a compute device that holds index mirrors
+// (inverted lists of PQ codes and labels next to the trained quantizers),
+// searches them in batches, and trains and encodes for index builds.
+//
+// The CUDA device (src/cuda_device.cpp, built only when the extension is
+// linked with the kernels) and a CPU emulation implement it. The emulation
+// lets the service's request path, batching and mirror coherence be tested
+// on machines without a GPU; it is never chosen unless a setting asks for it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "distances.h"
+#include "ivfpq.h"
+
+namespace gpuivfpq {
+
+// A trained model as the pages hold it (host pointers, borrowed).
+struct MirrorSpec {
+    size_t d = 0, lists = 0, m = 0;
+    Metric metric = Metric::L2;
+    const float* centroids = nullptr;  // lists x d
+    const float* codebooks = nullptr;  // m x 256 x (d/m)
+};
+
+// One index's inverted lists on the device.
+class Mirror {
+public:
+    virtual ~Mirror() = default;
+    // Appends n entries: list_ids[i], codes[i*m..], labels[i].
+    virtual void add(size_t n, const int32_t* list_ids, const uint8_t* codes,
+                     const int64_t* labels) = 0;
+    // k best labels by ADC distance for nq queries through nprobe lists
+    // (dist, labels: nq x k, padded with (+inf, -1)).
+    virtual void search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist,
+                        int64_t* labels) = 0;
+    virtual size_t entries() const = 0;
+    virtual size_t bytes() const = 0;  // device memory held
+};
+
+class ComputeDevice {
+public:
+    virtual ~ComputeDevice() = default;
+    virtual std::string description() const = 0;
+    virtual bool is_gpu() const = 0;
+    // Device memory available to mirrors and work space.
+    virtual size_t memory_capacity() const = 0;
+    // Largest k search accepts.
+    virtual size_t max_k() const = 0;
+    // Device memory a mirror of n entries would take (an estimate, for the budget).
+    virtual size_t mirror_bytes(const MirrorSpec& spec, size_t n) const = 0;
+    virtual std::unique_ptr<Mirror> create_mirror(const MirrorSpec& spec) = 0;
+    // Trains the quantizers on n sample vectors (outputs as MirrorSpec holds them).
+    virtual void train(const float* x, size_t n, size_t d, size_t lists, size_t m, Metric metric,
+                       const IvfPqTrainParams& params, float* centroids, float* codebooks) = 0;
+    // Encodes n vectors with the model of spec: list_ids[i], codes[i*m..].
+    virtual void encode(const MirrorSpec& spec, const float* x, size_t n, int32_t* list_ids,
+                        uint8_t* codes) = 0;
+};
+
+// The CPU emulation (single-threaded, the CPU engine's own ADC and k-selection).
+std::unique_ptr<ComputeDevice> make_cpu_emulation_device();
+
+}  // namespace gpuivfpq

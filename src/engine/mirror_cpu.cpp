@@ -1,0 +1,116 @@
+// The CPU emulation of the service's compute device: mirrors are per-list
+// arrays in process memory, searched with the CPU engine's IVFADC. Tests use
+// it to exercise the service without a GPU.
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "error.h"
+#include "mirror.h"
+#include "topk.h"
+
+namespace gpuivfpq {
+namespace {
+
+class CpuMirror final : public Mirror {
+public:
+    explicit CpuMirror(const MirrorSpec& spec)
+        : model_(spec.d, spec.lists, spec.m, spec.metric), codes_(spec.lists), labels_(spec.lists)
+    {
+        model_.set_centroids(spec.centroids);
+        model_.set_codebooks(spec.codebooks);
+    }
+
+    void add(size_t n, const int32_t* list_ids, const uint8_t* codes, const int64_t* labels) override
+    {
+        size_t m = model_.m();
+        for (size_t i = 0; i < n; i++) {
+            require(list_ids[i] >= 0 && size_t(list_ids[i]) < model_.lists(), "mirror: list out of range");
+            auto& c = codes_[list_ids[i]];
+            c.insert(c.end(), codes + i * m, codes + (i + 1) * m);
+            labels_[list_ids[i]].push_back(labels[i]);
+        }
+        entries_ += n;
+    }
+
+    void search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist,
+                int64_t* labels) override
+    {
+        size_t m = model_.m();
+        std::vector<float> table(m * kPqCentroids), d;
+        IvfPqQuery prepared;
+
+        for (size_t q = 0; q < nq; q++) {
+            TopK topk(k);
+            model_.prepare_query(queries + q * model_.d(), nprobe, prepared);
+            for (size_t p = 0; p < prepared.lists.size(); p++) {
+                int32_t list = prepared.lists[p];
+                const auto& lab = labels_[list];
+                float base = 0;
+                model_.list_table(prepared, p, table.data(), &base);
+                d.resize(lab.size());
+                adc_scan(codes_[list].data(), lab.size(), m, table.data(), m, base, d.data());
+                for (size_t i = 0; i < lab.size(); i++)
+                    if (d[i] < topk.threshold())
+                        topk.push(d[i], lab[i]);
+            }
+            std::vector<Neighbor> best = topk.take_sorted();
+            for (size_t i = 0; i < k; i++) {
+                dist[q * k + i] = i < best.size() ? best[i].dist : std::numeric_limits<float>::infinity();
+                labels[q * k + i] = i < best.size() ? best[i].label : -1;
+            }
+        }
+    }
+
+    size_t entries() const override { return entries_; }
+    size_t bytes() const override { return entries_ * (model_.m() + sizeof(int64_t)); }
+
+private:
+    IvfPqModel model_;
+    std::vector<std::vector<uint8_t>> codes_;
+    std::vector<std::vector<int64_t>> labels_;
+    size_t entries_ = 0;
+};
+
+class CpuEmulationDevice final : public ComputeDevice {
+public:
+    std::string description() const override { return "CPU emulation (testing only, no GPU)"; }
+    bool is_gpu() const override { return false; }
+    size_t memory_capacity() const override { return size_t(1) << 30; }
+    size_t max_k() const override { return 2048; }  // the GPU's limit, so both behave alike
+    size_t mirror_bytes(const MirrorSpec& spec, size_t n) const override
+    {
+        return n * (spec.m + sizeof(int64_t));
+    }
+    std::unique_ptr<Mirror> create_mirror(const MirrorSpec& spec) override
+    {
+        return std::make_unique<CpuMirror>(spec);
+    }
+    void train(const float* x, size_t n, size_t d, size_t lists, size_t m, Metric metric,
+               const IvfPqTrainParams& params, float* centroids, float* codebooks) override
+    {
+        IvfPqModel model(d, lists, m, metric);
+        model.train(x, n, params);
+        std::memcpy(centroids, model.centroids().data(), model.centroids().size() * sizeof(float));
+        std::memcpy(codebooks, model.pq().codebooks().data(),
+                    model.pq().codebooks().size() * sizeof(float));
+    }
+    void encode(const MirrorSpec& spec, const float* x, size_t n, int32_t* list_ids,
+                uint8_t* codes) override
+    {
+        IvfPqModel model(spec.d, spec.lists, spec.m, spec.metric);
+        model.set_centroids(spec.centroids);
+        model.set_codebooks(spec.codebooks);
+        model.encode(x, n, list_ids, codes);
+    }
+};
+
+}  // namespace
+
+std::unique_ptr<ComputeDevice> make_cpu_emulation_device()
+{
+    return std::make_unique<CpuEmulationDevice>();
+}
+
+}  // namespace gpuivfpq

@@ -1,0 +1,180 @@
+// Index builds on the service's device: CREATE INDEX sends its training
+// sample, then batches of rows, through DSM segments; the service trains
+// with the GPU k-means and encodes on the GPU. Whenever it cannot, the build
+// goes on with the CPU engine (same phases, same kind of result).
+#include "service_shmem.h"
+
+extern "C" {
+#include "miscadmin.h"
+}
+
+/* Rows per encode request: a DSM segment of about this many bytes of vectors. */
+#define ENCODE_SEGMENT_BYTES	(32 * 1024 * 1024)
+
+struct GpuIvfpqRemoteEncoder
+{
+	dsm_segment *seg;
+	char	   *base;
+	GpuIvfpqDsmHeader h;
+	GpuIvfpqDsmLayout l;
+};
+
+/* May the build use the service? (Not on a standby: builds do not run there.) */
+static bool
+BuildCanUseService(int d, int m)
+{
+	return GpuIvfpqServiceWanted() && GpuIvfpqServiceServing() && m <= GPU_IVFPQ_SERVICE_MAX_M &&
+		d <= GPU_IVFPQ_SERVICE_MAX_DIM;
+}
+
+/* dsm_create that returns NULL (with a WARNING) instead of failing the build. */
+static dsm_segment *
+CreateSegment(Size bytes, const char *what)
+{
+	dsm_segment *volatile seg = NULL;
+	MemoryContext ctx = CurrentMemoryContext;
+
+	PG_TRY();
+	{
+		seg = dsm_create(bytes, 0);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(ctx);
+		edata = CopyErrorData();
+		FlushErrorState();
+		ereport(WARNING,
+				(errmsg("gpu_ivfpq: %s on the CPU: no shared memory for the GPU request", what),
+				 errdetail("%s", edata->message),
+				 errhint("Check the size of /dev/shm, or set dynamic_shared_memory_type = mmap.")));
+		FreeErrorData(edata);
+		seg = NULL;
+	}
+	PG_END_TRY();
+	return seg;
+}
+
+static bool
+Submit(dsm_segment *seg, RequestKind kind, int64 n, const char *what)
+{
+	GpuIvfpqSlot *slot = GpuIvfpqAcquireSlot();
+	RequestResult result;
+
+	if (slot == NULL)
+		return false;
+	memset(&slot->key, 0, sizeof(slot->key));
+	slot->kind = kind;
+	slot->n = n;
+	slot->dsm = dsm_segment_handle(seg);
+	result = GpuIvfpqSubmitAndWait(slot);
+	if (result != RES_OK)
+		ereport(WARNING,
+				(errmsg("gpu_ivfpq: %s failed on the GPU, continuing on the CPU", what),
+				 errdetail("%s", slot->error[0] ? slot->error : "the service exited")));
+	GpuIvfpqFinishSlot(slot);
+	return result == RES_OK;
+}
+
+/*
+ * Trains the quantizers on the service's device; false when it could not
+ * (the caller trains on the CPU).
+ */
+bool
+GpuIvfpqServiceTrain(const float *sample, int64 n, int d, int lists, int m, int metric,
+					 int iterations, int max_points_per_centroid, uint64 seed,
+					 float *centroids, float *codebooks)
+{
+	GpuIvfpqDsmHeader h;
+	GpuIvfpqDsmLayout l;
+	dsm_segment *seg;
+	char	   *base;
+	bool		ok;
+
+	if (!BuildCanUseService(d, m))
+		return false;
+	memset(&h, 0, sizeof(h));
+	h.d = d;
+	h.lists = lists;
+	h.m = m;
+	h.metric = metric;
+	h.n = n;
+	h.iterations = iterations;
+	h.max_points_per_centroid = max_points_per_centroid;
+	h.seed = seed;
+	l = GpuIvfpqDsmLayoutFor(REQ_TRAIN, &h);
+	seg = CreateSegment(l.total, "training");
+	if (seg == NULL)
+		return false;
+	base = (char *) dsm_segment_address(seg);
+	memcpy(base, &h, sizeof(h));
+	memcpy(base + l.rows, sample, sizeof(float) * n * d);
+	ok = Submit(seg, REQ_TRAIN, n, "training");
+	if (ok)
+	{
+		memcpy(centroids, base + l.centroids, sizeof(float) * lists * d);
+		memcpy(codebooks, base + l.codebooks, sizeof(float) * 256 * d);
+	}
+	dsm_detach(seg);
+	return ok;
+}
+
+/* Starts GPU encoding with a trained model; NULL when the service cannot. */
+GpuIvfpqRemoteEncoder *
+GpuIvfpqServiceEncoderBegin(const float *centroids, const float *codebooks, int d, int lists,
+							int m, int metric, int *capacity)
+{
+	GpuIvfpqRemoteEncoder *enc;
+	dsm_segment *seg;
+
+	if (!BuildCanUseService(d, m))
+		return NULL;
+	enc = (GpuIvfpqRemoteEncoder *) palloc0(sizeof(GpuIvfpqRemoteEncoder));
+	enc->h.d = d;
+	enc->h.lists = lists;
+	enc->h.m = m;
+	enc->h.metric = metric;
+	enc->h.n = Max(1024, ENCODE_SEGMENT_BYTES / ((int64) d * sizeof(float)));
+	enc->l = GpuIvfpqDsmLayoutFor(REQ_ENCODE, &enc->h);
+	seg = CreateSegment(enc->l.total, "encoding");
+	if (seg == NULL)
+	{
+		pfree(enc);
+		return NULL;
+	}
+	enc->seg = seg;
+	enc->base = (char *) dsm_segment_address(seg);
+	memcpy(enc->base, &enc->h, sizeof(enc->h));
+	memcpy(enc->base + enc->l.centroids, centroids, sizeof(float) * lists * d);
+	memcpy(enc->base + enc->l.codebooks, codebooks, sizeof(float) * 256 * d);
+	*capacity = (int) enc->h.n;
+	return enc;
+}
+
+/* Where the caller puts the rows of the next batch (capacity x d floats). */
+float *
+GpuIvfpqServiceEncoderRows(GpuIvfpqRemoteEncoder *enc)
+{
+	return (float *) (enc->base + enc->l.rows);
+}
+
+/* Encodes the first n rows; false when the GPU failed (encode them on the CPU). */
+bool
+GpuIvfpqServiceEncode(GpuIvfpqRemoteEncoder *enc, int n, int32 *lists, uint8 *codes)
+{
+	if (!Submit(enc->seg, REQ_ENCODE, n, "encoding"))
+		return false;
+	memcpy(lists, enc->base + enc->l.lists, sizeof(int32) * n);
+	memcpy(codes, enc->base + enc->l.codes, (Size) n * enc->h.m);
+	return true;
+}
+
+void
+GpuIvfpqServiceEncoderEnd(GpuIvfpqRemoteEncoder *enc)
+{
+	if (enc == NULL)
+		return;
+	dsm_detach(enc->seg);
+	pfree(enc);
+}

@@ -1,0 +1,195 @@
+// Shared memory between the backends and the GPU service: one request slot
+// per process, the change log that keeps mirrors coherent with the pages,
+// and the counters the status view shows. Private to service*.cpp.
+#pragma once
+
+#include "gpu_ivfpq.h"
+
+extern "C" {
+#include "port/atomics.h"
+#include "storage/dsm.h"
+#include "storage/latch.h"
+#include "storage/lwlock.h"
+#include "storage/spin.h"
+}
+
+/* A search's query goes in, its labels and distances come back, in place. */
+#define GPU_IVFPQ_SLOT_PAYLOAD	(32 * 1024)
+#define GPU_IVFPQ_SERVICE_MAX_DIM ((int) (GPU_IVFPQ_SLOT_PAYLOAD / sizeof(float)))
+#define GPU_IVFPQ_SERVICE_MAX_M 64		/* codes the GPU scan handles; log entries hold them */
+#define GPU_IVFPQ_LOG_SIZE		16384	/* change-log entries kept for the service */
+#define GPU_IVFPQ_STATUS_MIRRORS 64		/* mirrors listed by gpu_ivfpq_mirrors() */
+#define GPU_IVFPQ_BATCH_BUCKETS 8		/* batch sizes 1, 2-3, 4-7, ..., 128+ */
+
+typedef enum ServiceState
+{
+	SERVICE_STARTING = 0,
+	SERVICE_CPU_ONLY,			/* no usable GPU: backends use the CPU engine */
+	SERVICE_GPU,				/* serving from a GPU */
+	SERVICE_EMULATED,			/* serving from the CPU emulation (tests) */
+	SERVICE_STOPPED
+} ServiceState;
+
+typedef enum SlotState
+{
+	SLOT_FREE = 0,				/* the owner may fill it */
+	SLOT_PENDING,				/* submitted, not yet taken by the service */
+	SLOT_RUNNING,				/* taken by the service */
+	SLOT_DONE,					/* answered: result and payload are valid */
+	SLOT_ABANDONED				/* the owner gave up waiting; the service frees it */
+} SlotState;
+
+typedef enum RequestKind
+{
+	REQ_SEARCH = 0,
+	REQ_LOAD,					/* build a mirror from the entries in a DSM segment */
+	REQ_TRAIN,					/* train quantizers on a sample (index build) */
+	REQ_ENCODE					/* assign and encode rows (index build) */
+} RequestKind;
+
+typedef enum RequestResult
+{
+	RES_OK = 0,
+	RES_NOT_LOADED,				/* no mirror: the caller should send REQ_LOAD */
+	RES_LOADING,				/* another backend is loading it: use the CPU */
+	RES_NO_MEMORY,				/* does not fit the GPU memory budget */
+	RES_ERROR,					/* the device failed; error holds the message */
+	RES_SERVICE_GONE			/* the service exited before answering */
+} RequestResult;
+
+/* Identity of an index version (see gpuivfpq::MirrorKey). */
+typedef struct GpuIvfpqKey
+{
+	Oid			db;
+	Oid			index;
+	Oid			relnode;
+	uint32		build;
+} GpuIvfpqKey;
+
+typedef struct GpuIvfpqSlot
+{
+	slock_t		mutex;			/* protects state and owner */
+	SlotState	state;
+	int			owner;			/* pid of the backend holding the slot, 0 = none */
+	Latch	   *latch;			/* the owner's latch, set when answered */
+
+	/* request, written by the owner before PENDING */
+	RequestKind kind;
+	GpuIvfpqKey key;
+	int			dim;
+	int			k;
+	int			nprobe;
+	int64		n;				/* LOAD: entries, TRAIN: sample rows, ENCODE: rows */
+	uint64		log_start;		/* LOAD: change-log position before the pages were read */
+	dsm_handle	dsm;
+
+	/* answer, written by the service before DONE */
+	RequestResult result;
+	int			batch;			/* SEARCH: queries in the GPU batch that served it */
+	char		error[256];
+
+	/* SEARCH: the query (dim floats) in, labels (k int64) + distances (k float) out */
+	union
+	{
+		int64		align;
+		char		bytes[GPU_IVFPQ_SLOT_PAYLOAD];
+	}			payload;
+} GpuIvfpqSlot;
+
+typedef enum LogKind
+{
+	LOG_APPEND = 1,				/* an entry was added to a list page */
+	LOG_INVALIDATE				/* entries were removed or moved: drop the mirror */
+} LogKind;
+
+typedef struct GpuIvfpqLogEntry
+{
+	uint64		seq;
+	GpuIvfpqKey key;
+	uint8		kind;
+	uint8		m;
+	int32		list;
+	int64		label;
+	uint8		code[GPU_IVFPQ_SERVICE_MAX_M];
+} GpuIvfpqLogEntry;
+
+typedef struct GpuIvfpqMirrorStatus
+{
+	GpuIvfpqKey key;
+	int64		entries;
+	int64		bytes;
+	int64		queries;
+} GpuIvfpqMirrorStatus;
+
+typedef struct GpuIvfpqServiceShared
+{
+	slock_t		mutex;			/* protects the fields up to the atomics */
+	int			pid;			/* 0 when not running */
+	Latch	   *latch;			/* the service's latch, set to wake it */
+	ServiceState state;
+	int			starts;
+	TimestampTz started_at;
+	char		device[128];
+	char		last_error[256];
+	int			nmirrors;
+	GpuIvfpqMirrorStatus mirrors[GPU_IVFPQ_STATUS_MIRRORS];
+	int64		memory_used;
+	int64		memory_budget;
+	int64		evictions;
+
+	pg_atomic_uint64 queries_gpu;
+	pg_atomic_uint64 queries_cpu;
+	pg_atomic_uint64 fallbacks;		/* scans that wanted the GPU and used the CPU */
+	pg_atomic_uint64 batches;
+	pg_atomic_uint64 batch_hist[GPU_IVFPQ_BATCH_BUCKETS];
+	pg_atomic_uint64 log_applied;	/* the service has read the log up to here */
+
+	/* change log, a ring; head is the next sequence number (under log_lock) */
+	LWLock	   *log_lock;
+	uint64		log_head;
+	GpuIvfpqLogEntry log[GPU_IVFPQ_LOG_SIZE];
+
+	int			nslots;
+	GpuIvfpqSlot slots[FLEXIBLE_ARRAY_MEMBER];
+} GpuIvfpqServiceShared;
+
+/* NULL unless gpu_ivfpq is in shared_preload_libraries. */
+extern GpuIvfpqServiceShared *gpu_ivfpq_service;
+
+/* DSM layout of REQ_LOAD / REQ_TRAIN / REQ_ENCODE: this header, then arrays. */
+typedef struct GpuIvfpqDsmHeader
+{
+	int32		d;
+	int32		lists;
+	int32		m;
+	int32		metric;
+	int64		n;
+	int32		iterations;
+	int32		max_points_per_centroid;
+	uint64		seed;
+} GpuIvfpqDsmHeader;
+
+/*
+ * Offsets of the arrays after the header, each MAXALIGNed:
+ * LOAD:   centroids, codebooks, list ids (n int32), labels (n int64), codes (n x m)
+ * TRAIN:  sample (n x d), centroids out, codebooks out
+ * ENCODE: centroids, codebooks, rows (n x d), list ids out (n int32), codes out (n x m)
+ */
+typedef struct GpuIvfpqDsmLayout
+{
+	Size		centroids;
+	Size		codebooks;
+	Size		lists;
+	Size		labels;
+	Size		codes;
+	Size		rows;
+	Size		total;
+} GpuIvfpqDsmLayout;
+
+extern GpuIvfpqDsmLayout GpuIvfpqDsmLayoutFor(RequestKind kind, const GpuIvfpqDsmHeader *h);
+
+/* service_client.cpp: the request protocol, shared with service_build.cpp. */
+extern bool GpuIvfpqServiceServing(void);
+extern GpuIvfpqSlot *GpuIvfpqAcquireSlot(void);
+extern RequestResult GpuIvfpqSubmitAndWait(GpuIvfpqSlot *slot);
+extern void GpuIvfpqFinishSlot(GpuIvfpqSlot *slot);

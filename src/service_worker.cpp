@@ -1,0 +1,726 @@
+// The GPU service process: a background worker that owns the compute device
+// (the CUDA context, or the CPU emulation for tests), keeps index mirrors
+// coherent through the change log, and answers the backends' requests,
+// merging the searches that arrive together into one batch per index.
+#include <chrono>
+#include <exception>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "service_shmem.h"
+#include "engine/error.h"
+#include "engine/mirror_store.h"
+#ifdef GPU_IVFPQ_WITH_CUDA
+#include "cuda_device.h"
+#endif
+
+extern "C" {
+#include "miscadmin.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "tcop/tcopprot.h"
+#include "utils/memutils.h"
+#include "utils/resowner.h"
+#include "utils/wait_event.h"
+
+PGDLLEXPORT void gpu_ivfpq_service_main(Datum arg);
+}
+
+using gpuivfpq::MirrorKey;
+
+/* Service-local state (this process only). */
+static std::unique_ptr<gpuivfpq::ComputeDevice> device;
+static std::unique_ptr<gpuivfpq::MirrorStore> store;
+static std::map<MirrorKey, uint64> mirror_from;		/* log entries from here apply */
+static std::map<MirrorKey, TimestampTz> load_claims;	/* a backend was told to load */
+static uint64 log_cursor;
+
+#define LOAD_CLAIM_MS 30000		/* how long others use the CPU while one loads */
+
+static MirrorKey
+ToKey(const GpuIvfpqKey &k)
+{
+	MirrorKey key;
+
+	key.db = k.db;
+	key.index = k.index;
+	key.relnode = k.relnode;
+	key.build = k.build;
+	return key;
+}
+
+/* Runs engine code, turning its exceptions into a message (no ereport inside). */
+template <typename F>
+static bool
+Engine(F &&f, std::string &err, bool *oom = nullptr)
+{
+	try
+	{
+		f();
+		return true;
+	}
+	catch (const gpuivfpq::Error &e)
+	{
+		err = e.what();
+		if (oom != nullptr)
+			*oom = e.kind() == gpuivfpq::ErrorKind::OutOfMemory;
+	}
+	catch (const std::bad_alloc &)
+	{
+		err = "out of host memory";
+		if (oom != nullptr)
+			*oom = true;
+	}
+	catch (const std::exception &e)
+	{
+		err = e.what();
+	}
+	return false;
+}
+
+static void
+RecordError(const std::string &err)
+{
+	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+
+	SpinLockAcquire(&s->mutex);
+	strlcpy(s->last_error, err.c_str(), sizeof(s->last_error));
+	SpinLockRelease(&s->mutex);
+	ereport(LOG, (errmsg("gpu_ivfpq service: %s", err.c_str())));
+}
+
+/* Answers a taken slot and wakes its owner (or frees it if abandoned). */
+static void
+Answer(GpuIvfpqSlot *slot, RequestResult result, const char *error)
+{
+	Latch	   *latch = NULL;
+
+	slot->result = result;
+	strlcpy(slot->error, error ? error : "", sizeof(slot->error));
+	SpinLockAcquire(&slot->mutex);
+	if (slot->state == SLOT_ABANDONED)
+	{
+		slot->state = SLOT_FREE;
+		slot->owner = 0;
+	}
+	else
+	{
+		slot->state = SLOT_DONE;
+		latch = slot->latch;
+	}
+	SpinLockRelease(&slot->mutex);
+	if (latch != NULL)
+		SetLatch(latch);
+}
+
+/* Publishes the mirror list and memory figures for the status functions. */
+static void
+PublishStatus(void)
+{
+	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+	std::vector<gpuivfpq::MirrorInfo> infos;
+	std::string err;
+	size_t		used = 0;
+
+	if (!store)
+		return;
+	(void) Engine([&] { infos = store->list(); used = store->bytes(); }, err);
+	SpinLockAcquire(&s->mutex);
+	s->nmirrors = 0;
+	for (const auto &info : infos)
+	{
+		GpuIvfpqMirrorStatus *m;
+
+		if (s->nmirrors >= GPU_IVFPQ_STATUS_MIRRORS)
+			break;
+		m = &s->mirrors[s->nmirrors++];
+		m->key.db = info.key.db;
+		m->key.index = info.key.index;
+		m->key.relnode = info.key.relnode;
+		m->key.build = info.key.build;
+		m->entries = (int64) info.entries;
+		m->bytes = (int64) info.bytes;
+		m->queries = (int64) info.queries;
+	}
+	s->memory_used = (int64) used;
+	s->memory_budget = (int64) store->budget();
+	s->evictions = (int64) store->evictions();
+	SpinLockRelease(&s->mutex);
+}
+
+/* The mirror memory budget: the GUC, or a share of the device when 0. */
+static size_t
+BudgetBytes(void)
+{
+	if (gpu_ivfpq_gpu_memory_budget_mb > 0)
+		return (size_t) gpu_ivfpq_gpu_memory_budget_mb * 1024 * 1024;
+	/* Leave a quarter for search scratch, builds and other processes. */
+	return device->memory_capacity() / 4 * 3;
+}
+
+/*
+ * Applies the change log from log_cursor to its head: appends reach their
+ * mirrors, invalidations drop them. If the writers lapped the service, some
+ * changes are lost: every mirror goes (they reload from the pages).
+ */
+static void
+DrainLog(void)
+{
+	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+	std::vector<GpuIvfpqLogEntry> entries;
+	uint64		head;
+	bool		lapped;
+
+	LWLockAcquire(s->log_lock, LW_SHARED);
+	head = s->log_head;
+	lapped = head - log_cursor > GPU_IVFPQ_LOG_SIZE;
+	if (!lapped)
+		for (uint64 seq = log_cursor; seq < head; seq++)
+			entries.push_back(s->log[seq % GPU_IVFPQ_LOG_SIZE]);
+	LWLockRelease(s->log_lock);
+
+	if (lapped)
+	{
+		std::string err;
+
+		(void) Engine([&] { store->drop_all(); }, err);
+		ereport(LOG, (errmsg("gpu_ivfpq service: the change log overflowed, mirrors dropped")));
+	}
+	else if (!entries.empty())
+	{
+		std::string err;
+		std::map<MirrorKey, std::vector<const GpuIvfpqLogEntry *>> appends;
+
+		for (const auto &e : entries)
+		{
+			MirrorKey	key = ToKey(e.key);
+
+			if (e.kind == LOG_INVALIDATE)
+			{
+				/* Appends to the dropped mirror (earlier or later) find no mirror below. */
+				(void) Engine([&] { store->drop_index(key.db, key.index); }, err);
+				continue;
+			}
+			auto		from = mirror_from.find(key);
+
+			if (from != mirror_from.end() && e.seq >= from->second)
+				appends[key].push_back(&e);
+		}
+		for (auto &kv : appends)
+		{
+			gpuivfpq::Mirror *mirror = store->find(kv.first);
+
+			if (mirror == nullptr)
+				continue;
+			std::vector<int32_t> lists;
+			std::vector<int64_t> labels;
+			std::vector<uint8_t> codes;
+			size_t		m = kv.second.front()->m;
+
+			for (const GpuIvfpqLogEntry *e : kv.second)
+			{
+				lists.push_back(e->list);
+				labels.push_back(e->label);
+				codes.insert(codes.end(), e->code, e->code + m);
+			}
+			if (!Engine([&] { mirror->add(lists.size(), lists.data(), codes.data(), labels.data()); }, err))
+			{
+				(void) Engine([&] { store->drop_index(kv.first.db, kv.first.index); }, err);
+				RecordError("appending to a mirror failed, mirror dropped: " + err);
+			}
+		}
+	}
+	log_cursor = head;
+	pg_atomic_write_u64(&s->log_applied, head);
+}
+
+/* Claims the pending requests (at most limit searches), marking them running. */
+static int
+Collect(std::vector<GpuIvfpqSlot *> &taken, int limit)
+{
+	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+	int			searches = 0;
+
+	for (int i = 0; i < s->nslots; i++)
+	{
+		GpuIvfpqSlot *slot = &s->slots[i];
+
+		if (slot->state != SLOT_PENDING)	/* unlocked peek; rechecked below */
+			continue;
+		SpinLockAcquire(&slot->mutex);
+		if (slot->state == SLOT_PENDING && (slot->kind != REQ_SEARCH || searches < limit))
+		{
+			slot->state = SLOT_RUNNING;
+			taken.push_back(slot);
+			if (slot->kind == REQ_SEARCH)
+				searches++;
+		}
+		SpinLockRelease(&slot->mutex);
+	}
+	return searches;
+}
+
+static void
+CountBatch(int n)
+{
+	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+	int			bucket = 0;
+
+	while (bucket < GPU_IVFPQ_BATCH_BUCKETS - 1 && (1 << (bucket + 1)) <= n)
+		bucket++;
+	pg_atomic_fetch_add_u64(&s->batches, 1);
+	pg_atomic_fetch_add_u64(&s->queries_gpu, n);
+	pg_atomic_fetch_add_u64(&s->batch_hist[bucket], 1);
+}
+
+/* Serves searches for one index version and probe count in one device call. */
+static void
+SearchGroup(const std::vector<GpuIvfpqSlot *> &group)
+{
+	GpuIvfpqSlot *first = group.front();
+	MirrorKey	key = ToKey(first->key);
+	gpuivfpq::Mirror *mirror = store->find(key);
+	size_t		nq = group.size();
+	size_t		d = first->dim;
+	size_t		k = 0;
+	std::vector<float> queries, dist;
+	std::vector<int64_t> labels;
+	std::string err;
+	bool		oom = false;
+
+	if (mirror == nullptr)
+	{
+		TimestampTz now = GetCurrentTimestamp();
+		auto		claim = load_claims.find(key);
+		bool		claimed = claim != load_claims.end() &&
+			!TimestampDifferenceExceeds(claim->second, now, LOAD_CLAIM_MS);
+
+		/* The first asker loads the mirror; the others use the CPU meanwhile. */
+		for (size_t i = 0; i < nq; i++)
+			Answer(group[i], (i == 0 && !claimed) ? RES_NOT_LOADED : RES_LOADING, NULL);
+		if (!claimed)
+			load_claims[key] = now;
+		return;
+	}
+	for (GpuIvfpqSlot *slot : group)
+		k = Max(k, (size_t) slot->k);
+	queries.resize(nq * d);
+	for (size_t i = 0; i < nq; i++)
+		memcpy(&queries[i * d], group[i]->payload.bytes, d * sizeof(float));
+	dist.resize(nq * k);
+	labels.resize(nq * k);
+	if (!Engine([&] {
+			mirror->search(queries.data(), nq, k, first->nprobe, dist.data(), labels.data());
+			store->count_queries(key, nq);
+		}, err, &oom))
+	{
+		RecordError("search failed: " + err);
+		for (GpuIvfpqSlot *slot : group)
+			Answer(slot, oom ? RES_NO_MEMORY : RES_ERROR, err.c_str());
+		return;
+	}
+	CountBatch((int) nq);
+	for (size_t i = 0; i < nq; i++)
+	{
+		GpuIvfpqSlot *slot = group[i];
+		size_t		ks = slot->k;
+		int64	   *out_labels = (int64 *) slot->payload.bytes;
+		float	   *out_dist = (float *) (slot->payload.bytes + ks * sizeof(int64));
+
+		/* Rows of the batch are sorted: a smaller k takes the prefix. */
+		memcpy(out_labels, &labels[i * k], ks * sizeof(int64));
+		memcpy(out_dist, &dist[i * k], ks * sizeof(float));
+		slot->batch = (int) nq;
+		Answer(slot, RES_OK, NULL);
+	}
+}
+
+static gpuivfpq::MirrorSpec
+SpecFrom(const GpuIvfpqDsmHeader *h, const char *base, const GpuIvfpqDsmLayout &l)
+{
+	gpuivfpq::MirrorSpec spec;
+
+	spec.d = h->d;
+	spec.lists = h->lists;
+	spec.m = h->m;
+	spec.metric = (gpuivfpq::Metric) h->metric;
+	spec.centroids = (const float *) (base + l.centroids);
+	spec.codebooks = (const float *) (base + l.codebooks);
+	return spec;
+}
+
+/*
+ * Builds a mirror from the entries a backend read from the pages, then
+ * applies the changes logged since it started reading (skipping entries it
+ * already saw). An invalidation in that window, or a lapped log, means the
+ * pages changed under the reader: the mirror is not kept.
+ */
+static RequestResult
+Load(GpuIvfpqSlot *slot, const char *base, std::string &err)
+{
+	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+	const GpuIvfpqDsmHeader *h = (const GpuIvfpqDsmHeader *) base;
+	GpuIvfpqDsmLayout l = GpuIvfpqDsmLayoutFor(REQ_LOAD, h);
+	MirrorKey	key = ToKey(slot->key);
+	gpuivfpq::MirrorSpec spec = SpecFrom(h, base, l);
+	const int64 *labels = (const int64 *) (base + l.labels);
+	std::vector<GpuIvfpqLogEntry> window;
+	uint64		head;
+	bool		oom = false;
+	bool		changed = false;
+	gpuivfpq::Mirror *mirror = nullptr;
+
+	if (!Engine([&] {
+			mirror = store->load(key, spec, (size_t) h->n, (const int32_t *) (base + l.lists),
+								 (const uint8_t *) (base + l.codes), (const int64_t *) labels);
+		}, err, &oom))
+		return oom ? RES_NO_MEMORY : RES_ERROR;
+
+	LWLockAcquire(s->log_lock, LW_SHARED);
+	head = s->log_head;
+	if (head - slot->log_start > GPU_IVFPQ_LOG_SIZE)
+		changed = true;
+	else
+		for (uint64 seq = slot->log_start; seq < head; seq++)
+		{
+			const GpuIvfpqLogEntry *e = &s->log[seq % GPU_IVFPQ_LOG_SIZE];
+
+			if (e->key.db == key.db && e->key.index == key.index)
+				window.push_back(*e);
+		}
+	LWLockRelease(s->log_lock);
+
+	if (!changed && !Engine([&] {
+			std::unordered_set<int64_t> seen;
+			std::vector<int32_t> lists;
+			std::vector<int64_t> labs;
+			std::vector<uint8_t> codes;
+
+			for (const auto &e : window)
+			{
+				if (e.kind == LOG_INVALIDATE)
+				{
+					changed = true;
+					return;
+				}
+				if (!(ToKey(e.key) == key))
+					continue;
+				if (seen.empty())
+					seen.insert(labels, labels + h->n);
+				if (!seen.insert(e.label).second)
+					continue;
+				lists.push_back(e.list);
+				labs.push_back(e.label);
+				codes.insert(codes.end(), e.code, e.code + h->m);
+			}
+			mirror->add(lists.size(), lists.data(), codes.data(), labs.data());
+		}, err, &oom))
+		changed = true;
+	if (changed)
+	{
+		(void) Engine([&] { store->drop_index(key.db, key.index); }, err);
+		if (err.empty())
+			err = "the index changed while its mirror was loading; the next scan loads it again";
+		return oom ? RES_NO_MEMORY : RES_ERROR;
+	}
+	/* Everything before head is in; the main loop applies later entries. */
+	mirror_from[key] = head;
+	load_claims.erase(key);		/* a failed load keeps its claim: others use the CPU a while */
+	return RES_OK;
+}
+
+static RequestResult
+Train(char *base, std::string &err)
+{
+	const GpuIvfpqDsmHeader *h = (const GpuIvfpqDsmHeader *) base;
+	GpuIvfpqDsmLayout l = GpuIvfpqDsmLayoutFor(REQ_TRAIN, h);
+	gpuivfpq::IvfPqTrainParams params;
+	bool		oom = false;
+
+	params.iterations = h->iterations;
+	params.seed = h->seed;
+	params.max_points_per_centroid = h->max_points_per_centroid;
+	if (!Engine([&] {
+			device->train((const float *) (base + l.rows), (size_t) h->n, h->d, h->lists, h->m,
+						  (gpuivfpq::Metric) h->metric, params, (float *) (base + l.centroids),
+						  (float *) (base + l.codebooks));
+		}, err, &oom))
+		return oom ? RES_NO_MEMORY : RES_ERROR;
+	return RES_OK;
+}
+
+static RequestResult
+Encode(GpuIvfpqSlot *slot, char *base, std::string &err)
+{
+	const GpuIvfpqDsmHeader *h = (const GpuIvfpqDsmHeader *) base;
+	GpuIvfpqDsmLayout l = GpuIvfpqDsmLayoutFor(REQ_ENCODE, h);
+	gpuivfpq::MirrorSpec spec = SpecFrom(h, base, l);
+	bool		oom = false;
+
+	if (!Engine([&] {
+			device->encode(spec, (const float *) (base + l.rows), (size_t) Min(slot->n, h->n),
+						   (int32_t *) (base + l.lists), (uint8_t *) (base + l.codes));
+		}, err, &oom))
+		return oom ? RES_NO_MEMORY : RES_ERROR;
+	return RES_OK;
+}
+
+/* dsm_attach, with its ERROR turned into NULL (no C++ frames in between). */
+static dsm_segment *
+AttachSegment(dsm_handle handle)
+{
+	dsm_segment *volatile seg = NULL;
+	MemoryContext ctx = CurrentMemoryContext;
+
+	PG_TRY();
+	{
+		seg = dsm_attach(handle);
+	}
+	PG_CATCH();
+	{
+		MemoryContextSwitchTo(ctx);
+		FlushErrorState();
+		seg = NULL;
+	}
+	PG_END_TRY();
+	return seg;
+}
+
+/* Serves a request that carries a DSM segment (load, train, encode). */
+static void
+ServeSegmentRequest(GpuIvfpqSlot *slot)
+{
+	dsm_segment *seg = AttachSegment(slot->dsm);
+	RequestResult result;
+	std::string err;
+
+	if (seg == NULL)
+	{
+		/* The requester gave up and destroyed it. */
+		Answer(slot, RES_ERROR, "request segment is gone");
+		return;
+	}
+	switch (slot->kind)
+	{
+		case REQ_LOAD:
+			result = Load(slot, (char *) dsm_segment_address(seg), err);
+			break;
+		case REQ_TRAIN:
+			result = Train((char *) dsm_segment_address(seg), err);
+			break;
+		default:
+			result = Encode(slot, (char *) dsm_segment_address(seg), err);
+			break;
+	}
+	dsm_detach(seg);
+	if (result != RES_OK && !err.empty())
+		RecordError(err);
+	Answer(slot, result, err.c_str());
+}
+
+/* Groups the taken searches by (index version, probes, dim) and serves each group. */
+static void
+Serve(std::vector<GpuIvfpqSlot *> &taken)
+{
+	std::map<std::tuple<MirrorKey, int, int>, std::vector<GpuIvfpqSlot *>> groups;
+
+	for (GpuIvfpqSlot *slot : taken)
+	{
+		if (slot->kind != REQ_SEARCH)
+			continue;
+		groups[std::make_tuple(ToKey(slot->key), slot->nprobe, slot->dim)].push_back(slot);
+	}
+	for (auto &kv : groups)
+		SearchGroup(kv.second);
+	for (GpuIvfpqSlot *slot : taken)
+		if (slot->kind != REQ_SEARCH)
+		{
+			ServeSegmentRequest(slot);
+			CHECK_FOR_INTERRUPTS();
+		}
+}
+
+/* Answers every request still open when the service exits, however it exits. */
+static void
+ServiceExit(int code, Datum arg)
+{
+	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+
+	SpinLockAcquire(&s->mutex);
+	s->pid = 0;
+	s->latch = NULL;
+	s->state = SERVICE_STOPPED;
+	SpinLockRelease(&s->mutex);
+	for (int i = 0; i < s->nslots; i++)
+	{
+		GpuIvfpqSlot *slot = &s->slots[i];
+		SlotState	st;
+
+		SpinLockAcquire(&slot->mutex);
+		st = slot->state;
+		SpinLockRelease(&slot->mutex);
+		if (st == SLOT_PENDING || st == SLOT_RUNNING || st == SLOT_ABANDONED)
+			Answer(slot, RES_SERVICE_GONE, "the gpu_ivfpq service exited");
+	}
+	/* Mirrors live in this process's device memory: they go with it. */
+	store.reset();
+	device.reset();
+}
+
+/* Opens the compute device: the emulation if asked for, else the first GPU. */
+static ServiceState
+OpenDevice(char *desc, size_t desclen, std::string &err)
+{
+	if (gpu_ivfpq_service_emulate_gpu)
+	{
+		device = gpuivfpq::make_cpu_emulation_device();
+		snprintf(desc, desclen, "%s", device->description().c_str());
+		return SERVICE_EMULATED;
+	}
+#ifdef GPU_IVFPQ_WITH_CUDA
+	{
+		int			count = 0;
+
+		if (Engine([&] { count = gpuivfpq::cuda_device_count(); }, err) && count > 0 &&
+			Engine([&] { device = gpuivfpq::make_cuda_device(0, 0); }, err))
+		{
+			snprintf(desc, desclen, "%s", device->description().c_str());
+			return SERVICE_GPU;
+		}
+		snprintf(desc, desclen, "%s", err.empty() ? "none (no CUDA device found)" : "none (CUDA error)");
+		return SERVICE_CPU_ONLY;
+	}
+#else
+	snprintf(desc, desclen, "none (extension built without CUDA)");
+	return SERVICE_CPU_ONLY;
+#endif
+}
+
+/*
+ * The service's main loop. SIGTERM ends it with FATAL (exit code 1), so the
+ * postmaster starts it again after bgw_restart_time unless it is shutting
+ * down; an ERROR inside the loop is logged, answers the requests in hand,
+ * and the loop goes on.
+ */
+void
+gpu_ivfpq_service_main(Datum arg)
+{
+	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+	sigjmp_buf	local_sigjmp_buf;
+	MemoryContext loopctx;
+	std::vector<GpuIvfpqSlot *> *taken;
+	ServiceState state;
+	char		desc[128];
+	std::string err;
+
+	pqsignal(SIGTERM, die);
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	BackgroundWorkerUnblockSignals();
+	before_shmem_exit(ServiceExit, (Datum) 0);
+	loopctx = AllocSetContextCreate(TopMemoryContext, "gpu_ivfpq service loop", ALLOCSET_DEFAULT_SIZES);
+
+	state = OpenDevice(desc, sizeof(desc), err);
+	if (!err.empty())
+		ereport(LOG, (errmsg("gpu_ivfpq service: no usable GPU: %s", err.c_str())));
+	if (device)
+	{
+		store = std::make_unique<gpuivfpq::MirrorStore>(*device);
+		store->set_budget(BudgetBytes());
+	}
+
+	/* Requests left by an earlier incarnation get an answer now. */
+	for (int i = 0; i < s->nslots; i++)
+	{
+		GpuIvfpqSlot *slot = &s->slots[i];
+
+		if (slot->state == SLOT_PENDING || slot->state == SLOT_RUNNING || slot->state == SLOT_ABANDONED)
+			Answer(slot, RES_SERVICE_GONE, "the gpu_ivfpq service restarted");
+	}
+	LWLockAcquire(s->log_lock, LW_SHARED);
+	log_cursor = s->log_head;	/* no mirror exists yet: older changes are in the pages */
+	LWLockRelease(s->log_lock);
+
+	SpinLockAcquire(&s->mutex);
+	s->pid = MyProcPid;
+	s->latch = MyLatch;
+	s->starts++;
+	s->started_at = GetCurrentTimestamp();
+	s->state = state;
+	strlcpy(s->device, desc, sizeof(s->device));
+	strlcpy(s->last_error, err.c_str(), sizeof(s->last_error));
+	SpinLockRelease(&s->mutex);
+	PublishStatus();
+
+	taken = new std::vector<GpuIvfpqSlot *>();
+	if (sigsetjmp(local_sigjmp_buf, 1) != 0)
+	{
+		/* An ERROR in the loop: report it, answer what was in hand, go on. */
+		ErrorData  *edata;
+
+		HOLD_INTERRUPTS();
+		MemoryContextSwitchTo(loopctx);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RecordError(edata->message ? edata->message : "error");
+		for (GpuIvfpqSlot *slot : *taken)
+		{
+			if (slot->state == SLOT_RUNNING || slot->state == SLOT_ABANDONED)
+				Answer(slot, RES_ERROR, "the gpu_ivfpq service failed");
+		}
+		taken->clear();
+		MemoryContextReset(loopctx);
+		RESUME_INTERRUPTS();
+	}
+	PG_exception_stack = &local_sigjmp_buf;
+
+	for (;;)
+	{
+		int			searches;
+
+		MemoryContextSwitchTo(loopctx);
+		MemoryContextReset(loopctx);
+		CHECK_FOR_INTERRUPTS();
+		if (ConfigReloadPending)
+		{
+			ConfigReloadPending = false;
+			ProcessConfigFile(PGC_SIGHUP);
+			if (store)
+			{
+				store->set_budget(BudgetBytes());
+				(void) Engine([&] { store->enforce_budget(); }, err);
+			}
+		}
+		ResetLatch(MyLatch);
+		taken->clear();
+		searches = Collect(*taken, gpu_ivfpq_batch_size);
+		if (taken->empty())
+		{
+			if (store)
+				DrainLog();
+			PublishStatus();
+			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, 1000L,
+							 PG_WAIT_EXTENSION);
+			continue;
+		}
+		/* Waiting a little lets more connections join the batch (measured in README). */
+		if (gpu_ivfpq_batch_wait_us > 0 && searches > 0 && searches < gpu_ivfpq_batch_size)
+		{
+			pg_usleep(gpu_ivfpq_batch_wait_us);
+			(void) Collect(*taken, gpu_ivfpq_batch_size - searches);
+		}
+		if (!store)
+		{
+			for (GpuIvfpqSlot *slot : *taken)
+				Answer(slot, RES_ERROR, "the gpu_ivfpq service has no GPU");
+			continue;
+		}
+		/* After collecting: a change logged before a request was sent is applied first. */
+		DrainLog();
+		Serve(*taken);
+		taken->clear();
+	}
+}
