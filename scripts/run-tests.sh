@@ -154,7 +154,11 @@ EOF
 }
 
 # ------------------------------------------------------------------ regress
+# run_regress [service]: the plain run, or the same suite on an instance that
+# preloads gpu_ivfpq so the GPU service serves the scans (the CPU emulation
+# of the GPU where there is none; the real GPU with GPU_IVFPQ_EXPECT_GPU=1).
 run_regress() {
+  local variant=${1:-}
   if [ ! -f "$REPO_ROOT/Makefile" ]; then
     skip "regress (no Makefile)"
     return
@@ -172,31 +176,44 @@ run_regress() {
   fi
   opts=$(make_var REGRESS_OPTS)
   stage_repo
-  local out=$STAGE/regress_out rc=0
+  local name=regress${variant:+-$variant}
+  local out=$STAGE/${name}_out rc=0 log=$LOGS/$name.log
   mkdir -p "$out" && chown postgres: "$out"
+  if [ "$variant" = service ]; then
+    {
+      echo "shared_preload_libraries = 'gpu_ivfpq'"
+      if [ "${GPU_IVFPQ_EXPECT_GPU:-0}" = 1 ]; then
+        echo "gpu_ivfpq.service_emulate_gpu = off"
+      else
+        echo "gpu_ivfpq.service_emulate_gpu = on"
+      fi
+    } >"$STAGE/service.conf"
+    opts="$opts --temp-config=$STAGE/service.conf"
+    tests="$tests service_status"
+  fi
   # shellcheck disable=SC2086  # REGRESS and REGRESS_OPTS are word lists
   (cd "$STAGE" && runuser -u postgres -- "$PG_REGRESS" \
-      --temp-instance="$STAGE/tmp_check_regress" --bindir="$PG_BIN" \
+      --temp-instance="$STAGE/tmp_check_$name" --bindir="$PG_BIN" \
       --inputdir="$STAGE" --outputdir="$out" --no-locale --encoding=UTF8 \
-      $opts $tests) >"$LOGS/regress.log" 2>&1 || rc=$?
+      $opts $tests) >"$log" 2>&1 || rc=$?
   local ok bad
-  ok=$(grep -cE '\.\.\. +(ok|failed \(ignored\))' "$LOGS/regress.log")
-  bad=$(grep -cE '\.\.\. +FAILED' "$LOGS/regress.log")
+  ok=$(grep -cE '\.\.\. +(ok|failed \(ignored\))' "$log")
+  bad=$(grep -cE '\.\.\. +FAILED' "$log")
   if [ "$rc" -ne 0 ] || [ "$bad" -ne 0 ]; then
-    cat "$LOGS/regress.log"
+    cat "$log"
     if [ -f "$out/regression.diffs" ]; then
       say "---- regression.diffs (first 400 lines)"
       head -n 400 "$out/regression.diffs"
     fi
     if [ "$bad" -eq 0 ]; then
       bad=1
-      compgen -G "$STAGE/tmp_check_regress/log/*" >/dev/null &&
-        tail -n 40 "$STAGE"/tmp_check_regress/log/* 2>/dev/null
+      compgen -G "$STAGE/tmp_check_$name/log/*" >/dev/null &&
+        tail -n 40 "$STAGE"/tmp_check_$name/log/* 2>/dev/null
     fi
-    fail "regress: $bad failed" "$bad"
+    fail "$name: $bad failed" "$bad"
     pass "$ok"
   else
-    say "regress: $ok tests passed"
+    say "$name: $ok tests passed"
     pass "$ok"
   fi
 }
@@ -351,6 +368,7 @@ SQL
 
 want unit && run_unit
 want regress && run_regress
+want regress && run_regress service
 want tap && run_tap
 want tools && run_tools
 

@@ -148,7 +148,7 @@ SHOW gpu_ivfpq.rerank;
 SHOW gpu_ivfpq.max_scan_tuples;
 SHOW gpu_ivfpq.table_memory;
 SELECT name, setting, unit, min_val, max_val, context FROM pg_settings
-WHERE name LIKE 'gpu_ivfpq.%' ORDER BY name;
+WHERE name LIKE 'gpu_ivfpq.%' AND name <> 'gpu_ivfpq.service_emulate_gpu' ORDER BY name;
 SET gpu_ivfpq.probes = 0;
 SET gpu_ivfpq.probes = 65537;
 SET gpu_ivfpq.rerank = 0;

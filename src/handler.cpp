@@ -74,15 +74,18 @@ _PG_init(void)
 							"0: a batch holds what arrived while the previous one ran.",
 							&gpu_ivfpq_batch_wait_us, 0, 0, 100000, PGC_SIGHUP, 0,
 							NULL, NULL, NULL);
-	DefineCustomBoolVariable("gpu_ivfpq.service_emulate_gpu",
-							 "Testing only: the service serves requests with a CPU emulation of the GPU.",
-							 "Exercises the request path, batching and mirror coherence on machines without a GPU.",
-							 &gpu_ivfpq_service_emulate_gpu, false, PGC_POSTMASTER, 0, NULL, NULL, NULL);
-	MarkGUCPrefixReserved("gpu_ivfpq");
-
 	GpuIvfpqServiceInstallHooks();
 	if (process_shared_preload_libraries_in_progress)
+	{
+		/* A server-start setting: defined only while preloading, as PGC_POSTMASTER requires. */
+		DefineCustomBoolVariable("gpu_ivfpq.service_emulate_gpu",
+								 "Testing only: the service serves requests with a CPU emulation of the GPU.",
+								 "Exercises the request path, batching and mirror coherence on machines without a GPU.",
+								 &gpu_ivfpq_service_emulate_gpu, false, PGC_POSTMASTER, 0, NULL, NULL, NULL);
 		GpuIvfpqServiceRegister();
+	}
+	/* After every definition: this drops placeholders of the prefix. */
+	MarkGUCPrefixReserved("gpu_ivfpq");
 }
 
 /* amoptions: parses WITH (lists, m, nbits). */

@@ -62,17 +62,17 @@ static const char *
 NotServableReason(const GpuIvfpqMetaPageData *meta)
 {
 	if (gpu_ivfpq_service == NULL)
-		return "gpu_ivfpq is not in shared_preload_libraries";
+		return "The extension gpu_ivfpq is not in shared_preload_libraries";
 	if (!GpuIvfpqServiceServing())
-		return "the gpu_ivfpq service has no GPU or is not running";
+		return "The gpu_ivfpq service has no GPU or is not running";
 	if (RecoveryInProgress())
-		return "indexes are not mirrored on a standby";
+		return "Indexes are not mirrored on a standby";
 	if (!meta->trained)
-		return "the index has no trained quantizers";
+		return "The index has no trained quantizers";
 	if ((int) meta->dimensions > GPU_IVFPQ_SERVICE_MAX_DIM)
-		return "the GPU path handles up to 8192 dimensions";
+		return "The GPU path handles up to 8192 dimensions";
 	if (meta->m > GPU_IVFPQ_SERVICE_MAX_M)
-		return "the GPU path handles up to m = 64 sub-quantizers";
+		return "The GPU path handles up to m = 64 sub-quantizers";
 	return NULL;
 }
 
@@ -288,6 +288,15 @@ LogInvalidate(Oid indexoid, bool wait)
 	e.key.index = indexoid;
 	e.kind = LOG_INVALIDATE;
 	seq = LogPush(&e);
+	{
+		Latch	   *latch;
+
+		SpinLockAcquire(&s->mutex);
+		latch = s->pid != 0 ? s->latch : NULL;
+		SpinLockRelease(&s->mutex);
+		if (latch != NULL)
+			SetLatch(latch);	/* frees the memory now, not at the next request */
+	}
 
 	/* Wait until the service has applied it: no batch after that uses the old mirror. */
 	while (wait)
@@ -468,9 +477,9 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
 	char		error[256];
 
 	if (reason == NULL && k > GPU_IVFPQ_SERVICE_MAX_K)
-		reason = "the GPU selects at most 2048 candidates per round";
+		reason = "The GPU selects at most 2048 candidates per round";
 	if (reason == NULL && (slot = GpuIvfpqAcquireSlot()) == NULL)
-		reason = "no request slot is free";
+		reason = "No request slot is free";
 	if (reason != NULL)
 	{
 		if (required)
@@ -518,7 +527,7 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
 			}
 		}
 		if (result == RES_LOADING)
-			reason = "its GPU mirror is being loaded by another session";
+			reason = "The index's GPU mirror is being loaded by another session";
 		else if (result == RES_NO_MEMORY)
 		{
 			ereport(WARNING,
@@ -526,7 +535,7 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
 							RelationGetRelationName(index)),
 					 errdetail("%s", error),
 					 errhint("Raise gpu_ivfpq.gpu_memory_budget or drop unused indexes.")));
-			reason = "the index does not fit in GPU memory";
+			reason = "The index does not fit in GPU memory";
 		}
 		else if (result != RES_NOT_LOADED)
 		{
@@ -534,10 +543,10 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
 					(errmsg("gpu_ivfpq: the GPU failed to serve a scan of \"%s\", using the CPU",
 							RelationGetRelationName(index)),
 					 errdetail("%s", error[0] ? error : "the service exited")));
-			reason = "the GPU service failed";
+			reason = "The GPU service failed";
 		}
 		else
-			reason = "the index could not be mirrored";
+			reason = "The index could not be mirrored";
 		break;
 	}
 	CountFallback();
@@ -566,7 +575,7 @@ gpu_ivfpq_prewarm(PG_FUNCTION_ARGS)
 	GpuIvfpqReadMeta(index, &meta);
 	reason = NotServableReason(&meta);
 	if (reason == NULL && (slot = GpuIvfpqAcquireSlot()) == NULL)
-		reason = "no request slot is free";
+		reason = "No request slot is free";
 	if (reason != NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),

@@ -183,7 +183,11 @@ DrainLog(void)
 			entries.push_back(s->log[seq % GPU_IVFPQ_LOG_SIZE]);
 	LWLockRelease(s->log_lock);
 
-	if (lapped)
+	if (!store)
+	{
+		/* No mirrors to keep: just acknowledge (VACUUM waits for it). */
+	}
+	else if (lapped)
 	{
 		std::string err;
 
@@ -430,6 +434,7 @@ Load(GpuIvfpqSlot *slot, const char *base, std::string &err)
 	/* Everything before head is in; the main loop applies later entries. */
 	mirror_from[key] = head;
 	load_claims.erase(key);		/* a failed load keeps its claim: others use the CPU a while */
+	PublishStatus();			/* before the answer, so the loader sees its mirror listed */
 	return RES_OK;
 }
 
@@ -662,6 +667,7 @@ gpu_ivfpq_service_main(Datum arg)
 		ErrorData  *edata;
 
 		HOLD_INTERRUPTS();
+		LWLockReleaseAll();
 		MemoryContextSwitchTo(loopctx);
 		edata = CopyErrorData();
 		FlushErrorState();
@@ -699,8 +705,7 @@ gpu_ivfpq_service_main(Datum arg)
 		searches = Collect(*taken, gpu_ivfpq_batch_size);
 		if (taken->empty())
 		{
-			if (store)
-				DrainLog();
+			DrainLog();
 			PublishStatus();
 			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, 1000L,
 							 PG_WAIT_EXTENSION);

@@ -1,0 +1,54 @@
+-- Run after the whole suite on an instance that preloads gpu_ivfpq (the
+-- "service" pass of scripts/run-tests.sh): the scans above went through the
+-- GPU service, and the service's SQL surface behaves.
+SET client_min_messages = warning;
+SET enable_seqscan = off;  -- tiny tables: make sure the index serves
+CREATE EXTENSION IF NOT EXISTS gpu_ivfpq;
+SELECT state LIKE 'running (GPU%' AS gpu_serving, service_pid IS NOT NULL AS has_pid
+FROM gpu_ivfpq_status;
+SELECT queries_gpu > 0 AS gpu_served, batches > 0 AS batched, mean_batch >= 1 AS mean_ok,
+       last_error IS NULL AS no_error
+FROM gpu_ivfpq_status;
+
+CREATE TABLE svc (id int PRIMARY KEY, v real[]);
+INSERT INTO svc SELECT i, ARRAY[sin(i), cos(i), sin(2 * i), cos(3 * i)]::real[]
+FROM generate_series(1, 2000) i;
+CREATE INDEX svc_idx ON svc USING gpu_ivfpq (v) WITH (lists = 8, m = 2);
+SELECT gpu_ivfpq_prewarm('svc_idx');
+SELECT index, entries FROM gpu_ivfpq_mirrors WHERE index = 'svc_idx';
+
+-- gpu_ivfpq.device = gpu: served by the GPU, same rows as the CPU engine.
+SET gpu_ivfpq.device = gpu;
+SELECT array_agg(id) AS gpu FROM (SELECT id FROM svc ORDER BY v <-> '{0.5,0.5,0.1,0.2}' LIMIT 8) s;
+SET gpu_ivfpq.device = cpu;
+SELECT array_agg(id) AS cpu FROM (SELECT id FROM svc ORDER BY v <-> '{0.5,0.5,0.1,0.2}' LIMIT 8) s;
+
+-- An insert reaches the mirror before the next query.
+SET gpu_ivfpq.device = gpu;
+INSERT INTO svc VALUES (5000, '{0.5,0.5,0.1,0.2}');
+SELECT id, v <-> '{0.5,0.5,0.1,0.2}' AS dist FROM svc ORDER BY v <-> '{0.5,0.5,0.1,0.2}' LIMIT 1;
+
+-- VACUUM drops the mirror (entries moved); the next scan reloads it.
+DELETE FROM svc WHERE id = 5000;
+VACUUM svc;
+SELECT count(*) AS mirrors_after_vacuum FROM gpu_ivfpq_mirrors WHERE index = 'svc_idx';
+SELECT id FROM svc ORDER BY v <-> '{0.5,0.5,0.1,0.2}' LIMIT 1;
+SELECT entries FROM gpu_ivfpq_mirrors WHERE index = 'svc_idx';
+
+-- What the GPU cannot serve is an error with gpu_ivfpq.device = gpu ...
+CREATE TABLE wide (v real[]);
+INSERT INTO wide SELECT array_fill(i::real, ARRAY[8200]) FROM generate_series(1, 20) i;
+SET maintenance_work_mem = '256MB';
+CREATE INDEX wide_idx ON wide USING gpu_ivfpq (v) WITH (lists = 2, m = 8);
+SELECT 1 FROM wide ORDER BY v <-> array_fill(1::real, ARRAY[8200]) LIMIT 1;
+SELECT gpu_ivfpq_prewarm('wide_idx');
+-- ... and the CPU engine with auto.
+SET gpu_ivfpq.device = auto;
+SELECT v[1] FROM wide ORDER BY v <-> array_fill(3::real, ARRAY[8200]) LIMIT 1;
+SELECT gpu_ivfpq_prewarm('svc');
+
+-- DROP frees the mirror.
+DROP INDEX svc_idx;
+SELECT pg_sleep(0.5);
+SELECT count(*) AS mirrors_after_drop FROM gpu_ivfpq_mirrors WHERE indexrelid NOT IN (SELECT oid FROM pg_class);
+DROP TABLE svc, wide;
