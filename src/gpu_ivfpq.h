@@ -132,7 +132,7 @@ extern int	gpu_ivfpq_rerank;
 extern int	gpu_ivfpq_max_scan_tuples;
 extern int	gpu_ivfpq_table_memory_mb;
 extern int	gpu_ivfpq_device;
-extern int	gpu_ivfpq_gpu_memory_budget_mb;
+extern int	gpu_ivfpq_gpu_memory_budget_kb;
 extern int	gpu_ivfpq_batch_size;
 extern int	gpu_ivfpq_batch_wait_us;
 extern bool gpu_ivfpq_service_emulate_gpu;

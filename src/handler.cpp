@@ -15,7 +15,7 @@ int			gpu_ivfpq_rerank = 100;
 int			gpu_ivfpq_max_scan_tuples = 20000;
 int			gpu_ivfpq_table_memory_mb = 128;
 int			gpu_ivfpq_device = GPU_IVFPQ_DEVICE_AUTO;
-int			gpu_ivfpq_gpu_memory_budget_mb = 0;
+int			gpu_ivfpq_gpu_memory_budget_kb = 0;
 int			gpu_ivfpq_batch_size = 256;
 int			gpu_ivfpq_batch_wait_us = 0;
 bool		gpu_ivfpq_service_emulate_gpu = false;
@@ -65,7 +65,7 @@ _PG_init(void)
 	DefineCustomIntVariable("gpu_ivfpq.gpu_memory_budget",
 							"GPU memory the service may use for index mirrors (0 = three quarters of the device).",
 							"Least recently used mirrors are evicted to stay within it.",
-							&gpu_ivfpq_gpu_memory_budget_mb, 0, 0, INT_MAX, PGC_SIGHUP, GUC_UNIT_MB,
+							&gpu_ivfpq_gpu_memory_budget_kb, 0, 0, INT_MAX, PGC_SIGHUP, GUC_UNIT_KB,
 							NULL, NULL, NULL);
 	DefineCustomIntVariable("gpu_ivfpq.batch_size", "Most searches the GPU service merges into one batch.",
 							NULL, &gpu_ivfpq_batch_size, 256, 1, 4096, PGC_SIGHUP, 0, NULL, NULL, NULL);

@@ -156,8 +156,8 @@ PublishStatus(void)
 static size_t
 BudgetBytes(void)
 {
-	if (gpu_ivfpq_gpu_memory_budget_mb > 0)
-		return (size_t) gpu_ivfpq_gpu_memory_budget_mb * 1024 * 1024;
+	if (gpu_ivfpq_gpu_memory_budget_kb > 0)
+		return (size_t) gpu_ivfpq_gpu_memory_budget_kb * 1024;
 	/* Leave a quarter for search scratch, builds and other processes. */
 	return device->memory_capacity() / 4 * 3;
 }
