@@ -47,8 +47,10 @@ build_extension() {
         --exclude=./tmp_check -cf - . | tar -C "$tmp" -xf -
     dir=$tmp
   fi
+  # GPU_IVFPQ_CUDA_LIB (an absolute path): link the CUDA kernels (GPU machine).
   run_quiet "$log" make -C "$dir" -j"$JOBS" with_llvm="${WITH_LLVM:-no}" \
-      PG_CONFIG="$PG_BIN/pg_config" all install || rc=$?
+      PG_CONFIG="$PG_BIN/pg_config" ${GPU_IVFPQ_CUDA_LIB:+GPU_IVFPQ_CUDA_LIB="$GPU_IVFPQ_CUDA_LIB"} \
+      all install || rc=$?
   [ -n "$tmp" ] && rm -rf "$tmp"
   return "$rc"
 }

@@ -1,0 +1,143 @@
+#!/bin/bash
+# SQL benchmark of gpu_ivfpq on the GPU machine (issue 4): a deterministic
+# 1M x 128 SIFT-like set, lists = 4096, m = $1; CREATE INDEX on the GPU and
+# the CPU; single-connection prepared ORDER BY <-> LIMIT 10 latency (p50,
+# p99) and recall@10 for several probes on each path; pgbench throughput with
+# 1..64 clients and the mean GPU batch; SELECT 1 as PostgreSQL's own ceiling;
+# a gpu_ivfpq.batch_wait sweep.
+#
+# Runs after bash .device/pg-up.sh and an install of the extension linked
+# with the kernels. usage: bench/gpu/sql_bench.sh M [N]   (CPU_BUILD=0 skips
+# the CPU CREATE INDEX; SECS sets the pgbench duration)
+set -euo pipefail
+M=${1:-16}
+N=${2:-1000000}
+SECS=${SECS:-8}
+CPU_BUILD=${CPU_BUILD:-1}
+DATA=/tmp/sift-$N
+RES=${OUT:-/tmp}/sql-bench-m$M.txt
+LISTS=${LISTS:-4096}
+. "${PGENV:-/opt/pg/env.sh}"
+say() { echo "$*" | tee -a "$RES"; }
+: >"$RES"
+
+# Server: preloaded, enough shared buffers for the table, many clients.
+cat >>"$PGDATA/postgresql.conf" <<CONF
+shared_preload_libraries = 'gpu_ivfpq'
+shared_buffers = '8GB'
+max_connections = 200
+maintenance_work_mem = '4GB'
+max_parallel_maintenance_workers = 15
+dynamic_shared_memory_type = mmap
+CONF
+as_pg pg_ctl -D "$PGDATA" -l /tmp/pgkit-server.log -w restart >/dev/null
+for _ in $(seq 50); do
+  psql -qAtc "SELECT 1" >/dev/null 2>&1 && break
+  sleep 0.2
+done
+
+if [ ! -f "$DATA/base.copy" ]; then
+  python3 bench/gpu/make_sift_like.py "$DATA" "$N" 1000 128
+fi
+chmod -R a+rX "$DATA"
+
+psql -q <<SQL
+CREATE EXTENSION IF NOT EXISTS gpu_ivfpq;
+DROP TABLE IF EXISTS base, queries;
+CREATE TABLE base (id int4, v real[]);
+COPY base FROM '$DATA/base.copy' WITH (FORMAT binary);
+CREATE TABLE queries (qid int PRIMARY KEY, v real[], gt int[]);
+COPY queries FROM '$DATA/queries.txt';
+VACUUM ANALYZE base;
+SQL
+say "# gpu_ivfpq SQL benchmark: $N x 128 SIFT-like (bench/gpu/make_sift_like.py), lists $LISTS, m $M"
+say "# device: $(psql -qAtc 'SELECT device FROM gpu_ivfpq_status'); $(nproc) CPU cores"
+say "# $(date -u +%F' '%T) UTC"
+
+build() {
+  local device=$1 name=$2 t0 t1
+  t0=$(date +%s.%N)
+  PGOPTIONS="-c gpu_ivfpq.device=$device -c client_min_messages=debug1" \
+    psql -qc "CREATE INDEX $name ON base USING gpu_ivfpq (v) WITH (lists = $LISTS, m = $M)" 2>&1 |
+    grep -E 'gpu_ivfpq build' | sed 's/^/#   /' | tee -a "$RES"
+  t1=$(date +%s.%N)
+  say "CREATE INDEX on $device: $(awk "BEGIN { printf \"%.1f\", $t1 - $t0 }") s"
+}
+if [ "$CPU_BUILD" = 1 ]; then
+  build cpu base_cpu_idx
+  psql -qc "DROP INDEX base_cpu_idx"
+fi
+build gpu base_idx
+psql -qAtc "SELECT 'prewarm: ' || gpu_ivfpq_prewarm('base_idx') || ' entries'" | tee -a "$RES"
+psql -qAtc "SELECT 'mirror: ' || round(size_mb::numeric, 1) || ' MiB' FROM gpu_ivfpq_mirrors" | tee -a "$RES"
+
+cat >/tmp/knn.sql <<'Q'
+\set q random(1, 1000)
+SELECT id FROM base ORDER BY v <-> (SELECT v FROM queries WHERE qid = :q) LIMIT 10;
+Q
+echo 'SELECT 1;' >/tmp/one.sql
+
+recall() {
+  PGOPTIONS="-c gpu_ivfpq.device=$1 -c gpu_ivfpq.probes=$2 -c enable_seqscan=off" psql -qAt <<'SQL'
+SELECT round(avg(hit) / 10, 4) FROM queries q, LATERAL (
+  SELECT count(*) AS hit FROM (SELECT id FROM base ORDER BY v <-> q.v LIMIT 10) r
+  WHERE r.id = ANY (q.gt[1:10])) h;
+SQL
+}
+
+# pgbench; prints "tps p50_ms p99_ms" (latencies from the per-transaction log).
+bench() {
+  local clients=$1 script=$2 opts=$3 secs=${4:-$SECS} dir
+  dir=$(mktemp -d)
+  chmod 777 "$dir"
+  (cd "$dir" && PGOPTIONS="$opts" pgbench -n -M prepared -c "$clients" -j "$((clients < 16 ? clients : 16))" \
+    -T "$secs" -f "$script" --log --log-prefix=lat postgres >out.txt 2>&1) || { cat "$dir/out.txt"; return 1; }
+  local tps
+  tps=$(grep -oP 'tps = \K[0-9.]+(?= \(without)' "$dir/out.txt")
+  cat "$dir"/lat* | awk '{print $3}' | sort -n | awk -v tps="$tps" '
+    { a[NR] = $1 } END { printf "%.0f %.3f %.3f\n", tps, a[int(NR * 0.5)] / 1000, a[int(NR * 0.99)] / 1000 }'
+  rm -rf "$dir"
+}
+
+say ""
+say "## single connection, prepared ORDER BY v <-> q LIMIT 10 (rerank 100)"
+say "| probes | path | recall@10 | p50 ms | p99 ms | QPS |"
+say "|---|---|---|---|---|---|"
+for probes in 8 16 32 64; do
+  for device in gpu cpu; do
+    r=$(recall "$device" "$probes")
+    read -r tps p50 p99 < <(bench 1 /tmp/knn.sql "-c gpu_ivfpq.device=$device -c gpu_ivfpq.probes=$probes -c enable_seqscan=off")
+    say "| $probes | $device | $r | $p50 | $p99 | $tps |"
+  done
+done
+
+stat() { psql -qAtc "SELECT $1 FROM gpu_ivfpq_status"; }
+mean_batch() { awk -v q="$(($2 - $1))" -v b="$(($4 - $3))" 'BEGIN { printf "%.1f", (b > 0 ? q / b : 0) }'; }
+say ""
+say "## pgbench, probes 32: queries/second (mean GPU batch); SELECT 1 is PostgreSQL's ceiling"
+say "| clients | GPU QPS | mean batch | CPU QPS | SELECT 1 QPS |"
+say "|---|---|---|---|---|"
+for c in 1 8 32 64; do
+  q0=$(stat queries_gpu); b0=$(stat batches)
+  read -r g _ _ < <(bench "$c" /tmp/knn.sql "-c gpu_ivfpq.device=gpu -c gpu_ivfpq.probes=32 -c enable_seqscan=off")
+  q1=$(stat queries_gpu); b1=$(stat batches)
+  read -r cpu _ _ < <(bench "$c" /tmp/knn.sql "-c gpu_ivfpq.device=cpu -c gpu_ivfpq.probes=32 -c enable_seqscan=off")
+  read -r one _ _ < <(bench "$c" /tmp/one.sql "" 4)
+  say "| $c | $g | $(mean_batch "$q0" "$q1" "$b0" "$b1") | $cpu | $one |"
+done
+
+say ""
+say "## gpu_ivfpq.batch_wait (probes 32): 64-client throughput vs 1-client latency"
+say "| batch_wait us | 64 clients QPS | mean batch | 1 client p50 ms | p99 ms |"
+say "|---|---|---|---|---|"
+for w in 0 50 200 1000; do
+  psql -qc "ALTER SYSTEM SET gpu_ivfpq.batch_wait = $w" -c "SELECT pg_reload_conf()" >/dev/null
+  sleep 0.5
+  q0=$(stat queries_gpu); b0=$(stat batches)
+  read -r g _ _ < <(bench 64 /tmp/knn.sql "-c gpu_ivfpq.device=gpu -c gpu_ivfpq.probes=32 -c enable_seqscan=off" 5)
+  q1=$(stat queries_gpu); b1=$(stat batches)
+  read -r _ p50 p99 < <(bench 1 /tmp/knn.sql "-c gpu_ivfpq.device=gpu -c gpu_ivfpq.probes=32 -c enable_seqscan=off" 5)
+  say "| $w | $g | $(mean_batch "$q0" "$q1" "$b0" "$b1") | $p50 | $p99 |"
+done
+psql -qc "ALTER SYSTEM RESET gpu_ivfpq.batch_wait" -c "SELECT pg_reload_conf()" >/dev/null
+psql -qAtxc "SELECT * FROM gpu_ivfpq_status" | sed 's/^/# /' | tee -a "$RES"

@@ -1,0 +1,24 @@
+#!/bin/bash
+# The test suites on the GPU machine, with the extension linked to the CUDA
+# kernels and the GPU service serving: pg_regress (plain, then the whole
+# suite again on a preloaded instance whose service uses the GPU), and the
+# TAP suite with GPU_IVFPQ_EXPECT_GPU=1 (005 and 006 then require the GPU).
+#
+# Run with the device tool from the repository root, carrying .device (the
+# PostgreSQL kit, ../shared/device) and build-gpu/gpu/libgpu_ivfpq_gpu.a
+# (cmake -S . -B build-gpu -DGPU_IVFPQ_CUDA=ON; cmake --build build-gpu
+# --target gpu_ivfpq_gpu). Logs go to $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu-tests}
+mkdir -p "$OUT"
+bash .device/pg-up.sh >/tmp/pgup.log 2>&1 || { cat /tmp/pgup.log; exit 1; }
+. /opt/pg/env.sh
+# TAP tests drive psql and pgbench through IPC::Run.
+dpkg -x .device/libipc-run-perl_*.deb /
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+GPU_IVFPQ_EXPECT_GPU=1 SKIP_DEPS=1 GPU_IVFPQ_CUDA_LIB="$PWD/build-gpu/gpu/libgpu_ivfpq_gpu.a" \
+  PROVE_FLAGS=-v bash scripts/run-tests.sh --only "${SUITES:-regress,tap}" --keep 2>&1 | tee "$OUT/run-tests.log"
+rc=${PIPESTATUS[0]}
+work=$(ls -dt /tmp/gpu_ivfpq-tests.* | head -1)
+cp "$work"/logs/*.log "$OUT"/ 2>/dev/null
+exit "$rc"
