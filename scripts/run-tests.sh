@@ -191,6 +191,9 @@ run_regress() {
     opts="$opts --temp-config=$STAGE/service.conf"
     tests="$tests service_status"
   fi
+  # TEMP_CONFIG: settings for every test instance (e.g. jit = off where the
+  # server package's LLVM is missing), as PostgreSQL's own make check takes it.
+  [ -n "${TEMP_CONFIG:-}" ] && opts="$opts --temp-config=$TEMP_CONFIG"
   # shellcheck disable=SC2086  # REGRESS and REGRESS_OPTS are word lists
   (cd "$STAGE" && runuser -u postgres -- "$PG_REGRESS" \
       --temp-instance="$STAGE/tmp_check_$name" --bindir="$PG_BIN" \
@@ -249,7 +252,8 @@ run_tap() {
   (cd "$STAGE" && runuser -u postgres -- env \
       PATH="$PG_BIN:$PATH" PERL5LIB="$PG_PERL:$STAGE/tests/t:$STAGE/tests${PERL5LIB:+:$PERL5LIB}" \
       PG_REGRESS="$PG_REGRESS" TESTDIR="$STAGE" top_builddir="$STAGE" \
-      GPU_IVFPQ_TOOLS_BIN="$tools_bin" \
+      GPU_IVFPQ_TOOLS_BIN="$tools_bin" GPU_IVFPQ_EXPECT_GPU="${GPU_IVFPQ_EXPECT_GPU:-0}" \
+      ${TEMP_CONFIG:+TEMP_CONFIG="$TEMP_CONFIG"} \
       prove ${PROVE_FLAGS:-} "${files[@]}") >"$LOGS/tap.log" 2>&1 || rc=$?
   local total=${#files[@]} nfail=0 bad
   if [ "$rc" -ne 0 ]; then

@@ -20,10 +20,11 @@ d = int(sys.argv[4]) if len(sys.argv) > 4 else 128
 os.makedirs(out, exist_ok=True)
 
 # A mixture of 1000 Gaussian clusters with uneven spread, like local image
-# descriptors: overlapping clusters, no exact structure for IVF to exploit.
+# descriptors: the clusters overlap (centres about as far apart as their
+# radii), so there is no exact structure for IVF to exploit.
 rng = np.random.default_rng(42)
-centers = rng.normal(0.0, 3.0, size=(1000, d)).astype(np.float32)
-spread = rng.uniform(0.5, 1.5, size=1000).astype(np.float32)
+centers = rng.normal(0.0, 1.0, size=(1000, d)).astype(np.float32)
+spread = rng.uniform(0.7, 1.3, size=1000).astype(np.float32)
 
 
 def sample(count, rng):
@@ -56,11 +57,14 @@ with open(os.path.join(out, 'base.copy'), 'wb') as f:
 
 try:
     import torch
+    # Exact ground truth: float64, no TF32 (which some PyTorch builds enable
+    # by default and which misorders close neighbours).
+    torch.backends.cuda.matmul.allow_tf32 = False
     dev = 'cuda' if torch.cuda.is_available() else 'cpu'
-    b = torch.from_numpy(base).to(dev)
+    b = torch.from_numpy(base).to(dev, torch.float64)
     gt = []
     for i in range(0, nq, 100):
-        q = torch.from_numpy(queries[i:i + 100]).to(dev)
+        q = torch.from_numpy(queries[i:i + 100]).to(dev, torch.float64)
         dist = (q * q).sum(1, keepdim=True) - 2 * q @ b.T + (b * b).sum(1)[None, :]
         gt.append(torch.topk(dist, 100, largest=False).indices.cpu().numpy() + 1)
     gt = np.concatenate(gt)

@@ -15,6 +15,10 @@ bash .device/pg-up.sh >/tmp/pgup.log 2>&1 || { cat /tmp/pgup.log; exit 1; }
 . /opt/pg/env.sh
 # TAP tests drive psql and pgbench through IPC::Run.
 dpkg -x .device/libipc-run-perl_*.deb /
+# The kit's server package has no LLVM: every test instance runs with jit = off.
+echo "jit = off" >/tmp/gpu_ivfpq-jit-off.conf
+chmod a+r /tmp/gpu_ivfpq-jit-off.conf
+export TEMP_CONFIG=/tmp/gpu_ivfpq-jit-off.conf
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 GPU_IVFPQ_EXPECT_GPU=1 SKIP_DEPS=1 GPU_IVFPQ_CUDA_LIB="$PWD/build-gpu/gpu/libgpu_ivfpq_gpu.a" \
   PROVE_FLAGS=-v bash scripts/run-tests.sh --only "${SUITES:-regress,tap}" --keep 2>&1 | tee "$OUT/run-tests.log"
