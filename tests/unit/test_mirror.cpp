@@ -1,0 +1,154 @@
+// The service's mirror store and the CPU emulation of the GPU device: the
+// emulated mirror ranks exactly like the engine's IVFADC; the store evicts
+// least recently used mirrors to stay within its budget, refuses what cannot
+// fit, and replaces older versions of an index.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "error.h"
+#include "ivfpq.h"
+#include "mirror_store.h"
+#include "topk.h"
+
+namespace gpuivfpq {
+namespace {
+
+struct Fixture {
+    size_t d = 16, lists = 8, m = 4, n = 2000;
+    std::vector<float> x;
+    IvfPqModel model{16, 8, 4, Metric::L2};
+    std::vector<int32_t> list_ids;
+    std::vector<uint8_t> codes;
+    std::vector<int64_t> labels;
+
+    Fixture()
+    {
+        std::mt19937 rng(3);
+        std::normal_distribution<float> g;
+        x.resize(n * d);
+        for (auto& v : x)
+            v = g(rng);
+        IvfPqTrainParams p;
+        model.train(x.data(), n, p);
+        list_ids.resize(n);
+        codes.resize(n * m);
+        model.encode(x.data(), n, list_ids.data(), codes.data());
+        for (size_t i = 0; i < n; i++)
+            labels.push_back(int64_t(i) * 7 + 1);
+    }
+    MirrorSpec spec() const
+    {
+        MirrorSpec s;
+        s.d = d;
+        s.lists = lists;
+        s.m = m;
+        s.metric = Metric::L2;
+        s.centroids = model.centroids().data();
+        s.codebooks = model.pq().codebooks().data();
+        return s;
+    }
+};
+
+TEST(Mirror, EmulationRanksLikeTheEngine)
+{
+    Fixture f;
+    auto dev = make_cpu_emulation_device();
+    auto mirror = dev->create_mirror(f.spec());
+    mirror->add(f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
+    EXPECT_EQ(mirror->entries(), f.n);
+
+    const size_t k = 20, nprobe = 3;
+    std::vector<float> dist(k);
+    std::vector<int64_t> got(k);
+    mirror->search(f.x.data() + 5 * f.d, 1, k, nprobe, dist.data(), got.data());
+
+    // Direct: ADC over the probed lists with the engine's tables.
+    IvfPqQuery q;
+    f.model.prepare_query(f.x.data() + 5 * f.d, nprobe, q);
+    TopK topk(k);
+    std::vector<float> table(f.m * 256);
+    for (size_t p = 0; p < q.lists.size(); p++) {
+        float base = 0;
+        f.model.list_table(q, p, table.data(), &base);
+        for (size_t i = 0; i < f.n; i++)
+            if (f.list_ids[i] == q.lists[p])
+                topk.push(base + adc_lookup(&f.codes[i * f.m], table.data(), f.m), f.labels[i]);
+    }
+    auto want = topk.take_sorted();
+    ASSERT_EQ(want.size(), k);
+    for (size_t i = 0; i < k; i++) {
+        EXPECT_EQ(got[i], want[i].label);
+        EXPECT_FLOAT_EQ(dist[i], want[i].dist);
+    }
+    EXPECT_EQ(got[0], f.labels[5]);  // the query is row 5 itself
+}
+
+TEST(Mirror, PadsWhenFewerThanK)
+{
+    Fixture f;
+    auto dev = make_cpu_emulation_device();
+    auto mirror = dev->create_mirror(f.spec());
+    mirror->add(3, f.list_ids.data(), f.codes.data(), f.labels.data());
+    std::vector<float> dist(10);
+    std::vector<int64_t> got(10);
+    mirror->search(f.x.data(), 1, 10, f.lists, dist.data(), got.data());
+    EXPECT_NE(got[2], -1);
+    EXPECT_EQ(got[3], -1);
+    EXPECT_TRUE(std::isinf(dist[3]));
+}
+
+TEST(MirrorStore, BudgetEvictsLeastRecentlyUsed)
+{
+    Fixture f;
+    auto dev = make_cpu_emulation_device();
+    MirrorStore store(*dev);
+    size_t one = dev->mirror_bytes(f.spec(), f.n);
+    store.set_budget(one * 2 + one / 2);
+    MirrorKey a{1, 10, 100, 1}, b{1, 11, 101, 1}, c{1, 12, 102, 1};
+    store.load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
+    store.load(b, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
+    ASSERT_NE(store.find(a), nullptr);  // a is now the most recently used
+    store.load(c, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
+    EXPECT_NE(store.find(a), nullptr);
+    EXPECT_EQ(store.find(b), nullptr);
+    EXPECT_NE(store.find(c), nullptr);
+    EXPECT_EQ(store.evictions(), 1u);
+    EXPECT_LE(store.bytes(), store.budget());
+
+    // Lowering the budget evicts down to it.
+    store.set_budget(one);
+    store.enforce_budget();
+    EXPECT_EQ(store.list().size(), 1u);
+}
+
+TEST(MirrorStore, RefusesWhatCannotFitAndReplacesVersions)
+{
+    Fixture f;
+    auto dev = make_cpu_emulation_device();
+    MirrorStore store(*dev);
+    size_t one = dev->mirror_bytes(f.spec(), f.n);
+    store.set_budget(one / 2);
+    MirrorKey a{1, 10, 100, 1};
+    try {
+        store.load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
+        FAIL() << "a mirror larger than the budget was loaded";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::OutOfMemory);
+    }
+    EXPECT_EQ(store.find(a), nullptr);
+
+    store.set_budget(one * 4);
+    store.load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
+    MirrorKey a2{1, 10, 200, 2};  // the same index after REINDEX
+    store.load(a2, f.spec(), 10, f.list_ids.data(), f.codes.data(), f.labels.data());
+    EXPECT_EQ(store.find(a), nullptr);
+    ASSERT_NE(store.find(a2), nullptr);
+    EXPECT_EQ(store.find(a2)->entries(), 10u);
+    EXPECT_EQ(store.drop_index(1, 10), 1u);
+    EXPECT_TRUE(store.list().empty());
+}
+
+}  // namespace
+}  // namespace gpuivfpq
