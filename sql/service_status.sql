@@ -40,6 +40,9 @@ CREATE TABLE wide (v real[]);
 INSERT INTO wide SELECT array_fill(i::real, ARRAY[8200]) FROM generate_series(1, 20) i;
 SET maintenance_work_mem = '256MB';
 CREATE INDEX wide_idx ON wide USING gpu_ivfpq (v) WITH (lists = 2, m = 8);
+SET gpu_ivfpq.device = auto;
+CREATE INDEX wide_idx ON wide USING gpu_ivfpq (v) WITH (lists = 2, m = 8);
+SET gpu_ivfpq.device = gpu;
 SELECT 1 FROM wide ORDER BY v <-> array_fill(1::real, ARRAY[8200]) LIMIT 1;
 SELECT gpu_ivfpq_prewarm('wide_idx');
 -- ... and the CPU engine with auto.

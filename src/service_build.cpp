@@ -19,12 +19,28 @@ struct GpuIvfpqRemoteEncoder
 	GpuIvfpqDsmLayout l;
 };
 
-/* May the build use the service? (Not on a standby: builds do not run there.) */
+/*
+ * May the build use the service? With gpu_ivfpq.device = gpu it must, or
+ * the build fails saying why.
+ */
 static bool
 BuildCanUseService(int d, int m)
 {
-	return GpuIvfpqServiceWanted() && GpuIvfpqServiceServing() && m <= GPU_IVFPQ_SERVICE_MAX_M &&
-		d <= GPU_IVFPQ_SERVICE_MAX_DIM;
+	const char *reason = NULL;
+
+	if (!GpuIvfpqServiceWanted())
+		return false;
+	if (gpu_ivfpq_service == NULL)
+		reason = "The extension gpu_ivfpq is not in shared_preload_libraries";
+	else if (!GpuIvfpqServiceServing())
+		reason = "The gpu_ivfpq service has no GPU or is not running";
+	else if (m > GPU_IVFPQ_SERVICE_MAX_M)
+		reason = "The GPU path handles up to m = 64 sub-quantizers";
+	else if (d > GPU_IVFPQ_SERVICE_MAX_DIM)
+		reason = "The GPU path handles up to 8192 dimensions";
+	if (reason != NULL && gpu_ivfpq_device == GPU_IVFPQ_DEVICE_GPU)
+		GpuIvfpqGpuRequiredError("index build", reason);
+	return reason == NULL;
 }
 
 /* dsm_create that returns NULL (with a WARNING) instead of failing the build. */

@@ -76,18 +76,23 @@ NotServableReason(const GpuIvfpqMetaPageData *meta)
 	return NULL;
 }
 
+/*
+ * Should this scan or build try the service? With device = gpu always (it
+ * then fails with the reason when the service cannot serve).
+ */
 bool
 GpuIvfpqServiceWanted(void)
 {
-	return gpu_ivfpq_device != GPU_IVFPQ_DEVICE_CPU && gpu_ivfpq_service != NULL;
+	return gpu_ivfpq_device == GPU_IVFPQ_DEVICE_GPU ||
+		(gpu_ivfpq_device == GPU_IVFPQ_DEVICE_AUTO && gpu_ivfpq_service != NULL);
 }
 
-static void
-GpuRequiredError(const char *reason)
+void
+GpuIvfpqGpuRequiredError(const char *what, const char *reason)
 {
 	ereport(ERROR,
 			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-			 errmsg("gpu_ivfpq.device is \"gpu\" but the GPU cannot serve this scan"),
+			 errmsg("gpu_ivfpq.device is \"gpu\" but the GPU cannot serve this %s", what),
 			 errdetail("%s.", reason),
 			 errhint("Set gpu_ivfpq.device to \"auto\" to fall back to the CPU engine.")));
 }
@@ -102,13 +107,12 @@ ReleaseSlot(int code, Datum arg)
 	if (slot == NULL)
 		return;
 	SpinLockAcquire(&slot->mutex);
+	/* Unowned now; a request still in flight is freed by the service. */
+	slot->owner = 0;
 	if (slot->state == SLOT_PENDING || slot->state == SLOT_RUNNING)
-		slot->state = SLOT_ABANDONED;	/* the service frees it when done */
+		slot->state = SLOT_ABANDONED;
 	else
-	{
 		slot->state = SLOT_FREE;
-		slot->owner = 0;
-	}
 	SpinLockRelease(&slot->mutex);
 	my_slot = NULL;
 }
@@ -483,7 +487,7 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
 	if (reason != NULL)
 	{
 		if (required)
-			GpuRequiredError(reason);
+			GpuIvfpqGpuRequiredError("scan", reason);
 		return -1;
 	}
 
@@ -551,7 +555,7 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
 	}
 	CountFallback();
 	if (required)
-		GpuRequiredError(reason);
+		GpuIvfpqGpuRequiredError("scan", reason);
 	return -1;
 }
 

@@ -190,6 +190,7 @@ extern GpuIvfpqDsmLayout GpuIvfpqDsmLayoutFor(RequestKind kind, const GpuIvfpqDs
 
 /* service_client.cpp: the request protocol, shared with service_build.cpp. */
 extern bool GpuIvfpqServiceServing(void);
+extern void GpuIvfpqGpuRequiredError(const char *what, const char *reason) pg_attribute_noreturn();
 extern GpuIvfpqSlot *GpuIvfpqAcquireSlot(void);
 extern RequestResult GpuIvfpqSubmitAndWait(GpuIvfpqSlot *slot);
 extern void GpuIvfpqFinishSlot(GpuIvfpqSlot *slot);

@@ -103,10 +103,7 @@ Answer(GpuIvfpqSlot *slot, RequestResult result, const char *error)
 	strlcpy(slot->error, error ? error : "", sizeof(slot->error));
 	SpinLockAcquire(&slot->mutex);
 	if (slot->state == SLOT_ABANDONED)
-	{
-		slot->state = SLOT_FREE;
-		slot->owner = 0;
-	}
+		slot->state = SLOT_FREE;	/* owner kept: a cancelled backend reuses it */
 	else
 	{
 		slot->state = SLOT_DONE;
