@@ -80,3 +80,11 @@ CREATE VIEW gpu_ivfpq_mirrors AS
 -- Loads an index into GPU memory now instead of on its first scan.
 CREATE FUNCTION gpu_ivfpq_prewarm(index regclass) RETURNS int8
 	AS 'MODULE_PATHNAME' LANGUAGE C STRICT VOLATILE;
+
+-- Exact range search: every row of the index's table within radius of query
+-- (the operator class's distance), nearest first; max_rows > 0 keeps the
+-- nearest max_rows. Lists are pruned by their covering radius. Join back
+-- with: JOIN gpu_ivfpq_range(...) r ON t.ctid = r.tid
+CREATE FUNCTION gpu_ivfpq_range(index regclass, query real[], radius float8, max_rows int DEFAULT 0)
+	RETURNS TABLE (tid tid, distance float8)
+	AS 'MODULE_PATHNAME' LANGUAGE C STRICT VOLATILE;

@@ -14,17 +14,16 @@
 use strict;
 use warnings;
 
-use IO::Uncompress::Gunzip qw(gunzip $GunzipError);
+use FashionMnist;
 use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time);
 
-my $datadir = '/usr/share/datasets/fashion-mnist';
-my @files = qw(train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz
-  t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz);
-if (grep { !-r "$datadir/$_" } @files)
+my $datadir = $FashionMnist::datadir;
+my @files = @FashionMnist::files;
+if (!FashionMnist::available())
 {
 	plan skip_all => "Fashion-MNIST is not installed in $datadir";
 }
@@ -38,31 +37,7 @@ die "GPU_IVFPQ_RECALL_QUERIES must be a number from 1 to 10000"
   unless $nqueries =~ /^\d+$/ && $nqueries >= 1 && $nqueries <= 10000;
 my $t_start = time;
 
-# Converts one idx image file and its label file to COPY text: id, label,
-# embedding. Returns the number of rows written.
-sub idx_to_copy
-{
-	my ($images, $labels, $limit, $path) = @_;
-	my ($img, $lab);
-	gunzip("$datadir/$images" => \$img) or die "gunzip $images: $GunzipError";
-	gunzip("$datadir/$labels" => \$lab) or die "gunzip $labels: $GunzipError";
-	my ($magic, $n, $rows, $cols) = unpack('N4', $img);
-	die "$images: not an idx3 ubyte file" unless $magic == 0x803;
-	my ($lmagic, $ln) = unpack('N2', $lab);
-	die "$labels: not an idx1 ubyte file for $images"
-	  unless $lmagic == 0x801 && $ln == $n;
-	$n = $limit if $limit < $n;
-	my $dim = $rows * $cols;
-	open my $out, '>', $path or die "$path: $!";
-	for my $i (0 .. $n - 1)
-	{
-		my @pixels = unpack('C*', substr($img, 16 + $i * $dim, $dim));
-		my $label = unpack('C', substr($lab, 8 + $i, 1));
-		print $out $i + 1, "\t$label\t{", join(',', @pixels), "}\n";
-	}
-	close $out;
-	return $n;
-}
+sub idx_to_copy { return FashionMnist::idx_to_copy(@_); }
 
 my $tmp = PostgreSQL::Test::Utils::tempdir;
 is(idx_to_copy($files[0], $files[1], 60000, "$tmp/train.txt"),

@@ -1,0 +1,235 @@
+// Exact range search: every row within distance r of a query, with the lists
+// pruned by their covering radius (a list whose centroid c has covering
+// radius rc cannot hold a point within r of q when d(q, c) > rc + r, the
+// List-of-Clusters test of "Multi-GPU metric-space range search"). The
+// candidates of the remaining lists are tested with exact distances from the
+// heap, so nothing within r is missed and nothing outside is returned.
+//
+// The List of Clusters also stops early when the query ball lies inside a
+// cluster ball, because there every point belongs to the first cluster that
+// covers it. IVF lists are Voronoi cells (a point goes to its nearest
+// centroid), so a later list can still hold answers: no early stop here.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "heap_fetch.h"
+#include "guard.h"
+#include "engine/distances.h"
+#include "engine/ivfpq.h"
+
+extern "C" {
+#include "access/relation.h"
+#include "access/table.h"
+#include "funcapi.h"
+#include "utils/snapmgr.h"
+
+PG_FUNCTION_INFO_V1(gpu_ivfpq_range);
+}
+
+typedef struct RangeHit
+{
+	double		dist;
+	ItemPointerData tid;
+} RangeHit;
+
+/*
+ * Which lists can hold rows within radius of q. Radii are kept in the
+ * model's space: L2 as is; cosine on the unit sphere, where cosine distance
+ * r is Euclidean sqrt(2r). Inner product is not a metric: no list is pruned.
+ */
+static std::vector<bool>
+ListsToProbe(const GpuIvfpqMetaPageData *meta, const GpuIvfpqListDirEntry *dir,
+			 const gpuivfpq::IvfPqModel *model, int metric, const float *q, double radius,
+			 int *pruned)
+{
+	std::vector<bool> probe(meta->lists, true);
+	std::vector<float> qn(q, q + meta->dimensions);
+	double		r;
+
+	*pruned = 0;
+	if (!meta->trained || metric == (int) gpuivfpq::Metric::InnerProduct)
+		return probe;
+	if (metric == (int) gpuivfpq::Metric::Cosine)
+	{
+		gpuivfpq::normalize_rows(qn.data(), 1, meta->dimensions);
+		r = std::sqrt(2.0 * std::max(radius, 0.0));
+	}
+	else
+		r = radius;
+	for (uint32 l = 0; l < meta->lists; l++)
+	{
+		const float *c = model->centroids().data() + (size_t) l * meta->dimensions;
+		double		dqc = 0.0;
+		double		cnorm = 0.0;
+		double		rc = dir[l].radius;
+
+		for (uint32 j = 0; j < meta->dimensions; j++)
+		{
+			double		diff = (double) qn[j] - c[j];
+
+			dqc += diff * diff;
+			cnorm += (double) c[j] * c[j];
+		}
+		dqc = std::sqrt(dqc);
+
+		/*
+		 * The stored radius comes from float32 distances (|x|^2 + |c|^2 -
+		 * 2<x, c>), whose rounding grows with the norms: widen it by 1% of
+		 * |c| + rc so that rounding never prunes a list that holds an answer.
+		 */
+		rc += 0.01 * (std::sqrt(cnorm) + rc);
+		if (dqc > rc + r)
+		{
+			probe[l] = false;
+			(*pruned)++;
+		}
+	}
+	return probe;
+}
+
+/* gpu_ivfpq_range(index, query, radius, max_rows): (tid, distance) of every row within radius. */
+Datum
+gpu_ivfpq_range(PG_FUNCTION_ARGS)
+{
+	Oid			indexoid = PG_GETARG_OID(0);
+	ArrayType  *qarr = PG_GETARG_ARRAYTYPE_P(1);
+	double		radius = PG_GETARG_FLOAT8(2);
+	int32		max_rows = PG_GETARG_INT32(3);
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	Relation	index;
+	Relation	heap;
+	GpuIvfpqMetaPageData meta;
+	GpuIvfpqListDirEntry *dir;
+	gpuivfpq::IvfPqModel *model = NULL;
+	int			metric;
+	int			dim;
+	const float *q;
+	std::vector<bool> probe;
+	int			pruned = 0;
+	int64		candidates = 0;
+	RangeHit   *hits;
+	int64		nhits = 0;
+	int64		cap = 1024;
+	ItemPointerData *tids;
+	int64		ntids = 0;
+	int64		tcap = 1024;
+	int			m;
+	int			esz;
+	GpuIvfpqHeapFetch hf;
+
+	if (std::isnan(radius) || radius < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("radius must be a non-negative number, not %g", radius)));
+	if (max_rows < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("max_rows must be 0 (no limit) or positive, not %d", max_rows)));
+	InitMaterializedSRF(fcinfo, 0);
+	index = GpuIvfpqOpenIndex(indexoid);
+	heap = table_open(index->rd_index->indrelid, AccessShareLock);
+	metric = GpuIvfpqMetricOf(index);
+	q = GpuIvfpqArrayVector(qarr, &dim, "query vector");
+	GpuIvfpqReadMeta(index, &meta);
+	if (meta.dimensions != 0 && (uint32) dim != meta.dimensions)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_EXCEPTION),
+				 errmsg("query vector has %d dimensions, the index \"%s\" has %u",
+						dim, RelationGetRelationName(index), meta.dimensions)));
+	dir = GpuIvfpqReadListDir(index, &meta);
+	if (meta.trained)
+		model = GpuIvfpqGetModel(index, &meta);
+	GpuIvfpqGuard("range pruning", [&] {
+		probe = ListsToProbe(&meta, dir, model, metric, q, radius, &pruned);
+	});
+
+	/* Every entry of the lists that may hold answers. */
+	m = meta.trained ? meta.m : 0;
+	esz = GpuIvfpqEntrySize(m);
+	tids = (ItemPointerData *) palloc(sizeof(ItemPointerData) * tcap);
+	for (uint32 l = 0; l < meta.lists; l++)
+	{
+		BlockNumber blk = probe[l] ? dir[l].head : InvalidBlockNumber;
+
+		while (blk != InvalidBlockNumber)
+		{
+			Buffer		buf = ReadBuffer(index, blk);
+			Page		page;
+			int			n;
+
+			LockBuffer(buf, BUFFER_LOCK_SHARE);
+			page = BufferGetPage(buf);
+			n = GpuIvfpqPageEntryCount(page, m);
+			if (ntids + n > tcap)
+			{
+				tcap = Max(tcap * 2, ntids + n);
+				tids = (ItemPointerData *) repalloc_huge(tids, sizeof(ItemPointerData) * tcap);
+			}
+			for (int i = 0; i < n; i++)
+				memcpy(&tids[ntids++], (const char *) PageGetContents(page) + (Size) i * esz,
+					   GPU_IVFPQ_TID_BYTES);
+			blk = GpuIvfpqPageGetOpaque(page)->next;
+			UnlockReleaseBuffer(buf);
+			CHECK_FOR_INTERRUPTS();
+		}
+	}
+	candidates = ntids;
+
+	/* Exact test of each visible row, in heap order. */
+	std::sort(tids, tids + ntids, [](const ItemPointerData &a, const ItemPointerData &b) {
+		return ItemPointerCompare((ItemPointer) &a, (ItemPointer) &b) < 0;
+	});
+	hits = (RangeHit *) palloc(sizeof(RangeHit) * cap);
+	GpuIvfpqHeapFetchBegin(&hf, heap, index, GetActiveSnapshot());
+	for (int64 i = 0; i < ntids; i++)
+	{
+		int			vdim;
+		const float *v;
+
+		if (i > 0 && ItemPointerEquals(&tids[i], &tids[i - 1]))
+			continue;
+		v = GpuIvfpqHeapFetchVector(&hf, &tids[i], &vdim);
+		if (v != NULL && vdim == dim)
+		{
+			double		d = GpuIvfpqExactDistance(metric, q, v, dim);
+
+			if (d <= radius)
+			{
+				if (nhits == cap)
+				{
+					cap *= 2;
+					hits = (RangeHit *) repalloc_huge(hits, sizeof(RangeHit) * cap);
+				}
+				hits[nhits].dist = d;
+				hits[nhits].tid = tids[i];
+				nhits++;
+			}
+		}
+		CHECK_FOR_INTERRUPTS();
+	}
+	GpuIvfpqHeapFetchEnd(&hf);
+
+	std::sort(hits, hits + nhits, [](const RangeHit &a, const RangeHit &b) {
+		if (a.dist != b.dist)
+			return a.dist < b.dist;
+		return ItemPointerCompare((ItemPointer) &a.tid, (ItemPointer) &b.tid) < 0;
+	});
+	if (max_rows > 0 && nhits > max_rows)
+		nhits = max_rows;
+	for (int64 i = 0; i < nhits; i++)
+	{
+		Datum		values[2];
+		bool		nulls[2] = {false, false};
+
+		values[0] = PointerGetDatum(&hits[i].tid);
+		values[1] = Float8GetDatum(hits[i].dist);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	elog(DEBUG1, "gpu_ivfpq range search on \"%s\": %u of %u lists pruned by covering radius, %lld candidates tested, %lld rows returned",
+		 RelationGetRelationName(index), (unsigned) pruned, meta.lists, (long long) candidates,
+		 (long long) nhits);
+	table_close(heap, AccessShareLock);
+	relation_close(index, AccessShareLock);
+	PG_RETURN_VOID();
+}
