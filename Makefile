@@ -10,7 +10,7 @@ ENGINE_SRCS = $(sort $(wildcard src/engine/*.cpp))
 PG_SRCS = $(sort $(filter-out src/cuda_device.cpp,$(wildcard src/*.cpp)))
 OBJS = $(PG_SRCS:.cpp=.o) $(ENGINE_SRCS:.cpp=.o)
 
-REGRESS = operators options build_edge scan_basic dml_vacuum
+REGRESS = operators options build_edge scan_basic dml_vacuum search_functions
 
 # Debian's PGXS expects clang for LLVM bitcode; the extension needs no JIT.
 override with_llvm = no

@@ -88,3 +88,11 @@ CREATE FUNCTION gpu_ivfpq_prewarm(index regclass) RETURNS int8
 CREATE FUNCTION gpu_ivfpq_range(index regclass, query real[], radius float8, max_rows int DEFAULT 0)
 	RETURNS TABLE (tid tid, distance float8)
 	AS 'MODULE_PATHNAME' LANGUAGE C STRICT VOLATILE;
+
+-- Batch k-NN: the k nearest visible rows of each query (a real[][] matrix, one
+-- query per row, or one real[] vector), re-ranked exactly like an index scan
+-- (gpu_ivfpq.probes lists, max(k, gpu_ivfpq.rerank) candidates per query).
+-- query numbers rows of the matrix from 1. Join back with ON t.ctid = r.tid.
+CREATE FUNCTION gpu_ivfpq_knn_batch(index regclass, queries real[], k int)
+	RETURNS TABLE (query int, rank int, tid tid, distance float8)
+	AS 'MODULE_PATHNAME' LANGUAGE C STRICT VOLATILE;

@@ -6,6 +6,8 @@
 
 namespace gpuivfpq {
 class IvfPqModel;
+class TopK;
+struct IvfPqQuery;
 }
 
 /* ---- on-disk format ---- */
@@ -172,6 +174,11 @@ extern int	GpuIvfpqMetricOf(Relation index);
 /* ---- model_cache.cpp ---- */
 extern gpuivfpq::IvfPqModel *GpuIvfpqGetModel(Relation index, const GpuIvfpqMetaPageData *meta);
 
+/* ---- list_scan.cpp ---- */
+extern int64 GpuIvfpqRankLists(Relation index, const GpuIvfpqMetaPageData *meta,
+							   const GpuIvfpqListDirEntry *dir, gpuivfpq::IvfPqModel *model,
+							   const gpuivfpq::IvfPqQuery *prepared, int probes, gpuivfpq::TopK *topk);
+
 /* ---- build.cpp ---- */
 extern IndexBuildResult *gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo);
 extern void gpuivfpqbuildempty(Relation index);
@@ -200,6 +207,9 @@ extern void GpuIvfpqCountCpuQuery(void);
 extern bool GpuIvfpqServiceWanted(void);
 extern int	GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const float *query,
 								  int k, int nprobe, int64 *labels, int *batch);
+extern bool GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta,
+									   const float *queries, int64 nq, int k, int nprobe,
+									   int64 *labels);
 extern void GpuIvfpqServiceLogAppend(Relation index, const GpuIvfpqMetaPageData *meta, int list,
 									 int64 label, const uint8 *code);
 extern void GpuIvfpqServiceInvalidate(Relation index, bool wait);

@@ -118,10 +118,10 @@ gpu_ivfpq_range(PG_FUNCTION_ARGS)
 	int			esz;
 	GpuIvfpqHeapFetch hf;
 
-	if (std::isnan(radius) || radius < 0)
+	if (std::isnan(radius))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("radius must be a non-negative number, not %g", radius)));
+				 errmsg("radius must be a number, not NaN")));
 	if (max_rows < 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -130,6 +130,12 @@ gpu_ivfpq_range(PG_FUNCTION_ARGS)
 	index = GpuIvfpqOpenIndex(indexoid);
 	heap = table_open(index->rd_index->indrelid, AccessShareLock);
 	metric = GpuIvfpqMetricOf(index);
+	/* Negative inner products make negative <#> values: only metrics need r >= 0. */
+	if (radius < 0 && metric != (int) gpuivfpq::Metric::InnerProduct)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("radius must be a non-negative number, not %g", radius),
+				 errhint("Only inner-product indexes (real_ip_ops) take negative radii.")));
 	q = GpuIvfpqArrayVector(qarr, &dim, "query vector");
 	GpuIvfpqReadMeta(index, &meta);
 	if (meta.dimensions != 0 && (uint32) dim != meta.dimensions)

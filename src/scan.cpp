@@ -194,22 +194,19 @@ CollectCandidates(IndexScanDesc scan, gpuivfpq::TopK *topk, int64 **all, int *na
 	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
 	int			m = so->meta.trained ? so->meta.m : 0;
 	int			esz = GpuIvfpqEntrySize(m);
-	int			per_page = GpuIvfpqEntriesPerPage(m);
-	float	   *table = NULL;
-	float	   *dists = (float *) palloc(sizeof(float) * per_page);
 	int			cap = 0;
 
 	if (topk != NULL)
-		table = (float *) palloc(sizeof(float) * m * 256);
-	so->entries_seen = 0;
-	for (int p = 0; p < so->probes; p++)
 	{
-		int			list = topk != NULL ? so->prepared->lists[p] : p;
+		so->entries_seen = GpuIvfpqRankLists(scan->indexRelation, &so->meta, so->dir, so->model,
+											 so->prepared, so->probes, topk);
+		return;
+	}
+	so->entries_seen = 0;
+	for (int list = 0; list < so->probes; list++)
+	{
 		BlockNumber blk = so->dir[list].head;
-		float		base = 0.0f;
 
-		if (topk != NULL)
-			GpuIvfpqGuard("lookup tables", [&] { so->model->list_table(*so->prepared, p, table, &base); });
 		while (blk != InvalidBlockNumber)
 		{
 			Buffer		buf = ReadBuffer(scan->indexRelation, blk);
@@ -222,47 +219,24 @@ CollectCandidates(IndexScanDesc scan, gpuivfpq::TopK *topk, int64 **all, int *na
 			ent = (const char *) PageGetContents(page);
 			n = GpuIvfpqPageEntryCount(page, m);
 			so->entries_seen += n;
-			if (topk != NULL)
+			if (*nall + n > cap)
 			{
-				GpuIvfpqGuard("list scan", [&] {
-					gpuivfpq::adc_scan((const uint8 *) ent + GPU_IVFPQ_TID_BYTES, n, esz, table, m,
-									   base, dists);
-					for (int i = 0; i < n; i++)
-					{
-						if (dists[i] < topk->threshold())
-						{
-							ItemPointerData tid;
-
-							memcpy(&tid, ent + (Size) i * esz, GPU_IVFPQ_TID_BYTES);
-							topk->push(dists[i], GpuIvfpqTidToLabel(&tid));
-						}
-					}
-				});
+				cap = Max(cap * 2, *nall + n);
+				*all = *all ? (int64 *) repalloc_huge(*all, sizeof(int64) * cap)
+					: (int64 *) palloc_extended(sizeof(int64) * cap, MCXT_ALLOC_HUGE);
 			}
-			else
+			for (int i = 0; i < n; i++)
 			{
-				if (*nall + n > cap)
-				{
-					cap = Max(cap * 2, *nall + n);
-					*all = *all ? (int64 *) repalloc_huge(*all, sizeof(int64) * cap)
-						: (int64 *) palloc_extended(sizeof(int64) * cap, MCXT_ALLOC_HUGE);
-				}
-				for (int i = 0; i < n; i++)
-				{
-					ItemPointerData tid;
+				ItemPointerData tid;
 
-					memcpy(&tid, ent + (Size) i * esz, GPU_IVFPQ_TID_BYTES);
-					(*all)[(*nall)++] = GpuIvfpqTidToLabel(&tid);
-				}
+				memcpy(&tid, ent + (Size) i * esz, GPU_IVFPQ_TID_BYTES);
+				(*all)[(*nall)++] = GpuIvfpqTidToLabel(&tid);
 			}
 			blk = GpuIvfpqPageGetOpaque(page)->next;
 			UnlockReleaseBuffer(buf);
 			CHECK_FOR_INTERRUPTS();
 		}
 	}
-	pfree(dists);
-	if (table)
-		pfree(table);
 }
 
 /*

@@ -559,6 +559,77 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
 	return -1;
 }
 
+/*
+ * Candidates for nq queries (the k best labels of each by ADC distance over
+ * nprobe lists) in one GPU request; labels is nq x k, padded with -1.
+ * Returns false when the GPU cannot serve it (the caller uses the CPU; with
+ * gpu_ivfpq.device = gpu that is an error instead).
+ */
+bool
+GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta, const float *queries,
+						   int64 nq, int k, int nprobe, int64 *labels)
+{
+	bool		required = gpu_ivfpq_device == GPU_IVFPQ_DEVICE_GPU;
+	const char *reason = NotServableReason(meta);
+	GpuIvfpqSlot *slot = NULL;
+	dsm_segment *seg;
+	char	   *base;
+	Size		loff;
+	char		error[256];
+	RequestResult result = RES_ERROR;
+
+	if (!GpuIvfpqServiceWanted())
+		return false;
+	if (reason == NULL && k > GPU_IVFPQ_SERVICE_MAX_K)
+		reason = "The GPU selects at most 2048 candidates per query";
+	if (reason == NULL && (slot = GpuIvfpqAcquireSlot()) == NULL)
+		reason = "No request slot is free";
+	if (reason != NULL)
+	{
+		if (required)
+			GpuIvfpqGpuRequiredError("batch search", reason);
+		return false;
+	}
+	loff = GpuIvfpqBatchLabelsOffset(nq, meta->dimensions);
+	seg = dsm_create(loff + (Size) nq * k * sizeof(int64), 0);
+	base = (char *) dsm_segment_address(seg);
+	memcpy(base + GPU_IVFPQ_BATCH_QUERIES, queries, (Size) nq * meta->dimensions * sizeof(float));
+	for (int attempt = 0; attempt < 2; attempt++)
+	{
+		slot->kind = REQ_SEARCH_BATCH;
+		FillKey(&slot->key, index, meta);
+		slot->dim = meta->dimensions;
+		slot->k = k;
+		slot->nprobe = nprobe;
+		slot->n = nq;
+		slot->dsm = dsm_segment_handle(seg);
+		result = GpuIvfpqSubmitAndWait(slot);
+		strlcpy(error, slot->error, sizeof(error));
+		GpuIvfpqFinishSlot(slot);
+		if (result != RES_NOT_LOADED || attempt > 0)
+			break;
+		{
+			int64		entries;
+
+			result = LoadMirror(slot, index, meta, &entries, error, sizeof(error));
+			if (result != RES_OK)
+				break;
+		}
+	}
+	if (result == RES_OK)
+		memcpy(labels, base + loff, (Size) nq * k * sizeof(int64));
+	dsm_detach(seg);
+	if (result == RES_OK)
+		return true;
+	CountFallback();
+	if (required)
+		GpuIvfpqGpuRequiredError("batch search", error[0] ? error : "The GPU service failed");
+	ereport(WARNING,
+			(errmsg("gpu_ivfpq: batch search on \"%s\" ran on the CPU", RelationGetRelationName(index)),
+			 errdetail("%s", error[0] ? error : "The GPU service failed.")));
+	return false;
+}
+
 /* gpu_ivfpq_prewarm(index regclass): mirrors an index now; returns its entries. */
 Datum
 gpu_ivfpq_prewarm(PG_FUNCTION_ARGS)

@@ -44,7 +44,8 @@ typedef enum RequestKind
 	REQ_SEARCH = 0,
 	REQ_LOAD,					/* build a mirror from the entries in a DSM segment */
 	REQ_TRAIN,					/* train quantizers on a sample (index build) */
-	REQ_ENCODE					/* assign and encode rows (index build) */
+	REQ_ENCODE,					/* assign and encode rows (index build) */
+	REQ_SEARCH_BATCH			/* many queries in a DSM segment (batch search) */
 } RequestKind;
 
 typedef enum RequestResult
@@ -187,6 +188,18 @@ typedef struct GpuIvfpqDsmLayout
 } GpuIvfpqDsmLayout;
 
 extern GpuIvfpqDsmLayout GpuIvfpqDsmLayoutFor(RequestKind kind, const GpuIvfpqDsmHeader *h);
+
+/*
+ * REQ_SEARCH_BATCH segment: slot->n queries of slot->dim floats from
+ * GPU_IVFPQ_BATCH_QUERIES, then slot->k labels per query at
+ * GpuIvfpqBatchLabelsOffset (padded with -1).
+ */
+#define GPU_IVFPQ_BATCH_QUERIES MAXALIGN(sizeof(GpuIvfpqDsmHeader))
+static inline Size
+GpuIvfpqBatchLabelsOffset(int64 nq, int dim)
+{
+	return GPU_IVFPQ_BATCH_QUERIES + MAXALIGN((Size) nq * dim * sizeof(float));
+}
 
 /* service_client.cpp: the request protocol, shared with service_build.cpp. */
 extern bool GpuIvfpqServiceServing(void);

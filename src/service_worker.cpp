@@ -2,6 +2,7 @@
 // (the CUDA context, or the CPU emulation for tests), keeps index mirrors
 // coherent through the change log, and answers the backends' requests,
 // merging the searches that arrive together into one batch per index.
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <map>
@@ -471,6 +472,41 @@ Encode(GpuIvfpqSlot *slot, char *base, std::string &err)
 	return RES_OK;
 }
 
+/*
+ * Many queries of one backend (batch search) against a mirror, tiled so the
+ * device's scratch space stays bounded; counted as one batch.
+ */
+static RequestResult
+SearchBatch(GpuIvfpqSlot *slot, char *base, std::string &err)
+{
+	MirrorKey	key = ToKey(slot->key);
+	gpuivfpq::Mirror *mirror = store->find(key);
+	const float *queries = (const float *) (base + GPU_IVFPQ_BATCH_QUERIES);
+	int64	   *labels = (int64 *) (base + GpuIvfpqBatchLabelsOffset(slot->n, slot->dim));
+	size_t		k = slot->k;
+	size_t		d = slot->dim;
+	const size_t tile = 4096;
+	bool		oom = false;
+
+	if (mirror == nullptr)
+		return RES_NOT_LOADED;
+	if (!Engine([&] {
+			std::vector<float> dist(tile * k);
+
+			for (size_t i = 0; i < (size_t) slot->n; i += tile)
+			{
+				size_t		nq = std::min(tile, (size_t) slot->n - i);
+
+				mirror->search(queries + i * d, nq, k, slot->nprobe, dist.data(),
+							   reinterpret_cast<int64_t *>(labels + i * k));
+			}
+			store->count_queries(key, slot->n);
+		}, err, &oom))
+		return oom ? RES_NO_MEMORY : RES_ERROR;
+	CountBatch((int) Min(slot->n, (int64) INT_MAX));
+	return RES_OK;
+}
+
 /* dsm_attach, with its ERROR turned into NULL (no C++ frames in between). */
 static dsm_segment *
 AttachSegment(dsm_handle handle)
@@ -513,6 +549,9 @@ ServeSegmentRequest(GpuIvfpqSlot *slot)
 			break;
 		case REQ_TRAIN:
 			result = Train((char *) dsm_segment_address(seg), err);
+			break;
+		case REQ_SEARCH_BATCH:
+			result = SearchBatch(slot, (char *) dsm_segment_address(seg), err);
 			break;
 		default:
 			result = Encode(slot, (char *) dsm_segment_address(seg), err);

@@ -1,0 +1,88 @@
+-- Batch k-NN (gpu_ivfpq_knn_batch) and exact range search (gpu_ivfpq_range):
+-- same answers as index scans and sequential scans, for the three operator
+-- classes; bad arguments; an untrained index; invisible rows.
+SET client_min_messages = warning;
+CREATE EXTENSION IF NOT EXISTS gpu_ivfpq;
+CREATE TABLE sf (id int PRIMARY KEY, v real[]);
+INSERT INTO sf SELECT i, ARRAY[sin(i), cos(i), sin(i * 0.3), cos(i * 0.7), sin(i * 1.1), cos(i * 1.3)]::real[]
+FROM generate_series(1, 3000) i;
+CREATE INDEX sf_l2 ON sf USING gpu_ivfpq (v) WITH (lists = 16, m = 3);
+CREATE INDEX sf_ip ON sf USING gpu_ivfpq (v real_ip_ops) WITH (lists = 16, m = 3);
+CREATE INDEX sf_cos ON sf USING gpu_ivfpq (v real_cosine_ops) WITH (lists = 16, m = 3);
+CREATE TABLE sfq AS SELECT i AS q, ARRAY[cos(i), sin(i * 2), 0.5, cos(i * 3), 0.1, sin(i)]::real[] AS v
+FROM generate_series(1, 40) i;
+
+-- Batch k-NN returns what an index scan returns, query by query (same probes
+-- and re-rank), for each operator class.
+CREATE FUNCTION batch_vs_scan(idx regclass, op text) RETURNS TABLE (same bigint, queries bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+	SET LOCAL enable_seqscan = off;
+	RETURN QUERY EXECUTE format($q$
+	WITH b AS (SELECT query, array_agg(sf.id ORDER BY rank) AS ids
+	           FROM gpu_ivfpq_knn_batch(%L, (SELECT array_agg(v ORDER BY q) FROM sfq), 10) r
+	           JOIN sf ON sf.ctid = r.tid GROUP BY query),
+	     s AS (SELECT q AS query, ARRAY(SELECT id FROM sf ORDER BY sf.v %s sfq.v LIMIT 10) AS ids FROM sfq)
+	SELECT count(*) FILTER (WHERE b.ids = s.ids), count(*) FROM b JOIN s USING (query)$q$, idx, op);
+END $$;
+SELECT * FROM batch_vs_scan('sf_l2', '<->');
+SELECT * FROM batch_vs_scan('sf_ip', '<#>');
+SELECT * FROM batch_vs_scan('sf_cos', '<=>');
+
+-- Output shape: query numbers, ranks, distances in order.
+SELECT query, rank, distance = (SELECT v <-> '{1,0,0.5,1,0.1,0}' FROM sf WHERE ctid = r.tid) AS dist_ok
+FROM gpu_ivfpq_knn_batch('sf_l2', '{1,0,0.5,1,0.1,0}', 3) r;
+-- Rows deleted (and invisible) never appear.
+BEGIN;
+DELETE FROM sf WHERE id IN (SELECT sf.id FROM sf ORDER BY v <-> '{1,0,0.5,1,0.1,0}' LIMIT 2);
+SELECT count(*) AS deleted_rows_returned FROM gpu_ivfpq_knn_batch('sf_l2', '{1,0,0.5,1,0.1,0}', 5) r
+WHERE NOT EXISTS (SELECT 1 FROM sf WHERE ctid = r.tid);
+ROLLBACK;
+
+-- Range search equals the sequential scan, for several radii and classes.
+CREATE FUNCTION range_vs_seq(idx regclass, op text, radius float8) RETURNS TABLE (same bigint, queries bigint, rows_found bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+	RETURN QUERY EXECUTE format($q$
+	WITH r AS (SELECT q, (SELECT array_agg(sf.id ORDER BY sf.id) FROM gpu_ivfpq_range(%L, sfq.v, %s) g JOIN sf ON sf.ctid = g.tid) AS ids FROM sfq),
+	     s AS (SELECT q, (SELECT array_agg(id ORDER BY id) FROM sf WHERE sf.v %s sfq.v <= %s) AS ids FROM sfq)
+	SELECT count(*) FILTER (WHERE r.ids IS NOT DISTINCT FROM s.ids), count(*), sum(cardinality(s.ids))
+	FROM r JOIN s USING (q)$q$, idx, radius, op, radius);
+END $$;
+SELECT * FROM range_vs_seq('sf_l2', '<->', 0.3);
+SELECT * FROM range_vs_seq('sf_l2', '<->', 0.8);
+SELECT * FROM range_vs_seq('sf_l2', '<->', 1.5);
+SELECT * FROM range_vs_seq('sf_cos', '<=>', 0.02);
+SELECT * FROM range_vs_seq('sf_cos', '<=>', 0.2);
+SELECT * FROM range_vs_seq('sf_ip', '<#>', -1.5);
+SELECT count(*) AS nearest_three FROM gpu_ivfpq_range('sf_l2', '{1,0,0.5,1,0.1,0}', 100, 3);
+
+-- An untrained index (built on an empty table) is searched exactly.
+CREATE TABLE sfe (id int, v real[]);
+CREATE INDEX sfe_idx ON sfe USING gpu_ivfpq (v) WITH (lists = 4);
+INSERT INTO sfe SELECT id, v FROM sf WHERE id <= 200;
+SELECT array_agg(sfe.id ORDER BY rank) AS batch_untrained
+FROM gpu_ivfpq_knn_batch('sfe_idx', '{1,0,0.5,1,0.1,0}', 5) r JOIN sfe ON sfe.ctid = r.tid;
+SELECT array_agg(id) AS exact FROM (SELECT id FROM sfe ORDER BY v <-> '{1,0,0.5,1,0.1,0}' LIMIT 5) s;
+SELECT count(*) AS range_untrained FROM gpu_ivfpq_range('sfe_idx', '{1,0,0.5,1,0.1,0}', 1.0);
+SELECT count(*) AS seq FROM sfe WHERE v <-> '{1,0,0.5,1,0.1,0}' <= 1.0;
+
+-- Bad arguments.
+SELECT * FROM gpu_ivfpq_knn_batch('sf_l2', '{1,2}', 3);
+SELECT * FROM gpu_ivfpq_knn_batch('sf_l2', '{1,0,0.5,1,0.1,0}', 0);
+SELECT * FROM gpu_ivfpq_knn_batch('sf_l2', '{1,0,0.5,1,0.1,0}', 1001);
+SELECT * FROM gpu_ivfpq_knn_batch('sf_l2', '{{{1}}}', 3);
+SELECT * FROM gpu_ivfpq_knn_batch('sf_l2', '{1,0,0.5,1,0.1,NULL}', 3);
+SELECT * FROM gpu_ivfpq_knn_batch('sf_l2', '{1,0,0.5,1,0.1,NaN}', 3);
+SELECT * FROM gpu_ivfpq_knn_batch('sf_l2', '{}', 3);
+SELECT * FROM gpu_ivfpq_knn_batch('sf_pkey', '{1,0,0.5,1,0.1,0}', 3);
+SELECT * FROM gpu_ivfpq_knn_batch('sf', '{1,0,0.5,1,0.1,0}', 3);
+SELECT count(*) AS null_queries FROM gpu_ivfpq_knn_batch('sf_l2', NULL, 3);
+SELECT * FROM gpu_ivfpq_range('sf_l2', '{1,2}', 1);
+SELECT * FROM gpu_ivfpq_range('sf_l2', '{1,0,0.5,1,0.1,0}', -1);
+SELECT * FROM gpu_ivfpq_range('sf_l2', '{1,0,0.5,1,0.1,0}', 'NaN');
+SELECT * FROM gpu_ivfpq_range('sf_l2', '{1,0,0.5,1,0.1,0}', 1, -5);
+SELECT * FROM gpu_ivfpq_range('sf_pkey', '{1,0,0.5,1,0.1,0}', 1);
+
+DROP TABLE sf, sfq, sfe;
+DROP FUNCTION batch_vs_scan(regclass, text), range_vs_seq(regclass, text, float8);
