@@ -96,3 +96,11 @@ CREATE FUNCTION gpu_ivfpq_range(index regclass, query real[], radius float8, max
 CREATE FUNCTION gpu_ivfpq_knn_batch(index regclass, queries real[], k int)
 	RETURNS TABLE (query int, rank int, tid tid, distance float8)
 	AS 'MODULE_PATHNAME' LANGUAGE C STRICT VOLATILE;
+
+-- The k-nearest-neighbour graph of the index's table: for every row (src),
+-- its k nearest other rows (dst), rank from 1, with exact distances. Store
+-- it with CREATE TABLE g AS SELECT * FROM gpu_ivfpq_knn_graph('idx', 10);
+-- progress is reported as NOTICEs; a cancel stops it cleanly.
+CREATE FUNCTION gpu_ivfpq_knn_graph(index regclass, k int)
+	RETURNS TABLE (src tid, rank int, dst tid, distance float8)
+	AS 'MODULE_PATHNAME' LANGUAGE C STRICT VOLATILE;

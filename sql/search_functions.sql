@@ -67,6 +67,19 @@ SELECT array_agg(id) AS exact FROM (SELECT id FROM sfe ORDER BY v <-> '{1,0,0.5,
 SELECT count(*) AS range_untrained FROM gpu_ivfpq_range('sfe_idx', '{1,0,0.5,1,0.1,0}', 1.0);
 SELECT count(*) AS seq FROM sfe WHERE v <-> '{1,0,0.5,1,0.1,0}' <= 1.0;
 
+-- The k-NN graph: k other rows for each row, in rank order, agreeing with
+-- batch search once each row's own entry is left out.
+CREATE TEMP TABLE g AS SELECT * FROM gpu_ivfpq_knn_graph('sf_l2', 5);
+SELECT count(*) = 5 * (SELECT count(*) FROM sf) AS five_each, count(*) FILTER (WHERE src = dst) AS self_edges,
+       min(rank), max(rank), bool_and(distance >= 0) AS distances_ok
+FROM g;
+SELECT count(*) AS rows_differing_from_batch FROM (
+	SELECT src, array_agg(dst ORDER BY rank) AS d FROM g
+	WHERE src IN (SELECT ctid FROM sf WHERE id <= 60) GROUP BY src) x
+WHERE d <> ARRAY(SELECT r.tid FROM gpu_ivfpq_knn_batch('sf_l2', (SELECT v FROM sf WHERE ctid = x.src), 6) r
+                 WHERE r.tid <> x.src ORDER BY r.rank LIMIT 5);
+SELECT count(*) AS graph_of_empty FROM gpu_ivfpq_knn_graph('sfe_idx', 3) WHERE false;
+
 -- Bad arguments.
 SELECT * FROM gpu_ivfpq_knn_batch('sf_l2', '{1,2}', 3);
 SELECT * FROM gpu_ivfpq_knn_batch('sf_l2', '{1,0,0.5,1,0.1,0}', 0);
@@ -83,6 +96,8 @@ SELECT * FROM gpu_ivfpq_range('sf_l2', '{1,0,0.5,1,0.1,0}', -1);
 SELECT * FROM gpu_ivfpq_range('sf_l2', '{1,0,0.5,1,0.1,0}', 'NaN');
 SELECT * FROM gpu_ivfpq_range('sf_l2', '{1,0,0.5,1,0.1,0}', 1, -5);
 SELECT * FROM gpu_ivfpq_range('sf_pkey', '{1,0,0.5,1,0.1,0}', 1);
+SELECT * FROM gpu_ivfpq_knn_graph('sf_l2', 0);
+SELECT * FROM gpu_ivfpq_knn_graph('sf', 3);
 
-DROP TABLE sf, sfq, sfe;
+DROP TABLE sf, sfq, sfe, g;
 DROP FUNCTION batch_vs_scan(regclass, text), range_vs_seq(regclass, text, float8);

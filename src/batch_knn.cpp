@@ -1,130 +1,51 @@
-// Batch k-NN from SQL: many queries in one call. Candidates come from the
-// GPU service in one request per chunk of queries (or the CPU engine), then
-// each query's candidates are re-ranked with exact distances from the heap
-// rows visible to the caller's snapshot, as an index scan does.
-#include <algorithm>
+// SQL functions over batch search: gpu_ivfpq_knn_batch (many queries in one
+// call) and gpu_ivfpq_knn_graph (the k-NN graph of a whole table).
 #include <cmath>
-#include <vector>
 
-#include "heap_fetch.h"
-#include "guard.h"
-#include "engine/ivfpq.h"
-#include "engine/topk.h"
+#include "batch_search.h"
 
 extern "C" {
 #include "access/relation.h"
 #include "access/table.h"
-#include "catalog/pg_type.h"
+#include "access/tableam.h"
+#include "executor/executor.h"
 #include "funcapi.h"
 #include "utils/snapmgr.h"
 
 PG_FUNCTION_INFO_V1(gpu_ivfpq_knn_batch);
+PG_FUNCTION_INFO_V1(gpu_ivfpq_knn_graph);
 }
 
 #define BATCH_MAX_K 1000
-#define BATCH_SEGMENT_BYTES (32 * 1024 * 1024)	/* GPU request size per chunk */
 
-typedef struct BatchHit
+static void
+CheckK(int k)
 {
-	double		dist;
-	ItemPointerData tid;
-} BatchHit;
-
-/* The queries of a real[] argument: one vector (1-D) or one per row (2-D). */
-static const float *
-QueryMatrix(ArrayType *arr, int64 *nq, int *dim)
-{
-	int			ndim = ARR_NDIM(arr);
-	int			n;
-
-	if (ARR_ELEMTYPE(arr) != FLOAT4OID)
-		elog(ERROR, "queries must be real[]");
-	if (ndim == 0)
+	if (k < 1 || k > BATCH_MAX_K)
 		ereport(ERROR,
-				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
-				 errmsg("queries must not be empty")));
-	if (ndim != 1 && ndim != 2)
-		ereport(ERROR,
-				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
-				 errmsg("queries must be a vector (real[]) or a matrix (real[][]), not a %d-dimensional array", ndim),
-				 errhint("Build the matrix with array_agg(vector ORDER BY ...).")));
-	if (ARR_HASNULL(arr) && array_contains_nulls(arr))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("queries must not contain NULL elements")));
-	n = ArrayGetNItems(ndim, ARR_DIMS(arr));
-	*nq = ndim == 1 ? 1 : ARR_DIMS(arr)[0];
-	*dim = ndim == 1 ? ARR_DIMS(arr)[0] : ARR_DIMS(arr)[1];
-	if (n == 0 || *dim == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
-				 errmsg("queries must not be empty")));
-	for (int i = 0; i < n; i++)
-		if (!std::isfinite(((const float *) ARR_DATA_PTR(arr))[i]))
-			ereport(ERROR,
-					(errcode(ERRCODE_DATA_EXCEPTION),
-					 errmsg("queries must not contain NaN or infinity")));
-	return (const float *) ARR_DATA_PTR(arr);
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("k must be between 1 and %d, not %d", BATCH_MAX_K, k)));
 }
 
-/* CPU candidates of one query: the want best labels by ADC over probes lists. */
-static int
-CpuCandidates(Relation index, const GpuIvfpqMetaPageData *meta, const GpuIvfpqListDirEntry *dir,
-			  gpuivfpq::IvfPqModel *model, gpuivfpq::IvfPqQuery *prepared, const float *q,
-			  int probes, int want, int64 *labels)
+typedef struct BatchOut
 {
-	gpuivfpq::TopK *topk = NULL;
-	int			n = 0;
+	Tuplestorestate *store;
+	TupleDesc	desc;
+	int64		base;			/* query number of the first query of the run */
+} BatchOut;
 
-	GpuIvfpqGuard("query preparation", [&] {
-		model->prepare_query(q, probes, *prepared);
-		topk = new gpuivfpq::TopK(want);
-	});
-	PG_TRY();
-	{
-		(void) GpuIvfpqRankLists(index, meta, dir, model, prepared, probes, topk);
-	}
-	PG_CATCH();
-	{
-		delete topk;
-		PG_RE_THROW();
-	}
-	PG_END_TRY();
-	GpuIvfpqGuard("k-selection", [&] {
-		for (const auto &nb : topk->take_sorted())
-			labels[n++] = nb.label;
-		delete topk;
-	});
-	return n;
-}
-
-/* Every entry's label (an untrained index: scans are exact over all rows). */
-static std::vector<int64>
-AllLabels(Relation index, const GpuIvfpqMetaPageData *meta, const GpuIvfpqListDirEntry *dir)
+static void
+EmitBatchRow(void *arg, int64 query, int rank, ItemPointer tid, double dist)
 {
-	std::vector<int64> all;
-	int			esz = GpuIvfpqEntrySize(0);
+	BatchOut   *out = (BatchOut *) arg;
+	Datum		values[4];
+	bool		nulls[4] = {false, false, false, false};
 
-	for (uint32 l = 0; l < meta->lists; l++)
-		for (BlockNumber blk = dir[l].head; blk != InvalidBlockNumber;)
-		{
-			Buffer		buf = ReadBuffer(index, blk);
-			Page		page;
-
-			LockBuffer(buf, BUFFER_LOCK_SHARE);
-			page = BufferGetPage(buf);
-			for (int i = 0; i < GpuIvfpqPageEntryCount(page, 0); i++)
-			{
-				ItemPointerData tid;
-
-				memcpy(&tid, (const char *) PageGetContents(page) + (Size) i * esz, GPU_IVFPQ_TID_BYTES);
-				all.push_back(GpuIvfpqTidToLabel(&tid));
-			}
-			blk = GpuIvfpqPageGetOpaque(page)->next;
-			UnlockReleaseBuffer(buf);
-			CHECK_FOR_INTERRUPTS();
-		}
-	return all;
+	values[0] = Int32GetDatum((int32) (out->base + query + 1));
+	values[1] = Int32GetDatum(rank + 1);
+	values[2] = PointerGetDatum(tid);
+	values[3] = Float8GetDatum(dist);
+	tuplestore_putvalues(out->store, out->desc, values, nulls);
 }
 
 /* gpu_ivfpq_knn_batch(index, queries, k): (query, rank, tid, distance). */
@@ -137,146 +58,173 @@ gpu_ivfpq_knn_batch(PG_FUNCTION_ARGS)
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	Relation	index;
 	Relation	heap;
-	GpuIvfpqMetaPageData meta;
-	GpuIvfpqListDirEntry *dir;
-	gpuivfpq::IvfPqModel *model = NULL;
-	gpuivfpq::IvfPqQuery *prepared = NULL;
-	GpuIvfpqHeapFetch hf;
+	GpuIvfpqBatchSearch bs;
+	BatchOut	out;
 	const float *queries;
 	int64		nq;
 	int			dim;
-	int			metric;
-	int			want;
-	int			probes;
-	int64		chunk;
-	int64	   *labels;
-	int		   *counts;
-	BatchHit   *hits;
-	std::vector<int64> all;
-	int64		gpu_queries = 0;
 
-	if (k < 1 || k > BATCH_MAX_K)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("k must be between 1 and %d, not %d", BATCH_MAX_K, k)));
-	queries = QueryMatrix(qarr, &nq, &dim);
+	CheckK(k);
+	queries = GpuIvfpqQueryMatrix(qarr, &nq, &dim);
 	InitMaterializedSRF(fcinfo, 0);
 	index = GpuIvfpqOpenIndex(indexoid);
 	heap = table_open(index->rd_index->indrelid, AccessShareLock);
-	metric = GpuIvfpqMetricOf(index);
+	GpuIvfpqBatchBegin(&bs, index, heap, dim, k, Max(k, gpu_ivfpq_rerank));
+	out.store = rsinfo->setResult;
+	out.desc = rsinfo->setDesc;
+	out.base = 0;
+	GpuIvfpqBatchRun(&bs, queries, nq, EmitBatchRow, &out);
+	GpuIvfpqBatchEnd(&bs);
+	elog(DEBUG1, "gpu_ivfpq batch search on \"%s\": %lld queries, %d candidates each, %lld on the GPU",
+		 RelationGetRelationName(index), (long long) nq, bs.want, (long long) bs.gpu_queries);
+	table_close(heap, AccessShareLock);
+	relation_close(index, AccessShareLock);
+	PG_RETURN_VOID();
+}
+
+typedef struct GraphOut
+{
+	Tuplestorestate *store;
+	TupleDesc	desc;
+	ItemPointerData *src;		/* the chunk's rows, by query number */
+	int		   *emitted;		/* neighbours emitted per query */
+	int			k;
+	int64		edges;
+} GraphOut;
+
+/* One neighbour of a row; the row itself is skipped, k kept. */
+static void
+EmitGraphRow(void *arg, int64 query, int rank, ItemPointer tid, double dist)
+{
+	GraphOut   *out = (GraphOut *) arg;
+	Datum		values[4];
+	bool		nulls[4] = {false, false, false, false};
+
+	if (ItemPointerEquals(tid, &out->src[query]) || out->emitted[query] >= out->k)
+		return;
+	values[0] = PointerGetDatum(&out->src[query]);
+	values[1] = Int32GetDatum(++out->emitted[query]);
+	values[2] = PointerGetDatum(tid);
+	values[3] = Float8GetDatum(dist);
+	tuplestore_putvalues(out->store, out->desc, values, nulls);
+	out->edges++;
+}
+
+/*
+ * gpu_ivfpq_knn_graph(index, k): the k nearest other rows of every row of
+ * the index's table: (src, rank, dst, distance). Rows are read in chunks and
+ * each chunk is one batch search (one GPU request per chunk); progress goes
+ * out as NOTICEs every tenth of the table; a cancel stops it between chunks.
+ */
+Datum
+gpu_ivfpq_knn_graph(PG_FUNCTION_ARGS)
+{
+	Oid			indexoid = PG_GETARG_OID(0);
+	int32		k = PG_GETARG_INT32(1);
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	const int	chunk = 16384;
+	Relation	index;
+	Relation	heap;
+	GpuIvfpqMetaPageData meta;
+	GpuIvfpqBatchSearch bs;
+	GraphOut	out;
+	IndexInfo  *indexInfo;
+	EState	   *estate;
+	TupleTableSlot *slot;
+	TableScanDesc scan;
+	MemoryContext rowctx;
+	float	   *vecs = NULL;
+	int			n = 0;
+	int64		rows = 0;
+	double		total;
+	int			next_report = 1;
+	instr_time	start,
+				now;
+
+	CheckK(k);
+	InitMaterializedSRF(fcinfo, 0);
+	index = GpuIvfpqOpenIndex(indexoid);
+	heap = table_open(index->rd_index->indrelid, AccessShareLock);
 	GpuIvfpqReadMeta(index, &meta);
-	if (meta.dimensions != 0 && (uint32) dim != meta.dimensions)
-		ereport(ERROR,
-				(errcode(ERRCODE_DATA_EXCEPTION),
-				 errmsg("query vectors have %d dimensions, the index \"%s\" has %u",
-						dim, RelationGetRelationName(index), meta.dimensions)));
-	if (dim > GPU_IVFPQ_MAX_DIM)
-		ereport(ERROR,
-				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-				 errmsg("query vectors have %d dimensions, more than %d", dim, GPU_IVFPQ_MAX_DIM)));
-	dir = GpuIvfpqReadListDir(index, &meta);
-	want = Max(k, gpu_ivfpq_rerank);
-	probes = Min(gpu_ivfpq_probes, (int) meta.lists);
-	if (meta.trained)
+	total = Max(heap->rd_rel->reltuples, 1.0);
+	memset(&out, 0, sizeof(out));
+	out.store = rsinfo->setResult;
+	out.desc = rsinfo->setDesc;
+	out.k = k;
+	out.src = (ItemPointerData *) palloc(sizeof(ItemPointerData) * chunk);
+	out.emitted = (int *) palloc(sizeof(int) * chunk);
+	if (meta.dimensions == 0)
 	{
-		model = GpuIvfpqGetModel(index, &meta);
-		GpuIvfpqGuard("query preparation", [&] { prepared = new gpuivfpq::IvfPqQuery(); });
+		/* No row has a vector yet: no graph. */
+		table_close(heap, AccessShareLock);
+		relation_close(index, AccessShareLock);
+		PG_RETURN_VOID();
 	}
-	else
-		all = AllLabels(index, &meta, dir);
-
-	/* Chunks of queries: one GPU request each, within a bounded segment. */
-	chunk = Max((int64) 1, (int64) (BATCH_SEGMENT_BYTES / ((Size) dim * sizeof(float) + (Size) want * sizeof(int64))));
-	chunk = Min(chunk, nq);
-	labels = (int64 *) palloc_extended((Size) chunk * want * sizeof(int64), MCXT_ALLOC_HUGE);
-	counts = (int *) palloc(sizeof(int) * chunk);
-	hits = (BatchHit *) palloc(sizeof(BatchHit) * Max((Size) want, all.size() + 1));
-	GpuIvfpqHeapFetchBegin(&hf, heap, index, GetActiveSnapshot());
-	PG_TRY();
+	/* One more than k: each row usually finds itself first. */
+	GpuIvfpqBatchBegin(&bs, index, heap, meta.dimensions, k + 1, Max(k + 1, gpu_ivfpq_rerank));
+	vecs = (float *) palloc_extended(sizeof(float) * (Size) chunk * meta.dimensions, MCXT_ALLOC_HUGE);
+	indexInfo = BuildIndexInfo(index);
+	estate = CreateExecutorState();
+	slot = table_slot_create(heap, NULL);
+	GetPerTupleExprContext(estate)->ecxt_scantuple = slot;
+	rowctx = AllocSetContextCreate(CurrentMemoryContext, "gpu_ivfpq graph row", ALLOCSET_DEFAULT_SIZES);
+	scan = table_beginscan(heap, GetActiveSnapshot(), 0, NULL);
+	INSTR_TIME_SET_CURRENT(start);
+	for (;;)
 	{
-		for (int64 c0 = 0; c0 < nq; c0 += chunk)
+		bool		more = table_scan_getnextslot(scan, ForwardScanDirection, slot);
+
+		if (more)
 		{
-			int64		cn = Min(chunk, nq - c0);
-			bool		on_gpu = false;
+			Datum		values[INDEX_MAX_KEYS];
+			bool		isnull[INDEX_MAX_KEYS];
+			MemoryContext old = MemoryContextSwitchTo(rowctx);
 
-			if (meta.trained)
+			ResetExprContext(GetPerTupleExprContext(estate));
+			FormIndexDatum(indexInfo, slot, estate, values, isnull);
+			if (!isnull[0])
 			{
-				on_gpu = GpuIvfpqServiceSearchBatch(index, &meta, queries + c0 * dim, cn, want, probes,
-													labels);
-				for (int64 i = 0; i < cn; i++)
-				{
-					int			n = 0;
+				int			dim;
+				const float *v = GpuIvfpqStoredVector(DatumGetArrayTypeP(values[0]), &dim);
 
-					if (on_gpu)
-						while (n < want && labels[i * want + n] >= 0)
-							n++;
-					else
-						n = CpuCandidates(index, &meta, dir, model, prepared, queries + (c0 + i) * dim,
-										  probes, want, labels + i * want);
-					counts[i] = n;
+				if ((uint32) dim == meta.dimensions)
+				{
+					memcpy(vecs + (Size) n * dim, v, sizeof(float) * dim);
+					out.src[n] = slot->tts_tid;
+					out.emitted[n] = 0;
+					n++;
 				}
-				if (on_gpu)
-					gpu_queries += cn;
-				else
-					for (int64 i = 0; i < cn; i++)
-						GpuIvfpqCountCpuQuery();
 			}
-			for (int64 i = 0; i < cn; i++)
+			MemoryContextSwitchTo(old);
+			MemoryContextReset(rowctx);
+		}
+		if (n == chunk || (!more && n > 0))
+		{
+			GpuIvfpqBatchRun(&bs, vecs, n, EmitGraphRow, &out);
+			rows += n;
+			n = 0;
+			if (rows >= next_report * total / 10 && next_report <= 10)
 			{
-				int64	   *cand = meta.trained ? labels + i * want : all.data();
-				int64		ncand = meta.trained ? counts[i] : (int64) all.size();
-				const float *q = queries + (c0 + i) * dim;
-				int64		nh = 0;
-
-				/* Exact distances of the visible rows, fetched in heap order. */
-				std::sort(cand, cand + ncand);
-				for (int64 j = 0; j < ncand; j++)
-				{
-					ItemPointerData tid;
-					int			vdim;
-					const float *v;
-
-					if (j > 0 && cand[j] == cand[j - 1])
-						continue;
-					GpuIvfpqLabelToTid(cand[j], &tid);
-					v = GpuIvfpqHeapFetchVector(&hf, &tid, &vdim);
-					if (v != NULL && vdim == dim)
-					{
-						hits[nh].dist = GpuIvfpqExactDistance(metric, q, v, dim);
-						hits[nh].tid = tid;
-						nh++;
-					}
-				}
-				std::sort(hits, hits + nh, [](const BatchHit &a, const BatchHit &b) {
-					if (a.dist != b.dist)
-						return a.dist < b.dist;
-					return ItemPointerCompare((ItemPointer) &a.tid, (ItemPointer) &b.tid) < 0;
-				});
-				for (int64 r = 0; r < Min(nh, (int64) k); r++)
-				{
-					Datum		values[4];
-					bool		nulls[4] = {false, false, false, false};
-
-					values[0] = Int32GetDatum((int32) (c0 + i + 1));
-					values[1] = Int32GetDatum((int32) (r + 1));
-					values[2] = PointerGetDatum(&hits[r].tid);
-					values[3] = Float8GetDatum(hits[r].dist);
-					tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-				}
-				CHECK_FOR_INTERRUPTS();
+				next_report = (int) Min(10.0, floor(rows * 10.0 / total)) + 1;
+				INSTR_TIME_SET_CURRENT(now);
+				INSTR_TIME_SUBTRACT(now, start);
+				ereport(NOTICE,
+						(errmsg("gpu_ivfpq_knn_graph: %lld rows done (%.0f%% of about %.0f), %.1f s",
+								(long long) rows, 100.0 * rows / total, total,
+								INSTR_TIME_GET_DOUBLE(now))));
 			}
 		}
+		if (!more)
+			break;
+		CHECK_FOR_INTERRUPTS();
 	}
-	PG_CATCH();
-	{
-		delete prepared;
-		PG_RE_THROW();
-	}
-	PG_END_TRY();
-	GpuIvfpqGuard("cleanup", [&] { delete prepared; });
-	GpuIvfpqHeapFetchEnd(&hf);
-	elog(DEBUG1, "gpu_ivfpq batch search on \"%s\": %lld queries, %lld candidates each, %lld on the GPU",
-		 RelationGetRelationName(index), (long long) nq, (long long) want, (long long) gpu_queries);
+	table_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	FreeExecutorState(estate);
+	GpuIvfpqBatchEnd(&bs);
+	elog(DEBUG1, "gpu_ivfpq_knn_graph on \"%s\": %lld rows, %lld edges, %lld rows searched on the GPU",
+		 RelationGetRelationName(index), (long long) rows, (long long) out.edges,
+		 (long long) bs.gpu_queries);
 	table_close(heap, AccessShareLock);
 	relation_close(index, AccessShareLock);
 	PG_RETURN_VOID();

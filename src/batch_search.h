@@ -1,0 +1,43 @@
+// Batch search over a gpu_ivfpq index: candidates for many queries from the
+// GPU service (one request per chunk) or the CPU engine, then each query's
+// candidates re-ranked with exact distances from the visible heap rows.
+// Used by gpu_ivfpq_knn_batch and gpu_ivfpq_knn_graph.
+#pragma once
+
+#include <vector>
+
+#include "heap_fetch.h"
+
+/* Called for each result: query number (from 0 in the call), rank (from 0), row, distance. */
+typedef void (*GpuIvfpqBatchEmit) (void *arg, int64 query, int rank, ItemPointer tid, double dist);
+
+typedef struct GpuIvfpqBatchSearch
+{
+	Relation	index;
+	Relation	heap;
+	GpuIvfpqMetaPageData meta;
+	GpuIvfpqListDirEntry *dir;
+	gpuivfpq::IvfPqModel *model;
+	gpuivfpq::IvfPqQuery *prepared; /* owned by engine (below) */
+	void	   *engine;			/* engine objects, freed by End or a context callback */
+	GpuIvfpqHeapFetch hf;
+	int			metric;
+	int			dim;
+	int			k;				/* results per query */
+	int			want;			/* candidates per query */
+	int			probes;
+	int64		chunk;			/* queries per GPU request */
+	int64	   *labels;			/* chunk x want */
+	int		   *counts;
+	void	   *hits;
+	std::vector<int64> *all;	/* untrained index: every entry */
+	int64		gpu_queries;
+	int64		cpu_queries;
+} GpuIvfpqBatchSearch;
+
+extern void GpuIvfpqBatchBegin(GpuIvfpqBatchSearch *bs, Relation index, Relation heap, int dim,
+							   int k, int want);
+extern void GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq,
+							 GpuIvfpqBatchEmit emit, void *arg);
+extern void GpuIvfpqBatchEnd(GpuIvfpqBatchSearch *bs);
+extern const float *GpuIvfpqQueryMatrix(ArrayType *arr, int64 *nq, int *dim);
