@@ -104,3 +104,10 @@ CREATE FUNCTION gpu_ivfpq_knn_batch(index regclass, queries real[], k int)
 CREATE FUNCTION gpu_ivfpq_knn_graph(index regclass, k int)
 	RETURNS TABLE (src tid, rank int, dst tid, distance float8)
 	AS 'MODULE_PATHNAME' LANGUAGE C STRICT VOLATILE;
+
+-- Exact brute-force k-NN over a real[] column, no index needed: the GPU's
+-- fused GEMM + k-selection through the service when it runs on a GPU, the
+-- CPU engine otherwise. metric: 'l2' (<->), 'ip' (<#>) or 'cosine' (<=>).
+CREATE FUNCTION gpu_ivfpq_exact_knn(tbl regclass, col name, queries real[], k int, metric text DEFAULT 'l2')
+	RETURNS TABLE (query int, rank int, tid tid, distance float8)
+	AS 'MODULE_PATHNAME' LANGUAGE C STRICT VOLATILE;

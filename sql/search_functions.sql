@@ -80,6 +80,22 @@ WHERE d <> ARRAY(SELECT r.tid FROM gpu_ivfpq_knn_batch('sf_l2', (SELECT v FROM s
                  WHERE r.tid <> x.src ORDER BY r.rank LIMIT 5);
 SELECT count(*) AS graph_of_empty FROM gpu_ivfpq_knn_graph('sfe_idx', 3) WHERE false;
 
+-- Exact brute force over the column (no index) equals a sequential scan.
+CREATE FUNCTION exact_vs_seq(metric text, op text) RETURNS TABLE (same bigint, queries bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+	SET LOCAL enable_indexscan = off;
+	RETURN QUERY EXECUTE format($q$
+	WITH e AS (SELECT query, array_agg(sf.id ORDER BY rank) AS ids
+	           FROM gpu_ivfpq_exact_knn('sf', 'v', (SELECT array_agg(v ORDER BY q) FROM sfq), 7, %L) r
+	           JOIN sf ON sf.ctid = r.tid GROUP BY query),
+	     s AS (SELECT q AS query, ARRAY(SELECT id FROM sf ORDER BY sf.v %s sfq.v, sf.ctid LIMIT 7) AS ids FROM sfq)
+	SELECT count(*) FILTER (WHERE e.ids = s.ids), count(*) FROM e JOIN s USING (query)$q$, metric, op);
+END $$;
+SELECT * FROM exact_vs_seq('l2', '<->');
+SELECT * FROM exact_vs_seq('ip', '<#>');
+SELECT * FROM exact_vs_seq('cosine', '<=>');
+
 -- Bad arguments.
 SELECT * FROM gpu_ivfpq_knn_batch('sf_l2', '{1,2}', 3);
 SELECT * FROM gpu_ivfpq_knn_batch('sf_l2', '{1,0,0.5,1,0.1,0}', 0);
@@ -98,6 +114,11 @@ SELECT * FROM gpu_ivfpq_range('sf_l2', '{1,0,0.5,1,0.1,0}', 1, -5);
 SELECT * FROM gpu_ivfpq_range('sf_pkey', '{1,0,0.5,1,0.1,0}', 1);
 SELECT * FROM gpu_ivfpq_knn_graph('sf_l2', 0);
 SELECT * FROM gpu_ivfpq_knn_graph('sf', 3);
+SELECT * FROM gpu_ivfpq_exact_knn('sf', 'nope', '{1,2}', 3);
+SELECT * FROM gpu_ivfpq_exact_knn('sf', 'id', '{1,2}', 3);
+SELECT * FROM gpu_ivfpq_exact_knn('sf', 'v', '{1,2}', 3);
+SELECT * FROM gpu_ivfpq_exact_knn('sf', 'v', '{1,0,0.5,1,0.1,0}', 0);
+SELECT * FROM gpu_ivfpq_exact_knn('sf', 'v', '{1,0,0.5,1,0.1,0}', 3, 'hamming');
 
 DROP TABLE sf, sfq, sfe, g;
-DROP FUNCTION batch_vs_scan(regclass, text), range_vs_seq(regclass, text, float8);
+DROP FUNCTION batch_vs_scan(regclass, text), range_vs_seq(regclass, text, float8), exact_vs_seq(text, text);

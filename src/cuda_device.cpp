@@ -8,6 +8,8 @@
 
 #include "cuda_device.h"
 #include "engine/error.h"
+#include "gpu_ivfpq/device_buffer.h"
+#include "gpu_ivfpq/exact_search.h"
 #include "gpu_ivfpq/gpu_context.h"
 #include "gpu_ivfpq/ivfpq_index.h"
 
@@ -79,6 +81,19 @@ public:
         coarse.max_points_per_centroid = params.max_points_per_centroid;
         gpu::train_ivfpq_gpu(ctx_, x, n, d, lists, m, metric, coarse, pq, params.pq_max_training,
                              centroids, codebooks);
+    }
+    void exact_knn(const float* queries, size_t nq, const float* base, size_t n, size_t d,
+                   Metric metric, size_t k, float* dist, int64_t* labels) override
+    {
+        // The fused cuBLAS GEMM + k-selection kernel (gpu/NOTES.md).
+        gpu::DeviceBuffer dq(ctx_, nq * d * sizeof(float)), db(ctx_, n * d * sizeof(float));
+        gpu::DeviceBuffer dd(ctx_, nq * k * sizeof(float)), dl(ctx_, nq * k * sizeof(int64_t));
+        dq.upload(queries, nq * d * sizeof(float));
+        db.upload(base, n * d * sizeof(float));
+        gpu::exact_knn(ctx_, dq.as<float>(), nq, db.as<float>(), n, d, metric, k, dd.as<float>(),
+                       dl.as<int64_t>());
+        dd.download(dist, nq * k * sizeof(float));
+        dl.download(labels, nq * k * sizeof(int64_t));
     }
     void encode(const MirrorSpec& s, const float* x, size_t n, int32_t* list_ids,
                 uint8_t* codes) override

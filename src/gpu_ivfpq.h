@@ -225,6 +225,8 @@ extern GpuIvfpqRemoteEncoder *GpuIvfpqServiceEncoderBegin(const float *centroids
 extern float *GpuIvfpqServiceEncoderRows(GpuIvfpqRemoteEncoder *enc);
 extern bool GpuIvfpqServiceEncode(GpuIvfpqRemoteEncoder *enc, int n, int32 *lists, uint8 *codes);
 extern void GpuIvfpqServiceEncoderEnd(GpuIvfpqRemoteEncoder *enc);
+extern bool GpuIvfpqServiceExact(const float *queries, int64 nq, const float *base, int64 n, int d,
+								 int metric, int k, float *dist, int64 *labels);
 
 /* ---- handler.cpp ---- */
 extern void gpuivfpqcostestimate(PlannerInfo *root, IndexPath *path, double loop_count,

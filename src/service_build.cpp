@@ -1,7 +1,8 @@
-// Index builds on the service's device: CREATE INDEX sends its training
-// sample, then batches of rows, through DSM segments; the service trains
-// with the GPU k-means and encodes on the GPU. Whenever it cannot, the build
-// goes on with the CPU engine (same phases, same kind of result).
+// Work that ships whole arrays to the service's device through DSM segments:
+// index builds (CREATE INDEX sends its training sample, then batches of rows;
+// the service trains with the GPU k-means and encodes on the GPU) and exact
+// brute-force search. Whenever the service cannot, the caller goes on with
+// the CPU engine.
 #include "service_shmem.h"
 
 extern "C" {
@@ -193,4 +194,71 @@ GpuIvfpqServiceEncoderEnd(GpuIvfpqRemoteEncoder *enc)
 		return;
 	dsm_detach(enc->seg);
 	pfree(enc);
+}
+
+/*
+ * Exact k-NN of nq queries among n base rows on the service's device (one
+ * request); false when it cannot (the caller computes it on the CPU). With
+ * gpu_ivfpq.device = gpu, "cannot" is an error.
+ */
+bool
+GpuIvfpqServiceExact(const float *queries, int64 nq, const float *base, int64 n, int d, int metric,
+					 int k, float *dist, int64 *labels)
+{
+	GpuIvfpqDsmHeader h;
+	GpuIvfpqExactLayout l;
+	dsm_segment *seg;
+	char	   *addr;
+	bool		ok;
+
+	if (!GpuIvfpqServiceWanted())
+		return false;
+	if (!GpuIvfpqServiceServing() || k > GPU_IVFPQ_SERVICE_MAX_K)
+	{
+		if (gpu_ivfpq_device == GPU_IVFPQ_DEVICE_GPU)
+			GpuIvfpqGpuRequiredError("exact search", !GpuIvfpqServiceServing()
+									 ? "The gpu_ivfpq service has no GPU, is not running or is not preloaded"
+									 : "The GPU selects at most 2048 neighbours per query");
+		return false;
+	}
+	memset(&h, 0, sizeof(h));
+	h.d = d;
+	h.n = n;
+	h.m = (int32) nq;
+	h.metric = metric;
+	l = GpuIvfpqExactLayoutFor(nq, n, d, k);
+	seg = CreateSegment(l.total, "exact search");
+	if (seg == NULL)
+		return false;
+	addr = (char *) dsm_segment_address(seg);
+	memcpy(addr, &h, sizeof(h));
+	memcpy(addr + l.queries, queries, sizeof(float) * nq * d);
+	memcpy(addr + l.base, base, sizeof(float) * n * d);
+	{
+		GpuIvfpqSlot *slot = GpuIvfpqAcquireSlot();
+		RequestResult result = RES_ERROR;
+
+		if (slot != NULL)
+		{
+			memset(&slot->key, 0, sizeof(slot->key));
+			slot->kind = REQ_EXACT;
+			slot->k = k;
+			slot->n = n;
+			slot->dsm = dsm_segment_handle(seg);
+			result = GpuIvfpqSubmitAndWait(slot);
+			if (result != RES_OK)
+				ereport(WARNING,
+						(errmsg("gpu_ivfpq: exact search failed on the GPU, continuing on the CPU"),
+						 errdetail("%s", slot->error[0] ? slot->error : "the service exited")));
+			GpuIvfpqFinishSlot(slot);
+		}
+		ok = result == RES_OK;
+	}
+	if (ok)
+	{
+		memcpy(dist, addr + l.dist, sizeof(float) * nq * k);
+		memcpy(labels, addr + l.labels, sizeof(int64) * nq * k);
+	}
+	dsm_detach(seg);
+	return ok;
 }

@@ -45,7 +45,8 @@ typedef enum RequestKind
 	REQ_LOAD,					/* build a mirror from the entries in a DSM segment */
 	REQ_TRAIN,					/* train quantizers on a sample (index build) */
 	REQ_ENCODE,					/* assign and encode rows (index build) */
-	REQ_SEARCH_BATCH			/* many queries in a DSM segment (batch search) */
+	REQ_SEARCH_BATCH,			/* many queries in a DSM segment (batch search) */
+	REQ_EXACT					/* exact k-NN of queries among base rows in a DSM segment */
 } RequestKind;
 
 typedef enum RequestResult
@@ -195,6 +196,33 @@ extern GpuIvfpqDsmLayout GpuIvfpqDsmLayoutFor(RequestKind kind, const GpuIvfpqDs
  * GpuIvfpqBatchLabelsOffset (padded with -1).
  */
 #define GPU_IVFPQ_BATCH_QUERIES MAXALIGN(sizeof(GpuIvfpqDsmHeader))
+
+/*
+ * REQ_EXACT segment: the header (d, n = base rows, m = queries, metric), then
+ * queries (m x d), base rows (n x d), distances (m x k floats) and labels
+ * (m x k int64, base row numbers).
+ */
+typedef struct GpuIvfpqExactLayout
+{
+	Size		queries;
+	Size		base;
+	Size		dist;
+	Size		labels;
+	Size		total;
+} GpuIvfpqExactLayout;
+
+static inline GpuIvfpqExactLayout
+GpuIvfpqExactLayoutFor(int64 nq, int64 n, int d, int k)
+{
+	GpuIvfpqExactLayout l;
+
+	l.queries = MAXALIGN(sizeof(GpuIvfpqDsmHeader));
+	l.base = l.queries + MAXALIGN((Size) nq * d * sizeof(float));
+	l.dist = l.base + MAXALIGN((Size) n * d * sizeof(float));
+	l.labels = l.dist + MAXALIGN((Size) nq * k * sizeof(float));
+	l.total = l.labels + MAXALIGN((Size) nq * k * sizeof(int64));
+	return l;
+}
 static inline Size
 GpuIvfpqBatchLabelsOffset(int64 nq, int dim)
 {

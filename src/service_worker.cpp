@@ -507,6 +507,23 @@ SearchBatch(GpuIvfpqSlot *slot, char *base, std::string &err)
 	return RES_OK;
 }
 
+/* Exact k-NN of a backend's queries among the base rows it sent. */
+static RequestResult
+Exact(GpuIvfpqSlot *slot, char *base, std::string &err)
+{
+	const GpuIvfpqDsmHeader *h = (const GpuIvfpqDsmHeader *) base;
+	GpuIvfpqExactLayout l = GpuIvfpqExactLayoutFor(h->m, h->n, h->d, slot->k);
+	bool		oom = false;
+
+	if (!Engine([&] {
+			device->exact_knn((const float *) (base + l.queries), h->m, (const float *) (base + l.base),
+							  h->n, h->d, (gpuivfpq::Metric) h->metric, slot->k,
+							  (float *) (base + l.dist), (int64_t *) (base + l.labels));
+		}, err, &oom))
+		return oom ? RES_NO_MEMORY : RES_ERROR;
+	return RES_OK;
+}
+
 /* dsm_attach, with its ERROR turned into NULL (no C++ frames in between). */
 static dsm_segment *
 AttachSegment(dsm_handle handle)
@@ -552,6 +569,9 @@ ServeSegmentRequest(GpuIvfpqSlot *slot)
 			break;
 		case REQ_SEARCH_BATCH:
 			result = SearchBatch(slot, (char *) dsm_segment_address(seg), err);
+			break;
+		case REQ_EXACT:
+			result = Exact(slot, (char *) dsm_segment_address(seg), err);
 			break;
 		default:
 			result = Encode(slot, (char *) dsm_segment_address(seg), err);

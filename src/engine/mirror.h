@@ -56,6 +56,11 @@ public:
     // Trains the quantizers on n sample vectors (outputs as MirrorSpec holds them).
     virtual void train(const float* x, size_t n, size_t d, size_t lists, size_t m, Metric metric,
                        const IvfPqTrainParams& params, float* centroids, float* codebooks) = 0;
+    // Exact k-NN of nq queries among n base vectors (host pointers), ranking
+    // distances as metric_distance gives them, sorted, padded with (+inf, -1);
+    // labels are base rows.
+    virtual void exact_knn(const float* queries, size_t nq, const float* base, size_t n, size_t d,
+                           Metric metric, size_t k, float* dist, int64_t* labels) = 0;
     // Encodes n vectors with the model of spec: list_ids[i], codes[i*m..].
     virtual void encode(const MirrorSpec& spec, const float* x, size_t n, int32_t* list_ids,
                         uint8_t* codes) = 0;

@@ -96,6 +96,11 @@ public:
         std::memcpy(codebooks, model.pq().codebooks().data(),
                     model.pq().codebooks().size() * sizeof(float));
     }
+    void exact_knn(const float* queries, size_t nq, const float* base, size_t n, size_t d,
+                   Metric metric, size_t k, float* dist, int64_t* labels) override
+    {
+        brute_force_knn(queries, nq, base, n, d, metric, k, dist, labels);
+    }
     void encode(const MirrorSpec& spec, const float* x, size_t n, int32_t* list_ids,
                 uint8_t* codes) override
     {

@@ -1,0 +1,220 @@
+// Exact brute-force k-NN over a table column, without an ANN index: the rows
+// visible to the caller's snapshot are read in chunks, each chunk searched
+// by the GPU service's fused GEMM + k-selection kernel (or the CPU engine's
+// brute force), and the per-chunk winners merged with exact distances. Also
+// the ground truth for recall measurements.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "batch_search.h"
+#include "guard.h"
+#include "engine/topk.h"
+
+extern "C" {
+#include "access/relation.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "catalog/pg_type.h"
+#include "executor/tuptable.h"
+#include "funcapi.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+#include "utils/snapmgr.h"
+
+PG_FUNCTION_INFO_V1(gpu_ivfpq_exact_knn);
+}
+
+#define EXACT_MAX_K 1000
+#define EXACT_CHUNK_BYTES (32 * 1024 * 1024)
+
+typedef struct ExactHit
+{
+	double		dist;
+	ItemPointerData tid;
+} ExactHit;
+
+static bool
+HitLess(const ExactHit &a, const ExactHit &b)
+{
+	if (a.dist != b.dist)
+		return a.dist < b.dist;
+	return ItemPointerCompare((ItemPointer) &a.tid, (ItemPointer) &b.tid) < 0;
+}
+
+static int
+ParseMetric(const char *name)
+{
+	if (strcmp(name, "l2") == 0)
+		return (int) gpuivfpq::Metric::L2;
+	if (strcmp(name, "ip") == 0)
+		return (int) gpuivfpq::Metric::InnerProduct;
+	if (strcmp(name, "cosine") == 0)
+		return (int) gpuivfpq::Metric::Cosine;
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("unknown metric \"%s\"", name),
+			 errhint("Use \"l2\" (<->), \"ip\" (<#>) or \"cosine\" (<=>).")));
+	return 0;
+}
+
+/*
+ * Searches one chunk of base rows and merges its k best into each query's
+ * running best (best: nq x k, counts: how many held).
+ */
+static void
+SearchChunk(const float *queries, int64 nq, const float *base, const ItemPointerData *tids, int64 n,
+			int d, int metric, int k, ExactHit *best, int *counts, float *dist, int64 *labels,
+			int64 *gpu_chunks)
+{
+	int			kk = (int) Min((int64) k, n);
+
+	if (GpuIvfpqServiceExact(queries, nq, base, n, d, metric, kk, dist, labels))
+		(*gpu_chunks)++;
+	else
+		GpuIvfpqGuard("exact search", [&] {
+			gpuivfpq::brute_force_knn(queries, nq, base, n, d, (gpuivfpq::Metric) metric, kk, dist,
+									  labels);
+		});
+	for (int64 q = 0; q < nq; q++)
+	{
+		ExactHit   *b = best + q * k;
+
+		for (int j = 0; j < kk; j++)
+		{
+			int64		row = labels[q * kk + j];
+			ExactHit	h;
+
+			if (row < 0)
+				continue;
+			/* The kernel ranks in float; the answer carries the exact distance. */
+			h.dist = GpuIvfpqExactDistance(metric, queries + q * d, base + row * d, d);
+			h.tid = tids[row];
+			if (counts[q] < k)
+				b[counts[q]++] = h;
+			else if (HitLess(h, b[k - 1]))
+				b[k - 1] = h;
+			else
+				continue;
+			std::sort(b, b + counts[q], HitLess);
+		}
+	}
+}
+
+/* gpu_ivfpq_exact_knn(tbl, col, queries, k, metric): (query, rank, tid, distance). */
+Datum
+gpu_ivfpq_exact_knn(PG_FUNCTION_ARGS)
+{
+	Oid			relid = PG_GETARG_OID(0);
+	char	   *col = NameStr(*PG_GETARG_NAME(1));
+	ArrayType  *qarr = PG_GETARG_ARRAYTYPE_P(2);
+	int32		k = PG_GETARG_INT32(3);
+	char	   *mname = text_to_cstring(PG_GETARG_TEXT_PP(4));
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	int			metric = ParseMetric(mname);
+	Relation	heap;
+	AttrNumber	attnum;
+	const float *queries;
+	int64		nq;
+	int			d;
+	int64		chunk;
+	float	   *base;
+	ItemPointerData *tids;
+	int64		n = 0;
+	int64		rows = 0;
+	int64		gpu_chunks = 0;
+	int64		chunks = 0;
+	ExactHit   *best;
+	int		   *counts;
+	float	   *dist;
+	int64	   *labels;
+	TupleTableSlot *slot;
+	TableScanDesc scan;
+	MemoryContext rowctx;
+
+	if (k < 1 || k > EXACT_MAX_K)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("k must be between 1 and %d, not %d", EXACT_MAX_K, k)));
+	queries = GpuIvfpqQueryMatrix(qarr, &nq, &d);
+	InitMaterializedSRF(fcinfo, 0);
+	heap = table_open(relid, AccessShareLock);
+	attnum = get_attnum(relid, col);
+	if (attnum == InvalidAttrNumber || attnum < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_COLUMN),
+				 errmsg("column \"%s\" of relation \"%s\" does not exist", col, RelationGetRelationName(heap))));
+	if (get_atttype(relid, attnum) != FLOAT4ARRAYOID)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("column \"%s\" is not of type real[]", col)));
+
+	chunk = Max((int64) 1024, (int64) (EXACT_CHUNK_BYTES / ((Size) d * sizeof(float))));
+	base = (float *) palloc_extended((Size) chunk * d * sizeof(float), MCXT_ALLOC_HUGE);
+	tids = (ItemPointerData *) palloc_extended(sizeof(ItemPointerData) * chunk, MCXT_ALLOC_HUGE);
+	best = (ExactHit *) palloc_extended(sizeof(ExactHit) * nq * k, MCXT_ALLOC_HUGE);
+	counts = (int *) palloc0_array(int, nq);
+	dist = (float *) palloc_extended(sizeof(float) * nq * k, MCXT_ALLOC_HUGE);
+	labels = (int64 *) palloc_extended(sizeof(int64) * nq * k, MCXT_ALLOC_HUGE);
+	rowctx = AllocSetContextCreate(CurrentMemoryContext, "gpu_ivfpq exact row", ALLOCSET_DEFAULT_SIZES);
+	slot = table_slot_create(heap, NULL);
+	scan = table_beginscan(heap, GetActiveSnapshot(), 0, NULL);
+	for (;;)
+	{
+		bool		more = table_scan_getnextslot(scan, ForwardScanDirection, slot);
+
+		if (more)
+		{
+			bool		isnull;
+			Datum		value = slot_getattr(slot, attnum, &isnull);
+
+			if (!isnull)
+			{
+				MemoryContext old = MemoryContextSwitchTo(rowctx);
+				int			vdim;
+				const float *v = GpuIvfpqStoredVector(DatumGetArrayTypeP(value), &vdim);
+
+				if (vdim != d)
+					ereport(ERROR,
+							(errcode(ERRCODE_DATA_EXCEPTION),
+							 errmsg("row %s of \"%s\" has %d dimensions, the queries %d",
+									DatumGetCString(DirectFunctionCall1(tidout, PointerGetDatum(&slot->tts_tid))),
+									RelationGetRelationName(heap), vdim, d)));
+				memcpy(base + n * d, v, sizeof(float) * d);
+				tids[n++] = slot->tts_tid;
+				MemoryContextSwitchTo(old);
+				MemoryContextReset(rowctx);
+			}
+		}
+		if (n == chunk || (!more && n > 0))
+		{
+			SearchChunk(queries, nq, base, tids, n, d, metric, k, best, counts, dist, labels, &gpu_chunks);
+			rows += n;
+			chunks++;
+			n = 0;
+		}
+		if (!more)
+			break;
+		CHECK_FOR_INTERRUPTS();
+	}
+	table_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+
+	for (int64 q = 0; q < nq; q++)
+		for (int r = 0; r < counts[q]; r++)
+		{
+			Datum		values[4];
+			bool		nulls[4] = {false, false, false, false};
+
+			values[0] = Int32GetDatum((int32) (q + 1));
+			values[1] = Int32GetDatum(r + 1);
+			values[2] = PointerGetDatum(&best[q * k + r].tid);
+			values[3] = Float8GetDatum(best[q * k + r].dist);
+			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		}
+	elog(DEBUG1, "gpu_ivfpq exact search of \"%s\": %lld queries, %lld rows in %lld chunks, %lld on the GPU",
+		 RelationGetRelationName(heap), (long long) nq, (long long) rows, (long long) chunks,
+		 (long long) gpu_chunks);
+	table_close(heap, AccessShareLock);
+	PG_RETURN_VOID();
+}
