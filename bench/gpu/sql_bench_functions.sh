@@ -1,0 +1,124 @@
+#!/bin/bash
+# Benchmark of the search functions (issue 5) on the GPU machine, on the
+# same deterministic 1M x 128 SIFT-like set as sql_bench.sh (lists 4096,
+# m 32): batch k-NN at batch 10000 (GPU vs CPU), the k-NN graph of the whole
+# table (time and recall on 1000 sampled rows), exact brute force (GPU vs
+# CPU, and a torch GEMM + topk baseline on the same vectors), exact range
+# search vs a sequential scan.
+#
+# Runs after bash .device/pg-up.sh and an install of the extension linked
+# with the kernels. usage: bench/gpu/sql_bench_functions.sh [N]
+set -euo pipefail
+N=${1:-1000000}
+M=32
+DATA=/tmp/sift-$N
+RES=${OUT:-/tmp}/sql-bench-functions.txt
+. "${PGENV:-/opt/pg/env.sh}"
+say() { echo "$*" | tee -a "$RES"; }
+: >"$RES"
+
+cat >>"$PGDATA/postgresql.conf" <<CONF
+shared_preload_libraries = 'gpu_ivfpq'
+shared_buffers = '8GB'
+work_mem = '256MB'
+maintenance_work_mem = '4GB'
+max_parallel_maintenance_workers = 15
+max_parallel_workers_per_gather = 0
+dynamic_shared_memory_type = mmap
+CONF
+as_pg pg_ctl -D "$PGDATA" -l /tmp/pgkit-server.log -w restart >/dev/null
+for _ in $(seq 50); do psql -qAtc "SELECT 1" >/dev/null 2>&1 && break; sleep 0.2; done
+[ -f "$DATA/base.copy" ] || python3 bench/gpu/make_sift_like.py "$DATA" "$N" 1000 128
+chmod -R a+rX "$DATA"
+psql -q <<SQL
+CREATE EXTENSION IF NOT EXISTS gpu_ivfpq;
+DROP TABLE IF EXISTS base, queries;
+CREATE TABLE base (id int4, v real[]);
+COPY base FROM '$DATA/base.copy' WITH (FORMAT binary);
+CREATE TABLE queries (qid int PRIMARY KEY, v real[], gt int[]);
+COPY queries FROM '$DATA/queries.txt';
+VACUUM ANALYZE base;
+CREATE INDEX base_idx ON base USING gpu_ivfpq (v) WITH (lists = ${LISTS:-4096}, m = $M);
+SELECT gpu_ivfpq_prewarm('base_idx');
+CREATE TABLE q10k AS SELECT array_agg(v ORDER BY id) AS m FROM base WHERE id % 100 = 0;
+CREATE TABLE q1k AS SELECT array_agg(v ORDER BY qid) AS m FROM queries;
+SQL
+say "# gpu_ivfpq search functions: $N x 128 SIFT-like (bench/gpu/make_sift_like.py), lists 4096, m $M"
+say "# device: $(psql -qAtc 'SELECT device FROM gpu_ivfpq_status'); $(nproc) CPU cores; $(date -u +%F' '%T) UTC"
+
+# Seconds of one statement (server-side, psql \timing).
+timed() {
+  local opts=$1 sql=$2
+  PGOPTIONS="$opts" psql -qAt -c '\timing on' -c "$sql" | grep -oP 'Time: \K[0-9.]+' | tail -1 |
+    awk '{ printf "%.2f", $1 / 1000 }'
+}
+
+say ""
+say "## batch k-NN: gpu_ivfpq_knn_batch, 10000 queries (base rows), k 10, probes 32, rerank 100"
+for dev in gpu cpu; do
+  t=$(timed "-c gpu_ivfpq.device=$dev -c gpu_ivfpq.probes=32" \
+      "SELECT count(*) FROM gpu_ivfpq_knn_batch('base_idx', (SELECT m FROM q10k), 10)")
+  say "- $dev: $t s, $(awk -v t="$t" 'BEGIN { printf "%.0f", 10000 / t }') queries/s"
+done
+r=$(PGOPTIONS="-c gpu_ivfpq.probes=32" psql -qAt -c "
+  SELECT round(avg(hit) / 10, 4) FROM (
+    SELECT r.query, count(*) FILTER (WHERE b.id = ANY (q.gt[1:10])) AS hit
+    FROM gpu_ivfpq_knn_batch('base_idx', (SELECT m FROM q1k), 10) r
+    JOIN base b ON b.ctid = r.tid JOIN queries q ON q.qid = r.query GROUP BY r.query) x")
+say "- recall@10 of batch search on the 1000 benchmark queries (exact float64 ground truth): $r"
+
+say ""
+say "## k-NN graph: gpu_ivfpq_knn_graph over all $N rows, k 10, probes 16, rerank 20"
+t=$(timed "-c gpu_ivfpq.probes=16 -c gpu_ivfpq.rerank=20 -c client_min_messages=warning" \
+    "CREATE UNLOGGED TABLE g AS SELECT * FROM gpu_ivfpq_knn_graph('base_idx', 10)")
+say "- GPU: $t s ($(psql -qAtc 'SELECT count(*) FROM g') edges)"
+rec=$(psql -qAt -c "
+  CREATE TABLE sample AS SELECT ctid AS t, v, row_number() OVER () AS n FROM base WHERE id % 1000 = 7;
+  WITH ex AS (
+    SELECT s.t AS src, e.tid AS dst FROM (SELECT array_agg(v ORDER BY n) AS m FROM sample) a,
+         gpu_ivfpq_exact_knn('base', 'v', a.m, 11) e JOIN sample s ON s.n = e.query
+    WHERE e.tid <> s.t)
+  SELECT round(count(*) FILTER (WHERE EXISTS (SELECT 1 FROM g WHERE g.src = ex.src AND g.dst = ex.dst))::numeric
+               / count(*), 4) FROM ex")
+say "- recall@10 of the graph on 1000 sampled rows (against gpu_ivfpq_exact_knn, self excluded): $rec"
+
+say ""
+say "## exact brute force: gpu_ivfpq_exact_knn over all $N rows, k 10"
+t=$(timed "-c gpu_ivfpq.device=gpu" "SELECT count(*) FROM gpu_ivfpq_exact_knn('base', 'v', (SELECT m FROM q10k), 10)")
+say "- GPU, 10000 queries: $t s (heap read, 32 MB chunks through the service, fused GEMM + k-selection)"
+t1=$(timed "-c gpu_ivfpq.device=gpu" "SELECT count(*) FROM gpu_ivfpq_exact_knn('base', 'v', (SELECT m FROM q1k), 10)")
+say "- GPU, 1000 queries: $t1 s"
+t2=$(timed "-c gpu_ivfpq.device=cpu" "SELECT count(*) FROM gpu_ivfpq_exact_knn('base', 'v', (SELECT array_agg(v) FROM (SELECT v FROM queries ORDER BY qid LIMIT 100) s), 10)")
+say "- CPU (one backend), 100 queries: $t2 s"
+python3 - "$DATA" "$N" >/tmp/torch-baseline.txt 2>&1 <<'PY' && cat /tmp/torch-baseline.txt | tee -a "$RES" || say "- torch baseline: not available here ($(tail -1 /tmp/torch-baseline.txt))"
+import sys, time, numpy as np, torch
+data, n = sys.argv[1], int(sys.argv[2])
+torch.backends.cuda.matmul.allow_tf32 = False
+raw = np.fromfile(data + '/base.copy', dtype=np.uint8)[19:-2]
+rec = np.dtype([('h', 'V34'), ('v', [('len', '>i4'), ('x', '>f4')], (128,))])
+base = torch.from_numpy(np.frombuffer(raw.tobytes(), dtype=rec)['v']['x'].astype(np.float32)).cuda()
+q = base[::100][:10000].contiguous()
+def run():
+    out = []
+    for i in range(0, q.shape[0], 2000):
+        qq = q[i:i + 2000]
+        d = (qq * qq).sum(1, keepdim=True) - 2 * qq @ base.T + (base * base).sum(1)[None, :]
+        out.append(torch.topk(d, 10, largest=False).indices)
+    torch.cuda.synchronize()
+    return out
+run()
+t0 = time.time(); run(); t = time.time() - t0
+print('- torch baseline (vectors already on the GPU, fp32 GEMM + topk, tiles of 2000 queries), 10000 queries: %.3f s' % t)
+PY
+
+say ""
+say "## exact range search vs sequential scan (10 benchmark queries, radius = their 100th neighbour distance)"
+psql -qAt -c "CREATE TABLE rq AS SELECT q.qid, q.v, (SELECT v <-> q.v FROM base WHERE id = q.gt[100]) AS r FROM queries q WHERE qid <= 10" >/dev/null
+t=$(timed "" "SELECT count(*) FROM rq, gpu_ivfpq_range('base_idx', rq.v, rq.r) g")
+n1=$(psql -qAtc "SELECT count(*) FROM rq, gpu_ivfpq_range('base_idx', rq.v, rq.r) g")
+ts=$(timed "-c enable_indexscan=off" "SELECT count(*) FROM rq, base WHERE base.v <-> rq.v <= rq.r")
+n2=$(psql -qAtc "SET enable_indexscan = off; SELECT count(*) FROM rq, base WHERE base.v <-> rq.v <= rq.r")
+say "- gpu_ivfpq_range: $t s, $n1 rows; sequential scan: $ts s, $n2 rows"
+PGOPTIONS="-c client_min_messages=debug1" psql -qAt -c "SELECT count(*) FROM gpu_ivfpq_range('base_idx', (SELECT v FROM rq WHERE qid = 1), (SELECT r FROM rq WHERE qid = 1))" 2>&1 |
+  grep -oP 'range search.*' | sed 's/^/- query 1: /' | tee -a "$RES"
+psql -qAtxc "SELECT * FROM gpu_ivfpq_status" | sed 's/^/# /' | tee -a "$RES"
