@@ -32,7 +32,7 @@ for _ in $(seq 50); do psql -qAtc "SELECT 1" >/dev/null 2>&1 && break; sleep 0.2
 chmod -R a+rX "$DATA"
 psql -q <<SQL
 CREATE EXTENSION IF NOT EXISTS gpu_ivfpq;
-DROP TABLE IF EXISTS base, queries;
+DROP TABLE IF EXISTS base, queries, g, sample, rq, q10k, q1k;
 CREATE TABLE base (id int4, v real[]);
 COPY base FROM '$DATA/base.copy' WITH (FORMAT binary);
 CREATE TABLE queries (qid int PRIMARY KEY, v real[], gt int[]);
