@@ -1,9 +1,11 @@
 // Exact range search: every row within distance r of a query, with the lists
 // pruned by their covering radius (a list whose centroid c has covering
 // radius rc cannot hold a point within r of q when d(q, c) > rc + r, the
-// List-of-Clusters test of "Multi-GPU metric-space range search"). The
-// candidates of the remaining lists are tested with exact distances from the
-// heap, so nothing within r is missed and nothing outside is returned.
+// List-of-Clusters test of "Multi-GPU metric-space range search") and by
+// their Voronoi cell (the list's points are nearer to c than to q's nearest
+// centroid). The candidates of the remaining lists are tested with exact
+// distances from the heap, so nothing within r is missed and nothing outside
+// is returned.
 //
 // The List of Clusters also stops early when the query ball lies inside a
 // cluster ball, because there every point belongs to the first cluster that
@@ -57,32 +59,80 @@ ListsToProbe(const GpuIvfpqMetaPageData *meta, const GpuIvfpqListDirEntry *dir,
 	}
 	else
 		r = radius;
+
+	uint32		d = meta->dimensions;
+	const float *cent = model->centroids().data();
+	std::vector<double> dq(meta->lists), cn(meta->lists);
+	uint32		nearest = 0;
+
 	for (uint32 l = 0; l < meta->lists; l++)
 	{
-		const float *c = model->centroids().data() + (size_t) l * meta->dimensions;
-		double		dqc = 0.0;
-		double		cnorm = 0.0;
-		double		rc = dir[l].radius;
+		const float *c = cent + (size_t) l * d;
+		double		s2 = 0.0;
+		double		n2 = 0.0;
 
-		for (uint32 j = 0; j < meta->dimensions; j++)
+		for (uint32 j = 0; j < d; j++)
 		{
 			double		diff = (double) qn[j] - c[j];
 
-			dqc += diff * diff;
-			cnorm += (double) c[j] * c[j];
+			s2 += diff * diff;
+			n2 += (double) c[j] * c[j];
 		}
-		dqc = std::sqrt(dqc);
-
+		dq[l] = std::sqrt(s2);
+		cn[l] = std::sqrt(n2);
+		if (dq[l] < dq[nearest])
+			nearest = l;
+	}
+	for (uint32 l = 0; l < meta->lists; l++)
+	{
 		/*
+		 * Covering radius: no point of the list within r when d(q, c) > rc + r.
 		 * The stored radius comes from float32 distances (|x|^2 + |c|^2 -
 		 * 2<x, c>), whose rounding grows with the norms: widen it by 1% of
 		 * |c| + rc so that rounding never prunes a list that holds an answer.
 		 */
-		rc += 0.01 * (std::sqrt(cnorm) + rc);
-		if (dqc > rc + r)
+		double		rc = dir[l].radius;
+
+		rc += 0.01 * (cn[l] + rc);
+		if (dq[l] > rc + r)
 		{
 			probe[l] = false;
 			(*pruned)++;
+			continue;
+		}
+
+		/*
+		 * Voronoi cell: the list holds the points nearer to its centroid c
+		 * than to q's nearest centroid c1, a half-space whose distance from
+		 * q is (d(q,c)^2 - d(q,c1)^2) / (2 d(c,c1)). Assignment in float32
+		 * may put a point slightly on the wrong side: allow 1e-4 of the
+		 * squared norms involved, divided the same way.
+		 */
+		if (l != nearest)
+		{
+			const float *c = cent + (size_t) l * d;
+			const float *c1 = cent + (size_t) nearest * d;
+			double		cc = 0.0;
+
+			for (uint32 j = 0; j < d; j++)
+			{
+				double		diff = (double) c[j] - c1[j];
+
+				cc += diff * diff;
+			}
+			cc = std::sqrt(cc);
+			if (cc > 0.0)
+			{
+				double		h = (dq[l] * dq[l] - dq[nearest] * dq[nearest]) / (2.0 * cc);
+				double		reach = std::max(cn[l], cn[nearest]) + rc + dq[l] + r;
+				double		slack = 1e-4 * reach * reach / (2.0 * cc);
+
+				if (h > r + slack)
+				{
+					probe[l] = false;
+					(*pruned)++;
+				}
+			}
 		}
 	}
 	return probe;
@@ -232,7 +282,7 @@ gpu_ivfpq_range(PG_FUNCTION_ARGS)
 		values[1] = Float8GetDatum(hits[i].dist);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
-	elog(DEBUG1, "gpu_ivfpq range search on \"%s\": %u of %u lists pruned by covering radius, %lld candidates tested, %lld rows returned",
+	elog(DEBUG1, "gpu_ivfpq range search on \"%s\": %u of %u lists pruned (covering radius, Voronoi cell), %lld candidates tested, %lld rows returned",
 		 RelationGetRelationName(index), (unsigned) pruned, meta.lists, (long long) candidates,
 		 (long long) nhits);
 	table_close(heap, AccessShareLock);
