@@ -43,10 +43,12 @@ typedef struct BuildState
 	int32	   *batch_lists;
 	uint8	   *batch_codes;
 	float	   *batch_radius;
+	float	   *batch_qerror;
 	int32	   *pend_lists;		/* pending entries (list, tid, code) */
 	ItemPointerData *pend_tids;
 	uint8	   *pend_codes;
 	float	   *list_radius;	/* per list, max over pending entries */
+	float	   *list_qerror;	/* per list, max quantization error of pending entries */
 	int			pend_n;
 	int			pend_cap;
 	GpuIvfpqMetaPageData *meta;
@@ -191,8 +193,9 @@ FlushPending(BuildState *bs)
 
 		if (n > 0)
 			GpuIvfpqAppendEntries(bs->index, bs->meta, l, packed + (Size) start * esz, n,
-								  bs->list_radius[l]);
+								  bs->list_radius[l], bs->list_qerror[l]);
 		bs->list_radius[l] = 0.0f;
+		bs->list_qerror[l] = 0.0f;
 		CHECK_FOR_INTERRUPTS();
 	}
 	pfree(counts);
@@ -225,6 +228,11 @@ EncodeBatch(BuildState *bs)
 			bs->model->encode(bs->batch, bs->batch_n, bs->batch_lists, bs->batch_codes,
 							  bs->batch_radius, threads);
 		});
+	/* How far each code is from its vector: range search's ADC bound. */
+	GpuIvfpqGuard("encoding", [&] {
+		bs->model->quantization_errors(bs->batch, bs->batch_n, bs->batch_lists, bs->batch_codes,
+									   bs->batch_qerror);
+	});
 	for (int i = 0; i < bs->batch_n; i++)
 	{
 		int			p = bs->pend_n++;
@@ -235,6 +243,8 @@ EncodeBatch(BuildState *bs)
 		memcpy(bs->pend_codes + (Size) p * bs->m, bs->batch_codes + (Size) i * bs->m, bs->m);
 		if (bs->batch_radius[i] > bs->list_radius[l])
 			bs->list_radius[l] = bs->batch_radius[i];
+		if (bs->batch_qerror[i] > bs->list_qerror[l])
+			bs->list_qerror[l] = bs->batch_qerror[i];
 	}
 	pgstat_progress_update_param(PROGRESS_CREATEIDX_TUPLES_DONE, (int64) bs->index_tuples);
 	bs->batch_n = 0;
@@ -308,7 +318,7 @@ WriteEmptyListDir(Relation index, int lists, uint32 *npages)
 		dir[l].head = InvalidBlockNumber;
 		dir[l].insert_hint = InvalidBlockNumber;
 		dir[l].radius = 0.0f;
-		dir[l].reserved = 0;
+		dir[l].qerror = 0.0f;
 	}
 	*npages = 0;
 	for (int first = 0; first < lists; first += GPU_IVFPQ_LISTDIR_PER_PAGE)
@@ -462,6 +472,7 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 		meta.lists = bs.lists;
 		meta.m = bs.m;
 		meta.trained = true;
+		meta.features |= GPU_IVFPQ_FEATURE_QERROR;
 		meta.centroid_start = GpuIvfpqWriteBlob(index, bs.model->centroids().data(),
 												bs.model->centroids().size() * sizeof(float));
 		meta.codebook_start = GpuIvfpqWriteBlob(index, bs.model->pq().codebooks().data(),
@@ -491,11 +502,13 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 		bs.batch_lists = (int32 *) palloc(sizeof(int32) * bs.batch_cap);
 		bs.batch_codes = (uint8 *) palloc((Size) bs.batch_cap * bs.m);
 		bs.batch_radius = (float *) palloc(sizeof(float) * bs.batch_cap);
+		bs.batch_qerror = (float *) palloc(sizeof(float) * bs.batch_cap);
 		bs.pend_cap = Max(bs.pend_cap, bs.batch_cap);	/* a flush always makes room for a batch */
 		bs.pend_lists = (int32 *) palloc_extended(sizeof(int32) * bs.pend_cap, MCXT_ALLOC_HUGE);
 		bs.pend_tids = (ItemPointerData *) palloc_extended(sizeof(ItemPointerData) * bs.pend_cap, MCXT_ALLOC_HUGE);
 		bs.pend_codes = (uint8 *) palloc_extended((Size) bs.pend_cap * bs.m, MCXT_ALLOC_HUGE);
 		bs.list_radius = (float *) palloc0(sizeof(float) * bs.lists);
+		bs.list_qerror = (float *) palloc0(sizeof(float) * bs.lists);
 
 		pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_ENCODE);
 		bs.index_tuples = 0;
@@ -545,7 +558,7 @@ gpuivfpqbuildempty(Relation index)
 
 	entry.head = entry.insert_hint = InvalidBlockNumber;
 	entry.radius = 0.0f;
-	entry.reserved = 0;
+	entry.qerror = 0.0f;
 	GpuIvfpqInitPage(dirpage, GPU_IVFPQ_PAGE_LISTDIR);
 	memcpy(PageGetContents(dirpage), &entry, sizeof(entry));
 	((PageHeader) dirpage)->pd_lower += MAXALIGN(sizeof(entry));

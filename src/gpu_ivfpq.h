@@ -60,7 +60,11 @@ typedef struct GpuIvfpqMetaPageData
 	BlockNumber listdir_start;	/* consecutive list directory pages */
 	uint32		listdir_pages;
 	uint64		build_tuples;	/* rows indexed by the build */
+	uint32		features;		/* GPU_IVFPQ_FEATURE_* (0 in indexes built before them) */
 } GpuIvfpqMetaPageData;
+
+/* The list directory keeps each list's maximum quantization error (range search). */
+#define GPU_IVFPQ_FEATURE_QERROR	0x1
 typedef GpuIvfpqMetaPageData *GpuIvfpqMetaPage;
 
 #define GpuIvfpqPageGetMeta(page) ((GpuIvfpqMetaPage) PageGetContents(page))
@@ -71,7 +75,7 @@ typedef struct GpuIvfpqListDirEntry
 	BlockNumber head;			/* first page of the chain, or Invalid */
 	BlockNumber insert_hint;	/* a page at or before the first with room */
 	float4		radius;			/* covering radius: max ||x - c|| (never shrinks) */
-	uint32		reserved;
+	float4		qerror;			/* max ||x - decoded x|| (never shrinks), if FEATURE_QERROR */
 } GpuIvfpqListDirEntry;
 
 #define GPU_IVFPQ_LISTDIR_PER_PAGE \
@@ -165,7 +169,7 @@ extern BlockNumber GpuIvfpqWriteBlob(Relation index, const void *data, Size byte
 extern void GpuIvfpqReadBlob(Relation index, BlockNumber start, void *data, Size bytes);
 extern GpuIvfpqListDirEntry *GpuIvfpqReadListDir(Relation index, const GpuIvfpqMetaPageData *meta);
 extern void GpuIvfpqAppendEntries(Relation index, const GpuIvfpqMetaPageData *meta, int list,
-								  const char *entries, int count, float radius);
+								  const char *entries, int count, float radius, float qerror);
 extern void GpuIvfpqLowerInsertHint(Relation index, const GpuIvfpqMetaPageData *meta, int list, BlockNumber blk);
 extern void GpuIvfpqSetDimensions(Relation index, GpuIvfpqMetaPageData *meta, int dim);
 extern int	GpuIvfpqDefaultM(int dim);

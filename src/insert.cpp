@@ -17,6 +17,7 @@ gpuivfpqinsert(Relation index, Datum *values, bool *isnull, ItemPointer heap_tid
 	char	   *entry;
 	int32		list = 0;
 	float		radius = 0.0f;
+	float		qerror = 0.0f;
 
 	if (isnull[0])
 		return false;
@@ -45,9 +46,12 @@ gpuivfpqinsert(Relation index, Datum *values, bool *isnull, ItemPointer heap_tid
 		gpuivfpq::IvfPqModel *model = GpuIvfpqGetModel(index, &meta);
 		uint8	   *code = (uint8 *) entry + GPU_IVFPQ_TID_BYTES;
 
-		GpuIvfpqGuard("encoding", [&] { model->encode(v, 1, &list, code, &radius, 1); });
+		GpuIvfpqGuard("encoding", [&] {
+			model->encode(v, 1, &list, code, &radius, 1);
+			model->quantization_errors(v, 1, &list, code, &qerror);
+		});
 	}
-	GpuIvfpqAppendEntries(index, &meta, list, entry, 1, radius);
+	GpuIvfpqAppendEntries(index, &meta, list, entry, 1, radius, qerror);
 	/* After the page: a mirror loaded from now on sees it in the pages or the log. */
 	if (meta.trained)
 		GpuIvfpqServiceLogAppend(index, &meta, list, GpuIvfpqTidToLabel(heap_tid),

@@ -190,11 +190,12 @@ FillListPage(Page page, int m, const char *entries, int count)
  * Appends count packed entries (TID + code) to inverted list `list`, filling
  * free space from the list's insert hint onward (space VACUUM freed is
  * reused) and extending the chain at its tail. Also raises the list's
- * covering radius to at least radius.
+ * covering radius to at least radius and its quantization error to at
+ * least qerror.
  */
 void
 GpuIvfpqAppendEntries(Relation index, const GpuIvfpqMetaPageData *meta, int list,
-					  const char *entries, int count, float radius)
+					  const char *entries, int count, float radius, float qerror)
 {
 	int			m = meta->trained ? meta->m : 0;
 	int			esz = GpuIvfpqEntrySize(m);
@@ -284,7 +285,7 @@ GpuIvfpqAppendEntries(Relation index, const GpuIvfpqMetaPageData *meta, int list
 		break;
 	}
 
-	if (last_blk != entry.insert_hint || radius > entry.radius)
+	if (last_blk != entry.insert_hint || radius > entry.radius || qerror > entry.qerror)
 		UpdateListDirEntry(index, meta, list, [&](GpuIvfpqListDirEntry *e) {
 			bool		changed = false;
 
@@ -292,6 +293,11 @@ GpuIvfpqAppendEntries(Relation index, const GpuIvfpqMetaPageData *meta, int list
 			if (e->insert_hint == entry.insert_hint && last_blk != e->insert_hint)
 			{
 				e->insert_hint = last_blk;
+				changed = true;
+			}
+			if (qerror > e->qerror)
+			{
+				e->qerror = qerror;
 				changed = true;
 			}
 			if (radius > e->radius)

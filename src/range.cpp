@@ -13,12 +13,15 @@
 // centroid), so a later list can still hold answers: no early stop here.
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <numeric>
 #include <vector>
 
 #include "heap_fetch.h"
 #include "guard.h"
 #include "engine/distances.h"
 #include "engine/ivfpq.h"
+#include "engine/pq.h"
 
 extern "C" {
 #include "access/relation.h"
@@ -43,7 +46,7 @@ typedef struct RangeHit
 static std::vector<bool>
 ListsToProbe(const GpuIvfpqMetaPageData *meta, const GpuIvfpqListDirEntry *dir,
 			 const gpuivfpq::IvfPqModel *model, int metric, const float *q, double radius,
-			 int *pruned)
+			 int *pruned, std::vector<double> &adc_limit)
 {
 	std::vector<bool> probe(meta->lists, true);
 	std::vector<float> qn(q, q + meta->dimensions);
@@ -94,6 +97,16 @@ ListsToProbe(const GpuIvfpqMetaPageData *meta, const GpuIvfpqListDirEntry *dir,
 		double		rc = dir[l].radius;
 
 		rc += 0.01 * (cn[l] + rc);
+
+		/*
+		 * An entry whose decoded vector x' is farther than r + e from q
+		 * (e: the list's largest ||x - x'||) cannot be within r. Its ADC
+		 * distance is ||q - x'|| up to float rounding of squared norms, so
+		 * widen the limit by a few thousandths of the norms involved.
+		 */
+		adc_limit[l] = r + 1.01 * dir[l].qerror +
+			0.003 * (std::sqrt((double) std::inner_product(qn.begin(), qn.end(), qn.begin(), 0.0)) +
+					 cn[l] + rc + r);
 		if (dq[l] > rc + r)
 		{
 			probe[l] = false;
@@ -156,6 +169,12 @@ gpu_ivfpq_range(PG_FUNCTION_ARGS)
 	int			dim;
 	const float *q;
 	std::vector<bool> probe;
+	std::vector<double> adc_limit;
+	gpuivfpq::IvfPqQuery *prepared = NULL;
+	bool		use_adc = false;
+	float	   *table = NULL;
+	float	   *dists = NULL;
+	int64		entries_read = 0;
 	int			pruned = 0;
 	int64		candidates = 0;
 	RangeHit   *hits;
@@ -196,40 +215,81 @@ gpu_ivfpq_range(PG_FUNCTION_ARGS)
 	dir = GpuIvfpqReadListDir(index, &meta);
 	if (meta.trained)
 		model = GpuIvfpqGetModel(index, &meta);
+	adc_limit.assign(meta.lists, std::numeric_limits<double>::infinity());
 	GpuIvfpqGuard("range pruning", [&] {
-		probe = ListsToProbe(&meta, dir, model, metric, q, radius, &pruned);
+		probe = ListsToProbe(&meta, dir, model, metric, q, radius, &pruned, adc_limit);
 	});
+	/* ADC filtering needs the quantization errors, kept by newer builds. */
+	use_adc = meta.trained && (meta.features & GPU_IVFPQ_FEATURE_QERROR) &&
+		metric != (int) gpuivfpq::Metric::InnerProduct;
+	if (use_adc)
+		GpuIvfpqGuard("query preparation", [&] {
+			prepared = new gpuivfpq::IvfPqQuery();
+			model->prepare_query(q, meta.lists, *prepared);
+		});
 
 	/* Every entry of the lists that may hold answers. */
 	m = meta.trained ? meta.m : 0;
 	esz = GpuIvfpqEntrySize(m);
 	tids = (ItemPointerData *) palloc(sizeof(ItemPointerData) * tcap);
-	for (uint32 l = 0; l < meta.lists; l++)
+	if (use_adc)
 	{
-		BlockNumber blk = probe[l] ? dir[l].head : InvalidBlockNumber;
-
-		while (blk != InvalidBlockNumber)
+		table = (float *) palloc(sizeof(float) * m * 256);
+		dists = (float *) palloc(sizeof(float) * GpuIvfpqEntriesPerPage(m));
+	}
+	PG_TRY();
+	{
+		for (uint32 p = 0; p < meta.lists; p++)
 		{
-			Buffer		buf = ReadBuffer(index, blk);
-			Page		page;
-			int			n;
+			/* With ADC, lists in the prepared query's order (its tables are per probe). */
+			uint32		l = use_adc ? (uint32) prepared->lists[p] : p;
+			BlockNumber blk = probe[l] ? dir[l].head : InvalidBlockNumber;
+			float		base = 0.0f;
+			float		limit2 = 0.0f;
 
-			LockBuffer(buf, BUFFER_LOCK_SHARE);
-			page = BufferGetPage(buf);
-			n = GpuIvfpqPageEntryCount(page, m);
-			if (ntids + n > tcap)
+			if (use_adc && blk != InvalidBlockNumber)
+				GpuIvfpqGuard("lookup tables", [&] {
+					model->list_table(*prepared, p, table, &base);
+					limit2 = (float) (adc_limit[l] * adc_limit[l]);
+				});
+			while (blk != InvalidBlockNumber)
 			{
-				tcap = Max(tcap * 2, ntids + n);
-				tids = (ItemPointerData *) repalloc_huge(tids, sizeof(ItemPointerData) * tcap);
+				Buffer		buf = ReadBuffer(index, blk);
+				Page		page;
+				const char *ent;
+				int			n;
+
+				LockBuffer(buf, BUFFER_LOCK_SHARE);
+				page = BufferGetPage(buf);
+				ent = (const char *) PageGetContents(page);
+				n = GpuIvfpqPageEntryCount(page, m);
+				entries_read += n;
+				if (ntids + n > tcap)
+				{
+					tcap = Max(tcap * 2, ntids + n);
+					tids = (ItemPointerData *) repalloc_huge(tids, sizeof(ItemPointerData) * tcap);
+				}
+				if (use_adc)
+					GpuIvfpqGuard("list scan", [&] {
+						gpuivfpq::adc_scan((const uint8 *) ent + GPU_IVFPQ_TID_BYTES, n, esz, table, m,
+										   base, dists);
+					});
+				for (int i = 0; i < n; i++)
+					if (!use_adc || dists[i] <= limit2)
+						memcpy(&tids[ntids++], ent + (Size) i * esz, GPU_IVFPQ_TID_BYTES);
+				blk = GpuIvfpqPageGetOpaque(page)->next;
+				UnlockReleaseBuffer(buf);
+				CHECK_FOR_INTERRUPTS();
 			}
-			for (int i = 0; i < n; i++)
-				memcpy(&tids[ntids++], (const char *) PageGetContents(page) + (Size) i * esz,
-					   GPU_IVFPQ_TID_BYTES);
-			blk = GpuIvfpqPageGetOpaque(page)->next;
-			UnlockReleaseBuffer(buf);
-			CHECK_FOR_INTERRUPTS();
 		}
 	}
+	PG_CATCH();
+	{
+		delete prepared;
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	GpuIvfpqGuard("cleanup", [&] { delete prepared; });
 	candidates = ntids;
 
 	/* Exact test of each visible row, in heap order. */
@@ -282,9 +342,9 @@ gpu_ivfpq_range(PG_FUNCTION_ARGS)
 		values[1] = Float8GetDatum(hits[i].dist);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
-	elog(DEBUG1, "gpu_ivfpq range search on \"%s\": %u of %u lists pruned (covering radius, Voronoi cell), %lld candidates tested, %lld rows returned",
-		 RelationGetRelationName(index), (unsigned) pruned, meta.lists, (long long) candidates,
-		 (long long) nhits);
+	elog(DEBUG1, "gpu_ivfpq range search on \"%s\": %u of %u lists pruned (covering radius, Voronoi cell), %lld entries read, %lld candidates tested (%s), %lld rows returned",
+		 RelationGetRelationName(index), (unsigned) pruned, meta.lists, (long long) entries_read,
+		 (long long) candidates, use_adc ? "after the ADC bound" : "all", (long long) nhits);
 	table_close(heap, AccessShareLock);
 	relation_close(index, AccessShareLock);
 	PG_RETURN_VOID();

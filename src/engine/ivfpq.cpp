@@ -153,6 +153,25 @@ void IvfPqModel::centroid_distances(const float* x, size_t n, const int32_t* lis
     }
 }
 
+void IvfPqModel::quantization_errors(const float* x, size_t n, const int32_t* list_ids,
+                                     const uint8_t* codes, float* out) const
+{
+    std::vector<float> v(d_), rec(d_);
+    const size_t m = pq_.m();
+    for (size_t i = 0; i < n; i++) {
+        std::memcpy(v.data(), x + i * d_, d_ * sizeof(float));
+        if (metric_ == Metric::Cosine)
+            normalize_rows(v.data(), 1, d_);
+        reconstruct(list_ids[i], codes + i * m, rec.data());
+        double s = 0.0;
+        for (size_t t = 0; t < d_; t++) {
+            double diff = double(v[t]) - rec[t];
+            s += diff * diff;
+        }
+        out[i] = float(std::sqrt(s));
+    }
+}
+
 bool IvfPqModel::precompute_tables(size_t max_bytes)
 {
     term1_.clear();

@@ -61,6 +61,11 @@ public:
     // centroid of list_ids[i]: encode's centroid_dist for codes made elsewhere.
     void centroid_distances(const float* x, size_t n, const int32_t* list_ids, float* out) const;
 
+    // out[i] = ||x_i - reconstruct(list_ids[i], code_i)|| for the (normalised)
+    // x_i: how far ADC distances can be from exact ones (range search bound).
+    void quantization_errors(const float* x, size_t n, const int32_t* list_ids, const uint8_t* codes,
+                             float* out) const;
+
     // Builds the precomputed term-1 tables (lists x m x 256 floats:
     // ||r||^2 + 2<c_j, r> per list, sub-quantizer and code) when they take at
     // most max_bytes; returns whether they are in use. Not used for IP,
