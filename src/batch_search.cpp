@@ -103,24 +103,17 @@ AllLabels(Relation index, const GpuIvfpqMetaPageData *meta, const GpuIvfpqListDi
 	int			esz = GpuIvfpqEntrySize(0);
 
 	for (uint32 l = 0; l < meta->lists; l++)
-		for (BlockNumber blk = dir[l].head; blk != InvalidBlockNumber;)
-		{
-			Buffer		buf = ReadBuffer(index, blk);
-			Page		page;
+		GpuIvfpqWalkList(index, dir[l].head, 0, [&](const char *ent, int n) {
+			GpuIvfpqGuard("candidates", [&] {
+				for (int i = 0; i < n; i++)
+				{
+					ItemPointerData tid;
 
-			LockBuffer(buf, BUFFER_LOCK_SHARE);
-			page = BufferGetPage(buf);
-			for (int i = 0; i < GpuIvfpqPageEntryCount(page, 0); i++)
-			{
-				ItemPointerData tid;
-
-				memcpy(&tid, (const char *) PageGetContents(page) + (Size) i * esz, GPU_IVFPQ_TID_BYTES);
-				all.push_back(GpuIvfpqTidToLabel(&tid));
-			}
-			blk = GpuIvfpqPageGetOpaque(page)->next;
-			UnlockReleaseBuffer(buf);
-			CHECK_FOR_INTERRUPTS();
-		}
+					memcpy(&tid, ent + (Size) i * esz, GPU_IVFPQ_TID_BYTES);
+					all.push_back(GpuIvfpqTidToLabel(&tid));
+				}
+			});
+		});
 	return all;
 }
 

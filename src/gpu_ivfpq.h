@@ -121,6 +121,28 @@ GpuIvfpqLabelToTid(int64 label, ItemPointerData *tid)
 	ItemPointerSet(tid, (BlockNumber) (label >> 16), (OffsetNumber) (label & 0xFFFF));
 }
 
+/*
+ * Calls fn(entries, n) for each page of the list chain starting at head,
+ * with the page share-locked: n packed entries of a TID and an m-byte code.
+ */
+template <typename F>
+static inline void
+GpuIvfpqWalkList(Relation index, BlockNumber head, int m, F &&fn)
+{
+	for (BlockNumber blk = head; blk != InvalidBlockNumber;)
+	{
+		Buffer		buf = ReadBuffer(index, blk);
+		Page		page;
+
+		LockBuffer(buf, BUFFER_LOCK_SHARE);
+		page = BufferGetPage(buf);
+		fn((const char *) PageGetContents(page), GpuIvfpqPageEntryCount(page, m));
+		blk = GpuIvfpqPageGetOpaque(page)->next;
+		UnlockReleaseBuffer(buf);
+		CHECK_FOR_INTERRUPTS();
+	}
+}
+
 /* ---- options ---- */
 typedef struct GpuIvfpqOptions
 {

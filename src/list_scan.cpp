@@ -25,21 +25,10 @@ GpuIvfpqRankLists(Relation index, const GpuIvfpqMetaPageData *meta, const GpuIvf
 	for (int p = 0; p < probes; p++)
 	{
 		int			list = prepared->lists[p];
-		BlockNumber blk = dir[list].head;
 		float		base = 0.0f;
 
 		GpuIvfpqGuard("lookup tables", [&] { model->list_table(*prepared, p, table, &base); });
-		while (blk != InvalidBlockNumber)
-		{
-			Buffer		buf = ReadBuffer(index, blk);
-			Page		page;
-			const char *ent;
-			int			n;
-
-			LockBuffer(buf, BUFFER_LOCK_SHARE);
-			page = BufferGetPage(buf);
-			ent = (const char *) PageGetContents(page);
-			n = GpuIvfpqPageEntryCount(page, m);
+		GpuIvfpqWalkList(index, dir[list].head, m, [&](const char *ent, int n) {
 			seen += n;
 			GpuIvfpqGuard("list scan", [&] {
 				gpuivfpq::adc_scan((const uint8 *) ent + GPU_IVFPQ_TID_BYTES, n, esz, table, m, base,
@@ -55,10 +44,7 @@ GpuIvfpqRankLists(Relation index, const GpuIvfpqMetaPageData *meta, const GpuIvf
 					}
 				}
 			});
-			blk = GpuIvfpqPageGetOpaque(page)->next;
-			UnlockReleaseBuffer(buf);
-			CHECK_FOR_INTERRUPTS();
-		}
+		});
 	}
 	pfree(dists);
 	pfree(table);

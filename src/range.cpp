@@ -252,17 +252,9 @@ gpu_ivfpq_range(PG_FUNCTION_ARGS)
 					model->list_table(*prepared, p, table, &base);
 					limit2 = (float) (adc_limit[l] * adc_limit[l]);
 				});
-			while (blk != InvalidBlockNumber)
-			{
-				Buffer		buf = ReadBuffer(index, blk);
-				Page		page;
-				const char *ent;
-				int			n;
-
-				LockBuffer(buf, BUFFER_LOCK_SHARE);
-				page = BufferGetPage(buf);
-				ent = (const char *) PageGetContents(page);
-				n = GpuIvfpqPageEntryCount(page, m);
+			if (blk == InvalidBlockNumber)
+				continue;
+			GpuIvfpqWalkList(index, blk, m, [&](const char *ent, int n) {
 				entries_read += n;
 				if (ntids + n > tcap)
 				{
@@ -277,10 +269,7 @@ gpu_ivfpq_range(PG_FUNCTION_ARGS)
 				for (int i = 0; i < n; i++)
 					if (!use_adc || dists[i] <= limit2)
 						memcpy(&tids[ntids++], ent + (Size) i * esz, GPU_IVFPQ_TID_BYTES);
-				blk = GpuIvfpqPageGetOpaque(page)->next;
-				UnlockReleaseBuffer(buf);
-				CHECK_FOR_INTERRUPTS();
-			}
+			});
 		}
 	}
 	PG_CATCH();

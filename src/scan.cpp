@@ -204,20 +204,7 @@ CollectCandidates(IndexScanDesc scan, gpuivfpq::TopK *topk, int64 **all, int *na
 	}
 	so->entries_seen = 0;
 	for (int list = 0; list < so->probes; list++)
-	{
-		BlockNumber blk = so->dir[list].head;
-
-		while (blk != InvalidBlockNumber)
-		{
-			Buffer		buf = ReadBuffer(scan->indexRelation, blk);
-			Page		page;
-			const char *ent;
-			int			n;
-
-			LockBuffer(buf, BUFFER_LOCK_SHARE);
-			page = BufferGetPage(buf);
-			ent = (const char *) PageGetContents(page);
-			n = GpuIvfpqPageEntryCount(page, m);
+		GpuIvfpqWalkList(scan->indexRelation, so->dir[list].head, m, [&](const char *ent, int n) {
 			so->entries_seen += n;
 			if (*nall + n > cap)
 			{
@@ -232,11 +219,7 @@ CollectCandidates(IndexScanDesc scan, gpuivfpq::TopK *topk, int64 **all, int *na
 				memcpy(&tid, ent + (Size) i * esz, GPU_IVFPQ_TID_BYTES);
 				(*all)[(*nall)++] = GpuIvfpqTidToLabel(&tid);
 			}
-			blk = GpuIvfpqPageGetOpaque(page)->next;
-			UnlockReleaseBuffer(buf);
-			CHECK_FOR_INTERRUPTS();
-		}
-	}
+		});
 }
 
 /*

@@ -394,20 +394,7 @@ LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
 	LWLockRelease(s->log_lock);
 
 	for (uint32 list = 0; list < meta->lists; list++)
-	{
-		BlockNumber blk = dir[list].head;
-
-		while (blk != InvalidBlockNumber)
-		{
-			Buffer		buf = ReadBuffer(index, blk);
-			Page		page;
-			const char *ent;
-			int			cnt;
-
-			LockBuffer(buf, BUFFER_LOCK_SHARE);
-			page = BufferGetPage(buf);
-			ent = (const char *) PageGetContents(page);
-			cnt = GpuIvfpqPageEntryCount(page, m);
+		GpuIvfpqWalkList(index, dir[list].head, m, [&](const char *ent, int cnt) {
 			if (n + cnt > cap)
 			{
 				cap = Max(cap * 2, n + cnt);
@@ -425,11 +412,7 @@ LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
 				memcpy(codes + (Size) n * m, ent + (Size) i * esz + GPU_IVFPQ_TID_BYTES, m);
 				n++;
 			}
-			blk = GpuIvfpqPageGetOpaque(page)->next;
-			UnlockReleaseBuffer(buf);
-			CHECK_FOR_INTERRUPTS();
-		}
-	}
+		});
 
 	memset(&h, 0, sizeof(h));
 	h.d = meta->dimensions;
