@@ -73,8 +73,9 @@ CreateSegment(Size bytes, const char *what)
 	return seg;
 }
 
+/* Sends a segment request (k: for exact search) and waits; a failure is a WARNING. */
 static bool
-Submit(dsm_segment *seg, RequestKind kind, int64 n, const char *what)
+Submit(dsm_segment *seg, RequestKind kind, int64 n, int k, const char *what)
 {
 	GpuIvfpqSlot *slot = GpuIvfpqAcquireSlot();
 	RequestResult result;
@@ -84,6 +85,7 @@ Submit(dsm_segment *seg, RequestKind kind, int64 n, const char *what)
 	memset(&slot->key, 0, sizeof(slot->key));
 	slot->kind = kind;
 	slot->n = n;
+	slot->k = k;
 	slot->dsm = dsm_segment_handle(seg);
 	result = GpuIvfpqSubmitAndWait(slot);
 	if (result != RES_OK)
@@ -127,7 +129,7 @@ GpuIvfpqServiceTrain(const float *sample, int64 n, int d, int lists, int m, int 
 	base = (char *) dsm_segment_address(seg);
 	memcpy(base, &h, sizeof(h));
 	memcpy(base + l.rows, sample, sizeof(float) * n * d);
-	ok = Submit(seg, REQ_TRAIN, n, "training");
+	ok = Submit(seg, REQ_TRAIN, n, 0, "training");
 	if (ok)
 	{
 		memcpy(centroids, base + l.centroids, sizeof(float) * lists * d);
@@ -180,7 +182,7 @@ GpuIvfpqServiceEncoderRows(GpuIvfpqRemoteEncoder *enc)
 bool
 GpuIvfpqServiceEncode(GpuIvfpqRemoteEncoder *enc, int n, int32 *lists, uint8 *codes)
 {
-	if (!Submit(enc->seg, REQ_ENCODE, n, "encoding"))
+	if (!Submit(enc->seg, REQ_ENCODE, n, 0, "encoding"))
 		return false;
 	memcpy(lists, enc->base + enc->l.lists, sizeof(int32) * n);
 	memcpy(codes, enc->base + enc->l.codes, (Size) n * enc->h.m);
@@ -234,26 +236,7 @@ GpuIvfpqServiceExact(const float *queries, int64 nq, const float *base, int64 n,
 	memcpy(addr, &h, sizeof(h));
 	memcpy(addr + l.queries, queries, sizeof(float) * nq * d);
 	memcpy(addr + l.base, base, sizeof(float) * n * d);
-	{
-		GpuIvfpqSlot *slot = GpuIvfpqAcquireSlot();
-		RequestResult result = RES_ERROR;
-
-		if (slot != NULL)
-		{
-			memset(&slot->key, 0, sizeof(slot->key));
-			slot->kind = REQ_EXACT;
-			slot->k = k;
-			slot->n = n;
-			slot->dsm = dsm_segment_handle(seg);
-			result = GpuIvfpqSubmitAndWait(slot);
-			if (result != RES_OK)
-				ereport(WARNING,
-						(errmsg("gpu_ivfpq: exact search failed on the GPU, continuing on the CPU"),
-						 errdetail("%s", slot->error[0] ? slot->error : "the service exited")));
-			GpuIvfpqFinishSlot(slot);
-		}
-		ok = result == RES_OK;
-	}
+	ok = Submit(seg, REQ_EXACT, n, k, "exact search");
 	if (ok)
 	{
 		memcpy(dist, addr + l.dist, sizeof(float) * nq * k);
