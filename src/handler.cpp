@@ -84,7 +84,7 @@ _PG_init(void)
 								 &gpu_ivfpq_service_emulate_gpu, false, PGC_POSTMASTER, 0, NULL, NULL, NULL);
 		GpuIvfpqServiceRegister();
 	}
-	/* After every definition: this drops placeholders of the prefix. */
+	/* Last: reserves the gpu_ivfpq. prefix once every setting is defined. */
 	MarkGUCPrefixReserved("gpu_ivfpq");
 }
 

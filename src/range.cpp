@@ -67,6 +67,7 @@ ListsToProbe(const GpuIvfpqMetaPageData *meta, const GpuIvfpqListDirEntry *dir,
 	const float *cent = model->centroids().data();
 	std::vector<double> dq(meta->lists), cn(meta->lists);
 	uint32		nearest = 0;
+	double		qnorm = std::sqrt(std::inner_product(qn.begin(), qn.end(), qn.begin(), 0.0));
 
 	for (uint32 l = 0; l < meta->lists; l++)
 	{
@@ -104,9 +105,7 @@ ListsToProbe(const GpuIvfpqMetaPageData *meta, const GpuIvfpqListDirEntry *dir,
 		 * distance is ||q - x'|| up to float rounding of squared norms, so
 		 * widen the limit by a few thousandths of the norms involved.
 		 */
-		adc_limit[l] = r + 1.01 * dir[l].qerror +
-			0.003 * (std::sqrt((double) std::inner_product(qn.begin(), qn.end(), qn.begin(), 0.0)) +
-					 cn[l] + rc + r);
+		adc_limit[l] = r + 1.01 * dir[l].qerror + 0.003 * (qnorm + cn[l] + rc + r);
 		if (dq[l] > rc + r)
 		{
 			probe[l] = false;

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "gpu_ivfpq.h"
+#include "heap_fetch.h"
 #include "guard.h"
 #include "engine/ivfpq.h"
 #include "engine/topk.h"
@@ -20,7 +20,6 @@ typedef struct GpuIvfpqScanOpaqueData
 {
 	MemoryContext scanctx;		/* lives as long as the scan */
 	MemoryContext batchctx;		/* reset on rescan */
-	MemoryContext rowctx;		/* reset per re-ranked row */
 
 	GpuIvfpqMetaPageData meta;
 	GpuIvfpqListDirEntry *dir;
@@ -55,10 +54,8 @@ typedef struct GpuIvfpqScanOpaqueData
 	instr_time	rerank_time;
 
 	/* heap access for re-ranking */
-	IndexFetchTableData *fetch;
-	TupleTableSlot *slot;
-	EState	   *estate;
-	IndexInfo  *indexInfo;
+	bool		heap_open;		/* hf is set up */
+	GpuIvfpqHeapFetch hf;
 } GpuIvfpqScanOpaqueData;
 typedef GpuIvfpqScanOpaqueData *GpuIvfpqScanOpaque;
 
@@ -99,7 +96,6 @@ gpuivfpqbeginscan(Relation index, int nkeys, int norderbys)
 
 	so->scanctx = scanctx;
 	so->batchctx = AllocSetContextCreate(scanctx, "gpu_ivfpq scan batch", ALLOCSET_DEFAULT_SIZES);
-	so->rowctx = AllocSetContextCreate(scanctx, "gpu_ivfpq scan row", ALLOCSET_DEFAULT_SIZES);
 	so->metric = GpuIvfpqMetricOf(index);
 	GpuIvfpqReadMeta(index, &so->meta);
 	so->dir = GpuIvfpqReadListDir(index, &so->meta);
@@ -126,16 +122,13 @@ EnsureHeapAccess(IndexScanDesc scan)
 	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
 	MemoryContext old;
 
-	if (so->fetch != NULL)
+	if (so->heap_open)
 		return;
 	if (scan->heapRelation == NULL)
 		elog(ERROR, "gpu_ivfpq scans need the heap relation");
 	old = MemoryContextSwitchTo(so->scanctx);
-	so->indexInfo = BuildIndexInfo(scan->indexRelation);
-	so->estate = CreateExecutorState();
-	so->slot = table_slot_create(scan->heapRelation, NULL);
-	GetPerTupleExprContext(so->estate)->ecxt_scantuple = so->slot;
-	so->fetch = table_index_fetch_begin(scan->heapRelation);
+	GpuIvfpqHeapFetchBegin(&so->hf, scan->heapRelation, scan->indexRelation, scan->xs_snapshot);
+	so->heap_open = true;
 	MemoryContextSwitchTo(old);
 }
 
@@ -243,11 +236,8 @@ Rerank(IndexScanDesc scan, int64 *labels, int n)
 	{
 		ItemPointerData tid;
 		bool		found;
-		bool		call_again = false;
-		bool		all_dead = false;
-		Datum		values[INDEX_MAX_KEYS];
-		bool		isnull[INDEX_MAX_KEYS];
-		MemoryContext old;
+		int			vdim;
+		const float *v;
 
 		GpuIvfpqLabelToTid(labels[i], &tid);
 		hash_search(so->seen, &tid, HASH_ENTER, &found);
@@ -255,34 +245,14 @@ Rerank(IndexScanDesc scan, int64 *labels, int n)
 			continue;
 		so->reranked++;
 
-		MemoryContextReset(so->rowctx);
-		old = MemoryContextSwitchTo(so->rowctx);
-		if (table_index_fetch_tuple(so->fetch, &tid, scan->xs_snapshot, so->slot,
-									&call_again, &all_dead))
+		v = GpuIvfpqHeapFetchVector(&so->hf, &tid, &vdim);
+		if (v != NULL && (so->null_query || vdim == dim))
 		{
-			ResetExprContext(GetPerTupleExprContext(so->estate));
-			FormIndexDatum(so->indexInfo, so->slot, so->estate, values, isnull);
-			if (!isnull[0] && !so->null_query)
-			{
-				int			vdim;
-				const float *v = GpuIvfpqStoredVector(DatumGetArrayTypeP(values[0]), &vdim);
-
-				if (vdim == dim)
-				{
-					so->results[so->nresults].dist = GpuIvfpqExactDistance(so->metric, so->query, v, dim);
-					so->results[so->nresults].tid = tid;
-					so->nresults++;
-				}
-			}
-			else if (!isnull[0])
-			{
-				so->results[so->nresults].dist = get_float8_nan();
-				so->results[so->nresults].tid = tid;
-				so->nresults++;
-			}
-			ExecClearTuple(so->slot);
+			so->results[so->nresults].dist = so->null_query ? get_float8_nan()
+				: GpuIvfpqExactDistance(so->metric, so->query, v, dim);
+			so->results[so->nresults].tid = tid;
+			so->nresults++;
 		}
-		MemoryContextSwitchTo(old);
 		CHECK_FOR_INTERRUPTS();
 	}
 	if (!so->null_query)
@@ -470,12 +440,8 @@ gpuivfpqendscan(IndexScanDesc scan)
 			 RelationGetRelationName(scan->indexRelation), so->probes,
 			 (long long) so->codes_scanned, INSTR_TIME_GET_MILLISEC(so->adc_time),
 			 (long long) so->reranked, INSTR_TIME_GET_MILLISEC(so->rerank_time));
-	if (so->fetch != NULL)
-	{
-		table_index_fetch_end(so->fetch);
-		ExecDropSingleTupleTableSlot(so->slot);
-		FreeExecutorState(so->estate);
-	}
+	if (so->heap_open)
+		GpuIvfpqHeapFetchEnd(&so->hf);
 	MemoryContextDelete(so->scanctx);
 	scan->opaque = NULL;
 }

@@ -21,35 +21,9 @@ LISTS=${LISTS:-4096}
 say() { echo "$*" | tee -a "$RES"; }
 : >"$RES"
 
-# Server: preloaded, enough shared buffers for the table, many clients.
-cat >>"$PGDATA/postgresql.conf" <<CONF
-shared_preload_libraries = 'gpu_ivfpq'
-shared_buffers = '8GB'
-max_connections = 200
-maintenance_work_mem = '4GB'
-max_parallel_maintenance_workers = 15
-dynamic_shared_memory_type = mmap
-CONF
-as_pg pg_ctl -D "$PGDATA" -l /tmp/pgkit-server.log -w restart >/dev/null
-for _ in $(seq 50); do
-  psql -qAtc "SELECT 1" >/dev/null 2>&1 && break
-  sleep 0.2
-done
-
-if [ ! -f "$DATA/base.copy" ]; then
-  python3 bench/gpu/make_sift_like.py "$DATA" "$N" 1000 128
-fi
-chmod -R a+rX "$DATA"
-
-psql -q <<SQL
-CREATE EXTENSION IF NOT EXISTS gpu_ivfpq;
-DROP TABLE IF EXISTS base, queries;
-CREATE TABLE base (id int4, v real[]);
-COPY base FROM '$DATA/base.copy' WITH (FORMAT binary);
-CREATE TABLE queries (qid int PRIMARY KEY, v real[], gt int[]);
-COPY queries FROM '$DATA/queries.txt';
-VACUUM ANALYZE base;
-SQL
+# Server: preloaded, large buffers; the data as tables base and queries.
+. bench/gpu/lib.sh
+bench_setup "max_connections = 200" ""
 say "# gpu_ivfpq SQL benchmark: $N x 128 SIFT-like (bench/gpu/make_sift_like.py), lists $LISTS, m $M"
 say "# device: $(psql -qAtc 'SELECT device FROM gpu_ivfpq_status'); $(nproc) CPU cores"
 say "# $(date -u +%F' '%T) UTC"

@@ -17,27 +17,11 @@ RES=${OUT:-/tmp}/sql-bench-functions.txt
 say() { echo "$*" | tee -a "$RES"; }
 : >"$RES"
 
-cat >>"$PGDATA/postgresql.conf" <<CONF
-shared_preload_libraries = 'gpu_ivfpq'
-shared_buffers = '8GB'
-work_mem = '256MB'
-maintenance_work_mem = '4GB'
-max_parallel_maintenance_workers = 15
-max_parallel_workers_per_gather = 0
-dynamic_shared_memory_type = mmap
-CONF
-as_pg pg_ctl -D "$PGDATA" -l /tmp/pgkit-server.log -w restart >/dev/null
-for _ in $(seq 50); do psql -qAtc "SELECT 1" >/dev/null 2>&1 && break; sleep 0.2; done
-[ -f "$DATA/base.copy" ] || python3 bench/gpu/make_sift_like.py "$DATA" "$N" 1000 128
-chmod -R a+rX "$DATA"
+# Server: preloaded, large buffers; the data as tables base and queries.
+. bench/gpu/lib.sh
+bench_setup "work_mem = '256MB'
+max_parallel_workers_per_gather = 0" "g, sample, rq, q10k, q1k"
 psql -q <<SQL
-CREATE EXTENSION IF NOT EXISTS gpu_ivfpq;
-DROP TABLE IF EXISTS base, queries, g, sample, rq, q10k, q1k;
-CREATE TABLE base (id int4, v real[]);
-COPY base FROM '$DATA/base.copy' WITH (FORMAT binary);
-CREATE TABLE queries (qid int PRIMARY KEY, v real[], gt int[]);
-COPY queries FROM '$DATA/queries.txt';
-VACUUM ANALYZE base;
 CREATE INDEX base_idx ON base USING gpu_ivfpq (v) WITH (lists = ${LISTS:-4096}, m = $M);
 SELECT gpu_ivfpq_prewarm('base_idx');
 CREATE TABLE q10k AS SELECT array_agg(v ORDER BY id) AS m FROM base WHERE id % 100 = 0;
