@@ -5,10 +5,13 @@ EXTENSION = gpu_ivfpq
 MODULE_big = gpu_ivfpq
 DATA = sql/gpu_ivfpq--0.1.0.sql
 
+# The layers, one folder each (README "Layout"): the access method, the SQL
+# functions, the GPU service and its PostgreSQL-free device layer, the engine.
 ENGINE_SRCS = $(sort $(wildcard src/engine/*.cpp))
 # cuda_device.cpp needs the kernels' headers: only with GPU_IVFPQ_CUDA_LIB.
-PG_SRCS = $(sort $(filter-out src/cuda_device.cpp,$(wildcard src/*.cpp)))
-OBJS = $(PG_SRCS:.cpp=.o) $(ENGINE_SRCS:.cpp=.o)
+DEVICE_SRCS = $(sort $(filter-out src/service/device/cuda_device.cpp,$(wildcard src/service/device/*.cpp)))
+PG_SRCS = $(sort $(wildcard src/common/*.cpp src/am/*.cpp src/functions/*.cpp src/service/*.cpp))
+OBJS = $(PG_SRCS:.cpp=.o) $(DEVICE_SRCS:.cpp=.o) $(ENGINE_SRCS:.cpp=.o)
 
 REGRESS = operators options build_edge scan_basic dml_vacuum search_functions
 
@@ -35,7 +38,7 @@ PG_CPPFLAGS = -I$(srcdir)/src $(BLAS_CPPFLAGS)
 CUDA_HOME ?= /usr/local/cuda
 ifneq ($(GPU_IVFPQ_CUDA_LIB),)
 PG_CPPFLAGS += -DGPU_IVFPQ_WITH_CUDA=1 -I$(srcdir)/gpu/include -I$(srcdir)/src/engine
-OBJS += src/cuda_device.o
+OBJS += src/service/device/cuda_device.o
 SHLIB_LINK += $(abspath $(GPU_IVFPQ_CUDA_LIB)) -L$(CUDA_HOME)/lib64 -lcublas -lcudart
 endif
 PG_CXXFLAGS = -Wno-register
@@ -49,4 +52,4 @@ include $(PGXS)
 override CXXFLAGS := $(filter-out -O2,$(CXXFLAGS)) -O3 -fopenmp-simd -std=c++17 -Wno-missing-field-initializers
 
 # Headers are few and shared: rebuild every object when one changes.
-$(OBJS): $(wildcard src/*.h src/engine/*.h)
+$(OBJS): $(wildcard src/*/*.h src/*/*/*.h)

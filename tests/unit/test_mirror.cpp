@@ -9,7 +9,7 @@
 
 #include "error.h"
 #include "ivfpq.h"
-#include "mirror_store.h"
+#include "service/device/mirror_store.h"
 #include "topk.h"
 
 namespace gpuivfpq {

@@ -1,7 +1,7 @@
 // Mirror bookkeeping of the GPU service: budget, LRU eviction, versions.
-#include "mirror_store.h"
+#include "service/device/mirror_store.h"
 
-#include "error.h"
+#include "engine/error.h"
 
 namespace gpuivfpq {
 

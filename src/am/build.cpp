@@ -1,7 +1,7 @@
 // CREATE INDEX: sample, train the quantizers, assign and encode every row,
 // write the lists. Also the empty index of an unlogged table's init fork.
-#include "gpu_ivfpq.h"
-#include "guard.h"
+#include "am/am.h"
+#include "common/guard.h"
 #include "engine/ivfpq.h"
 
 /* Build phases, as pg_stat_progress_create_index shows them. */

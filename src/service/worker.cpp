@@ -11,11 +11,11 @@
 #include <unordered_set>
 #include <vector>
 
-#include "service_shmem.h"
+#include "service/shmem.h"
 #include "engine/error.h"
-#include "engine/mirror_store.h"
+#include "service/device/mirror_store.h"
 #ifdef GPU_IVFPQ_WITH_CUDA
-#include "cuda_device.h"
+#include "service/device/cuda_device.h"
 #endif
 
 extern "C" {

@@ -2,7 +2,7 @@
 // share with the index.
 #include <cmath>
 
-#include "gpu_ivfpq.h"
+#include "am/am.h"
 #include "engine/distances.h"
 
 extern "C" {

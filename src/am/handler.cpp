@@ -2,7 +2,7 @@
 // and operator class validation.
 #include <cfloat>
 
-#include "gpu_ivfpq.h"
+#include "am/am.h"
 
 extern "C" {
 PG_MODULE_MAGIC;

@@ -1,8 +1,8 @@
 // Backend-local cache of trained quantizers, so scans and inserts do not
 // re-read centroids and codebooks from pages or rebuild the precomputed
 // tables on every call.
-#include "gpu_ivfpq.h"
-#include "guard.h"
+#include "am/am.h"
+#include "common/guard.h"
 #include "engine/ivfpq.h"
 
 #define MODEL_CACHE_SLOTS 8

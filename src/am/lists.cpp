@@ -1,8 +1,8 @@
 // The CPU engine's IVFADC list scan over index pages: the entries of the
 // probed lists ranked by ADC distance into a k-selection heap. Shared by
 // index scans and batch search.
-#include "gpu_ivfpq.h"
-#include "guard.h"
+#include "am/am.h"
+#include "common/guard.h"
 #include "engine/ivfpq.h"
 #include "engine/topk.h"
 

@@ -1,6 +1,6 @@
 // Page-level storage of the index: metapage, float blobs (centroids and
 // codebooks), the list directory and appends to inverted-list chains.
-#include "gpu_ivfpq.h"
+#include "am/am.h"
 
 /* Formats a page of the given kind with the common special space. */
 void

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "heap_fetch.h"
-#include "guard.h"
+#include "common/rerank.h"
+#include "common/guard.h"
 #include "engine/ivfpq.h"
 #include "engine/topk.h"
 

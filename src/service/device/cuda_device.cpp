@@ -6,7 +6,7 @@
 #include <memory>
 #include <vector>
 
-#include "cuda_device.h"
+#include "service/device/cuda_device.h"
 #include "engine/error.h"
 #include "gpu_ivfpq/device_buffer.h"
 #include "gpu_ivfpq/exact_search.h"

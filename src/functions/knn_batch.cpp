@@ -2,7 +2,7 @@
 // call) and gpu_ivfpq_knn_graph (the k-NN graph of a whole table).
 #include <cmath>
 
-#include "batch_search.h"
+#include "functions/batch_search.h"
 
 extern "C" {
 #include "access/relation.h"

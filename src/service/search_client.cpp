@@ -2,7 +2,7 @@
 // requests through a shared-memory slot and a latch; the change log that
 // keeps mirrors coherent (inserts append, VACUUM and rebuilds invalidate,
 // DROP forgets); and gpu_ivfpq_prewarm().
-#include "service_shmem.h"
+#include "service/shmem.h"
 
 extern "C" {
 #include "access/xlog.h"

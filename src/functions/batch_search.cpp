@@ -6,8 +6,8 @@
 #include <cmath>
 #include <vector>
 
-#include "batch_search.h"
-#include "guard.h"
+#include "functions/batch_search.h"
+#include "common/guard.h"
 #include "engine/ivfpq.h"
 #include "engine/topk.h"
 

@@ -2,7 +2,7 @@
 // shared_preload_libraries, with the background worker (service_worker.cpp)
 // registered beside it; and the status functions behind gpu_ivfpq_status
 // and gpu_ivfpq_mirrors.
-#include "service_shmem.h"
+#include "service/shmem.h"
 
 extern "C" {
 #include "funcapi.h"

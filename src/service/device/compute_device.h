@@ -13,8 +13,8 @@
 #include <memory>
 #include <string>
 
-#include "distances.h"
-#include "ivfpq.h"
+#include "engine/distances.h"
+#include "engine/ivfpq.h"
 
 namespace gpuivfpq {
 

@@ -1,6 +1,6 @@
 // aminsert: encode one new row and append it to its nearest list.
-#include "gpu_ivfpq.h"
-#include "guard.h"
+#include "am/am.h"
+#include "common/guard.h"
 #include "engine/ivfpq.h"
 
 /* Inserts one row: NULLs are not indexed; a wrong dimension is an error. */

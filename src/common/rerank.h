@@ -2,7 +2,7 @@
 // re-rank or filter candidates with exact distances (range and batch search).
 #pragma once
 
-#include "gpu_ivfpq.h"
+#include "am/am.h"
 
 typedef struct GpuIvfpqHeapFetch
 {

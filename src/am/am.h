@@ -2,7 +2,7 @@
 // GUCs and the prototypes of each source file.
 #pragma once
 
-#include "pg.h"
+#include "common/pg.h"
 
 namespace gpuivfpq {
 class IvfPqModel;

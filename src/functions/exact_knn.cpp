@@ -7,8 +7,8 @@
 #include <cmath>
 #include <vector>
 
-#include "batch_search.h"
-#include "guard.h"
+#include "functions/batch_search.h"
+#include "common/guard.h"
 #include "engine/topk.h"
 
 extern "C" {

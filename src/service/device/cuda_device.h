@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "engine/mirror.h"
+#include "service/device/compute_device.h"
 
 namespace gpuivfpq {
 

@@ -3,7 +3,7 @@
 // and the counters the status view shows. Private to service*.cpp.
 #pragma once
 
-#include "gpu_ivfpq.h"
+#include "am/am.h"
 
 extern "C" {
 #include "port/atomics.h"

@@ -10,7 +10,7 @@
 #include <tuple>
 #include <vector>
 
-#include "mirror.h"
+#include "service/device/compute_device.h"
 
 namespace gpuivfpq {
 

@@ -17,8 +17,8 @@
 #include <numeric>
 #include <vector>
 
-#include "heap_fetch.h"
-#include "guard.h"
+#include "common/rerank.h"
+#include "common/guard.h"
 #include "engine/distances.h"
 #include "engine/ivfpq.h"
 #include "engine/pq.h"

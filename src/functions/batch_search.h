@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "heap_fetch.h"
+#include "common/rerank.h"
 
 /* Called for each result: query number (from 0 in the call), rank (from 0), row, distance. */
 typedef void (*GpuIvfpqBatchEmit) (void *arg, int64 query, int rank, ItemPointer tid, double dist);

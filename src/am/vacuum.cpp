@@ -1,6 +1,6 @@
 // VACUUM: remove dead heap TIDs from the lists (compacting pages so inserts
 // reuse the space) and report index statistics.
-#include "gpu_ivfpq.h"
+#include "am/am.h"
 
 /*
  * Walks every list page; with a callback, removes the entries it reports

@@ -6,7 +6,7 @@
 #include <new>
 
 #include "engine/error.h"
-#include "pg.h"
+#include "common/pg.h"
 
 // Runs fn (engine code: plain memory, no PostgreSQL calls) and turns any
 // exception into ereport(ERROR) only after fn's frames are gone, so no

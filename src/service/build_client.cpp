@@ -3,7 +3,7 @@
 // the service trains with the GPU k-means and encodes on the GPU) and exact
 // brute-force search. Whenever the service cannot, the caller goes on with
 // the CPU engine.
-#include "service_shmem.h"
+#include "service/shmem.h"
 
 extern "C" {
 #include "miscadmin.h"

@@ -1,5 +1,5 @@
 // Heap access by TID for the search functions (see heap_fetch.h).
-#include "heap_fetch.h"
+#include "common/rerank.h"
 
 extern "C" {
 #include "access/relation.h"

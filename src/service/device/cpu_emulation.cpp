@@ -6,9 +6,9 @@
 #include <limits>
 #include <vector>
 
-#include "error.h"
-#include "mirror.h"
-#include "topk.h"
+#include "engine/error.h"
+#include "service/device/compute_device.h"
+#include "engine/topk.h"
 
 namespace gpuivfpq {
 namespace {
