@@ -121,6 +121,23 @@ GpuIvfpqLabelToTid(int64 label, ItemPointerData *tid)
 	ItemPointerSet(tid, (BlockNumber) (label >> 16), (OffsetNumber) (label & 0xFFFF));
 }
 
+/* The heap TID of entry i of a page's packed entries, as a label. */
+static inline int64
+GpuIvfpqEntryLabel(const char *entries, int i, int m)
+{
+	ItemPointerData tid;
+
+	memcpy(&tid, entries + (Size) i * GpuIvfpqEntrySize(m), GPU_IVFPQ_TID_BYTES);
+	return GpuIvfpqTidToLabel(&tid);
+}
+
+/* The PQ code of entry i of a page's packed entries. */
+static inline const uint8 *
+GpuIvfpqEntryCode(const char *entries, int i, int m)
+{
+	return (const uint8 *) entries + (Size) i * GpuIvfpqEntrySize(m) + GPU_IVFPQ_TID_BYTES;
+}
+
 /*
  * Calls fn(entries, n) for each page of the list chain starting at head,
  * with the page share-locked: n packed entries of a TID and an m-byte code.
@@ -200,10 +217,31 @@ extern int	GpuIvfpqMetricOf(Relation index);
 /* ---- model_cache.cpp ---- */
 extern gpuivfpq::IvfPqModel *GpuIvfpqGetModel(Relation index, const GpuIvfpqMetaPageData *meta);
 
-/* ---- list_scan.cpp ---- */
+/* ---- lists.cpp ---- */
 extern int64 GpuIvfpqRankLists(Relation index, const GpuIvfpqMetaPageData *meta,
 							   const GpuIvfpqListDirEntry *dir, gpuivfpq::IvfPqModel *model,
-							   const gpuivfpq::IvfPqQuery *prepared, int probes, gpuivfpq::TopK *topk);
+							   const gpuivfpq::IvfPqQuery *prepared, int probes, gpuivfpq::TopK *topk,
+							   int64 *labels, int *nlabels);
+
+/* A growing array of labels (palloc'd in the context current when it grows). */
+typedef struct GpuIvfpqLabels
+{
+	int64	   *labels;
+	int64		n;
+	int64		cap;
+} GpuIvfpqLabels;
+
+/* An ADC bound for GpuIvfpqCollectList: keep entries whose ADC distance <= limit. */
+typedef struct GpuIvfpqAdcBound
+{
+	const float *table;			/* m x 256 lookup table of the list */
+	float		base;			/* the list's constant term */
+	float		limit;			/* on the engine's ADC value (squared for L2) */
+} GpuIvfpqAdcBound;
+
+extern int64 GpuIvfpqCollectList(Relation index, const GpuIvfpqMetaPageData *meta, BlockNumber head,
+								 const GpuIvfpqAdcBound *bound, GpuIvfpqLabels *out);
+extern Relation GpuIvfpqOpenIndex(Oid relid);
 
 /* ---- build.cpp ---- */
 extern IndexBuildResult *gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo);

@@ -1,20 +1,10 @@
 // Ordered index scan: probe the nearest lists, rank codes by ADC, re-rank
 // the best candidates with exact distances from the heap, and continue with
 // more candidates and lists when the executor asks for more rows.
-#include <algorithm>
-#include <cmath>
-
-#include "common/rerank.h"
 #include "common/guard.h"
+#include "common/rerank.h"
 #include "engine/ivfpq.h"
 #include "engine/topk.h"
-
-/* One re-ranked row, returned in (dist, tid) order within its batch. */
-typedef struct ScanResult
-{
-	double		dist;
-	ItemPointerData tid;
-} ScanResult;
 
 typedef struct GpuIvfpqScanOpaqueData
 {
@@ -29,7 +19,7 @@ typedef struct GpuIvfpqScanOpaqueData
 	bool		null_query;
 	float	   *query;
 	gpuivfpq::IvfPqModel *model;	/* owned by the backend cache */
-	gpuivfpq::IvfPqQuery *prepared; /* owned here, freed by a context callback */
+	gpuivfpq::IvfPqQuery *prepared; /* owned by scanctx */
 	bool		query_prepared; /* prepared holds the current query */
 
 	/* progress of the iterative scan */
@@ -41,7 +31,7 @@ typedef struct GpuIvfpqScanOpaqueData
 	int64		entries_seen;	/* entries in the probed lists, last round */
 	HTAB	   *seen;			/* TIDs already re-ranked */
 
-	ScanResult *results;
+	GpuIvfpqHit *results;
 	int			nresults;
 	int			next;
 
@@ -59,30 +49,6 @@ typedef struct GpuIvfpqScanOpaqueData
 } GpuIvfpqScanOpaqueData;
 typedef GpuIvfpqScanOpaqueData *GpuIvfpqScanOpaque;
 
-/* Frees the prepared query (engine memory) with the scan's context. */
-static void
-FreePreparedQuery(void *arg)
-{
-	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) arg;
-
-	delete so->prepared;
-	so->prepared = NULL;
-}
-
-/* Orders results by exact distance (NaN last), then TID. */
-static bool
-ResultLess(const ScanResult &a, const ScanResult &b)
-{
-	bool		an = std::isnan(a.dist);
-	bool		bn = std::isnan(b.dist);
-
-	if (an != bn)
-		return bn;
-	if (!an && a.dist != b.dist)
-		return a.dist < b.dist;
-	return ItemPointerCompare((ItemPointer) &a.tid, (ItemPointer) &b.tid) < 0;
-}
-
 /* ambeginscan */
 IndexScanDesc
 gpuivfpqbeginscan(Relation index, int nkeys, int norderbys)
@@ -92,16 +58,12 @@ gpuivfpqbeginscan(Relation index, int nkeys, int norderbys)
 												  ALLOCSET_DEFAULT_SIZES);
 	MemoryContext old = MemoryContextSwitchTo(scanctx);
 	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) palloc0(sizeof(GpuIvfpqScanOpaqueData));
-	MemoryContextCallback *cb = (MemoryContextCallback *) palloc(sizeof(MemoryContextCallback));
 
 	so->scanctx = scanctx;
 	so->batchctx = AllocSetContextCreate(scanctx, "gpu_ivfpq scan batch", ALLOCSET_DEFAULT_SIZES);
 	so->metric = GpuIvfpqMetricOf(index);
 	GpuIvfpqReadMeta(index, &so->meta);
 	so->dir = GpuIvfpqReadListDir(index, &so->meta);
-	cb->func = FreePreparedQuery;
-	cb->arg = so;
-	MemoryContextRegisterResetCallback(scanctx, cb);
 	MemoryContextSwitchTo(old);
 
 	/* The executor reads the ORDER BY values from these; the AM provides them. */
@@ -138,7 +100,6 @@ gpuivfpqrescan(IndexScanDesc scan, ScanKey keys, int nkeys, ScanKey orderbys, in
 {
 	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
 	MemoryContext old;
-	HASHCTL		hctl;
 
 	MemoryContextReset(so->batchctx);
 	so->started = false;
@@ -156,11 +117,7 @@ gpuivfpqrescan(IndexScanDesc scan, ScanKey keys, int nkeys, ScanKey orderbys, in
 		memmove(scan->orderByData, orderbys, scan->numberOfOrderBys * sizeof(ScanKeyData));
 
 	old = MemoryContextSwitchTo(so->batchctx);
-	memset(&hctl, 0, sizeof(hctl));
-	hctl.keysize = sizeof(ItemPointerData);
-	hctl.entrysize = sizeof(ItemPointerData);
-	hctl.hcxt = so->batchctx;
-	so->seen = hash_create("gpu_ivfpq seen TIDs", 256, &hctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	so->seen = GpuIvfpqTidSetCreate(so->batchctx);
 
 	if (scan->numberOfOrderBys > 0 && !(scan->orderByData[0].sk_flags & SK_ISNULL))
 	{
@@ -180,83 +137,39 @@ gpuivfpqrescan(IndexScanDesc scan, ScanKey keys, int nkeys, ScanKey orderbys, in
 	MemoryContextSwitchTo(old);
 }
 
-/* Collects the entries of the probed lists into topk (all of them when topk is NULL). */
+/* Every entry of the first so->probes lists (an untrained index, or no query). */
 static void
-CollectCandidates(IndexScanDesc scan, gpuivfpq::TopK *topk, int64 **all, int *nall)
+CollectAll(IndexScanDesc scan, GpuIvfpqLabels *all)
 {
 	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
-	int			m = so->meta.trained ? so->meta.m : 0;
-	int			esz = GpuIvfpqEntrySize(m);
-	int			cap = 0;
 
-	if (topk != NULL)
-	{
-		so->entries_seen = GpuIvfpqRankLists(scan->indexRelation, &so->meta, so->dir, so->model,
-											 so->prepared, so->probes, topk);
-		return;
-	}
 	so->entries_seen = 0;
 	for (int list = 0; list < so->probes; list++)
-		GpuIvfpqWalkList(scan->indexRelation, so->dir[list].head, m, [&](const char *ent, int n) {
-			so->entries_seen += n;
-			if (*nall + n > cap)
-			{
-				cap = Max(cap * 2, *nall + n);
-				*all = *all ? (int64 *) repalloc_huge(*all, sizeof(int64) * cap)
-					: (int64 *) palloc_extended(sizeof(int64) * cap, MCXT_ALLOC_HUGE);
-			}
-			for (int i = 0; i < n; i++)
-			{
-				ItemPointerData tid;
-
-				memcpy(&tid, ent + (Size) i * esz, GPU_IVFPQ_TID_BYTES);
-				(*all)[(*nall)++] = GpuIvfpqTidToLabel(&tid);
-			}
-		});
+		so->entries_seen += GpuIvfpqCollectList(scan->indexRelation, &so->meta, so->dir[list].head,
+												NULL, all);
 }
 
 /*
- * Re-ranks the candidate TIDs not seen before: fetches each row visible to
- * the scan's snapshot, computes its exact distance, and appends it to the
- * results. Rows no longer visible are skipped.
+ * Re-ranks the candidate labels not seen before (rows no longer visible are
+ * skipped) into the next batch of results, in exact distance order.
  */
 static void
 Rerank(IndexScanDesc scan, int64 *labels, int n)
 {
 	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
-	int			dim = so->meta.dimensions;
+	GpuIvfpqRerankSpec spec;
+	int64		fetched = 0;
 
 	EnsureHeapAccess(scan);
-	/* Labels sort as (block, offset): fetching in that order reads the heap sequentially. */
-	std::sort(labels, labels + n);
-	so->results = (ScanResult *) MemoryContextAllocHuge(so->batchctx, sizeof(ScanResult) * Max(n, 1));
-	so->nresults = 0;
+	memset(&spec, 0, sizeof(spec));
+	spec.metric = so->metric;
+	spec.query = so->null_query ? NULL : so->query;
+	spec.dim = so->meta.dimensions;
+	spec.seen = so->seen;
+	so->results = (GpuIvfpqHit *) MemoryContextAllocHuge(so->batchctx, sizeof(GpuIvfpqHit) * Max(n, 1));
+	so->nresults = (int) GpuIvfpqRerank(&so->hf, &spec, labels, n, so->results, &fetched);
 	so->next = 0;
-	for (int i = 0; i < n; i++)
-	{
-		ItemPointerData tid;
-		bool		found;
-		int			vdim;
-		const float *v;
-
-		GpuIvfpqLabelToTid(labels[i], &tid);
-		hash_search(so->seen, &tid, HASH_ENTER, &found);
-		if (found)
-			continue;
-		so->reranked++;
-
-		v = GpuIvfpqHeapFetchVector(&so->hf, &tid, &vdim);
-		if (v != NULL && (so->null_query || vdim == dim))
-		{
-			so->results[so->nresults].dist = so->null_query ? get_float8_nan()
-				: GpuIvfpqExactDistance(so->metric, so->query, v, dim);
-			so->results[so->nresults].tid = tid;
-			so->nresults++;
-		}
-		CHECK_FOR_INTERRUPTS();
-	}
-	if (!so->null_query)
-		std::sort(so->results, so->results + so->nresults, ResultLess);
+	so->reranked += fetched;
 }
 
 /*
@@ -267,41 +180,29 @@ static void
 CpuRound(IndexScanDesc scan, int want, int64 **labels, int *nlabels)
 {
 	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
-	gpuivfpq::TopK *topk = NULL;
+	MemoryContext roundctx;
+	gpuivfpq::TopK *topk;
 
 	if (!so->query_prepared)
 	{
 		so->model = GpuIvfpqGetModel(scan->indexRelation, &so->meta);
-		so->query_prepared = true;
+		if (so->prepared == NULL)
+			so->prepared = GpuIvfpqMakeOwned<gpuivfpq::IvfPqQuery>(so->scanctx, "query preparation");
 		GpuIvfpqGuard("query preparation", [&] {
-			if (so->prepared == NULL)
-				so->prepared = new gpuivfpq::IvfPqQuery();
 			so->model->prepare_query(so->query, so->meta.lists, *so->prepared);
 		});
+		so->query_prepared = true;
 	}
 	GpuIvfpqCountCpuQuery();
 	so->cpu_rounds++;
-	GpuIvfpqGuard("k-selection", [&] { topk = new gpuivfpq::TopK(want); });
-	PG_TRY();
-	{
-		CollectCandidates(scan, topk, NULL, NULL);
-	}
-	PG_CATCH();
-	{
-		delete topk;
-		PG_RE_THROW();
-	}
-	PG_END_TRY();
+	/* The k-selection heap lives for this round only. */
+	roundctx = AllocSetContextCreate(CurrentMemoryContext, "gpu_ivfpq scan round", ALLOCSET_SMALL_SIZES);
+	topk = GpuIvfpqMakeOwned<gpuivfpq::TopK>(roundctx, "k-selection", (size_t) want);
+	*labels = (int64 *) palloc(sizeof(int64) * Max(want, 1));
+	so->entries_seen = GpuIvfpqRankLists(scan->indexRelation, &so->meta, so->dir, so->model,
+										 so->prepared, so->probes, topk, *labels, nlabels);
 	so->codes_scanned += so->entries_seen;
-	*labels = (int64 *) palloc(sizeof(int64) * Max((int) topk->size(), 1));
-	*nlabels = 0;
-	GpuIvfpqGuard("k-selection", [&] {
-		std::vector<gpuivfpq::Neighbor> best = topk->take_sorted();
-
-		for (const auto &nb : best)
-			(*labels)[(*nlabels)++] = nb.label;
-		delete topk;
-	});
+	MemoryContextDelete(roundctx);
 }
 
 /*
@@ -316,6 +217,8 @@ NextBatch(IndexScanDesc scan)
 {
 	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
 
+	if (!so->started)
+		pgstat_count_index_scan(scan->indexRelation);
 	while (!so->exhausted)
 	{
 		MemoryContext old = MemoryContextSwitchTo(so->batchctx);
@@ -325,8 +228,12 @@ NextBatch(IndexScanDesc scan)
 		if (!so->meta.trained || so->null_query || so->meta.dimensions == 0)
 		{
 			/* No quantizers (or no distances): one exact pass over every entry. */
+			GpuIvfpqLabels all = {NULL, 0, 0};
+
 			so->probes = so->meta.lists;
-			CollectCandidates(scan, NULL, &labels, &nlabels);
+			CollectAll(scan, &all);
+			labels = all.labels;
+			nlabels = (int) all.n;
 			so->exhausted = true;
 		}
 		else
@@ -405,7 +312,7 @@ bool
 gpuivfpqgettuple(IndexScanDesc scan, ScanDirection dir)
 {
 	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
-	ScanResult *r;
+	GpuIvfpqHit *r;
 
 	if (!ScanDirectionIsForward(dir))
 		elog(ERROR, "gpu_ivfpq only supports forward scans");

@@ -1,19 +1,28 @@
-// Heap access by TID for the search functions (see heap_fetch.h).
+// The one re-rank module (rerank.h): heap fetch by TID, exact distance,
+// visibility and the result order shared by the scan and the functions.
+#include <algorithm>
+
 #include "common/rerank.h"
 
 extern "C" {
 #include "access/relation.h"
 #include "access/table.h"
 #include "catalog/index.h"
-#include "commands/defrem.h"
 #include "executor/executor.h"
+#include "utils/hsearch.h"
+}
+
+void
+GpuIvfpqSortHits(GpuIvfpqHit *hits, int64 n)
+{
+	/* A strict weak order for every input, NaN included: std::sort is safe. */
+	std::sort(hits, hits + n, GpuIvfpqHitLess);
 }
 
 void
 GpuIvfpqHeapFetchBegin(GpuIvfpqHeapFetch *hf, Relation heap, Relation index, Snapshot snapshot)
 {
 	hf->heap = heap;
-	hf->index = index;
 	hf->snapshot = snapshot;
 	hf->indexInfo = BuildIndexInfo(index);
 	hf->estate = CreateExecutorState();
@@ -57,16 +66,62 @@ GpuIvfpqHeapFetchEnd(GpuIvfpqHeapFetch *hf)
 	MemoryContextDelete(hf->rowctx);
 }
 
-Relation
-GpuIvfpqOpenIndex(Oid relid)
+int64
+GpuIvfpqRerank(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spec, int64 *labels, int64 n,
+			   GpuIvfpqHit *hits, int64 *fetched)
 {
-	Relation	index = relation_open(relid, AccessShareLock);
+	int64		nhits = 0;
+	int64		looked = 0;
 
-	if (index->rd_rel->relkind != RELKIND_INDEX ||
-		index->rd_rel->relam != get_index_am_oid("gpu_ivfpq", false))
-		ereport(ERROR,
-				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
-				 errmsg("\"%s\" is not a gpu_ivfpq index", RelationGetRelationName(index)),
-				 errhint("Pass an index created with USING gpu_ivfpq.")));
-	return index;
+	/* Labels sort as (block, offset): fetching in that order reads the heap sequentially. */
+	std::sort(labels, labels + n);
+	for (int64 i = 0; i < n; i++)
+	{
+		ItemPointerData tid;
+		int			vdim;
+		const float *v;
+		double		dist;
+
+		if (i > 0 && labels[i] == labels[i - 1])
+			continue;
+		GpuIvfpqLabelToTid(labels[i], &tid);
+		if (spec->seen != NULL)
+		{
+			bool		found;
+
+			(void) hash_search(spec->seen, &tid, HASH_ENTER, &found);
+			if (found)
+				continue;
+		}
+		looked++;
+		v = GpuIvfpqHeapFetchVector(hf, &tid, &vdim);
+		CHECK_FOR_INTERRUPTS();
+		if (v == NULL || (spec->query != NULL && vdim != spec->dim))
+			continue;
+		dist = spec->query != NULL ? GpuIvfpqExactDistance(spec->metric, spec->query, v, spec->dim)
+			: get_float8_nan();
+		/* NaN is never within a radius. */
+		if (spec->bounded && !(dist <= spec->radius))
+			continue;
+		hits[nhits].dist = dist;
+		hits[nhits].tid = tid;
+		nhits++;
+	}
+	if (spec->query != NULL)
+		GpuIvfpqSortHits(hits, nhits);
+	if (fetched != NULL)
+		*fetched = looked;
+	return nhits;
+}
+
+HTAB *
+GpuIvfpqTidSetCreate(MemoryContext cxt)
+{
+	HASHCTL		hctl;
+
+	memset(&hctl, 0, sizeof(hctl));
+	hctl.keysize = sizeof(ItemPointerData);
+	hctl.entrysize = sizeof(ItemPointerData);
+	hctl.hcxt = cxt;
+	return hash_create("gpu_ivfpq seen TIDs", 256, &hctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 }

@@ -1,13 +1,43 @@
-// Fetching indexed vectors from heap rows by TID, for the functions that
-// re-rank or filter candidates with exact distances (range and batch search).
+// The one re-rank module: candidates (heap TIDs as 64-bit labels) -> the
+// rows visible to a snapshot -> exact distances -> (distance, TID) order.
+// The index scan and every search function use it, so they agree on
+// visibility and on order (NaN distances, a cosine with a zero vector, last).
 #pragma once
 
 #include "am/am.h"
 
+/* One re-ranked row. */
+typedef struct GpuIvfpqHit
+{
+	double		dist;
+	ItemPointerData tid;
+} GpuIvfpqHit;
+
+/*
+ * The total order of results: by exact distance with NaN after every number
+ * (as float8 sorts in SQL), then by TID so equal distances come back in the
+ * same order every time.
+ */
+static inline bool
+GpuIvfpqHitLess(const GpuIvfpqHit &a, const GpuIvfpqHit &b)
+{
+	bool		anan = isnan(a.dist);
+	bool		bnan = isnan(b.dist);
+
+	if (anan != bnan)
+		return bnan;
+	if (!anan && a.dist != b.dist)
+		return a.dist < b.dist;
+	return ItemPointerCompare((ItemPointer) &a.tid, (ItemPointer) &b.tid) < 0;
+}
+
+/* Sorts hits in GpuIvfpqHitLess order. */
+extern void GpuIvfpqSortHits(GpuIvfpqHit *hits, int64 n);
+
+/* Heap access by TID for re-ranking (one per scan or function call). */
 typedef struct GpuIvfpqHeapFetch
 {
 	Relation	heap;
-	Relation	index;
 	Snapshot	snapshot;
 	IndexInfo  *indexInfo;
 	EState	   *estate;
@@ -22,5 +52,26 @@ extern void GpuIvfpqHeapFetchBegin(GpuIvfpqHeapFetch *hf, Relation heap, Relatio
 extern const float *GpuIvfpqHeapFetchVector(GpuIvfpqHeapFetch *hf, ItemPointer tid, int *dim);
 extern void GpuIvfpqHeapFetchEnd(GpuIvfpqHeapFetch *hf);
 
-/* Opens a gpu_ivfpq index (AccessShareLock), or errors for another kind of relation. */
-extern Relation GpuIvfpqOpenIndex(Oid relid);
+/* What GpuIvfpqRerank measures against and keeps. */
+typedef struct GpuIvfpqRerankSpec
+{
+	int			metric;
+	const float *query;			/* NULL: no distances (NaN), rows in heap order */
+	int			dim;
+	bool		bounded;		/* keep only rows with distance <= radius */
+	double		radius;
+	HTAB	   *seen;			/* if set: TIDs re-ranked before are skipped, new ones added */
+} GpuIvfpqRerankSpec;
+
+/*
+ * Re-ranks n candidate labels (sorted in place: heap order, duplicates
+ * skipped): fetches each row visible to hf's snapshot, computes its exact
+ * distance, and writes the kept rows to hits (room for n) in
+ * GpuIvfpqHitLess order. Returns how many were kept; *fetched (if not NULL)
+ * counts the candidates looked up.
+ */
+extern int64 GpuIvfpqRerank(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spec, int64 *labels,
+							int64 n, GpuIvfpqHit *hits, int64 *fetched);
+
+/* A hash set of TIDs for GpuIvfpqRerankSpec.seen, in cxt. */
+extern HTAB *GpuIvfpqTidSetCreate(MemoryContext cxt);

@@ -2,9 +2,7 @@
 // request per chunk of queries (or the CPU engine), then each query's
 // candidates re-ranked with exact distances from the heap rows visible to
 // the caller's snapshot, as an index scan does.
-#include <algorithm>
 #include <cmath>
-#include <vector>
 
 #include "functions/batch_search.h"
 #include "common/guard.h"
@@ -20,12 +18,6 @@ extern "C" {
 }
 
 #define BATCH_SEGMENT_BYTES (32 * 1024 * 1024)	/* GPU request size per chunk */
-
-typedef struct BatchHit
-{
-	double		dist;
-	ItemPointerData tid;
-} BatchHit;
 
 /* The queries of a real[] argument: one vector (1-D) or one per row (2-D). */
 const float *
@@ -64,77 +56,6 @@ GpuIvfpqQueryMatrix(ArrayType *arr, int64 *nq, int *dim)
 	return (const float *) ARR_DATA_PTR(arr);
 }
 
-/* CPU candidates of one query: the want best labels by ADC over probes lists. */
-static int
-CpuCandidates(Relation index, const GpuIvfpqMetaPageData *meta, const GpuIvfpqListDirEntry *dir,
-			  gpuivfpq::IvfPqModel *model, gpuivfpq::IvfPqQuery *prepared, const float *q,
-			  int probes, int want, int64 *labels)
-{
-	gpuivfpq::TopK *topk = NULL;
-	int			n = 0;
-
-	GpuIvfpqGuard("query preparation", [&] {
-		model->prepare_query(q, probes, *prepared);
-		topk = new gpuivfpq::TopK(want);
-	});
-	PG_TRY();
-	{
-		(void) GpuIvfpqRankLists(index, meta, dir, model, prepared, probes, topk);
-	}
-	PG_CATCH();
-	{
-		delete topk;
-		PG_RE_THROW();
-	}
-	PG_END_TRY();
-	GpuIvfpqGuard("k-selection", [&] {
-		for (const auto &nb : topk->take_sorted())
-			labels[n++] = nb.label;
-		delete topk;
-	});
-	return n;
-}
-
-/* Every entry's label (an untrained index: scans are exact over all rows). */
-static std::vector<int64>
-AllLabels(Relation index, const GpuIvfpqMetaPageData *meta, const GpuIvfpqListDirEntry *dir)
-{
-	std::vector<int64> all;
-	int			esz = GpuIvfpqEntrySize(0);
-
-	for (uint32 l = 0; l < meta->lists; l++)
-		GpuIvfpqWalkList(index, dir[l].head, 0, [&](const char *ent, int n) {
-			GpuIvfpqGuard("candidates", [&] {
-				for (int i = 0; i < n; i++)
-				{
-					ItemPointerData tid;
-
-					memcpy(&tid, ent + (Size) i * esz, GPU_IVFPQ_TID_BYTES);
-					all.push_back(GpuIvfpqTidToLabel(&tid));
-				}
-			});
-		});
-	return all;
-}
-
-/* Engine objects of a batch search, freed at its end or with the context on error. */
-typedef struct BatchEngineObjects
-{
-	gpuivfpq::IvfPqQuery *prepared;
-	std::vector<int64> *all;
-} BatchEngineObjects;
-
-static void
-FreeEngineObjects(void *arg)
-{
-	BatchEngineObjects *eo = (BatchEngineObjects *) arg;
-
-	delete eo->prepared;
-	eo->prepared = NULL;
-	delete eo->all;
-	eo->all = NULL;
-}
-
 /*
  * Prepares a batch search of index (opened by the caller, with its heap):
  * k results per query from want candidates (want >= k), through
@@ -143,11 +64,7 @@ FreeEngineObjects(void *arg)
 void
 GpuIvfpqBatchBegin(GpuIvfpqBatchSearch *bs, Relation index, Relation heap, int dim, int k, int want)
 {
-	MemoryContextCallback *cb = (MemoryContextCallback *) palloc(sizeof(MemoryContextCallback));
-	BatchEngineObjects *eo = (BatchEngineObjects *) palloc0(sizeof(BatchEngineObjects));
-
 	memset(bs, 0, sizeof(*bs));
-	bs->engine = eo;
 	bs->index = index;
 	bs->heap = heap;
 	bs->metric = GpuIvfpqMetricOf(index);
@@ -166,30 +83,22 @@ GpuIvfpqBatchBegin(GpuIvfpqBatchSearch *bs, Relation index, Relation heap, int d
 				 errmsg("query vectors have %d dimensions, more than %d", dim, GPU_IVFPQ_MAX_DIM)));
 	bs->dir = GpuIvfpqReadListDir(index, &bs->meta);
 	bs->probes = Min(gpu_ivfpq_probes, (int) bs->meta.lists);
-	/* bs lives on the caller's stack: the callback owns only the engine objects. */
-	cb->func = FreeEngineObjects;
-	cb->arg = eo;
-	MemoryContextRegisterResetCallback(CurrentMemoryContext, cb);
 	if (bs->meta.trained)
 	{
 		bs->model = GpuIvfpqGetModel(index, &bs->meta);
-		GpuIvfpqGuard("query preparation", [&] { eo->prepared = new gpuivfpq::IvfPqQuery(); });
+		bs->prepared = GpuIvfpqMakeOwned<gpuivfpq::IvfPqQuery>(CurrentMemoryContext, "query preparation");
+		bs->topk = GpuIvfpqMakeOwned<gpuivfpq::TopK>(CurrentMemoryContext, "k-selection", (size_t) want);
 	}
 	else
-	{
-		std::vector<int64> all = AllLabels(index, &bs->meta, bs->dir);
-
-		GpuIvfpqGuard("candidates", [&] { eo->all = new std::vector<int64>(all); });
-	}
-	bs->prepared = eo->prepared;
-	bs->all = eo->all;
+		for (uint32 l = 0; l < bs->meta.lists; l++)
+			(void) GpuIvfpqCollectList(index, &bs->meta, bs->dir[l].head, NULL, &bs->all);
 	/* Chunks of queries: one GPU request each, within a bounded segment. */
 	bs->chunk = Max((int64) 1, (int64) (BATCH_SEGMENT_BYTES /
 										 ((Size) dim * sizeof(float) + (Size) want * sizeof(int64))));
 	bs->labels = (int64 *) palloc_extended((Size) bs->chunk * want * sizeof(int64), MCXT_ALLOC_HUGE);
 	bs->counts = (int *) palloc(sizeof(int) * bs->chunk);
-	bs->hits = palloc_extended(sizeof(BatchHit) * Max((Size) want, (bs->all ? bs->all->size() : 0) + 1),
-							   MCXT_ALLOC_HUGE);
+	bs->hits = (GpuIvfpqHit *) palloc_extended(sizeof(GpuIvfpqHit) * (Max((int64) want, bs->all.n) + 1),
+											   MCXT_ALLOC_HUGE);
 	GpuIvfpqHeapFetchBegin(&bs->hf, heap, index, GetActiveSnapshot());
 }
 
@@ -198,10 +107,13 @@ void
 GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvfpqBatchEmit emit,
 				 void *arg)
 {
-	BatchHit   *hits = (BatchHit *) bs->hits;
 	int			want = bs->want;
 	int			dim = bs->dim;
+	GpuIvfpqRerankSpec spec;
 
+	memset(&spec, 0, sizeof(spec));
+	spec.metric = bs->metric;
+	spec.dim = dim;
 	for (int64 c0 = 0; c0 < nq; c0 += bs->chunk)
 	{
 		int64		cn = Min(bs->chunk, nq - c0);
@@ -220,8 +132,11 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 						n++;
 				else
 				{
-					n = CpuCandidates(bs->index, &bs->meta, bs->dir, bs->model, bs->prepared,
-									  queries + (c0 + i) * dim, bs->probes, want, bs->labels + i * want);
+					GpuIvfpqGuard("query preparation", [&] {
+						bs->model->prepare_query(queries + (c0 + i) * dim, bs->probes, *bs->prepared);
+					});
+					(void) GpuIvfpqRankLists(bs->index, &bs->meta, bs->dir, bs->model, bs->prepared,
+											 bs->probes, bs->topk, bs->labels + i * want, &n);
 					GpuIvfpqCountCpuQuery();
 				}
 				bs->counts[i] = n;
@@ -233,47 +148,30 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 		}
 		for (int64 i = 0; i < cn; i++)
 		{
-			int64	   *cand = bs->meta.trained ? bs->labels + i * want : bs->all->data();
-			int64		ncand = bs->meta.trained ? bs->counts[i] : (int64) bs->all->size();
-			const float *q = queries + (c0 + i) * dim;
-			int64		nh = 0;
+			int64		nh;
 
-			/* Exact distances of the visible rows, fetched in heap order. */
-			std::sort(cand, cand + ncand);
-			for (int64 j = 0; j < ncand; j++)
+			spec.query = queries + (c0 + i) * dim;
+			/* Untrained: every query re-ranks every entry (a copy: re-ranking sorts it). */
+			if (bs->meta.trained)
+				nh = GpuIvfpqRerank(&bs->hf, &spec, bs->labels + i * want, bs->counts[i], bs->hits, NULL);
+			else
 			{
-				ItemPointerData tid;
-				int			vdim;
-				const float *v;
+				int64	   *cand = (int64 *) palloc_extended(sizeof(int64) * Max(bs->all.n, 1), MCXT_ALLOC_HUGE);
 
-				if (j > 0 && cand[j] == cand[j - 1])
-					continue;
-				GpuIvfpqLabelToTid(cand[j], &tid);
-				v = GpuIvfpqHeapFetchVector(&bs->hf, &tid, &vdim);
-				if (v != NULL && vdim == dim)
-				{
-					hits[nh].dist = GpuIvfpqExactDistance(bs->metric, q, v, dim);
-					hits[nh].tid = tid;
-					nh++;
-				}
+				memcpy(cand, bs->all.labels, sizeof(int64) * bs->all.n);
+				nh = GpuIvfpqRerank(&bs->hf, &spec, cand, bs->all.n, bs->hits, NULL);
+				pfree(cand);
 			}
-			std::sort(hits, hits + nh, [](const BatchHit &a, const BatchHit &b) {
-				if (a.dist != b.dist)
-					return a.dist < b.dist;
-				return ItemPointerCompare((ItemPointer) &a.tid, (ItemPointer) &b.tid) < 0;
-			});
 			for (int64 r = 0; r < Min(nh, (int64) bs->k); r++)
-				emit(arg, c0 + i, (int) r, &hits[r].tid, hits[r].dist);
+				emit(arg, c0 + i, (int) r, &bs->hits[r].tid, bs->hits[r].dist);
 			CHECK_FOR_INTERRUPTS();
 		}
 	}
 }
 
+/* Ends the heap access; engine objects go with the caller's memory context. */
 void
 GpuIvfpqBatchEnd(GpuIvfpqBatchSearch *bs)
 {
 	GpuIvfpqHeapFetchEnd(&bs->hf);
-	GpuIvfpqGuard("cleanup", [&] { FreeEngineObjects(bs->engine); });
-	bs->prepared = NULL;
-	bs->all = NULL;
 }

@@ -4,8 +4,6 @@
 // Used by gpu_ivfpq_knn_batch and gpu_ivfpq_knn_graph.
 #pragma once
 
-#include <vector>
-
 #include "common/rerank.h"
 
 /* Called for each result: query number (from 0 in the call), rank (from 0), row, distance. */
@@ -17,9 +15,9 @@ typedef struct GpuIvfpqBatchSearch
 	Relation	heap;
 	GpuIvfpqMetaPageData meta;
 	GpuIvfpqListDirEntry *dir;
-	gpuivfpq::IvfPqModel *model;
-	gpuivfpq::IvfPqQuery *prepared; /* owned by engine (below) */
-	void	   *engine;			/* engine objects, freed by End or a context callback */
+	gpuivfpq::IvfPqModel *model;	/* owned by the backend's model cache */
+	gpuivfpq::IvfPqQuery *prepared; /* owned by the caller's memory context */
+	gpuivfpq::TopK *topk;		/* CPU k-selection, idem */
 	GpuIvfpqHeapFetch hf;
 	int			metric;
 	int			dim;
@@ -29,8 +27,8 @@ typedef struct GpuIvfpqBatchSearch
 	int64		chunk;			/* queries per GPU request */
 	int64	   *labels;			/* chunk x want */
 	int		   *counts;
-	void	   *hits;
-	std::vector<int64> *all;	/* untrained index: every entry */
+	GpuIvfpqHit *hits;
+	GpuIvfpqLabels all;			/* untrained index: every entry */
 	int64		gpu_queries;
 	int64		cpu_queries;
 } GpuIvfpqBatchSearch;

@@ -3,10 +3,6 @@
 // by the GPU service's fused GEMM + k-selection kernel (or the CPU engine's
 // brute force), and the per-chunk winners merged with exact distances. Also
 // the ground truth for recall measurements.
-#include <algorithm>
-#include <cmath>
-#include <vector>
-
 #include "functions/batch_search.h"
 #include "common/guard.h"
 #include "engine/topk.h"
@@ -27,20 +23,6 @@ PG_FUNCTION_INFO_V1(gpu_ivfpq_exact_knn);
 
 #define EXACT_MAX_K 1000
 #define EXACT_CHUNK_BYTES (32 * 1024 * 1024)
-
-typedef struct ExactHit
-{
-	double		dist;
-	ItemPointerData tid;
-} ExactHit;
-
-static bool
-HitLess(const ExactHit &a, const ExactHit &b)
-{
-	if (a.dist != b.dist)
-		return a.dist < b.dist;
-	return ItemPointerCompare((ItemPointer) &a.tid, (ItemPointer) &b.tid) < 0;
-}
 
 static int
 ParseMetric(const char *name)
@@ -64,7 +46,7 @@ ParseMetric(const char *name)
  */
 static void
 SearchChunk(const float *queries, int64 nq, const float *base, const ItemPointerData *tids, int64 n,
-			int d, int metric, int k, ExactHit *best, int *counts, float *dist, int64 *labels,
+			int d, int metric, int k, GpuIvfpqHit *best, int *counts, float *dist, int64 *labels,
 			int64 *gpu_chunks)
 {
 	int			kk = (int) Min((int64) k, n);
@@ -78,12 +60,12 @@ SearchChunk(const float *queries, int64 nq, const float *base, const ItemPointer
 		});
 	for (int64 q = 0; q < nq; q++)
 	{
-		ExactHit   *b = best + q * k;
+		GpuIvfpqHit   *b = best + q * k;
 
 		for (int j = 0; j < kk; j++)
 		{
 			int64		row = labels[q * kk + j];
-			ExactHit	h;
+			GpuIvfpqHit	h;
 
 			if (row < 0)
 				continue;
@@ -92,11 +74,11 @@ SearchChunk(const float *queries, int64 nq, const float *base, const ItemPointer
 			h.tid = tids[row];
 			if (counts[q] < k)
 				b[counts[q]++] = h;
-			else if (HitLess(h, b[k - 1]))
+			else if (GpuIvfpqHitLess(h, b[k - 1]))
 				b[k - 1] = h;
 			else
 				continue;
-			std::sort(b, b + counts[q], HitLess);
+			GpuIvfpqSortHits(b, counts[q]);
 		}
 	}
 }
@@ -124,7 +106,7 @@ gpu_ivfpq_exact_knn(PG_FUNCTION_ARGS)
 	int64		rows = 0;
 	int64		gpu_chunks = 0;
 	int64		chunks = 0;
-	ExactHit   *best;
+	GpuIvfpqHit   *best;
 	int		   *counts;
 	float	   *dist;
 	int64	   *labels;
@@ -152,7 +134,7 @@ gpu_ivfpq_exact_knn(PG_FUNCTION_ARGS)
 	chunk = Max((int64) 1024, (int64) (EXACT_CHUNK_BYTES / ((Size) d * sizeof(float))));
 	base = (float *) palloc_extended((Size) chunk * d * sizeof(float), MCXT_ALLOC_HUGE);
 	tids = (ItemPointerData *) palloc_extended(sizeof(ItemPointerData) * chunk, MCXT_ALLOC_HUGE);
-	best = (ExactHit *) palloc_extended(sizeof(ExactHit) * nq * k, MCXT_ALLOC_HUGE);
+	best = (GpuIvfpqHit *) palloc_extended(sizeof(GpuIvfpqHit) * nq * k, MCXT_ALLOC_HUGE);
 	counts = (int *) palloc0_array(int, nq);
 	dist = (float *) palloc_extended(sizeof(float) * nq * k, MCXT_ALLOC_HUGE);
 	labels = (int64 *) palloc_extended(sizeof(int64) * nq * k, MCXT_ALLOC_HUGE);

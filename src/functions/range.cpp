@@ -13,12 +13,11 @@
 // centroid), so a later list can still hold answers: no early stop here.
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <numeric>
 #include <vector>
 
-#include "common/rerank.h"
 #include "common/guard.h"
+#include "common/rerank.h"
 #include "engine/distances.h"
 #include "engine/ivfpq.h"
 #include "engine/pq.h"
@@ -32,29 +31,27 @@ extern "C" {
 PG_FUNCTION_INFO_V1(gpu_ivfpq_range);
 }
 
-typedef struct RangeHit
-{
-	double		dist;
-	ItemPointerData tid;
-} RangeHit;
-
 /*
- * Which lists can hold rows within radius of q. Radii are kept in the
- * model's space: L2 as is; cosine on the unit sphere, where cosine distance
- * r is Euclidean sqrt(2r). Inner product is not a metric: no list is pruned.
+ * Which lists can hold rows within radius of q (probe[l]), and for each the
+ * largest ADC distance an answer can have (adc_limit[l]). Radii are kept in
+ * the model's space: L2 as is; cosine on the unit sphere, where cosine
+ * distance r is Euclidean sqrt(2r). Inner product is not a metric: no list
+ * is pruned. Engine code only (run under the guard): the caller owns the
+ * arrays, so nothing here outlives an error.
  */
-static std::vector<bool>
+static void
 ListsToProbe(const GpuIvfpqMetaPageData *meta, const GpuIvfpqListDirEntry *dir,
 			 const gpuivfpq::IvfPqModel *model, int metric, const float *q, double radius,
-			 int *pruned, std::vector<double> &adc_limit)
+			 bool *probe, double *adc_limit, int *pruned)
 {
-	std::vector<bool> probe(meta->lists, true);
 	std::vector<float> qn(q, q + meta->dimensions);
 	double		r;
 
 	*pruned = 0;
+	std::fill(probe, probe + meta->lists, true);
+	std::fill(adc_limit, adc_limit + meta->lists, get_float8_infinity());
 	if (!meta->trained || metric == (int) gpuivfpq::Metric::InnerProduct)
-		return probe;
+		return;
 	if (metric == (int) gpuivfpq::Metric::Cosine)
 	{
 		gpuivfpq::normalize_rows(qn.data(), 1, meta->dimensions);
@@ -147,7 +144,6 @@ ListsToProbe(const GpuIvfpqMetaPageData *meta, const GpuIvfpqListDirEntry *dir,
 			}
 		}
 	}
-	return probe;
 }
 
 /* gpu_ivfpq_range(index, query, radius, max_rows): (tid, distance) of every row within radius. */
@@ -164,27 +160,21 @@ gpu_ivfpq_range(PG_FUNCTION_ARGS)
 	GpuIvfpqMetaPageData meta;
 	GpuIvfpqListDirEntry *dir;
 	gpuivfpq::IvfPqModel *model = NULL;
+	gpuivfpq::IvfPqQuery *prepared = NULL;
 	int			metric;
 	int			dim;
 	const float *q;
-	std::vector<bool> probe;
-	std::vector<double> adc_limit;
-	gpuivfpq::IvfPqQuery *prepared = NULL;
-	bool		use_adc = false;
+	bool	   *probe;
+	double	   *adc_limit;
+	bool		use_adc;
 	float	   *table = NULL;
-	float	   *dists = NULL;
 	int64		entries_read = 0;
 	int			pruned = 0;
-	int64		candidates = 0;
-	RangeHit   *hits;
-	int64		nhits = 0;
-	int64		cap = 1024;
-	ItemPointerData *tids;
-	int64		ntids = 0;
-	int64		tcap = 1024;
-	int			m;
-	int			esz;
+	GpuIvfpqLabels cand = {NULL, 0, 0};
+	GpuIvfpqHit *hits;
+	int64		nhits;
 	GpuIvfpqHeapFetch hf;
+	GpuIvfpqRerankSpec spec;
 
 	if (std::isnan(radius))
 		ereport(ERROR,
@@ -214,111 +204,51 @@ gpu_ivfpq_range(PG_FUNCTION_ARGS)
 	dir = GpuIvfpqReadListDir(index, &meta);
 	if (meta.trained)
 		model = GpuIvfpqGetModel(index, &meta);
-	adc_limit.assign(meta.lists, std::numeric_limits<double>::infinity());
+	probe = (bool *) palloc(sizeof(bool) * meta.lists);
+	adc_limit = (double *) palloc(sizeof(double) * meta.lists);
 	GpuIvfpqGuard("range pruning", [&] {
-		probe = ListsToProbe(&meta, dir, model, metric, q, radius, &pruned, adc_limit);
+		ListsToProbe(&meta, dir, model, metric, q, radius, probe, adc_limit, &pruned);
 	});
 	/* ADC filtering needs the quantization errors, kept by newer builds. */
 	use_adc = meta.trained && (meta.features & GPU_IVFPQ_FEATURE_QERROR) &&
 		metric != (int) gpuivfpq::Metric::InnerProduct;
 	if (use_adc)
-		GpuIvfpqGuard("query preparation", [&] {
-			prepared = new gpuivfpq::IvfPqQuery();
-			model->prepare_query(q, meta.lists, *prepared);
-		});
-
-	/* Every entry of the lists that may hold answers. */
-	m = meta.trained ? meta.m : 0;
-	esz = GpuIvfpqEntrySize(m);
-	tids = (ItemPointerData *) palloc(sizeof(ItemPointerData) * tcap);
-	if (use_adc)
 	{
-		table = (float *) palloc(sizeof(float) * m * 256);
-		dists = (float *) palloc(sizeof(float) * GpuIvfpqEntriesPerPage(m));
+		prepared = GpuIvfpqMakeOwned<gpuivfpq::IvfPqQuery>(CurrentMemoryContext, "query preparation");
+		GpuIvfpqGuard("query preparation", [&] { model->prepare_query(q, meta.lists, *prepared); });
+		table = (float *) palloc(sizeof(float) * meta.m * 256);
 	}
-	PG_TRY();
-	{
-		for (uint32 p = 0; p < meta.lists; p++)
-		{
-			/* With ADC, lists in the prepared query's order (its tables are per probe). */
-			uint32		l = use_adc ? (uint32) prepared->lists[p] : p;
-			BlockNumber blk = probe[l] ? dir[l].head : InvalidBlockNumber;
-			float		base = 0.0f;
-			float		limit2 = 0.0f;
 
-			if (use_adc && blk != InvalidBlockNumber)
-				GpuIvfpqGuard("lookup tables", [&] {
-					model->list_table(*prepared, p, table, &base);
-					limit2 = (float) (adc_limit[l] * adc_limit[l]);
-				});
-			if (blk == InvalidBlockNumber)
-				continue;
-			GpuIvfpqWalkList(index, blk, m, [&](const char *ent, int n) {
-				entries_read += n;
-				if (ntids + n > tcap)
-				{
-					tcap = Max(tcap * 2, ntids + n);
-					tids = (ItemPointerData *) repalloc_huge(tids, sizeof(ItemPointerData) * tcap);
-				}
-				if (use_adc)
-					GpuIvfpqGuard("list scan", [&] {
-						gpuivfpq::adc_scan((const uint8 *) ent + GPU_IVFPQ_TID_BYTES, n, esz, table, m,
-										   base, dists);
-					});
-				for (int i = 0; i < n; i++)
-					if (!use_adc || dists[i] <= limit2)
-						memcpy(&tids[ntids++], ent + (Size) i * esz, GPU_IVFPQ_TID_BYTES);
-			});
-		}
-	}
-	PG_CATCH();
+	/* The entries of the lists that may hold answers (within the ADC bound if known). */
+	for (uint32 p = 0; p < meta.lists; p++)
 	{
-		delete prepared;
-		PG_RE_THROW();
-	}
-	PG_END_TRY();
-	GpuIvfpqGuard("cleanup", [&] { delete prepared; });
-	candidates = ntids;
+		/* With ADC, lists in the prepared query's order (its tables are per probe). */
+		uint32		l = use_adc ? (uint32) prepared->lists[p] : p;
+		GpuIvfpqAdcBound bound;
 
-	/* Exact test of each visible row, in heap order. */
-	std::sort(tids, tids + ntids, [](const ItemPointerData &a, const ItemPointerData &b) {
-		return ItemPointerCompare((ItemPointer) &a, (ItemPointer) &b) < 0;
-	});
-	hits = (RangeHit *) palloc(sizeof(RangeHit) * cap);
-	GpuIvfpqHeapFetchBegin(&hf, heap, index, GetActiveSnapshot());
-	for (int64 i = 0; i < ntids; i++)
-	{
-		int			vdim;
-		const float *v;
-
-		if (i > 0 && ItemPointerEquals(&tids[i], &tids[i - 1]))
+		if (!probe[l] || dir[l].head == InvalidBlockNumber)
 			continue;
-		v = GpuIvfpqHeapFetchVector(&hf, &tids[i], &vdim);
-		if (v != NULL && vdim == dim)
+		if (use_adc)
 		{
-			double		d = GpuIvfpqExactDistance(metric, q, v, dim);
-
-			if (d <= radius)
-			{
-				if (nhits == cap)
-				{
-					cap *= 2;
-					hits = (RangeHit *) repalloc_huge(hits, sizeof(RangeHit) * cap);
-				}
-				hits[nhits].dist = d;
-				hits[nhits].tid = tids[i];
-				nhits++;
-			}
+			GpuIvfpqGuard("lookup tables", [&] { model->list_table(*prepared, p, table, &bound.base); });
+			bound.table = table;
+			bound.limit = (float) (adc_limit[l] * adc_limit[l]);
 		}
-		CHECK_FOR_INTERRUPTS();
+		entries_read += GpuIvfpqCollectList(index, &meta, dir[l].head, use_adc ? &bound : NULL, &cand);
 	}
+
+	/* Exact test of each visible row, in heap order; results by (distance, tid). */
+	memset(&spec, 0, sizeof(spec));
+	spec.metric = metric;
+	spec.query = q;
+	spec.dim = dim;
+	spec.bounded = true;
+	spec.radius = radius;
+	hits = (GpuIvfpqHit *) palloc_extended(sizeof(GpuIvfpqHit) * Max(cand.n, 1), MCXT_ALLOC_HUGE);
+	GpuIvfpqHeapFetchBegin(&hf, heap, index, GetActiveSnapshot());
+	nhits = GpuIvfpqRerank(&hf, &spec, cand.labels, cand.n, hits, NULL);
 	GpuIvfpqHeapFetchEnd(&hf);
 
-	std::sort(hits, hits + nhits, [](const RangeHit &a, const RangeHit &b) {
-		if (a.dist != b.dist)
-			return a.dist < b.dist;
-		return ItemPointerCompare((ItemPointer) &a.tid, (ItemPointer) &b.tid) < 0;
-	});
 	if (max_rows > 0 && nhits > max_rows)
 		nhits = max_rows;
 	for (int64 i = 0; i < nhits; i++)
@@ -332,7 +262,7 @@ gpu_ivfpq_range(PG_FUNCTION_ARGS)
 	}
 	elog(DEBUG1, "gpu_ivfpq range search on \"%s\": %u of %u lists pruned (covering radius, Voronoi cell), %lld entries read, %lld candidates tested (%s), %lld rows returned",
 		 RelationGetRelationName(index), (unsigned) pruned, meta.lists, (long long) entries_read,
-		 (long long) candidates, use_adc ? "after the ADC bound" : "all", (long long) nhits);
+		 (long long) cand.n, use_adc ? "after the ADC bound" : "all", (long long) nhits);
 	table_close(heap, AccessShareLock);
 	relation_close(index, AccessShareLock);
 	PG_RETURN_VOID();
