@@ -4,6 +4,10 @@
 #include "common/guard.h"
 #include "engine/ivfpq.h"
 
+extern "C" {
+#include "utils/sampling.h"
+}
+
 /* Build phases, as pg_stat_progress_create_index shows them. */
 #define PHASE_SAMPLE	2
 #define PHASE_TRAIN		3
@@ -14,6 +18,7 @@
 #define MIN_SAMPLE			16384	/* ... but at least this many */
 #define MIN_SAMPLES_PER_LIST 8		/* below this, error instead of training */
 #define ENCODE_BATCH		4096	/* rows encoded per engine call */
+#define BUILD_SEED			0x9e3779b97f4a7c15ULL	/* same table, same index */
 
 typedef struct BuildState
 {
@@ -26,15 +31,15 @@ typedef struct BuildState
 	double		index_tuples;	/* non-NULL rows */
 	MemoryContext tmpctx;		/* reset per row */
 
-	/* pass 1: reservoir sample */
+	/* pass 1: reservoir sample of the rows of sampled blocks */
+	double		sample_seen;	/* non-NULL rows offered to the reservoir */
 	float	   *sample;
 	int			sample_cap;
 	int			sample_n;
 	pg_prng_state prng;
 
 	/* pass 2: encode in batches, buffer entries by list, flush when full */
-	gpuivfpq::IvfPqModel *model;
-	gpuivfpq::IvfPqModel **model_holder;	/* freed by a context callback on error */
+	gpuivfpq::IvfPqModel *model;	/* owned by the build's memory context */
 	float	   *batch;
 	ItemPointerData *batch_tids;
 	int			batch_n;
@@ -53,16 +58,6 @@ typedef struct BuildState
 	int			pend_cap;
 	GpuIvfpqMetaPageData *meta;
 } BuildState;
-
-/* Frees the engine model if the build is aborted by an error. */
-static void
-DeleteModelCallback(void *arg)
-{
-	gpuivfpq::IvfPqModel **holder = (gpuivfpq::IvfPqModel **) arg;
-
-	delete *holder;
-	*holder = NULL;
-}
 
 /* Logs how long a build phase took (DEBUG1), and restarts the clock. */
 static void
@@ -114,7 +109,7 @@ RowVector(BuildState *bs, Datum value)
 	return v;
 }
 
-/* Pass 1: keeps a uniform reservoir sample of the rows for training. */
+/* Pass 1: keeps a uniform reservoir sample of the rows offered (Algorithm R). */
 static void
 SampleCallback(Relation index, ItemPointer tid, Datum *values, bool *isnull,
 			   bool tupleIsAlive, void *state)
@@ -149,15 +144,51 @@ SampleCallback(Relation index, ItemPointer tid, Datum *values, bool *isnull,
 		slot = bs->sample_n++;
 	else
 	{
-		uint64		j = pg_prng_uint64_range(&bs->prng, 0, (uint64) bs->index_tuples);
+		uint64		j = pg_prng_uint64_range(&bs->prng, 0, (uint64) bs->sample_seen);
 
 		if (j < (uint64) bs->sample_cap)
 			slot = (int) j;
 	}
 	if (slot >= 0)
 		memcpy(bs->sample + (Size) slot * bs->dim, v, (Size) bs->dim * sizeof(float));
-	bs->index_tuples++;
+	bs->sample_seen++;
 	MemoryContextReset(bs->tmpctx);
+}
+
+/*
+ * Phase 1: the training sample. Like ANALYZE, reads a random subset of the
+ * table's blocks (utils/sampling.h) and keeps a reservoir of their rows, so
+ * large tables are not read in full just to sample; the encode pass is the
+ * one full read. A table whose sampled blocks held no vector (or a small
+ * table, where every block is sampled anyway) is sampled in full, so that
+ * "no vectors" is exact.
+ */
+static void
+SampleRows(BuildState *bs, Relation heap, IndexInfo *indexInfo)
+{
+	BlockNumber nblocks = RelationGetNumberOfBlocks(heap);
+	int			target = Max(bs->lists * SAMPLES_PER_LIST, MIN_SAMPLE);
+	BlockSamplerData sampler;
+
+	pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_SAMPLE);
+	if (nblocks > (BlockNumber) target)
+	{
+		/* target blocks hold at least target rows unless most rows are NULL. */
+		(void) BlockSampler_Init(&sampler, nblocks, target, (uint32) BUILD_SEED);
+		while (BlockSampler_HasMore(&sampler))
+		{
+			BlockNumber blk = BlockSampler_Next(&sampler);
+
+			/* anyvisible = false, as table_index_build_scan does. */
+			table_index_build_range_scan(heap, bs->index, indexInfo, false, false, false, blk, 1,
+										 SampleCallback, bs, NULL);
+			CHECK_FOR_INTERRUPTS();
+		}
+		if (bs->sample_n > 0)
+			return;
+		bs->heap_tuples = 0;
+	}
+	table_index_build_scan(heap, bs->index, indexInfo, true, true, SampleCallback, bs, NULL);
 }
 
 /* Writes the pending entries to their lists, grouped by list. */
@@ -373,49 +404,139 @@ ChooseM(int requested, int dim)
 	return 0;
 }
 
-/* ambuild: builds the whole index from the table. */
+/*
+ * Phase 2: trains the quantizers on the sample (on the service's GPU when it
+ * can, else the CPU engine) and writes them to the index; fills meta.
+ */
+static void
+TrainQuantizers(BuildState *bs, int requested_m, GpuIvfpqMetaPageData *meta, TimestampTz *phase_start)
+{
+	gpuivfpq::IvfPqTrainParams params;
+	float	   *centroids;
+	float	   *codebooks;
+	bool		on_gpu;
+
+	bs->m = ChooseM(requested_m, bs->dim);
+	pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_TRAIN);
+	params.threads = Max(1, max_parallel_maintenance_workers + 1);
+	params.max_points_per_centroid = SAMPLES_PER_LIST;
+	centroids = (float *) palloc_extended(sizeof(float) * bs->lists * bs->dim, MCXT_ALLOC_HUGE);
+	codebooks = (float *) palloc(sizeof(float) * 256 * bs->dim);
+	on_gpu = GpuIvfpqServiceTrain(bs->sample, bs->sample_n, bs->dim, bs->lists, bs->m, bs->metric,
+								  params.iterations, (int) params.max_points_per_centroid,
+								  params.seed, centroids, codebooks);
+	bs->model = GpuIvfpqMakeOwned<gpuivfpq::IvfPqModel>(CurrentMemoryContext, "training",
+														(size_t) bs->dim, (size_t) bs->lists,
+														(size_t) bs->m, (gpuivfpq::Metric) bs->metric);
+	GpuIvfpqGuard("training", [&] {
+		if (on_gpu)
+		{
+			bs->model->set_centroids(centroids);
+			bs->model->set_codebooks(codebooks);
+		}
+		else
+			bs->model->train(bs->sample, bs->sample_n, params);
+	});
+	pfree(centroids);
+	pfree(codebooks);
+	ReportPhase(on_gpu ? "training (service GPU)" : "training", bs->sample_n, phase_start);
+	pfree(bs->sample);
+	bs->sample = NULL;
+
+	meta->lists = bs->lists;
+	meta->m = bs->m;
+	meta->trained = true;
+	meta->features |= GPU_IVFPQ_FEATURE_QERROR;
+	meta->centroid_start = GpuIvfpqWriteBlob(bs->index, bs->model->centroids().data(),
+											 bs->model->centroids().size() * sizeof(float));
+	meta->codebook_start = GpuIvfpqWriteBlob(bs->index, bs->model->pq().codebooks().data(),
+											 bs->model->pq().codebooks().size() * sizeof(float));
+}
+
+/*
+ * Phase 3: reads the table once, assigns and encodes every row (on the
+ * service's GPU when it can) and writes the lists; pending entries are
+ * bounded by maintenance_work_mem.
+ */
+static void
+EncodeAndWrite(BuildState *bs, Relation heap, IndexInfo *indexInfo, TimestampTz *phase_start)
+{
+	Size		batch_bytes = (Size) ENCODE_BATCH * (bs->dim * sizeof(float) + sizeof(ItemPointerData) +
+													 sizeof(int32) + bs->m + sizeof(float));
+	Size		entry_bytes = sizeof(int32) + sizeof(ItemPointerData) + bs->m;
+	double		estimate = Max((double) heap->rd_rel->reltuples, bs->sample_seen);
+
+	CheckBuildMemory(batch_bytes + (Size) ENCODE_BATCH * entry_bytes, "encoding");
+	bs->pend_cap = (int) Min((Size) INT_MAX / 2, (MaintenanceBytes() - batch_bytes) / entry_bytes);
+	bs->pend_cap = Min(bs->pend_cap, (int) Max(estimate, (double) ENCODE_BATCH));
+	bs->batch_cap = ENCODE_BATCH;
+	bs->gpu_encoder = GpuIvfpqServiceEncoderBegin(bs->model->centroids().data(),
+												  bs->model->pq().codebooks().data(), bs->dim,
+												  bs->lists, bs->m, bs->metric, &bs->batch_cap);
+	/* Rows go straight into the GPU request's segment when there is one. */
+	bs->batch = bs->gpu_encoder != NULL ? GpuIvfpqServiceEncoderRows(bs->gpu_encoder)
+		: (float *) palloc_extended((Size) ENCODE_BATCH * bs->dim * sizeof(float), MCXT_ALLOC_HUGE);
+	bs->batch_tids = (ItemPointerData *) palloc(sizeof(ItemPointerData) * bs->batch_cap);
+	bs->batch_lists = (int32 *) palloc(sizeof(int32) * bs->batch_cap);
+	bs->batch_codes = (uint8 *) palloc((Size) bs->batch_cap * bs->m);
+	bs->batch_radius = (float *) palloc(sizeof(float) * bs->batch_cap);
+	bs->batch_qerror = (float *) palloc(sizeof(float) * bs->batch_cap);
+	bs->pend_cap = Max(bs->pend_cap, bs->batch_cap);	/* a flush always makes room for a batch */
+	bs->pend_lists = (int32 *) palloc_extended(sizeof(int32) * bs->pend_cap, MCXT_ALLOC_HUGE);
+	bs->pend_tids = (ItemPointerData *) palloc_extended(sizeof(ItemPointerData) * bs->pend_cap, MCXT_ALLOC_HUGE);
+	bs->pend_codes = (uint8 *) palloc_extended((Size) bs->pend_cap * bs->m, MCXT_ALLOC_HUGE);
+	bs->list_radius = (float *) palloc0(sizeof(float) * bs->lists);
+	bs->list_qerror = (float *) palloc0(sizeof(float) * bs->lists);
+
+	pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_ENCODE);
+	pgstat_progress_update_param(PROGRESS_CREATEIDX_TUPLES_TOTAL, (int64) estimate);
+	bs->heap_tuples = 0;		/* pass 2 counts every row: ambuild reports them */
+	table_index_build_scan(heap, bs->index, indexInfo, true, true, EncodeCallback, bs, NULL);
+	EncodeBatch(bs);
+	FlushPending(bs);
+	ReportPhase(bs->gpu_encoder ? "encoding (service GPU) and writing" : "encoding and writing",
+				bs->index_tuples, phase_start);
+	GpuIvfpqServiceEncoderEnd(bs->gpu_encoder);
+	bs->gpu_encoder = NULL;
+}
+
+/* ambuild: sample, train, encode and write, then publish the metapage. */
 IndexBuildResult *
 gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 {
 	IndexBuildResult *result = (IndexBuildResult *) palloc0(sizeof(IndexBuildResult));
+	MemoryContext buildctx;
+	MemoryContext old;
 	BuildState	bs;
 	GpuIvfpqMetaPageData meta;
 	Buffer		metabuf;
 	int			requested_m;
-	MemoryContextCallback *model_cb;
 	TimestampTz phase_start;
 
 	if (RelationGetNumberOfBlocks(index) != 0)
 		elog(ERROR, "index \"%s\" already contains data", RelationGetRelationName(index));
 
+	/* Everything the build allocates, the engine model included, goes with this context. */
+	buildctx = AllocSetContextCreate(CurrentMemoryContext, "gpu_ivfpq build", ALLOCSET_DEFAULT_SIZES);
+	old = MemoryContextSwitchTo(buildctx);
 	memset(&bs, 0, sizeof(bs));
 	bs.index = index;
 	bs.metric = GpuIvfpqMetricOf(index);
 	IndexOptions(index, &bs.lists, &requested_m);
-	bs.tmpctx = AllocSetContextCreate(CurrentMemoryContext, "gpu_ivfpq build row",
-									  ALLOCSET_DEFAULT_SIZES);
-	pg_prng_seed(&bs.prng, 0x9e3779b97f4a7c15ULL);	/* same table, same index */
+	bs.tmpctx = AllocSetContextCreate(buildctx, "gpu_ivfpq build row", ALLOCSET_DEFAULT_SIZES);
+	pg_prng_seed(&bs.prng, BUILD_SEED);
 
 	/* Block 0 is the metapage; it is rewritten once the build is complete. */
 	InitMeta(&meta, bs.metric);
 	metabuf = GpuIvfpqNewBuffer(index, MAIN_FORKNUM);
 	WriteMetaPage(index, &meta, metabuf);
 	UnlockReleaseBuffer(metabuf);
-	bs.model_holder = (gpuivfpq::IvfPqModel **) palloc0(sizeof(gpuivfpq::IvfPqModel *));
-	model_cb = (MemoryContextCallback *) palloc(sizeof(MemoryContextCallback));
-	model_cb->func = DeleteModelCallback;
-	model_cb->arg = bs.model_holder;
-	MemoryContextRegisterResetCallback(CurrentMemoryContext, model_cb);
 
-	/* Pass 1: sample. */
-	pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_SAMPLE);
 	phase_start = GetCurrentTimestamp();
-	table_index_build_scan(heap, index, indexInfo, true, true, SampleCallback, &bs, NULL);
-	ReportPhase("sampling", bs.index_tuples, &phase_start);
-	pgstat_progress_update_param(PROGRESS_CREATEIDX_TUPLES_TOTAL, (int64) bs.index_tuples);
-
+	SampleRows(&bs, heap, indexInfo);
+	ReportPhase("sampling", bs.sample_seen, &phase_start);
 	meta.dimensions = bs.dim;
-	if (bs.index_tuples == 0)
+	if (bs.sample_n == 0)
 	{
 		/* Nothing to train on: an untrained index whose rows are searched exactly. */
 		ereport(NOTICE,
@@ -429,101 +550,18 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 	}
 	else
 	{
-		gpuivfpq::IvfPqTrainParams params;
-		int			threads = Max(1, max_parallel_maintenance_workers + 1);
-
-		bs.m = ChooseM(requested_m, bs.dim);
-		if (bs.index_tuples < bs.lists)
+		if (bs.sample_n < bs.lists)
 			ereport(NOTICE,
-					(errmsg("gpu_ivfpq index \"%s\" has %.0f vectors for %d lists",
-							RelationGetRelationName(index), bs.index_tuples, bs.lists),
+					(errmsg("gpu_ivfpq index \"%s\" has %d vectors for %d lists",
+							RelationGetRelationName(index), bs.sample_n, bs.lists),
 					 errdetail("Some centroids repeat and their lists stay empty; results remain correct."),
 					 errhint("Use lists of about sqrt(rows), or REINDEX once the table has grown.")));
-
-		pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_TRAIN);
-		params.threads = threads;
-		params.max_points_per_centroid = SAMPLES_PER_LIST;
-		{
-			float	   *centroids = (float *) palloc_extended(sizeof(float) * bs.lists * bs.dim, MCXT_ALLOC_HUGE);
-			float	   *codebooks = (float *) palloc(sizeof(float) * 256 * bs.dim);
-			bool		on_gpu = GpuIvfpqServiceTrain(bs.sample, bs.sample_n, bs.dim, bs.lists, bs.m,
-													  bs.metric, params.iterations,
-													  (int) params.max_points_per_centroid,
-													  params.seed, centroids, codebooks);
-
-			GpuIvfpqGuard("training", [&] {
-				bs.model = *bs.model_holder = new gpuivfpq::IvfPqModel(bs.dim, bs.lists, bs.m,
-																	   (gpuivfpq::Metric) bs.metric);
-				if (on_gpu)
-				{
-					bs.model->set_centroids(centroids);
-					bs.model->set_codebooks(codebooks);
-				}
-				else
-					bs.model->train(bs.sample, bs.sample_n, params);
-			});
-			pfree(centroids);
-			pfree(codebooks);
-			ReportPhase(on_gpu ? "training (service GPU)" : "training", bs.sample_n, &phase_start);
-		}
-		pfree(bs.sample);
-		bs.sample = NULL;
-
-		meta.lists = bs.lists;
-		meta.m = bs.m;
-		meta.trained = true;
-		meta.features |= GPU_IVFPQ_FEATURE_QERROR;
-		meta.centroid_start = GpuIvfpqWriteBlob(index, bs.model->centroids().data(),
-												bs.model->centroids().size() * sizeof(float));
-		meta.codebook_start = GpuIvfpqWriteBlob(index, bs.model->pq().codebooks().data(),
-												bs.model->pq().codebooks().size() * sizeof(float));
+		TrainQuantizers(&bs, requested_m, &meta, &phase_start);
 	}
 	meta.listdir_start = WriteEmptyListDir(index, meta.lists, &meta.listdir_pages);
 	bs.meta = &meta;
-
 	if (meta.trained)
-	{
-		/* Pass 2: assign and encode every row; pending entries bounded by memory. */
-		Size		batch_bytes = (Size) ENCODE_BATCH * (bs.dim * sizeof(float) + sizeof(ItemPointerData) +
-														 sizeof(int32) + bs.m + sizeof(float));
-		Size		entry_bytes = sizeof(int32) + sizeof(ItemPointerData) + bs.m;
-
-		CheckBuildMemory(batch_bytes + (Size) ENCODE_BATCH * entry_bytes, "encoding");
-		bs.pend_cap = (int) Min((Size) INT_MAX / 2, (MaintenanceBytes() - batch_bytes) / entry_bytes);
-		bs.pend_cap = Min(bs.pend_cap, (int) Max(bs.index_tuples, (double) ENCODE_BATCH));
-		bs.batch_cap = ENCODE_BATCH;
-		bs.gpu_encoder = GpuIvfpqServiceEncoderBegin(bs.model->centroids().data(),
-													 bs.model->pq().codebooks().data(), bs.dim,
-													 bs.lists, bs.m, bs.metric, &bs.batch_cap);
-		/* Rows go straight into the GPU request's segment when there is one. */
-		bs.batch = bs.gpu_encoder != NULL ? GpuIvfpqServiceEncoderRows(bs.gpu_encoder)
-			: (float *) palloc_extended((Size) ENCODE_BATCH * bs.dim * sizeof(float), MCXT_ALLOC_HUGE);
-		bs.batch_tids = (ItemPointerData *) palloc(sizeof(ItemPointerData) * bs.batch_cap);
-		bs.batch_lists = (int32 *) palloc(sizeof(int32) * bs.batch_cap);
-		bs.batch_codes = (uint8 *) palloc((Size) bs.batch_cap * bs.m);
-		bs.batch_radius = (float *) palloc(sizeof(float) * bs.batch_cap);
-		bs.batch_qerror = (float *) palloc(sizeof(float) * bs.batch_cap);
-		bs.pend_cap = Max(bs.pend_cap, bs.batch_cap);	/* a flush always makes room for a batch */
-		bs.pend_lists = (int32 *) palloc_extended(sizeof(int32) * bs.pend_cap, MCXT_ALLOC_HUGE);
-		bs.pend_tids = (ItemPointerData *) palloc_extended(sizeof(ItemPointerData) * bs.pend_cap, MCXT_ALLOC_HUGE);
-		bs.pend_codes = (uint8 *) palloc_extended((Size) bs.pend_cap * bs.m, MCXT_ALLOC_HUGE);
-		bs.list_radius = (float *) palloc0(sizeof(float) * bs.lists);
-		bs.list_qerror = (float *) palloc0(sizeof(float) * bs.lists);
-
-		pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_ENCODE);
-		bs.index_tuples = 0;
-		bs.heap_tuples = 0;
-		table_index_build_scan(heap, index, indexInfo, true, true, EncodeCallback, &bs, NULL);
-		EncodeBatch(&bs);
-		FlushPending(&bs);
-		ReportPhase(bs.gpu_encoder ? "encoding (service GPU) and writing" : "encoding and writing",
-					bs.index_tuples, &phase_start);
-		GpuIvfpqServiceEncoderEnd(bs.gpu_encoder);
-		bs.gpu_encoder = NULL;
-		*bs.model_holder = NULL;
-		GpuIvfpqGuard("cleanup", [&] { delete bs.model; });
-		bs.model = NULL;
-	}
+		EncodeAndWrite(&bs, heap, indexInfo, &phase_start);
 
 	meta.build_tuples = (uint64) bs.index_tuples;
 	/* REINDEX and TRUNCATE rebuild in place of an older version: its mirror goes. */
@@ -532,10 +570,11 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 	LockBuffer(metabuf, BUFFER_LOCK_EXCLUSIVE);
 	WriteMetaPage(index, &meta, metabuf);
 	UnlockReleaseBuffer(metabuf);
-	MemoryContextDelete(bs.tmpctx);
 
 	result->heap_tuples = bs.heap_tuples;
 	result->index_tuples = bs.index_tuples;
+	MemoryContextSwitchTo(old);
+	MemoryContextDelete(buildctx);
 	return result;
 }
 
