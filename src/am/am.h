@@ -206,6 +206,8 @@ extern Buffer GpuIvfpqNewBuffer(Relation index, ForkNumber fork);
 extern void GpuIvfpqReadMeta(Relation index, GpuIvfpqMetaPageData *meta);
 extern BlockNumber GpuIvfpqWriteBlob(Relation index, const void *data, Size bytes);
 extern void GpuIvfpqReadBlob(Relation index, BlockNumber start, void *data, Size bytes);
+extern void GpuIvfpqReadQuantizers(Relation index, const GpuIvfpqMetaPageData *meta, MemoryContext cxt,
+								   float **centroids, float **codebooks);
 extern GpuIvfpqListDirEntry *GpuIvfpqReadListDir(Relation index, const GpuIvfpqMetaPageData *meta);
 extern void GpuIvfpqAppendEntries(Relation index, const GpuIvfpqMetaPageData *meta, int list,
 								  const char *entries, int count, float radius, float qerror);

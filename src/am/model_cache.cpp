@@ -17,21 +17,21 @@ typedef struct ModelCacheSlot
 	RelFileNode node;
 	uint32		build_id;
 	uint64		last_used;
+	MemoryContext cxt;			/* owns the model; deleted on eviction */
 	gpuivfpq::IvfPqModel *model;
 } ModelCacheSlot;
 
 static ModelCacheSlot model_cache[MODEL_CACHE_SLOTS];
 static uint64 model_cache_clock = 0;
 
-/* Frees a slot's model (engine memory, outside PostgreSQL's contexts). */
+/* Frees a slot's model with its context. */
 static void
 ReleaseSlot(ModelCacheSlot *slot)
 {
-	gpuivfpq::IvfPqModel *model = slot->model;
-
 	slot->model = NULL;
-	if (model != NULL)
-		GpuIvfpqGuard("model release", [&] { delete model; });
+	if (slot->cxt != NULL)
+		MemoryContextDelete(slot->cxt);
+	slot->cxt = NULL;
 }
 
 /* Returns the trained model of index, loading it into the cache if needed. */
@@ -39,11 +39,10 @@ gpuivfpq::IvfPqModel *
 GpuIvfpqGetModel(Relation index, const GpuIvfpqMetaPageData *meta)
 {
 	ModelCacheSlot *victim = &model_cache[0];
+	MemoryContext cxt;
 	float	   *centroids;
 	float	   *codebooks;
-	Size		centroid_bytes;
-	Size		codebook_bytes;
-	gpuivfpq::IvfPqModel *model = NULL;
+	gpuivfpq::IvfPqModel *model;
 	size_t		table_budget = (size_t) gpu_ivfpq_table_memory_mb * 1024 * 1024;
 
 	Assert(meta->trained);
@@ -61,38 +60,30 @@ GpuIvfpqGetModel(Relation index, const GpuIvfpqMetaPageData *meta)
 			victim = slot;
 	}
 
-	centroid_bytes = (Size) meta->lists * meta->dimensions * sizeof(float);
-	codebook_bytes = (Size) meta->m * 256 * (meta->dimensions / meta->m) * sizeof(float);
-	centroids = (float *) palloc(centroid_bytes);
-	codebooks = (float *) palloc(codebook_bytes);
-	GpuIvfpqReadBlob(index, meta->centroid_start, centroids, centroid_bytes);
-	GpuIvfpqReadBlob(index, meta->codebook_start, codebooks, codebook_bytes);
-
 	ReleaseSlot(victim);
+	/*
+	 * Loaded in a context of its own under the caller's: an error while
+	 * loading frees it with the caller's context; once loaded it moves under
+	 * TopMemoryContext for the cache.
+	 */
+	cxt = AllocSetContextCreate(CurrentMemoryContext, "gpu_ivfpq model", ALLOCSET_SMALL_SIZES);
+	GpuIvfpqReadQuantizers(index, meta, cxt, &centroids, &codebooks);
+	model = GpuIvfpqMakeOwned<gpuivfpq::IvfPqModel>(cxt, "model load", (size_t) meta->dimensions,
+													(size_t) meta->lists, (size_t) meta->m,
+													(gpuivfpq::Metric) meta->metric);
 	GpuIvfpqGuard("model load", [&] {
-		gpuivfpq::IvfPqModel *loaded =
-			new gpuivfpq::IvfPqModel(meta->dimensions, meta->lists, meta->m,
-									 (gpuivfpq::Metric) meta->metric);
-
-		try
-		{
-			loaded->set_centroids(centroids);
-			loaded->set_codebooks(codebooks);
-			loaded->precompute_tables(table_budget);
-		}
-		catch (...)
-		{
-			delete loaded;
-			throw;
-		}
-		model = loaded;
+		model->set_centroids(centroids);
+		model->set_codebooks(codebooks);
+		model->precompute_tables(table_budget);
 	});
+	MemoryContextSetParent(cxt, TopMemoryContext);
 	pfree(centroids);
 	pfree(codebooks);
 
 	victim->node = index->rd_node;
 	victim->build_id = meta->build_id;
 	victim->last_used = ++model_cache_clock;
+	victim->cxt = cxt;
 	victim->model = model;
 	return model;
 }

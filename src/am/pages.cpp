@@ -366,3 +366,21 @@ GpuIvfpqSetDimensions(Relation index, GpuIvfpqMetaPageData *meta, int dim)
 	meta->dimensions = GpuIvfpqPageGetMeta(BufferGetPage(buf))->dimensions;
 	UnlockReleaseBuffer(buf);
 }
+
+/*
+ * The trained quantizers as the pages hold them, palloc'd in cxt: centroids
+ * (lists x dim floats) and codebooks (m x 256 x dim/m floats).
+ */
+void
+GpuIvfpqReadQuantizers(Relation index, const GpuIvfpqMetaPageData *meta, MemoryContext cxt,
+					   float **centroids, float **codebooks)
+{
+	Size		centroid_bytes = (Size) meta->lists * meta->dimensions * sizeof(float);
+	Size		codebook_bytes = (Size) 256 * meta->dimensions * sizeof(float);
+
+	Assert(meta->trained);
+	*centroids = (float *) MemoryContextAllocHuge(cxt, centroid_bytes);
+	*codebooks = (float *) MemoryContextAllocHuge(cxt, codebook_bytes);
+	GpuIvfpqReadBlob(index, meta->centroid_start, *centroids, centroid_bytes);
+	GpuIvfpqReadBlob(index, meta->codebook_start, *codebooks, codebook_bytes);
+}
