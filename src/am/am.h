@@ -2,6 +2,7 @@
 // GUCs and the prototypes of each source file.
 #pragma once
 
+#include "engine/limits.h"
 #include "common/pg.h"
 
 namespace gpuivfpq {
@@ -188,7 +189,7 @@ extern bool gpu_ivfpq_service_emulate_gpu;
 #define GPU_IVFPQ_DEVICE_CPU	2
 
 /* Most candidates one GPU round selects (WarpSelect / BlockSelect queues). */
-#define GPU_IVFPQ_SERVICE_MAX_K 2048
+#define GPU_IVFPQ_SERVICE_MAX_K ((int) gpuivfpq::kMaxSelectK)
 
 /* ---- opclass support ---- */
 #define GPU_IVFPQ_DISTANCE_PROC 1

@@ -3,6 +3,7 @@
 // the service trains with the GPU k-means and encodes on the GPU) and exact
 // brute-force search. Whenever the service cannot, the caller goes on with
 // the CPU engine.
+#include "common/guard.h"
 #include "service/shmem.h"
 
 extern "C" {
@@ -36,9 +37,9 @@ BuildCanUseService(int d, int m)
 	else if (!GpuIvfpqServiceServing())
 		reason = "The gpu_ivfpq service has no GPU or is not running";
 	else if (m > GPU_IVFPQ_SERVICE_MAX_M)
-		reason = "The GPU path handles up to m = 64 sub-quantizers";
+		reason = psprintf("The GPU path handles up to m = %d sub-quantizers", GPU_IVFPQ_SERVICE_MAX_M);
 	else if (d > GPU_IVFPQ_SERVICE_MAX_DIM)
-		reason = "The GPU path handles up to 8192 dimensions";
+		reason = psprintf("The GPU path handles up to %d dimensions", GPU_IVFPQ_SERVICE_MAX_DIM);
 	if (reason != NULL && gpu_ivfpq_device == GPU_IVFPQ_DEVICE_GPU)
 		GpuIvfpqGpuRequiredError("index build", reason);
 	return reason == NULL;
@@ -48,28 +49,17 @@ BuildCanUseService(int d, int m)
 static dsm_segment *
 CreateSegment(Size bytes, const char *what)
 {
-	dsm_segment *volatile seg = NULL;
-	MemoryContext ctx = CurrentMemoryContext;
+	dsm_segment *seg = NULL;
+	GpuIvfpqCaught caught;
 
-	PG_TRY();
+	if (!GpuIvfpqTry([&] { GpuIvfpqPgCall([&] { seg = dsm_create(bytes, 0); }); }, &caught))
 	{
-		seg = dsm_create(bytes, 0);
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata;
-
-		MemoryContextSwitchTo(ctx);
-		edata = CopyErrorData();
-		FlushErrorState();
 		ereport(WARNING,
 				(errmsg("gpu_ivfpq: %s on the CPU: no shared memory for the GPU request", what),
-				 errdetail("%s", edata->message),
+				 errdetail("%s", caught.message),
 				 errhint("Check the size of /dev/shm, or set dynamic_shared_memory_type = mmap.")));
-		FreeErrorData(edata);
-		seg = NULL;
+		return NULL;
 	}
-	PG_END_TRY();
 	return seg;
 }
 
@@ -220,7 +210,8 @@ GpuIvfpqServiceExact(const float *queries, int64 nq, const float *base, int64 n,
 		if (gpu_ivfpq_device == GPU_IVFPQ_DEVICE_GPU)
 			GpuIvfpqGpuRequiredError("exact search", !GpuIvfpqServiceServing()
 									 ? "The gpu_ivfpq service has no GPU, is not running or is not preloaded"
-									 : "The GPU selects at most 2048 neighbours per query");
+									 : psprintf("The GPU selects at most %d neighbours per query",
+												GPU_IVFPQ_SERVICE_MAX_K));
 		return false;
 	}
 	memset(&h, 0, sizeof(h));

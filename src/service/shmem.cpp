@@ -1,20 +1,13 @@
 // The GPU service's shared state: reserved when gpu_ivfpq is in
-// shared_preload_libraries, with the background worker (service_worker.cpp)
-// registered beside it; and the status functions behind gpu_ivfpq_status
-// and gpu_ivfpq_mirrors.
+// shared_preload_libraries, with the background worker (worker.cpp)
+// registered beside it; and the layout of the requests' DSM segments.
 #include "service/shmem.h"
 
 extern "C" {
-#include "funcapi.h"
 #include "miscadmin.h"
 #include "postmaster/bgworker.h"
 #include "storage/ipc.h"
 #include "storage/shmem.h"
-#include "utils/array.h"
-#include "utils/builtins.h"
-
-PG_FUNCTION_INFO_V1(gpu_ivfpq_status);
-PG_FUNCTION_INFO_V1(gpu_ivfpq_mirrors);
 }
 
 GpuIvfpqServiceShared *gpu_ivfpq_service = NULL;
@@ -137,111 +130,3 @@ GpuIvfpqDsmLayoutFor(RequestKind kind, const GpuIvfpqDsmHeader *h)
 	return l;
 }
 
-static const char *
-StateName(ServiceState state)
-{
-	switch (state)
-	{
-		case SERVICE_STARTING:
-			return "starting";
-		case SERVICE_CPU_ONLY:
-			return "running (no GPU: scans use the CPU)";
-		case SERVICE_GPU:
-			return "running (GPU)";
-		case SERVICE_EMULATED:
-			return "running (GPU emulated on the CPU, for tests)";
-		case SERVICE_STOPPED:
-			break;
-	}
-	return "stopped";
-}
-
-/* gpu_ivfpq_status(): one row describing the service and what it served. */
-Datum
-gpu_ivfpq_status(PG_FUNCTION_ARGS)
-{
-	TupleDesc	tupdesc;
-	Datum		values[15];
-	bool		nulls[15];
-	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
-
-	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "gpu_ivfpq_status must return a composite type");
-	memset(nulls, 0, sizeof(nulls));
-	if (s == NULL)
-	{
-		values[0] = CStringGetTextDatum("not loaded (add gpu_ivfpq to shared_preload_libraries)");
-		for (int i = 1; i < 15; i++)
-			nulls[i] = true;
-	}
-	else
-	{
-		GpuIvfpqServiceShared copy;
-		uint64		batches = pg_atomic_read_u64(&s->batches);
-		uint64		gpu = pg_atomic_read_u64(&s->queries_gpu);
-		Datum		hist[GPU_IVFPQ_BATCH_BUCKETS];
-
-		SpinLockAcquire(&s->mutex);
-		memcpy(&copy, s, offsetof(GpuIvfpqServiceShared, queries_gpu));
-		SpinLockRelease(&s->mutex);
-		for (int i = 0; i < GPU_IVFPQ_BATCH_BUCKETS; i++)
-			hist[i] = Int64GetDatum((int64) pg_atomic_read_u64(&s->batch_hist[i]));
-
-		values[0] = CStringGetTextDatum(StateName(copy.state));
-		values[1] = Int32GetDatum(copy.pid);
-		nulls[1] = copy.pid == 0;
-		values[2] = CStringGetTextDatum(copy.device);
-		values[3] = Int32GetDatum(copy.starts);
-		values[4] = TimestampTzGetDatum(copy.started_at);
-		nulls[4] = copy.starts == 0;
-		values[5] = Int64GetDatum((int64) gpu);
-		values[6] = Int64GetDatum((int64) pg_atomic_read_u64(&s->queries_cpu));
-		values[7] = Int64GetDatum((int64) pg_atomic_read_u64(&s->fallbacks));
-		values[8] = Int64GetDatum((int64) batches);
-		values[9] = Float8GetDatum(batches > 0 ? (double) gpu / batches : 0.0);
-		nulls[9] = batches == 0;
-		values[10] = PointerGetDatum(construct_array(hist, GPU_IVFPQ_BATCH_BUCKETS, INT8OID, 8,
-													 FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
-		values[11] = Int32GetDatum(copy.nmirrors);
-		values[12] = Float8GetDatum((double) copy.memory_used / (1024.0 * 1024.0));
-		values[13] = Float8GetDatum((double) copy.memory_budget / (1024.0 * 1024.0));
-		nulls[13] = copy.memory_budget == 0;
-		values[14] = CStringGetTextDatum(copy.last_error);
-		nulls[14] = copy.last_error[0] == '\0';
-	}
-	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
-}
-
-/* gpu_ivfpq_mirrors(): the indexes mirrored in GPU memory, as last published. */
-Datum
-gpu_ivfpq_mirrors(PG_FUNCTION_ARGS)
-{
-	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
-	GpuIvfpqMirrorStatus mirrors[GPU_IVFPQ_STATUS_MIRRORS];
-	int			n = 0;
-
-	InitMaterializedSRF(fcinfo, 0);
-	if (s == NULL)
-		PG_RETURN_VOID();
-	SpinLockAcquire(&s->mutex);
-	n = s->nmirrors;
-	memcpy(mirrors, s->mirrors, sizeof(GpuIvfpqMirrorStatus) * n);
-	SpinLockRelease(&s->mutex);
-	for (int i = 0; i < n; i++)
-	{
-		Datum		values[7];
-		bool		nulls[7];
-
-		memset(nulls, 0, sizeof(nulls));
-		values[0] = ObjectIdGetDatum(mirrors[i].key.db);
-		values[1] = ObjectIdGetDatum(mirrors[i].key.index);
-		values[2] = ObjectIdGetDatum(mirrors[i].key.relnode);
-		values[3] = Int64GetDatum((int64) mirrors[i].key.build);
-		values[4] = Int64GetDatum(mirrors[i].entries);
-		values[5] = Float8GetDatum((double) mirrors[i].bytes / (1024.0 * 1024.0));
-		values[6] = Int64GetDatum(mirrors[i].queries);
-		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-	}
-	PG_RETURN_VOID();
-}

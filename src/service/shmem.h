@@ -4,6 +4,7 @@
 #pragma once
 
 #include "am/am.h"
+#include "engine/limits.h"
 
 extern "C" {
 #include "port/atomics.h"
@@ -16,7 +17,7 @@ extern "C" {
 /* A search's query goes in, its labels and distances come back, in place. */
 #define GPU_IVFPQ_SLOT_PAYLOAD	(32 * 1024)
 #define GPU_IVFPQ_SERVICE_MAX_DIM ((int) (GPU_IVFPQ_SLOT_PAYLOAD / sizeof(float)))
-#define GPU_IVFPQ_SERVICE_MAX_M 64		/* codes the GPU scan handles; log entries hold them */
+#define GPU_IVFPQ_SERVICE_MAX_M ((int) gpuivfpq::kMaxGpuSubQuantizers)	/* log entries hold such codes */
 #define GPU_IVFPQ_LOG_SIZE		16384	/* change-log entries kept for the service */
 #define GPU_IVFPQ_STATUS_MIRRORS 64		/* mirrors listed by gpu_ivfpq_mirrors() */
 #define GPU_IVFPQ_BATCH_BUCKETS 8		/* batch sizes 1, 2-3, 4-7, ..., 128+ */
@@ -229,7 +230,10 @@ GpuIvfpqBatchLabelsOffset(int64 nq, int dim)
 	return GPU_IVFPQ_BATCH_QUERIES + MAXALIGN((Size) nq * dim * sizeof(float));
 }
 
-/* service_client.cpp: the request protocol, shared with service_build.cpp. */
+/* request.cpp: the request protocol, shared by the service's clients. */
+extern void GpuIvfpqFillKey(GpuIvfpqKey *key, Relation index, const GpuIvfpqMetaPageData *meta);
+extern const char *GpuIvfpqNotServableReason(const GpuIvfpqMetaPageData *meta);
+extern void GpuIvfpqCountFallback(void);
 extern bool GpuIvfpqServiceServing(void);
 extern void GpuIvfpqGpuRequiredError(const char *what, const char *reason) pg_attribute_noreturn();
 extern GpuIvfpqSlot *GpuIvfpqAcquireSlot(void);

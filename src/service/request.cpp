@@ -1,0 +1,233 @@
+// The request protocol between backends and the GPU service: one slot per
+// backend in shared memory, a latch each way; whether the service can serve
+// an index at all; and the query counters.
+#include "service/shmem.h"
+
+extern "C" {
+#include "access/xlog.h"
+#include "miscadmin.h"
+#include "storage/ipc.h"
+#include "utils/wait_event.h"
+}
+
+static GpuIvfpqSlot *my_slot = NULL;
+
+/* ---- counters ---- */
+
+void
+GpuIvfpqCountCpuQuery(void)
+{
+	if (gpu_ivfpq_service != NULL)
+		pg_atomic_fetch_add_u64(&gpu_ivfpq_service->queries_cpu, 1);
+}
+
+void
+GpuIvfpqCountFallback(void)
+{
+	pg_atomic_fetch_add_u64(&gpu_ivfpq_service->fallbacks, 1);
+}
+
+/* ---- availability ---- */
+
+bool
+GpuIvfpqServiceServing(void)
+{
+	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+	bool		serving;
+
+	if (s == NULL)
+		return false;
+	SpinLockAcquire(&s->mutex);
+	serving = s->pid != 0 && (s->state == SERVICE_GPU || s->state == SERVICE_EMULATED);
+	SpinLockRelease(&s->mutex);
+	return serving;
+}
+
+/*
+ * Why the GPU cannot serve this index, or NULL when it can. Indexes of a
+ * standby are not mirrored: WAL replay changes their pages without the
+ * change log.
+ */
+const char *
+GpuIvfpqNotServableReason(const GpuIvfpqMetaPageData *meta)
+{
+	if (gpu_ivfpq_service == NULL)
+		return "The extension gpu_ivfpq is not in shared_preload_libraries";
+	if (!GpuIvfpqServiceServing())
+		return "The gpu_ivfpq service has no GPU or is not running";
+	if (RecoveryInProgress())
+		return "Indexes are not mirrored on a standby";
+	if (!meta->trained)
+		return "The index has no trained quantizers";
+	if ((int) meta->dimensions > GPU_IVFPQ_SERVICE_MAX_DIM)
+		return psprintf("The GPU path handles up to %d dimensions", GPU_IVFPQ_SERVICE_MAX_DIM);
+	if (meta->m > GPU_IVFPQ_SERVICE_MAX_M)
+		return psprintf("The GPU path handles up to m = %d sub-quantizers", GPU_IVFPQ_SERVICE_MAX_M);
+	return NULL;
+}
+
+/*
+ * Should this scan or build try the service? With device = gpu always (it
+ * then fails with the reason when the service cannot serve).
+ */
+bool
+GpuIvfpqServiceWanted(void)
+{
+	return gpu_ivfpq_device == GPU_IVFPQ_DEVICE_GPU ||
+		(gpu_ivfpq_device == GPU_IVFPQ_DEVICE_AUTO && gpu_ivfpq_service != NULL);
+}
+
+void
+GpuIvfpqGpuRequiredError(const char *what, const char *reason)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("gpu_ivfpq.device is \"gpu\" but the GPU cannot serve this %s", what),
+			 errdetail("%s.", reason),
+			 errhint("Set gpu_ivfpq.device to \"auto\" to fall back to the CPU engine.")));
+}
+
+/* ---- slots ---- */
+
+static void
+ReleaseSlot(int code, Datum arg)
+{
+	GpuIvfpqSlot *slot = my_slot;
+
+	if (slot == NULL)
+		return;
+	SpinLockAcquire(&slot->mutex);
+	/* Unowned now; a request still in flight is freed by the service. */
+	slot->owner = 0;
+	if (slot->state == SLOT_PENDING || slot->state == SLOT_RUNNING)
+		slot->state = SLOT_ABANDONED;
+	else
+		slot->state = SLOT_FREE;
+	SpinLockRelease(&slot->mutex);
+	my_slot = NULL;
+}
+
+/* This backend's slot, if it is free for a new request (else NULL). */
+GpuIvfpqSlot *
+GpuIvfpqAcquireSlot(void)
+{
+	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+
+	if (my_slot == NULL)
+	{
+		for (int i = 0; i < s->nslots && my_slot == NULL; i++)
+		{
+			GpuIvfpqSlot *slot = &s->slots[i];
+
+			SpinLockAcquire(&slot->mutex);
+			if (slot->owner == 0 && slot->state == SLOT_FREE)
+			{
+				slot->owner = MyProcPid;
+				my_slot = slot;
+			}
+			SpinLockRelease(&slot->mutex);
+		}
+		if (my_slot == NULL)
+			return NULL;
+		on_shmem_exit(ReleaseSlot, (Datum) 0);
+	}
+	{
+		bool		ready;
+
+		SpinLockAcquire(&my_slot->mutex);
+		ready = my_slot->state == SLOT_FREE;
+		SpinLockRelease(&my_slot->mutex);
+		return ready ? my_slot : NULL;	/* still busy with an abandoned request */
+	}
+}
+
+/*
+ * Submits the filled slot and sleeps on the latch until the service answers.
+ * A cancel or statement_timeout while waiting leaves the request to the
+ * service (which frees the slot) and raises the error; a service that exits
+ * answers RES_SERVICE_GONE. On return the slot is DONE: read it, then
+ * GpuIvfpqFinishSlot.
+ */
+RequestResult
+GpuIvfpqSubmitAndWait(GpuIvfpqSlot *slot)
+{
+	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+	Latch	   *service_latch;
+
+	SpinLockAcquire(&s->mutex);
+	service_latch = s->pid != 0 ? s->latch : NULL;
+	SpinLockRelease(&s->mutex);
+	if (service_latch == NULL)
+		return RES_SERVICE_GONE;
+
+	SpinLockAcquire(&slot->mutex);
+	slot->latch = MyLatch;
+	slot->state = SLOT_PENDING;
+	SpinLockRelease(&slot->mutex);
+	SetLatch(service_latch);
+
+	PG_TRY();
+	{
+		for (;;)
+		{
+			SlotState	st;
+			int			pid;
+
+			SpinLockAcquire(&slot->mutex);
+			st = slot->state;
+			SpinLockRelease(&slot->mutex);
+			if (st == SLOT_DONE)
+				break;
+			SpinLockAcquire(&s->mutex);
+			pid = s->pid;
+			SpinLockRelease(&s->mutex);
+			if (pid == 0)
+			{
+				/* Gone without answering (its exit hook answers; this is the backstop). */
+				SpinLockAcquire(&slot->mutex);
+				if (slot->state != SLOT_DONE)
+				{
+					slot->result = RES_SERVICE_GONE;
+					slot->state = SLOT_DONE;
+				}
+				SpinLockRelease(&slot->mutex);
+				break;
+			}
+			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, 100L,
+							 PG_WAIT_EXTENSION);
+			ResetLatch(MyLatch);
+			CHECK_FOR_INTERRUPTS();
+		}
+	}
+	PG_CATCH();
+	{
+		SpinLockAcquire(&slot->mutex);
+		if (slot->state == SLOT_PENDING || slot->state == SLOT_DONE)
+			slot->state = SLOT_FREE;
+		else if (slot->state == SLOT_RUNNING)
+			slot->state = SLOT_ABANDONED;
+		SpinLockRelease(&slot->mutex);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	return slot->result;
+}
+
+void
+GpuIvfpqFinishSlot(GpuIvfpqSlot *slot)
+{
+	SpinLockAcquire(&slot->mutex);
+	slot->state = SLOT_FREE;
+	SpinLockRelease(&slot->mutex);
+}
+
+/* The identity of an index version, as mirrors and log entries carry it. */
+void
+GpuIvfpqFillKey(GpuIvfpqKey *key, Relation index, const GpuIvfpqMetaPageData *meta)
+{
+	key->db = MyDatabaseId;
+	key->index = RelationGetRelid(index);
+	key->relnode = index->rd_node.relNode;
+	key->build = meta->build_id;
+}
+
