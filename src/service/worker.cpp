@@ -11,9 +11,10 @@
 #include <unordered_set>
 #include <vector>
 
-#include "service/shmem.h"
 #include "engine/error.h"
 #include "service/device/mirror_store.h"
+#include "common/guard.h"
+#include "service/shmem.h"
 #ifdef GPU_IVFPQ_WITH_CUDA
 #include "service/device/cuda_device.h"
 #endif
@@ -54,32 +55,22 @@ ToKey(const GpuIvfpqKey &k)
 	return key;
 }
 
-/* Runs engine code, turning its exceptions into a message (no ereport inside). */
+/*
+ * Runs device code through the boundary's catch ladder (GpuIvfpqTry): an
+ * exception becomes a message for the requester, never an ereport, because
+ * the service must answer every request it took.
+ */
 template <typename F>
 static bool
 Engine(F &&f, std::string &err, bool *oom = nullptr)
 {
-	try
-	{
-		f();
+	GpuIvfpqCaught caught;
+
+	if (GpuIvfpqTry(std::forward<F>(f), &caught))
 		return true;
-	}
-	catch (const gpuivfpq::Error &e)
-	{
-		err = e.what();
-		if (oom != nullptr)
-			*oom = e.kind() == gpuivfpq::ErrorKind::OutOfMemory;
-	}
-	catch (const std::bad_alloc &)
-	{
-		err = "out of host memory";
-		if (oom != nullptr)
-			*oom = true;
-	}
-	catch (const std::exception &e)
-	{
-		err = e.what();
-	}
+	err = caught.message;
+	if (oom != nullptr)
+		*oom = caught.out_of_memory;
 	return false;
 }
 
@@ -240,9 +231,13 @@ DrainLog(void)
 	pg_atomic_write_u64(&s->log_applied, head);
 }
 
+/* The requests taken by the current round (a plain array: it outlives an ERROR). */
+static GpuIvfpqSlot **taken;
+static int	ntaken;
+
 /* Claims the pending requests (at most limit searches), marking them running. */
 static int
-Collect(std::vector<GpuIvfpqSlot *> &taken, int limit)
+Collect(int limit)
 {
 	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
 	int			searches = 0;
@@ -257,7 +252,7 @@ Collect(std::vector<GpuIvfpqSlot *> &taken, int limit)
 		if (slot->state == SLOT_PENDING && (slot->kind != REQ_SEARCH || searches < limit))
 		{
 			slot->state = SLOT_RUNNING;
-			taken.push_back(slot);
+			taken[ntaken++] = slot;
 			if (slot->kind == REQ_SEARCH)
 				searches++;
 		}
@@ -329,13 +324,8 @@ SearchGroup(const std::vector<GpuIvfpqSlot *> &group)
 	for (size_t i = 0; i < nq; i++)
 	{
 		GpuIvfpqSlot *slot = group[i];
-		size_t		ks = slot->k;
-		int64	   *out_labels = (int64 *) slot->payload.bytes;
-		float	   *out_dist = (float *) (slot->payload.bytes + ks * sizeof(int64));
-
-		/* Rows of the batch are sorted: a smaller k takes the prefix. */
-		memcpy(out_labels, &labels[i * k], ks * sizeof(int64));
-		memcpy(out_dist, &dist[i * k], ks * sizeof(float));
+		/* Rows of the batch are sorted: a smaller k takes the prefix (labels only: backends re-rank). */
+		memcpy(slot->payload.bytes, &labels[i * k], (size_t) slot->k * sizeof(int64));
 		slot->batch = (int) nq;
 		Answer(slot, RES_OK, NULL);
 	}
@@ -524,38 +514,19 @@ Exact(GpuIvfpqSlot *slot, char *base, std::string &err)
 	return RES_OK;
 }
 
-/* dsm_attach, with its ERROR turned into NULL (no C++ frames in between). */
-static dsm_segment *
-AttachSegment(dsm_handle handle)
-{
-	dsm_segment *volatile seg = NULL;
-	MemoryContext ctx = CurrentMemoryContext;
-
-	PG_TRY();
-	{
-		seg = dsm_attach(handle);
-	}
-	PG_CATCH();
-	{
-		MemoryContextSwitchTo(ctx);
-		FlushErrorState();
-		seg = NULL;
-	}
-	PG_END_TRY();
-	return seg;
-}
-
 /* Serves a request that carries a DSM segment (load, train, encode). */
 static void
 ServeSegmentRequest(GpuIvfpqSlot *slot)
 {
-	dsm_segment *seg = AttachSegment(slot->dsm);
-	RequestResult result;
+	dsm_segment *seg = NULL;
+	RequestResult result = RES_ERROR;
 	std::string err;
+	GpuIvfpqCaught caught;
 
-	if (seg == NULL)
+	/* dsm_attach can ERROR (the requester gave up and destroyed it): the reverse guard. */
+	if (!GpuIvfpqTry([&] { GpuIvfpqPgCall([&] { seg = dsm_attach(slot->dsm); }); }, &caught) ||
+		seg == NULL)
 	{
-		/* The requester gave up and destroyed it. */
 		Answer(slot, RES_ERROR, "request segment is gone");
 		return;
 	}
@@ -567,17 +538,21 @@ ServeSegmentRequest(GpuIvfpqSlot *slot)
 		case REQ_TRAIN:
 			result = Train((char *) dsm_segment_address(seg), err);
 			break;
+		case REQ_ENCODE:
+			result = Encode(slot, (char *) dsm_segment_address(seg), err);
+			break;
 		case REQ_SEARCH_BATCH:
 			result = SearchBatch(slot, (char *) dsm_segment_address(seg), err);
 			break;
 		case REQ_EXACT:
 			result = Exact(slot, (char *) dsm_segment_address(seg), err);
 			break;
-		default:
-			result = Encode(slot, (char *) dsm_segment_address(seg), err);
+		case REQ_SEARCH:
+			/* Single searches carry no segment; Serve batches them. */
+			err = "a search request carried a segment";
 			break;
 	}
-	dsm_detach(seg);
+	GpuIvfpqPgCall([&] { dsm_detach(seg); });
 	if (result != RES_OK && !err.empty())
 		RecordError(err);
 	Answer(slot, result, err.c_str());
@@ -585,24 +560,58 @@ ServeSegmentRequest(GpuIvfpqSlot *slot)
 
 /* Groups the taken searches by (index version, probes, dim) and serves each group. */
 static void
-Serve(std::vector<GpuIvfpqSlot *> &taken)
+Serve(void)
 {
 	std::map<std::tuple<MirrorKey, int, int>, std::vector<GpuIvfpqSlot *>> groups;
 
-	for (GpuIvfpqSlot *slot : taken)
+	for (int i = 0; i < ntaken; i++)
 	{
+		GpuIvfpqSlot *slot = taken[i];
+
 		if (slot->kind != REQ_SEARCH)
 			continue;
 		groups[std::make_tuple(ToKey(slot->key), slot->nprobe, slot->dim)].push_back(slot);
 	}
 	for (auto &kv : groups)
 		SearchGroup(kv.second);
-	for (GpuIvfpqSlot *slot : taken)
-		if (slot->kind != REQ_SEARCH)
-		{
-			ServeSegmentRequest(slot);
-			CHECK_FOR_INTERRUPTS();
-		}
+	for (int i = 0; i < ntaken; i++)
+		if (taken[i]->kind != REQ_SEARCH)
+			ServeSegmentRequest(taken[i]);
+}
+
+/*
+ * One round over the taken requests, C++ code run under GpuIvfpqTry (its
+ * PostgreSQL calls go through GpuIvfpqPgCall): whatever fails inside, the
+ * round's requests still get an answer.
+ */
+static void
+ServeRound(int searches)
+{
+	GpuIvfpqCaught caught;
+
+	if (!GpuIvfpqTry([&] {
+			/* Waiting a little lets more connections join the batch (measured in the benchmarks). */
+			if (gpu_ivfpq_batch_wait_us > 0 && searches > 0 && searches < gpu_ivfpq_batch_size)
+			{
+				pg_usleep(gpu_ivfpq_batch_wait_us);
+				(void) Collect(gpu_ivfpq_batch_size - searches);
+			}
+			if (!store)
+			{
+				for (int i = 0; i < ntaken; i++)
+					Answer(taken[i], RES_ERROR, "the gpu_ivfpq service has no GPU");
+				return;
+			}
+			/* After collecting: a change logged before a request was sent is applied first. */
+			DrainLog();
+			Serve();
+		}, &caught))
+	{
+		RecordError(std::string("a request round failed: ") + caught.message);
+		for (int i = 0; i < ntaken; i++)
+			if (taken[i]->state == SLOT_RUNNING || taken[i]->state == SLOT_ABANDONED)
+				Answer(taken[i], RES_ERROR, caught.message);
+	}
 }
 
 /* Answers every request still open when the service exits, however it exits. */
@@ -673,10 +682,9 @@ gpu_ivfpq_service_main(Datum arg)
 	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
 	sigjmp_buf	local_sigjmp_buf;
 	MemoryContext loopctx;
-	std::vector<GpuIvfpqSlot *> *taken;
 	ServiceState state;
 	char		desc[128];
-	std::string err;
+	static std::string err;	/* static: survives the sigsetjmp below */
 
 	pqsignal(SIGTERM, die);
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
@@ -716,10 +724,15 @@ gpu_ivfpq_service_main(Datum arg)
 	SpinLockRelease(&s->mutex);
 	PublishStatus();
 
-	taken = new std::vector<GpuIvfpqSlot *>();
+	taken = (GpuIvfpqSlot **) MemoryContextAlloc(TopMemoryContext, sizeof(GpuIvfpqSlot *) * s->nslots);
+	ntaken = 0;
 	if (sigsetjmp(local_sigjmp_buf, 1) != 0)
 	{
-		/* An ERROR in the loop: report it, answer what was in hand, go on. */
+		/*
+		 * An ERROR in the loop's PostgreSQL part (the C++ part runs under
+		 * GpuIvfpqTry, so no C++ frame lies between here and the error):
+		 * report it, answer what was in hand, go on.
+		 */
 		ErrorData  *edata;
 
 		HOLD_INTERRUPTS();
@@ -728,12 +741,10 @@ gpu_ivfpq_service_main(Datum arg)
 		edata = CopyErrorData();
 		FlushErrorState();
 		RecordError(edata->message ? edata->message : "error");
-		for (GpuIvfpqSlot *slot : *taken)
-		{
-			if (slot->state == SLOT_RUNNING || slot->state == SLOT_ABANDONED)
-				Answer(slot, RES_ERROR, "the gpu_ivfpq service failed");
-		}
-		taken->clear();
+		for (int i = 0; i < ntaken; i++)
+			if (taken[i]->state == SLOT_RUNNING || taken[i]->state == SLOT_ABANDONED)
+				Answer(taken[i], RES_ERROR, "the gpu_ivfpq service failed");
+		ntaken = 0;
 		MemoryContextReset(loopctx);
 		RESUME_INTERRUPTS();
 	}
@@ -757,31 +768,19 @@ gpu_ivfpq_service_main(Datum arg)
 			}
 		}
 		ResetLatch(MyLatch);
-		taken->clear();
-		searches = Collect(*taken, gpu_ivfpq_batch_size);
-		if (taken->empty())
+		ntaken = 0;
+		searches = Collect(gpu_ivfpq_batch_size);
+		if (ntaken == 0)
 		{
-			DrainLog();
-			PublishStatus();
+			(void) Engine([&] {
+				DrainLog();
+				PublishStatus();
+			}, err);
 			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, 1000L,
 							 PG_WAIT_EXTENSION);
 			continue;
 		}
-		/* Waiting a little lets more connections join the batch (measured in README). */
-		if (gpu_ivfpq_batch_wait_us > 0 && searches > 0 && searches < gpu_ivfpq_batch_size)
-		{
-			pg_usleep(gpu_ivfpq_batch_wait_us);
-			(void) Collect(*taken, gpu_ivfpq_batch_size - searches);
-		}
-		if (!store)
-		{
-			for (GpuIvfpqSlot *slot : *taken)
-				Answer(slot, RES_ERROR, "the gpu_ivfpq service has no GPU");
-			continue;
-		}
-		/* After collecting: a change logged before a request was sent is applied first. */
-		DrainLog();
-		Serve(*taken);
-		taken->clear();
+		ServeRound(searches);
+		ntaken = 0;
 	}
 }
