@@ -1,9 +1,8 @@
-// Private header of the gpu_ivfpq access method: on-disk format, options,
-// GUCs and the prototypes of each source file.
+// The gpu_ivfpq access method: its on-disk format (known only to src/am),
+// options, and the prototypes of each file of src/am.
 #pragma once
 
-#include "engine/limits.h"
-#include "common/pg.h"
+#include "common/gpu_ivfpq.h"
 
 namespace gpuivfpq {
 class IvfPqModel;
@@ -23,10 +22,7 @@ struct IvfPqQuery;
 #define GPU_IVFPQ_PAGE_LISTDIR	3
 #define GPU_IVFPQ_PAGE_LIST		4
 
-#define GPU_IVFPQ_MAX_DIM		16000
-#define GPU_IVFPQ_MAX_LISTS		65536
-#define GPU_IVFPQ_MAX_M			256
-#define GPU_IVFPQ_NBITS			8
+#define GPU_IVFPQ_NBITS			8	/* bits per PQ code (the only size) */
 
 /* Every page carries this in its special space. */
 typedef struct GpuIvfpqPageOpaqueData
@@ -172,34 +168,9 @@ typedef struct GpuIvfpqOptions
 
 #define GPU_IVFPQ_DEFAULT_LISTS 100
 
-/* ---- GUCs (handler.cpp) ---- */
-extern int	gpu_ivfpq_probes;
-extern int	gpu_ivfpq_rerank;
-extern int	gpu_ivfpq_max_scan_tuples;
-extern int	gpu_ivfpq_table_memory_mb;
-extern int	gpu_ivfpq_device;
-extern int	gpu_ivfpq_gpu_memory_budget_kb;
-extern int	gpu_ivfpq_batch_size;
-extern int	gpu_ivfpq_batch_wait_us;
-extern bool gpu_ivfpq_service_emulate_gpu;
-
-/* gpu_ivfpq.device */
-#define GPU_IVFPQ_DEVICE_AUTO	0
-#define GPU_IVFPQ_DEVICE_GPU	1
-#define GPU_IVFPQ_DEVICE_CPU	2
-
-/* Most candidates one GPU round selects (WarpSelect / BlockSelect queues). */
-#define GPU_IVFPQ_SERVICE_MAX_K ((int) gpuivfpq::kMaxSelectK)
-
 /* ---- opclass support ---- */
 #define GPU_IVFPQ_DISTANCE_PROC 1
 #define GPU_IVFPQ_METRIC_PROC	2
-
-/* ---- vector_ops.cpp ---- */
-extern const float *GpuIvfpqArrayVector(ArrayType *arr, int *dim, const char *what);
-extern void GpuIvfpqCheckIndexableDim(int dim);
-extern const float *GpuIvfpqStoredVector(ArrayType *arr, int *dim);
-extern double GpuIvfpqExactDistance(int metric, const float *a, const float *b, int dim);
 
 /* ---- pages.cpp ---- */
 extern void GpuIvfpqInitPage(Page page, uint16 flags);
@@ -267,34 +238,6 @@ extern IndexBulkDeleteResult *gpuivfpqbulkdelete(IndexVacuumInfo *info, IndexBul
 												 IndexBulkDeleteCallback callback, void *callback_state);
 extern IndexBulkDeleteResult *gpuivfpqvacuumcleanup(IndexVacuumInfo *info, IndexBulkDeleteResult *stats);
 
-/* ---- service.cpp, service_client.cpp ---- */
-extern void GpuIvfpqServiceRegister(void);
-extern void GpuIvfpqServiceInstallHooks(void);
-extern void GpuIvfpqCountCpuQuery(void);
-extern bool GpuIvfpqServiceWanted(void);
-extern int	GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const float *query,
-								  int k, int nprobe, int64 *labels, int *batch);
-extern bool GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta,
-									   const float *queries, int64 nq, int k, int nprobe,
-									   int64 *labels);
-extern void GpuIvfpqServiceLogAppend(Relation index, const GpuIvfpqMetaPageData *meta, int list,
-									 int64 label, const uint8 *code);
-extern void GpuIvfpqServiceInvalidate(Relation index, bool wait);
-
-/* Index builds on the service's device (service_build.cpp). */
-typedef struct GpuIvfpqRemoteEncoder GpuIvfpqRemoteEncoder;
-extern bool GpuIvfpqServiceTrain(const float *sample, int64 n, int d, int lists, int m, int metric,
-								 int iterations, int max_points_per_centroid, uint64 seed,
-								 float *centroids, float *codebooks);
-extern GpuIvfpqRemoteEncoder *GpuIvfpqServiceEncoderBegin(const float *centroids, const float *codebooks,
-														  int d, int lists, int m, int metric,
-														  int *capacity);
-extern float *GpuIvfpqServiceEncoderRows(GpuIvfpqRemoteEncoder *enc);
-extern bool GpuIvfpqServiceEncode(GpuIvfpqRemoteEncoder *enc, int n, int32 *lists, uint8 *codes);
-extern void GpuIvfpqServiceEncoderEnd(GpuIvfpqRemoteEncoder *enc);
-extern bool GpuIvfpqServiceExact(const float *queries, int64 nq, const float *base, int64 n, int d,
-								 int metric, int k, float *dist, int64 *labels);
-
 /* ---- handler.cpp ---- */
 extern void gpuivfpqcostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
 								 Cost *indexStartupCost, Cost *indexTotalCost,
@@ -302,3 +245,4 @@ extern void gpuivfpqcostestimate(PlannerInfo *root, IndexPath *path, double loop
 								 double *indexPages);
 extern bytea *gpuivfpqoptions(Datum reloptions, bool validate);
 extern bool gpuivfpqvalidate(Oid opclassoid);
+extern void GpuIvfpqRegisterOptions(void);

@@ -1,6 +1,7 @@
 // CREATE INDEX: sample, train the quantizers, assign and encode every row,
 // write the lists. Also the empty index of an unlogged table's init fork.
 #include "am/am.h"
+#include "service/service.h"
 #include "common/guard.h"
 #include "engine/ivfpq.h"
 

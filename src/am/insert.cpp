@@ -1,5 +1,6 @@
 // aminsert: encode one new row and append it to its nearest list.
 #include "am/am.h"
+#include "service/service.h"
 #include "common/guard.h"
 #include "engine/ivfpq.h"
 

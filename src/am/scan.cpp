@@ -3,6 +3,7 @@
 // more candidates and lists when the executor asks for more rows.
 #include "common/guard.h"
 #include "common/rerank.h"
+#include "service/service.h"
 #include "engine/ivfpq.h"
 #include "engine/topk.h"
 

@@ -1,6 +1,7 @@
 // VACUUM: remove dead heap TIDs from the lists (compacting pages so inserts
 // reuse the space) and report index statistics.
 #include "am/am.h"
+#include "service/service.h"
 
 /*
  * Walks every list page; with a callback, removes the entries it reports

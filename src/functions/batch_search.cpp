@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "functions/batch_search.h"
+#include "service/service.h"
 #include "common/guard.h"
 #include "engine/ivfpq.h"
 #include "engine/topk.h"

@@ -4,6 +4,7 @@
 // brute force), and the per-chunk winners merged with exact distances. Also
 // the ground truth for recall measurements.
 #include "functions/batch_search.h"
+#include "service/service.h"
 #include "common/guard.h"
 #include "engine/topk.h"
 

@@ -1,10 +1,9 @@
 // Shared memory between the backends and the GPU service: one request slot
 // per process, the change log that keeps mirrors coherent with the pages,
-// and the counters the status view shows. Private to service*.cpp.
+// and the counters the status view shows. Private to src/service.
 #pragma once
 
-#include "am/am.h"
-#include "engine/limits.h"
+#include "service/service.h"
 
 extern "C" {
 #include "port/atomics.h"

@@ -1,0 +1,78 @@
+// The module's entry point: _PG_init defines the settings (GUCs), the
+// index options, and, when preloaded, the GPU service.
+#include "am/am.h"
+#include "service/service.h"
+
+extern "C" {
+PG_MODULE_MAGIC;
+void		_PG_init(void);
+}
+
+int			gpu_ivfpq_probes = 10;
+int			gpu_ivfpq_rerank = 100;
+int			gpu_ivfpq_max_scan_tuples = 20000;
+int			gpu_ivfpq_table_memory_mb = 128;
+int			gpu_ivfpq_device = GPU_IVFPQ_DEVICE_AUTO;
+int			gpu_ivfpq_gpu_memory_budget_kb = 0;
+int			gpu_ivfpq_batch_size = 256;
+int			gpu_ivfpq_batch_wait_us = 0;
+bool		gpu_ivfpq_service_emulate_gpu = false;
+
+static const struct config_enum_entry device_options[] = {
+	{"auto", GPU_IVFPQ_DEVICE_AUTO, false},
+	{"gpu", GPU_IVFPQ_DEVICE_GPU, false},
+	{"cpu", GPU_IVFPQ_DEVICE_CPU, false},
+	{NULL, 0, false}
+};
+
+/* Registers the settings, the index options and (when preloaded) the GPU service. */
+void
+_PG_init(void)
+{
+	GpuIvfpqRegisterOptions();
+
+	DefineCustomIntVariable("gpu_ivfpq.probes", "Number of inverted lists probed by a scan.",
+							"More probes: higher recall, slower queries.",
+							&gpu_ivfpq_probes, 10, 1, GPU_IVFPQ_MAX_LISTS, PGC_USERSET, 0,
+							NULL, NULL, NULL);
+	DefineCustomIntVariable("gpu_ivfpq.rerank", "Number of ADC candidates re-ranked with exact distances.",
+							"Rows come back in exact distance order among the re-ranked candidates.",
+							&gpu_ivfpq_rerank, 100, 1, 1000000, PGC_USERSET, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("gpu_ivfpq.max_scan_tuples",
+							"Most rows one scan re-ranks when it continues past the first batch.",
+							"Bounds the work of a filtered query that needs more rows.",
+							&gpu_ivfpq_max_scan_tuples, 20000, 1, INT_MAX, PGC_USERSET, 0,
+							NULL, NULL, NULL);
+	DefineCustomIntVariable("gpu_ivfpq.table_memory", "Memory per index for precomputed lookup-table terms.",
+							"Term 1 of the IVFADC decomposition takes lists * m * 256 floats; above this budget tables are computed per list at query time.",
+							&gpu_ivfpq_table_memory_mb, 128, 0, 65536, PGC_USERSET, GUC_UNIT_MB,
+							NULL, NULL, NULL);
+	DefineCustomEnumVariable("gpu_ivfpq.device", "Where index scans and builds run: auto, gpu or cpu.",
+							 "auto: the GPU service when it can serve, else the CPU engine; gpu: the GPU or an error; cpu: never the GPU.",
+							 &gpu_ivfpq_device, GPU_IVFPQ_DEVICE_AUTO, device_options, PGC_USERSET, 0,
+							 NULL, NULL, NULL);
+	DefineCustomIntVariable("gpu_ivfpq.gpu_memory_budget",
+							"GPU memory the service may use for index mirrors (0 = three quarters of the device).",
+							"Least recently used mirrors are evicted to stay within it.",
+							&gpu_ivfpq_gpu_memory_budget_kb, 0, 0, INT_MAX, PGC_SIGHUP, GUC_UNIT_KB,
+							NULL, NULL, NULL);
+	DefineCustomIntVariable("gpu_ivfpq.batch_size", "Most searches the GPU service merges into one batch.",
+							NULL, &gpu_ivfpq_batch_size, 256, 1, 4096, PGC_SIGHUP, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("gpu_ivfpq.batch_wait",
+							"How long (microseconds) the GPU service waits for more searches to join a batch.",
+							"0: a batch holds what arrived while the previous one ran.",
+							&gpu_ivfpq_batch_wait_us, 0, 0, 100000, PGC_SIGHUP, 0,
+							NULL, NULL, NULL);
+	GpuIvfpqServiceInstallHooks();
+	if (process_shared_preload_libraries_in_progress)
+	{
+		/* A server-start setting: defined only while preloading, as PGC_POSTMASTER requires. */
+		DefineCustomBoolVariable("gpu_ivfpq.service_emulate_gpu",
+								 "Testing only: the service serves requests with a CPU emulation of the GPU.",
+								 "Exercises the request path, batching and mirror coherence on machines without a GPU.",
+								 &gpu_ivfpq_service_emulate_gpu, false, PGC_POSTMASTER, 0, NULL, NULL, NULL);
+		GpuIvfpqServiceRegister();
+	}
+	/* Last: reserves the gpu_ivfpq. prefix once every setting is defined. */
+	MarkGUCPrefixReserved("gpu_ivfpq");
+}

@@ -1,0 +1,36 @@
+// The GPU service as the access method and the SQL functions see it:
+// searches, mirror coherence, builds and exact search on the service's
+// device. Each returns "not served" (false or -1) when the GPU cannot help,
+// and the caller runs the CPU engine (gpu_ivfpq.device = gpu: an error).
+#pragma once
+
+#include "am/am.h"
+#include "service/service.h"
+
+/* ---- setup (service/shmem.cpp, service/change_log.cpp) and searches (service/search_client.cpp) ---- */
+extern void GpuIvfpqServiceRegister(void);
+extern void GpuIvfpqServiceInstallHooks(void);
+extern void GpuIvfpqCountCpuQuery(void);
+extern bool GpuIvfpqServiceWanted(void);
+extern int	GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const float *query,
+								  int k, int nprobe, int64 *labels, int *batch);
+extern bool GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta,
+									   const float *queries, int64 nq, int k, int nprobe,
+									   int64 *labels);
+extern void GpuIvfpqServiceLogAppend(Relation index, const GpuIvfpqMetaPageData *meta, int list,
+									 int64 label, const uint8 *code);
+extern void GpuIvfpqServiceInvalidate(Relation index, bool wait);
+
+/* Index builds on the service's device (service/build_client.cpp). */
+typedef struct GpuIvfpqRemoteEncoder GpuIvfpqRemoteEncoder;
+extern bool GpuIvfpqServiceTrain(const float *sample, int64 n, int d, int lists, int m, int metric,
+								 int iterations, int max_points_per_centroid, uint64 seed,
+								 float *centroids, float *codebooks);
+extern GpuIvfpqRemoteEncoder *GpuIvfpqServiceEncoderBegin(const float *centroids, const float *codebooks,
+														  int d, int lists, int m, int metric,
+														  int *capacity);
+extern float *GpuIvfpqServiceEncoderRows(GpuIvfpqRemoteEncoder *enc);
+extern bool GpuIvfpqServiceEncode(GpuIvfpqRemoteEncoder *enc, int n, int32 *lists, uint8 *codes);
+extern void GpuIvfpqServiceEncoderEnd(GpuIvfpqRemoteEncoder *enc);
+extern bool GpuIvfpqServiceExact(const float *queries, int64 nq, const float *base, int64 n, int d,
+								 int metric, int k, float *dist, int64 *labels);
