@@ -6,9 +6,9 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "ivfpq.h"
+#include "engine/ivfpq.h"
+#include "engine/topk.h"
 #include "test_util.h"
-#include "topk.h"
 
 using namespace gpuivfpq;
 

@@ -3,7 +3,7 @@
 #include <atomic>
 #include <thread>
 
-#include "parallel.h"
+#include "engine/parallel.h"
 
 #include "test_util.h"
 

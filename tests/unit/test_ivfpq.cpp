@@ -1,7 +1,7 @@
 // IvfPqModel: three-term ADC tables vs reconstructions, probes, encoding, errors.
 #include <cmath>
 
-#include "ivfpq.h"
+#include "engine/ivfpq.h"
 #include "test_util.h"
 
 using namespace gpuivfpq;

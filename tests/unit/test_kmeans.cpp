@@ -1,7 +1,7 @@
 // k-means: cluster recovery, degenerate inputs, determinism; assign_nearest vs naive.
 #include <cmath>
 
-#include "kmeans.h"
+#include "engine/kmeans.h"
 #include "test_util.h"
 
 using namespace gpuivfpq;

@@ -7,10 +7,10 @@
 #include <random>
 #include <vector>
 
-#include "error.h"
-#include "ivfpq.h"
+#include "engine/error.h"
+#include "engine/ivfpq.h"
+#include "engine/topk.h"
 #include "service/device/mirror_store.h"
-#include "topk.h"
 
 namespace gpuivfpq {
 namespace {

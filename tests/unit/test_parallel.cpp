@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "parallel.h"
+#include "engine/parallel.h"
 #include "test_util.h"
 
 using namespace gpuivfpq;

@@ -1,7 +1,7 @@
 // Product quantizer: encode/decode, error vs m, distance tables and adc_scan.
 #include <cmath>
 
-#include "pq.h"
+#include "engine/pq.h"
 #include "test_util.h"
 
 using namespace gpuivfpq;

@@ -1,9 +1,9 @@
 // End-to-end IVFADC recall@10 (ADC top-100 + exact re-rank) vs brute force.
 #include <set>
 
-#include "ivfpq.h"
+#include "engine/ivfpq.h"
+#include "engine/topk.h"
 #include "test_util.h"
-#include "topk.h"
 
 using namespace gpuivfpq;
 using testutil::test_seed;

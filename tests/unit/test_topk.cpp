@@ -3,8 +3,8 @@
 #include <cmath>
 #include <set>
 
+#include "engine/topk.h"
 #include "test_util.h"
-#include "topk.h"
 
 using namespace gpuivfpq;
 using testutil::test_seed;

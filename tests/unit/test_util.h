@@ -9,9 +9,9 @@
 #include <random>
 #include <vector>
 
-#include "distances.h"
-#include "error.h"
-#include "internal.h"
+#include "engine/distances.h"
+#include "engine/error.h"
+#include "engine/internal.h"
 
 namespace testutil {
 
