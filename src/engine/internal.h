@@ -1,5 +1,6 @@
 // Engine-internal helpers shared by the engine's .cpp files (not a public API):
-// the GEMM entry point, row argmin, checked sizes and the seeded RNG.
+// the GEMM entry point, row argmin and checked sizes (the seeded RNG is
+// public: sampling.h).
 #pragma once
 
 #include <cstddef>
@@ -104,23 +105,5 @@ inline size_t checked_mul(size_t a, size_t b, const char* what)
         throw Error(ErrorKind::InvalidArgument, std::string(what) + ": size overflows");
     return a * b;
 }
-
-// Deterministic 64-bit generator (splitmix64): same stream on every platform,
-// unlike std:: distributions.
-class Rng {
-public:
-    explicit Rng(uint64_t seed) : state_(seed) {}
-    uint64_t next();
-    // Uniform-ish integer in [0, n) for n >= 1 (multiply-shift; bias < 2^-32).
-    size_t below(size_t n);
-    // Uniform float in [0, 1).
-    float unit();
-
-private:
-    uint64_t state_;
-};
-
-// k distinct indices of [0, n) (k <= n), ascending, drawn from rng.
-std::vector<size_t> sample_indices(size_t n, size_t k, Rng& rng);
 
 }  // namespace gpuivfpq::detail

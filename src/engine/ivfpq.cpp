@@ -11,6 +11,7 @@
 #include "error.h"
 #include "internal.h"
 #include "parallel.h"
+#include "sampling.h"
 #include "topk.h"
 
 namespace gpuivfpq {
@@ -58,6 +59,43 @@ void IvfPqModel::set_codebooks(const float* data)
     term1_.clear();  // depends on the codebooks: stale now
 }
 
+IvfPqTrainingRows ivfpq_training_rows(size_t n, size_t lists, uint64_t seed,
+                                      size_t max_points_per_centroid, size_t pq_max_training)
+{
+    require(lists >= 1, "IVFPQ: lists must be at least 1");
+    require(max_points_per_centroid >= 1, "IVFPQ: max_points_per_centroid must be >= 1");
+    require(pq_max_training >= 1, "IVFPQ: pq_max_training must be >= 1");
+    Rng rng(seed);
+    // The coarse sample bounds k-means (which would subsample anyway) and the
+    // normalised copy for Cosine.
+    const size_t cap =
+        max_points_per_centroid > SIZE_MAX / lists ? n : lists * max_points_per_centroid;
+    IvfPqTrainingRows rows;
+    rows.coarse = sample_indices(n, std::min(n, cap), rng);
+    rows.pq = sample_indices(n, std::min(n, pq_max_training), rng);
+    return rows;
+}
+
+KMeansParams ivfpq_coarse_params(const IvfPqTrainParams& params)
+{
+    KMeansParams kp;
+    kp.iterations = params.iterations;
+    kp.seed = params.seed;
+    kp.max_points_per_centroid = params.max_points_per_centroid;
+    kp.threads = params.threads;
+    return kp;
+}
+
+KMeansParams ivfpq_pq_params(const IvfPqTrainParams& params, size_t pq_rows)
+{
+    KMeansParams kp;
+    kp.iterations = params.iterations;
+    kp.seed = params.seed ^ 0x5bd1e995ULL;
+    kp.max_points_per_centroid = std::max<size_t>(pq_rows, 1);  // already subsampled
+    kp.threads = params.threads;
+    return kp;
+}
+
 void IvfPqModel::train(const float* x, size_t n, const IvfPqTrainParams& params)
 {
     require(n >= 1, "IVFPQ: need at least one training vector");
@@ -66,29 +104,21 @@ void IvfPqModel::train(const float* x, size_t n, const IvfPqTrainParams& params)
     require(params.max_points_per_centroid >= 1, "IVFPQ: max_points_per_centroid must be >= 1");
     require(params.pq_max_training >= 1, "IVFPQ: pq_max_training must be >= 1");
     const bool cosine = metric_ == Metric::Cosine;
-    detail::Rng rng(params.seed);
+    const IvfPqTrainingRows rows = ivfpq_training_rows(
+        n, lists_, params.seed, params.max_points_per_centroid, params.pq_max_training);
 
-    // Coarse quantizer on a seeded subsample (k-means would subsample anyway;
-    // doing it here first bounds the normalised copy for Cosine).
-    const size_t cap = params.max_points_per_centroid > SIZE_MAX / lists_
-                           ? n
-                           : lists_ * params.max_points_per_centroid;
+    // Coarse quantizer on its sample.
     {
-        const std::vector<float> sample =
-            gather_rows(x, detail::sample_indices(n, std::min(n, cap), rng), d_, cosine);
-        KMeansParams kp;
-        kp.iterations = params.iterations;
-        kp.seed = params.seed;
-        kp.max_points_per_centroid = params.max_points_per_centroid;
-        kp.threads = params.threads;
+        const std::vector<float> sample = gather_rows(x, rows.coarse, d_, cosine);
         std::vector<float> cent(centroids_.size());
-        kmeans_train(sample.data(), sample.size() / d_, d_, lists_, kp, cent.data());
+        kmeans_train(sample.data(), rows.coarse.size(), d_, lists_, ivfpq_coarse_params(params),
+                     cent.data());
         set_centroids(cent.data());
     }
 
-    // PQ on residuals of another subsample, each against its nearest centroid.
-    const size_t np = std::min(n, params.pq_max_training);
-    std::vector<float> res = gather_rows(x, detail::sample_indices(n, np, rng), d_, cosine);
+    // PQ on residuals of its sample, each against its nearest centroid.
+    const size_t np = rows.pq.size();
+    std::vector<float> res = gather_rows(x, rows.pq, d_, cosine);
     std::vector<int32_t> assign(np);
     assign_nearest(res.data(), np, centroids_.data(), lists_, d_, assign.data(), nullptr,
                    params.threads);
@@ -97,12 +127,7 @@ void IvfPqModel::train(const float* x, size_t n, const IvfPqTrainParams& params)
         for (size_t t = 0; t < d_; t++)
             res[i * d_ + t] -= c[t];
     }
-    KMeansParams kp;
-    kp.iterations = params.iterations;
-    kp.seed = params.seed ^ 0x5bd1e995ULL;
-    kp.max_points_per_centroid = np;  // already subsampled
-    kp.threads = params.threads;
-    pq_.train(res.data(), np, kp);
+    pq_.train(res.data(), np, ivfpq_pq_params(params, np));
     term1_.clear();
 }
 

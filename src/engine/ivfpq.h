@@ -20,6 +20,26 @@ struct IvfPqTrainParams {
     int threads = 1;
 };
 
+// ---- How IVFPQ training draws and seeds, shared by IvfPqModel::train and
+// the GPU training (gpu/ train_ivfpq_gpu), so that one seed gives both the
+// same samples and initial centroids. ----
+
+// The training rows: from Rng(seed), first the coarse quantizer's sample
+// (at most lists * max_points_per_centroid of the n rows), then the PQ's
+// (at most pq_max_training), each ascending.
+struct IvfPqTrainingRows {
+    std::vector<size_t> coarse, pq;
+};
+IvfPqTrainingRows ivfpq_training_rows(size_t n, size_t lists, uint64_t seed,
+                                      size_t max_points_per_centroid, size_t pq_max_training);
+
+// The coarse quantizer's k-means parameters (it trains on the coarse rows).
+KMeansParams ivfpq_coarse_params(const IvfPqTrainParams& params);
+
+// The PQ's k-means parameters, for pq_rows residuals (no further
+// subsample); sub-quantizer j uses pq_subquantizer_seed(seed, j).
+KMeansParams ivfpq_pq_params(const IvfPqTrainParams& params, size_t pq_rows);
+
 // Per-query state: the ordered probe list and the query-only table (term 3).
 struct IvfPqQuery {
     std::vector<float> q;            // the query (unit length for Cosine)

@@ -11,6 +11,7 @@
 #include "error.h"
 #include "internal.h"
 #include "parallel.h"
+#include "sampling.h"
 
 namespace gpuivfpq {
 
@@ -85,23 +86,14 @@ namespace {
 // slightly perturbed copies (largest by count, first on ties); counts are
 // halved so successive empties split different clusters.
 void split_empty_clusters(float* centroids, std::vector<size_t>& counts, size_t d, float scale,
-                          detail::Rng& rng)
+                          Rng& rng)
 {
     const size_t k = counts.size();
-    constexpr float kEps = 1.0f / 1024.0f;
     for (size_t c = 0; c < k; c++) {
         if (counts[c] != 0)
             continue;
         const size_t big = size_t(std::max_element(counts.begin(), counts.end()) - counts.begin());
-        float* src = centroids + big * d;
-        float* dst = centroids + c * d;
-        // Additive, sign-randomised perturbation: also separates zero coordinates.
-        for (size_t t = 0; t < d; t++) {
-            const float delta = kEps * (std::fabs(src[t]) + scale);
-            const float sgn = (rng.next() & 1) ? 1.0f : -1.0f;
-            dst[t] = src[t] + sgn * delta;
-            src[t] = src[t] - sgn * delta;
-        }
+        split_centroid(centroids + big * d, centroids + c * d, d, scale, rng);
         counts[c] = counts[big] / 2;
         counts[big] -= counts[c];
     }
@@ -111,41 +103,116 @@ void split_empty_clusters(float* centroids, std::vector<size_t>& counts, size_t 
 // k-means++ seeding is used: it is sequential, so keep it to ~tens of ms.
 constexpr double kPlusPlusBudget = double(1 << 22);
 
-// k-means++ seeding: each next centroid is a point drawn with probability
-// proportional to its squared distance to the nearest centroid so far.
-void init_plus_plus(const float* x, size_t n, size_t d, size_t k, detail::Rng& rng,
-                    float* centroids)
+// seeding_distance of each of the n rows of x to c, four rows at a time
+// (four independent fma chains; each row's chain is seeding_distance's).
+GPU_IVFPQ_HOT
+void seeding_distances(const float* x, size_t n, size_t d, const float* c, float* out)
 {
-    std::vector<double> mind(n);
-    size_t pick = rng.below(n);
-    for (size_t c = 0; c < k; c++) {
-        std::memcpy(centroids + c * d, x + pick * d, d * sizeof(float));
-        const float* cc = centroids + c * d;
-        double total = 0.0;
-        for (size_t i = 0; i < n; i++) {
-            const double v = l2_sqr(x + i * d, cc, d);
-            mind[i] = c == 0 ? v : std::min(mind[i], v);
-            total += mind[i];
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float* p0 = x + i * d;
+        const float* p1 = p0 + d;
+        const float* p2 = p1 + d;
+        const float* p3 = p2 + d;
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+        for (size_t t = 0; t < d; t++) {
+            const float d0 = p0[t] - c[t], d1 = p1[t] - c[t], d2 = p2[t] - c[t], d3 = p3[t] - c[t];
+            s0 = std::fma(d0, d0, s0);
+            s1 = std::fma(d1, d1, s1);
+            s2 = std::fma(d2, d2, s2);
+            s3 = std::fma(d3, d3, s3);
         }
+        out[i] = s0;
+        out[i + 1] = s1;
+        out[i + 2] = s2;
+        out[i + 3] = s3;
+    }
+    for (; i < n; i++)
+        out[i] = seeding_distance(x + i * d, c, d);
+}
+
+}  // namespace
+
+GPU_IVFPQ_HOT
+float seeding_distance(const float* a, const float* b, size_t d)
+{
+    float s = 0.0f;
+    for (size_t t = 0; t < d; t++) {
+        const float df = a[t] - b[t];
+        s = std::fma(df, df, s);
+    }
+    return s;
+}
+
+std::vector<size_t> kmeans_subsample(size_t n, size_t k, size_t max_points_per_centroid, Rng& rng)
+{
+    require(k >= 1, "k-means: k must be at least 1");
+    require(max_points_per_centroid >= 1, "k-means: max_points_per_centroid must be >= 1");
+    // Beyond ~max_points_per_centroid per centroid more points cost time
+    // without improving the centroids much.
+    const size_t cap = max_points_per_centroid > SIZE_MAX / k ? n : k * max_points_per_centroid;
+    if (n <= cap)
+        return {};
+    return sample_indices(n, cap, rng);
+}
+
+std::vector<size_t> kmeans_initial_rows(size_t ns, size_t k, Rng& rng, const SeedingUpdate& update)
+{
+    require(ns >= 1 && k >= 1, "k-means: need at least one point and one centroid");
+    std::vector<size_t> rows;
+    rows.reserve(k);
+    if (ns <= k) {
+        // Too few points to cluster: the points themselves, then seeded repeats.
+        for (size_t c = 0; c < ns; c++)
+            rows.push_back(c);
+        for (size_t c = ns; c < k; c++)
+            rows.push_back(rng.below(ns));
+        return rows;
+    }
+    if (double(ns) * double(k) > kPlusPlusBudget)
+        return sample_indices(ns, k, rng);  // k distinct random points
+
+    // k-means++ (it avoids the bad local minima of random seeding): each next
+    // centroid is a point drawn with probability proportional to its squared
+    // distance to the nearest centroid so far.
+    std::vector<float> mind(ns);
+    size_t pick = rng.below(ns);
+    for (size_t c = 0; c < k; c++) {
+        rows.push_back(pick);
         if (c + 1 == k)
             break;
+        update(pick, c == 0, mind.data());
+        double total = 0.0;
+        for (size_t i = 0; i < ns; i++)
+            total += double(mind[i]);
         if (!(total > 0.0)) {
-            pick = rng.below(n);  // every point already covered: any one will do
+            pick = rng.below(ns);  // every point already covered: any one will do
             continue;
         }
-        double target = double(rng.unit()) * total, acc = 0.0;
-        pick = n - 1;
-        for (size_t i = 0; i < n; i++) {
-            acc += mind[i];
-            if (acc > target && mind[i] > 0.0) {
+        const double target = double(rng.unit()) * total;
+        double acc = 0.0;
+        pick = ns - 1;
+        for (size_t i = 0; i < ns; i++) {
+            acc += double(mind[i]);
+            if (acc > target && mind[i] > 0.0f) {
                 pick = i;
                 break;
             }
         }
     }
+    return rows;
 }
 
-}  // namespace
+void split_centroid(float* big, float* empty, size_t d, float scale, Rng& rng)
+{
+    constexpr float kEps = 1.0f / 1024.0f;
+    for (size_t t = 0; t < d; t++) {
+        const float delta = kEps * (std::fabs(big[t]) + scale);
+        const float sgn = (rng.next() & 1) ? 1.0f : -1.0f;
+        empty[t] = big[t] + sgn * delta;
+        big[t] = big[t] - sgn * delta;
+    }
+}
 
 void kmeans_train(const float* x, size_t n, size_t d, size_t k, const KMeansParams& params,
                   float* centroids)
@@ -159,41 +226,31 @@ void kmeans_train(const float* x, size_t n, size_t d, size_t k, const KMeansPara
     require(k <= size_t(INT32_MAX), "k-means: k too large");
     detail::checked_mul(k, d, "k-means centroids");
 
-    detail::Rng rng(params.seed);
-    if (n <= k) {
-        // Too few points to cluster: the points themselves, then seeded repeats.
-        std::memcpy(centroids, x, n * d * sizeof(float));
-        for (size_t c = n; c < k; c++)
-            std::memcpy(centroids + c * d, x + rng.below(n) * d, d * sizeof(float));
-        return;
-    }
-
-    // Seeded subsample: beyond ~max_points_per_centroid per centroid more
-    // points cost time without improving the centroids much.
-    const size_t cap = params.max_points_per_centroid > SIZE_MAX / k
-                           ? n
-                           : k * params.max_points_per_centroid;
+    Rng rng(params.seed);
     const float* data = x;
     size_t ns = n;
     std::vector<float> sample;
-    if (n > cap) {
-        const std::vector<size_t> idx = detail::sample_indices(n, cap, rng);
-        sample.resize(detail::checked_mul(cap, d, "k-means sample"));
-        for (size_t i = 0; i < cap; i++)
-            std::memcpy(sample.data() + i * d, x + idx[i] * d, d * sizeof(float));
+    const std::vector<size_t> sub = kmeans_subsample(n, k, params.max_points_per_centroid, rng);
+    if (!sub.empty()) {
+        ns = sub.size();
+        sample.resize(detail::checked_mul(ns, d, "k-means sample"));
+        for (size_t i = 0; i < ns; i++)
+            std::memcpy(sample.data() + i * d, x + sub[i] * d, d * sizeof(float));
         data = sample.data();
-        ns = cap;
     }
 
-    // Init: k-means++ where its k passes over the data are cheap (it avoids the
-    // bad local minima of random seeding), k distinct random points otherwise.
-    if (double(ns) * double(k) <= kPlusPlusBudget) {
-        init_plus_plus(data, ns, d, k, rng, centroids);
-    } else {
-        const std::vector<size_t> idx = detail::sample_indices(ns, k, rng);
-        for (size_t c = 0; c < k; c++)
-            std::memcpy(centroids + c * d, data + idx[c] * d, d * sizeof(float));
-    }
+    std::vector<float> dist;
+    const std::vector<size_t> init =
+        kmeans_initial_rows(ns, k, rng, [&](size_t row, bool first, float* mind) {
+            dist.resize(ns);
+            seeding_distances(data, ns, d, data + row * d, dist.data());
+            for (size_t i = 0; i < ns; i++)
+                mind[i] = first ? dist[i] : std::min(mind[i], dist[i]);
+        });
+    for (size_t c = 0; c < k; c++)
+        std::memcpy(centroids + c * d, data + init[c] * d, d * sizeof(float));
+    if (ns <= k)
+        return;  // every point is a centroid already
 
     // Data scale for perturbing split clusters (RMS coordinate).
     double sq = 0.0;

@@ -3,6 +3,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "sampling.h"
 
 namespace gpuivfpq {
 
@@ -28,5 +32,38 @@ void kmeans_train(const float* x, size_t n, size_t d, size_t k, const KMeansPara
 // assign[i] in [0, k), dist[i] = ||x_i - c||^2 (dist may be null).
 void assign_nearest(const float* x, size_t n, const float* centroids, size_t k, size_t d,
                     int32_t* assign, float* dist, int threads = 1);
+
+// ---- The random choices of k-means, made on the host by kmeans_train and
+// by the GPU k-means (gpu/) alike, so that one seed starts both from the same
+// rows. Both draw from one Rng(params.seed), in this order:
+// kmeans_subsample, kmeans_initial_rows, then split_centroid for each empty
+// cluster they re-seed. ----
+
+// The rows of the n points that k-means trains on: empty when all of them
+// are used (n <= k * max_points_per_centroid), else that many distinct rows,
+// ascending.
+std::vector<size_t> kmeans_subsample(size_t n, size_t k, size_t max_points_per_centroid, Rng& rng);
+
+// ||a - b||^2 as k-means++ seeding measures it: one fused multiply-add chain
+// over the coordinates in order, which the GPU's seeding kernel reproduces
+// bit for bit (a GEMM or vectorised sum would round differently and could
+// change which row is drawn).
+float seeding_distance(const float* a, const float* b, size_t d);
+
+// Called by kmeans_initial_rows during k-means++ with a chosen row r of the
+// ns training points: sets min_dist[i] (i < ns) to seeding_distance(x_i, x_r)
+// when first, else to the smaller of that and min_dist[i].
+using SeedingUpdate = std::function<void(size_t row, bool first, float* min_dist)>;
+
+// The k rows of the ns training points (ns >= 1, k >= 1) that become the
+// initial centroids: with ns <= k every row, then seeded repeats; else
+// k-means++ when its k sequential passes are cheap (ns * k <= 2^22; update
+// supplies the distances), k distinct random rows otherwise.
+std::vector<size_t> kmeans_initial_rows(size_t ns, size_t k, Rng& rng, const SeedingUpdate& update);
+
+// Re-seeds an empty cluster from a large one: both become big +- a
+// sign-randomised nudge of (|big_t| + scale) / 1024 per coordinate (one
+// rng.next() bit each), so they separate even where a coordinate is 0.
+void split_centroid(float* big, float* empty, size_t d, float scale, Rng& rng);
 
 }  // namespace gpuivfpq

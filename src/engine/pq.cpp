@@ -46,7 +46,7 @@ void ProductQuantizer::train(const float* x, size_t n, const KMeansParams& param
                             dsub_ * sizeof(float));
             KMeansParams kp = params;
             kp.threads = inner;
-            kp.seed = params.seed + 0x9E3779B97F4A7C15ULL * (j + 1);  // decorrelate slices
+            kp.seed = pq_subquantizer_seed(params.seed, j);
             kmeans_train(slice.data(), n, dsub_, kPqCentroids, kp,
                          codebooks_.data() + j * kPqCentroids * dsub_);
         }

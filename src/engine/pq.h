@@ -25,7 +25,8 @@ public:
     const std::vector<float>& codebooks() const { return codebooks_; }
     void set_codebooks(const float* data);  // copies m * 256 * dsub floats
 
-    // Trains each sub-quantizer by k-means on the corresponding slice of x.
+    // Trains each sub-quantizer by k-means on the corresponding slice of x
+    // (sub-quantizer j with seed pq_subquantizer_seed(params.seed, j)).
     void train(const float* x, size_t n, const KMeansParams& params);
 
     // codes: n x m bytes.
@@ -41,6 +42,13 @@ private:
     size_t d_, m_, dsub_;
     std::vector<float> codebooks_;
 };
+
+// The k-means seed of sub-quantizer j, decorrelating the slices; the GPU
+// training (gpu/) uses it too.
+inline uint64_t pq_subquantizer_seed(uint64_t seed, size_t j)
+{
+    return seed + 0x9E3779B97F4A7C15ULL * (uint64_t(j) + 1);
+}
 
 // Sum of table lookups for one code: sum_j table[j*256 + code[j]].
 inline float adc_lookup(const uint8_t* code, const float* table, size_t m)

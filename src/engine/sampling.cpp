@@ -1,12 +1,13 @@
 // Seeded, platform-independent randomness for subsampling and k-means seeding.
+#include "sampling.h"
+
 #include <algorithm>
 #include <numeric>
 #include <unordered_set>
 
 #include "error.h"
-#include "internal.h"
 
-namespace gpuivfpq::detail {
+namespace gpuivfpq {
 
 uint64_t Rng::next()
 {
@@ -63,4 +64,4 @@ std::vector<size_t> sample_indices(size_t n, size_t k, Rng& rng)
     return out;
 }
 
-}  // namespace gpuivfpq::detail
+}  // namespace gpuivfpq
