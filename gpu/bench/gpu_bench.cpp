@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "error.h"
+#include "../../src/engine/error.h"
 #include "gpu_ivfpq/device_buffer.h"
 #include "gpu_ivfpq/exact_search.h"
 #include "gpu_ivfpq/gpu_context.h"
@@ -170,10 +170,7 @@ int main(int argc, char** argv)
             DeviceBuffer od(ctx, nq * 100 * 4), ol(ctx, nq * 100 * 8);
             for (size_t k : {10, 100})
                 for (bool overlap : {true, false}) {
-                    if (overlap)
-                        unsetenv("GPU_IVFPQ_EXACT_NO_OVERLAP");
-                    else
-                        setenv("GPU_IVFPQ_EXACT_NO_OVERLAP", "1", 1);
+                    set_exact_overlap(ctx, overlap);
                     double ms = time_ms(ctx, [&] {
                         exact_knn(ctx, queries.as<float>(), nq, base.as<float>(), n, d, Metric::L2, k,
                                   od.as<float>(), ol.as<int64_t>(), norms.as<float>());
@@ -183,7 +180,7 @@ int main(int argc, char** argv)
                                 100.0 * (ms - gemm) / gemm, nq / (ms * 1e-3));
                     std::fflush(stdout);
                 }
-            unsetenv("GPU_IVFPQ_EXACT_NO_OVERLAP");
+            set_exact_overlap(ctx, true);
             std::vector<int64_t> l(nq * 100);
             ol.download(l.data(), l.size() * 8);
             for (size_t i = 0; i < nq; ++i)

@@ -15,6 +15,7 @@ struct GpuContext::Impl {
     int device = 0;
     cudaStream_t stream = nullptr;
     cudaStream_t aux = nullptr;  // second stream: overlaps selection with the next GEMM
+    bool exact_overlap = true;   // bench aid: off runs exact search's selections on `stream`
     cublasHandle_t cublas = nullptr;
     cudaDeviceProp props{};
     bool async_alloc = false;  // stream-ordered allocator available

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "error.h"
+#include "../../src/engine/error.h"
 
 namespace gpuivfpq::gpu {
 

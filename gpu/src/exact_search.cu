@@ -2,8 +2,8 @@
 // tile, then one selection kernel that adds the norms and k-selects the tile
 // together with the running top-k of the earlier base tiles.
 #include <algorithm>
-#include <cstdlib>
 #include <sstream>
+#include <string>
 
 #include "context_impl.h"
 #include "cuda_check.h"
@@ -48,6 +48,21 @@ __global__ void normalize_kernel(float* x, int64_t n, int d)
         for (int j = lane; j < d; j += 32)
             p[j] *= inv;
     }
+}
+
+// The selection's transform of an inner-product tile into metric's ranking
+// distance; the metric may come from disk, so an unknown one is an error.
+int transform_of(Metric metric)
+{
+    switch (metric) {
+    case Metric::L2:
+        return kTransformL2;
+    case Metric::InnerProduct:
+        return kTransformIP;
+    case Metric::Cosine:
+        return kTransformCosine;
+    }
+    throw Error(ErrorKind::InvalidArgument, "exact search: unknown metric");
 }
 
 bool prefer_block(GpuContext& ctx, int64_t rows)
@@ -98,16 +113,15 @@ void exact_impl(GpuContext& ctx, const float* queries, size_t nq, const float* b
                 size_t d, Metric metric, size_t k, float* out_dist, int32_t* out32,
                 int64_t* out64, const float* base_norms, size_t tile_bytes)
 {
-    require(k >= 1 && k <= kMaxSelectK, "exact search: k must be in [1, 2048]");
+    require(k >= 1 && k <= kMaxSelectK,
+            "exact search: k must be in [1, " + std::to_string(kMaxSelectK) + "]");
     require(d >= 1, "exact search: d must be >= 1");
     require(n < (size_t(1) << 31), "exact search: more than 2^31 base vectors");
+    const int transform = transform_of(metric);
     if (nq == 0)
         return;
     cudaStream_t st = stream_of(ctx);
     const bool norms = metric == Metric::L2 || metric == Metric::Cosine;
-    const int transform = metric == Metric::L2            ? kTransformL2
-                          : metric == Metric::InnerProduct ? kTransformIP
-                                                           : kTransformCosine;
     // Two tiles: the GEMM of one tile (main stream) overlaps the selection
     // of the previous one (aux stream): compute-bound next to memory-bound.
     if (!tile_bytes) {
@@ -131,9 +145,9 @@ void exact_impl(GpuContext& ctx, const float* queries, size_t nq, const float* b
     float* tiles[2];
     tiles[0] = carve.take<float>(n ? t.tq * t.ld : 0);
     tiles[1] = carve.take<float>(n ? t.tq * t.ld : 0);
-    // GPU_IVFPQ_EXACT_NO_OVERLAP (benchmarking aid): selection on the main
-    // stream, strictly after each GEMM.
-    cudaStream_t aux = std::getenv("GPU_IVFPQ_EXACT_NO_OVERLAP") ? st : ctx.impl().aux;
+    // Without the overlap (bench aid): selection on the main stream,
+    // strictly after each GEMM.
+    cudaStream_t aux = ctx.impl().exact_overlap ? ctx.impl().aux : st;
     // gemm_done[b]: tile b written (main -> aux); sel_done[b]: tile b read (aux -> main).
     cudaEvent_t gemm_done[2], sel_done[2];
     for (int b = 0; b < 2; ++b) {
@@ -273,6 +287,8 @@ void gemm_tiles_only(GpuContext& ctx, const float* queries, size_t nq, const flo
             gemm_ip(ctx, queries + q0 * d, std::min(t.tq, nq - q0), base + n0 * d,
                     std::min(t.tn, n - n0), d, tile.as<float>(), t.ld);
 }
+
+void set_exact_overlap(GpuContext& ctx, bool on) { ctx.impl().exact_overlap = on; }
 
 void k_select(GpuContext& ctx, const float* in, size_t rows, size_t n, size_t ld, size_t k,
               bool largest, float* out_dist, int32_t* out_idx, SelectAlgo algo)

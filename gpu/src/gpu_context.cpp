@@ -73,6 +73,7 @@ GpuContext::GpuContext(int device, size_t budget_bytes) : impl_(new Impl)
     GPU_CUDA_CHECK(cudaStreamCreateWithFlags(&c.aux, cudaStreamNonBlocking));
     cublasStatus_t st = cublasCreate(&c.cublas);
     if (st != CUBLAS_STATUS_SUCCESS) {
+        cudaStreamDestroy(c.aux);
         cudaStreamDestroy(c.stream);
         throw_cublas(st, "cublasCreate", "", __FILE__, __LINE__);
     }

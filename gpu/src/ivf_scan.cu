@@ -1,13 +1,15 @@
-// IVF scan launchers not tied to a k bucket: two-pass distance pass,
-// materialised tables, candidate offsets, and the k dispatch of the fused scan.
+// IVF scan launchers not tied to a k bucket: candidate offsets and the k
+// dispatch of the fused scan (the service's path); the two-pass distance pass
+// (bench: the paper's scheme, measured against the fused scan) and the
+// materialised tables (test aid).
 #include "ivf_scan.cuh"
 
 namespace gpuivfpq::gpu {
 
 namespace {
 
-// Pass 0 of the two-pass scan: block = (query, probe); every candidate's
-// distance goes to all_dist[q][prefix[q][p] + i].
+// Bench: pass 0 of the two-pass scan (ScanAlgo::TwoPass): block = (query,
+// probe); every candidate's distance goes to all_dist[q][prefix[q][p] + i].
 template <typename LutT>
 __global__ void __launch_bounds__(kScanThreads) ivf_distances_kernel(IvfScanArgs a)
 {
@@ -33,6 +35,8 @@ __global__ void __launch_bounds__(kScanThreads) ivf_distances_kernel(IvfScanArgs
                  (vt ? __ldg(vt + i) : 0.0f);
 }
 
+// Test aid (GpuIvfPqIndex::compute_tables): each (query, probe)'s table and
+// base distance written out.
 template <typename LutT>
 __global__ void __launch_bounds__(kScanThreads) ivf_tables_kernel(IvfScanArgs a)
 {
@@ -80,6 +84,7 @@ __global__ void ivf_prefix_kernel(IvfScanArgs a)
 
 void launch_ivf_fused(const IvfScanArgs& a, bool half, cudaStream_t stream)
 {
+    static_assert(kMaxSelectK <= 2048, "no fused-scan bucket for kMaxSelectK");
     if (a.k <= 32)
         launch_ivf_fused_bucket<32>(a, half, stream);
     else if (a.k <= 64)

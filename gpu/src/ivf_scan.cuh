@@ -7,12 +7,17 @@
 
 #include <cstdint>
 
+#include "../../src/engine/limits.h"
 #include "cuda_check.h"
 #include "warp_select.cuh"
 
 namespace gpuivfpq::gpu {
 
-// Which of the paper's decompositions builds a (query, list) table.
+// Which of the paper's decompositions builds a (query, list) table. The
+// default scan (the service's) uses kTableQuery for every metric;
+// kTablePrecomputed and kTableDirect are the paper's per-list layouts (bench
+// option GpuIvfPqOptions::term1_per_vector = false, and the tests);
+// kTableTerm3 materialises inner-product tables for compute_tables (test aid).
 enum TableMode : int {
     kTablePrecomputed = 0,  // term1[list] + term3[query]; base = ||q - c||^2 (term 2)
     kTableTerm3 = 1,        // term3[query] only; base = -<q, c> (inner product)
@@ -46,13 +51,18 @@ struct IvfScanArgs {
     int chunks = 1, probes_per_chunk = 0;  // fused: probes split over blocks
     float* out_dist = nullptr;   // fused: (nq * chunks) x k
     int32_t* out_idx = nullptr;  // candidate positions (see prefix)
-    float* all_dist = nullptr;   // two-pass: nq x all_ld
+    float* all_dist = nullptr;   // two-pass (bench): nq x all_ld
     int64_t all_ld = 0;
-    float* tables_out = nullptr;  // materialised tables: (nq * nprobe) x m x 256
+    float* tables_out = nullptr;  // materialised tables (test aid): (nq * nprobe) x m x 256
     float* base_out = nullptr;    // (nq * nprobe)
 };
 
 constexpr int kScanThreads = 128;
+
+// The widest code's fp32 table (kMaxGpuSubQuantizers x 256) must fit the
+// opt-in shared memory of a block on sm_90 (227 KiB).
+static_assert(kMaxGpuSubQuantizers * 256 * sizeof(float) <= 227 * 1024,
+              "lookup table of kMaxGpuSubQuantizers does not fit in shared memory");
 
 __device__ __forceinline__ float lut_get(const float* t, int i) { return t[i]; }
 __device__ __forceinline__ float lut_get(const __half* t, int i) { return __half2float(t[i]); }
@@ -251,8 +261,8 @@ void launch_ivf_fused_bucket<2048>(const IvfScanArgs& a, bool half, cudaStream_t
 
 // Non-templated scan kernels (ivf_scan.cu).
 void launch_ivf_fused(const IvfScanArgs& a, bool half, cudaStream_t stream);
-void launch_ivf_distances(const IvfScanArgs& a, bool half, cudaStream_t stream);  // two-pass, pass 0
-void launch_ivf_tables(const IvfScanArgs& a, bool half, cudaStream_t stream);     // materialise
+void launch_ivf_distances(const IvfScanArgs& a, bool half, cudaStream_t stream);  // bench: two-pass, pass 0
+void launch_ivf_tables(const IvfScanArgs& a, bool half, cudaStream_t stream);     // test aid: materialise
 void launch_ivf_prefix(const IvfScanArgs& a, cudaStream_t stream);
 
 }  // namespace gpuivfpq::gpu

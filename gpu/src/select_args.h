@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "../../src/engine/limits.h"
+
 namespace gpuivfpq::gpu {
 
 // How a raw input value becomes a key (smaller = better).
@@ -43,7 +45,7 @@ struct SelectArgs {
     int64_t* out_idx64 = nullptr;  // alternative output labels (int64)
 };
 
-// Launches the selection for any 1 <= k <= 2048 (k = 1: an arg-min kernel).
+// Launches the selection for any 1 <= k <= kMaxSelectK (k = 1: an arg-min kernel).
 void launch_select(const SelectArgs& a, bool block_per_row, cudaStream_t stream);
 
 // Per warp-queue bucket launchers, one translation unit each (compile time).

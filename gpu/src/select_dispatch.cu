@@ -1,5 +1,7 @@
 // k-selection dispatch: k = 1 by an arg-min kernel, otherwise WarpSelect /
 // BlockSelect instantiated per warp-queue bucket (select_q*.cu).
+#include <string>
+
 #include "select_kernel.cuh"
 
 namespace gpuivfpq::gpu {
@@ -56,7 +58,10 @@ __global__ void __launch_bounds__(kSelectThreads) argmin_kernel(SelectArgs a)
 
 void launch_select(const SelectArgs& a, bool block_per_row, cudaStream_t stream)
 {
-    require(a.k >= 1 && a.k <= 2048, "k-selection supports 1 <= k <= 2048");
+    // The largest warp-queue bucket below must hold kMaxSelectK entries.
+    static_assert(kMaxSelectK <= 2048, "no k-selection bucket for kMaxSelectK");
+    require(a.k >= 1 && static_cast<size_t>(a.k) <= kMaxSelectK,
+            "k-selection supports 1 <= k <= " + std::to_string(kMaxSelectK));
     const int64_t total = a.rows * a.chunks;
     if (total == 0)
         return;

@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "error.h"
+#include "../../src/engine/error.h"
+#include "../../src/engine/ivfpq.h"
+#include "../../src/engine/topk.h"
 #include "gpu_ivfpq/device_buffer.h"
 #include "gpu_ivfpq/gpu_context.h"
-#include "ivfpq.h"
-#include "topk.h"
 
 // Skips the test cleanly where no CUDA device (or driver) exists.
 #define GPU_REQUIRE_DEVICE()                                                              \

@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "distances.h"
+#include "../../../src/engine/distances.h"
 
 namespace gpuivfpq::gpu {
 
@@ -34,9 +34,17 @@ void row_norms(GpuContext& ctx, const float* x, size_t n, size_t d, float* out);
 // Scales each row to unit length in place (zero rows stay zero).
 void normalize_rows(GpuContext& ctx, float* x, size_t n, size_t d);
 
-// Timing aid for the benchmark: the GEMM tiles of exact_knn alone (same
-// tiling, no selection), so that the cost of selection can be read off.
+// ---- Bench aids: used only by gpu/bench/gpu_bench.cpp to take exact_knn
+// apart; the service never calls them. ----
+
+// The GEMM tiles of exact_knn alone (same tiling, no selection), so that the
+// cost of selection can be read off.
 void gemm_tiles_only(GpuContext& ctx, const float* queries, size_t nq, const float* base, size_t n,
                      size_t d, size_t tile_bytes = 0);
+
+// Whether exact_knn on ctx overlaps the selection of one distance tile (on a
+// second stream) with the GEMM of the next (default on; off: each selection
+// runs after its GEMM on the main stream), to measure what the overlap gains.
+void set_exact_overlap(GpuContext& ctx, bool on);
 
 }  // namespace gpuivfpq::gpu

@@ -4,11 +4,14 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "../../../src/engine/limits.h"
+
 namespace gpuivfpq::gpu {
 
 class GpuContext;
 
-constexpr size_t kMaxSelectK = 2048;
+// The k limit is the engine's (src/engine/limits.h), shared with the CPU.
+using gpuivfpq::kMaxSelectK;
 
 // Auto picks BlockSelect (a block of 4 warps per row) when there are too few
 // rows to fill the device with one warp per row, WarpSelect otherwise.
