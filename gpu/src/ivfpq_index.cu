@@ -4,9 +4,8 @@
 #include "gpu_ivfpq/ivfpq_index.h"
 
 #include <algorithm>
-#include <random>
 #include <sstream>
-#include <unordered_set>
+#include <string>
 
 #include "context_impl.h"
 #include "cuda_check.h"
@@ -20,6 +19,21 @@
 #include "select_args.h"
 
 namespace gpuivfpq::gpu {
+
+namespace {
+
+// Throws Unsupported unless 1 <= m <= kMaxGpuSubQuantizers and m divides d.
+void check_subquantizers(const char* who, size_t d, size_t m)
+{
+    if (m < 1 || m > kMaxGpuSubQuantizers || d == 0 || d % m != 0) {
+        std::ostringstream os;
+        os << who << ": m = " << m << " not supported for d = " << d << " (needs 1 <= m <= "
+           << kMaxGpuSubQuantizers << " and d a multiple of m)";
+        throw Error(ErrorKind::Unsupported, os.str());
+    }
+}
+
+}  // namespace
 
 struct GpuIvfPqIndex::Impl {
     GpuContext& ctx;
@@ -35,7 +49,6 @@ struct GpuIvfPqIndex::Impl {
         size_t size = 0, cap = 0;
     };
     std::vector<List> lst;
-    std::vector<std::vector<int64_t>> host_ids;  // mirror for remove_ids
     DeviceBuffer code_ptrs, id_ptrs, vt_ptrs, lens;
     size_t ntotal = 0, max_len = 0;
 
@@ -60,6 +73,7 @@ struct GpuIvfPqIndex::Impl {
         return precomputed ? kTablePrecomputed : kTableDirect;
     }
 
+    // Bench layout (term1_per_vector off): the paper's per-list term-1 tables.
     void build_term1()
     {
         term1.reset();
@@ -178,12 +192,9 @@ GpuIvfPqIndex::GpuIvfPqIndex(GpuContext& ctx, size_t d, size_t lists, size_t m, 
                              const GpuIvfPqOptions& opt)
     : impl_(new Impl(ctx))
 {
-    if (m < 1 || m > 64 || d == 0 || d % m != 0) {
-        std::ostringstream os;
-        os << "GPU IVFPQ: m = " << m << " not supported for d = " << d
-           << " (needs 1 <= m <= 64 and d a multiple of m)";
-        throw Error(ErrorKind::Unsupported, os.str());
-    }
+    check_subquantizers("GPU IVFPQ", d, m);
+    require(metric == Metric::L2 || metric == Metric::InnerProduct || metric == Metric::Cosine,
+            "GPU IVFPQ: unknown metric");
     require(lists >= 1 && lists < (size_t(1) << 31), "GPU IVFPQ: lists must be in [1, 2^31)");
     Impl& I = *impl_;
     I.d = d;
@@ -200,7 +211,6 @@ GpuIvfPqIndex::GpuIvfPqIndex(GpuContext& ctx, size_t d, size_t lists, size_t m, 
     I.codebooks.upload(codebooks, m * 256 * I.dsub * sizeof(float));
     I.build_term1();
     I.lst.resize(lists);
-    I.host_ids.resize(lists);
     I.code_ptrs = DeviceBuffer(ctx, lists * sizeof(void*));
     I.id_ptrs = DeviceBuffer(ctx, lists * sizeof(void*));
     I.vt_ptrs = DeviceBuffer(ctx, lists * sizeof(void*));
@@ -306,7 +316,6 @@ void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t
             GPU_CUDA_CHECK(cudaMemcpyAsync(L.vt.as<float>() + L.size, dvt.as<float>() + count[l],
                                            c * sizeof(float), cudaMemcpyDeviceToDevice, I.st()));
         L.size += c;
-        I.host_ids[l].insert(I.host_ids[l].end(), sids.begin() + count[l], sids.begin() + count[l + 1]);
     }
     I.ntotal += n;
     I.upload_meta();
@@ -316,49 +325,34 @@ void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t
 size_t GpuIvfPqIndex::remove_ids(const int64_t* ids, size_t n)
 {
     Impl& I = *impl_;
-    std::unordered_set<int64_t> gone(ids, ids + n);
+    if (!n || !I.ntotal)
+        return 0;
+    // The ids are found on the device: each list's block binary-searches the
+    // sorted removal set for every stored id and compacts the list in place.
+    std::vector<int64_t> gone(ids, ids + n);
+    std::sort(gone.begin(), gone.end());
+    gone.erase(std::unique(gone.begin(), gone.end()), gone.end());
+    Carver sz;
+    sz.take<int64_t>(gone.size());
+    sz.take<int32_t>(I.lists);
+    Scratch s(I.ctx, sz.size());
+    Carver c(s.data());
+    int64_t* dgone = c.take<int64_t>(gone.size());
+    int32_t* dlen = c.take<int32_t>(I.lists);
+    copy_to_device(I.ctx, dgone, gone.data(), gone.size() * sizeof(int64_t));
+    launch_remove_ids(I.code_ptrs.as<uint8_t* const>(), I.id_ptrs.as<int64_t* const>(),
+                      I.vt_ptrs.as<float* const>(), I.lens.as<int32_t>(), static_cast<int64_t>(I.lists),
+                      static_cast<int>(I.m), dgone, static_cast<int64_t>(gone.size()), dlen, I.st());
+    std::vector<int32_t> kept(I.lists);
+    copy_to_host(I.ctx, kept.data(), dlen, I.lists * sizeof(int32_t));  // waits
     size_t removed = 0;
-    std::vector<uint8_t> codes;
     for (size_t l = 0; l < I.lists; ++l) {
-        auto& hid = I.host_ids[l];
-        size_t hits = 0;
-        for (int64_t id : hid)
-            hits += gone.count(id);
-        if (!hits)
-            continue;
-        // Order-preserving compaction on the host: removal is rare and the
-        // list is small next to a search's traffic.
-        Impl::List& L = I.lst[l];
-        codes.resize(L.size * I.m);
-        copy_to_host(I.ctx, codes.data(), L.codes.data(), L.size * I.m);
-        std::vector<float> vt(I.per_vector() ? L.size : 0);
-        if (I.per_vector())
-            copy_to_host(I.ctx, vt.data(), L.vt.data(), L.size * sizeof(float));
-        size_t w = 0;
-        for (size_t r = 0; r < L.size; ++r) {
-            if (gone.count(hid[r]))
-                continue;
-            if (w != r) {
-                std::copy(codes.begin() + r * I.m, codes.begin() + (r + 1) * I.m, codes.begin() + w * I.m);
-                hid[w] = hid[r];
-                if (!vt.empty())
-                    vt[w] = vt[r];
-            }
-            ++w;
-        }
-        hid.resize(w);
-        removed += L.size - w;
-        L.size = w;
-        if (w) {
-            L.codes.upload(codes.data(), w * I.m);
-            L.ids.upload(hid.data(), w * sizeof(int64_t));
-            if (!vt.empty())
-                L.vt.upload(vt.data(), w * sizeof(float));
-        }
-        I.ctx.synchronize();  // host staging vectors are reused next list
+        removed += I.lst[l].size - static_cast<size_t>(kept[l]);
+        I.lst[l].size = static_cast<size_t>(kept[l]);
     }
     I.ntotal -= removed;
-    I.upload_meta();
+    if (removed)
+        I.upload_meta();
     I.ctx.synchronize();
     return removed;
 }
@@ -411,6 +405,7 @@ void GpuIvfPqIndex::Impl::search_tile(const float* queries, size_t nq, size_t k,
                                       ScanAlgo algo)
 {
     const bool half = term1_half && precomputed ? true : opt.float16_tables;
+    // Bench: the two-pass scan (forced, or Auto with the per-list layouts).
     const bool two_pass = algo == ScanAlgo::TwoPass;
     const int sms = ctx.multiprocessors();
     const int mode = table_mode();
@@ -513,8 +508,11 @@ void GpuIvfPqIndex::search_device(const float* queries, size_t nq, size_t k, siz
         throw Error(ErrorKind::InvalidArgument, os.str());
     }
     nprobe = std::min(std::max<size_t>(nprobe, 1), I.lists);
-    if (nprobe > kMaxSelectK)
-        throw Error(ErrorKind::InvalidArgument, "GPU IVFPQ search: nprobe > 2048 not supported");
+    if (nprobe > kMaxSelectK) {
+        std::ostringstream os;
+        os << "GPU IVFPQ search: nprobe = " << nprobe << " above " << kMaxSelectK;
+        throw Error(ErrorKind::InvalidArgument, os.str());
+    }
     if (!nq)
         return;
     // Auto (measured, bench/gpu/results): with a query-only table the fused
@@ -567,7 +565,7 @@ void GpuIvfPqIndex::compute_tables(const float* queries, size_t nq, size_t nprob
 {
     Impl& I = *impl_;
     nprobe = std::min(std::max<size_t>(nprobe, 1), I.lists);
-    require(nprobe <= kMaxSelectK, "compute_tables: nprobe > 2048");
+    require(nprobe <= kMaxSelectK, "compute_tables: nprobe above " + std::to_string(kMaxSelectK));
     if (!nq)
         return;
     const size_t tsz = I.m * 256;
@@ -607,28 +605,35 @@ void train_ivfpq_gpu(GpuContext& ctx, const float* x, size_t n, size_t d, size_t
                      Metric metric, const KMeansParams& coarse, const KMeansParams& pq,
                      size_t pq_max_training, float* centroids, float* codebooks)
 {
-    if (m < 1 || m > 64 || d == 0 || d % m != 0)
-        throw Error(ErrorKind::Unsupported, "train_ivfpq_gpu: m must be in [1, 64] and divide d");
+    check_subquantizers("train_ivfpq_gpu", d, m);
+    require(metric == Metric::L2 || metric == Metric::InnerProduct || metric == Metric::Cosine,
+            "train_ivfpq_gpu: unknown metric");
     require(n >= 1 && lists >= 1, "train_ivfpq_gpu: needs n >= 1 and lists >= 1");
     cudaStream_t st = stream_of(ctx);
     const size_t dsub = d / m;
+    // The CPU engine's draws (IvfPqModel::train): the coarse rows, then the
+    // PQ rows, from one Rng seeded with the coarse seed.
+    const IvfPqTrainingRows rows = ivfpq_training_rows(
+        n, lists, coarse.seed, coarse.max_points_per_centroid, pq_max_training ? pq_max_training : n);
     DeviceBuffer dx(ctx, n * d * sizeof(float));
     dx.upload(x, n * d * sizeof(float));
     if (metric == Metric::Cosine)
         normalize_rows(ctx, dx.as<float>(), n, d);
+    const size_t nc = rows.coarse.size(), nt = rows.pq.size();
     DeviceBuffer dc(ctx, lists * d * sizeof(float));
-    kmeans_train_gpu(ctx, dx.as<float>(), n, d, lists, coarse, dc.as<float>());
-    // PQ on residuals of (a seeded subsample of) the training points.
-    const size_t nt = std::min(n, pq_max_training ? pq_max_training : n);
+    {
+        DeviceBuffer sample(ctx, nc * d * sizeof(float));
+        std::vector<int64_t> idx(rows.coarse.begin(), rows.coarse.end());
+        DeviceBuffer didx(ctx, nc * sizeof(int64_t));
+        didx.upload(idx.data(), nc * sizeof(int64_t));
+        launch_gather_rows(dx.as<float>(), didx.as<int64_t>(), static_cast<int64_t>(nc),
+                           static_cast<int>(d), sample.as<float>(), st);
+        kmeans_train_gpu(ctx, sample.as<float>(), nc, d, lists, coarse, dc.as<float>());
+    }
+    // PQ on the residuals of the PQ rows, each against its nearest centroid.
     DeviceBuffer sub(ctx, nt * d * sizeof(float));
     {
-        std::vector<int64_t> idx(n);
-        for (size_t i = 0; i < n; ++i)
-            idx[i] = static_cast<int64_t>(i);
-        std::mt19937_64 rng(pq.seed ^ 0x9e3779b97f4a7c15ull);
-        for (size_t i = 0; i < nt; ++i)
-            std::swap(idx[i], idx[i + rng() % (n - i)]);
-        idx.resize(nt);
+        std::vector<int64_t> idx(rows.pq.begin(), rows.pq.end());
         DeviceBuffer didx(ctx, nt * sizeof(int64_t));
         didx.upload(idx.data(), nt * sizeof(int64_t));
         launch_gather_rows(dx.as<float>(), didx.as<int64_t>(), static_cast<int64_t>(nt),
@@ -644,14 +649,28 @@ void train_ivfpq_gpu(GpuContext& ctx, const float* x, size_t n, size_t d, size_t
     DeviceBuffer res(ctx, nt * d * sizeof(float)), slice(ctx, nt * dsub * sizeof(float));
     launch_residuals(sub.as<float>(), static_cast<int64_t>(nt), static_cast<int>(d), dc.as<float>(),
                      asg.as<int32_t>(), res.as<float>(), st);
-    DeviceBuffer dcb(ctx, m * 256 * dsub * sizeof(float));
+    DeviceBuffer dcb(ctx, m * kPqCentroids * dsub * sizeof(float));
+    KMeansParams sq = pq;
+    sq.max_points_per_centroid = nt;  // the PQ rows are the sample already, as on the CPU
     for (size_t j = 0; j < m; ++j) {
         launch_column_slice(res.as<float>(), static_cast<int64_t>(nt), static_cast<int>(d),
                             static_cast<int>(j * dsub), static_cast<int>(dsub), slice.as<float>(), st);
-        kmeans_train_gpu(ctx, slice.as<float>(), nt, dsub, 256, pq, dcb.as<float>() + j * 256 * dsub);
+        sq.seed = pq_subquantizer_seed(pq.seed, j);
+        kmeans_train_gpu(ctx, slice.as<float>(), nt, dsub, kPqCentroids, sq,
+                         dcb.as<float>() + j * kPqCentroids * dsub);
     }
     dc.download(centroids, lists * d * sizeof(float));
-    dcb.download(codebooks, m * 256 * dsub * sizeof(float));
+    dcb.download(codebooks, m * kPqCentroids * dsub * sizeof(float));
+}
+
+void train_ivfpq_gpu(GpuContext& ctx, const float* x, size_t n, size_t d, size_t lists, size_t m,
+                     Metric metric, const IvfPqTrainParams& params, float* centroids,
+                     float* codebooks)
+{
+    require(params.pq_max_training >= 1, "train_ivfpq_gpu: pq_max_training must be >= 1");
+    const size_t np = std::min(n, params.pq_max_training);
+    train_ivfpq_gpu(ctx, x, n, d, lists, m, metric, ivfpq_coarse_params(params),
+                    ivfpq_pq_params(params, np), params.pq_max_training, centroids, codebooks);
 }
 
 }  // namespace gpuivfpq::gpu

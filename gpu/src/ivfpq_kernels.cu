@@ -1,6 +1,8 @@
 // Small IVFPQ kernels: term 1, term 3 (cuBLAS), PQ encoding, residuals,
-// slices, gathers and label decoding.
+// slices, gathers, label decoding and id removal.
 #include <cuda_fp16.h>
+
+#include <cub/block/block_scan.cuh>
 
 #include <sstream>
 
@@ -172,6 +174,75 @@ __global__ void exact_base_kernel(const float* queries, int64_t nq, int nprobe, 
         probe_dist[e] = ip ? -s : s;
 }
 
+// Whether v is in sorted[0..n) (ascending).
+__device__ bool sorted_contains(const int64_t* sorted, int64_t n, int64_t v)
+{
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        const int64_t mid = (lo + hi) >> 1;
+        if (sorted[mid] < v)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < n && sorted[lo] == v;
+}
+
+constexpr int kRemoveThreads = 256;
+
+// A block per list compacts it in place, keeping order: chunk by chunk, each
+// thread reads its entry (the chunk's codes staged in shared memory), a block
+// scan gives the kept entries their slots, then they are written. Slots are
+// never past the entry's own position and the next chunk is read after the
+// barrier, so nothing is overwritten before it is read.
+__global__ void __launch_bounds__(kRemoveThreads)
+    remove_ids_kernel(uint8_t* const* list_codes, int64_t* const* list_ids, float* const* list_vt,
+                      const int32_t* list_len, int m, const int64_t* gone, int64_t ngone,
+                      int32_t* new_len)
+{
+    using BlockScan = cub::BlockScan<int, kRemoveThreads>;
+    __shared__ typename BlockScan::TempStorage scan_storage;
+    extern __shared__ uint8_t staged_codes[];  // kRemoveThreads x m
+    const int list = blockIdx.x;
+    const int len = list_len[list];
+    uint8_t* codes = list_codes[list];
+    int64_t* ids = list_ids[list];
+    float* vt = list_vt[list];  // null without per-vector term 1
+    int kept = 0;
+    for (int base = 0; base < len; base += kRemoveThreads) {
+        const int i = base + threadIdx.x;
+        const int chunk = min(kRemoveThreads, len - base);
+        int64_t id = 0;
+        float term = 0.0f;
+        int keep = 0;
+        if (i < len) {
+            id = ids[i];
+            keep = sorted_contains(gone, ngone, id) ? 0 : 1;
+            if (vt)
+                term = vt[i];
+        }
+        const uint8_t* src = codes + static_cast<int64_t>(base) * m;
+        for (int e = threadIdx.x; e < chunk * m; e += kRemoveThreads)
+            staged_codes[e] = src[e];
+        int slot = 0, chunk_kept = 0;
+        BlockScan(scan_storage).ExclusiveSum(keep, slot, chunk_kept);
+        __syncthreads();  // the whole chunk is read before any write
+        const int dst = kept + slot;
+        if (keep && dst != i) {
+            ids[dst] = id;
+            if (vt)
+                vt[dst] = term;
+            uint8_t* out = codes + static_cast<int64_t>(dst) * m;
+            for (int j = 0; j < m; ++j)
+                out[j] = staged_codes[threadIdx.x * m + j];
+        }
+        kept += chunk_kept;
+        __syncthreads();  // staged codes and scan storage are reused
+    }
+    if (threadIdx.x == 0)
+        new_len[list] = kept;
+}
+
 unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
 }  // namespace
@@ -265,6 +336,18 @@ void launch_exact_base(const float* queries, int64_t nq, int nprobe, int d, cons
         return;
     exact_base_kernel<<<blocks_for(n, 8), 256, 0, st>>>(queries, nq, nprobe, d, centroids,
                                                          probe_lists, inner_product, probe_dist);
+    GPU_KERNEL_CHECK();
+}
+
+void launch_remove_ids(uint8_t* const* list_codes, int64_t* const* list_ids, float* const* list_vt,
+                       const int32_t* list_len, int64_t lists, int m, const int64_t* sorted_ids,
+                       int64_t n, int32_t* new_len, cudaStream_t st)
+{
+    if (!lists)
+        return;
+    remove_ids_kernel<<<static_cast<unsigned>(lists), kRemoveThreads,
+                        static_cast<size_t>(kRemoveThreads) * m, st>>>(
+        list_codes, list_ids, list_vt, list_len, m, sorted_ids, n, new_len);
     GPU_KERNEL_CHECK();
 }
 

@@ -1,9 +1,10 @@
 // GPU k-means: assignment by exact search (k = 1), centroid sums by atomics
-// on the device, empty clusters split from the largest one on the host.
+// on the device, empty clusters split from the largest one on the host. The
+// random choices (subsample, initial centroids, split signs) are the CPU
+// engine's, drawn on the host from the same Rng (src/engine/kmeans.h).
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <random>
 #include <vector>
 
 #include "context_impl.h"
@@ -46,7 +47,9 @@ __global__ void update_kernel(float* centroids, const float* sums, const int* co
         centroids[e] = sums[e] / static_cast<float>(counts[c]);
 }
 
-// k-means++ pass: mind[i] = min(mind[i], ||x_i - c||^2) (a thread per point).
+// k-means++ pass: mind[i] = min(mind[i], ||x_i - c||^2) (a thread per point),
+// the distance computed exactly as the engine's seeding_distance (one fma
+// chain in coordinate order) so that both draw the same rows.
 __global__ void plusplus_kernel(const float* x, int64_t n, int d, const float* c, float* mind, bool first)
 {
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -61,17 +64,18 @@ __global__ void plusplus_kernel(const float* x, int64_t n, int d, const float* c
     mind[i] = first ? s : fminf(mind[i], s);
 }
 
-// Distinct random indices (partial Fisher-Yates), seeded.
-std::vector<int64_t> sample_indices(size_t n, size_t count, std::mt19937_64& rng)
+// Copies rows[i] of x (device, d columns) to out row i (device).
+void gather_host_rows(GpuContext& ctx, const float* x, const std::vector<size_t>& rows, size_t d,
+                      float* out)
 {
-    std::vector<int64_t> perm(n);
-    std::iota(perm.begin(), perm.end(), 0);
-    for (size_t i = 0; i < count; ++i) {
-        std::uniform_int_distribution<size_t> u(i, n - 1);
-        std::swap(perm[i], perm[u(rng)]);
-    }
-    perm.resize(count);
-    return perm;
+    if (rows.empty())
+        return;
+    std::vector<int64_t> idx(rows.begin(), rows.end());
+    Scratch didx(ctx, idx.size() * sizeof(int64_t));
+    copy_to_device(ctx, didx.data(), idx.data(), idx.size() * sizeof(int64_t));
+    launch_gather_rows(x, didx.as<int64_t>(), static_cast<int64_t>(idx.size()), static_cast<int>(d), out,
+                       stream_of(ctx));
+    ctx.synchronize();  // idx is a host vector about to go
 }
 
 }  // namespace
@@ -92,79 +96,42 @@ void kmeans_train_gpu(GpuContext& ctx, const float* x, size_t n, size_t d, size_
 {
     require(n >= 1 && k >= 1 && d >= 1, "k-means needs n >= 1, k >= 1, d >= 1");
     require(k < (size_t(1) << 31) && n < (size_t(1) << 31), "k-means: too many points or centroids");
+    require(params.max_points_per_centroid >= 1, "k-means: max_points_per_centroid must be >= 1");
     cudaStream_t st = stream_of(ctx);
-    std::mt19937_64 rng(params.seed);
-    if (n <= k) {
-        // Too few points to cluster: the points, then seeded repeats (as the CPU).
-        GPU_CUDA_CHECK(cudaMemcpyAsync(centroids, x, n * d * sizeof(float), cudaMemcpyDeviceToDevice, st));
-        std::uniform_int_distribution<size_t> u(0, n - 1);
-        for (size_t c = n; c < k; ++c)
-            GPU_CUDA_CHECK(cudaMemcpyAsync(centroids + c * d, x + u(rng) * d, d * sizeof(float),
-                                           cudaMemcpyDeviceToDevice, st));
-        ctx.synchronize();
-        if (stats)
-            *stats = KMeansGpuStats{params.iterations, 0.0, 0.0, n, 0};
-        return;
-    }
+    Rng rng(params.seed);
 
     // Subsample as the CPU does: at most k * max_points_per_centroid points.
     const float* xs = x;
     size_t ns = n;
     DeviceBuffer sub;
-    if (params.max_points_per_centroid > 0 && n > k * params.max_points_per_centroid) {
-        ns = k * params.max_points_per_centroid;
-        std::vector<int64_t> idx = sample_indices(n, ns, rng);
-        std::sort(idx.begin(), idx.end());
-        DeviceBuffer didx(ctx, ns * sizeof(int64_t));
-        didx.upload(idx.data(), ns * sizeof(int64_t));
+    const std::vector<size_t> rows = kmeans_subsample(n, k, params.max_points_per_centroid, rng);
+    if (!rows.empty()) {
+        ns = rows.size();
         sub = DeviceBuffer(ctx, ns * d * sizeof(float));
-        launch_gather_rows(x, didx.as<int64_t>(), static_cast<int64_t>(ns), static_cast<int>(d),
-                           sub.as<float>(), st);
+        gather_host_rows(ctx, x, rows, d, sub.as<float>());
         xs = sub.as<float>();
     }
 
-    // k-means++ seeding where its k sequential passes are cheap (the CPU
-    // engine's rule: points x centroids <= 2^22), k distinct random points
-    // otherwise. Distances on the device, the weighted draw on the host.
-    if (double(ns) * double(k) <= double(1 << 22)) {
-        DeviceBuffer mind(ctx, ns * sizeof(float));
-        std::vector<float> hm(ns);
-        std::uniform_real_distribution<double> unit(0.0, 1.0);
-        size_t pick = std::uniform_int_distribution<size_t>(0, ns - 1)(rng);
-        for (size_t c = 0; c < k; ++c) {
-            GPU_CUDA_CHECK(cudaMemcpyAsync(centroids + c * d, xs + pick * d, d * sizeof(float),
-                                           cudaMemcpyDeviceToDevice, st));
-            if (c + 1 == k)
-                break;
+    // Initial centroids: the rows the CPU would pick. k-means++ distances are
+    // computed on the device, the weighted draws made on the host.
+    DeviceBuffer mind;
+    const std::vector<size_t> init =
+        kmeans_initial_rows(ns, k, rng, [&](size_t row, bool first, float* min_dist) {
+            if (mind.empty())
+                mind = DeviceBuffer(ctx, ns * sizeof(float));
             plusplus_kernel<<<static_cast<unsigned>((ns + 255) / 256), 256, 0, st>>>(
-                xs, static_cast<int64_t>(ns), static_cast<int>(d), centroids + c * d, mind.as<float>(),
-                c == 0);
+                xs, static_cast<int64_t>(ns), static_cast<int>(d), xs + row * d, mind.as<float>(),
+                first);
             GPU_KERNEL_CHECK();
-            mind.download(hm.data(), ns * sizeof(float));
-            double total = 0;
-            for (float v : hm)
-                total += v;
-            if (!(total > 0)) {
-                pick = std::uniform_int_distribution<size_t>(0, ns - 1)(rng);
-                continue;
-            }
-            const double target = unit(rng) * total;
-            double acc = 0;
-            pick = ns - 1;
-            for (size_t i = 0; i < ns; ++i) {
-                acc += hm[i];
-                if (acc > target && hm[i] > 0) {
-                    pick = i;
-                    break;
-                }
-            }
-        }
-    } else {
-        std::vector<int64_t> idx = sample_indices(ns, k, rng);
-        DeviceBuffer didx(ctx, k * sizeof(int64_t));
-        didx.upload(idx.data(), k * sizeof(int64_t));
-        launch_gather_rows(xs, didx.as<int64_t>(), static_cast<int64_t>(k), static_cast<int>(d),
-                           centroids, st);
+            mind.download(min_dist, ns * sizeof(float));
+        });
+    mind.reset();
+    gather_host_rows(ctx, xs, init, d, centroids);
+    if (ns <= k) {
+        // Every point is a centroid already (then seeded repeats), as the CPU.
+        if (stats)
+            *stats = KMeansGpuStats{params.iterations, 0.0, 0.0, ns, 0};
+        return;
     }
     // Data scale for perturbing split clusters (RMS coordinate), as the CPU.
     float scale = 1.0f;
@@ -227,13 +194,7 @@ void kmeans_train_gpu(GpuContext& ctx, const float* x, size_t n, size_t d, size_
                 if (hcounts[b] <= 1)
                     break;  // nothing left to split
                 copy_to_host(ctx, big.data(), centroids + b * d, d * sizeof(float));
-                const float eps = 1.0f / 1024.0f;
-                for (size_t j = 0; j < d; ++j) {
-                    const float delta = eps * (std::fabs(big[j]) + scale);
-                    const float sgn = (rng() & 1) ? 1.0f : -1.0f;
-                    empty[j] = big[j] + sgn * delta;
-                    big[j] = big[j] - sgn * delta;
-                }
+                split_centroid(big.data(), empty.data(), d, scale, rng);
                 copy_to_device(ctx, centroids + b * d, big.data(), d * sizeof(float));
                 copy_to_device(ctx, centroids + c * d, empty.data(), d * sizeof(float));
                 ctx.synchronize();  // host vectors are reused

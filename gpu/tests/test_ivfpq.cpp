@@ -345,6 +345,86 @@ TEST(IvfPqIndex, ListOffsetLabelsAppendRemoveMemory)
         EXPECT_FALSE(goneset.count(l)) << "removed id " << l << " returned";
 }
 
+TEST(IvfPqIndex, RemoveIdsOnDevice)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(1254);
+    Fixture f(32, 16, 8, 3000, 30, Metric::L2, s);
+    const CpuIvf all = f.cpu;
+    for (bool per_vector : {true, false}) {
+        const std::string what = shape("remove", {{"per_vector", double(per_vector)}}, s);
+        SCOPED_TRACE(what);
+        f.cpu = all;
+        GpuIvfPqOptions opt;
+        opt.term1_per_vector = per_vector;
+        auto idx = f.gpu(opt);
+        EXPECT_EQ(idx->remove_ids(nullptr, 0), 0u);
+        // All of list 0 (a list emptied), every 5th id, duplicates, ids never stored.
+        std::vector<int64_t> gone(all.ids[0].begin(), all.ids[0].end());
+        for (size_t i = 0; i < f.n; i += 5)
+            gone.push_back(f.ids[i]);
+        gone.push_back(f.ids[1]);
+        gone.push_back(f.ids[1]);
+        gone.push_back(-5);
+        gone.push_back(int64_t(1) << 40);
+        const std::set<int64_t> goneset(gone.begin(), gone.end());
+        size_t expect = 0;
+        for (int64_t id : f.ids)
+            expect += goneset.count(id);
+        ASSERT_GT(all.ids[0].size(), 0u);
+        EXPECT_EQ(idx->remove_ids(gone.data(), gone.size()), expect);
+        EXPECT_EQ(idx->ntotal(), f.n - expect);
+        EXPECT_EQ(idx->remove_ids(gone.data(), gone.size()), 0u);  // nothing left to remove
+        // The CPU lists without the removed ids, in their order.
+        for (size_t l = 0; l < f.lists; ++l) {
+            std::vector<uint8_t> keep_codes;
+            std::vector<int64_t> keep_ids;
+            for (size_t i = 0; i < all.ids[l].size(); ++i)
+                if (!goneset.count(all.ids[l][i])) {
+                    keep_ids.push_back(all.ids[l][i]);
+                    keep_codes.insert(keep_codes.end(), all.codes[l].begin() + i * f.m,
+                                      all.codes[l].begin() + (i + 1) * f.m);
+                }
+            f.cpu.ids[l] = keep_ids;
+            f.cpu.codes[l] = keep_codes;
+            EXPECT_EQ(idx->list_size(l), keep_ids.size()) << "list " << l;
+        }
+        EXPECT_EQ(idx->list_size(0), 0u);
+        // Order kept: (list, offset) labels name the CPU's entry at that offset.
+        const size_t k = 20, nprobe = 6;
+        std::vector<float> d1(f.nq * k), d2(f.nq * k);
+        std::vector<int64_t> l1(f.nq * k), l2(f.nq * k);
+        idx->search(f.q.data(), f.nq, k, nprobe, d1.data(), l1.data(), LabelKind::Ids);
+        idx->search(f.q.data(), f.nq, k, nprobe, d2.data(), l2.data(), LabelKind::ListOffset);
+        for (size_t e = 0; e < f.nq * k; ++e) {
+            ASSERT_EQ(d1[e], d2[e]);
+            if (l2[e] < 0)
+                continue;
+            const int64_t list = l2[e] >> 32, off = l2[e] & 0xffffffff;
+            ASSERT_LT(size_t(off), f.cpu.ids[list].size());
+            EXPECT_EQ(f.cpu.ids[list][off], l1[e]);
+            EXPECT_FALSE(goneset.count(l1[e])) << "removed id " << l1[e] << " returned";
+        }
+        // Codes (and per-vector term 1) moved with their ids: same search as the CPU.
+        compare_search(f, *idx, 10, nprobe, 2e-4, what + " after remove");
+        // Appending after a removal: the removed vectors back, the full set again.
+        std::vector<int32_t> add_lists;
+        std::vector<uint8_t> add_codes;
+        std::vector<int64_t> add_ids;
+        for (size_t i = 0; i < f.n; ++i)
+            if (goneset.count(f.ids[i])) {
+                add_lists.push_back(all.all_lists[i]);
+                add_codes.insert(add_codes.end(), all.all_codes.begin() + i * f.m,
+                                 all.all_codes.begin() + (i + 1) * f.m);
+                add_ids.push_back(f.ids[i]);
+            }
+        idx->add_encoded(add_ids.size(), add_lists.data(), add_codes.data(), add_ids.data());
+        EXPECT_EQ(idx->ntotal(), f.n);
+        f.cpu = all;
+        compare_search(f, *idx, 10, nprobe, 2e-4, what + " after re-adding");
+    }
+}
+
 TEST(IvfPqIndex, GpuTrainedAndGpuEncoded)
 {
     GPU_REQUIRE_DEVICE();

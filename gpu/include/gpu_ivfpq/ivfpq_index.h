@@ -8,8 +8,10 @@
 #include <memory>
 #include <vector>
 
-#include "distances.h"
-#include "kmeans.h"
+#include "../../../src/engine/distances.h"
+#include "../../../src/engine/ivfpq.h"
+#include "../../../src/engine/kmeans.h"
+#include "../../../src/engine/limits.h"
 
 namespace gpuivfpq::gpu {
 
@@ -20,20 +22,33 @@ class GpuContext;
 // every candidate distance to device memory and k-selects it afterwards (the
 // paper's scheme). Auto picks Fused for query-only tables (the default
 // term-1-per-vector layout, and inner product), TwoPass for per-list tables.
+// Only Auto is used by the service; Fused / TwoPass are forced by the
+// benchmark and the tests (bench option, see GpuIvfPqOptions).
 enum class ScanAlgo { Auto, Fused, TwoPass };
 
 // What search returns as labels: the stored ids, or list << 32 | offset.
 enum class LabelKind { Ids, ListOffset };
 
 struct GpuIvfPqOptions {
+    // fp16 lookup tables (and fp16 per-list term 1), accumulation in float:
+    // 1.3-1.45x at PQ64, recall unchanged in the benchmark (gpu/NOTES.md).
+    bool float16_tables = false;
+
+    // ---- Bench options: the paper's layouts, kept to measure the default
+    // against them (gpu/bench/gpu_bench.cpp) and tested against the CPU
+    // engine (gpu/tests). The service uses the defaults. ----
+
     // L2 / Cosine: fold term 1 into one float per stored vector (||r||^2 +
     // 2<c, r>, computed when it is added), so the scan's table depends on the
     // query alone and is built once per query instead of once per (query,
-    // list). Off: the paper's per-list term-1 tables (below), or direct tables.
+    // list); 7x faster than per-list tables at PQ64. Off (bench): the paper's
+    // per-list term-1 tables (below), or direct tables when they do not fit.
     bool term1_per_vector = true;
-    bool precompute_term1 = true;          // per-list tables, if they take <= precompute_max_bytes
+    // Bench, with term1_per_vector off: per-list term-1 tables if they take
+    // <= precompute_max_bytes (else direct tables).
+    bool precompute_term1 = true;
     size_t precompute_max_bytes = size_t(1) << 30;
-    bool float16_tables = false;           // fp16 lookup tables (and fp16 term 1)
+    // Bench: force the fused or the two-pass scan (Auto: see ScanAlgo).
     ScanAlgo scan = ScanAlgo::Auto;
 };
 
@@ -45,8 +60,9 @@ struct GpuMemoryUse {
 class GpuIvfPqIndex {
 public:
     // centroids: lists x d, codebooks: m x 256 x (d/m), host pointers (as
-    // IvfPqModel holds them). Throws Unsupported for m outside 1..64 or d not
-    // a multiple of m, OutOfMemory when the mirror exceeds the budget.
+    // IvfPqModel holds them). Throws Unsupported for m outside
+    // 1..kMaxGpuSubQuantizers (src/engine/limits.h) or d not a multiple of m,
+    // OutOfMemory when the mirror exceeds the budget.
     GpuIvfPqIndex(GpuContext& ctx, size_t d, size_t lists, size_t m, Metric metric,
                   const float* centroids, const float* codebooks, const GpuIvfPqOptions& opt = {});
     ~GpuIvfPqIndex();
@@ -62,14 +78,18 @@ public:
     bool has_precomputed() const;
     GpuMemoryUse memory_use() const;
 
-    void set_float16_tables(bool on);  // rebuilds term 1 in the new precision
+    // Bench aids (gpu/bench): switch the table precision (rebuilding any
+    // per-list term 1) or the scan between timings on one index.
+    void set_float16_tables(bool on);
     void set_scan_algo(ScanAlgo algo);
 
     // Appends n encoded vectors (host): list_ids[i], codes[i*m..], ids[i].
     void add_encoded(size_t n, const int32_t* list_ids, const uint8_t* codes, const int64_t* ids);
     // Encodes n raw vectors (host, n x d) on the GPU and appends them.
     void add(size_t n, const float* x, const int64_t* ids);
-    // Removes every stored vector whose id is in ids[0..n); returns how many.
+    // Removes every stored vector whose id is in ids[0..n) (duplicates and
+    // unknown ids allowed); returns how many stored vectors went. The ids are
+    // found on the device and each list is compacted in place, order kept.
     size_t remove_ids(const int64_t* ids, size_t n);
 
     // GPU encoding (host in/out), as IvfPqModel::encode does on the CPU.
@@ -83,7 +103,8 @@ public:
     void search_device(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist,
                        int64_t* labels, LabelKind kind = LabelKind::Ids) const;
 
-    // The lookup tables the scan uses, materialised (host outputs): for
+    // Test aid (gpu/tests): the lookup tables the scan uses, materialised in
+    // the per-list form the CPU engine's list_table gives (host outputs): for
     // each query and probe, lists (nq x nprobe), base (nq x nprobe) and
     // tables (nq x nprobe x m x 256) with distance = base + sum_j table[j][code_j].
     void compute_tables(const float* queries, size_t nq, size_t nprobe, int32_t* lists,
@@ -95,10 +116,24 @@ private:
     std::unique_ptr<Impl> impl_;
 };
 
-// Trains an IVFPQ model on the GPU (host data n x d): coarse k-means into
-// lists centroids, then PQ k-means on the residuals. Outputs (host):
-// centroids lists x d, codebooks m x 256 x (d/m), as IvfPqModel::set_*
-// take them. For Cosine the data are normalised first.
+// Trains an IVFPQ model on the GPU (host data n x d) as IvfPqModel::train
+// does on the CPU, with the same random draws for one seed (the engine's
+// ivfpq_training_rows, k-means subsample and initial rows): coarse k-means
+// into lists centroids on the coarse rows, then PQ k-means on the residuals
+// of the PQ rows. The results differ from the CPU's only by float rounding
+// in the iterations. Outputs (host): centroids lists x d, codebooks
+// m x 256 x (d/m), as IvfPqModel::set_* take them. For Cosine the data are
+// normalised first.
+void train_ivfpq_gpu(GpuContext& ctx, const float* x, size_t n, size_t d, size_t lists, size_t m,
+                     Metric metric, const IvfPqTrainParams& params, float* centroids,
+                     float* codebooks);
+
+// The same with the k-means parameters given apart: the rows are drawn with
+// coarse.seed and coarse.max_points_per_centroid, at most pq_max_training
+// PQ rows (0: all n); sub-quantizer j trains with
+// pq_subquantizer_seed(pq.seed, j) on all the PQ rows
+// (pq.max_points_per_centroid is not used). The overload above passes
+// ivfpq_coarse_params and ivfpq_pq_params.
 void train_ivfpq_gpu(GpuContext& ctx, const float* x, size_t n, size_t d, size_t lists, size_t m,
                      Metric metric, const KMeansParams& coarse, const KMeansParams& pq,
                      size_t pq_max_training, float* centroids, float* codebooks);

@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kmeans.h"
+#include "../../../src/engine/kmeans.h"
 
 namespace gpuivfpq::gpu {
 
@@ -22,6 +22,9 @@ struct KMeansGpuStats {
 // Trains k centroids on n points, all on the device: x (n x d) and
 // centroids (k x d) are device pointers. Uses params.iterations, seed and
 // max_points_per_centroid (params.threads is ignored). Requires n >= 1, k >= 1.
+// Subsample and initial centroids are kmeans_train's for the same seed (the
+// engine's kmeans_subsample / kmeans_initial_rows); the iterations differ
+// from the CPU's by float rounding, and no cluster is split after the last.
 void kmeans_train_gpu(GpuContext& ctx, const float* x, size_t n, size_t d, size_t k,
                       const KMeansParams& params, float* centroids, KMeansGpuStats* stats = nullptr);
 
