@@ -2,7 +2,7 @@
 // (inverted lists of PQ codes and labels next to the trained quantizers),
 // searches them in batches, and trains and encodes for index builds.
 //
-// The CUDA device (src/cuda_device.cpp, built only when the extension is
+// The CUDA device (cuda_device.cpp, built only when the extension is
 // linked with the kernels) and a CPU emulation implement it. The emulation
 // lets the service's request path, batching and mirror coherence be tested
 // on machines without a GPU; it is never chosen unless a setting asks for it.
@@ -15,6 +15,7 @@
 
 #include "engine/distances.h"
 #include "engine/ivfpq.h"
+#include "engine/limits.h"
 
 namespace gpuivfpq {
 
@@ -34,7 +35,9 @@ public:
     virtual void add(size_t n, const int32_t* list_ids, const uint8_t* codes,
                      const int64_t* labels) = 0;
     // k best labels by ADC distance for nq queries through nprobe lists
-    // (dist, labels: nq x k, padded with (+inf, -1)).
+    // (dist, labels: nq x k, padded with (+inf, -1)). Throws
+    // Error(InvalidArgument) for k outside 1..kMaxSelectK, or for nprobe
+    // (clamped to 1..lists) above kMaxSelectK.
     virtual void search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist,
                         int64_t* labels) = 0;
     virtual size_t entries() const = 0;
@@ -45,20 +48,19 @@ class ComputeDevice {
 public:
     virtual ~ComputeDevice() = default;
     virtual std::string description() const = 0;
-    virtual bool is_gpu() const = 0;
     // Device memory available to mirrors and work space.
     virtual size_t memory_capacity() const = 0;
-    // Largest k search accepts.
-    virtual size_t max_k() const = 0;
     // Device memory a mirror of n entries would take (an estimate, for the budget).
     virtual size_t mirror_bytes(const MirrorSpec& spec, size_t n) const = 0;
+    // Throws Error(Unsupported) for m outside 1..kMaxGpuSubQuantizers.
     virtual std::unique_ptr<Mirror> create_mirror(const MirrorSpec& spec) = 0;
     // Trains the quantizers on n sample vectors (outputs as MirrorSpec holds them).
     virtual void train(const float* x, size_t n, size_t d, size_t lists, size_t m, Metric metric,
                        const IvfPqTrainParams& params, float* centroids, float* codebooks) = 0;
     // Exact k-NN of nq queries among n base vectors (host pointers), ranking
     // distances as metric_distance gives them, sorted, padded with (+inf, -1);
-    // labels are base rows.
+    // labels are base rows. Throws Error(InvalidArgument) for k outside
+    // 1..kMaxSelectK.
     virtual void exact_knn(const float* queries, size_t nq, const float* base, size_t n, size_t d,
                            Metric metric, size_t k, float* dist, int64_t* labels) = 0;
     // Encodes n vectors with the model of spec: list_ids[i], codes[i*m..].

@@ -4,14 +4,33 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "engine/error.h"
-#include "service/device/compute_device.h"
+#include "engine/limits.h"
 #include "engine/topk.h"
+#include "service/device/compute_device.h"
 
 namespace gpuivfpq {
 namespace {
+
+// The GPU's limits, enforced here too so that both devices refuse alike.
+void require_select_k(size_t k, const char* who)
+{
+    if (k == 0 || k > kMaxSelectK)
+        throw Error(ErrorKind::InvalidArgument, std::string(who) + ": k = " + std::to_string(k) +
+                                                    " outside [1, " + std::to_string(kMaxSelectK) + "]");
+}
+
+void require_gpu_m(size_t d, size_t m)
+{
+    if (m < 1 || m > kMaxGpuSubQuantizers || d == 0 || d % m != 0)
+        throw Error(ErrorKind::Unsupported,
+                    "GPU IVFPQ: m = " + std::to_string(m) + " not supported for d = " + std::to_string(d) +
+                        " (needs 1 <= m <= " + std::to_string(kMaxGpuSubQuantizers) +
+                        " and d a multiple of m)");
+}
 
 class CpuMirror final : public Mirror {
 public:
@@ -37,13 +56,19 @@ public:
     void search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist,
                 int64_t* labels) override
     {
+        require_select_k(k, "GPU IVFPQ search");
+        const size_t probes = std::min(std::max<size_t>(nprobe, 1), model_.lists());
+        if (probes > kMaxSelectK)
+            throw Error(ErrorKind::InvalidArgument, "GPU IVFPQ search: nprobe = " +
+                                                        std::to_string(probes) + " above " +
+                                                        std::to_string(kMaxSelectK));
         size_t m = model_.m();
         std::vector<float> table(m * kPqCentroids), d;
         IvfPqQuery prepared;
 
         for (size_t q = 0; q < nq; q++) {
             TopK topk(k);
-            model_.prepare_query(queries + q * model_.d(), nprobe, prepared);
+            model_.prepare_query(queries + q * model_.d(), probes, prepared);
             for (size_t p = 0; p < prepared.lists.size(); p++) {
                 int32_t list = prepared.lists[p];
                 const auto& lab = labels_[list];
@@ -76,20 +101,20 @@ private:
 class CpuEmulationDevice final : public ComputeDevice {
 public:
     std::string description() const override { return "CPU emulation (testing only, no GPU)"; }
-    bool is_gpu() const override { return false; }
     size_t memory_capacity() const override { return size_t(1) << 30; }
-    size_t max_k() const override { return 2048; }  // the GPU's limit, so both behave alike
     size_t mirror_bytes(const MirrorSpec& spec, size_t n) const override
     {
         return n * (spec.m + sizeof(int64_t));
     }
     std::unique_ptr<Mirror> create_mirror(const MirrorSpec& spec) override
     {
+        require_gpu_m(spec.d, spec.m);
         return std::make_unique<CpuMirror>(spec);
     }
     void train(const float* x, size_t n, size_t d, size_t lists, size_t m, Metric metric,
                const IvfPqTrainParams& params, float* centroids, float* codebooks) override
     {
+        require_gpu_m(d, m);
         IvfPqModel model(d, lists, m, metric);
         model.train(x, n, params);
         std::memcpy(centroids, model.centroids().data(), model.centroids().size() * sizeof(float));
@@ -99,11 +124,13 @@ public:
     void exact_knn(const float* queries, size_t nq, const float* base, size_t n, size_t d,
                    Metric metric, size_t k, float* dist, int64_t* labels) override
     {
+        require_select_k(k, "exact search");
         brute_force_knn(queries, nq, base, n, d, metric, k, dist, labels);
     }
     void encode(const MirrorSpec& spec, const float* x, size_t n, int32_t* list_ids,
                 uint8_t* codes) override
     {
+        require_gpu_m(spec.d, spec.m);
         IvfPqModel model(spec.d, spec.lists, spec.m, spec.metric);
         model.set_centroids(spec.centroids);
         model.set_codebooks(spec.codebooks);

@@ -2,7 +2,6 @@
 // objects, builds train with the GPU k-means and encode on the GPU. Built
 // only when the extension is linked with the kernels (no postgres.h here).
 #include <cstring>
-#include <map>
 #include <memory>
 #include <vector>
 
@@ -57,16 +56,15 @@ public:
     CudaDevice(int device, size_t budget) : ctx_(device, budget), device_(device) {}
 
     std::string description() const override { return gpu::device_description(device_); }
-    bool is_gpu() const override { return true; }
     size_t memory_capacity() const override { return ctx_.budget(); }
-    size_t max_k() const override { return 2048; }  // WarpSelect / BlockSelect queues
     size_t mirror_bytes(const MirrorSpec& s, size_t n) const override
     {
         // codes, ids and the per-vector term 1; centroids, norms, codebooks;
-        // list capacity grows by doubling, so allow a quarter more.
+        // a list's capacity grows by half when full, so allow a quarter more;
+        // per list, its pointers and length (and allocation rounding).
         size_t lists = n * (s.m + sizeof(int64_t) + sizeof(float));
         return lists + lists / 4 + s.lists * (s.d + 1) * sizeof(float) +
-               s.m * 256 * (s.d / s.m) * sizeof(float) + s.lists * 64;
+               kPqCentroids * s.d * sizeof(float) + s.lists * 64;
     }
     std::unique_ptr<Mirror> create_mirror(const MirrorSpec& spec) override
     {
@@ -75,12 +73,8 @@ public:
     void train(const float* x, size_t n, size_t d, size_t lists, size_t m, Metric metric,
                const IvfPqTrainParams& params, float* centroids, float* codebooks) override
     {
-        KMeansParams coarse, pq;
-        coarse.iterations = pq.iterations = params.iterations;
-        coarse.seed = pq.seed = params.seed;
-        coarse.max_points_per_centroid = params.max_points_per_centroid;
-        gpu::train_ivfpq_gpu(ctx_, x, n, d, lists, m, metric, coarse, pq, params.pq_max_training,
-                             centroids, codebooks);
+        // The CPU engine's draws for the same seed (gpu/ train_ivfpq_gpu).
+        gpu::train_ivfpq_gpu(ctx_, x, n, d, lists, m, metric, params, centroids, codebooks);
     }
     void exact_knn(const float* queries, size_t nq, const float* base, size_t n, size_t d,
                    Metric metric, size_t k, float* dist, int64_t* labels) override
@@ -102,7 +96,7 @@ public:
         bool same = encoder_ && enc_d_ == s.d && enc_lists_ == s.lists && enc_m_ == s.m &&
                     enc_metric_ == s.metric &&
                     std::memcmp(enc_centroids_.data(), s.centroids, s.lists * s.d * sizeof(float)) == 0 &&
-                    std::memcmp(enc_codebooks_.data(), s.codebooks, s.d * 256 * sizeof(float)) == 0;
+                    std::memcmp(enc_codebooks_.data(), s.codebooks, s.d * kPqCentroids * sizeof(float)) == 0;
         if (!same) {
             encoder_.reset();
             encoder_ = std::make_unique<GpuIvfPqIndex>(ctx_, s.d, s.lists, s.m, s.metric, s.centroids,
@@ -112,7 +106,7 @@ public:
             enc_m_ = s.m;
             enc_metric_ = s.metric;
             enc_centroids_.assign(s.centroids, s.centroids + s.lists * s.d);
-            enc_codebooks_.assign(s.codebooks, s.codebooks + s.d * 256);
+            enc_codebooks_.assign(s.codebooks, s.codebooks + s.d * kPqCentroids);
         }
         encoder_->encode(x, n, list_ids, codes);
     }
