@@ -118,13 +118,20 @@ GpuIvfpqLabelToTid(int64 label, ItemPointerData *tid)
 	ItemPointerSet(tid, (BlockNumber) (label >> 16), (OffsetNumber) (label & 0xFFFF));
 }
 
+/* The heap TID of entry i of a page's packed entries (unaligned on the page: copied). */
+static inline void
+GpuIvfpqEntryTid(const char *entries, int i, int m, ItemPointerData *tid)
+{
+	memcpy(tid, entries + (Size) i * GpuIvfpqEntrySize(m), GPU_IVFPQ_TID_BYTES);
+}
+
 /* The heap TID of entry i of a page's packed entries, as a label. */
 static inline int64
 GpuIvfpqEntryLabel(const char *entries, int i, int m)
 {
 	ItemPointerData tid;
 
-	memcpy(&tid, entries + (Size) i * GpuIvfpqEntrySize(m), GPU_IVFPQ_TID_BYTES);
+	GpuIvfpqEntryTid(entries, i, m, &tid);
 	return GpuIvfpqTidToLabel(&tid);
 }
 

@@ -50,7 +50,7 @@ WalkLists(IndexVacuumInfo *info, IndexBulkDeleteResult *stats,
 				{
 					ItemPointerData tid;
 
-					memcpy(&tid, base + (Size) i * esz, GPU_IVFPQ_TID_BYTES);
+					GpuIvfpqEntryTid(base, i, m, &tid);
 					dead[i] = callback(&tid, callback_state);
 					removed += dead[i] ? 1 : 0;
 				}
