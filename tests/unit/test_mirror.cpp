@@ -9,6 +9,7 @@
 
 #include "engine/error.h"
 #include "engine/ivfpq.h"
+#include "engine/limits.h"
 #include "engine/topk.h"
 #include "service/device/mirror_store.h"
 
@@ -148,6 +149,52 @@ TEST(MirrorStore, RefusesWhatCannotFitAndReplacesVersions)
     EXPECT_EQ(store.find(a2)->entries(), 10u);
     EXPECT_EQ(store.drop_index(1, 10), 1u);
     EXPECT_TRUE(store.list().empty());
+}
+
+// The emulation refuses what the GPU refuses (src/engine/limits.h).
+TEST(Mirror, EmulationKeepsTheGpuLimits)
+{
+    Fixture f;
+    auto dev = make_cpu_emulation_device();
+    auto mirror = dev->create_mirror(f.spec());
+    mirror->add(f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
+    auto kind_of = [](auto&& fn) {
+        try {
+            fn();
+        } catch (const Error& e) {
+            return e.kind();
+        }
+        ADD_FAILURE() << "no gpuivfpq::Error thrown";
+        return ErrorKind::Internal;
+    };
+    const size_t big = kMaxSelectK + 1;
+    std::vector<float> dist(big);
+    std::vector<int64_t> labels(big);
+    EXPECT_EQ(kind_of([&] { mirror->search(f.x.data(), 1, big, 2, dist.data(), labels.data()); }),
+              ErrorKind::InvalidArgument);
+    EXPECT_EQ(kind_of([&] { mirror->search(f.x.data(), 1, 0, 2, dist.data(), labels.data()); }),
+              ErrorKind::InvalidArgument);
+    EXPECT_EQ(kind_of([&] {
+                  dev->exact_knn(f.x.data(), 1, f.x.data(), f.n, f.d, Metric::L2, big, dist.data(),
+                                 labels.data());
+              }),
+              ErrorKind::InvalidArgument);
+    // k at the limit is served (padded past the n entries there are not).
+    mirror->search(f.x.data(), 1, kMaxSelectK, 2, dist.data(), labels.data());
+    EXPECT_EQ(labels[0], f.labels[0]);
+    // nprobe 0 is taken as 1, as on the GPU.
+    mirror->search(f.x.data(), 1, 5, 0, dist.data(), labels.data());
+    EXPECT_EQ(labels[0], f.labels[0]);
+    // Wider codes than the GPU's shared-memory tables hold.
+    const size_t m = kMaxGpuSubQuantizers * 2, d = m;
+    std::vector<float> cents(f.lists * d, 0.0f), cbs(256 * d, 0.0f);
+    MirrorSpec wide;
+    wide.d = d;
+    wide.lists = f.lists;
+    wide.m = m;
+    wide.centroids = cents.data();
+    wide.codebooks = cbs.data();
+    EXPECT_EQ(kind_of([&] { dev->create_mirror(wide); }), ErrorKind::Unsupported);
 }
 
 }  // namespace
