@@ -39,3 +39,7 @@ extern void GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int6
 							 GpuIvfpqBatchEmit emit, void *arg);
 extern void GpuIvfpqBatchEnd(GpuIvfpqBatchSearch *bs);
 extern const float *GpuIvfpqQueryMatrix(ArrayType *arr, int64 *nq, int *dim);
+
+/* Most neighbours per query of the batch functions (knn_batch, knn_graph). */
+#define GPU_IVFPQ_BATCH_MAX_K 1000
+extern void GpuIvfpqCheckBatchK(int k);

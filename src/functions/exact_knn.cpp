@@ -22,7 +22,6 @@ extern "C" {
 PG_FUNCTION_INFO_V1(gpu_ivfpq_exact_knn);
 }
 
-#define EXACT_MAX_K 1000
 #define EXACT_CHUNK_BYTES (32 * 1024 * 1024)
 
 static int
@@ -115,10 +114,7 @@ gpu_ivfpq_exact_knn(PG_FUNCTION_ARGS)
 	TableScanDesc scan;
 	MemoryContext rowctx;
 
-	if (k < 1 || k > EXACT_MAX_K)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("k must be between 1 and %d, not %d", EXACT_MAX_K, k)));
+	GpuIvfpqCheckBatchK(k);
 	queries = GpuIvfpqQueryMatrix(qarr, &nq, &d);
 	InitMaterializedSRF(fcinfo, 0);
 	heap = table_open(relid, AccessShareLock);
