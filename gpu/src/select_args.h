@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "../../src/engine/limits.h"
+#include "../../src/engine/search_limits.h"
 
 namespace gpuivfpq::gpu {
 

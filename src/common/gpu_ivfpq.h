@@ -3,7 +3,7 @@
 // method's format is in am/am.h, the GPU service's API in service/service.h.
 #pragma once
 
-#include "engine/limits.h"
+#include "engine/search_limits.h"
 #include "common/pg.h"
 
 /* ---- limits ---- */

@@ -9,7 +9,7 @@
 
 #include "engine/error.h"
 #include "engine/ivfpq.h"
-#include "engine/limits.h"
+#include "engine/search_limits.h"
 #include "engine/topk.h"
 #include "service/device/mirror_store.h"
 

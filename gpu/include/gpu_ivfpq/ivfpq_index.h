@@ -11,7 +11,7 @@
 #include "../../../src/engine/distances.h"
 #include "../../../src/engine/ivfpq.h"
 #include "../../../src/engine/kmeans.h"
-#include "../../../src/engine/limits.h"
+#include "../../../src/engine/search_limits.h"
 
 namespace gpuivfpq::gpu {
 

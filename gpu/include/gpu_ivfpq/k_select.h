@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../../../src/engine/limits.h"
+#include "../../../src/engine/search_limits.h"
 
 namespace gpuivfpq::gpu {
 

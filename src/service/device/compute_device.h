@@ -15,7 +15,7 @@
 
 #include "engine/distances.h"
 #include "engine/ivfpq.h"
-#include "engine/limits.h"
+#include "engine/search_limits.h"
 
 namespace gpuivfpq {
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "engine/error.h"
-#include "engine/limits.h"
+#include "engine/search_limits.h"
 #include "engine/topk.h"
 #include "service/device/compute_device.h"
 
