@@ -12,13 +12,15 @@
 // Everything is derived from --seed: the model from stream 0, the base rows
 // from stream 1 and the queries from stream 2 (queries are fresh draws from
 // the same distribution, never copies of base rows). The output does not
-// depend on --threads.
+// depend on --threads. Every benchmark (bench/cpu, bench/gpu, gpu/bench)
+// reads its synthetic data from here, so their figures are comparable.
 #include <algorithm>
-#include <chrono>
 #include <cmath>
+#include <exception>
 #include <thread>
 
 #include "common.h"
+#include "copy_sink.h"
 
 using namespace tools;
 
@@ -26,19 +28,23 @@ namespace {
 
 const char* kUsage = R"USAGE(usage: gen_synthetic [options]
 
-Writes synthetic SIFT-like vectors, deterministically from --seed.
+Writes synthetic SIFT-like vectors, deterministically from --seed, into a
+table (--table) or a file.
 
-  --what base|queries   which set to write (default base)
-  --format copy|fvecs   copy: PostgreSQL binary COPY rows (id bigint, embedding real[]),
-                        for COPY t FROM STDIN WITH (FORMAT binary);
-                        fvecs: int32 d + d float32 per vector (little endian)
-                        (default copy)
-  --out FILE            output file (default - = stdout)
+  --what base|queries   which set (default base)
+  --table T             load into table T's columns (id, embedding) in one
+                        transaction (COPY through libpqxx)
+  --conninfo STR        libpq connection string for --table (default: the PGHOST,
+                        PGPORT, PGUSER, PGDATABASE ... environment)
+  --format copy|fvecs   without --table: COPY text rows (id, embedding), for
+                        COPY t (id, embedding) FROM STDIN; or fvecs: int32 d + d
+                        float32 per vector, little endian (default copy)
+  --out FILE            without --table: output file (default - = stdout)
   --rows N              base vectors (default 1000000)
   --queries Q           query vectors (default 10000)
   --dim D               dimension (default 128)
   --seed S              seed (default 42)
-  --id-start I          first id of the COPY rows (default 1; ids are consecutive)
+  --id-start I          id of the first row (default 1; ids are consecutive)
   --clusters K          gaussian clusters (default 2000)
   --latent L            dimension of the center subspace (default 24)
   --rank R              rank of each cluster's anisotropic shape (default 12)
@@ -48,10 +54,85 @@ Writes synthetic SIFT-like vectors, deterministically from --seed.
   --threads T           generator threads (default 2; output is the same for any T)
   --help
 
-Load example:
-  gen_synthetic --rows 1000000 | psql -c "COPY items (id, embedding) FROM STDIN WITH (FORMAT binary)"
+Examples:
+  gen_synthetic --rows 1000000 --table items
+  gen_synthetic --rows 1000000 | psql -c "COPY items (id, embedding) FROM STDIN"
   gen_synthetic --what queries --queries 1000 --format fvecs --out queries.fvecs
 )USAGE";
+
+uint64_t splitmix64(uint64_t& x)
+{
+    uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+// xoshiro256** seeded from (seed, stream, substream) via splitmix64: each
+// (stream, substream) pair is an independent, reproducible sequence.
+class Rng {
+public:
+    Rng(uint64_t seed, uint64_t stream = 0, uint64_t sub = 0)
+    {
+        uint64_t x = seed ^ (stream * 0xd1b54a32d192ed03ULL) ^ (sub * 0x8cb92ba72f3d8dd7ULL);
+        for (int i = 0; i < 4; i++)
+            s_[i] = splitmix64(x);
+    }
+    uint64_t next()
+    {
+        uint64_t r = rotl(s_[1] * 5, 7) * 9;
+        uint64_t t = s_[1] << 17;
+        s_[2] ^= s_[0];
+        s_[3] ^= s_[1];
+        s_[1] ^= s_[2];
+        s_[0] ^= s_[3];
+        s_[2] ^= t;
+        s_[3] = rotl(s_[3], 45);
+        return r;
+    }
+    // Uniform in [0, 1).
+    double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+    // Standard normal (Box-Muller, both values used).
+    double normal()
+    {
+        if (have_spare_) {
+            have_spare_ = false;
+            return spare_;
+        }
+        double u1 = uniform(), u2 = uniform();
+        if (u1 < 1e-300)
+            u1 = 1e-300;
+        double r = std::sqrt(-2.0 * std::log(u1));
+        spare_ = r * std::sin(2.0 * M_PI * u2);
+        have_spare_ = true;
+        return r * std::cos(2.0 * M_PI * u2);
+    }
+    // Fills n standard normals as floats (faster path).
+    void normals(float* out, size_t n)
+    {
+        size_t i = 0;
+        if (have_spare_ && n > 0) {
+            out[i++] = static_cast<float>(spare_);
+            have_spare_ = false;
+        }
+        for (; i + 1 < n; i += 2) {
+            float u1 = static_cast<float>((next() >> 40) + 1) * 0x1.0p-24f;  // (0, 1]
+            float u2 = static_cast<float>(next() >> 40) * 0x1.0p-24f;
+            float r = std::sqrt(-2.0f * std::log(u1));
+            float a = 6.2831853f * u2;
+            out[i] = r * std::cos(a);
+            out[i + 1] = r * std::sin(a);
+        }
+        if (i < n)
+            out[i] = static_cast<float>(normal());
+    }
+
+private:
+    static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+    uint64_t s_[4];
+    bool have_spare_ = false;
+    double spare_ = 0.0;
+};
 
 struct Model {
     size_t d, k, r;
@@ -163,84 +244,110 @@ void generate(const Model& m, uint64_t seed, uint64_t stream, uint64_t chunk, si
     }
 }
 
-}  // namespace
+struct Options {
+    std::string what = "base", format = "copy", out = "-", table, conninfo;
+    long long rows = 1000000, queries = 10000, dim = 128, id_start = 1;
+    long long clusters = 2000, latent = 24, rank = 12, threads = 2;
+    uint64_t seed = 42;
+    double overlap = 3.0;
+};
 
-int main(int argc, char** argv)
+Options parse_options(int argc, char** argv)
 {
-    Args args(argc, argv, {"help"});
-    if (args.has("help")) {
-        std::fputs(kUsage, stdout);
-        return 0;
+    enum { kWhat = 256, kTable, kConninfo, kFormat, kOut, kRows, kQueries, kDim, kSeed,
+           kIdStart, kClusters, kLatent, kRank, kOverlap, kThreads, kHelp };
+    static const option longopts[] = {
+        {"what", required_argument, nullptr, kWhat},
+        {"table", required_argument, nullptr, kTable},
+        {"conninfo", required_argument, nullptr, kConninfo},
+        {"format", required_argument, nullptr, kFormat},
+        {"out", required_argument, nullptr, kOut},
+        {"rows", required_argument, nullptr, kRows},
+        {"queries", required_argument, nullptr, kQueries},
+        {"dim", required_argument, nullptr, kDim},
+        {"seed", required_argument, nullptr, kSeed},
+        {"id-start", required_argument, nullptr, kIdStart},
+        {"clusters", required_argument, nullptr, kClusters},
+        {"latent", required_argument, nullptr, kLatent},
+        {"rank", required_argument, nullptr, kRank},
+        {"overlap", required_argument, nullptr, kOverlap},
+        {"threads", required_argument, nullptr, kThreads},
+        {"help", no_argument, nullptr, kHelp},
+        {nullptr, 0, nullptr, 0}};
+    Options o;
+    bool have_out = false;
+    int c;
+    while ((c = getopt_long(argc, argv, "", longopts, nullptr)) != -1) {
+        switch (c) {
+        case kWhat: o.what = optarg; break;
+        case kTable: o.table = optarg; break;
+        case kConninfo: o.conninfo = optarg; break;
+        case kFormat: o.format = optarg; break;
+        case kOut: o.out = optarg; have_out = true; break;
+        case kRows: o.rows = opt_int("rows"); break;
+        case kQueries: o.queries = opt_int("queries"); break;
+        case kDim: o.dim = opt_int("dim"); break;
+        case kSeed: o.seed = static_cast<uint64_t>(opt_int("seed")); break;
+        case kIdStart: o.id_start = opt_int("id-start"); break;
+        case kClusters: o.clusters = opt_int("clusters"); break;
+        case kLatent: o.latent = opt_int("latent"); break;
+        case kRank: o.rank = opt_int("rank"); break;
+        case kOverlap: o.overlap = opt_real("overlap"); break;
+        case kThreads: o.threads = opt_int("threads"); break;
+        case kHelp: std::fputs(kUsage, stdout); std::exit(0);
+        default: die("see --help");  // getopt_long has named the bad option
+        }
     }
-    args.check({"what", "format", "out", "rows", "queries", "dim", "seed", "id-start",
-                "clusters", "latent", "rank", "overlap", "threads"});
-
-    const std::string what = args.str("what", "base");
-    const std::string format = args.str("format", "copy");
-    if (what != "base" && what != "queries")
+    if (optind < argc)
+        die(std::string("unexpected argument '") + argv[optind] + "' (see --help)");
+    if (o.what != "base" && o.what != "queries")
         die("--what must be base or queries");
-    if (format != "copy" && format != "fvecs")
+    if (o.format != "copy" && o.format != "fvecs")
         die("--format must be copy or fvecs");
-    const long long rows = args.num("rows", 1000000);
-    const long long queries = args.num("queries", 10000);
-    const long long dim = args.num("dim", 128);
-    const uint64_t seed = static_cast<uint64_t>(args.num("seed", 42));
-    const long long id_start = args.num("id-start", 1);
-    const long long clusters = args.num("clusters", 2000);
-    const long long latent = args.num("latent", 24);
-    const long long rank = args.num("rank", 12);
-    const double overlap = args.real("overlap", 3.0);
-    const long long threads = args.num("threads", 2);
-    if (rows < 0 || queries < 0 || dim < 1 || clusters < 1 || latent < 1 || rank < 1 ||
-        threads < 1 || overlap <= 0)
+    if (!o.table.empty() && (have_out || o.format != "copy"))
+        die("--table loads the rows itself: no --out or --format with it");
+    if (o.rows < 0 || o.queries < 0 || o.dim < 1 || o.clusters < 1 || o.latent < 1 || o.rank < 1 ||
+        o.threads < 1 || !(o.overlap > 0))
         die("invalid sizes (rows, queries >= 0; dim, clusters, latent, rank, threads >= 1; overlap > 0)");
+    return o;
+}
 
-    Model model = build_model(seed, static_cast<size_t>(dim), static_cast<size_t>(clusters),
-                              static_cast<size_t>(latent), static_cast<size_t>(rank), overlap);
-
-    const size_t d = static_cast<size_t>(dim);
-    const size_t total = static_cast<size_t>(what == "base" ? rows : queries);
-    const uint64_t stream = what == "base" ? 1 : 2;
-    const size_t chunk_rows = 1024;
+void run(const Options& o)
+{
+    const Model model = build_model(o.seed, size_t(o.dim), size_t(o.clusters), size_t(o.latent),
+                                    size_t(o.rank), o.overlap);
+    const size_t d = size_t(o.dim);
+    const size_t total = size_t(o.what == "base" ? o.rows : o.queries);
+    const uint64_t stream = o.what == "base" ? 1 : 2;
+    const size_t chunk_rows = 1024;  // a chunk is one RNG substream: fixed, for determinism
     const size_t nchunks = (total + chunk_rows - 1) / chunk_rows;
-    const size_t nthreads = static_cast<size_t>(threads);
+    const size_t nthreads = size_t(o.threads);
+    const bool fvecs = o.format == "fvecs";
 
-    Output out(args.str("out", "-"));
-    if (format == "copy") {
-        std::string h = CopyEncoder::header();
-        out.write(h.data(), h.size());
-    }
-    const std::vector<Col> cols{Col::Int8, Col::Float4Array};
-    const size_t row_bytes = CopyEncoder::row_bytes(cols, d);
+    std::unique_ptr<Output> fvecs_out;
+    std::unique_ptr<CopySink> sink;
+    if (fvecs)
+        fvecs_out = std::make_unique<Output>(o.out);
+    else if (!o.table.empty())
+        sink = CopySink::table(o.conninfo, o.table, {"id", "embedding"});
+    else
+        sink = CopySink::file(o.out);
 
-    // Waves of nthreads chunks: generated and encoded in parallel, written in order.
+    // Waves of nthreads chunks, generated (and turned into array text) in
+    // parallel, written in order.
     std::vector<std::vector<float>> vec_buf(nthreads, std::vector<float>(chunk_rows * d));
-    std::vector<std::vector<char>> enc_buf(nthreads);
+    std::vector<std::vector<std::string>> text_buf(nthreads, std::vector<std::string>(chunk_rows));
     for (size_t wave = 0; wave < nchunks; wave += nthreads) {
-        size_t in_wave = std::min(nthreads, nchunks - wave);
+        const size_t in_wave = std::min(nthreads, nchunks - wave);
         auto work = [&](size_t t) {
-            size_t chunk = wave + t;
-            size_t first = chunk * chunk_rows;
-            size_t n = std::min(chunk_rows, total - first);
-            generate(model, seed, stream, chunk, n, vec_buf[t].data());
-            if (format == "copy") {
-                enc_buf[t].resize(n * row_bytes);
-                char* p = enc_buf[t].data();
+            const size_t chunk = wave + t;
+            const size_t n = std::min(chunk_rows, total - chunk * chunk_rows);
+            generate(model, o.seed, stream, chunk, n, vec_buf[t].data());
+            if (!fvecs)
                 for (size_t i = 0; i < n; i++) {
-                    put16(p, 2);
-                    CopyEncoder::put_int8(p, id_start + static_cast<long long>(first + i));
-                    CopyEncoder::put_float_array(p, &vec_buf[t][i * d], d);
+                    text_buf[t][i].clear();
+                    append_array_text(text_buf[t][i], &vec_buf[t][i * d], d);
                 }
-            } else {
-                enc_buf[t].resize(n * (4 + d * 4));
-                char* p = enc_buf[t].data();
-                int32_t dd = static_cast<int32_t>(d);
-                for (size_t i = 0; i < n; i++) {
-                    std::memcpy(p, &dd, 4);
-                    std::memcpy(p + 4, &vec_buf[t][i * d], d * 4);
-                    p += 4 + d * 4;
-                }
-            }
         };
         std::vector<std::thread> pool;
         for (size_t t = 1; t < in_wave; t++)
@@ -248,13 +355,32 @@ int main(int argc, char** argv)
         work(0);
         for (auto& th : pool)
             th.join();
-        for (size_t t = 0; t < in_wave; t++)
-            out.write(enc_buf[t].data(), enc_buf[t].size());
+        for (size_t t = 0; t < in_wave; t++) {
+            const size_t first = (wave + t) * chunk_rows;
+            const size_t n = std::min(chunk_rows, total - first);
+            for (size_t i = 0; i < n; i++) {
+                if (fvecs)
+                    write_fvecs_row(*fvecs_out, &vec_buf[t][i * d], d);
+                else
+                    sink->row(o.id_start + static_cast<long long>(first + i), text_buf[t][i]);
+            }
+        }
     }
-    if (format == "copy") {
-        std::string tr = CopyEncoder::trailer();
-        out.write(tr.data(), tr.size());
+    if (fvecs)
+        fvecs_out->close();
+    else
+        sink->finish();
+}
+
+}  // namespace
+
+int main(int argc, char** argv)
+{
+    const Options o = parse_options(argc, argv);
+    try {
+        run(o);
+    } catch (const std::exception& e) {
+        die(e.what());
     }
-    out.close();
     return 0;
 }

@@ -1,22 +1,24 @@
 // knn_bench: recall and latency of k-NN queries through SQL, from one client.
 //
-// For each setting (a list of GUC assignments), it SETs the GUCs, PREPAREs
+// For each setting (a list of GUC assignments), it SETs the GUCs, prepares
 //   SELECT <id> FROM <table> ORDER BY <column> <op> $1::real[] LIMIT <k>
-// runs every query vector through it (a binary float4[] parameter), and
-// reports recall@k against exact ground truth, queries per second and the
-// p50/p99 latency. Ground truth comes from the engine's brute_force_knn on
-// the table's vectors read back over binary COPY, or from a cache file.
-#include <libpq-fe.h>
+// runs every query vector through it, and reports recall@k against exact
+// ground truth, queries per second and the p50/p99 latency. Ground truth
+// comes from the engine's brute_force_knn on the table's vectors, read back
+// over COPY, or from a cache file. Talks to PostgreSQL through libpqxx.
+#include <pqxx/pqxx>
 
 #include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <exception>
+#include <numeric>
 #include <thread>
 #include <unordered_set>
 
 #include "common.h"
-#include "topk.h"
+#include "engine/topk.h"
 
 using namespace tools;
 using Clock = std::chrono::steady_clock;
@@ -25,7 +27,7 @@ namespace {
 
 const char* kUsage = R"USAGE(usage: knn_bench --table T (--queries FILE.fvecs | --query-table QT) [options]
 
-  --conninfo STR        libpq connection string (default: libpq environment, PGHOST etc.)
+  --conninfo STR        libpq connection string (default: the PGHOST, PGPORT, ... environment)
   --table T             table searched (columns --id-column, --column)
   --column C            vector column, real[] (default embedding)
   --id-column C         id column, bigint or integer (default id)
@@ -52,125 +54,154 @@ p99 ms | plan (the scan node of EXPLAIN for the first query). Recall counts a
 returned id as correct when its exact distance ties the k-th true distance.
 )USAGE";
 
-// ---------------------------------------------------------------- libpq
-
-struct Conn {
-    PGconn* c = nullptr;
-    ~Conn()
-    {
-        if (c)
-            PQfinish(c);
-    }
+struct Options {
+    std::string conninfo, table, column = "embedding", id_column = "id", queries, query_table;
+    std::string gt_cache, latencies;
+    std::vector<std::string> settings, sql;
+    long long nq = 0, k = 10, warmup = 20, threads = 2;
+    double min_recall = -1.0;
+    std::string op = "<->";
 };
 
-void exec_ok(PGconn* c, const std::string& sql)
+Options parse_options(int argc, char** argv)
 {
-    PGresult* r = PQexec(c, sql.c_str());
-    ExecStatusType st = PQresultStatus(r);
-    if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
-        std::string msg = PQerrorMessage(c);
-        PQclear(r);
-        die("'" + sql + "' failed: " + msg);
+    enum { kConninfo = 256, kTable, kColumn, kIdColumn, kQueries, kQueryTable, kNq, kK, kOp,
+           kSettings, kSql, kWarmup, kGtCache, kThreads, kMinRecall, kLatencies, kHelp };
+    static const option longopts[] = {
+        {"conninfo", required_argument, nullptr, kConninfo},
+        {"table", required_argument, nullptr, kTable},
+        {"column", required_argument, nullptr, kColumn},
+        {"id-column", required_argument, nullptr, kIdColumn},
+        {"queries", required_argument, nullptr, kQueries},
+        {"query-table", required_argument, nullptr, kQueryTable},
+        {"nq", required_argument, nullptr, kNq},
+        {"k", required_argument, nullptr, kK},
+        {"op", required_argument, nullptr, kOp},
+        {"settings", required_argument, nullptr, kSettings},
+        {"sql", required_argument, nullptr, kSql},
+        {"warmup", required_argument, nullptr, kWarmup},
+        {"gt-cache", required_argument, nullptr, kGtCache},
+        {"threads", required_argument, nullptr, kThreads},
+        {"min-recall", required_argument, nullptr, kMinRecall},
+        {"latencies", required_argument, nullptr, kLatencies},
+        {"help", no_argument, nullptr, kHelp},
+        {nullptr, 0, nullptr, 0}};
+    Options o;
+    int c;
+    while ((c = getopt_long(argc, argv, "", longopts, nullptr)) != -1) {
+        switch (c) {
+        case kConninfo: o.conninfo = optarg; break;
+        case kTable: o.table = optarg; break;
+        case kColumn: o.column = optarg; break;
+        case kIdColumn: o.id_column = optarg; break;
+        case kQueries: o.queries = optarg; break;
+        case kQueryTable: o.query_table = optarg; break;
+        case kNq: o.nq = opt_int("nq"); break;
+        case kK: o.k = opt_int("k"); break;
+        case kOp: o.op = optarg; break;
+        case kSettings: o.settings.push_back(optarg); break;
+        case kSql: o.sql.push_back(optarg); break;
+        case kWarmup: o.warmup = opt_int("warmup"); break;
+        case kGtCache: o.gt_cache = optarg; break;
+        case kThreads: o.threads = opt_int("threads"); break;
+        case kMinRecall: o.min_recall = opt_real("min-recall"); break;
+        case kLatencies: o.latencies = optarg; break;
+        case kHelp: std::fputs(kUsage, stdout); std::exit(0);
+        default: die("see --help");  // getopt_long has named the bad option
+        }
     }
-    PQclear(r);
+    if (optind < argc)
+        die(std::string("unexpected argument '") + argv[optind] + "' (see --help)");
+    if (o.table.empty())
+        die("--table is required (see --help)");
+    if (o.queries.empty() == o.query_table.empty())
+        die("give exactly one of --queries FILE or --query-table TABLE");
+    if (o.k < 1 || o.nq < 0 || o.warmup < 0 || o.threads < 1)
+        die("--k and --threads must be >= 1, --nq and --warmup >= 0");
+    return o;
 }
 
-std::string scalar(PGconn* c, const std::string& sql)
+// ---------------------------------------------------------------- vectors
+
+// (id, vector) rows of a table; every vector has d elements.
+struct Vectors {
+    std::vector<int64_t> ids;
+    std::vector<float> vecs;
+    size_t d = 0;
+};
+
+// Parses a one-dimensional real[] in text form, {x1,x2,...}, into out.
+void parse_array_text(std::string_view s, int64_t id, std::vector<float>& out)
 {
-    PGresult* r = PQexec(c, sql.c_str());
-    if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) < 1) {
-        std::string msg = PQerrorMessage(c);
-        PQclear(r);
-        die("'" + sql + "' failed: " + msg);
+    out.clear();
+    if (s.size() < 2 || s.front() != '{' || s.back() != '}')
+        throw std::runtime_error("embedding of id " + std::to_string(id) +
+                                 " is not a one-dimensional array: " + std::string(s.substr(0, 40)));
+    const char* p = s.data() + 1;
+    const char* end = s.data() + s.size() - 1;
+    while (p < end) {
+        float v;
+        auto r = std::from_chars(p, end, v);
+        if (r.ec != std::errc() || (r.ptr != end && *r.ptr != ','))
+            throw std::runtime_error("embedding of id " + std::to_string(id) +
+                                     " has an element that is not a number (NULL?)");
+        out.push_back(v);
+        p = r.ptr + 1;
     }
-    std::string v = PQgetvalue(r, 0, 0);
-    PQclear(r);
-    return v;
 }
 
-std::string ident(PGconn* c, const std::string& name)
+// Reads every (id, vector) row of a table through COPY ... TO STDOUT.
+// Lines are taken raw: libpqxx 6.4's stream_from >> leaves a flag
+// uninitialised when the columns are named, and fails at random. A line is
+// "id<TAB>{x1,...}\n"; numbers need no COPY unescaping, and NULL is \N.
+Vectors read_vectors(pqxx::transaction_base& tx, const std::string& table,
+                     const std::string& id_column, const std::string& column, size_t expect_rows)
 {
-    // Accept schema-qualified names: quote each part.
+    Vectors out;
+    pqxx::stream_from stream(tx, table, std::vector<std::string>{id_column, column});
+    std::string line;
+    std::vector<float> v;
+    while (stream.get_raw_line(line)) {
+        if (!line.empty() && line.back() == '\n')
+            line.pop_back();
+        const size_t tab = line.find('\t');
+        int64_t id = 0;
+        auto r = std::from_chars(line.data(), line.data() + (tab == std::string::npos ? 0 : tab), id);
+        if (tab == std::string::npos || r.ec != std::errc() || r.ptr != line.data() + tab)
+            throw std::runtime_error("unexpected row in " + table + " (NULL id?): " +
+                                     line.substr(0, 40));
+        if (line.compare(tab + 1, std::string::npos, "\\N") == 0)
+            throw std::runtime_error("NULL embedding for id " + std::to_string(id));
+        parse_array_text(std::string_view(line).substr(tab + 1), id, v);
+        if (out.ids.empty()) {
+            out.d = v.size();
+            out.ids.reserve(expect_rows);
+            out.vecs.reserve(expect_rows * out.d);
+        } else if (v.size() != out.d) {
+            throw std::runtime_error("embedding of id " + std::to_string(id) + " has " +
+                                     std::to_string(v.size()) + " elements, expected " +
+                                     std::to_string(out.d));
+        }
+        out.ids.push_back(id);
+        out.vecs.insert(out.vecs.end(), v.begin(), v.end());
+    }
+    stream.complete();
+    return out;
+}
+
+// A table name, schema-qualified or not, quoted part by part.
+std::string quote_table(pqxx::connection_base& conn, const std::string& name)
+{
     std::string out;
     size_t start = 0;
     for (;;) {
         size_t dot = name.find('.', start);
-        std::string part = name.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-        char* q = PQescapeIdentifier(c, part.c_str(), part.size());
-        if (!q)
-            die(std::string("bad identifier: ") + PQerrorMessage(c));
-        out += q;
-        PQfreemem(q);
+        out += conn.quote_name(name.substr(start, dot == std::string::npos ? dot : dot - start));
         if (dot == std::string::npos)
-            break;
+            return out;
         out += '.';
         start = dot + 1;
     }
-    return out;
-}
-
-// Runs a COPY ... TO STDOUT (FORMAT binary) of (id, vector) rows.
-void copy_out(PGconn* c, const std::string& sql, CopyRowParser& parser)
-{
-    PGresult* r = PQexec(c, sql.c_str());
-    if (PQresultStatus(r) != PGRES_COPY_OUT) {
-        std::string msg = PQerrorMessage(c);
-        PQclear(r);
-        die("'" + sql + "' failed: " + msg);
-    }
-    PQclear(r);
-    char* buf = nullptr;
-    int n;
-    try {
-        while ((n = PQgetCopyData(c, &buf, 0)) > 0) {
-            parser.feed(buf, static_cast<size_t>(n));
-            PQfreemem(buf);
-            buf = nullptr;
-        }
-    } catch (const std::exception& e) {
-        die(std::string("reading '") + sql + "': " + e.what());
-    }
-    if (n == -2)
-        die(std::string("COPY failed: ") + PQerrorMessage(c));
-    r = PQgetResult(c);
-    if (PQresultStatus(r) != PGRES_COMMAND_OK) {
-        std::string msg = PQerrorMessage(c);
-        PQclear(r);
-        die("'" + sql + "' failed: " + msg);
-    }
-    PQclear(r);
-    while ((r = PQgetResult(c)))
-        PQclear(r);
-}
-
-// Binary float4[] parameter.
-std::string float4_array(const float* v, size_t d)
-{
-    std::string s(20 + d * 8, '\0');
-    char* p = &s[0];
-    put32(p, 1);
-    put32(p, 0);
-    put32(p, kFloat4Oid);
-    put32(p, static_cast<uint32_t>(d));
-    put32(p, 1);
-    for (size_t j = 0; j < d; j++) {
-        uint32_t bits;
-        std::memcpy(&bits, &v[j], 4);
-        put32(p, 4);
-        put32(p, bits);
-    }
-    return s;
-}
-
-std::string text_array(const float* v, size_t d)
-{
-    std::string s = "{";
-    char b[32];
-    for (size_t j = 0; j < d; j++) {
-        std::snprintf(b, sizeof b, "%s%.9g", j ? "," : "", static_cast<double>(v[j]));
-        s += b;
-    }
-    return s + "}";
 }
 
 // ---------------------------------------------------------------- settings
@@ -289,7 +320,7 @@ void save_cache(const std::string& path, const CacheKey& key, const GroundTruth&
     }
 }
 
-void compute_gt(const std::vector<float>& queries, size_t nq, const CopyRowParser& base,
+void compute_gt(const std::vector<float>& queries, size_t nq, const Vectors& base,
                 gpuivfpq::Metric metric, size_t kgt, int threads, GroundTruth& gt)
 {
     const size_t d = base.d, n = base.ids.size();
@@ -334,128 +365,119 @@ double percentile(std::vector<double> v, double p)
     return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
 }
 
-std::string plan_node(PGconn* c, const std::string& sql, const std::string& param)
+// The scan node EXPLAIN shows for sql with the parameter query.
+std::string plan_node(pqxx::transaction_base& tx, const std::string& sql, const std::string& query)
 {
-    const char* values[1] = {param.c_str()};
-    std::string q = "EXPLAIN (COSTS OFF) " + sql;
-    PGresult* r = PQexecParams(c, q.c_str(), 1, nullptr, values, nullptr, nullptr, 0);
-    std::string out = "?";
-    if (PQresultStatus(r) == PGRES_TUPLES_OK) {
-        for (int i = 0; i < PQntuples(r); i++) {
-            std::string line = PQgetvalue(r, i, 0);
-            size_t pos = line.find_first_not_of(" ->");
-            line = line.substr(pos == std::string::npos ? 0 : pos);
-            if (line.find("Scan") != std::string::npos) {
-                size_t on = line.find(" on ");
-                out = on == std::string::npos ? line : line.substr(0, on);
-                break;
-            }
+    pqxx::result r = tx.exec_params("EXPLAIN (COSTS OFF) " + sql, query);
+    for (const auto& row : r) {
+        std::string line = row[0].c_str();
+        size_t pos = line.find_first_not_of(" ->");
+        line = line.substr(pos == std::string::npos ? 0 : pos);
+        if (line.find("Scan") != std::string::npos) {
+            size_t on = line.find(" on ");
+            return on == std::string::npos ? line : line.substr(0, on);
         }
     }
-    PQclear(r);
-    return out;
+    return "?";
 }
 
-}  // namespace
+struct Row {
+    std::string setting, plan;
+    double recall, qps, p50, p99;
+};
 
-int main(int argc, char** argv)
+void print_table(const std::vector<Row>& rows, size_t k)
 {
-    Args args(argc, argv, {"help"});
-    if (args.has("help")) {
-        std::fputs(kUsage, stdout);
-        return 0;
+    std::string rk = "recall@" + std::to_string(k);
+    size_t w_set = std::string("setting").size(), w_plan = std::string("plan").size();
+    for (auto& r : rows) {
+        w_set = std::max(w_set, r.setting.size());
+        w_plan = std::max(w_plan, r.plan.size());
     }
-    args.check({"conninfo", "table", "column", "id-column", "queries", "query-table", "nq", "k",
-                "op", "settings", "sql", "warmup", "gt-cache", "threads", "min-recall",
-                "latencies"});
-    const std::string table = args.str("table");
-    if (table.empty())
-        die("--table is required (see --help)");
-    if (args.has("queries") == args.has("query-table"))
-        die("give exactly one of --queries FILE or --query-table TABLE");
-    const std::string op = args.str("op", "<->");
+    std::printf("%-*s | %9s | %9s | %8s | %8s | %s\n", static_cast<int>(w_set), "setting", rk.c_str(),
+                "QPS", "p50 ms", "p99 ms", "plan");
+    std::printf("%s-|-%s-|-%s-|-%s-|-%s-|-%s\n", std::string(w_set, '-').c_str(),
+                std::string(9, '-').c_str(), std::string(9, '-').c_str(), std::string(8, '-').c_str(),
+                std::string(8, '-').c_str(), std::string(w_plan, '-').c_str());
+    for (auto& r : rows)
+        std::printf("%-*s | %9.4f | %9.1f | %8.3f | %8.3f | %s\n", static_cast<int>(w_set),
+                    r.setting.c_str(), r.recall, r.qps, r.p50, r.p99, r.plan.c_str());
+    std::fflush(stdout);
+}
+
+// Returns the exit status: 0, or 2 when a setting's recall is below --min-recall.
+int run(const Options& o)
+{
     gpuivfpq::Metric metric;
-    if (op == "<->")
+    if (o.op == "<->")
         metric = gpuivfpq::Metric::L2;
-    else if (op == "<#>")
+    else if (o.op == "<#>")
         metric = gpuivfpq::Metric::InnerProduct;
-    else if (op == "<=>")
+    else if (o.op == "<=>")
         metric = gpuivfpq::Metric::Cosine;
     else
         die("--op must be <->, <#> or <=>");
-    const long long k_arg = args.num("k", 10);
-    const long long nq_arg = args.num("nq", 0);
-    const long long warmup = args.num("warmup", 20);
-    const long long threads = args.num("threads", 2);
-    if (k_arg < 1 || nq_arg < 0 || warmup < 0 || threads < 1)
-        die("--k and --threads must be >= 1, --nq and --warmup >= 0");
-    const size_t k = static_cast<size_t>(k_arg);
-    const double min_recall = args.real("min-recall", -1.0);
-    std::vector<Setting> settings = parse_settings(args.all("settings"));
+    const size_t k = size_t(o.k);
+    const std::vector<Setting> settings = parse_settings(o.settings);
 
-    Conn conn;
-    conn.c = PQconnectdb(args.str("conninfo").c_str());
-    if (PQstatus(conn.c) != CONNECTION_OK)
-        die(std::string("connection failed: ") + PQerrorMessage(conn.c));
-    PGconn* c = conn.c;
-    for (const std::string& s : args.all("sql"))
-        exec_ok(c, s);
+    pqxx::connection conn(o.conninfo);
+    // Autocommit: SET and RESET last for the session, as from psql.
+    pqxx::nontransaction tx(conn);
+    for (const std::string& s : o.sql)
+        tx.exec(s);
 
-    const std::string col = ident(c, args.str("column", "embedding"));
-    const std::string idcol = ident(c, args.str("id-column", "id"));
-    const std::string tab = ident(c, table);
+    const std::string col = conn.quote_name(o.column);
+    const std::string idcol = conn.quote_name(o.id_column);
+    const std::string tab = quote_table(conn, o.table);
 
     // Queries.
     std::vector<float> queries;
     size_t d = 0, nq = 0;
-    if (args.has("queries")) {
-        d = read_fvecs(args.str("queries"), queries, static_cast<size_t>(nq_arg));
+    if (!o.queries.empty()) {
+        d = read_fvecs(o.queries, queries, size_t(o.nq));
         nq = queries.size() / d;
     } else {
-        CopyRowParser qp;
-        std::string sql = "COPY (SELECT " + idcol + ", " + col + " FROM " +
-                          ident(c, args.str("query-table")) + " ORDER BY " + idcol +
-                          (nq_arg > 0 ? " LIMIT " + std::to_string(nq_arg) : "") +
-                          ") TO STDOUT (FORMAT binary)";
-        copy_out(c, sql, qp);
-        d = qp.d;
-        nq = qp.ids.size();
-        queries.swap(qp.vecs);
+        // The first --nq rows by id (COPY of a whole table has no order).
+        Vectors q = read_vectors(tx, quote_table(conn, o.query_table), idcol, col, 0);
+        d = q.d;
+        std::vector<size_t> order(q.ids.size());
+        std::iota(order.begin(), order.end(), 0);
+        std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return q.ids[a] < q.ids[b]; });
+        nq = o.nq > 0 ? std::min(order.size(), size_t(o.nq)) : order.size();
+        queries.resize(nq * d);
+        for (size_t i = 0; i < nq; i++)
+            std::copy_n(&q.vecs[order[i] * d], d, &queries[i * d]);
     }
     if (nq == 0 || d == 0)
         die("no query vectors");
 
     // Ground truth (k plus a margin, so that ties at the k-th distance count).
-    const uint64_t rows = std::stoull(scalar(c, "SELECT count(*) FROM " + tab));
+    const uint64_t rows = tx.exec("SELECT count(*) FROM " + tab)[0][0].as<uint64_t>();
     if (rows == 0)
-        die("table " + table + " is empty");
-    const size_t kgt = static_cast<size_t>(std::min<uint64_t>(rows, k + 16));
+        die("table " + o.table + " is empty");
+    const size_t kgt = size_t(std::min<uint64_t>(rows, k + 16));
     CacheKey key{nq, kgt, d, rows, static_cast<uint64_t>(metric),
-                 fnv1a(queries.data(), queries.size() * 4), fnv1a(table.data(), table.size())};
+                 fnv1a(queries.data(), queries.size() * 4), fnv1a(o.table.data(), o.table.size())};
     GroundTruth gt;
     std::string gt_note;
-    const std::string cache = args.str("gt-cache");
     auto t0 = Clock::now();
-    if (!cache.empty() && load_cache(cache, key, gt)) {
-        gt_note = "ground truth: cached in " + cache;
+    if (!o.gt_cache.empty() && load_cache(o.gt_cache, key, gt)) {
+        gt_note = "ground truth: cached in " + o.gt_cache;
     } else {
-        CopyRowParser base;
-        base.expect_rows = rows;
-        copy_out(c, "COPY (SELECT " + idcol + ", " + col + " FROM " + tab + ") TO STDOUT (FORMAT binary)",
-                 base);
+        Vectors base = read_vectors(tx, tab, idcol, col, rows);
         if (base.d != d)
             die("queries have " + std::to_string(d) + " dimensions, table vectors " +
                 std::to_string(base.d));
         double t_read = std::chrono::duration<double>(Clock::now() - t0).count();
         auto t1 = Clock::now();
-        compute_gt(queries, nq, base, metric, kgt, static_cast<int>(threads), gt);
+        compute_gt(queries, nq, base, metric, kgt, int(o.threads), gt);
         double t_gt = std::chrono::duration<double>(Clock::now() - t1).count();
         char b[160];
         std::snprintf(b, sizeof b, "ground truth: brute force (read %zu rows in %.1f s, knn in %.2f s)",
                       base.ids.size(), t_read, t_gt);
         gt_note = b;
-        if (!cache.empty())
-            save_cache(cache, key, gt);
+        if (!o.gt_cache.empty())
+            save_cache(o.gt_cache, key, gt);
     }
 
     // Tie-aware truth sets: every id whose exact distance is within rounding
@@ -472,80 +494,61 @@ int main(int argc, char** argv)
                 truth[i].insert(ids[j]);
     }
 
-    const std::string sql = "SELECT " + idcol + " FROM " + tab + " ORDER BY " + col + " " + op +
+    const std::string sql = "SELECT " + idcol + " FROM " + tab + " ORDER BY " + col + " " + o.op +
                             " $1::real[] LIMIT " + std::to_string(k);
+    // Each query's vector as the parameter's text, {x1,...}: exact, as
+    // append_array_text writes the shortest form that reads back the same.
     std::vector<std::string> params(nq);
     for (size_t i = 0; i < nq; i++)
-        params[i] = float4_array(&queries[i * d], d);
+        params[i] = array_text(&queries[i * d], d);
 
     std::printf("# knn_bench: table %s (%llu rows, %zu dims), %zu queries, k=%zu, op %s\n",
-                table.c_str(), static_cast<unsigned long long>(rows), d, nq, k, op.c_str());
+                o.table.c_str(), static_cast<unsigned long long>(rows), d, nq, k, o.op.c_str());
     std::printf("# %s\n", gt_note.c_str());
     std::printf("# query: %s\n", sql.c_str());
 
-    struct Row {
-        std::string setting, plan;
-        double recall, qps, p50, p99;
-    };
     std::vector<Row> table_rows;
     std::vector<std::string> set_before;
     bool below = false;
     FILE* lat_file = nullptr;
-    if (args.has("latencies")) {
-        lat_file = std::fopen(args.str("latencies").c_str(), "w");
+    if (!o.latencies.empty()) {
+        lat_file = std::fopen(o.latencies.c_str(), "w");
         if (!lat_file)
-            die("cannot write " + args.str("latencies") + ": " + std::strerror(errno));
+            die("cannot write " + o.latencies + ": " + std::strerror(errno));
     }
     for (const Setting& s : settings) {
         for (const std::string& name : set_before)
-            exec_ok(c, "RESET " + name);
+            tx.exec("RESET " + name);
         set_before.clear();
         for (auto g : s.gucs) {
-            if (g.first.find('.') == std::string::npos) {
-                char* nl = PQescapeLiteral(c, g.first.c_str(), g.first.size());
-                bool core = scalar(c, "SELECT count(*) FROM pg_settings WHERE name = " +
-                                          std::string(nl)) != "0";
-                PQfreemem(nl);
-                if (!core)
-                    g.first = "gpu_ivfpq." + g.first;
-            }
-            char* lit = PQescapeLiteral(c, g.second.c_str(), g.second.size());
-            exec_ok(c, "SET " + g.first + " = " + std::string(lit));
-            PQfreemem(lit);
+            if (g.first.find('.') == std::string::npos &&
+                tx.exec_params1("SELECT count(*) FROM pg_settings WHERE name = $1", g.first)[0]
+                        .as<long>() == 0)
+                g.first = "gpu_ivfpq." + g.first;
+            tx.exec("SET " + g.first + " = " + tx.quote(g.second));
             set_before.push_back(g.first);
         }
-        exec_ok(c, "DEALLOCATE ALL");
-        const Oid types[1] = {1021};  // float4[]
-        PGresult* pr = PQprepare(c, "knn", sql.c_str(), 1, types);
-        if (PQresultStatus(pr) != PGRES_COMMAND_OK)
-            die("PREPARE failed: " + std::string(PQerrorMessage(c)));
-        PQclear(pr);
-        std::string plan = plan_node(c, sql, text_array(&queries[0], d));
+        // Prepared afresh for each setting, as the plan may depend on it.
+        conn.unprepare("knn");
+        conn.prepare("knn", sql);
+        const std::string plan = plan_node(tx, sql, params[0]);
 
         auto run_one = [&](size_t i, std::vector<int64_t>* got) {
-            const char* values[1] = {params[i].data()};
-            const int lengths[1] = {static_cast<int>(params[i].size())};
-            const int formats[1] = {1};
-            PGresult* r = PQexecPrepared(c, "knn", 1, values, lengths, formats, 1);
-            if (PQresultStatus(r) != PGRES_TUPLES_OK) {
-                std::string msg = PQerrorMessage(c);
-                PQclear(r);
-                die("query " + std::to_string(i) + " with setting " + s.label + " failed: " + msg);
+            pqxx::result r;
+            try {
+                r = tx.exec_prepared("knn", params[i]);
+            } catch (const std::exception& e) {
+                die("query " + std::to_string(i) + " with setting " + s.label + " failed: " + e.what());
             }
             if (got) {
                 got->clear();
-                for (int row = 0; row < PQntuples(r); row++) {
-                    const char* v = PQgetvalue(r, row, 0);
-                    got->push_back(PQgetlength(r, row, 0) == 8
-                                       ? static_cast<int64_t>(get64(v))
-                                       : static_cast<int32_t>(get32(v)));
-                }
+                for (const auto& row : r)
+                    got->push_back(row[0].as<int64_t>());
             }
-            PQclear(r);
         };
 
-        for (long long w = 0; w < warmup; w++)
-            run_one(static_cast<size_t>(w) % nq, nullptr);
+        for (long long w = 0; w < o.warmup; w++)
+            run_one(size_t(w) % nq, nullptr);
 
         std::vector<double> lat(nq);
         std::vector<std::vector<int64_t>> results(nq);
@@ -567,39 +570,35 @@ int main(int argc, char** argv)
             for (size_t j = 0; j < results[i].size() && j < k; j++)
                 if (seen.insert(results[i][j]).second && truth[i].count(results[i][j]))
                     hits++;
-            recall_sum += static_cast<double>(std::min(hits, k)) / static_cast<double>(std::min<size_t>(k, rows));
+            recall_sum += double(std::min(hits, k)) / double(std::min<size_t>(k, rows));
         }
-        Row row{s.label, plan, recall_sum / static_cast<double>(nq),
-                static_cast<double>(nq) / total, percentile(lat, 0.50), percentile(lat, 0.99)};
-        if (min_recall >= 0 && row.recall < min_recall)
+        Row row{s.label, plan, recall_sum / double(nq), double(nq) / total, percentile(lat, 0.50),
+                percentile(lat, 0.99)};
+        if (o.min_recall >= 0 && row.recall < o.min_recall)
             below = true;
         table_rows.push_back(row);
-        std::fflush(stdout);
     }
     for (const std::string& name : set_before)
-        exec_ok(c, "RESET " + name);
+        tx.exec("RESET " + name);
     if (lat_file && std::fclose(lat_file) != 0)
-        die("writing " + args.str("latencies") + " failed");
+        die("writing " + o.latencies + " failed");
 
-    // The table.
-    std::string rk = "recall@" + std::to_string(k);
-    size_t w_set = std::string("setting").size(), w_plan = std::string("plan").size();
-    for (auto& r : table_rows) {
-        w_set = std::max(w_set, r.setting.size());
-        w_plan = std::max(w_plan, r.plan.size());
-    }
-    std::printf("%-*s | %9s | %9s | %8s | %8s | %s\n", static_cast<int>(w_set), "setting", rk.c_str(),
-                "QPS", "p50 ms", "p99 ms", "plan");
-    std::printf("%s-|-%s-|-%s-|-%s-|-%s-|-%s\n", std::string(w_set, '-').c_str(),
-                std::string(9, '-').c_str(), std::string(9, '-').c_str(), std::string(8, '-').c_str(),
-                std::string(8, '-').c_str(), std::string(w_plan, '-').c_str());
-    for (auto& r : table_rows)
-        std::printf("%-*s | %9.4f | %9.1f | %8.3f | %8.3f | %s\n", static_cast<int>(w_set),
-                    r.setting.c_str(), r.recall, r.qps, r.p50, r.p99, r.plan.c_str());
-    std::fflush(stdout);
+    print_table(table_rows, k);
     if (below) {
-        std::fprintf(stderr, "knn_bench: recall@%zu below --min-recall %.4f\n", k, min_recall);
+        std::fprintf(stderr, "knn_bench: recall@%zu below --min-recall %.4f\n", k, o.min_recall);
         return 2;
     }
     return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv)
+{
+    const Options o = parse_options(argc, argv);
+    try {
+        return run(o);
+    } catch (const std::exception& e) {
+        die(e.what());
+    }
 }

@@ -46,7 +46,7 @@ bench_fmnist() {
   local t0=$EPOCHREALTIME secs
   load_fmnist fm_train train >/dev/null
   load_fmnist fm_test test "$FMNIST_NQ" >/dev/null
-  say "load (COPY binary + primary key + VACUUM ANALYZE): $(duration_since "$t0") s"
+  say "load (fmnist_load COPY + primary key + VACUUM ANALYZE): $(duration_since "$t0") s"
   secs=$(create_index_timed fm_train "$FMNIST_LISTS" "$FMNIST_M" 2>/dev/null)
   say "CREATE INDEX: $secs s (index $(psql_ -At -c "SELECT pg_size_pretty(pg_relation_size('fm_train_ivfpq'))"), table $(psql_ -At -c "SELECT pg_size_pretty(pg_table_size('fm_train'))"))"
   "$TOOLS_BUILD/knn_bench" --table fm_train --query-table fm_test --k "$K" \
@@ -61,9 +61,8 @@ bench_synthetic() {
   "$TOOLS_BUILD/gen_synthetic" --what queries --queries "$SYN_NQ" --dim "$SYN_DIM" --seed "$SYN_SEED" \
     --format fvecs --out "$TMP/syn_queries.fvecs"
   psql_ -c "CREATE TABLE syn (id bigint, embedding real[])"
-  "$TOOLS_BUILD/gen_synthetic" --rows "$SYN_ROWS" --dim "$SYN_DIM" --seed "$SYN_SEED" |
-    psql_ -c "COPY syn (id, embedding) FROM STDIN WITH (FORMAT binary)"
-  say "load (COPY binary): $(duration_since "$t0") s"
+  "$TOOLS_BUILD/gen_synthetic" --rows "$SYN_ROWS" --dim "$SYN_DIM" --seed "$SYN_SEED" --table syn
+  say "load (gen_synthetic COPY): $(duration_since "$t0") s"
   psql_ -c "ALTER TABLE syn ADD PRIMARY KEY (id)" -c "VACUUM ANALYZE syn"
   secs=$(create_index_timed syn "$SYN_LISTS" "$SYN_M" 2>/dev/null)
   say "CREATE INDEX: $secs s (index $(psql_ -At -c "SELECT pg_size_pretty(pg_relation_size('syn_ivfpq'))"), table $(psql_ -At -c "SELECT pg_size_pretty(pg_table_size('syn'))"))"
@@ -89,7 +88,7 @@ main() {
   git -C "$REPO_ROOT" diff --quiet HEAD 2>/dev/null || commit="$commit+dirty"
   say "# gpu_ivfpq CPU benchmark, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $commit"
   say "# machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)"
-  say "# $(psql_ -At -c 'SELECT version()' | cut -d, -f1); shared_buffers=$PG_SHARED_BUFFERS, one client, prepared statement, binary float4[] parameter"
+  say "# $(psql_ -At -c 'SELECT version()' | cut -d, -f1); shared_buffers=$PG_SHARED_BUFFERS, one client, prepared statement, real[] parameter as text"
   say "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg) (other work on the machine skews QPS and latency)"
   say "# recall@$K against exact brute force (engine brute_force_knn); QPS = queries / wall time; latency per query round trip"
   say ""

@@ -136,15 +136,15 @@ psql_q() {
 }
 
 # ---------------------------------------------------------------- data + index
-# (need a server from pg_temp_start and tools from build_tools)
+# (need a server from pg_temp_start and tools from build_tools; the tools
+# connect through the PGHOST/PGPORT/... environment that pg_temp_start exports)
 
 # load_fmnist TABLE train|test [LIMIT]: table (id bigint, label int, embedding real[]),
 # raw pixel values 0..255 as floats.
 load_fmnist() {
   local table=$1 set=$2 limit=${3:-0}
   psql_ -c "CREATE TABLE $table (id bigint PRIMARY KEY, label int, embedding real[])" || return 1
-  "$TOOLS_BUILD/fmnist_load" --set "$set" --limit "$limit" |
-    psql_ -c "COPY $table (id, label, embedding) FROM STDIN WITH (FORMAT binary)" || return 1
+  "$TOOLS_BUILD/fmnist_load" --set "$set" --limit "$limit" --table "$table" || return 1
   psql_ -c "VACUUM ANALYZE $table"
 }
 
@@ -152,8 +152,7 @@ load_fmnist() {
 load_synthetic() {
   local table=$1 rows=$2 seed=${3:-42}
   psql_ -c "CREATE TABLE $table (id bigint, embedding real[])" || return 1
-  "$TOOLS_BUILD/gen_synthetic" --rows "$rows" --seed "$seed" |
-    psql_ -c "COPY $table (id, embedding) FROM STDIN WITH (FORMAT binary)" || return 1
+  "$TOOLS_BUILD/gen_synthetic" --rows "$rows" --seed "$seed" --table "$table" || return 1
   psql_ -c "ALTER TABLE $table ADD PRIMARY KEY (id)" -c "VACUUM ANALYZE $table"
 }
 
