@@ -1,14 +1,15 @@
 // Benchmark of the GPU kernels: copy bandwidth, k-selection, exact search,
-// k-means and IVFPQ search on a deterministic SIFT-like 1M x 128 set.
-// Prints markdown tables; `--dump DIR` also writes the data for the torch
-// baseline script; `--quick` shrinks every size for a smoke run.
+// k-means and IVFPQ search on vectors from .fvecs files: tools/gen_synthetic's
+// SIFT-like set, the data the SQL benchmarks load (bench/gpu/run_on_device.sh
+// makes them). Prints markdown tables.
+//   gpu_bench --base BASE.fvecs --queries QUERIES.fvecs [--quick]
+// `--quick` shrinks the copy, k-selection and IVF sizes for a smoke run.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -20,7 +21,8 @@
 #include "gpu_ivfpq/ivfpq_index.h"
 #include "gpu_ivfpq/k_select.h"
 #include "gpu_ivfpq/kmeans_gpu.h"
-#include "synth_data.h"
+#include "../../tools/common.h"  // read_fvecs: the tools' reader of the generator's files
+#include "uniform.h"
 
 using namespace gpuivfpq;
 using namespace gpuivfpq::gpu;
@@ -61,6 +63,13 @@ double time_ms(GpuContext& ctx, const std::function<void()>& f, int reps, int wa
     return t[t.size() / 2];
 }
 
+// The last component of a path, for the log.
+const char* file_name(const std::string& path)
+{
+    const size_t slash = path.rfind('/');
+    return path.c_str() + (slash == std::string::npos ? 0 : slash + 1);
+}
+
 double recall_at(const std::vector<int64_t>& labels, size_t k, const std::vector<int64_t>& gt, size_t r)
 {
     size_t hit = 0;
@@ -78,13 +87,32 @@ double recall_at(const std::vector<int64_t>& labels, size_t k, const std::vector
 int main(int argc, char** argv)
 {
     bool quick = false;
-    std::string dump;
+    std::string base_path, queries_path;
     for (int i = 1; i < argc; ++i) {
         if (!std::strcmp(argv[i], "--quick"))
             quick = true;
-        else if (!std::strcmp(argv[i], "--dump") && i + 1 < argc)
-            dump = argv[++i];
+        else if (!std::strcmp(argv[i], "--base") && i + 1 < argc)
+            base_path = argv[++i];
+        else if (!std::strcmp(argv[i], "--queries") && i + 1 < argc)
+            queries_path = argv[++i];
+        else {
+            std::fprintf(stderr, "usage: gpu_bench --base BASE.fvecs --queries QUERIES.fvecs [--quick]\n");
+            return 2;
+        }
     }
+    if (base_path.empty() || queries_path.empty()) {
+        std::fprintf(stderr, "gpu_bench: --base and --queries are required (.fvecs, from tools/gen_synthetic)\n");
+        return 2;
+    }
+    // Read first: a bad file should not cost a minute of benchmarking.
+    std::vector<float> hbase, hq;
+    const size_t d = tools::read_fvecs(base_path, hbase);
+    if (tools::read_fvecs(queries_path, hq) != d) {
+        std::fprintf(stderr, "gpu_bench: %s and %s differ in dimension\n", base_path.c_str(),
+                     queries_path.c_str());
+        return 2;
+    }
+    const size_t n = hbase.size() / d, nq = hq.size() / d;
     if (device_count() <= 0) {
         std::printf("no CUDA device: benchmark skipped\n");
         return 0;
@@ -117,7 +145,7 @@ int main(int argc, char** argv)
         {
             const size_t rows = quick ? 1000 : 10000, cols = quick ? 12800 : 128000;
             DeviceBuffer m(ctx, rows * cols * 4);
-            synth_uniform(m.as<float>(), int64_t(rows * cols), 7, ctx.stream());
+            fill_uniform(m.as<float>(), int64_t(rows * cols), 7, ctx.stream());
             const double floor_ms = rows * cols * 4.0 / bw * 1e3;
             std::printf("## k-selection, %zu x %zu float32 (%.2f GB read; floor %.3f ms at copy bandwidth)\n\n",
                         rows, cols, rows * cols * 4 / 1e9, floor_ms);
@@ -140,22 +168,12 @@ int main(int argc, char** argv)
         }
 
         // The data set.
-        const size_t n = quick ? 100000 : 1000000, nq = quick ? 1000 : 10000, d = 128;
         const size_t lists = quick ? 256 : 4096;
-        DeviceBuffer base(ctx, n * d * 4), queries(ctx, nq * d * 4), centres(ctx, 1000 * d * 4);
-        synth_sift_like(base.as<float>(), int64_t(n), int(d), centres.as<float>(), 1000, 42, 1, ctx.stream());
-        synth_sift_like(queries.as<float>(), int64_t(nq), int(d), centres.as<float>(), 1000, 42, 2,
-                        ctx.stream());
-        std::vector<float> hbase(n * d), hq(nq * d);
-        base.download(hbase.data(), n * d * 4);
-        queries.download(hq.data(), nq * d * 4);
-        if (!dump.empty()) {
-            std::ofstream(dump + "/gpu_bench_base.f32", std::ios::binary)
-                .write(reinterpret_cast<const char*>(hbase.data()), hbase.size() * 4);
-            std::ofstream(dump + "/gpu_bench_queries.f32", std::ios::binary)
-                .write(reinterpret_cast<const char*>(hq.data()), hq.size() * 4);
-        }
-        std::printf("data: %zu x %zu SIFT-like base (1000 clusters, integer values), %zu queries\n\n", n, d, nq);
+        DeviceBuffer base(ctx, n * d * 4), queries(ctx, nq * d * 4);
+        base.upload(hbase.data(), n * d * 4);
+        queries.upload(hq.data(), nq * d * 4);
+        std::printf("data: %zu x %zu base (%s), %zu queries (%s)\n\n", n, d, file_name(base_path), nq,
+                    file_name(queries_path));
 
         // Exact search.
         std::vector<int64_t> gt(nq);
