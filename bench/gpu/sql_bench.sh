@@ -1,6 +1,6 @@
 #!/bin/bash
-# SQL benchmark of gpu_ivfpq on the GPU machine (issue 4): a deterministic
-# 1M x 128 SIFT-like set, lists = 4096, m = $1; CREATE INDEX on the GPU and
+# SQL benchmark of gpu_ivfpq on the GPU machine: tools/gen_synthetic's
+# 1M x 128 set (seed 42, as bench/cpu), lists = 4096, m = $1; CREATE INDEX on the GPU and
 # the CPU; single-connection prepared ORDER BY <-> LIMIT 10 latency (p50,
 # p99) and recall@10 for several probes on each path; pgbench throughput with
 # 1..64 clients and the mean GPU batch; SELECT 1 as PostgreSQL's own ceiling;
@@ -14,7 +14,7 @@ M=${1:-16}
 N=${2:-1000000}
 SECS=${SECS:-8}
 CPU_BUILD=${CPU_BUILD:-1}
-DATA=/tmp/sift-$N
+DATA=${DATA:-/tmp/gpu_ivfpq-synthetic-$N}
 RES=${OUT:-/tmp}/sql-bench-m$M.txt
 LISTS=${LISTS:-4096}
 . "${PGENV:-/opt/pg/env.sh}"
@@ -24,7 +24,7 @@ say() { echo "$*" | tee -a "$RES"; }
 # Server: preloaded, large buffers; the data as tables base and queries.
 . bench/gpu/lib.sh
 bench_setup "max_connections = 200" ""
-say "# gpu_ivfpq SQL benchmark: $N x 128 SIFT-like (bench/gpu/make_sift_like.py), lists $LISTS, m $M"
+say "# gpu_ivfpq SQL benchmark: $N x 128 synthetic (tools/gen_synthetic, seed 42), lists $LISTS, m $M"
 say "# device: $(psql -qAtc 'SELECT device FROM gpu_ivfpq_status'); $(nproc) CPU cores"
 say "# $(date -u +%F' '%T) UTC"
 

@@ -1,6 +1,6 @@
 #!/bin/bash
-# Benchmark of the search functions (issue 5) on the GPU machine, on the
-# same deterministic 1M x 128 SIFT-like set as sql_bench.sh (lists 4096,
+# Benchmark of the search functions on the GPU machine, on the same
+# 1M x 128 set as sql_bench.sh (tools/gen_synthetic, seed 42; lists 4096,
 # m 32): batch k-NN at batch 10000 (GPU vs CPU), the k-NN graph of the whole
 # table (time and recall on 1000 sampled rows), exact brute force (GPU vs
 # CPU, and a torch GEMM + topk baseline on the same vectors), exact range
@@ -11,7 +11,7 @@
 set -euo pipefail
 N=${1:-1000000}
 M=32
-DATA=/tmp/sift-$N
+DATA=${DATA:-/tmp/gpu_ivfpq-synthetic-$N}
 RES=${OUT:-/tmp}/sql-bench-functions.txt
 . "${PGENV:-/opt/pg/env.sh}"
 say() { echo "$*" | tee -a "$RES"; }
@@ -27,7 +27,7 @@ SELECT gpu_ivfpq_prewarm('base_idx');
 CREATE TABLE q10k AS SELECT array_agg(v ORDER BY id) AS m FROM base WHERE id % 100 = 0;
 CREATE TABLE q1k AS SELECT array_agg(v ORDER BY qid) AS m FROM queries;
 SQL
-say "# gpu_ivfpq search functions: $N x 128 SIFT-like (bench/gpu/make_sift_like.py), lists 4096, m $M"
+say "# gpu_ivfpq search functions: $N x 128 synthetic (tools/gen_synthetic, seed 42), lists 4096, m $M"
 say "# device: $(psql -qAtc 'SELECT device FROM gpu_ivfpq_status'); $(nproc) CPU cores; $(date -u +%F' '%T) UTC"
 
 # Seconds of one statement (server-side, psql \timing).
@@ -74,12 +74,12 @@ say "- GPU, 1000 queries: $t1 s"
 t2=$(timed "-c gpu_ivfpq.device=cpu" "SELECT count(*) FROM gpu_ivfpq_exact_knn('base', 'v', (SELECT array_agg(v) FROM (SELECT v FROM queries ORDER BY qid LIMIT 100) s), 10)")
 say "- CPU (one backend), 100 queries: $t2 s"
 python3 - "$DATA" "$N" >/tmp/torch-baseline.txt 2>&1 <<'PY' && cat /tmp/torch-baseline.txt | tee -a "$RES" || say "- torch baseline: not available here ($(tail -1 /tmp/torch-baseline.txt))"
-import sys, time, numpy as np, torch
+import sys, time, torch
+sys.path.insert(0, 'bench/gpu')
+from fvecs import read_fvecs
 data, n = sys.argv[1], int(sys.argv[2])
 torch.backends.cuda.matmul.allow_tf32 = False
-raw = np.fromfile(data + '/base.copy', dtype=np.uint8)[19:-2]
-rec = np.dtype([('h', 'V34'), ('v', [('len', '>i4'), ('x', '>f4')], (128,))])
-base = torch.from_numpy(np.frombuffer(raw.tobytes(), dtype=rec)['v']['x'].astype(np.float32)).cuda()
+base = torch.from_numpy(read_fvecs(data + '/base.fvecs')).cuda()
 q = base[::100][:10000].contiguous()
 def run():
     out = []

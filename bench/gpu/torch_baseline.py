@@ -1,11 +1,13 @@
 """Baselines on the same GPU with PyTorch: tiled GEMM + torch.topk exact search
-over the benchmark's data (written by `gpu_bench --dump DIR`), and torch.topk
-on a 10000 x 128000 uniform matrix (the k-selection benchmark's shape)."""
-import sys
-import time
+over gpu_bench's data (tools/gen_synthetic's .fvecs files), and torch.topk on
+a 10000 x 128000 uniform matrix (the k-selection benchmark's shape).
 
-import numpy as np
+usage: torch_baseline.py BASE.fvecs QUERIES.fvecs"""
+import sys
+
 import torch
+
+from fvecs import read_fvecs
 
 
 def median_ms(fn, reps=3):
@@ -44,7 +46,8 @@ def exact(q, x, xn, k, tq=2048, tn=131072):
 
 
 def main():
-    d = sys.argv[1] if len(sys.argv) > 1 else "/tmp"
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = torch.device("cuda")
     print(f"# torch {torch.__version__} on {torch.cuda.get_device_name(0)}")
@@ -53,8 +56,8 @@ def main():
     for k in (10, 100, 1000, 2048):
         print(f"| {k} | {median_ms(lambda: torch.topk(m, k, dim=1, largest=False), 5):.3f} |", flush=True)
     del m
-    x = torch.from_numpy(np.fromfile(f"{d}/gpu_bench_base.f32", dtype=np.float32).reshape(-1, 128)).to(dev)
-    q = torch.from_numpy(np.fromfile(f"{d}/gpu_bench_queries.f32", dtype=np.float32).reshape(-1, 128)).to(dev)
+    x = torch.from_numpy(read_fvecs(sys.argv[1])).to(dev)
+    q = torch.from_numpy(read_fvecs(sys.argv[2])).to(dev)
     xn = (x * x).sum(1)
     print(f"\n## torch exact search {q.shape[0]} x {x.shape[0]} (fp32 GEMM + topk, same tiles)\n")
     print("| k | GEMM + topk ms | GEMM alone ms |\n|---|---|---|")

@@ -1,0 +1,32 @@
+# The synthetic data of the benchmarks on the GPU machine: tools/gen_synthetic
+# with seed 42, the set bench/cpu/run.sh loads, so CPU and GPU figures are
+# taken on the same vectors. Source it from the repository root; it needs
+# cmake and a C++ compiler only (no PostgreSQL, no network).
+#
+# make_data DIR ROWS: writes DIR/base.fvecs (ROWS x 128) and DIR/queries.fvecs
+# (10000 x 128, fresh draws of the same distribution: gpu_bench takes them
+# all, the SQL benchmarks the first 1000, which are the CPU benchmark's
+# queries), keeping files already there. GEN is the gen_synthetic binary.
+GEN_BUILD=${GEN_BUILD:-/tmp/gpu_ivfpq-build-tools}
+GEN=$GEN_BUILD/gen_synthetic
+
+build_gen_synthetic() {
+  [ -x "$GEN" ] && return
+  # Without libpqxx (not on the GPU machine) the tools' CMake builds the
+  # loaders for files only and warns: that is all the benchmarks need here.
+  if ! { cmake -S tools -B "$GEN_BUILD" -DCMAKE_BUILD_TYPE=Release &&
+         cmake --build "$GEN_BUILD" --target gen_synthetic -j"$(nproc)"; } >/tmp/gen_synthetic-build.log 2>&1; then
+    cat /tmp/gen_synthetic-build.log >&2
+    return 1
+  fi
+}
+
+make_data() {
+  local dir=$1 rows=$2
+  build_gen_synthetic || return 1
+  mkdir -p "$dir"
+  [ -s "$dir/base.fvecs" ] ||
+    "$GEN" --rows "$rows" --format fvecs --threads "$(nproc)" --out "$dir/base.fvecs" || return 1
+  [ -s "$dir/queries.fvecs" ] ||
+    "$GEN" --what queries --queries 10000 --format fvecs --out "$dir/queries.fvecs" || return 1
+}
