@@ -73,6 +73,7 @@ uint32_t be_at(const std::vector<unsigned char>& v, size_t off)
            uint32_t(v[off + 3]);
 }
 
+// The command line, checked, with the file names filled in.
 struct Options {
     std::string set = "train", dir = "/usr/share/datasets/fashion-mnist", images, labels;
     std::string table, conninfo, format = "copy", out = "-", scale = "raw";
@@ -80,6 +81,7 @@ struct Options {
     long long limit = 0, id_start = 1;
 };
 
+// Parses and checks the options (getopt_long); dies with a message on a bad one.
 Options parse_options(int argc, char** argv)
 {
     enum { kSet = 256, kDir, kImages, kLabels, kTable, kConninfo, kFormat, kOut, kNoLabel,
@@ -140,6 +142,7 @@ Options parse_options(int argc, char** argv)
     return o;
 }
 
+// Reads the idx files and sends the rows to the table or the file.
 void run(const Options& o)
 {
     std::vector<unsigned char> img = read_gz(o.images);

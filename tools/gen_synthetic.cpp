@@ -60,6 +60,7 @@ Examples:
   gen_synthetic --what queries --queries 1000 --format fvecs --out queries.fvecs
 )USAGE";
 
+// One step of splitmix64: spreads a seed over the generator state.
 uint64_t splitmix64(uint64_t& x)
 {
     uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
@@ -134,6 +135,7 @@ private:
     double spare_ = 0.0;
 };
 
+// The mixture: cluster centers, shapes, noise levels and weights.
 struct Model {
     size_t d, k, r;
     std::vector<float> centers;  // k x d
@@ -142,6 +144,7 @@ struct Model {
     std::vector<double> cdf;     // k: cumulative cluster weights
 };
 
+// Draws the mixture from stream 0 of the seed.
 Model build_model(uint64_t seed, size_t d, size_t k, size_t latent, size_t rank, double overlap)
 {
     Model m;
@@ -244,6 +247,7 @@ void generate(const Model& m, uint64_t seed, uint64_t stream, uint64_t chunk, si
     }
 }
 
+// The command line, checked.
 struct Options {
     std::string what = "base", format = "copy", out = "-", table, conninfo;
     long long rows = 1000000, queries = 10000, dim = 128, id_start = 1;
@@ -252,6 +256,7 @@ struct Options {
     double overlap = 3.0;
 };
 
+// Parses and checks the options (getopt_long); dies with a message on a bad one.
 Options parse_options(int argc, char** argv)
 {
     enum { kWhat = 256, kTable, kConninfo, kFormat, kOut, kRows, kQueries, kDim, kSeed,
@@ -312,6 +317,7 @@ Options parse_options(int argc, char** argv)
     return o;
 }
 
+// Generates the chosen set and sends it to the table or the file.
 void run(const Options& o)
 {
     const Model model = build_model(o.seed, size_t(o.dim), size_t(o.clusters), size_t(o.latent),

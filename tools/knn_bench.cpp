@@ -54,6 +54,7 @@ p99 ms | plan (the scan node of EXPLAIN for the first query). Recall counts a
 returned id as correct when its exact distance ties the k-th true distance.
 )USAGE";
 
+// The command line, checked.
 struct Options {
     std::string conninfo, table, column = "embedding", id_column = "id", queries, query_table;
     std::string gt_cache, latencies;
@@ -63,6 +64,7 @@ struct Options {
     std::string op = "<->";
 };
 
+// Parses and checks the options (getopt_long); dies with a message on a bad one.
 Options parse_options(int argc, char** argv)
 {
     enum { kConninfo = 256, kTable, kColumn, kIdColumn, kQueries, kQueryTable, kNq, kK, kOp,
@@ -206,11 +208,13 @@ std::string quote_table(pqxx::connection_base& conn, const std::string& name)
 
 // ---------------------------------------------------------------- settings
 
+// One --settings entry: its text, and the GUC assignments it stands for.
 struct Setting {
     std::string label;
     std::vector<std::pair<std::string, std::string>> gucs;
 };
 
+// Splits --settings values into settings (";" or spaces) and assignments (",").
 std::vector<Setting> parse_settings(const std::vector<std::string>& args)
 {
     std::vector<Setting> out;
@@ -260,12 +264,14 @@ std::vector<Setting> parse_settings(const std::vector<std::string>& args)
 
 // ---------------------------------------------------------------- ground truth
 
+// The exact kgt nearest ids and distances of every query.
 struct GroundTruth {
     size_t nq = 0, kgt = 0;
     std::vector<float> dist;  // nq x kgt, ascending
     std::vector<int64_t> ids; // nq x kgt (-1 = none)
 };
 
+// FNV-1a hash, for the ground-truth cache key.
 uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ULL)
 {
     const unsigned char* p = static_cast<const unsigned char*>(data);
@@ -276,10 +282,12 @@ uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ULL)
     return h;
 }
 
+// What the cached ground truth depends on; a cache file must match it whole.
 struct CacheKey {
     uint64_t nq, kgt, d, rows, metric, qhash, thash;
 };
 
+// Loads the ground truth from path when its key matches; false otherwise.
 bool load_cache(const std::string& path, const CacheKey& key, GroundTruth& gt)
 {
     FILE* f = std::fopen(path.c_str(), "rb");
@@ -301,6 +309,7 @@ bool load_cache(const std::string& path, const CacheKey& key, GroundTruth& gt)
     return ok;
 }
 
+// Saves the ground truth (through a temporary file, renamed); warns on failure.
 void save_cache(const std::string& path, const CacheKey& key, const GroundTruth& gt)
 {
     std::string tmp = path + ".tmp";
@@ -320,6 +329,7 @@ void save_cache(const std::string& path, const CacheKey& key, const GroundTruth&
     }
 }
 
+// Exact k-NN of the queries over the table vectors, split over threads.
 void compute_gt(const std::vector<float>& queries, size_t nq, const Vectors& base,
                 gpuivfpq::Metric metric, size_t kgt, int threads, GroundTruth& gt)
 {
@@ -354,6 +364,7 @@ void compute_gt(const std::vector<float>& queries, size_t nq, const Vectors& bas
         gt.ids[i] = labels[i] >= 0 ? base.ids[static_cast<size_t>(labels[i])] : -1;
 }
 
+// The p-quantile of v, interpolated between neighbours.
 double percentile(std::vector<double> v, double p)
 {
     if (v.empty())
@@ -381,11 +392,13 @@ std::string plan_node(pqxx::transaction_base& tx, const std::string& sql, const 
     return "?";
 }
 
+// One line of the printed table.
 struct Row {
     std::string setting, plan;
     double recall, qps, p50, p99;
 };
 
+// Prints the results as an aligned table.
 void print_table(const std::vector<Row>& rows, size_t k)
 {
     std::string rk = "recall@" + std::to_string(k);
