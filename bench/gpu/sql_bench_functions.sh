@@ -27,7 +27,7 @@ SELECT gpu_ivfpq_prewarm('base_idx');
 CREATE TABLE q10k AS SELECT array_agg(v ORDER BY id) AS m FROM base WHERE id % 100 = 0;
 CREATE TABLE q1k AS SELECT array_agg(v ORDER BY qid) AS m FROM queries;
 SQL
-say "# gpu_ivfpq search functions: $N x 128 synthetic (tools/gen_synthetic, seed 42), lists 4096, m $M"
+say "# gpu_ivfpq search functions: $N x 128 synthetic (tools/gen_synthetic, seed 42), lists ${LISTS:-4096}, m $M"
 say "# device: $(psql -qAtc 'SELECT device FROM gpu_ivfpq_status'); $(nproc) CPU cores; $(date -u +%F' '%T) UTC"
 
 # Seconds of one statement (server-side, psql \timing).
