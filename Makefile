@@ -1,6 +1,7 @@
 # PGXS build of the gpu_ivfpq extension: `make`, `make install`,
-# `make installcheck` (pg_regress). The engine's unit tests and the CUDA
-# kernels are built with CMake (see README.md).
+# `make installcheck` (pg_regress: test/sql against test/expected). The
+# engine's unit tests and the CUDA kernels are built with CMake (see
+# README.md).
 EXTENSION = gpu_ivfpq
 MODULE_big = gpu_ivfpq
 DATA = sql/gpu_ivfpq--0.1.0.sql
@@ -13,7 +14,9 @@ DEVICE_SRCS = $(sort $(filter-out src/service/device/cuda_device.cpp,$(wildcard 
 PG_SRCS = $(sort $(wildcard src/common/*.cpp src/am/*.cpp src/functions/*.cpp src/service/*.cpp))
 OBJS = $(PG_SRCS:.cpp=.o) $(DEVICE_SRCS:.cpp=.o) $(ENGINE_SRCS:.cpp=.o)
 
+# pgvector's test layout: test/sql, test/expected, test/t (TAP), test/unit.
 REGRESS = operators options build_edge scan_basic dml_vacuum search_functions
+REGRESS_OPTS = --inputdir=test
 
 # Debian's PGXS expects clang for LLVM bitcode; the extension needs no JIT.
 override with_llvm = no

@@ -8,7 +8,7 @@
 #   regress  builds and installs the extension (make with_llvm=no install),
 #            then pg_regress on a temporary instance, as the postgres OS user,
 #            for the tests named by REGRESS in the Makefile (REGRESS_OPTS added)
-#   tap      prove tests/t/*.pl as postgres (PostgreSQL::Test::Cluster); the
+#   tap      prove test/t/*.pl as postgres (PostgreSQL::Test::Cluster); the
 #            tools (gen_synthetic, fmnist_load, knn_bench) are built first and
 #            their folder is passed as GPU_IVFPQ_TOOLS_BIN (empty if they failed)
 #   tools    builds tools/ and checks them end to end on a throwaway server
@@ -84,8 +84,8 @@ fi
 
 # ------------------------------------------------------------------ unit
 run_unit() {
-  if [ ! -f "$REPO_ROOT/CMakeLists.txt" ] || ! compgen -G "$REPO_ROOT/tests/unit/*.cpp" >/dev/null; then
-    skip "unit (no CMakeLists.txt or tests/unit/*.cpp)"
+  if [ ! -f "$REPO_ROOT/CMakeLists.txt" ] || ! compgen -G "$REPO_ROOT/test/unit/*.cpp" >/dev/null; then
+    skip "unit (no CMakeLists.txt or test/unit/*.cpp)"
     return
   fi
   local build=$REPO_ROOT/build
@@ -225,11 +225,11 @@ run_regress() {
 run_tap() {
   local files=()
   local f
-  for f in "$REPO_ROOT"/tests/t/*.pl; do
-    [ -e "$f" ] && files+=("tests/t/$(basename "$f")")
+  for f in "$REPO_ROOT"/test/t/*.pl; do
+    [ -e "$f" ] && files+=("test/t/$(basename "$f")")
   done
   if [ ${#files[@]} -eq 0 ]; then
-    skip "tap (no tests/t/*.pl)"
+    skip "tap (no test/t/*.pl)"
     return
   fi
   if [ -f "$REPO_ROOT/Makefile" ]; then
@@ -250,7 +250,7 @@ run_tap() {
   fi
   local rc=0
   (cd "$STAGE" && runuser -u postgres -- env \
-      PATH="$PG_BIN:$PATH" PERL5LIB="$PG_PERL:$STAGE/tests/t:$STAGE/tests${PERL5LIB:+:$PERL5LIB}" \
+      PATH="$PG_BIN:$PATH" PERL5LIB="$PG_PERL:$STAGE/test/t${PERL5LIB:+:$PERL5LIB}" \
       PG_REGRESS="$PG_REGRESS" TESTDIR="$STAGE" top_builddir="$STAGE" \
       GPU_IVFPQ_TOOLS_BIN="$tools_bin" GPU_IVFPQ_EXPECT_GPU="${GPU_IVFPQ_EXPECT_GPU:-0}" \
       ${TEMP_CONFIG:+TEMP_CONFIG="$TEMP_CONFIG"} \
@@ -258,8 +258,8 @@ run_tap() {
   local total=${#files[@]} nfail=0 bad
   if [ "$rc" -ne 0 ]; then
     # Failed files are listed in prove's "Test Summary Report" as
-    # "tests/t/x.pl (Wstat: ...)"; with none listed (a bail-out), all count.
-    bad=$(grep -oE '^tests/t/[^ ]+\.pl +\(Wstat' "$LOGS/tap.log" | sed -E 's/ +\(Wstat//' | sort -u)
+    # "test/t/x.pl (Wstat: ...)"; with none listed (a bail-out), all count.
+    bad=$(grep -oE '^test/t/[^ ]+\.pl +\(Wstat' "$LOGS/tap.log" | sed -E 's/ +\(Wstat//' | sort -u)
     nfail=$(grep -c . <<<"$bad")
     [ "$nfail" -eq 0 ] && nfail=$total && bad="${files[*]}"
     cat "$LOGS/tap.log"
