@@ -1,22 +1,34 @@
-# PGXS build of the gpu_ivfpq extension: `make`, `make install`,
-# `make installcheck` (pg_regress: test/sql against test/expected). The
-# engine's unit tests and the CUDA kernels are built with CMake (see
-# README.md).
+# PGXS build of the gpu_ivfpq extension: `make` (CPU only, no CMake, no
+# CUDA), `make install`, `make installcheck` (pg_regress: test/sql against
+# test/expected), `make core` (src/libgpu_ivfpq_core.a, see "Core objects").
+# The engine's unit tests and the CUDA kernels are built with CMake
+# (CMakeLists.txt), linking that archive.
 EXTENSION = gpu_ivfpq
 MODULE_big = gpu_ivfpq
 DATA = sql/gpu_ivfpq--0.1.0.sql
 
-# The layers, one folder each (README "Layout"): the access method, the SQL
-# functions, the GPU service and its PostgreSQL-free device layer, the engine.
+# The layers, one folder each: the access method, the SQL functions, the GPU
+# service and its PostgreSQL-free device layer, the engine.
 ENGINE_SRCS = $(sort $(wildcard src/engine/*.cpp))
 # cuda_device.cpp needs the kernels' headers: only with GPU_IVFPQ_CUDA_LIB.
 DEVICE_SRCS = $(sort $(filter-out src/service/device/cuda_device.cpp,$(wildcard src/service/device/*.cpp)))
 PG_SRCS = $(sort $(wildcard src/common/*.cpp src/am/*.cpp src/functions/*.cpp src/service/*.cpp))
-OBJS = $(PG_SRCS:.cpp=.o) $(DEVICE_SRCS:.cpp=.o) $(ENGINE_SRCS:.cpp=.o)
+
+# Core objects: the PostgreSQL-free engine and device layer. The extension
+# links these objects, and `make core` archives the same files into
+# src/libgpu_ivfpq_core.a, which the GoogleTest binaries link (CMake builds
+# the archive by calling `make core`). So the unit tests test the objects
+# that ship, compiled once, with the extension's flags.
+CORE_OBJS = $(DEVICE_SRCS:.cpp=.o) $(ENGINE_SRCS:.cpp=.o)
+PG_OBJS = $(PG_SRCS:.cpp=.o)
+CORE_LIB = src/libgpu_ivfpq_core.a
+OBJS = $(PG_OBJS) $(CORE_OBJS)
 
 # pgvector's test layout: test/sql, test/expected, test/t (TAP), test/unit.
 REGRESS = operators options build_edge scan_basic dml_vacuum search_functions
 REGRESS_OPTS = --inputdir=test
+
+EXTRA_CLEAN = $(CORE_LIB) src/.flags-core src/.flags-pg
 
 # Debian's PGXS expects clang for LLVM bitcode; the extension needs no JIT.
 override with_llvm = no
@@ -29,23 +41,28 @@ OPENBLAS_LIB := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/openblas-serial
 ifneq ($(OPENBLAS_INC),)
 ifneq ($(OPENBLAS_LIB),)
 BLAS_CPPFLAGS = -DGPU_IVFPQ_HAVE_CBLAS=1 -I$(OPENBLAS_INC)
-SHLIB_LINK += -L$(OPENBLAS_LIB) -Wl,-rpath,$(OPENBLAS_LIB) -lopenblas
+CORE_LDLIBS = -L$(OPENBLAS_LIB) -Wl,-rpath,$(OPENBLAS_LIB) -lopenblas
 endif
 endif
+# What a program that links the core archive needs besides it (CMake asks
+# with `make print-core-ldlibs`, so the BLAS choice is made here only).
+CORE_LDLIBS += -lpthread
+SHLIB_LINK += $(CORE_LDLIBS)
 
 PG_CPPFLAGS = -I$(srcdir)/src $(BLAS_CPPFLAGS)
 
 # Optional: link the CUDA kernels (CMake, -DGPU_IVFPQ_CUDA=ON) so that the GPU
 # service can open the device, e.g.
 #   make GPU_IVFPQ_CUDA_LIB=build-gpu/gpu/libgpu_ivfpq_gpu.a
+# Only the PostgreSQL-side objects and cuda_device.o see the CUDA flags: the
+# core objects stay the same with or without the kernels.
 CUDA_HOME ?= /usr/local/cuda
 ifneq ($(GPU_IVFPQ_CUDA_LIB),)
-PG_CPPFLAGS += -DGPU_IVFPQ_WITH_CUDA=1 -I$(srcdir)/gpu/include -I$(srcdir)/src/engine
 OBJS += src/service/device/cuda_device.o
 SHLIB_LINK += $(abspath $(GPU_IVFPQ_CUDA_LIB)) -L$(CUDA_HOME)/lib64 -lcublas -lcudart
 endif
 PG_CXXFLAGS = -Wno-register
-SHLIB_LINK += -lstdc++ -lpthread
+SHLIB_LINK += -lstdc++
 
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
@@ -54,5 +71,43 @@ include $(PGXS)
 # and OpenMP SIMD hints (no OpenMP runtime).
 override CXXFLAGS := $(filter-out -O2,$(CXXFLAGS)) -O3 -fopenmp-simd -std=c++17 -Wno-missing-field-initializers
 
+# -Wextra on the core only: it includes no PostgreSQL header, whose
+# warnings would drown the rest.
+$(CORE_OBJS): private override CXXFLAGS += -Wextra
+
+ifneq ($(GPU_IVFPQ_CUDA_LIB),)
+$(PG_OBJS): private override CPPFLAGS += -DGPU_IVFPQ_WITH_CUDA=1
+# gpu/include's headers include the engine's by name: -iquote, so that no
+# engine header can stand in for a system one (error.h and <error.h>).
+src/service/device/cuda_device.o: private override CPPFLAGS += -DGPU_IVFPQ_WITH_CUDA=1 -I$(srcdir)/gpu/include -iquote $(srcdir)/src/engine
+endif
+
+# ------------------------------------------------------------------ rebuilds
 # Headers are few and shared: rebuild every object when one changes.
 $(OBJS): $(wildcard src/*/*.h src/*/*/*.h)
+src/service/device/cuda_device.o: $(wildcard gpu/include/*/*.h)
+
+# Make does not notice changed flags (a build with GPU_IVFPQ_CUDA_LIB after
+# one without, another PG_CONFIG, CXXFLAGS on the command line): each group
+# of objects depends on a file holding its compile command, rewritten only
+# when that command changes. The core's file leaves out the CUDA flags, so
+# switching the kernels on or off does not recompile the core.
+define write_if_changed
+@printf '%s\n' '$(subst ','\'',$(2))' | cmp -s - $(1) || printf '%s\n' '$(subst ','\'',$(2))' >$(1)
+endef
+.PHONY: FORCE
+src/.flags-core: FORCE
+	$(call write_if_changed,$@,$(CXX) $(CXXFLAGS) $(CPPFLAGS))
+src/.flags-pg: FORCE
+	$(call write_if_changed,$@,$(CXX) $(CXXFLAGS) $(CPPFLAGS) $(GPU_IVFPQ_CUDA_LIB))
+$(CORE_OBJS): src/.flags-core
+$(PG_OBJS) src/service/device/cuda_device.o: src/.flags-pg
+
+# ------------------------------------------------------------------ core
+.PHONY: core print-core-ldlibs
+core: $(CORE_LIB)
+$(CORE_LIB): $(CORE_OBJS)
+	rm -f $@
+	$(AR) crs $@ $^
+print-core-ldlibs:
+	@echo '$(strip $(CORE_LDLIBS))'

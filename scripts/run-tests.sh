@@ -4,8 +4,11 @@
 #   scripts/run-tests.sh [--skip-deps] [--keep] [--only SUITES]
 #
 # Suites, in order (a suite with no tests is skipped, not failed):
-#   unit     engine + GoogleTest: cmake -S . -B build, build, ctest
-#   regress  builds and installs the extension (make with_llvm=no install),
+#   unit     cmake -S . -B build, build, ctest: the GoogleTest binary links
+#            the engine and device objects the Makefile compiles for the
+#            extension (`make core`)
+#   regress  builds and installs the extension in the work tree (make all
+#            install),
 #            then pg_regress on a temporary instance, as the postgres OS user,
 #            for the tests named by REGRESS in the Makefile (REGRESS_OPTS added)
 #   tap      prove test/t/*.pl as postgres (PostgreSQL::Test::Cluster); the
@@ -89,7 +92,8 @@ run_unit() {
     return
   fi
   local build=$REPO_ROOT/build
-  if ! run_quiet "$LOGS/unit-configure.log" cmake -S "$REPO_ROOT" -B "$build" ||
+  if ! run_quiet "$LOGS/unit-configure.log" cmake -S "$REPO_ROOT" -B "$build" \
+         -DGPU_IVFPQ_PG_CONFIG="$PG_BIN/pg_config" ||
      ! run_quiet "$LOGS/unit-build.log" cmake --build "$build" -j"$JOBS"; then
     fail "unit: build"
     return
@@ -120,6 +124,8 @@ run_unit() {
 }
 
 # ------------------------------------------------------------------ extension
+# Built in the work tree, not in a copy: the unit tests link the same core
+# objects (make core), so the objects tested are the objects installed.
 EXT_STATE=none   # none (no Makefile) | ok | failed
 build_ext_once() {
   [ "$EXT_STATE" != none ] && return
@@ -127,7 +133,7 @@ build_ext_once() {
     EXT_STATE=absent
     return
   fi
-  if build_extension "$LOGS/extension-build.log"; then
+  if EXT_BUILD_IN_PLACE=1 build_extension "$LOGS/extension-build.log"; then
     EXT_STATE=ok
   else
     EXT_STATE=failed
@@ -142,6 +148,7 @@ stage_repo() {
   STAGE=$WORK/stage
   mkdir -p "$STAGE"
   tar -C "$REPO_ROOT" --exclude=./.git --exclude=./build --exclude='./build-*' \
+      --exclude='*.o' --exclude='*.a' --exclude='*.so' --exclude='*.bc' \
       --exclude=./results --exclude=./tmp_check --exclude=./log -cf - . | tar -C "$STAGE" -xf -
   chown -R postgres: "$WORK"
   chmod 755 "$WORK"

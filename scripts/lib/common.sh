@@ -30,9 +30,10 @@ run_quiet() {
 
 # Builds and installs the extension with PGXS. LLVM bitcode is off unless
 # WITH_LLVM=yes (Debian's PGXS wants clang for it, which is not installed).
-# The build runs in a fresh copy of the sources (no objects carried over):
-# PGXS does not track header dependencies, so objects left in the work tree
-# can be stale. EXT_BUILD_IN_PLACE=1 builds in the work tree instead.
+# By default the build runs in a fresh copy of the sources, so that the work
+# tree's objects stay as they were. EXT_BUILD_IN_PLACE=1 builds in the work
+# tree (the Makefile rebuilds objects whose headers or flags changed):
+# run-tests.sh does, so that the unit tests link the installed objects.
 build_extension() {
   local log=${1:-$(mktemp /tmp/gpu_ivfpq-make.XXXXXX)}
   if [ ! -f "$REPO_ROOT/Makefile" ]; then
@@ -43,7 +44,7 @@ build_extension() {
   if [ "${EXT_BUILD_IN_PLACE:-0}" != 1 ]; then
     tmp=$(mktemp -d /tmp/gpu_ivfpq-ext.XXXXXX)
     tar -C "$REPO_ROOT" --exclude=./.git --exclude=./build --exclude='./build-*' \
-        --exclude='*.o' --exclude='*.so' --exclude='*.bc' --exclude=./results \
+        --exclude='*.o' --exclude='*.a' --exclude='*.so' --exclude='*.bc' --exclude=./results \
         --exclude=./tmp_check -cf - . | tar -C "$tmp" -xf -
     dir=$tmp
   fi
