@@ -1,8 +1,26 @@
-# PGXS build of the gpu_ivfpq extension: `make` (CPU only, no CMake, no
-# CUDA), `make install`, `make installcheck` (pg_regress: test/sql against
-# test/expected), `make core` (src/libgpu_ivfpq_core.a, see "Core objects").
-# The engine's unit tests and the CUDA kernels are built with CMake
-# (CMakeLists.txt), linking that archive.
+# PGXS build of the gpu_ivfpq extension, and its pg_regress and TAP suites.
+#
+#   make                        the extension, CPU only (no CMake, no CUDA)
+#   make install                into the server of $(PG_CONFIG) (as root)
+#   make installcheck           pg_regress (test/sql, test/expected), then
+#                               the TAP files (test/t); TAP_TESTS= skips TAP
+#   make prove_installcheck     the TAP files only; PROVE_TESTS=test/t/001_wal.pl
+#                               picks files, PROVE_FLAGS=-v is passed to prove
+#   make installcheck-service   the pg_regress suite plus service_status on an
+#                               instance that preloads gpu_ivfpq, so that the
+#                               GPU service serves the scans (its CPU emulation
+#                               of the GPU; the GPU with GPU_IVFPQ_EXPECT_GPU=1)
+#   make core                   src/libgpu_ivfpq_core.a, see "Core objects"
+#
+# The test targets test the installed extension and start their own
+# temporary servers from the installed binaries (pg_regress --temp-instance;
+# PostgreSQL::Test::Cluster for TAP), so they run as an ordinary OS user, not
+# root (initdb refuses root): CI runs them as the postgres OS user.
+# `make installcheck RUNNING_SERVER=1` runs pg_regress against the server
+# that PGHOST/PGPORT name instead, as PGXS does by default.
+#
+# The engine's GoogleTest tests and the CUDA kernels are built with CMake
+# (CMakeLists.txt); scripts/run-tests.sh runs every suite.
 EXTENSION = gpu_ivfpq
 MODULE_big = gpu_ivfpq
 DATA = sql/gpu_ivfpq--0.1.0.sql
@@ -24,9 +42,20 @@ PG_OBJS = $(PG_SRCS:.cpp=.o)
 CORE_LIB = src/libgpu_ivfpq_core.a
 OBJS = $(PG_OBJS) $(CORE_OBJS)
 
-# pgvector's test layout: test/sql, test/expected, test/t (TAP), test/unit.
+# pg_regress: test/sql/NAME.sql against test/expected/NAME.out, in this order.
 REGRESS = operators options build_edge scan_basic dml_vacuum search_functions
+# Run last, on the preloaded instance only (installcheck-service).
+REGRESS_SERVICE = service_status
 REGRESS_OPTS = --inputdir=test
+# Made before pg_regress runs (PGXS reads it when it defines installcheck).
+REGRESS_PREP = tmp_check/.dir
+# The temporary instances use the C locale and UTF8, as CI always has.
+ENCODING = UTF8
+NO_LOCALE = 1
+
+# TAP: test/t/*.pl (PostgreSQL::Test::Cluster), with FashionMnist.pm beside them.
+TAP_TESTS = 1
+PROVE_TESTS = test/t/*.pl
 
 EXTRA_CLEAN = $(CORE_LIB) src/.flags-core src/.flags-pg
 
@@ -111,3 +140,34 @@ $(CORE_LIB): $(CORE_OBJS)
 	$(AR) crs $@ $^
 print-core-ldlibs:
 	@echo '$(strip $(CORE_LDLIBS))'
+
+# ------------------------------------------------------------------ tests
+# pg_regress starts a temporary instance (see the top of this file), under
+# tmp_check/ as PGXS's own `make check` does; TEMP_CONFIG adds settings to
+# it (e.g. jit = off where the server package has no LLVM).
+ifeq ($(RUNNING_SERVER),)
+REGRESS_OPTS += --temp-instance=tmp_check/regress $(TEMP_CONF)
+endif
+tmp_check/.dir:
+	$(MKDIR_P) tmp_check
+	touch $@
+
+# The same suite again, then service_status, on an instance whose GPU
+# service serves the scans: always a temporary instance (RUNNING_SERVER
+# aside), since the preload needs a server of its own. Its output goes to
+# tmp_check/service/ (diffs in tmp_check/service/regression.diffs), apart
+# from the plain run's results/.
+SERVICE_CONF = tmp_check/service.conf
+.PHONY: installcheck-service
+installcheck-service: tmp_check/.dir
+	@echo "shared_preload_libraries = 'gpu_ivfpq'" >$(SERVICE_CONF)
+	@echo "gpu_ivfpq.service_emulate_gpu = $(if $(filter 1,$(GPU_IVFPQ_EXPECT_GPU)),off,on)" >>$(SERVICE_CONF)
+	$(pg_regress_installcheck) $(filter-out --temp-instance=% --temp-config=%,$(REGRESS_OPTS)) \
+	    --temp-instance=tmp_check/service-instance $(TEMP_CONF) --temp-config=$(SERVICE_CONF) \
+	    --outputdir=tmp_check/service $(REGRESS) $(REGRESS_SERVICE)
+
+# The TAP files alone (PGXS runs them at the end of installcheck).
+.PHONY: prove_installcheck
+prove_installcheck:
+	$(prove_installcheck)
+PG_PROVE_FLAGS += -I $(srcdir)/test/t

@@ -3,23 +3,28 @@
 #
 #   scripts/run-tests.sh [--skip-deps] [--keep] [--only SUITES]
 #
-# Suites, in order (a suite with no tests is skipped, not failed):
+# A thin wrapper over the build's own test targets. Suites, in order (a suite
+# with no tests is skipped, not failed):
 #   unit     cmake -S . -B build, build, ctest: the GoogleTest binary links
 #            the engine and device objects the Makefile compiles for the
 #            extension (`make core`)
 #   regress  builds and installs the extension in the work tree (make all
-#            install),
-#            then pg_regress on a temporary instance, as the postgres OS user,
-#            for the tests named by REGRESS in the Makefile (REGRESS_OPTS added)
-#   tap      prove test/t/*.pl as postgres (PostgreSQL::Test::Cluster); the
-#            tools (gen_synthetic, fmnist_load, knn_bench) are built first and
-#            their folder is passed as GPU_IVFPQ_TOOLS_BIN (empty if they failed)
+#            install), then, as the postgres OS user in a staged copy,
+#            `make installcheck` (pg_regress, temporary instance) and
+#            `make installcheck-service` (the same suite plus service_status
+#            on an instance preloading gpu_ivfpq)
+#   tap      `make prove_installcheck` (test/t/*.pl) as postgres; the tools
+#            (gen_synthetic, fmnist_load, knn_bench) are built first and their
+#            folder is passed as GPU_IVFPQ_TOOLS_BIN (empty if they failed)
 #   tools    builds tools/ and checks them end to end on a throwaway server
 #            (gen_synthetic, fmnist_load, knn_bench; with the extension
 #            installed, also a small gpu_ivfpq index through knn_bench)
 #
 # --skip-deps (or SKIP_DEPS=1) skips scripts/install-deps.sh; --keep keeps the
 # staged copy under /tmp; --only takes a comma list of suite names.
+# GPU_IVFPQ_EXPECT_GPU=1 makes the service suites use (and require) the GPU;
+# GPU_IVFPQ_CUDA_LIB links the extension to the CUDA kernels; TEMP_CONFIG adds
+# settings to every test instance; PROVE_FLAGS is passed to prove.
 # Quiet on success; on failure prints the logs and diffs. Ends with the line
 # "N passed, N failed" (ctest tests + pg_regress tests + TAP files + tool
 # checks; a build that fails counts as one failure) and exits non-zero when
@@ -57,11 +62,6 @@ SKIPS=()
 pass() { PASSED=$((PASSED + ${1:-1})); }
 fail() { FAILED=$((FAILED + ${2:-1})); FAILURES+=("$1"); }
 skip() { SKIPS+=("$1"); }
-
-PGXS_DIR=$("$PG_BIN/pg_config" --pgxs 2>/dev/null | xargs -r dirname | xargs -r dirname)
-PGXS_DIR=${PGXS_DIR:-/usr/lib/postgresql/$PG_MAJOR/lib/pgxs/src}
-PG_REGRESS=${PG_REGRESS:-$PGXS_DIR/test/regress/pg_regress}
-PG_PERL=${PG_PERL:-$PGXS_DIR/test/perl}
 
 WORK=$(mktemp -d /tmp/gpu_ivfpq-tests.XXXXXX)
 LOGS=$WORK/logs
@@ -141,7 +141,8 @@ build_ext_once() {
   fi
 }
 
-# A copy of the repository's test inputs the postgres user can read and write.
+# A copy of the repository's test inputs the postgres user can read and
+# write: the make test targets run there as postgres (initdb refuses root).
 STAGE=""
 stage_repo() {
   [ -n "$STAGE" ] && return
@@ -154,71 +155,67 @@ stage_repo() {
   chmod 755 "$WORK"
 }
 
+# make TARGET... in the staged copy, as postgres.
+stage_make() {
+  (cd "$STAGE" && runuser -u postgres -- env PATH="$PG_BIN:$PATH" \
+      GPU_IVFPQ_EXPECT_GPU="${GPU_IVFPQ_EXPECT_GPU:-0}" ${TEMP_CONFIG:+TEMP_CONFIG="$TEMP_CONFIG"} \
+      GPU_IVFPQ_TOOLS_BIN="${GPU_IVFPQ_TOOLS_BIN:-}" \
+      make --no-print-directory PG_CONFIG="$PG_BIN/pg_config" "$@")
+}
+
 make_var() {  # prints a variable of the top-level Makefile (PGXS included)
-  make -s --no-print-directory -C "$REPO_ROOT" -f Makefile -f - "print-$1" <<'EOF' 2>/dev/null
+  make -s --no-print-directory -C "$REPO_ROOT" PG_CONFIG="$PG_BIN/pg_config" \
+      -f Makefile -f - "print-$1" <<'EOF' 2>/dev/null
 print-%: ; $(info $($*))@:
 EOF
 }
 
 # ------------------------------------------------------------------ regress
-# run_regress [service]: the plain run, or the same suite on an instance that
-# preloads gpu_ivfpq so the GPU service serves the scans (the CPU emulation
-# of the GPU where there is none; the real GPU with GPU_IVFPQ_EXPECT_GPU=1).
+# run_regress [service]: `make installcheck` (TAP_TESTS= leaves the TAP files
+# to their own suite), or `make installcheck-service`: the same suite plus
+# service_status on an instance that preloads gpu_ivfpq so the GPU service
+# serves the scans (its CPU emulation of the GPU where there is none; the
+# real GPU with GPU_IVFPQ_EXPECT_GPU=1).
 run_regress() {
   local variant=${1:-}
   if [ ! -f "$REPO_ROOT/Makefile" ]; then
     skip "regress (no Makefile)"
     return
   fi
-  local tests opts
+  local tests
   tests=$(make_var REGRESS | xargs)
   if [ -z "$tests" ]; then
     skip "regress (REGRESS is empty)"
     return
   fi
+  [ "$variant" = service ] && tests="$tests $(make_var REGRESS_SERVICE)"
   build_ext_once
   if [ "$EXT_STATE" != ok ]; then
     fail "regress: not run, the extension did not build" "$(wc -w <<<"$tests")"
     return
   fi
-  opts=$(make_var REGRESS_OPTS)
   stage_repo
-  local name=regress${variant:+-$variant}
-  local out=$STAGE/${name}_out rc=0 log=$LOGS/$name.log
-  mkdir -p "$out" && chown postgres: "$out"
+  local name=regress${variant:+-$variant} rc=0
+  local log=$LOGS/$name.log diffs=$STAGE/regression.diffs instance=$STAGE/tmp_check/regress
   if [ "$variant" = service ]; then
-    {
-      echo "shared_preload_libraries = 'gpu_ivfpq'"
-      if [ "${GPU_IVFPQ_EXPECT_GPU:-0}" = 1 ]; then
-        echo "gpu_ivfpq.service_emulate_gpu = off"
-      else
-        echo "gpu_ivfpq.service_emulate_gpu = on"
-      fi
-    } >"$STAGE/service.conf"
-    opts="$opts --temp-config=$STAGE/service.conf"
-    tests="$tests service_status"
+    diffs=$STAGE/tmp_check/service/regression.diffs
+    instance=$STAGE/tmp_check/service-instance
+    stage_make installcheck-service >"$log" 2>&1 || rc=$?
+  else
+    stage_make installcheck TAP_TESTS= >"$log" 2>&1 || rc=$?
   fi
-  # TEMP_CONFIG: settings for every test instance (e.g. jit = off where the
-  # server package's LLVM is missing), as PostgreSQL's own make check takes it.
-  [ -n "${TEMP_CONFIG:-}" ] && opts="$opts --temp-config=$TEMP_CONFIG"
-  # shellcheck disable=SC2086  # REGRESS and REGRESS_OPTS are word lists
-  (cd "$STAGE" && runuser -u postgres -- "$PG_REGRESS" \
-      --temp-instance="$STAGE/tmp_check_$name" --bindir="$PG_BIN" \
-      --inputdir="$STAGE" --outputdir="$out" --no-locale --encoding=UTF8 \
-      $opts $tests) >"$log" 2>&1 || rc=$?
   local ok bad
   ok=$(grep -cE '\.\.\. +(ok|failed \(ignored\))' "$log")
   bad=$(grep -cE '\.\.\. +FAILED' "$log")
   if [ "$rc" -ne 0 ] || [ "$bad" -ne 0 ]; then
     cat "$log"
-    if [ -f "$out/regression.diffs" ]; then
+    if [ -f "$diffs" ]; then
       say "---- regression.diffs (first 400 lines)"
-      head -n 400 "$out/regression.diffs"
+      head -n 400 "$diffs"
     fi
     if [ "$bad" -eq 0 ]; then
       bad=1
-      compgen -G "$STAGE/tmp_check_$name/log/*" >/dev/null &&
-        tail -n 40 "$STAGE"/tmp_check_$name/log/* 2>/dev/null
+      compgen -G "$instance/log/*" >/dev/null && tail -n 40 "$instance"/log/* 2>/dev/null
     fi
     fail "$name: $bad failed" "$bad"
     pass "$ok"
@@ -239,12 +236,10 @@ run_tap() {
     skip "tap (no test/t/*.pl)"
     return
   fi
-  if [ -f "$REPO_ROOT/Makefile" ]; then
-    build_ext_once
-    if [ "$EXT_STATE" != ok ]; then
-      fail "tap: not run, the extension did not build" "${#files[@]}"
-      return
-    fi
+  build_ext_once
+  if [ "$EXT_STATE" != ok ]; then
+    fail "tap: not run, the extension did not build" "${#files[@]}"
+    return
   fi
   stage_repo
   # The tools, where they build, for tests that want them: $GPU_IVFPQ_TOOLS_BIN.
@@ -256,12 +251,8 @@ run_tap() {
     chown -R postgres: "$tools_bin"
   fi
   local rc=0
-  (cd "$STAGE" && runuser -u postgres -- env \
-      PATH="$PG_BIN:$PATH" PERL5LIB="$PG_PERL:$STAGE/test/t${PERL5LIB:+:$PERL5LIB}" \
-      PG_REGRESS="$PG_REGRESS" TESTDIR="$STAGE" top_builddir="$STAGE" \
-      GPU_IVFPQ_TOOLS_BIN="$tools_bin" GPU_IVFPQ_EXPECT_GPU="${GPU_IVFPQ_EXPECT_GPU:-0}" \
-      ${TEMP_CONFIG:+TEMP_CONFIG="$TEMP_CONFIG"} \
-      prove ${PROVE_FLAGS:-} "${files[@]}") >"$LOGS/tap.log" 2>&1 || rc=$?
+  GPU_IVFPQ_TOOLS_BIN="$tools_bin" stage_make prove_installcheck PROVE_FLAGS="${PROVE_FLAGS:-}" \
+    >"$LOGS/tap.log" 2>&1 || rc=$?
   local total=${#files[@]} nfail=0 bad
   if [ "$rc" -ne 0 ]; then
     # Failed files are listed in prove's "Test Summary Report" as

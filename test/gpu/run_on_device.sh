@@ -1,8 +1,10 @@
 #!/bin/bash
 # The test suites on the GPU machine, with the extension linked to the CUDA
-# kernels and the GPU service serving: pg_regress (plain, then the whole
+# kernels and the GPU service serving, through scripts/run-tests.sh:
+# pg_regress (`make installcheck`, then `make installcheck-service`: the whole
 # suite again on a preloaded instance whose service uses the GPU), and the
-# TAP suite with GPU_IVFPQ_EXPECT_GPU=1 (005 and 006 then require the GPU).
+# TAP suite (`make prove_installcheck`) with GPU_IVFPQ_EXPECT_GPU=1 (005 and
+# 006 then require the GPU).
 #
 # Run with the device tool from the repository root, carrying .device (the
 # PostgreSQL kit, ../shared/device) and build-gpu/gpu/libgpu_ivfpq_gpu.a
