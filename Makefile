@@ -11,6 +11,7 @@
 #                               GPU service serves the scans (its CPU emulation
 #                               of the GPU; the GPU with GPU_IVFPQ_EXPECT_GPU=1)
 #   make core                   src/libgpu_ivfpq_core.a, see "Core objects"
+#   make pgindent               pgindent over the PostgreSQL-side sources
 #
 # The test targets test the installed extension and start their own
 # temporary servers from the installed binaries (pg_regress --temp-instance;
@@ -21,6 +22,11 @@
 #
 # The engine's GoogleTest tests and the CUDA kernels are built with CMake
 # (CMakeLists.txt); scripts/run-tests.sh runs every suite.
+#
+# Code style: PostgreSQL-side C++ (src/am, src/common, src/functions,
+# src/service) follows pgindent with the typedefs in src/typedefs.list
+# (`make pgindent`); src/engine, src/service/device and gpu/ follow
+# .clang-format.
 EXTENSION = gpu_ivfpq
 MODULE_big = gpu_ivfpq
 DATA = sql/gpu_ivfpq--0.1.0.sql
@@ -171,3 +177,23 @@ installcheck-service: tmp_check/.dir
 prove_installcheck:
 	$(prove_installcheck)
 PG_PROVE_FLAGS += -I $(srcdir)/test/t
+
+# ------------------------------------------------------------------ style
+# pgindent over the PostgreSQL-side sources (PGINDENT: PostgreSQL's
+# src/tools/pgindent/pgindent, with pg_bsd_indent on PATH). Its typedefs are
+# PostgreSQL's own list (PG_TYPEDEFS, beside pgindent by default) plus ours,
+# src/typedefs.list: the structs and typedefs of src/am, src/common,
+# src/functions and src/service, one name a line; add a type there when you
+# add one. pgindent is a C indenter: check what it does to the C++ parts
+# (namespaces, templates, lambdas) before committing. The engine, the device
+# layer and gpu/ follow .clang-format instead. CI applies neither.
+PGINDENT ?= pgindent
+PG_TYPEDEFS ?= $(dir $(shell command -v $(PGINDENT) 2>/dev/null))typedefs.list
+PGINDENT_SRCS = $(sort $(wildcard src/am/*.cpp src/am/*.h src/common/*.cpp src/common/*.h \
+	src/functions/*.cpp src/functions/*.h src/service/*.cpp src/service/*.h))
+.PHONY: pgindent
+pgindent: tmp_check/.dir
+	@command -v $(PGINDENT) >/dev/null || { echo "pgindent not found: make pgindent PGINDENT=/path/to/postgresql/src/tools/pgindent/pgindent"; exit 1; }
+	@test -f $(PG_TYPEDEFS) || { echo "PostgreSQL's typedefs.list not found: make pgindent PG_TYPEDEFS=/path/to/typedefs.list"; exit 1; }
+	cat $(PG_TYPEDEFS) src/typedefs.list >tmp_check/typedefs.list
+	$(PGINDENT) --typedefs=tmp_check/typedefs.list $(PGINDENT_SRCS)
