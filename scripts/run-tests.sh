@@ -66,6 +66,8 @@ skip() { SKIPS+=("$1"); }
 WORK=$(mktemp -d /tmp/gpu_ivfpq-tests.XXXXXX)
 LOGS=$WORK/logs
 mkdir -p "$LOGS"
+# The test servers run as postgres in folders under $WORK (mktemp makes it 700).
+chmod 755 "$WORK"
 cleanup() {
   pg_temp_stop
   if [ "$KEEP" = 1 ]; then
