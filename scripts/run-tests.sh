@@ -340,7 +340,7 @@ SQL
     set -e -o pipefail
     psql_() { '$PG_BIN/psql' -X -q -v ON_ERROR_STOP=1 \"\$@\"; }
     psql_ -c 'CREATE TABLE fm_test (id bigint, label int, embedding real[])'
-    '$T/fmnist_load' --set test | psql_ -c 'COPY fm_test FROM STDIN WITH (FORMAT binary)'
+    '$T/fmnist_load' --set test | psql_ -c 'COPY fm_test FROM STDIN'
     r=\$(psql_ -At -c \"SELECT count(*), sum(label), min(array_length(embedding,1)), max(embedding[400]) <= 255 FROM fm_test\")
     echo \"\$r\"; [ \"\$r\" = '10000|45000|784|t' ]"
 
@@ -348,7 +348,7 @@ SQL
     set -e -o pipefail
     psql_() { '$PG_BIN/psql' -X -q -v ON_ERROR_STOP=1 \"\$@\"; }
     psql_ -c 'CREATE TABLE syn (id bigint, embedding real[])'
-    '$T/gen_synthetic' --rows 2000 | psql_ -c 'COPY syn FROM STDIN WITH (FORMAT binary)'
+    '$T/gen_synthetic' --rows 2000 | psql_ -c 'COPY syn FROM STDIN'
     '$T/gen_synthetic' --what queries --queries 30 --format fvecs --out '$WORK/q.fvecs'
     r=\$(psql_ -At -c 'SELECT count(*), min(id), max(id), min(array_length(embedding,1)) FROM syn')
     echo \"\$r\"; [ \"\$r\" = '2000|1|2000|128' ]"
