@@ -5,6 +5,7 @@
 #include <getopt.h>
 
 #include <cerrno>
+#include <cmath>
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
@@ -143,7 +144,8 @@ inline size_t read_fvecs(const std::string& path, std::vector<float>& out, size_
 
 // Appends v as a PostgreSQL array literal, {x1,x2,...}. The shortest form
 // that reads back as the same float (std::to_chars), so a round trip through
-// real[] is exact.
+// real[] is exact. Whole numbers (Fashion-MNIST's pixels) take the integer
+// conversion, several times faster and, below 2^24, the same digits.
 inline void append_array_text(std::string& s, const float* v, size_t d)
 {
     char buf[32];
@@ -151,7 +153,15 @@ inline void append_array_text(std::string& s, const float* v, size_t d)
     for (size_t j = 0; j < d; j++) {
         if (j)
             s += ',';
-        auto r = std::to_chars(buf, buf + sizeof buf, v[j]);
+        const float x = v[j];
+        // The range test first: converting NaN or a huge value to int is undefined.
+        const bool small = std::fabs(x) < 16777216.0f;
+        const int32_t i = small ? static_cast<int32_t>(x) : 0;
+        std::to_chars_result r;
+        if (small && static_cast<float>(i) == x && !(i == 0 && std::signbit(x)))
+            r = std::to_chars(buf, buf + sizeof buf, i);
+        else
+            r = std::to_chars(buf, buf + sizeof buf, x);
         s.append(buf, r.ptr);
     }
     s += '}';
