@@ -1,19 +1,32 @@
 # Fashion-MNIST (Debian package dataset-fashion-mnist) for the TAP tests:
-# where it is, and its idx files converted to COPY text (id, label, real[784]).
+# where it is, and its idx files as COPY text (id, label, real[784]),
+# written by tools/fmnist_load, the project's one reader of the idx format
+# (the test runner passes the tools' folder in GPU_IVFPQ_TOOLS_BIN).
 package FashionMnist;
 
 use strict;
 use warnings;
 
-use IO::Uncompress::Gunzip qw(gunzip $GunzipError);
-
 our $datadir = '/usr/share/datasets/fashion-mnist';
 our @files = qw(train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz
   t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz);
 
-# True when every file is readable.
+# The fmnist_load binary, or undef when the tools were not built.
+sub loader
+{
+	my $bin = $ENV{GPU_IVFPQ_TOOLS_BIN};
+	return (defined $bin && $bin ne '' && -x "$bin/fmnist_load") ? "$bin/fmnist_load" : undef;
+}
+
+# True when every file is readable and fmnist_load is there to read them.
 sub available
 {
+	if (!loader())
+	{
+		# Said here, as the tests' skip message names only the data folder.
+		print STDERR "# fmnist_load not found: GPU_IVFPQ_TOOLS_BIN is not set to the built tools\n";
+		return 0;
+	}
 	return !grep { !-r "$datadir/$_" } @files;
 }
 
@@ -22,24 +35,14 @@ sub available
 sub idx_to_copy
 {
 	my ($images, $labels, $limit, $path) = @_;
-	my ($img, $lab);
-	gunzip("$datadir/$images" => \$img) or die "gunzip $images: $GunzipError";
-	gunzip("$datadir/$labels" => \$lab) or die "gunzip $labels: $GunzipError";
-	my ($magic, $n, $rows, $cols) = unpack('N4', $img);
-	die "$images: not an idx3 ubyte file" unless $magic == 0x803;
-	my ($lmagic, $ln) = unpack('N2', $lab);
-	die "$labels: not an idx1 ubyte file for $images"
-	  unless $lmagic == 0x801 && $ln == $n;
-	$n = $limit if $limit < $n;
-	my $dim = $rows * $cols;
-	open my $out, '>', $path or die "$path: $!";
-	for my $i (0 .. $n - 1)
-	{
-		my @pixels = unpack('C*', substr($img, 16 + $i * $dim, $dim));
-		my $label = unpack('C', substr($lab, 8 + $i, 1));
-		print $out $i + 1, "\t$label\t{", join(',', @pixels), "}\n";
-	}
-	close $out;
+	my $tool = loader() or die "fmnist_load not found (GPU_IVFPQ_TOOLS_BIN)";
+	system($tool, '--images', "$datadir/$images", '--labels', "$datadir/$labels",
+		'--limit', $limit, '--out', $path) == 0
+	  or die "fmnist_load $images: exit status " . ($? >> 8);
+	open my $in, '<', $path or die "$path: $!";
+	my $n = 0;
+	$n++ while <$in>;
+	close $in;
 	return $n;
 }
 
