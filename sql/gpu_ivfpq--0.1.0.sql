@@ -77,7 +77,19 @@ CREATE VIEW gpu_ivfpq_mirrors AS
 		   m.relfilenode, m.build_id, m.entries, m.size_mb, m.queries
 	FROM gpu_ivfpq_mirrors() m LEFT JOIN pg_database d ON d.oid = m.datid;
 
--- Loads an index into GPU memory now instead of on its first scan.
+-- Monitoring roles read the service's state: pg_monitor (through
+-- pg_read_all_stats) sees every database; a role granted EXECUTE/SELECT
+-- explicitly sees its own database's mirrors and no error texts.
+REVOKE ALL ON FUNCTION gpu_ivfpq_status(), gpu_ivfpq_mirrors() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION gpu_ivfpq_status(), gpu_ivfpq_mirrors() TO pg_monitor;
+GRANT SELECT ON gpu_ivfpq_status, gpu_ivfpq_mirrors TO pg_monitor;
+
+-- The functions below read tables outside the executor: each checks the
+-- caller's SELECT privilege on the table (or its vector column) and refuses
+-- tables whose row-level security applies to the caller.
+
+-- Loads an index into GPU memory now instead of on its first scan (needs
+-- SELECT on its table, as pg_prewarm does).
 CREATE FUNCTION gpu_ivfpq_prewarm(index regclass) RETURNS int8
 	AS 'MODULE_PATHNAME' LANGUAGE C STRICT VOLATILE;
 

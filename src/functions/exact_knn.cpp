@@ -123,6 +123,7 @@ gpu_ivfpq_exact_knn(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_COLUMN),
 				 errmsg("column \"%s\" of relation \"%s\" does not exist", col, RelationGetRelationName(heap))));
+	GpuIvfpqCheckReadable(heap, attnum, "gpu_ivfpq_exact_knn");
 	if (get_atttype(relid, attnum) != FLOAT4ARRAYOID)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATATYPE_MISMATCH),

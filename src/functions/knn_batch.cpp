@@ -66,6 +66,7 @@ gpu_ivfpq_knn_batch(PG_FUNCTION_ARGS)
 	InitMaterializedSRF(fcinfo, 0);
 	index = GpuIvfpqOpenIndex(indexoid);
 	heap = table_open(index->rd_index->indrelid, AccessShareLock);
+	GpuIvfpqCheckIndexReadable(index, heap, "gpu_ivfpq_knn_batch");
 	GpuIvfpqBatchBegin(&bs, index, heap, dim, k, Max(k, gpu_ivfpq_rerank));
 	out.store = rsinfo->setResult;
 	out.desc = rsinfo->setDesc;

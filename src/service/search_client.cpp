@@ -5,6 +5,8 @@
 #include "service/shmem.h"
 
 extern "C" {
+#include "access/relation.h"
+#include "access/table.h"
 #include "commands/defrem.h"
 #include "miscadmin.h"
 
@@ -266,8 +268,8 @@ GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta, con
 Datum
 gpu_ivfpq_prewarm(PG_FUNCTION_ARGS)
 {
-	Oid			relid = PG_GETARG_OID(0);
-	Relation	index = index_open(relid, AccessShareLock);
+	Relation	index = GpuIvfpqOpenIndex(PG_GETARG_OID(0));
+	Relation	heap;
 	GpuIvfpqMetaPageData meta;
 	const char *reason;
 	GpuIvfpqSlot *slot;
@@ -275,10 +277,10 @@ gpu_ivfpq_prewarm(PG_FUNCTION_ARGS)
 	char		error[256];
 	RequestResult result;
 
-	if (index->rd_rel->relam != get_index_am_oid("gpu_ivfpq", false))
-		ereport(ERROR,
-				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
-				 errmsg("\"%s\" is not a gpu_ivfpq index", RelationGetRelationName(index))));
+	/* As pg_prewarm: reading a relation into memory takes SELECT on it (here its table). */
+	heap = table_open(index->rd_index->indrelid, AccessShareLock);
+	GpuIvfpqCheckSelect(heap, index->rd_index->indkey.values[0]);
+	table_close(heap, AccessShareLock);
 	GpuIvfpqReadMeta(index, &meta);
 	reason = GpuIvfpqNotServableReason(&meta);
 	if (reason == NULL && (slot = GpuIvfpqAcquireSlot()) == NULL)
@@ -294,6 +296,6 @@ gpu_ivfpq_prewarm(PG_FUNCTION_ARGS)
 				(errcode(result == RES_NO_MEMORY ? ERRCODE_OUT_OF_MEMORY : ERRCODE_INTERNAL_ERROR),
 				 errmsg("could not mirror \"%s\" to the GPU", RelationGetRelationName(index)),
 				 errdetail("%s", error[0] ? error : "the service exited")));
-	index_close(index, AccessShareLock);
+	relation_close(index, AccessShareLock);
 	PG_RETURN_INT64(entries);
 }

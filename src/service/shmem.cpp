@@ -78,7 +78,12 @@ GpuIvfpqServiceRegister(void)
 	shmem_startup_hook = ServiceShmemStartup;
 
 	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS;
+	/*
+	 * A connection to no database (shared catalogs only, like the logical
+	 * replication launcher): the service then shows in pg_stat_activity with
+	 * its own backend_type, and one service serves every database.
+	 */
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
 	/* Standbys answer k-NN queries too, so start once reads are possible. */
 	worker.bgw_start_time = BgWorkerStart_ConsistentState;
 	worker.bgw_restart_time = 5;

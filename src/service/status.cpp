@@ -5,10 +5,20 @@
 extern "C" {
 #include "funcapi.h"
 #include "utils/array.h"
+#include "catalog/pg_authid.h"
+#include "miscadmin.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
 
 PG_FUNCTION_INFO_V1(gpu_ivfpq_status);
 PG_FUNCTION_INFO_V1(gpu_ivfpq_mirrors);
+}
+
+/* Whether the user may see the service's state for every database (as pg_stat_activity's details). */
+static bool
+SeesAllDatabases(void)
+{
+	return has_privs_of_role(GetUserId(), ROLE_PG_READ_ALL_STATS);
 }
 
 static const char *
@@ -81,7 +91,8 @@ gpu_ivfpq_status(PG_FUNCTION_ARGS)
 		values[13] = Float8GetDatum((double) copy.memory_budget / (1024.0 * 1024.0));
 		nulls[13] = copy.memory_budget == 0;
 		values[14] = CStringGetTextDatum(copy.last_error);
-		nulls[14] = copy.last_error[0] == '\0';
+		/* Errors can name objects of other databases: pg_read_all_stats (pg_monitor) only. */
+		nulls[14] = copy.last_error[0] == '\0' || !SeesAllDatabases();
 	}
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
 }
@@ -104,6 +115,9 @@ gpu_ivfpq_mirrors(PG_FUNCTION_ARGS)
 	SpinLockRelease(&s->mutex);
 	for (int i = 0; i < n; i++)
 	{
+		/* Other databases' mirrors: for pg_read_all_stats (pg_monitor) only. */
+		if (mirrors[i].key.db != MyDatabaseId && !SeesAllDatabases())
+			continue;
 		Datum		values[7];
 		bool		nulls[7];
 

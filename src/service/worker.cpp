@@ -689,6 +689,9 @@ gpu_ivfpq_service_main(Datum arg)
 	pqsignal(SIGTERM, die);
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	BackgroundWorkerUnblockSignals();
+	/* No database: this only makes the service visible in pg_stat_activity. */
+	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
+	pgstat_report_activity(STATE_IDLE, NULL);
 	before_shmem_exit(ServiceExit, (Datum) 0);
 	loopctx = AllocSetContextCreate(TopMemoryContext, "gpu_ivfpq service loop", ALLOCSET_DEFAULT_SIZES);
 

@@ -1,0 +1,52 @@
+// Who may read what: the SQL functions read tables outside the executor, so
+// they check the caller's privileges themselves, as pg_prewarm does, and
+// refuse tables whose row-level security applies to the caller (they cannot
+// apply policies row by row; index scans go through the executor and do).
+#include "common/gpu_ivfpq.h"
+
+extern "C" {
+#include "catalog/pg_class.h"
+#include "utils/acl.h"
+#include "utils/rls.h"
+}
+
+/*
+ * Errors unless the current user may SELECT from heap, or from its column
+ * attnum when given (a column privilege is enough to read that column).
+ */
+void
+GpuIvfpqCheckSelect(Relation heap, AttrNumber attnum)
+{
+	Oid			relid = RelationGetRelid(heap);
+	Oid			user = GetUserId();
+	AclResult	result = pg_class_aclcheck(relid, user, ACL_SELECT);
+
+	if (result != ACLCHECK_OK &&
+		(attnum == InvalidAttrNumber || pg_attribute_aclcheck(relid, attnum, user, ACL_SELECT) != ACLCHECK_OK))
+		aclcheck_error(result, get_relkind_objtype(heap->rd_rel->relkind), RelationGetRelationName(heap));
+}
+
+/*
+ * For functions that return rows or distances of heap: GpuIvfpqCheckSelect,
+ * and no row-level security policy may apply to the user on heap.
+ */
+void
+GpuIvfpqCheckReadable(Relation heap, AttrNumber attnum, const char *function)
+{
+	GpuIvfpqCheckSelect(heap, attnum);
+	if (check_enable_rls(RelationGetRelid(heap), InvalidOid, true) == RLS_ENABLED)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("%s cannot read table \"%s\": row-level security applies to it",
+						function, RelationGetRelationName(heap)),
+				 errdetail("The gpu_ivfpq functions read rows outside the executor and cannot apply the table's policies."),
+				 errhint("Query the table with ORDER BY ... LIMIT (the index scan applies the policies), or run the function as a role that bypasses row-level security.")));
+}
+
+/* The same check for the table of a gpu_ivfpq index, on its indexed column. */
+void
+GpuIvfpqCheckIndexReadable(Relation index, Relation heap, const char *function)
+{
+	/* An expression index reads more than one column: then the table's privilege. */
+	GpuIvfpqCheckReadable(heap, index->rd_index->indkey.values[0], function);
+}

@@ -1,0 +1,67 @@
+-- Who may call what: the functions that read a table check SELECT on it (or
+-- on its vector column) and refuse tables whose row-level security applies
+-- to the caller; index scans go through the executor and apply the
+-- policies; the status views are for pg_monitor.
+SET client_min_messages = warning;
+CREATE EXTENSION IF NOT EXISTS gpu_ivfpq;
+CREATE TABLE secret (id int, owner text, v real[], w real[]);
+INSERT INTO secret SELECT i, CASE WHEN i % 2 = 0 THEN 'alice' ELSE 'bob' END,
+	ARRAY[i % 10, i % 7, i % 3, i % 5]::real[], ARRAY[i % 4, i % 6, i % 8, i % 9]::real[]
+FROM generate_series(1, 200) i;
+CREATE INDEX secret_v ON secret USING gpu_ivfpq (v) WITH (lists = 4, m = 2);
+DROP ROLE IF EXISTS gpu_ivfpq_nobody;
+DROP ROLE IF EXISTS gpu_ivfpq_monitor;
+CREATE ROLE gpu_ivfpq_nobody;
+CREATE ROLE gpu_ivfpq_monitor IN ROLE pg_monitor;
+
+-- Without SELECT: every reading function is refused, like the table itself.
+SET ROLE gpu_ivfpq_nobody;
+SELECT count(*) FROM secret;
+SELECT * FROM gpu_ivfpq_exact_knn('secret', 'v', ARRAY[ARRAY[5,10,0,1]]::real[], 3);
+SELECT * FROM gpu_ivfpq_range('secret_v', '{5,10,0,1}'::real[], 100);
+SELECT * FROM gpu_ivfpq_knn_batch('secret_v', ARRAY[ARRAY[5,10,0,1]]::real[], 3);
+SELECT * FROM gpu_ivfpq_knn_graph('secret_v', 2);
+SELECT gpu_ivfpq_prewarm('secret_v');
+-- Monitoring is not for everyone either.
+SELECT count(*) FROM gpu_ivfpq_status;
+SELECT count(*) FROM gpu_ivfpq_status();
+SELECT count(*) FROM gpu_ivfpq_mirrors;
+RESET ROLE;
+
+-- SELECT on the vector column alone is enough to search it.
+GRANT SELECT (v) ON secret TO gpu_ivfpq_nobody;
+SET ROLE gpu_ivfpq_nobody;
+SELECT count(*) AS exact_rows FROM gpu_ivfpq_exact_knn('secret', 'v', ARRAY[ARRAY[5,10,0,1]]::real[], 3);
+SELECT count(*) AS batch_rows FROM gpu_ivfpq_knn_batch('secret_v', ARRAY[ARRAY[5,10,0,1]]::real[], 3);
+SELECT count(*) AS range_rows FROM gpu_ivfpq_range('secret_v', '{5,10,0,1}'::real[], 8);
+-- ... but not another column.
+SELECT * FROM gpu_ivfpq_exact_knn('secret', 'w', ARRAY[ARRAY[5,10,0,1]]::real[], 3);
+RESET ROLE;
+
+-- Row-level security: the functions refuse, index scans apply the policy.
+GRANT SELECT ON secret TO gpu_ivfpq_nobody;
+ALTER TABLE secret ENABLE ROW LEVEL SECURITY;
+CREATE POLICY only_alice ON secret FOR SELECT USING (owner = 'alice');
+SET ROLE gpu_ivfpq_nobody;
+SELECT * FROM gpu_ivfpq_exact_knn('secret', 'v', ARRAY[ARRAY[5,10,0,1]]::real[], 3);
+SELECT * FROM gpu_ivfpq_range('secret_v', '{5,10,0,1}'::real[], 100);
+SELECT * FROM gpu_ivfpq_knn_batch('secret_v', ARRAY[ARRAY[5,10,0,1]]::real[], 3);
+SELECT * FROM gpu_ivfpq_knn_graph('secret_v', 2);
+SET enable_seqscan = off;
+EXPLAIN (COSTS OFF) SELECT id FROM secret ORDER BY v <-> '{5,10,0,1}' LIMIT 5;
+SELECT count(*) AS rows_seen, count(*) FILTER (WHERE owner <> 'alice') AS other_owners
+FROM (SELECT owner FROM secret ORDER BY v <-> '{5,10,0,1}' LIMIT 50) s;
+RESET enable_seqscan;
+RESET ROLE;
+-- The owner (policies do not apply to it) still may.
+SELECT count(*) AS owner_rows FROM gpu_ivfpq_knn_batch('secret_v', ARRAY[ARRAY[5,10,0,1]]::real[], 3);
+
+-- pg_monitor members read the status views.
+SET ROLE gpu_ivfpq_monitor;
+SELECT count(*) AS status_rows FROM gpu_ivfpq_status;
+SELECT count(*) >= 0 AS mirrors_readable FROM gpu_ivfpq_mirrors;
+RESET ROLE;
+
+DROP TABLE secret;
+DROP ROLE gpu_ivfpq_nobody;
+DROP ROLE gpu_ivfpq_monitor;
