@@ -1,6 +1,8 @@
 // The PostgreSQL headers the extension uses, with C linkage for C++.
 #pragma once
 
+#include <climits>
+
 extern "C" {
 #include "postgres.h"
 

@@ -23,7 +23,7 @@ LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
 		   int64 *entries, char *error, Size errlen)
 {
 	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
-	GpuIvfpqListDirEntry *dir = GpuIvfpqReadListDir(index, meta);
+	GpuIvfpqListDirEntry *dir;
 	int			m = meta->m;
 	int64		n = 0;
 	int64		cap = 1024;
@@ -42,6 +42,14 @@ LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
 	LWLockAcquire(s->log_lock, LW_SHARED);
 	log_start = s->log_head;
 	LWLockRelease(s->log_lock);
+
+	/*
+	 * The directory after log_start: a list that gets its first page later
+	 * than this read has that entry logged after log_start, so the service
+	 * applies it; read before, such a list would look empty and its entry,
+	 * logged earlier, would be missed.
+	 */
+	dir = GpuIvfpqReadListDir(index, meta);
 
 	for (uint32 list = 0; list < meta->lists; list++)
 		GpuIvfpqWalkList(index, dir[list].head, m, [&](const char *ent, int cnt) {
