@@ -36,6 +36,10 @@ typedef GpuIvfpqPageOpaqueData *GpuIvfpqPageOpaque;
 #define GpuIvfpqPageGetOpaque(page) \
 	((GpuIvfpqPageOpaque) PageGetSpecialPointer(page))
 
+/* pd_special of every page: the opaque at the end. */
+#define GPU_IVFPQ_SPECIAL_OFFSET \
+	(BLCKSZ - MAXALIGN(sizeof(GpuIvfpqPageOpaqueData)))
+
 /* Bytes usable for content on one page (between header and special space). */
 #define GPU_IVFPQ_PAGE_CONTENT \
 	(BLCKSZ - MAXALIGN(SizeOfPageHeaderData) - MAXALIGN(sizeof(GpuIvfpqPageOpaqueData)))
@@ -143,6 +147,90 @@ GpuIvfpqEntryCode(const char *entries, int i, int m)
 }
 
 /*
+ * ERROR for a broken invariant of the on-disk format, naming the index, the
+ * block and what is wrong (fmt takes at least one argument).
+ */
+#define GpuIvfpqReportCorrupt(index, blk, fmt, ...) \
+	ereport(ERROR, \
+			(errcode(ERRCODE_INDEX_CORRUPTED), \
+			 errmsg("index \"%s\" block %u: " fmt, RelationGetRelationName(index), \
+					(unsigned int) (blk), __VA_ARGS__), \
+			 errhint("REINDEX the index to rebuild it from its table.")))
+
+/*
+ * Checks on what a reader trusts (pages.cpp reports the failures). They are
+ * cheap enough for every page a scan reads, and turn a corrupt page into an
+ * ERROR instead of a read past a buffer or an endless chain; the index
+ * checker (check.cpp) calls the same ones, so both say the same thing.
+ */
+extern void GpuIvfpqReportBadPage(Relation index, BlockNumber blk, Page page, uint16 kind, int m,
+								  int list) pg_attribute_noreturn();
+
+/* Whether page carries gpu_ivfpq's special space, page id and the given kind. */
+static inline bool
+GpuIvfpqPageIsKind(Page page, uint16 kind)
+{
+	GpuIvfpqPageOpaque opaque;
+
+	/* pd_special first: a corrupt one would point the opaque outside the page. */
+	if (((PageHeader) page)->pd_special != GPU_IVFPQ_SPECIAL_OFFSET)
+		return false;
+	opaque = GpuIvfpqPageGetOpaque(page);
+	return opaque->page_id == GPU_IVFPQ_PAGE_ID && opaque->flags == kind;
+}
+
+/* Errors unless block blk's page is a gpu_ivfpq page of the given kind. */
+static inline void
+GpuIvfpqCheckPage(Relation index, BlockNumber blk, Page page, uint16 kind)
+{
+	if (unlikely(!GpuIvfpqPageIsKind(page, kind)))
+		GpuIvfpqReportBadPage(index, blk, page, kind, 0, -1);
+}
+
+/*
+ * The number of entries on list page blk, after checking that it is a list
+ * page whose pd_lower ends a whole number of entries within its capacity
+ * (callers size arrays by the capacity). list, when known (else -1), is
+ * named in the error.
+ */
+static inline int
+GpuIvfpqListPageEntries(Relation index, BlockNumber blk, Page page, int m, int list)
+{
+	int			used = (int) ((PageHeader) page)->pd_lower - (int) MAXALIGN(SizeOfPageHeaderData);
+	int			esz = GpuIvfpqEntrySize(m);
+
+	if (unlikely(!GpuIvfpqPageIsKind(page, GPU_IVFPQ_PAGE_LIST) || used < 0 || used % esz != 0 ||
+				 used / esz > GpuIvfpqEntriesPerPage(m)))
+		GpuIvfpqReportBadPage(index, blk, page, GPU_IVFPQ_PAGE_LIST, m, list);
+	return used / esz;
+}
+
+/* A walk along one list chain, for the checks of GpuIvfpqChainStep. */
+typedef struct GpuIvfpqChainWalk
+{
+	BlockNumber nblocks;		/* the index's size when last asked (0: not yet) */
+	BlockNumber pages;			/* pages of the chain read so far */
+} GpuIvfpqChainWalk;
+
+extern void GpuIvfpqChainRecheck(Relation index, GpuIvfpqChainWalk *walk, BlockNumber from,
+								 BlockNumber blk);
+
+/*
+ * Checks blk, the next page of a chain (reached from page `from`, or from the
+ * list directory when from is InvalidBlockNumber), before it is read: it lies
+ * within the index, and the chain has no more pages than the index (else it
+ * loops). The size is asked again only when blk seems past it: concurrent
+ * inserts extend the index.
+ */
+static inline void
+GpuIvfpqChainStep(Relation index, GpuIvfpqChainWalk *walk, BlockNumber from, BlockNumber blk)
+{
+	if (unlikely(blk >= walk->nblocks || walk->pages >= walk->nblocks))
+		GpuIvfpqChainRecheck(index, walk, from, blk);
+	walk->pages++;
+}
+
+/*
  * Calls fn(entries, n) for each page of the list chain starting at head,
  * with the page share-locked: n packed entries of a TID and an m-byte code.
  */
@@ -150,14 +238,22 @@ template <typename F>
 static inline void
 GpuIvfpqWalkList(Relation index, BlockNumber head, int m, F &&fn)
 {
+	GpuIvfpqChainWalk walk = {0, 0};
+	BlockNumber from = InvalidBlockNumber;
+
 	for (BlockNumber blk = head; blk != InvalidBlockNumber;)
 	{
-		Buffer		buf = ReadBuffer(index, blk);
+		Buffer		buf;
 		Page		page;
+		int			n;
 
+		GpuIvfpqChainStep(index, &walk, from, blk);
+		buf = ReadBuffer(index, blk);
 		LockBuffer(buf, BUFFER_LOCK_SHARE);
 		page = BufferGetPage(buf);
-		fn((const char *) PageGetContents(page), GpuIvfpqPageEntryCount(page, m));
+		n = GpuIvfpqListPageEntries(index, blk, page, m, -1);
+		fn((const char *) PageGetContents(page), n);
+		from = blk;
 		blk = GpuIvfpqPageGetOpaque(page)->next;
 		UnlockReleaseBuffer(buf);
 		CHECK_FOR_INTERRUPTS();
@@ -183,6 +279,14 @@ typedef struct GpuIvfpqOptions
 extern void GpuIvfpqInitPage(Page page, uint16 flags);
 extern Buffer GpuIvfpqNewBuffer(Relation index, ForkNumber fork);
 extern void GpuIvfpqReadMeta(Relation index, GpuIvfpqMetaPageData *meta);
+extern void GpuIvfpqCheckMeta(Relation index, const GpuIvfpqMetaPageData *meta);
+extern BlockNumber GpuIvfpqBlobPages(Size bytes);
+extern Size GpuIvfpqCentroidBytes(const GpuIvfpqMetaPageData *meta);
+extern Size GpuIvfpqCodebookBytes(const GpuIvfpqMetaPageData *meta);
+extern void GpuIvfpqCheckExtent(Relation index, const char *what, BlockNumber start, BlockNumber npages);
+extern void GpuIvfpqCheckBlobPage(Relation index, BlockNumber blk, Page page, Size chunk);
+extern void GpuIvfpqCheckListDirPage(Relation index, BlockNumber blk, Page page, int entries);
+extern int	GpuIvfpqListDirPageEntries(const GpuIvfpqMetaPageData *meta, uint32 page);
 extern BlockNumber GpuIvfpqWriteBlob(Relation index, const void *data, Size bytes);
 extern void GpuIvfpqReadBlob(Relation index, BlockNumber start, void *data, Size bytes);
 extern void GpuIvfpqReadQuantizers(Relation index, const GpuIvfpqMetaPageData *meta, MemoryContext cxt,

@@ -1,6 +1,8 @@
 // Page-level storage of the index: metapage, float blobs (centroids and
-// codebooks), the list directory and appends to inverted-list chains.
+// codebooks), the list directory and appends to inverted-list chains; and
+// the checks every reader of those pages makes before trusting them.
 #include "am/am.h"
+#include "engine/distances.h"
 
 /* Formats a page of the given kind with the common special space. */
 void
@@ -31,6 +33,147 @@ GpuIvfpqNewBuffer(Relation index, ForkNumber fork)
 	return buf;
 }
 
+/* What a page kind is called in messages. */
+static const char *
+PageKindName(uint16 kind)
+{
+	switch (kind)
+	{
+		case GPU_IVFPQ_PAGE_META:
+			return "metapage";
+		case GPU_IVFPQ_PAGE_BLOB:
+			return "data page";
+		case GPU_IVFPQ_PAGE_LISTDIR:
+			return "list directory page";
+		case GPU_IVFPQ_PAGE_LIST:
+			return "list page";
+	}
+	return "page of an unknown type";
+}
+
+/*
+ * Reports the first invariant that block blk's page breaks for
+ * GpuIvfpqCheckPage (a page of this kind) or GpuIvfpqListPageEntries (m
+ * bytes of code per entry; list named when not -1).
+ */
+void
+GpuIvfpqReportBadPage(Relation index, BlockNumber blk, Page page, uint16 kind, int m, int list)
+{
+	PageHeader	header = (PageHeader) page;
+	GpuIvfpqPageOpaque opaque;
+	int			used = (int) header->pd_lower - (int) MAXALIGN(SizeOfPageHeaderData);
+	int			esz = GpuIvfpqEntrySize(m);
+	char		what[32];
+
+	if (PageIsNew(page))
+		GpuIvfpqReportCorrupt(index, blk, "page is uninitialized (all zeros) where a %s belongs",
+							  PageKindName(kind));
+	if (header->pd_special != GPU_IVFPQ_SPECIAL_OFFSET)
+		GpuIvfpqReportCorrupt(index, blk, "special space starts at %u where a gpu_ivfpq %s has it at %d",
+							  (unsigned int) header->pd_special, PageKindName(kind),
+							  (int) GPU_IVFPQ_SPECIAL_OFFSET);
+	opaque = GpuIvfpqPageGetOpaque(page);
+	if (opaque->page_id != GPU_IVFPQ_PAGE_ID)
+		GpuIvfpqReportCorrupt(index, blk, "page id 0x%04X is not gpu_ivfpq's 0x%04X (a %s belongs here)",
+							  (unsigned int) opaque->page_id, GPU_IVFPQ_PAGE_ID, PageKindName(kind));
+	if (opaque->flags != kind)
+		GpuIvfpqReportCorrupt(index, blk, "%s (type %u) where a %s belongs",
+							  PageKindName(opaque->flags), (unsigned int) opaque->flags, PageKindName(kind));
+
+	Assert(kind == GPU_IVFPQ_PAGE_LIST);
+	if (list >= 0)
+		snprintf(what, sizeof(what), "list %d", list);
+	else
+		strlcpy(what, "list", sizeof(what));
+	if (used < 0)
+		GpuIvfpqReportCorrupt(index, blk, "%s page's pd_lower %u lies inside the page header",
+							  what, (unsigned int) header->pd_lower);
+	if (used % esz != 0)
+		GpuIvfpqReportCorrupt(index, blk, "%s page's pd_lower %u does not end a whole %d-byte entry",
+							  what, (unsigned int) header->pd_lower, esz);
+	GpuIvfpqReportCorrupt(index, blk, "%s entry count %d exceeds the page capacity %d",
+						  what, used / esz, GpuIvfpqEntriesPerPage(m));
+}
+
+/* The failed check of GpuIvfpqChainStep: asks the size again, errors if blk is still wrong. */
+void
+GpuIvfpqChainRecheck(Relation index, GpuIvfpqChainWalk *walk, BlockNumber from, BlockNumber blk)
+{
+	walk->nblocks = RelationGetNumberOfBlocks(index);
+	if (blk >= walk->nblocks)
+	{
+		if (from == InvalidBlockNumber)
+			ereport(ERROR,
+					(errcode(ERRCODE_INDEX_CORRUPTED),
+					 errmsg("index \"%s\": a list starts at block %u, past the end of the index (%u blocks)",
+							RelationGetRelationName(index), blk, walk->nblocks),
+					 errhint("REINDEX the index to rebuild it from its table.")));
+		GpuIvfpqReportCorrupt(index, from, "next page %u is past the end of the index (%u blocks)",
+							  blk, walk->nblocks);
+	}
+	/* Every page of a chain is a distinct block: more pages than blocks means a loop. */
+	if (walk->pages >= walk->nblocks)
+		GpuIvfpqReportCorrupt(index, from, "list chain goes on to block %u after more pages than the index has (%u blocks): it loops",
+							  blk, walk->nblocks);
+}
+
+/*
+ * Errors unless meta, copied from the metapage, describes an index this
+ * build can read: every field a reader sizes memory or pages by is checked.
+ */
+void
+GpuIvfpqCheckMeta(Relation index, const GpuIvfpqMetaPageData *meta)
+{
+	const BlockNumber blk = GPU_IVFPQ_METAPAGE_BLKNO;
+	uint8		trained;
+	uint32		dir_pages = (meta->lists + GPU_IVFPQ_LISTDIR_PER_PAGE - 1) / GPU_IVFPQ_LISTDIR_PER_PAGE;
+
+	if (meta->magic != GPU_IVFPQ_MAGIC)
+		GpuIvfpqReportCorrupt(index, blk, "metapage magic 0x%08X is not gpu_ivfpq's 0x%08X",
+							  meta->magic, GPU_IVFPQ_MAGIC);
+	if (meta->version != GPU_IVFPQ_VERSION)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("gpu_ivfpq index \"%s\" has format version %u, this build reads version %d",
+						RelationGetRelationName(index), meta->version, GPU_IVFPQ_VERSION),
+				 errhint("REINDEX the index.")));
+	/* A bool holding neither 0 nor 1 must not be read as a bool. */
+	memcpy(&trained, &meta->trained, 1);
+	if (trained > 1)
+		GpuIvfpqReportCorrupt(index, blk, "metapage trained flag is %u, not 0 or 1", (unsigned int) trained);
+	if (meta->nbits != GPU_IVFPQ_NBITS)
+		GpuIvfpqReportCorrupt(index, blk, "metapage has %u bits per code, gpu_ivfpq writes %d",
+							  (unsigned int) meta->nbits, GPU_IVFPQ_NBITS);
+	if (meta->metric > (uint8) gpuivfpq::Metric::Cosine)
+		GpuIvfpqReportCorrupt(index, blk, "metapage metric %u is none that gpu_ivfpq knows",
+							  (unsigned int) meta->metric);
+	if (meta->dimensions > GPU_IVFPQ_MAX_DIM)
+		GpuIvfpqReportCorrupt(index, blk, "metapage dimensions %u exceed the limit %d",
+							  meta->dimensions, GPU_IVFPQ_MAX_DIM);
+	if (meta->lists < 1 || meta->lists > GPU_IVFPQ_MAX_LISTS)
+		GpuIvfpqReportCorrupt(index, blk, "metapage lists %u is outside 1..%d", meta->lists, GPU_IVFPQ_MAX_LISTS);
+	if (trained)
+	{
+		if (meta->m < 1 || meta->m > GPU_IVFPQ_MAX_M)
+			GpuIvfpqReportCorrupt(index, blk, "metapage m %u is outside 1..%d", (unsigned int) meta->m,
+								  GPU_IVFPQ_MAX_M);
+		if (meta->dimensions == 0 || meta->dimensions % meta->m != 0)
+			GpuIvfpqReportCorrupt(index, blk, "metapage m %u does not divide the dimensions %u",
+								  (unsigned int) meta->m, meta->dimensions);
+	}
+	else
+	{
+		/* Untrained: one list of unquantized entries (build.cpp). */
+		if (meta->m != 0)
+			GpuIvfpqReportCorrupt(index, blk, "untrained index has m %u, expected 0", (unsigned int) meta->m);
+		if (meta->lists != 1)
+			GpuIvfpqReportCorrupt(index, blk, "untrained index has %u lists, expected 1", meta->lists);
+	}
+	if (meta->listdir_pages != dir_pages)
+		GpuIvfpqReportCorrupt(index, blk, "metapage counts %u list directory pages for %u lists, expected %u",
+							  meta->listdir_pages, meta->lists, dir_pages);
+}
+
 /* Copies the metapage out, checking that this is a gpu_ivfpq index we can read. */
 void
 GpuIvfpqReadMeta(Relation index, GpuIvfpqMetaPageData *meta)
@@ -40,19 +183,74 @@ GpuIvfpqReadMeta(Relation index, GpuIvfpqMetaPageData *meta)
 
 	LockBuffer(buf, BUFFER_LOCK_SHARE);
 	page = BufferGetPage(buf);
+	GpuIvfpqCheckPage(index, GPU_IVFPQ_METAPAGE_BLKNO, page, GPU_IVFPQ_PAGE_META);
 	memcpy(meta, GpuIvfpqPageGetMeta(page), sizeof(GpuIvfpqMetaPageData));
 	UnlockReleaseBuffer(buf);
+	GpuIvfpqCheckMeta(index, meta);
+}
 
-	if (meta->magic != GPU_IVFPQ_MAGIC)
-		ereport(ERROR,
-				(errcode(ERRCODE_INDEX_CORRUPTED),
-				 errmsg("index \"%s\" is not a gpu_ivfpq index", RelationGetRelationName(index))));
-	if (meta->version != GPU_IVFPQ_VERSION)
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("gpu_ivfpq index \"%s\" has format version %u, this build reads version %d",
-						RelationGetRelationName(index), meta->version, GPU_IVFPQ_VERSION),
-				 errhint("REINDEX the index.")));
+/* Pages a blob of bytes occupies (one even when empty, as GpuIvfpqWriteBlob writes it). */
+BlockNumber
+GpuIvfpqBlobPages(Size bytes)
+{
+	return (BlockNumber) Max((Size) 1, (bytes + GPU_IVFPQ_PAGE_CONTENT - 1) / GPU_IVFPQ_PAGE_CONTENT);
+}
+
+/* Bytes of the centroids blob: lists x dim floats. */
+Size
+GpuIvfpqCentroidBytes(const GpuIvfpqMetaPageData *meta)
+{
+	return (Size) meta->lists * meta->dimensions * sizeof(float);
+}
+
+/* Bytes of the codebooks blob: m x 256 x dim/m floats. */
+Size
+GpuIvfpqCodebookBytes(const GpuIvfpqMetaPageData *meta)
+{
+	return (Size) 256 * meta->dimensions * sizeof(float);
+}
+
+/* Errors unless the npages pages from start, which the metapage gives to what, lie in the index. */
+void
+GpuIvfpqCheckExtent(Relation index, const char *what, BlockNumber start, BlockNumber npages)
+{
+	BlockNumber nblocks = RelationGetNumberOfBlocks(index);
+
+	if (start == GPU_IVFPQ_METAPAGE_BLKNO || start >= nblocks || npages > nblocks - start)
+		GpuIvfpqReportCorrupt(index, GPU_IVFPQ_METAPAGE_BLKNO,
+							  "metapage places the %s at blocks %u..%llu, outside blocks 1..%u of the index",
+							  what, start, (unsigned long long) start + npages - 1, nblocks - 1);
+}
+
+/* Errors unless block blk is a data page holding chunk bytes (its part of a blob). */
+void
+GpuIvfpqCheckBlobPage(Relation index, BlockNumber blk, Page page, Size chunk)
+{
+	Size		lower = ((PageHeader) page)->pd_lower;
+
+	GpuIvfpqCheckPage(index, blk, page, GPU_IVFPQ_PAGE_BLOB);
+	if (lower != MAXALIGN(SizeOfPageHeaderData) + chunk)
+		GpuIvfpqReportCorrupt(index, blk, "data page's pd_lower %zu does not end its %zu bytes of data",
+							  lower, chunk);
+}
+
+/* How many directory entries page p (from 0) of the list directory holds. */
+int
+GpuIvfpqListDirPageEntries(const GpuIvfpqMetaPageData *meta, uint32 p)
+{
+	return (int) Min((uint32) GPU_IVFPQ_LISTDIR_PER_PAGE, meta->lists - p * GPU_IVFPQ_LISTDIR_PER_PAGE);
+}
+
+/* Errors unless block blk is a list directory page holding entries entries. */
+void
+GpuIvfpqCheckListDirPage(Relation index, BlockNumber blk, Page page, int entries)
+{
+	Size		lower = ((PageHeader) page)->pd_lower;
+
+	GpuIvfpqCheckPage(index, blk, page, GPU_IVFPQ_PAGE_LISTDIR);
+	if (lower != MAXALIGN(SizeOfPageHeaderData) + MAXALIGN(sizeof(GpuIvfpqListDirEntry) * entries))
+		GpuIvfpqReportCorrupt(index, blk, "list directory page's pd_lower %zu does not end its %d entries",
+							  lower, entries);
 }
 
 /*
@@ -89,7 +287,10 @@ GpuIvfpqWriteBlob(Relation index, const void *data, Size bytes)
 	return start;
 }
 
-/* Reads bytes of blob data starting at block start into data. */
+/*
+ * Reads bytes of blob data starting at block start into data (the caller
+ * checked that the blob's pages lie in the index: GpuIvfpqCheckExtent).
+ */
 void
 GpuIvfpqReadBlob(Relation index, BlockNumber start, void *data, Size bytes)
 {
@@ -105,11 +306,7 @@ GpuIvfpqReadBlob(Relation index, BlockNumber start, void *data, Size bytes)
 
 		LockBuffer(buf, BUFFER_LOCK_SHARE);
 		page = BufferGetPage(buf);
-		if (GpuIvfpqPageGetOpaque(page)->flags != GPU_IVFPQ_PAGE_BLOB)
-			ereport(ERROR,
-					(errcode(ERRCODE_INDEX_CORRUPTED),
-					 errmsg("gpu_ivfpq index \"%s\": block %u is not a data page",
-							RelationGetRelationName(index), blk)));
+		GpuIvfpqCheckBlobPage(index, blk, page, chunk);
 		memcpy(dst + done, PageGetContents(page), chunk);
 		UnlockReleaseBuffer(buf);
 		done += chunk;
@@ -125,13 +322,16 @@ GpuIvfpqReadListDir(Relation index, const GpuIvfpqMetaPageData *meta)
 	GpuIvfpqListDirEntry *dir = (GpuIvfpqListDirEntry *)
 		palloc(sizeof(GpuIvfpqListDirEntry) * meta->lists);
 
+	GpuIvfpqCheckExtent(index, "list directory", meta->listdir_start, meta->listdir_pages);
 	for (uint32 p = 0; p < meta->listdir_pages; p++)
 	{
-		Buffer		buf = ReadBuffer(index, meta->listdir_start + p);
+		BlockNumber blk = meta->listdir_start + p;
+		Buffer		buf = ReadBuffer(index, blk);
 		uint32		first = p * GPU_IVFPQ_LISTDIR_PER_PAGE;
-		uint32		n = Min((uint32) GPU_IVFPQ_LISTDIR_PER_PAGE, meta->lists - first);
+		int			n = GpuIvfpqListDirPageEntries(meta, p);
 
 		LockBuffer(buf, BUFFER_LOCK_SHARE);
+		GpuIvfpqCheckListDirPage(index, blk, BufferGetPage(buf), n);
 		memcpy(dir + first, PageGetContents(BufferGetPage(buf)), n * sizeof(GpuIvfpqListDirEntry));
 		UnlockReleaseBuffer(buf);
 	}
@@ -143,9 +343,12 @@ static Buffer
 LockListDirEntry(Relation index, const GpuIvfpqMetaPageData *meta, int list, int mode,
 				 GpuIvfpqListDirEntry *entry)
 {
-	Buffer		buf = ReadBuffer(index, meta->listdir_start + list / GPU_IVFPQ_LISTDIR_PER_PAGE);
+	BlockNumber blk = meta->listdir_start + list / GPU_IVFPQ_LISTDIR_PER_PAGE;
+	Buffer		buf = ReadBuffer(index, blk);
 
 	LockBuffer(buf, mode);
+	/* Inserts write where the directory says: it must be one. */
+	GpuIvfpqCheckPage(index, blk, BufferGetPage(buf), GPU_IVFPQ_PAGE_LISTDIR);
 	memcpy(entry, (GpuIvfpqListDirEntry *) PageGetContents(BufferGetPage(buf)) +
 		   list % GPU_IVFPQ_LISTDIR_PER_PAGE, sizeof(*entry));
 	return buf;
@@ -203,6 +406,8 @@ GpuIvfpqAppendEntries(Relation index, const GpuIvfpqMetaPageData *meta, int list
 	Buffer		dirbuf;
 	BlockNumber blk;
 	BlockNumber last_blk;
+	BlockNumber from = InvalidBlockNumber;
+	GpuIvfpqChainWalk walk = {0, 0};
 
 	dirbuf = LockListDirEntry(index, meta, list, BUFFER_LOCK_SHARE, &entry);
 	UnlockReleaseBuffer(dirbuf);
@@ -234,15 +439,17 @@ GpuIvfpqAppendEntries(Relation index, const GpuIvfpqMetaPageData *meta, int list
 	last_blk = blk;
 	while (count > 0)
 	{
-		Buffer		buf = ReadBuffer(index, blk);
+		Buffer		buf;
 		Page		page;
 		GpuIvfpqPageOpaque opaque;
 		int			room;
 
+		GpuIvfpqChainStep(index, &walk, from, blk);
+		buf = ReadBuffer(index, blk);
 		LockBuffer(buf, BUFFER_LOCK_EXCLUSIVE);
 		page = BufferGetPage(buf);
 		opaque = GpuIvfpqPageGetOpaque(page);
-		room = GpuIvfpqEntriesPerPage(m) - GpuIvfpqPageEntryCount(page, m);
+		room = GpuIvfpqEntriesPerPage(m) - GpuIvfpqListPageEntries(index, blk, page, m, list);
 
 		if (room > 0)
 		{
@@ -257,8 +464,10 @@ GpuIvfpqAppendEntries(Relation index, const GpuIvfpqMetaPageData *meta, int list
 		last_blk = blk;
 		if (count > 0 && opaque->next != InvalidBlockNumber)
 		{
+			from = blk;
 			blk = opaque->next;
 			UnlockReleaseBuffer(buf);
+			CHECK_FOR_INTERRUPTS();
 			continue;
 		}
 		/* At the tail with entries left: add pages, filling each as it is made. */
@@ -375,10 +584,12 @@ void
 GpuIvfpqReadQuantizers(Relation index, const GpuIvfpqMetaPageData *meta, MemoryContext cxt,
 					   float **centroids, float **codebooks)
 {
-	Size		centroid_bytes = (Size) meta->lists * meta->dimensions * sizeof(float);
-	Size		codebook_bytes = (Size) 256 * meta->dimensions * sizeof(float);
+	Size		centroid_bytes = GpuIvfpqCentroidBytes(meta);
+	Size		codebook_bytes = GpuIvfpqCodebookBytes(meta);
 
 	Assert(meta->trained);
+	GpuIvfpqCheckExtent(index, "centroids", meta->centroid_start, GpuIvfpqBlobPages(centroid_bytes));
+	GpuIvfpqCheckExtent(index, "codebooks", meta->codebook_start, GpuIvfpqBlobPages(codebook_bytes));
 	*centroids = (float *) MemoryContextAllocHuge(cxt, centroid_bytes);
 	*codebooks = (float *) MemoryContextAllocHuge(cxt, codebook_bytes);
 	GpuIvfpqReadBlob(index, meta->centroid_start, *centroids, centroid_bytes);

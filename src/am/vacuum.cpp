@@ -26,6 +26,8 @@ WalkLists(IndexVacuumInfo *info, IndexBulkDeleteResult *stats,
 	{
 		BlockNumber blk = dir[l].head;
 		BlockNumber first_room = InvalidBlockNumber;
+		BlockNumber from = InvalidBlockNumber;
+		GpuIvfpqChainWalk walk = {0, 0};
 
 		while (blk != InvalidBlockNumber)
 		{
@@ -38,10 +40,12 @@ WalkLists(IndexVacuumInfo *info, IndexBulkDeleteResult *stats,
 			bool		dead[GPU_IVFPQ_PAGE_CONTENT / GPU_IVFPQ_TID_BYTES + 1];
 
 			vacuum_delay_point();
+			GpuIvfpqChainStep(index, &walk, from, blk);
 			buf = ReadBufferExtended(index, MAIN_FORKNUM, blk, RBM_NORMAL, info->strategy);
 			LockBuffer(buf, callback ? BUFFER_LOCK_EXCLUSIVE : BUFFER_LOCK_SHARE);
 			page = BufferGetPage(buf);
-			n = GpuIvfpqPageEntryCount(page, m);
+			/* Checked: dead[] holds a page's capacity. */
+			n = GpuIvfpqListPageEntries(index, blk, page, m, (int) l);
 			base = (char *) PageGetContents(page);
 
 			if (callback)
@@ -81,6 +85,7 @@ WalkLists(IndexVacuumInfo *info, IndexBulkDeleteResult *stats,
 			stats->num_index_tuples += kept;
 			if (first_room == InvalidBlockNumber && kept < GpuIvfpqEntriesPerPage(m))
 				first_room = blk;
+			from = blk;
 			blk = GpuIvfpqPageGetOpaque(page)->next;
 			UnlockReleaseBuffer(buf);
 		}
