@@ -93,6 +93,18 @@ GRANT SELECT ON gpu_ivfpq_status, gpu_ivfpq_mirrors TO pg_monitor;
 CREATE FUNCTION gpu_ivfpq_prewarm(index regclass) RETURNS int8
 	AS 'MODULE_PATHNAME' LANGUAGE C STRICT VOLATILE;
 
+-- Verifies the index the way contrib/amcheck verifies a B-tree: the
+-- metapage, the quantizer and list directory pages, every list chain and
+-- entry; with heapallindexed, also that each row of the table visible to a
+-- new snapshot, with a non-NULL value, is in the index exactly once. Errors
+-- (SQLSTATE XX002, index_corrupted) at the first problem, naming the block;
+-- returns nothing when the index is sound. Needs SELECT on the table; takes
+-- only ACCESS SHARE locks.
+CREATE FUNCTION gpu_ivfpq_check(index regclass, heapallindexed boolean DEFAULT false) RETURNS void
+	AS 'MODULE_PATHNAME' LANGUAGE C STRICT VOLATILE;
+COMMENT ON FUNCTION gpu_ivfpq_check(regclass, boolean) IS
+	'checks a gpu_ivfpq index for corruption (heapallindexed: and that it holds every visible row)';
+
 -- Exact range search: every row of the index's table within radius of query
 -- (the operator class's distance), nearest first; max_rows > 0 keeps the
 -- nearest max_rows. Lists are pruned by their covering radius. Join back
