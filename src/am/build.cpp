@@ -34,6 +34,7 @@ typedef struct BuildState
 
 	/* pass 1: reservoir sample of the rows of sampled blocks */
 	double		sample_seen;	/* non-NULL rows offered to the reservoir */
+	double		vectors_estimate;	/* non-NULL rows of the table (exact after a full scan) */
 	float	   *sample;
 	int			sample_cap;
 	int			sample_n;
@@ -160,9 +161,10 @@ SampleCallback(Relation index, ItemPointer tid, Datum *values, bool *isnull,
  * Phase 1: the training sample. Like ANALYZE, reads a random subset of the
  * table's blocks (utils/sampling.h) and keeps a reservoir of their rows, so
  * large tables are not read in full just to sample; the encode pass is the
- * one full read. A table whose sampled blocks held no vector (or a small
- * table, where every block is sampled anyway) is sampled in full, so that
- * "no vectors" is exact.
+ * one full read. When the sampled blocks do not fill the reservoir (a small
+ * table, or a mostly NULL column), the table is sampled in full instead, so
+ * training never sees fewer vectors than the table could give it and the
+ * vector count is exact.
  */
 static void
 SampleRows(BuildState *bs, Relation heap, IndexInfo *indexInfo)
@@ -174,6 +176,8 @@ SampleRows(BuildState *bs, Relation heap, IndexInfo *indexInfo)
 	pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_SAMPLE);
 	if (nblocks > (BlockNumber) target)
 	{
+		BlockNumber sampled = 0;
+
 		/* target blocks hold at least target rows unless most rows are NULL. */
 		(void) BlockSampler_Init(&sampler, nblocks, target, (uint32) BUILD_SEED);
 		while (BlockSampler_HasMore(&sampler))
@@ -183,13 +187,22 @@ SampleRows(BuildState *bs, Relation heap, IndexInfo *indexInfo)
 			/* anyvisible = false, as table_index_build_scan does. */
 			table_index_build_range_scan(heap, bs->index, indexInfo, false, false, false, blk, 1,
 										 SampleCallback, bs, NULL);
+			sampled++;
 			CHECK_FOR_INTERRUPTS();
 		}
-		if (bs->sample_n > 0)
+		if (bs->sample != NULL && bs->sample_n == bs->sample_cap)
+		{
+			bs->vectors_estimate = bs->sample_seen * ((double) nblocks / Max(sampled, 1));
 			return;
+		}
+		/* Start again over every row: the reservoir keeps its buffer and the dimension. */
+		bs->sample_n = 0;
+		bs->sample_seen = 0;
 		bs->heap_tuples = 0;
+		pg_prng_seed(&bs->prng, BUILD_SEED);
 	}
 	table_index_build_scan(heap, bs->index, indexInfo, true, true, SampleCallback, bs, NULL);
+	bs->vectors_estimate = bs->sample_seen;
 }
 
 /* Writes the pending entries to their lists, grouped by list. */
@@ -465,7 +478,7 @@ EncodeAndWrite(BuildState *bs, Relation heap, IndexInfo *indexInfo, TimestampTz 
 	Size		batch_bytes = (Size) ENCODE_BATCH * (bs->dim * sizeof(float) + sizeof(ItemPointerData) +
 													 sizeof(int32) + bs->m + sizeof(float));
 	Size		entry_bytes = sizeof(int32) + sizeof(ItemPointerData) + bs->m;
-	double		estimate = Max((double) heap->rd_rel->reltuples, bs->sample_seen);
+	double		estimate = Max((double) heap->rd_rel->reltuples, bs->vectors_estimate);
 
 	CheckBuildMemory(batch_bytes + (Size) ENCODE_BATCH * entry_bytes, "encoding");
 	bs->pend_cap = (int) Min((Size) INT_MAX / 2, (MaintenanceBytes() - batch_bytes) / entry_bytes);
@@ -551,10 +564,11 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 	}
 	else
 	{
-		if (bs.sample_n < bs.lists)
+		/* Exact here: a table with fewer vectors than lists was sampled in full. */
+		if (bs.vectors_estimate < bs.lists)
 			ereport(NOTICE,
-					(errmsg("gpu_ivfpq index \"%s\" has %d vectors for %d lists",
-							RelationGetRelationName(index), bs.sample_n, bs.lists),
+					(errmsg("gpu_ivfpq index \"%s\" has %.0f vectors for %d lists",
+							RelationGetRelationName(index), bs.vectors_estimate, bs.lists),
 					 errdetail("Some centroids repeat and their lists stay empty; results remain correct."),
 					 errhint("Use lists of about sqrt(rows), or REINDEX once the table has grown.")));
 		TrainQuantizers(&bs, requested_m, &meta, &phase_start);

@@ -19,7 +19,7 @@ typedef struct GpuIvfpqScanOpaqueData
 	/* the query of the current rescan */
 	bool		null_query;
 	float	   *query;
-	gpuivfpq::IvfPqModel *model;	/* owned by the backend cache */
+	gpuivfpq::IvfPqModel *model;	/* the backend cache's: valid during one round only */
 	gpuivfpq::IvfPqQuery *prepared; /* owned by scanctx */
 	bool		query_prepared; /* prepared holds the current query */
 
@@ -184,9 +184,13 @@ CpuRound(IndexScanDesc scan, int want, int64 **labels, int *nlabels)
 	MemoryContext roundctx;
 	gpuivfpq::TopK *topk;
 
+	/*
+	 * Each round asks the cache again: between rounds other scans may have
+	 * evicted (and freed) the model this scan used before.
+	 */
+	so->model = GpuIvfpqGetModel(scan->indexRelation, &so->meta);
 	if (!so->query_prepared)
 	{
-		so->model = GpuIvfpqGetModel(scan->indexRelation, &so->meta);
 		if (so->prepared == NULL)
 			so->prepared = GpuIvfpqMakeOwned<gpuivfpq::IvfPqQuery>(so->scanctx, "query preparation");
 		GpuIvfpqGuard("query preparation", [&] {

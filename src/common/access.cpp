@@ -11,18 +11,16 @@ extern "C" {
 }
 
 /*
- * Errors unless the current user may SELECT from heap, or from its column
- * attnum when given (a column privilege is enough to read that column).
+ * Errors unless the current user may SELECT from heap. Table-level: the
+ * functions return heap TIDs (which column privileges never expose) and,
+ * through a partial index, which rows match its predicate.
  */
 void
-GpuIvfpqCheckSelect(Relation heap, AttrNumber attnum)
+GpuIvfpqCheckSelect(Relation heap)
 {
-	Oid			relid = RelationGetRelid(heap);
-	Oid			user = GetUserId();
-	AclResult	result = pg_class_aclcheck(relid, user, ACL_SELECT);
+	AclResult	result = pg_class_aclcheck(RelationGetRelid(heap), GetUserId(), ACL_SELECT);
 
-	if (result != ACLCHECK_OK &&
-		(attnum == InvalidAttrNumber || pg_attribute_aclcheck(relid, attnum, user, ACL_SELECT) != ACLCHECK_OK))
+	if (result != ACLCHECK_OK)
 		aclcheck_error(result, get_relkind_objtype(heap->rd_rel->relkind), RelationGetRelationName(heap));
 }
 
@@ -31,9 +29,9 @@ GpuIvfpqCheckSelect(Relation heap, AttrNumber attnum)
  * and no row-level security policy may apply to the user on heap.
  */
 void
-GpuIvfpqCheckReadable(Relation heap, AttrNumber attnum, const char *function)
+GpuIvfpqCheckReadable(Relation heap, const char *function)
 {
-	GpuIvfpqCheckSelect(heap, attnum);
+	GpuIvfpqCheckSelect(heap);
 	if (check_enable_rls(RelationGetRelid(heap), InvalidOid, true) == RLS_ENABLED)
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
@@ -41,12 +39,4 @@ GpuIvfpqCheckReadable(Relation heap, AttrNumber attnum, const char *function)
 						function, RelationGetRelationName(heap)),
 				 errdetail("The gpu_ivfpq functions read rows outside the executor and cannot apply the table's policies."),
 				 errhint("Query the table with ORDER BY ... LIMIT (the index scan applies the policies), or run the function as a role that bypasses row-level security.")));
-}
-
-/* The same check for the table of a gpu_ivfpq index, on its indexed column. */
-void
-GpuIvfpqCheckIndexReadable(Relation index, Relation heap, const char *function)
-{
-	/* An expression index reads more than one column: then the table's privilege. */
-	GpuIvfpqCheckReadable(heap, index->rd_index->indkey.values[0], function);
 }

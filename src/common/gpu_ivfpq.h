@@ -37,6 +37,5 @@ extern const float *GpuIvfpqStoredVector(ArrayType *arr, int *dim);
 extern double GpuIvfpqExactDistance(int metric, const float *a, const float *b, int dim);
 
 /* ---- who may read what (common/access.cpp) ---- */
-extern void GpuIvfpqCheckSelect(Relation heap, AttrNumber attnum);
-extern void GpuIvfpqCheckReadable(Relation heap, AttrNumber attnum, const char *function);
-extern void GpuIvfpqCheckIndexReadable(Relation index, Relation heap, const char *function);
+extern void GpuIvfpqCheckSelect(Relation heap);
+extern void GpuIvfpqCheckReadable(Relation heap, const char *function);

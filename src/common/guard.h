@@ -86,6 +86,10 @@ extern void GpuIvfpqTakeError(MemoryContext cxt, int *sqlerrcode, char *message,
 /*
  * Runs fn (PostgreSQL calls only, no C++ objects with destructors inside)
  * from C++ code: an ERROR raised in it becomes a GpuIvfpqPgError exception.
+ * The error is flushed without a (sub)transaction rollback, so fn must be a
+ * call that leaves nothing behind when it fails (no lock or resource taken
+ * before the ERROR), made outside critical sections and HOLD_INTERRUPTS:
+ * errfinish clears those counts. Only the message and errcode travel.
  */
 template <typename Fn>
 static inline void
@@ -96,6 +100,7 @@ GpuIvfpqPgCall(Fn &&fn)
 	int			code = 0;
 	char		message[512];
 
+	Assert(CritSectionCount == 0 && InterruptHoldoffCount == 0);
 	PG_TRY();
 	{
 		fn();

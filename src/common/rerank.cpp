@@ -22,7 +22,6 @@ GpuIvfpqSortHits(GpuIvfpqHit *hits, int64 n)
 void
 GpuIvfpqHeapFetchBegin(GpuIvfpqHeapFetch *hf, Relation heap, Relation index, Snapshot snapshot)
 {
-	hf->heap = heap;
 	hf->snapshot = snapshot;
 	hf->indexInfo = BuildIndexInfo(index);
 	hf->estate = CreateExecutorState();

@@ -37,7 +37,6 @@ extern void GpuIvfpqSortHits(GpuIvfpqHit *hits, int64 n);
 /* Heap access by TID for re-ranking (one per scan or function call). */
 typedef struct GpuIvfpqHeapFetch
 {
-	Relation	heap;
 	Snapshot	snapshot;
 	IndexInfo  *indexInfo;
 	EState	   *estate;

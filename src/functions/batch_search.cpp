@@ -2,6 +2,7 @@
 // request per chunk of queries (or the CPU engine), then each query's
 // candidates re-ranked with exact distances from the heap rows visible to
 // the caller's snapshot, as an index scan does.
+#include <algorithm>
 #include <cmath>
 
 #include "functions/batch_search.h"
@@ -91,8 +92,12 @@ GpuIvfpqBatchBegin(GpuIvfpqBatchSearch *bs, Relation index, Relation heap, int d
 		bs->topk = GpuIvfpqMakeOwned<gpuivfpq::TopK>(CurrentMemoryContext, "k-selection", (size_t) want);
 	}
 	else
+	{
 		for (uint32 l = 0; l < bs->meta.lists; l++)
 			(void) GpuIvfpqCollectList(index, &bs->meta, bs->dir[l].head, NULL, &bs->all);
+		/* Sorted once: re-ranking sorts its input in place, a no-op on sorted labels. */
+		std::sort(bs->all.labels, bs->all.labels + bs->all.n);
+	}
 	/* Chunks of queries: one GPU request each, within a bounded segment. */
 	bs->chunk = Max((int64) 1, (int64) (BATCH_SEGMENT_BYTES /
 										 ((Size) dim * sizeof(float) + (Size) want * sizeof(int64))));
@@ -133,6 +138,8 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 						n++;
 				else
 				{
+					/* Asked again per query: other scans may have evicted it since. */
+					bs->model = GpuIvfpqGetModel(bs->index, &bs->meta);
 					GpuIvfpqGuard("query preparation", [&] {
 						bs->model->prepare_query(queries + (c0 + i) * dim, bs->probes, *bs->prepared);
 					});
@@ -152,17 +159,11 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 			int64		nh;
 
 			spec.query = queries + (c0 + i) * dim;
-			/* Untrained: every query re-ranks every entry (a copy: re-ranking sorts it). */
+			/* Untrained: every query re-ranks every entry. */
 			if (bs->meta.trained)
 				nh = GpuIvfpqRerank(&bs->hf, &spec, bs->labels + i * want, bs->counts[i], bs->hits, NULL);
 			else
-			{
-				int64	   *cand = (int64 *) palloc_extended(sizeof(int64) * Max(bs->all.n, 1), MCXT_ALLOC_HUGE);
-
-				memcpy(cand, bs->all.labels, sizeof(int64) * bs->all.n);
-				nh = GpuIvfpqRerank(&bs->hf, &spec, cand, bs->all.n, bs->hits, NULL);
-				pfree(cand);
-			}
+				nh = GpuIvfpqRerank(&bs->hf, &spec, bs->all.labels, bs->all.n, bs->hits, NULL);
 			for (int64 r = 0; r < Min(nh, (int64) bs->k); r++)
 				emit(arg, c0 + i, (int) r, &bs->hits[r].tid, bs->hits[r].dist);
 			CHECK_FOR_INTERRUPTS();

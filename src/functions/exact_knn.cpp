@@ -118,12 +118,18 @@ gpu_ivfpq_exact_knn(PG_FUNCTION_ARGS)
 	queries = GpuIvfpqQueryMatrix(qarr, &nq, &d);
 	InitMaterializedSRF(fcinfo, 0);
 	heap = table_open(relid, AccessShareLock);
+	/* Views, partitioned and foreign tables have no table AM to scan. */
+	if (heap->rd_rel->relkind != RELKIND_RELATION && heap->rd_rel->relkind != RELKIND_MATVIEW)
+		ereport(ERROR,
+				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
+				 errmsg("\"%s\" is not a table or materialized view", RelationGetRelationName(heap)),
+				 errhint("Pass a table or a materialized view; for a partitioned table, search its partitions.")));
+	GpuIvfpqCheckReadable(heap, "gpu_ivfpq_exact_knn");
 	attnum = get_attnum(relid, col);
 	if (attnum == InvalidAttrNumber || attnum < 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_COLUMN),
 				 errmsg("column \"%s\" of relation \"%s\" does not exist", col, RelationGetRelationName(heap))));
-	GpuIvfpqCheckReadable(heap, attnum, "gpu_ivfpq_exact_knn");
 	if (get_atttype(relid, attnum) != FLOAT4ARRAYOID)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATATYPE_MISMATCH),

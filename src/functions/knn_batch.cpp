@@ -14,7 +14,7 @@ extern "C" {
 PG_FUNCTION_INFO_V1(gpu_ivfpq_knn_batch);
 }
 
-/* k of gpu_ivfpq_knn_batch and gpu_ivfpq_knn_graph: 1..GPU_IVFPQ_GPU_IVFPQ_BATCH_MAX_K. */
+/* k of gpu_ivfpq_knn_batch and gpu_ivfpq_knn_graph: 1..GPU_IVFPQ_BATCH_MAX_K. */
 void
 GpuIvfpqCheckBatchK(int k)
 {
@@ -66,7 +66,7 @@ gpu_ivfpq_knn_batch(PG_FUNCTION_ARGS)
 	InitMaterializedSRF(fcinfo, 0);
 	index = GpuIvfpqOpenIndex(indexoid);
 	heap = table_open(index->rd_index->indrelid, AccessShareLock);
-	GpuIvfpqCheckIndexReadable(index, heap, "gpu_ivfpq_knn_batch");
+	GpuIvfpqCheckReadable(heap, "gpu_ivfpq_knn_batch");
 	GpuIvfpqBatchBegin(&bs, index, heap, dim, k, Max(k, gpu_ivfpq_rerank));
 	out.store = rsinfo->setResult;
 	out.desc = rsinfo->setDesc;

@@ -79,7 +79,7 @@ gpu_ivfpq_knn_graph(PG_FUNCTION_ARGS)
 	InitMaterializedSRF(fcinfo, 0);
 	index = GpuIvfpqOpenIndex(indexoid);
 	heap = table_open(index->rd_index->indrelid, AccessShareLock);
-	GpuIvfpqCheckIndexReadable(index, heap, "gpu_ivfpq_knn_graph");
+	GpuIvfpqCheckReadable(heap, "gpu_ivfpq_knn_graph");
 	GpuIvfpqReadMeta(index, &meta);
 	total = Max(heap->rd_rel->reltuples, 1.0);
 	memset(&out, 0, sizeof(out));

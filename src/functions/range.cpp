@@ -187,7 +187,7 @@ gpu_ivfpq_range(PG_FUNCTION_ARGS)
 	InitMaterializedSRF(fcinfo, 0);
 	index = GpuIvfpqOpenIndex(indexoid);
 	heap = table_open(index->rd_index->indrelid, AccessShareLock);
-	GpuIvfpqCheckIndexReadable(index, heap, "gpu_ivfpq_range");
+	GpuIvfpqCheckReadable(heap, "gpu_ivfpq_range");
 	metric = GpuIvfpqMetricOf(index);
 	/* Negative inner products make negative <#> values: only metrics need r >= 0. */
 	if (radius < 0 && metric != (int) gpuivfpq::Metric::InnerProduct)

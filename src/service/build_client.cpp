@@ -45,23 +45,6 @@ BuildCanUseService(int d, int m)
 	return reason == NULL;
 }
 
-/* dsm_create that returns NULL (with a WARNING) instead of failing the build. */
-static dsm_segment *
-CreateSegment(Size bytes, const char *what)
-{
-	dsm_segment *seg = NULL;
-	GpuIvfpqCaught caught;
-
-	if (!GpuIvfpqTry([&] { GpuIvfpqPgCall([&] { seg = dsm_create(bytes, 0); }); }, &caught))
-	{
-		ereport(WARNING,
-				(errmsg("gpu_ivfpq: %s on the CPU: no shared memory for the GPU request", what),
-				 errdetail("%s", caught.message),
-				 errhint("Check the size of /dev/shm, or set dynamic_shared_memory_type = mmap.")));
-		return NULL;
-	}
-	return seg;
-}
 
 /* Sends a segment request (k: for exact search) and waits; a failure is a WARNING. */
 static bool
@@ -113,7 +96,7 @@ GpuIvfpqServiceTrain(const float *sample, int64 n, int d, int lists, int m, int 
 	h.max_points_per_centroid = max_points_per_centroid;
 	h.seed = seed;
 	l = GpuIvfpqDsmLayoutFor(REQ_TRAIN, &h);
-	seg = CreateSegment(l.total, "training");
+	seg = GpuIvfpqCreateSegment(l.total, "training");
 	if (seg == NULL)
 		return false;
 	base = (char *) dsm_segment_address(seg);
@@ -146,7 +129,7 @@ GpuIvfpqServiceEncoderBegin(const float *centroids, const float *codebooks, int 
 	enc->h.metric = metric;
 	enc->h.n = Max(1024, ENCODE_SEGMENT_BYTES / ((int64) d * sizeof(float)));
 	enc->l = GpuIvfpqDsmLayoutFor(REQ_ENCODE, &enc->h);
-	seg = CreateSegment(enc->l.total, "encoding");
+	seg = GpuIvfpqCreateSegment(enc->l.total, "encoding");
 	if (seg == NULL)
 	{
 		pfree(enc);
@@ -220,7 +203,7 @@ GpuIvfpqServiceExact(const float *queries, int64 nq, const float *base, int64 n,
 	h.m = (int32) nq;
 	h.metric = metric;
 	l = GpuIvfpqExactLayoutFor(nq, n, d, k);
-	seg = CreateSegment(l.total, "exact search");
+	seg = GpuIvfpqCreateSegment(l.total, "exact search");
 	if (seg == NULL)
 		return false;
 	addr = (char *) dsm_segment_address(seg);

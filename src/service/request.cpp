@@ -4,6 +4,7 @@
 #include "service/shmem.h"
 
 extern "C" {
+#include "access/xact.h"
 #include "access/xlog.h"
 #include "miscadmin.h"
 #include "storage/ipc.h"
@@ -231,3 +232,50 @@ GpuIvfpqFillKey(GpuIvfpqKey *key, Relation index, const GpuIvfpqMetaPageData *me
 	key->build = meta->build_id;
 }
 
+
+/*
+ * dsm_create for a request, or NULL with a WARNING when shared memory is
+ * short (the caller then runs on the CPU). The attempt runs in a
+ * subtransaction, as PL/pgSQL's exception blocks do, so a failed create
+ * releases what it had registered instead of leaking it to commit.
+ */
+dsm_segment *
+GpuIvfpqCreateSegment(Size bytes, const char *what)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	dsm_segment *volatile seg = NULL;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(cxt);
+	PG_TRY();
+	{
+		seg = dsm_create(bytes, 0);
+		/* Out of the subtransaction's resource owner (which its commit would detach) ... */
+		dsm_pin_mapping(seg);
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(cxt);
+		CurrentResourceOwner = owner;
+		/* ... and into the caller's, as a plain dsm_create would have left it. */
+		dsm_unpin_mapping(seg);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(cxt);
+		CurrentResourceOwner = owner;
+		ereport(WARNING,
+				(errmsg("gpu_ivfpq: %s on the CPU: no shared memory for the GPU request", what),
+				 errdetail("%s", edata->message),
+				 errhint("Check the size of /dev/shm, or set dynamic_shared_memory_type = mmap.")));
+		FreeErrorData(edata);
+		seg = NULL;
+	}
+	PG_END_TRY();
+	return seg;
+}

@@ -76,7 +76,16 @@ LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
 	h.metric = meta->metric;
 	h.n = n;
 	l = GpuIvfpqDsmLayoutFor(REQ_LOAD, &h);
-	seg = dsm_create(l.total, 0);
+	seg = GpuIvfpqCreateSegment(l.total, "loading the mirror");
+	if (seg == NULL)
+	{
+		pfree(lists);
+		pfree(labels);
+		pfree(codes);
+		strlcpy(error, "no shared memory for the mirror's entries", errlen);
+		*entries = n;
+		return RES_ERROR;
+	}
 	base = (char *) dsm_segment_address(seg);
 	memcpy(base, &h, sizeof(h));
 	/* The quantizers straight from the pages: no CPU model (and its tables) is built. */
@@ -233,7 +242,14 @@ GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta, con
 		return false;
 	}
 	loff = GpuIvfpqBatchLabelsOffset(nq, meta->dimensions);
-	seg = dsm_create(loff + (Size) nq * k * sizeof(int64), 0);
+	seg = GpuIvfpqCreateSegment(loff + (Size) nq * k * sizeof(int64), "batch search");
+	if (seg == NULL)
+	{
+		GpuIvfpqCountFallback();
+		if (required)
+			GpuIvfpqGpuRequiredError("batch search", "No shared memory for the request");
+		return false;
+	}
 	base = (char *) dsm_segment_address(seg);
 	memcpy(base + GPU_IVFPQ_BATCH_QUERIES, queries, (Size) nq * meta->dimensions * sizeof(float));
 	for (int attempt = 0; attempt < 2; attempt++)
@@ -287,7 +303,7 @@ gpu_ivfpq_prewarm(PG_FUNCTION_ARGS)
 
 	/* As pg_prewarm: reading a relation into memory takes SELECT on it (here its table). */
 	heap = table_open(index->rd_index->indrelid, AccessShareLock);
-	GpuIvfpqCheckSelect(heap, index->rd_index->indkey.values[0]);
+	GpuIvfpqCheckSelect(heap);
 	table_close(heap, AccessShareLock);
 	GpuIvfpqReadMeta(index, &meta);
 	reason = GpuIvfpqNotServableReason(&meta);

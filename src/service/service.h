@@ -5,7 +5,6 @@
 #pragma once
 
 #include "am/am.h"
-#include "service/service.h"
 
 /* ---- setup (service/shmem.cpp, service/change_log.cpp) and searches (service/search_client.cpp) ---- */
 extern void GpuIvfpqServiceRegister(void);

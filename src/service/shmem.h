@@ -233,6 +233,7 @@ GpuIvfpqBatchLabelsOffset(int64 nq, int dim)
 extern void GpuIvfpqFillKey(GpuIvfpqKey *key, Relation index, const GpuIvfpqMetaPageData *meta);
 extern const char *GpuIvfpqNotServableReason(const GpuIvfpqMetaPageData *meta);
 extern void GpuIvfpqCountFallback(void);
+extern dsm_segment *GpuIvfpqCreateSegment(Size bytes, const char *what);
 extern bool GpuIvfpqServiceServing(void);
 extern void GpuIvfpqGpuRequiredError(const char *what, const char *reason) pg_attribute_noreturn();
 extern GpuIvfpqSlot *GpuIvfpqAcquireSlot(void);

@@ -164,6 +164,8 @@ DrainLog(void)
 	uint64		head;
 	bool		lapped;
 
+	/* Room for the whole ring first: nothing may throw while the lock is held. */
+	entries.reserve(GPU_IVFPQ_LOG_SIZE);
 	LWLockAcquire(s->log_lock, LW_SHARED);
 	head = s->log_head;
 	lapped = head - log_cursor > GPU_IVFPQ_LOG_SIZE;
@@ -372,6 +374,11 @@ Load(GpuIvfpqSlot *slot, const char *base, std::string &err)
 		}, err, &oom))
 		return oom ? RES_NO_MEMORY : RES_ERROR;
 
+	/* Room for the whole ring first: nothing below may throw while the lock is held. */
+	if (!Engine([&] { window.reserve(GPU_IVFPQ_LOG_SIZE); }, err, &oom))
+		changed = true;
+	else
+	{
 	LWLockAcquire(s->log_lock, LW_SHARED);
 	head = s->log_head;
 	if (head - slot->log_start > GPU_IVFPQ_LOG_SIZE)
@@ -385,6 +392,7 @@ Load(GpuIvfpqSlot *slot, const char *base, std::string &err)
 				window.push_back(*e);
 		}
 	LWLockRelease(s->log_lock);
+	}
 
 	if (!changed && !Engine([&] {
 			std::unordered_set<int64_t> seen;
@@ -410,18 +418,19 @@ Load(GpuIvfpqSlot *slot, const char *base, std::string &err)
 				codes.insert(codes.end(), e.code, e.code + h->m);
 			}
 			mirror->add(lists.size(), lists.data(), codes.data(), labs.data());
+			/* Everything before head is in; the main loop applies later entries. */
+			mirror_from[key] = head;
+			load_claims.erase(key); /* a failed load keeps its claim: others use the CPU a while */
 		}, err, &oom))
 		changed = true;
 	if (changed)
 	{
+		/* No mirror without its log position: DrainLog would never update it. */
 		(void) Engine([&] { store->drop_index(key.db, key.index); }, err);
 		if (err.empty())
 			err = "the index changed while its mirror was loading; the next scan loads it again";
 		return oom ? RES_NO_MEMORY : RES_ERROR;
 	}
-	/* Everything before head is in; the main loop applies later entries. */
-	mirror_from[key] = head;
-	load_claims.erase(key);		/* a failed load keeps its claim: others use the CPU a while */
 	PublishStatus();			/* before the answer, so the loader sees its mirror listed */
 	return RES_OK;
 }
@@ -514,7 +523,7 @@ Exact(GpuIvfpqSlot *slot, char *base, std::string &err)
 	return RES_OK;
 }
 
-/* Serves a request that carries a DSM segment (load, train, encode). */
+/* Serves a request that carries a DSM segment (load, train, encode, batch search, exact). */
 static void
 ServeSegmentRequest(GpuIvfpqSlot *slot)
 {
@@ -527,6 +536,18 @@ ServeSegmentRequest(GpuIvfpqSlot *slot)
 	if (!GpuIvfpqTry([&] { GpuIvfpqPgCall([&] { seg = dsm_attach(slot->dsm); }); }, &caught) ||
 		seg == NULL)
 	{
+		/*
+		 * A failure after dsm_attach registered the segment (the worker has
+		 * no resource owner to release it) would keep it alive: detach.
+		 */
+		(void) GpuIvfpqTry([&] {
+			GpuIvfpqPgCall([&] {
+				dsm_segment *half = dsm_find_mapping(slot->dsm);
+
+				if (half != NULL)
+					dsm_detach(half);
+			});
+		}, &caught);
 		Answer(slot, RES_ERROR, "request segment is gone");
 		return;
 	}
@@ -576,7 +597,14 @@ Serve(void)
 		SearchGroup(kv.second);
 	for (int i = 0; i < ntaken; i++)
 		if (taken[i]->kind != REQ_SEARCH)
+		{
 			ServeSegmentRequest(taken[i]);
+			/* Long requests must not hold up DROP DATABASE and friends (their barriers). */
+			GpuIvfpqPgCall([] {
+				if (ProcSignalBarrierPending)
+					ProcessProcSignalBarrier();
+			});
+		}
 }
 
 /*
@@ -645,22 +673,29 @@ ServiceExit(int code, Datum arg)
 static ServiceState
 OpenDevice(char *desc, size_t desclen, std::string &err)
 {
+	/* Everything that can throw runs in Engine: an escaped exception would abort the process. */
 	if (gpu_ivfpq_service_emulate_gpu)
 	{
-		device = gpuivfpq::make_cpu_emulation_device();
-		snprintf(desc, desclen, "%s", device->description().c_str());
-		return SERVICE_EMULATED;
+		if (Engine([&] {
+				device = gpuivfpq::make_cpu_emulation_device();
+				snprintf(desc, desclen, "%s", device->description().c_str());
+			}, err))
+			return SERVICE_EMULATED;
+		device.reset();
+		snprintf(desc, desclen, "none (the emulation failed to start)");
+		return SERVICE_CPU_ONLY;
 	}
 #ifdef GPU_IVFPQ_WITH_CUDA
 	{
 		int			count = 0;
 
 		if (Engine([&] { count = gpuivfpq::cuda_device_count(); }, err) && count > 0 &&
-			Engine([&] { device = gpuivfpq::make_cuda_device(0, 0); }, err))
-		{
-			snprintf(desc, desclen, "%s", device->description().c_str());
+			Engine([&] {
+				device = gpuivfpq::make_cuda_device(0, 0);
+				snprintf(desc, desclen, "%s", device->description().c_str());
+			}, err))
 			return SERVICE_GPU;
-		}
+		device.reset();
 		snprintf(desc, desclen, "%s", err.empty() ? "none (no CUDA device found)" : "none (CUDA error)");
 		return SERVICE_CPU_ONLY;
 	}
@@ -698,10 +733,15 @@ gpu_ivfpq_service_main(Datum arg)
 	state = OpenDevice(desc, sizeof(desc), err);
 	if (!err.empty())
 		ereport(LOG, (errmsg("gpu_ivfpq service: no usable GPU: %s", err.c_str())));
-	if (device)
+	if (device && !Engine([&] {
+			store = std::make_unique<gpuivfpq::MirrorStore>(*device);
+			store->set_budget(BudgetBytes());
+		}, err))
 	{
-		store = std::make_unique<gpuivfpq::MirrorStore>(*device);
-		store->set_budget(BudgetBytes());
+		ereport(LOG, (errmsg("gpu_ivfpq service: the mirror store failed to start: %s", err.c_str())));
+		store.reset();
+		device.reset();
+		state = SERVICE_CPU_ONLY;
 	}
 
 	/* Requests left by an earlier incarnation get an answer now. */
@@ -739,6 +779,8 @@ gpu_ivfpq_service_main(Datum arg)
 		ErrorData  *edata;
 
 		HOLD_INTERRUPTS();
+		error_context_stack = NULL;
+		pgstat_report_wait_end();
 		LWLockReleaseAll();
 		MemoryContextSwitchTo(loopctx);
 		edata = CopyErrorData();
@@ -765,10 +807,10 @@ gpu_ivfpq_service_main(Datum arg)
 			ConfigReloadPending = false;
 			ProcessConfigFile(PGC_SIGHUP);
 			if (store)
-			{
-				store->set_budget(BudgetBytes());
-				(void) Engine([&] { store->enforce_budget(); }, err);
-			}
+				(void) Engine([&] {
+					store->set_budget(BudgetBytes());
+					store->enforce_budget();
+				}, err);
 		}
 		ResetLatch(MyLatch);
 		ntaken = 0;

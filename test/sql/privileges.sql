@@ -28,15 +28,20 @@ SELECT count(*) FROM gpu_ivfpq_status();
 SELECT count(*) FROM gpu_ivfpq_mirrors;
 RESET ROLE;
 
--- SELECT on the vector column alone is enough to search it.
+-- SELECT on the vector column alone is not enough: the functions return
+-- row identifiers (ctid), which column privileges never expose, and through
+-- a partial index they would tell which rows match its predicate.
 GRANT SELECT (v) ON secret TO gpu_ivfpq_nobody;
 SET ROLE gpu_ivfpq_nobody;
-SELECT count(*) AS exact_rows FROM gpu_ivfpq_exact_knn('secret', 'v', ARRAY[ARRAY[5,10,0,1]]::real[], 3);
-SELECT count(*) AS batch_rows FROM gpu_ivfpq_knn_batch('secret_v', ARRAY[ARRAY[5,10,0,1]]::real[], 3);
-SELECT count(*) AS range_rows FROM gpu_ivfpq_range('secret_v', '{5,10,0,1}'::real[], 8);
--- ... but not another column.
-SELECT * FROM gpu_ivfpq_exact_knn('secret', 'w', ARRAY[ARRAY[5,10,0,1]]::real[], 3);
+SELECT count(*) FROM gpu_ivfpq_exact_knn('secret', 'v', ARRAY[ARRAY[5,10,0,1]]::real[], 3);
+SELECT count(*) FROM gpu_ivfpq_knn_batch('secret_v', ARRAY[ARRAY[5,10,0,1]]::real[], 3);
+SELECT count(*) FROM gpu_ivfpq_range('secret_v', '{5,10,0,1}'::real[], 8);
 RESET ROLE;
+
+-- Views and partitioned tables cannot be searched (exactly) at all.
+CREATE VIEW secret_view AS SELECT v FROM secret;
+SELECT * FROM gpu_ivfpq_exact_knn('secret_view', 'v', ARRAY[ARRAY[5,10,0,1]]::real[], 3);
+DROP VIEW secret_view;
 
 -- Row-level security: the functions refuse, index scans apply the policy.
 GRANT SELECT ON secret TO gpu_ivfpq_nobody;
@@ -47,6 +52,10 @@ SELECT * FROM gpu_ivfpq_exact_knn('secret', 'v', ARRAY[ARRAY[5,10,0,1]]::real[],
 SELECT * FROM gpu_ivfpq_range('secret_v', '{5,10,0,1}'::real[], 100);
 SELECT * FROM gpu_ivfpq_knn_batch('secret_v', ARRAY[ARRAY[5,10,0,1]]::real[], 3);
 SELECT * FROM gpu_ivfpq_knn_graph('secret_v', 2);
+-- With row_security off the functions refuse too (no silent bypass).
+SET row_security = off;
+SELECT count(*) FROM gpu_ivfpq_knn_batch('secret_v', ARRAY[ARRAY[5,10,0,1]]::real[], 3);
+RESET row_security;
 SET enable_seqscan = off;
 EXPLAIN (COSTS OFF) SELECT id FROM secret ORDER BY v <-> '{5,10,0,1}' LIMIT 5;
 SELECT count(*) AS rows_seen, count(*) FILTER (WHERE owner <> 'alice') AS other_owners
