@@ -7,7 +7,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake pkg-config git ca-certificates
   postgresql-15 postgresql-client-15 postgresql-server-dev-15 libpq-dev libpqxx-dev
-  libipc-run-perl perl
+  libipc-run-perl perl sqlsmith
   googletest libgtest-dev libgmock-dev
   libopenblas-serial-dev
   zlib1g-dev
