@@ -1,6 +1,6 @@
 # Argument fuzz of the SQL surface: gpu_ivfpq_knn_batch, gpu_ivfpq_knn_graph,
-# gpu_ivfpq_exact_knn, gpu_ivfpq_range, gpu_ivfpq_prewarm, the three distance
-# operators and index scans ordered by them, each called with generated
+# gpu_ivfpq_exact_knn, gpu_ivfpq_range, gpu_ivfpq_prewarm, gpu_ivfpq_check,
+# the three distance operators and index scans ordered by them, each called with generated
 # argument combinations: wrong dimensions, k out of range, NaN and infinite
 # radii and elements, NULL arguments and elements, empty, 3-dimensional and
 # 20000-element arrays, relations that are not gpu_ivfpq indexes or not
@@ -424,18 +424,21 @@ my @k_args = (
 my @cases;
 
 # The combined expectation of some argument values: NULL anywhere means no
-# rows and no error (the functions are STRICT); else any bad value means an
-# error of one of the bad values' classes; else a correct result.
+# rows (one NULL for a $scalar function) and no error (the functions are
+# STRICT); else any bad value means an error of one of the bad values'
+# classes; else a correct result.
 sub add_case
 {
-	my ($name, $args, $call, $verdict_sql) = @_;
+	my ($name, $args, $call, $verdict_sql, $scalar) = @_;
 	my @bad = grep { $_->{err} } @$args;
 	my ($todo) = map { $_->{todo} } grep { $_->{todo} } @$args;
 	my $sql;
 	my @err;
 	if (grep { $_->{null} } @$args)
 	{
-		$sql = "SELECT CASE WHEN count(*) = 0 THEN 'ok' ELSE 'WRONG: ' || count(*) || ' rows from a NULL argument' END FROM ($call) s";
+		$sql = $scalar
+		  ? "SELECT CASE WHEN count(*) = 1 AND bool_and(s IS NULL) THEN 'ok' ELSE 'WRONG: not one NULL from a NULL argument' END FROM ($call) s"
+		  : "SELECT CASE WHEN count(*) = 0 THEN 'ok' ELSE 'WRONG: ' || count(*) || ' rows from a NULL argument' END FROM ($call) s";
 	}
 	elsif (@bad)
 	{
@@ -496,8 +499,8 @@ sub generate
 		# Random combinations leave out heavy values, and the values of known
 		# defects, whose one-at-a-time cases reproduce them.
 		next if $random && grep { $_->{heavy} || $_->{todo} } @values;
-		my ($name, $call, $verdict, $resolved) = $build->(@values);
-		add_case($name, $resolved, $call, $verdict);
+		my ($name, $call, $verdict, $resolved, $scalar) = $build->(@values);
+		add_case($name, $resolved, $call, $verdict, $scalar);
 	}
 }
 
@@ -655,20 +658,10 @@ generate(
 	});
 
 # -- gpu_ivfpq_prewarm(index): the index's entries; an untrained index
-# cannot be mirrored; NULL gives NULL.
+# cannot be mirrored. A NULL argument gives NULL.
 for my $ix (@index_args)
 {
 	my $i = $ix->{idx};
-	if ($ix->{null})
-	{
-		push @cases,
-		  {
-			name => 'prewarm(null)',
-			sql => q{SELECT CASE WHEN gpu_ivfpq_prewarm(NULL) IS NULL THEN 'ok' ELSE 'WRONG: not NULL' END},
-			err => []
-		  };
-		next;
-	}
 	my $v = $i && $i->{untrained} ? { %$ix, err => ['55000'] } : $ix;
 	my $call = "SELECT gpu_ivfpq_prewarm($ix->{sql}) AS entries";
 	add_case(
@@ -677,8 +670,24 @@ for my $ix (@index_args)
 		sub {
 			"SELECT CASE WHEN e = n THEN 'ok' ELSE 'WRONG: ' || e || ' entries, the index has ' || n || ' rows' END"
 			  . " FROM ($call) p(e), (SELECT count(*) FROM $i->{table} WHERE ($i->{expr}) IS NOT NULL AND ($i->{pred})) c(n)";
-		});
+		},
+		1);
 }
+
+# -- gpu_ivfpq_check(index, heapallindexed): the fixture's indexes are sound.
+my @heapallindexed_args = (
+	{ name => 'heapallindexed', sql => 'true' },
+	{ name => 'lists-only', sql => 'false' },
+	{ name => 'default', sql => undef },
+	{ name => 'null', sql => 'NULL::boolean', null => 1 },);
+generate(
+	[ \@index_args, \@heapallindexed_args ],
+	[ 0, 0 ],
+	sub {
+		my ($ix, $h) = @_;
+		my $call = "SELECT gpu_ivfpq_check($ix->{sql}" . (defined $h->{sql} ? ", $h->{sql})" : ')') . ' AS c';
+		return ("check($ix->{name}, $h->{name})", $call, sub { "SELECT 'ok' FROM ($call) s" }, [ $ix, $h ], 1);
+	});
 
 # -- the operators on two vectors: their value equals the formula's. A
 # NULL operand gives NULL, whatever the other one is.
