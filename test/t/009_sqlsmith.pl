@@ -4,7 +4,8 @@
 # instance whose GPU service runs (its CPU emulation where there is no GPU).
 # No query may crash a server process or make the service restart, none may
 # raise an internal error (XX000) from the extension's code, and the server
-# must still answer, with indexes that agree with sequential scans.
+# must still answer, with indexes that gpu_ivfpq_check finds sound and that
+# agree with sequential scans.
 #
 # SQLsmith builds queries from the catalog, calls only functions that return
 # one value, and uses operators only in comparisons. So that it reaches the
@@ -125,6 +126,7 @@ CREATE ROLE smith LOGIN;
 GRANT USAGE ON SCHEMA smith TO smith;
 GRANT SELECT ON smith.pg_proc TO smith;
 GRANT ALL ON ALL TABLES IN SCHEMA public TO smith;
+GRANT pg_monitor TO smith;
 ALTER ROLE smith SET search_path = smith, pg_catalog, public;
 ANALYZE;
 });
@@ -178,22 +180,6 @@ is(scalar @internal, 0, 'no internal error (XX000) from the extension') or diag(
 note(sprintf('%d statements failed with an error of the extension, %d with an internal error of PostgreSQL',
 	$ours // 0, $core // 0));
 
-is($node->safe_psql('smith', 'SELECT count(*) FROM vec8'), '1000', 'the server answers');
-is($node->safe_psql('smith', 'SELECT service_starts FROM gpu_ivfpq_status'), '1', 'the service never restarted');
-
-# SQLsmith's statements are rolled back, but their index entries stay
-# behind: the indexes must still answer as sequential scans do.
-for my $t ([ 'vec8_l2', 'vec8', '<->' ], [ 'vec8_ip', 'vec8', '<#>' ], [ 'vec3_cos', 'vec3', '<=>' ])
-{
-	my ($idx, $table, $op) = @$t;
-	my $knn = qq{SELECT string_agg(id::text, ',') FROM (SELECT id FROM $table
-		ORDER BY v $op (SELECT v FROM $table WHERE id = 2), id LIMIT 10) s};
-	my $exact = $node->safe_psql('smith', "SET enable_indexscan = off; $knn");
-	my $scan = $node->safe_psql('smith',
-		"SET enable_seqscan = off; SET gpu_ivfpq.probes = 64; SET gpu_ivfpq.rerank = 2000; $knn");
-	is($scan, $exact, "$idx answers as a sequential scan after the run");
-}
-
 # How much of the run reached the extension: statements that name one of
 # its functions or views, or change an indexed table; calls that completed
 # (an error, or a NULL argument to a STRICT function, counts none; the
@@ -209,6 +195,31 @@ note("calls that completed:\n"
 	  . $node->safe_psql('smith',
 		q{SELECT string_agg(format('  %s.%s: %s', schemaname, funcname, calls), E'\n' ORDER BY schemaname, funcname)
 		  FROM pg_stat_user_functions WHERE funcname LIKE 'gpu_ivfpq%' OR schemaname = 'smith'}));
+
+is($node->safe_psql('smith', 'SELECT count(*) FROM vec8'), '1000', 'the server answers');
+is($node->safe_psql('smith', 'SELECT service_starts FROM gpu_ivfpq_status'), '1', 'the service never restarted');
+
+# SQLsmith's statements are rolled back, but their index entries stay
+# behind: the indexes must still be sound, hold every row, and answer as
+# sequential scans do.
+is( $node->psql(
+		'smith', q{SELECT gpu_ivfpq_check(indexrelid, true) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+		  JOIN pg_am a ON a.oid = c.relam WHERE a.amname = 'gpu_ivfpq'}),
+	0,
+	'gpu_ivfpq_check finds every index sound and complete');
+for my $t ([ 'vec8_l2', 'vec8', '<->' ], [ 'vec8_ip', 'vec8', '<#>' ], [ 'vec3_cos', 'vec3', '<=>' ])
+{
+	my ($idx, $table, $op) = @$t;
+	# Distances, not ids: rows at equal distances may come in either order.
+	my $inner = "SELECT v $op (SELECT v FROM $table WHERE id = 2) AS d FROM $table ORDER BY v $op (SELECT v FROM $table WHERE id = 2) LIMIT 10";
+	my $knn = "SELECT string_agg(round(d::numeric, 9)::text, ',') FROM ($inner) s";
+	my $settings = 'SET enable_seqscan = off; SET gpu_ivfpq.probes = 64; SET gpu_ivfpq.rerank = 2000;';
+	like($node->safe_psql('smith', "$settings EXPLAIN (COSTS OFF) $inner"),
+		qr/Index Scan using $idx/, "$idx serves the scan");
+	is($node->safe_psql('smith', "$settings $knn"),
+		$node->safe_psql('smith', "SET enable_indexscan = off; $knn"),
+		"$idx answers as a sequential scan after the run");
+}
 
 $node->stop;
 done_testing();
