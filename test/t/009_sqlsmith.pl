@@ -76,9 +76,7 @@ RESET client_min_messages;
 INSERT INTO vec4 SELECT g, ARRAY[g, -g, g * 0.5, 1]::real[] FROM generate_series(1, 50) g;
 INSERT INTO vec4 VALUES (51, NULL), (52, '{0,0,0,0}');
 
--- Edge-case arguments for SQLsmith's column references. No view or
--- partitioned table among the regclasses: exact_knn crashes on them (a
--- known defect that 010_function_fuzz.pl reproduces).
+-- Edge-case arguments for SQLsmith's column references.
 CREATE TABLE fuzz_args (k int, radius float8, idx regclass, col name, metric text, q real[]);
 INSERT INTO fuzz_args VALUES
   (0, 'NaN', 'vec3_l2', 'v', 'l2', '{0.5,0.5,0.5}'),
@@ -91,7 +89,8 @@ INSERT INTO fuzz_args VALUES
   (NULL, NULL, 'vec8', 'v', 'l2', '{Infinity,1,2,3}'),
   (5, 2, 999999, 'v', 'cosine', NULL),
   (3, 1, 'fuzz_args', 'q', 'ip', '{{{1,2},{3,4}},{{5,6},{7,8}}}'),
-  (20, 0.1, 'vec4', 'v', 'l2', '{1,2,3,4}');
+  (20, 0.1, 'vec4', 'v', 'l2', '{1,2,3,4}'),
+  (2, 0.2, 'gpu_ivfpq_mirrors', 'entries', 'ip', '{0,0,0,0,0,0,0,0}');
 
 -- What SQLsmith calls instead of the set-returning functions.
 CREATE SCHEMA smith;
