@@ -96,8 +96,13 @@ GpuIvfpqCollectList(Relation index, const GpuIvfpqMetaPageData *meta, BlockNumbe
 Relation
 GpuIvfpqOpenIndex(Oid relid)
 {
-	Relation	index = relation_open(relid, AccessShareLock);
+	Relation	index = try_relation_open(relid, AccessShareLock);
 
+	/* An OID that names no relation (a dropped one, or a number): a user error. */
+	if (index == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_TABLE),
+				 errmsg("relation with OID %u does not exist", relid)));
 	if (index->rd_rel->relkind != RELKIND_INDEX ||
 		index->rd_rel->relam != get_index_am_oid("gpu_ivfpq", false))
 		ereport(ERROR,

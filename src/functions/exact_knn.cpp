@@ -117,7 +117,11 @@ gpu_ivfpq_exact_knn(PG_FUNCTION_ARGS)
 	GpuIvfpqCheckBatchK(k);
 	queries = GpuIvfpqQueryMatrix(qarr, &nq, &d);
 	InitMaterializedSRF(fcinfo, 0);
-	heap = table_open(relid, AccessShareLock);
+	heap = try_relation_open(relid, AccessShareLock);
+	if (heap == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_TABLE),
+				 errmsg("relation with OID %u does not exist", relid)));
 	/* Views, partitioned and foreign tables have no table AM to scan. */
 	if (heap->rd_rel->relkind != RELKIND_RELATION && heap->rd_rel->relkind != RELKIND_MATVIEW)
 		ereport(ERROR,
@@ -158,7 +162,8 @@ gpu_ivfpq_exact_knn(PG_FUNCTION_ARGS)
 			{
 				MemoryContext old = MemoryContextSwitchTo(rowctx);
 				int			vdim;
-				const float *v = GpuIvfpqStoredVector(DatumGetArrayTypeP(value), &vdim);
+				/* Not an indexed column: its values were never checked (NaN, infinity). */
+				const float *v = GpuIvfpqArrayVector(DatumGetArrayTypeP(value), &vdim, "stored vector");
 
 				if (vdim != d)
 					ereport(ERROR,

@@ -64,6 +64,7 @@ gpu_ivfpq_knn_graph(PG_FUNCTION_ARGS)
 	GraphOut	out;
 	IndexInfo  *indexInfo;
 	EState	   *estate;
+	ExprState  *predicate;
 	TupleTableSlot *slot;
 	TableScanDesc scan;
 	MemoryContext rowctx;
@@ -102,6 +103,8 @@ gpu_ivfpq_knn_graph(PG_FUNCTION_ARGS)
 	estate = CreateExecutorState();
 	slot = table_slot_create(heap, NULL);
 	GetPerTupleExprContext(estate)->ecxt_scantuple = slot;
+	/* A partial index: only rows that satisfy its predicate are in the graph, as in the index. */
+	predicate = ExecPrepareQual(indexInfo->ii_Predicate, estate);
 	rowctx = AllocSetContextCreate(CurrentMemoryContext, "gpu_ivfpq graph row", ALLOCSET_DEFAULT_SIZES);
 	scan = table_beginscan(heap, GetActiveSnapshot(), 0, NULL);
 	INSTR_TIME_SET_CURRENT(start);
@@ -117,7 +120,7 @@ gpu_ivfpq_knn_graph(PG_FUNCTION_ARGS)
 
 			ResetExprContext(GetPerTupleExprContext(estate));
 			FormIndexDatum(indexInfo, slot, estate, values, isnull);
-			if (!isnull[0])
+			if (!isnull[0] && (predicate == NULL || ExecQual(predicate, GetPerTupleExprContext(estate))))
 			{
 				int			dim;
 				const float *v = GpuIvfpqStoredVector(DatumGetArrayTypeP(values[0]), &dim);
