@@ -175,4 +175,21 @@ inline std::string array_text(const float* v, size_t d)
     return s;
 }
 
+// A table name, schema-qualified or not, quoted part by part with the
+// connection's quote_name (a template: this header needs no libpqxx).
+template <typename Connection>
+std::string quote_table(Connection& conn, const std::string& name)
+{
+    std::string out;
+    size_t start = 0;
+    for (;;) {
+        size_t dot = name.find('.', start);
+        out += conn.quote_name(name.substr(start, dot == std::string::npos ? dot : dot - start));
+        if (dot == std::string::npos)
+            return out;
+        out += '.';
+        start = dot + 1;
+    }
+}
+
 }  // namespace tools

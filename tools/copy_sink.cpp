@@ -44,20 +44,6 @@ private:
 };
 
 #ifdef GPU_IVFPQ_TOOLS_PQXX
-// A table name, schema-qualified or not, quoted part by part.
-std::string quote_table(pqxx::connection& conn, const std::string& name)
-{
-    std::string out;
-    size_t start = 0;
-    for (;;) {
-        size_t dot = name.find('.', start);
-        out += conn.quote_name(name.substr(start, dot == std::string::npos ? dot : dot - start));
-        if (dot == std::string::npos)
-            return out;
-        out += '.';
-        start = dot + 1;
-    }
-}
 
 std::vector<std::string> quote_columns(pqxx::connection& conn, const std::vector<std::string>& cols)
 {

@@ -191,20 +191,6 @@ Vectors read_vectors(pqxx::transaction_base& tx, const std::string& table,
     return out;
 }
 
-// A table name, schema-qualified or not, quoted part by part.
-std::string quote_table(pqxx::connection_base& conn, const std::string& name)
-{
-    std::string out;
-    size_t start = 0;
-    for (;;) {
-        size_t dot = name.find('.', start);
-        out += conn.quote_name(name.substr(start, dot == std::string::npos ? dot : dot - start));
-        if (dot == std::string::npos)
-            return out;
-        out += '.';
-        start = dot + 1;
-    }
-}
 
 // ---------------------------------------------------------------- settings
 
