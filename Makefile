@@ -34,8 +34,11 @@ DATA = sql/gpu_ivfpq--0.1.0.sql
 # The layers, one folder each: the access method, the SQL functions, the GPU
 # service and its PostgreSQL-free device layer, the engine.
 ENGINE_SRCS = $(sort $(wildcard src/engine/*.cpp))
-# cuda_device.cpp needs the kernels' headers: only with GPU_IVFPQ_CUDA_LIB.
-DEVICE_SRCS = $(sort $(filter-out src/service/device/cuda_device.cpp,$(wildcard src/service/device/*.cpp)))
+# cuda_device.cpp needs the kernels' headers (only with GPU_IVFPQ_CUDA_LIB);
+# gpu_process_main.cpp is the GPU process's main(): both go into the GPU
+# process program only.
+GPU_PROCESS_ONLY = src/service/device/cuda_device.cpp src/service/device/gpu_process_main.cpp
+DEVICE_SRCS = $(sort $(filter-out $(GPU_PROCESS_ONLY),$(wildcard src/service/device/*.cpp)))
 PG_SRCS = $(sort $(wildcard src/common/*.cpp src/am/*.cpp src/functions/*.cpp src/service/*.cpp))
 
 # Core objects: the PostgreSQL-free engine and device layer. The extension
@@ -63,7 +66,14 @@ NO_LOCALE = 1
 TAP_TESTS = 1
 PROVE_TESTS = test/t/*.pl
 
-EXTRA_CLEAN = $(CORE_LIB) src/.flags-core src/.flags-pg
+# The GPU process: the program the GPU service starts to own the device
+# (installed beside the extension's library), so that a fault in CUDA code
+# or the driver never ends a process attached to PostgreSQL's shared memory.
+GPU_PROCESS = src/gpu_ivfpq_gpu_process
+GPU_PROCESS_OBJS = src/service/device/gpu_process_main.o
+
+EXTRA_CLEAN = $(CORE_LIB) $(GPU_PROCESS) $(GPU_PROCESS_OBJS) src/service/device/cuda_device.o \
+	src/.flags-core src/.flags-pg
 
 # Debian's PGXS expects clang for LLVM bitcode; the extension needs no JIT.
 override with_llvm = no
@@ -86,15 +96,15 @@ SHLIB_LINK += $(CORE_LDLIBS)
 
 PG_CPPFLAGS = -I$(srcdir)/src $(BLAS_CPPFLAGS)
 
-# Optional: link the CUDA kernels (CMake, -DGPU_IVFPQ_CUDA=ON) so that the GPU
-# service can open the device, e.g.
+# Optional: link the CUDA kernels (CMake, -DGPU_IVFPQ_CUDA=ON) into the GPU
+# process so that it can open the device, e.g.
 #   make GPU_IVFPQ_CUDA_LIB=build-gpu/gpu/libgpu_ivfpq_gpu.a
-# Only the PostgreSQL-side objects and cuda_device.o see the CUDA flags: the
-# core objects stay the same with or without the kernels.
+# Only the GPU process's own objects see the CUDA flags: the extension's
+# library and the core objects are the same with or without the kernels.
 CUDA_HOME ?= /usr/local/cuda
 ifneq ($(GPU_IVFPQ_CUDA_LIB),)
-OBJS += src/service/device/cuda_device.o
-SHLIB_LINK += $(abspath $(GPU_IVFPQ_CUDA_LIB)) -L$(CUDA_HOME)/lib64 -lcublas -lcudart
+GPU_PROCESS_OBJS += src/service/device/cuda_device.o
+GPU_PROCESS_LIBS = $(abspath $(GPU_IVFPQ_CUDA_LIB)) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart
 endif
 PG_CXXFLAGS = -Wno-register
 SHLIB_LINK += -lstdc++
@@ -111,15 +121,27 @@ override CXXFLAGS := $(filter-out -O2,$(CXXFLAGS)) -O3 -fopenmp-simd -std=c++17 
 $(CORE_OBJS): private override CXXFLAGS += -Wextra
 
 ifneq ($(GPU_IVFPQ_CUDA_LIB),)
-$(PG_OBJS): private override CPPFLAGS += -DGPU_IVFPQ_WITH_CUDA=1
 # gpu/include's headers include the engine's by name: -iquote, so that no
 # engine header can stand in for a system one (error.h and <error.h>).
-src/service/device/cuda_device.o: private override CPPFLAGS += -DGPU_IVFPQ_WITH_CUDA=1 -I$(srcdir)/gpu/include -iquote $(srcdir)/src/engine
+$(GPU_PROCESS_OBJS): private override CPPFLAGS += -DGPU_IVFPQ_WITH_CUDA=1 -I$(srcdir)/gpu/include -iquote $(srcdir)/src/engine
 endif
+$(GPU_PROCESS_OBJS): private override CXXFLAGS += -Wextra
+
+# ------------------------------------------------------------------ GPU process
+all: $(GPU_PROCESS)
+$(GPU_PROCESS): $(GPU_PROCESS_OBJS) $(CORE_LIB)
+	$(CXX) $(CXXFLAGS) $(LDFLAGS) -o $@ $(GPU_PROCESS_OBJS) $(CORE_LIB) $(GPU_PROCESS_LIBS) $(CORE_LDLIBS)
+install: install-gpu-process
+.PHONY: install-gpu-process uninstall-gpu-process
+install-gpu-process: $(GPU_PROCESS) installdirs
+	$(INSTALL_PROGRAM) $(GPU_PROCESS) '$(DESTDIR)$(pkglibdir)/gpu_ivfpq_gpu_process'
+uninstall: uninstall-gpu-process
+uninstall-gpu-process:
+	rm -f '$(DESTDIR)$(pkglibdir)/gpu_ivfpq_gpu_process'
 
 # ------------------------------------------------------------------ rebuilds
 # Headers are few and shared: rebuild every object when one changes.
-$(OBJS): $(wildcard src/*/*.h src/*/*/*.h)
+$(OBJS) $(GPU_PROCESS_OBJS): $(wildcard src/*/*.h src/*/*/*.h)
 src/service/device/cuda_device.o: $(wildcard gpu/include/*/*.h)
 
 # Make does not notice changed flags (a build with GPU_IVFPQ_CUDA_LIB after
@@ -136,7 +158,7 @@ src/.flags-core: FORCE
 src/.flags-pg: FORCE
 	$(call write_if_changed,$@,$(CXX) $(CXXFLAGS) $(CPPFLAGS) $(GPU_IVFPQ_CUDA_LIB))
 $(CORE_OBJS): src/.flags-core
-$(PG_OBJS) src/service/device/cuda_device.o: src/.flags-pg
+$(PG_OBJS) $(GPU_PROCESS_OBJS): src/.flags-pg
 
 # ------------------------------------------------------------------ core
 .PHONY: core print-core-ldlibs

@@ -61,7 +61,9 @@ CREATE FUNCTION gpu_ivfpq_status(
 	OUT state text, OUT service_pid int4, OUT device text, OUT service_starts int4,
 	OUT started_at timestamptz, OUT queries_gpu int8, OUT queries_cpu int8,
 	OUT gpu_fallbacks int8, OUT batches int8, OUT mean_batch float8, OUT batch_histogram int8[],
-	OUT mirrors int4, OUT memory_used_mb float8, OUT memory_budget_mb float8, OUT last_error text)
+	OUT mirrors int4, OUT memory_used_mb float8, OUT memory_budget_mb float8, OUT last_error text,
+	OUT gpu_process_pid int4, OUT gpu_restarts int4, OUT last_gpu_exit text,
+	OUT last_gpu_exit_at timestamptz)
 	RETURNS record AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
 CREATE VIEW gpu_ivfpq_status AS SELECT * FROM gpu_ivfpq_status();
 

@@ -16,6 +16,7 @@ int			gpu_ivfpq_device = GPU_IVFPQ_DEVICE_AUTO;
 int			gpu_ivfpq_gpu_memory_budget_kb = 0;
 int			gpu_ivfpq_batch_size = 256;
 int			gpu_ivfpq_batch_wait_us = 0;
+int			gpu_ivfpq_gpu_timeout_s = 60;
 bool		gpu_ivfpq_service_emulate_gpu = false;
 
 static const struct config_enum_entry device_options[] = {
@@ -62,6 +63,11 @@ _PG_init(void)
 							"How long (microseconds) the GPU service waits for more searches to join a batch.",
 							"0: a batch holds what arrived while the previous one ran.",
 							&gpu_ivfpq_batch_wait_us, 0, 0, 100000, PGC_SIGHUP, 0,
+							NULL, NULL, NULL);
+	DefineCustomIntVariable("gpu_ivfpq.gpu_timeout",
+							"How long the GPU service waits for one GPU call before it restarts the GPU process (0 = no limit).",
+							"A hung GPU or driver costs at most this long; scans use the CPU until the process is back.",
+							&gpu_ivfpq_gpu_timeout_s, 60, 0, 86400, PGC_SIGHUP, GUC_UNIT_S,
 							NULL, NULL, NULL);
 	GpuIvfpqServiceInstallHooks();
 	if (process_shared_preload_libraries_in_progress)

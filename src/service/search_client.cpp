@@ -183,6 +183,8 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
 		}
 		if (result == RES_LOADING)
 			reason = "The index's GPU mirror is being loaded by another session";
+		else if (result == RES_SERVICE_GONE)
+			reason = "The GPU process is restarting";	/* counted and logged by the service */
 		else if (result == RES_NO_MEMORY)
 		{
 			ereport(WARNING,
@@ -282,7 +284,7 @@ GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta, con
 	GpuIvfpqCountFallback();
 	if (required)
 		GpuIvfpqGpuRequiredError("batch search", error[0] ? error : "The GPU service failed");
-	ereport(WARNING,
+	ereport(result == RES_SERVICE_GONE ? DEBUG1 : WARNING,
 			(errmsg("gpu_ivfpq: batch search on \"%s\" ran on the CPU", RelationGetRelationName(index)),
 			 errdetail("%s", error[0] ? error : "The GPU service failed.")));
 	return false;

@@ -27,6 +27,7 @@ typedef enum ServiceState
 	SERVICE_CPU_ONLY,			/* no usable GPU: backends use the CPU engine */
 	SERVICE_GPU,				/* serving from a GPU */
 	SERVICE_EMULATED,			/* serving from the CPU emulation (tests) */
+	SERVICE_RESTARTING,			/* the GPU process died: the CPU engine serves until it is back */
 	SERVICE_STOPPED
 } ServiceState;
 
@@ -133,11 +134,16 @@ typedef struct GpuIvfpqServiceShared
 	TimestampTz started_at;
 	char		device[128];
 	char		last_error[256];
+	int			gpu_pid;		/* the GPU process, 0 when none runs */
+	int			gpu_restarts;	/* times the GPU process died and was restarted */
+	char		last_gpu_exit[256]; /* how it last died */
+	TimestampTz last_gpu_exit_at;
 	int			nmirrors;
 	GpuIvfpqMirrorStatus mirrors[GPU_IVFPQ_STATUS_MIRRORS];
 	int64		memory_used;
 	int64		memory_budget;
-	int64		evictions;
+	int64		evictions;		/* over every GPU process */
+	int64		evictions_base; /* the current GPU process's count, already added */
 
 	pg_atomic_uint64 queries_gpu;
 	pg_atomic_uint64 queries_cpu;

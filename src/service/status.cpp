@@ -34,6 +34,8 @@ StateName(ServiceState state)
 			return "running (GPU)";
 		case SERVICE_EMULATED:
 			return "running (GPU emulated on the CPU, for tests)";
+		case SERVICE_RESTARTING:
+			return "restarting the GPU process (scans use the CPU)";
 		case SERVICE_STOPPED:
 			break;
 	}
@@ -45,8 +47,8 @@ Datum
 gpu_ivfpq_status(PG_FUNCTION_ARGS)
 {
 	TupleDesc	tupdesc;
-	Datum		values[15];
-	bool		nulls[15];
+	Datum		values[19];
+	bool		nulls[19];
 	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
 
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
@@ -55,7 +57,7 @@ gpu_ivfpq_status(PG_FUNCTION_ARGS)
 	if (s == NULL)
 	{
 		values[0] = CStringGetTextDatum("not loaded (add gpu_ivfpq to shared_preload_libraries)");
-		for (int i = 1; i < 15; i++)
+		for (int i = 1; i < 19; i++)
 			nulls[i] = true;
 	}
 	else
@@ -93,6 +95,14 @@ gpu_ivfpq_status(PG_FUNCTION_ARGS)
 		values[14] = CStringGetTextDatum(copy.last_error);
 		/* Errors can name objects of other databases: pg_read_all_stats (pg_monitor) only. */
 		nulls[14] = copy.last_error[0] == '\0' || !SeesAllDatabases();
+		/* The GPU process: how it last died names no object, so all may see it. */
+		values[15] = Int32GetDatum(copy.gpu_pid);
+		nulls[15] = copy.gpu_pid == 0;
+		values[16] = Int32GetDatum(copy.gpu_restarts);
+		values[17] = CStringGetTextDatum(copy.last_gpu_exit);
+		nulls[17] = copy.last_gpu_exit[0] == '\0';
+		values[18] = TimestampTzGetDatum(copy.last_gpu_exit_at);
+		nulls[18] = copy.last_gpu_exit[0] == '\0';
 	}
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
 }

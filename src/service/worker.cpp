@@ -1,7 +1,14 @@
-// The GPU service process: a background worker that owns the compute device
-// (the CUDA context, or the CPU emulation for tests), keeps index mirrors
-// coherent through the change log, and answers the backends' requests,
-// merging the searches that arrive together into one batch per index.
+// The GPU service process: a background worker that starts and supervises
+// the GPU process (which owns the CUDA context, or the CPU emulation for
+// tests, and the index mirrors), keeps the mirrors coherent through the
+// change log, and answers the backends' requests, merging the searches that
+// arrive together into one batch per index.
+//
+// The service itself never touches the device: a fault there (a signal, a
+// sticky CUDA error, a hang) ends the GPU process, not a process attached to
+// shared memory, so the postmaster does not reinitialise the cluster. The
+// requests in flight are answered "service gone" (their backends use the
+// CPU engine), and the process is started again after a backoff.
 #include <algorithm>
 #include <chrono>
 #include <exception>
@@ -12,17 +19,15 @@
 #include <vector>
 
 #include "engine/error.h"
-#include "service/device/mirror_store.h"
+#include "service/device/gpu_process_client.h"
 #include "common/guard.h"
 #include "service/shmem.h"
-#ifdef GPU_IVFPQ_WITH_CUDA
-#include "service/device/cuda_device.h"
-#endif
 
 extern "C" {
 #include "miscadmin.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
+#include "storage/pmsignal.h"
 #include "storage/ipc.h"
 #include "tcop/tcopprot.h"
 #include "utils/memutils.h"
@@ -33,15 +38,32 @@ PGDLLEXPORT void gpu_ivfpq_service_main(Datum arg);
 }
 
 using gpuivfpq::MirrorKey;
+using gpuivfpq::gpuproc::GpuProcess;
 
 /* Service-local state (this process only). */
-static std::unique_ptr<gpuivfpq::ComputeDevice> device;
-static std::unique_ptr<gpuivfpq::MirrorStore> store;
+static std::unique_ptr<GpuProcess> gpu;			/* null while none runs */
 static std::map<MirrorKey, uint64> mirror_from;		/* log entries from here apply */
 static std::map<MirrorKey, TimestampTz> load_claims;	/* a backend was told to load */
 static uint64 log_cursor;
 
+/* Supervision of the GPU process. */
+static bool gpu_expected;		/* a device exists: restart the process when it dies */
+static TimestampTz gpu_restart_at;	/* when to start it again */
+static TimestampTz gpu_started_at;
+static int	gpu_backoff_ms;
+
 #define LOAD_CLAIM_MS 30000		/* how long others use the CPU while one loads */
+#define GPU_BACKOFF_MIN_MS 1000 /* first restart after a death */
+#define GPU_BACKOFF_MAX_MS 60000	/* doubling while it dies young */
+#define GPU_STABLE_MS 60000		/* a process that lived this long resets the backoff */
+#define GPU_START_TIMEOUT_S 120 /* opening a device (a CUDA context) takes a second or so */
+#define GPU_PROCESS_PROGRAM "gpu_ivfpq_gpu_process"
+
+static bool
+GpuUp(void)
+{
+	return gpu && gpu->alive();
+}
 
 static MirrorKey
 ToKey(const GpuIvfpqKey &k)
@@ -72,6 +94,15 @@ Engine(F &&f, std::string &err, bool *oom = nullptr)
 	if (oom != nullptr)
 		*oom = caught.out_of_memory;
 	return false;
+}
+
+/* The answer for a failed device call: the CPU engine, silently, if the GPU process died. */
+static RequestResult
+Failed(bool oom)
+{
+	if (!GpuUp())
+		return RES_SERVICE_GONE;
+	return oom ? RES_NO_MEMORY : RES_ERROR;
 }
 
 static void
@@ -111,16 +142,14 @@ static void
 PublishStatus(void)
 {
 	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
-	std::vector<gpuivfpq::MirrorInfo> infos;
+	gpuivfpq::gpuproc::StoreStatus st;
 	std::string err;
-	size_t		used = 0;
 
-	if (!store)
-		return;
-	(void) Engine([&] { infos = store->list(); used = store->bytes(); }, err);
+	if (GpuUp())
+		(void) Engine([&] { st = gpu->status(); }, err);
 	SpinLockAcquire(&s->mutex);
 	s->nmirrors = 0;
-	for (const auto &info : infos)
+	for (const auto &info : st.mirrors)
 	{
 		GpuIvfpqMirrorStatus *m;
 
@@ -135,9 +164,10 @@ PublishStatus(void)
 		m->bytes = (int64) info.bytes;
 		m->queries = (int64) info.queries;
 	}
-	s->memory_used = (int64) used;
-	s->memory_budget = (int64) store->budget();
-	s->evictions = (int64) store->evictions();
+	s->memory_used = (int64) st.bytes;
+	s->memory_budget = (int64) st.budget;
+	s->evictions += (int64) st.evictions - s->evictions_base;
+	s->evictions_base = (int64) st.evictions;
 	SpinLockRelease(&s->mutex);
 }
 
@@ -148,7 +178,7 @@ BudgetBytes(void)
 	if (gpu_ivfpq_gpu_memory_budget_kb > 0)
 		return (size_t) gpu_ivfpq_gpu_memory_budget_kb * 1024;
 	/* Leave a quarter for search scratch, builds and other processes. */
-	return device->memory_capacity() / 4 * 3;
+	return gpu->capacity() / 4 * 3;
 }
 
 /*
@@ -174,7 +204,7 @@ DrainLog(void)
 			entries.push_back(s->log[seq % GPU_IVFPQ_LOG_SIZE]);
 	LWLockRelease(s->log_lock);
 
-	if (!store)
+	if (!GpuUp())
 	{
 		/* No mirrors to keep: just acknowledge (VACUUM waits for it). */
 	}
@@ -182,7 +212,7 @@ DrainLog(void)
 	{
 		std::string err;
 
-		(void) Engine([&] { store->drop_all(); }, err);
+		(void) Engine([&] { gpu->drop_all(); }, err);
 		ereport(LOG, (errmsg("gpu_ivfpq service: the change log overflowed, mirrors dropped")));
 	}
 	else if (!entries.empty())
@@ -197,7 +227,7 @@ DrainLog(void)
 			if (e.kind == LOG_INVALIDATE)
 			{
 				/* Appends to the dropped mirror (earlier or later) find no mirror below. */
-				(void) Engine([&] { store->drop_index(key.db, key.index); }, err);
+				(void) Engine([&] { gpu->drop_index(key.db, key.index); }, err);
 				continue;
 			}
 			auto		from = mirror_from.find(key);
@@ -207,10 +237,6 @@ DrainLog(void)
 		}
 		for (auto &kv : appends)
 		{
-			gpuivfpq::Mirror *mirror = store->find(kv.first);
-
-			if (mirror == nullptr)
-				continue;
 			std::vector<int32_t> lists;
 			std::vector<int64_t> labels;
 			std::vector<uint8_t> codes;
@@ -222,9 +248,12 @@ DrainLog(void)
 				labels.push_back(e->label);
 				codes.insert(codes.end(), e->code, e->code + m);
 			}
-			if (!Engine([&] { mirror->add(lists.size(), lists.data(), codes.data(), labels.data()); }, err))
+			/* A mirror evicted meanwhile takes no appends (add says so): it reloads. */
+			if (!Engine([&] { (void) gpu->add(kv.first, m, lists.size(), lists.data(), codes.data(), labels.data()); }, err))
 			{
-				(void) Engine([&] { store->drop_index(kv.first.db, kv.first.index); }, err);
+				std::string ignored;
+
+				(void) Engine([&] { gpu->drop_index(kv.first.db, kv.first.index); }, ignored);
 				RecordError("appending to a mirror failed, mirror dropped: " + err);
 			}
 		}
@@ -282,16 +311,34 @@ SearchGroup(const std::vector<GpuIvfpqSlot *> &group)
 {
 	GpuIvfpqSlot *first = group.front();
 	MirrorKey	key = ToKey(first->key);
-	gpuivfpq::Mirror *mirror = store->find(key);
 	size_t		nq = group.size();
 	size_t		d = first->dim;
 	size_t		k = 0;
-	std::vector<float> queries, dist;
+	std::vector<float> queries;
 	std::vector<int64_t> labels;
 	std::string err;
 	bool		oom = false;
+	bool		found = false;
 
-	if (mirror == nullptr)
+	for (GpuIvfpqSlot *slot : group)
+		k = Max(k, (size_t) slot->k);
+	queries.resize(nq * d);
+	for (size_t i = 0; i < nq; i++)
+		memcpy(&queries[i * d], group[i]->payload.bytes, d * sizeof(float));
+	labels.resize(nq * k);
+	if (!Engine([&] {
+			found = gpu->search(key, d, queries.data(), nq, k, first->nprobe, labels.data());
+		}, err, &oom))
+	{
+		RequestResult result = Failed(oom);
+
+		if (result != RES_SERVICE_GONE)
+			RecordError("search failed: " + err);
+		for (GpuIvfpqSlot *slot : group)
+			Answer(slot, result, err.c_str());
+		return;
+	}
+	if (!found)
 	{
 		TimestampTz now = GetCurrentTimestamp();
 		auto		claim = load_claims.find(key);
@@ -303,23 +350,6 @@ SearchGroup(const std::vector<GpuIvfpqSlot *> &group)
 			Answer(group[i], (i == 0 && !claimed) ? RES_NOT_LOADED : RES_LOADING, NULL);
 		if (!claimed)
 			load_claims[key] = now;
-		return;
-	}
-	for (GpuIvfpqSlot *slot : group)
-		k = Max(k, (size_t) slot->k);
-	queries.resize(nq * d);
-	for (size_t i = 0; i < nq; i++)
-		memcpy(&queries[i * d], group[i]->payload.bytes, d * sizeof(float));
-	dist.resize(nq * k);
-	labels.resize(nq * k);
-	if (!Engine([&] {
-			mirror->search(queries.data(), nq, k, first->nprobe, dist.data(), labels.data());
-			store->count_queries(key, nq);
-		}, err, &oom))
-	{
-		RecordError("search failed: " + err);
-		for (GpuIvfpqSlot *slot : group)
-			Answer(slot, oom ? RES_NO_MEMORY : RES_ERROR, err.c_str());
 		return;
 	}
 	CountBatch((int) nq);
@@ -366,13 +396,12 @@ Load(GpuIvfpqSlot *slot, const char *base, std::string &err)
 	uint64		head;
 	bool		oom = false;
 	bool		changed = false;
-	gpuivfpq::Mirror *mirror = nullptr;
 
 	if (!Engine([&] {
-			mirror = store->load(key, spec, (size_t) h->n, (const int32_t *) (base + l.lists),
-								 (const uint8_t *) (base + l.codes), (const int64_t *) labels);
+			gpu->load(key, spec, (size_t) h->n, (const int32_t *) (base + l.lists),
+					  (const uint8_t *) (base + l.codes), (const int64_t *) labels);
 		}, err, &oom))
-		return oom ? RES_NO_MEMORY : RES_ERROR;
+		return Failed(oom);
 
 	/* Room for the whole ring first: nothing below may throw while the lock is held. */
 	if (!Engine([&] { window.reserve(GPU_IVFPQ_LOG_SIZE); }, err, &oom))
@@ -417,7 +446,11 @@ Load(GpuIvfpqSlot *slot, const char *base, std::string &err)
 				labs.push_back(e.label);
 				codes.insert(codes.end(), e.code, e.code + h->m);
 			}
-			mirror->add(lists.size(), lists.data(), codes.data(), labs.data());
+			if (!gpu->add(key, h->m, lists.size(), lists.data(), codes.data(), labs.data()))
+			{
+				changed = true; /* evicted already: nothing to keep */
+				return;
+			}
 			/* Everything before head is in; the main loop applies later entries. */
 			mirror_from[key] = head;
 			load_claims.erase(key); /* a failed load keeps its claim: others use the CPU a while */
@@ -425,11 +458,13 @@ Load(GpuIvfpqSlot *slot, const char *base, std::string &err)
 		changed = true;
 	if (changed)
 	{
+		std::string ignored;
+
 		/* No mirror without its log position: DrainLog would never update it. */
-		(void) Engine([&] { store->drop_index(key.db, key.index); }, err);
+		(void) Engine([&] { gpu->drop_index(key.db, key.index); }, ignored);
 		if (err.empty())
 			err = "the index changed while its mirror was loading; the next scan loads it again";
-		return oom ? RES_NO_MEMORY : RES_ERROR;
+		return Failed(oom);
 	}
 	PublishStatus();			/* before the answer, so the loader sees its mirror listed */
 	return RES_OK;
@@ -447,11 +482,11 @@ Train(char *base, std::string &err)
 	params.seed = h->seed;
 	params.max_points_per_centroid = h->max_points_per_centroid;
 	if (!Engine([&] {
-			device->train((const float *) (base + l.rows), (size_t) h->n, h->d, h->lists, h->m,
-						  (gpuivfpq::Metric) h->metric, params, (float *) (base + l.centroids),
-						  (float *) (base + l.codebooks));
+			gpu->train((const float *) (base + l.rows), (size_t) h->n, h->d, h->lists, h->m,
+					   (gpuivfpq::Metric) h->metric, params, (float *) (base + l.centroids),
+					   (float *) (base + l.codebooks));
 		}, err, &oom))
-		return oom ? RES_NO_MEMORY : RES_ERROR;
+		return Failed(oom);
 	return RES_OK;
 }
 
@@ -464,44 +499,34 @@ Encode(GpuIvfpqSlot *slot, char *base, std::string &err)
 	bool		oom = false;
 
 	if (!Engine([&] {
-			device->encode(spec, (const float *) (base + l.rows), (size_t) Min(slot->n, h->n),
-						   (int32_t *) (base + l.lists), (uint8_t *) (base + l.codes));
+			gpu->encode(spec, (const float *) (base + l.rows), (size_t) Min(slot->n, h->n),
+						(int32_t *) (base + l.lists), (uint8_t *) (base + l.codes));
 		}, err, &oom))
-		return oom ? RES_NO_MEMORY : RES_ERROR;
+		return Failed(oom);
 	return RES_OK;
 }
 
 /*
- * Many queries of one backend (batch search) against a mirror, tiled so the
- * device's scratch space stays bounded; counted as one batch.
+ * Many queries of one backend (batch search) against a mirror (the GPU
+ * process tiles them so the device's scratch space stays bounded); counted
+ * as one batch.
  */
 static RequestResult
 SearchBatch(GpuIvfpqSlot *slot, char *base, std::string &err)
 {
 	MirrorKey	key = ToKey(slot->key);
-	gpuivfpq::Mirror *mirror = store->find(key);
 	const float *queries = (const float *) (base + GPU_IVFPQ_BATCH_QUERIES);
 	int64	   *labels = (int64 *) (base + GpuIvfpqBatchLabelsOffset(slot->n, slot->dim));
-	size_t		k = slot->k;
-	size_t		d = slot->dim;
-	const size_t tile = 4096;
 	bool		oom = false;
+	bool		found = false;
 
-	if (mirror == nullptr)
-		return RES_NOT_LOADED;
 	if (!Engine([&] {
-			std::vector<float> dist(tile * k);
-
-			for (size_t i = 0; i < (size_t) slot->n; i += tile)
-			{
-				size_t		nq = std::min(tile, (size_t) slot->n - i);
-
-				mirror->search(queries + i * d, nq, k, slot->nprobe, dist.data(),
-							   reinterpret_cast<int64_t *>(labels + i * k));
-			}
-			store->count_queries(key, slot->n);
+			found = gpu->search(key, slot->dim, queries, slot->n, slot->k, slot->nprobe,
+								reinterpret_cast<int64_t *>(labels));
 		}, err, &oom))
-		return oom ? RES_NO_MEMORY : RES_ERROR;
+		return Failed(oom);
+	if (!found)
+		return RES_NOT_LOADED;
 	CountBatch((int) Min(slot->n, (int64) INT_MAX));
 	return RES_OK;
 }
@@ -515,11 +540,11 @@ Exact(GpuIvfpqSlot *slot, char *base, std::string &err)
 	bool		oom = false;
 
 	if (!Engine([&] {
-			device->exact_knn((const float *) (base + l.queries), h->m, (const float *) (base + l.base),
-							  h->n, h->d, (gpuivfpq::Metric) h->metric, slot->k,
-							  (float *) (base + l.dist), (int64_t *) (base + l.labels));
+			gpu->exact_knn((const float *) (base + l.queries), h->m, (const float *) (base + l.base),
+						   h->n, h->d, (gpuivfpq::Metric) h->metric, slot->k,
+						   (float *) (base + l.dist), (int64_t *) (base + l.labels));
 		}, err, &oom))
-		return oom ? RES_NO_MEMORY : RES_ERROR;
+		return Failed(oom);
 	return RES_OK;
 }
 
@@ -574,7 +599,7 @@ ServeSegmentRequest(GpuIvfpqSlot *slot)
 			break;
 	}
 	GpuIvfpqPgCall([&] { dsm_detach(seg); });
-	if (result != RES_OK && !err.empty())
+	if (result != RES_OK && result != RES_SERVICE_GONE && !err.empty())
 		RecordError(err);
 	Answer(slot, result, err.c_str());
 }
@@ -624,10 +649,11 @@ ServeRound(int searches)
 				pg_usleep(gpu_ivfpq_batch_wait_us);
 				(void) Collect(gpu_ivfpq_batch_size - searches);
 			}
-			if (!store)
+			if (!GpuUp())
 			{
+				/* Sent before the GPU process died: the CPU engine answers them. */
 				for (int i = 0; i < ntaken; i++)
-					Answer(taken[i], RES_ERROR, "the gpu_ivfpq service has no GPU");
+					Answer(taken[i], RES_SERVICE_GONE, "the GPU process is restarting");
 				return;
 			}
 			/* After collecting: a change logged before a request was sent is applied first. */
@@ -664,45 +690,124 @@ ServiceExit(int code, Datum arg)
 		if (st == SLOT_PENDING || st == SLOT_RUNNING || st == SLOT_ABANDONED)
 			Answer(slot, RES_SERVICE_GONE, "the gpu_ivfpq service exited");
 	}
-	/* Mirrors live in this process's device memory: they go with it. */
-	store.reset();
-	device.reset();
+	/* Mirrors live in the GPU process's device memory: they go with it. */
+	gpu.reset();
 }
 
-/* Opens the compute device: the emulation if asked for, else the first GPU. */
-static ServiceState
-OpenDevice(char *desc, size_t desclen, std::string &err)
+/* While a GPU call waits: give up (and end the GPU process) when the service must stop. */
+static bool
+StopWaiting(void)
 {
-	/* Everything that can throw runs in Engine: an escaped exception would abort the process. */
-	if (gpu_ivfpq_service_emulate_gpu)
-	{
-		if (Engine([&] {
-				device = gpuivfpq::make_cpu_emulation_device();
-				snprintf(desc, desclen, "%s", device->description().c_str());
-			}, err))
-			return SERVICE_EMULATED;
-		device.reset();
-		snprintf(desc, desclen, "none (the emulation failed to start)");
-		return SERVICE_CPU_ONLY;
-	}
-#ifdef GPU_IVFPQ_WITH_CUDA
-	{
-		int			count = 0;
+	return ProcDiePending || !PostmasterIsAlive();
+}
 
-		if (Engine([&] { count = gpuivfpq::cuda_device_count(); }, err) && count > 0 &&
-			Engine([&] {
-				device = gpuivfpq::make_cuda_device(0, 0);
-				snprintf(desc, desclen, "%s", device->description().c_str());
-			}, err))
-			return SERVICE_GPU;
-		device.reset();
-		snprintf(desc, desclen, "%s", err.empty() ? "none (no CUDA device found)" : "none (CUDA error)");
-		return SERVICE_CPU_ONLY;
+/* Publishes the state, the device and the GPU process's pid. */
+static void
+PublishState(ServiceState state, const char *device)
+{
+	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+
+	SpinLockAcquire(&s->mutex);
+	s->state = state;
+	if (device != NULL)
+		strlcpy(s->device, device, sizeof(s->device));
+	s->gpu_pid = GpuUp() ? gpu->pid() : 0;
+	SpinLockRelease(&s->mutex);
+}
+
+/*
+ * Starts the GPU process (the emulation if asked for, else the first CUDA
+ * device) and gives it the memory budget. No device at all leaves the
+ * service CPU-only for good; any other failure is retried after a backoff.
+ */
+static void
+StartGpuProcess(void)
+{
+	char		program[MAXPGPATH];
+	std::string err;
+	bool		no_device = false;
+	ServiceState state;
+
+	snprintf(program, sizeof(program), "%s/%s", pkglib_path, GPU_PROCESS_PROGRAM);
+	if (!Engine([&] {
+			try
+			{
+				gpu = GpuProcess::start(program, "gpu_ivfpq: GPU process", gpu_ivfpq_service_emulate_gpu,
+										StopWaiting, GPU_START_TIMEOUT_S);
+			}
+			catch (const gpuivfpq::gpuproc::StartError &e)
+			{
+				no_device = e.no_device();
+				throw;
+			}
+			gpu->set_timeout(gpu_ivfpq_gpu_timeout_s);
+			gpu->set_budget(BudgetBytes());
+		}, err))
+	{
+		gpu.reset();
+		if (no_device)
+		{
+			gpu_expected = false;
+			ereport(LOG, (errmsg("gpu_ivfpq service: no usable GPU: %s", err.c_str())));
+			/* The process says "none (why)"; a missing program gets the same form. */
+			if (err.compare(0, 4, "none") != 0)
+				err = "none (" + err + ")";
+			PublishState(SERVICE_CPU_ONLY, err.c_str());
+			return;
+		}
+		gpu_restart_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), gpu_backoff_ms);
+		gpu_backoff_ms = Min(gpu_backoff_ms * 2, GPU_BACKOFF_MAX_MS);
+		RecordError("the GPU process failed to start: " + err);
+		PublishState(SERVICE_RESTARTING, NULL);
+		return;
 	}
-#else
-	snprintf(desc, desclen, "none (extension built without CUDA)");
-	return SERVICE_CPU_ONLY;
-#endif
+	gpu_expected = true;
+	gpu_started_at = GetCurrentTimestamp();
+	/* A new process holds no mirror: changes logged so far are in the pages. */
+	mirror_from.clear();
+	load_claims.clear();
+	LWLockAcquire(gpu_ivfpq_service->log_lock, LW_SHARED);
+	log_cursor = gpu_ivfpq_service->log_head;
+	LWLockRelease(gpu_ivfpq_service->log_lock);
+	SpinLockAcquire(&gpu_ivfpq_service->mutex);
+	gpu_ivfpq_service->evictions_base = 0;
+	SpinLockRelease(&gpu_ivfpq_service->mutex);
+	state = gpu->kind() == gpuivfpq::gpuproc::Kind::Gpu ? SERVICE_GPU : SERVICE_EMULATED;
+	PublishState(state, gpu->description().c_str());
+	ereport(LOG, (errmsg("gpu_ivfpq service: GPU process %d serving on %s",
+						 (int) gpu->pid(), gpu->description().c_str())));
+}
+
+/*
+ * After the GPU process died (noticed by a failed call or while idle):
+ * count it and its cause, forget its mirrors, and schedule the restart,
+ * sooner when it had run a while, later when it keeps dying young.
+ */
+static void
+GpuProcessLost(void)
+{
+	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+	TimestampTz now = GetCurrentTimestamp();
+	std::string cause = gpu->cause();
+
+	gpu.reset();
+	mirror_from.clear();
+	load_claims.clear();
+	if (TimestampDifferenceExceeds(gpu_started_at, now, GPU_STABLE_MS))
+		gpu_backoff_ms = GPU_BACKOFF_MIN_MS;
+	gpu_restart_at = TimestampTzPlusMilliseconds(now, gpu_backoff_ms);
+	SpinLockAcquire(&s->mutex);
+	s->gpu_restarts++;
+	strlcpy(s->last_gpu_exit, cause.c_str(), sizeof(s->last_gpu_exit));
+	s->last_gpu_exit_at = now;
+	SpinLockRelease(&s->mutex);
+	ereport(LOG,
+			(errmsg("gpu_ivfpq service: the GPU process %s", cause.c_str()),
+			 errdetail("Scans use the CPU engine until it restarts, in %d ms; mirrors reload on demand.",
+					   gpu_backoff_ms)));
+	gpu_backoff_ms = Min(gpu_backoff_ms * 2, GPU_BACKOFF_MAX_MS);
+	PublishState(SERVICE_RESTARTING, NULL);
+	PublishStatus();
 }
 
 /*
@@ -717,32 +822,18 @@ gpu_ivfpq_service_main(Datum arg)
 	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
 	sigjmp_buf	local_sigjmp_buf;
 	MemoryContext loopctx;
-	ServiceState state;
-	char		desc[128];
 	static std::string err;	/* static: survives the sigsetjmp below */
 
 	pqsignal(SIGTERM, die);
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	/* The GPU process is this process's child: its exit status tells why it died. */
+	pqsignal(SIGCHLD, SIG_DFL);
 	BackgroundWorkerUnblockSignals();
 	/* No database: this only makes the service visible in pg_stat_activity. */
 	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
 	pgstat_report_activity(STATE_IDLE, NULL);
 	before_shmem_exit(ServiceExit, (Datum) 0);
 	loopctx = AllocSetContextCreate(TopMemoryContext, "gpu_ivfpq service loop", ALLOCSET_DEFAULT_SIZES);
-
-	state = OpenDevice(desc, sizeof(desc), err);
-	if (!err.empty())
-		ereport(LOG, (errmsg("gpu_ivfpq service: no usable GPU: %s", err.c_str())));
-	if (device && !Engine([&] {
-			store = std::make_unique<gpuivfpq::MirrorStore>(*device);
-			store->set_budget(BudgetBytes());
-		}, err))
-	{
-		ereport(LOG, (errmsg("gpu_ivfpq service: the mirror store failed to start: %s", err.c_str())));
-		store.reset();
-		device.reset();
-		state = SERVICE_CPU_ONLY;
-	}
 
 	/* Requests left by an earlier incarnation get an answer now. */
 	for (int i = 0; i < s->nslots; i++)
@@ -761,10 +852,11 @@ gpu_ivfpq_service_main(Datum arg)
 	s->latch = MyLatch;
 	s->starts++;
 	s->started_at = GetCurrentTimestamp();
-	s->state = state;
-	strlcpy(s->device, desc, sizeof(s->device));
-	strlcpy(s->last_error, err.c_str(), sizeof(s->last_error));
+	s->state = SERVICE_STARTING;
+	s->last_error[0] = '\0';
 	SpinLockRelease(&s->mutex);
+	gpu_backoff_ms = GPU_BACKOFF_MIN_MS;
+	StartGpuProcess();
 	PublishStatus();
 
 	taken = (GpuIvfpqSlot **) MemoryContextAlloc(TopMemoryContext, sizeof(GpuIvfpqSlot *) * s->nslots);
@@ -806,22 +898,32 @@ gpu_ivfpq_service_main(Datum arg)
 		{
 			ConfigReloadPending = false;
 			ProcessConfigFile(PGC_SIGHUP);
-			if (store)
+			if (GpuUp())
 				(void) Engine([&] {
-					store->set_budget(BudgetBytes());
-					store->enforce_budget();
+					gpu->set_timeout(gpu_ivfpq_gpu_timeout_s);
+					gpu->set_budget(BudgetBytes());
+					gpu->enforce_budget();
 				}, err);
 		}
+		/* Supervision: notice a death while idle; restart when the backoff is over. */
+		if (gpu && (gpu->check_exit() || !gpu->alive()))
+			GpuProcessLost();
+		if (!gpu && gpu_expected && GetCurrentTimestamp() >= gpu_restart_at)
+			StartGpuProcess();
 		ResetLatch(MyLatch);
 		ntaken = 0;
 		searches = Collect(gpu_ivfpq_batch_size);
 		if (ntaken == 0)
 		{
+			long		timeout = 1000L;
+
 			(void) Engine([&] {
 				DrainLog();
 				PublishStatus();
 			}, err);
-			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, 1000L,
+			if (!gpu && gpu_expected)
+				timeout = Max(10L, Min(timeout, (long) ((gpu_restart_at - GetCurrentTimestamp()) / 1000)));
+			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, timeout,
 							 PG_WAIT_EXTENSION);
 			continue;
 		}

@@ -66,6 +66,10 @@ public:
     // Encodes n vectors with the model of spec: list_ids[i], codes[i*m..].
     virtual void encode(const MirrorSpec& spec, const float* x, size_t n, int32_t* list_ids,
                         uint8_t* codes) = 0;
+    // Whether the device still works after a failed call: false after a
+    // sticky error (a CUDA context that every later call would fail on),
+    // after which its process must exit and a new one open the device.
+    virtual bool healthy() { return true; }
 };
 
 // The CPU emulation (single-threaded, the CPU engine's own ADC and k-selection).

@@ -110,6 +110,21 @@ public:
         }
         encoder_->encode(x, n, list_ids, codes);
     }
+    bool healthy() override
+    {
+        // A plain error is reported once; a sticky one by every later call.
+        try {
+            ctx_.synchronize();
+        } catch (const Error&) {
+        }
+        try {
+            ctx_.synchronize();
+            return true;
+        } catch (const Error&) {
+            return false;
+        }
+    }
+
 private:
     GpuContext ctx_;
     int device_;

@@ -1,0 +1,500 @@
+// Starting, calling and supervising the GPU process (see the header).
+#include "service/device/gpu_process_client.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "engine/error.h"
+
+extern char** environ;
+
+namespace gpuivfpq {
+namespace gpuproc {
+namespace {
+
+// The exchange keeps at least this much mapped, and gives back memory
+// above it at the next call that needs less.
+constexpr uint64_t kExchangeKeep = 64ull << 20;
+constexpr uint64_t kExchangeStep = 1ull << 20;
+
+uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
+
+std::string describe_exit(int status)
+{
+    if (WIFEXITED(status)) {
+        switch (WEXITSTATUS(status)) {
+        case kExitNoDevice:
+            return "exited: no usable device";
+        case kExitDeviceFailed:
+            return "exited: its device failed";
+        default:
+            return "exited with code " + std::to_string(WEXITSTATUS(status));
+        }
+    }
+    if (WIFSIGNALED(status)) {
+        int sig = WTERMSIG(status);
+        const char* name = strsignal(sig);
+        return "was killed by signal " + std::to_string(sig) + " (" + (name ? name : "?") + ")";
+    }
+    return "ended (status " + std::to_string(status) + ")";
+}
+
+ErrorKind kind_of(Status s)
+{
+    switch (s) {
+    case Status::InvalidArgument:
+        return ErrorKind::InvalidArgument;
+    case Status::OutOfMemory:
+        return ErrorKind::OutOfMemory;
+    case Status::Unsupported:
+        return ErrorKind::Unsupported;
+    default:
+        return ErrorKind::Internal;
+    }
+}
+
+// Throws the device's error a reply carries (Ok and NotFound pass).
+void raise_for(const Reply& rep)
+{
+    if (rep.status != Status::Ok && rep.status != Status::NotFound)
+        throw Error(kind_of(rep.status), rep.message);
+}
+
+// A descriptor above the ones the process expects, close-on-exec.
+int lift(int fd)
+{
+    int high = fcntl(fd, F_DUPFD_CLOEXEC, 10);
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return high;
+}
+
+}  // namespace
+
+struct GpuProcess::Layout {
+    uint64_t total = 0;
+    Region take(uint64_t bytes)
+    {
+        Region r;
+        r.offset = total;
+        r.bytes = bytes;
+        total += round_up(bytes, kAlign);
+        return r;
+    }
+};
+
+GpuProcess::GpuProcess(int sock, int exchange_fd, pid_t pid, StopCheck stop)
+    : sock_(sock), exchange_fd_(exchange_fd), pid_(pid), stop_(stop)
+{
+}
+
+GpuProcess::GpuProcess(int sock, int exchange_fd, StopCheck stop) : GpuProcess(sock, exchange_fd, 0, stop)
+{
+    read_announcement(30);
+}
+
+std::unique_ptr<GpuProcess> GpuProcess::start(const std::string& program, const std::string& title,
+                                              bool emulate, StopCheck stop, double start_timeout_s)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+        throw StartError(false, std::string("socketpair: ") + std::strerror(errno));
+    int mine = lift(sv[0]), theirs = lift(sv[1]);
+    int mfd = memfd_create("gpu_ivfpq exchange", MFD_CLOEXEC);
+    if (mfd >= 0)
+        mfd = lift(mfd);
+    if (mine < 0 || theirs < 0 || mfd < 0) {
+        std::string err = std::strerror(errno);
+        for (int fd : {mine, theirs, mfd})
+            if (fd >= 0)
+                close(fd);
+        throw StartError(false, "cannot create the GPU process's channel: " + err);
+    }
+
+    // The process gets the channel on fds 3 and 4, default signal handling,
+    // no blocked signals, and a session of its own: the postmaster signals
+    // its children's process groups (a reload's SIGHUP would kill it).
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t attr;
+    sigset_t none, all;
+    sigemptyset(&none);
+    sigfillset(&all);
+    sigdelset(&all, SIGKILL);
+    sigdelset(&all, SIGSTOP);
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, theirs, kSocketFd);
+    posix_spawn_file_actions_adddup2(&fa, mfd, kExchangeFd);
+    posix_spawnattr_init(&attr);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSID);
+    posix_spawnattr_setsigmask(&attr, &none);
+    posix_spawnattr_setsigdefault(&attr, &all);
+    std::string parent = std::to_string(getpid());
+    const char* argv[] = {title.c_str(), emulate ? "--emulate" : "--cuda", "--parent", parent.c_str(), nullptr};
+    pid_t pid = 0;
+    int rc = posix_spawn(&pid, program.c_str(), &fa, &attr, const_cast<char* const*>(argv), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&attr);
+    close(theirs);
+    if (rc != 0) {
+        close(mine);
+        close(mfd);
+        // A missing program is an installation without the GPU process: no device.
+        throw StartError(rc == ENOENT, "cannot start the GPU process " + program + ": " + std::strerror(rc));
+    }
+    std::unique_ptr<GpuProcess> p(new GpuProcess(mine, mfd, pid, stop));
+    p->read_announcement(start_timeout_s);
+    return p;
+}
+
+GpuProcess::~GpuProcess()
+{
+    if (sock_ >= 0)
+        close(sock_);  // the process sees the channel close and exits
+    if (pid_ > 0)
+        (void)reap(false);
+    if (base_ != nullptr)
+        munmap(base_, size_);
+    if (exchange_fd_ >= 0)
+        close(exchange_fd_);
+}
+
+void GpuProcess::read_announcement(double timeout_s)
+{
+    Reply rep;
+    try {
+        (void)wait_reply(rep, 0, timeout_s);
+    } catch (const Error& e) {
+        throw StartError(false, e.what());
+    }
+    if (rep.status != Status::Ok) {
+        alive_ = false;
+        std::string why = rep.message;
+        cause_ = why + (pid_ > 0 ? " (the process " + reap(false) + ")" : "");
+        throw StartError(rep.status == Status::Unsupported, why);
+    }
+    capacity_ = rep.value[0];
+    kind_ = static_cast<Kind>(rep.value[1]);
+    description_ = rep.message;
+}
+
+std::string GpuProcess::reap(bool kill_it)
+{
+    if (pid_ <= 0)
+        return "closed its channel";
+    if (kill_it)
+        (void)::kill(pid_, SIGKILL);
+    // Give it a moment to exit on its own (it reports, then exits).
+    for (int i = 0; i < 500; i++) {
+        int st = 0;
+        pid_t r = waitpid(pid_, &st, WNOHANG);
+        if (r > 0 || (r < 0 && errno == ECHILD)) {
+            pid_ = 0;
+            return r > 0 ? describe_exit(st) : "ended";
+        }
+        if (i == 200 && !kill_it) {
+            (void)::kill(pid_, SIGKILL);
+            kill_it = true;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    pid_ = 0;  // unkillable (stuck in the driver): forget it
+    return "did not exit after SIGKILL";
+}
+
+[[noreturn]] void GpuProcess::lost(const std::string& what, bool kill_it)
+{
+    alive_ = false;
+    std::string how = reap(kill_it);
+    cause_ = what.empty() ? how : what + (kill_it ? " and was killed" : " (" + how + ")");
+    throw Error(ErrorKind::Internal, "the GPU process " + cause_);
+}
+
+bool GpuProcess::check_exit()
+{
+    if (!alive_)
+        return true;
+    if (pid_ <= 0)
+        return false;
+    int st = 0;
+    pid_t r = waitpid(pid_, &st, WNOHANG);
+    if (r == 0)
+        return false;
+    alive_ = false;
+    pid_ = 0;
+    cause_ = r > 0 ? describe_exit(st) : "ended";
+    return true;
+}
+
+bool GpuProcess::wait_reply(Reply& rep, uint64_t seq, double timeout_s)
+{
+    auto start = std::chrono::steady_clock::now();
+    for (;;) {
+        struct pollfd p = {sock_, POLLIN, 0};
+        int r = ::poll(&p, 1, 100);
+        if (r < 0 && errno != EINTR)
+            lost("channel failed: " + std::string(std::strerror(errno)), true);
+        if (r > 0) {
+            ssize_t n = ::recv(sock_, &rep, sizeof(rep), 0);
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n == 0 || (n < 0 && errno == ECONNRESET))
+                lost("", false);  // it died: its exit status is the cause
+            if (n != (ssize_t)sizeof(rep) || rep.seq != seq)
+                lost("sent a malformed reply", true);
+            return true;
+        }
+        if (stop_ != nullptr && stop_())
+            lost("was stopped with the service", true);
+        double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (timeout_s > 0 && waited > timeout_s)
+            lost("did not answer within " + std::to_string((int)timeout_s) + " s", true);
+    }
+}
+
+Reply GpuProcess::call(Request& q)
+{
+    if (!alive_)
+        throw Error(ErrorKind::Internal, "the GPU process " + cause_);
+    q.seq = ++seq_;
+    q.exchange_bytes = size_;
+    ssize_t w;
+    do
+        w = ::send(sock_, &q, sizeof(q), MSG_NOSIGNAL);
+    while (w < 0 && errno == EINTR);
+    if (w != (ssize_t)sizeof(q))
+        lost("", false);
+    Reply rep;
+    (void)wait_reply(rep, q.seq, timeout_s_);
+    if (rep.status == Status::DeviceFailed)
+        lost(std::string("reported that its device failed: ") + rep.message, false);
+    return rep;
+}
+
+char* GpuProcess::exchange(const Layout& layout)
+{
+    uint64_t want = std::max(round_up(std::max<uint64_t>(layout.total, 1), kExchangeStep), kExchangeStep);
+    // Grow to fit; give back what a large call took once calls are small again.
+    if (want > size_ || (size_ > kExchangeKeep && want < size_)) {
+        uint64_t target = want > size_ ? want : std::max(want, kExchangeKeep);
+        if (ftruncate(exchange_fd_, (off_t)target) != 0)
+            throw Error(ErrorKind::OutOfMemory, std::string("cannot size the GPU exchange: ") + std::strerror(errno));
+        if (base_ != nullptr)
+            munmap(base_, size_);
+        base_ = nullptr;
+        size_ = 0;
+        void* p = mmap(nullptr, target, PROT_READ | PROT_WRITE, MAP_SHARED, exchange_fd_, 0);
+        if (p == MAP_FAILED)
+            throw Error(ErrorKind::OutOfMemory, std::string("cannot map the GPU exchange: ") + std::strerror(errno));
+        base_ = static_cast<char*>(p);
+        size_ = target;
+    }
+    return base_;
+}
+
+void GpuProcess::set_budget(size_t bytes)
+{
+    Request q;
+    q.op = Op::SetBudget;
+    q.budget = bytes;
+    raise_for(call(q));
+}
+
+void GpuProcess::enforce_budget()
+{
+    Request q;
+    q.op = Op::EnforceBudget;
+    raise_for(call(q));
+}
+
+StoreStatus GpuProcess::status()
+{
+    Request q;
+    Layout l;
+    q.op = Op::Status;
+    q.region[0] = l.take(kMaxStatusMirrors * sizeof(MirrorInfo));
+    char* x = exchange(l);
+    Reply rep = call(q);
+    raise_for(rep);
+    StoreStatus s;
+    const MirrorInfo* infos = reinterpret_cast<const MirrorInfo*>(x + q.region[0].offset);
+    s.mirrors.assign(infos, infos + std::min<uint64_t>(rep.value[0], kMaxStatusMirrors));
+    s.bytes = rep.value[1];
+    s.budget = rep.value[2];
+    s.evictions = rep.value[3];
+    return s;
+}
+
+void GpuProcess::load(const MirrorKey& key, const MirrorSpec& spec, size_t n, const int32_t* list_ids,
+                      const uint8_t* codes, const int64_t* labels)
+{
+    Request q;
+    Layout l;
+    q.op = Op::Load;
+    q.key = key;
+    q.d = spec.d;
+    q.lists = spec.lists;
+    q.m = spec.m;
+    q.metric = static_cast<uint64_t>(spec.metric);
+    q.n = n;
+    q.region[0] = l.take(centroid_bytes(spec.d, spec.lists));
+    q.region[1] = l.take(codebook_bytes(spec.d));
+    q.region[2] = l.take(n * sizeof(int32_t));
+    q.region[3] = l.take(n * spec.m);
+    q.region[4] = l.take(n * sizeof(int64_t));
+    char* x = exchange(l);
+    std::memcpy(x + q.region[0].offset, spec.centroids, q.region[0].bytes);
+    std::memcpy(x + q.region[1].offset, spec.codebooks, q.region[1].bytes);
+    std::memcpy(x + q.region[2].offset, list_ids, q.region[2].bytes);
+    std::memcpy(x + q.region[3].offset, codes, q.region[3].bytes);
+    std::memcpy(x + q.region[4].offset, labels, q.region[4].bytes);
+    raise_for(call(q));
+}
+
+bool GpuProcess::add(const MirrorKey& key, size_t m, size_t n, const int32_t* list_ids, const uint8_t* codes,
+                     const int64_t* labels)
+{
+    Request q;
+    Layout l;
+    q.op = Op::Add;
+    q.key = key;
+    q.m = m;
+    q.n = n;
+    q.region[2] = l.take(n * sizeof(int32_t));
+    q.region[3] = l.take(n * m);
+    q.region[4] = l.take(n * sizeof(int64_t));
+    char* x = exchange(l);
+    std::memcpy(x + q.region[2].offset, list_ids, q.region[2].bytes);
+    std::memcpy(x + q.region[3].offset, codes, q.region[3].bytes);
+    std::memcpy(x + q.region[4].offset, labels, q.region[4].bytes);
+    Reply rep = call(q);
+    raise_for(rep);
+    return rep.status == Status::Ok;
+}
+
+bool GpuProcess::search(const MirrorKey& key, size_t d, const float* queries, size_t nq, size_t k,
+                        size_t nprobe, int64_t* labels)
+{
+    Request q;
+    Layout l;
+    q.op = Op::Search;
+    q.key = key;
+    q.d = d;
+    q.n = nq;
+    q.k = k;
+    q.nprobe = nprobe;
+    q.region[0] = l.take(nq * d * sizeof(float));
+    q.region[1] = l.take(nq * k * sizeof(int64_t));
+    char* x = exchange(l);
+    std::memcpy(x + q.region[0].offset, queries, q.region[0].bytes);
+    Reply rep = call(q);
+    raise_for(rep);
+    if (rep.status != Status::Ok)
+        return false;
+    std::memcpy(labels, x + q.region[1].offset, q.region[1].bytes);
+    return true;
+}
+
+size_t GpuProcess::drop_index(uint32_t db, uint32_t index)
+{
+    Request q;
+    q.op = Op::DropIndex;
+    q.key.db = db;
+    q.key.index = index;
+    Reply rep = call(q);
+    raise_for(rep);
+    return rep.value[0];
+}
+
+void GpuProcess::drop_all()
+{
+    Request q;
+    q.op = Op::DropAll;
+    raise_for(call(q));
+}
+
+void GpuProcess::train(const float* x_in, size_t n, size_t d, size_t lists, size_t m, Metric metric,
+                       const IvfPqTrainParams& params, float* centroids, float* codebooks)
+{
+    Request q;
+    Layout l;
+    q.op = Op::Train;
+    q.d = d;
+    q.lists = lists;
+    q.m = m;
+    q.metric = static_cast<uint64_t>(metric);
+    q.n = n;
+    q.iterations = params.iterations;
+    q.seed = params.seed;
+    q.max_points_per_centroid = params.max_points_per_centroid;
+    q.region[0] = l.take(n * d * sizeof(float));
+    q.region[1] = l.take(centroid_bytes(d, lists));
+    q.region[2] = l.take(codebook_bytes(d));
+    char* x = exchange(l);
+    std::memcpy(x + q.region[0].offset, x_in, q.region[0].bytes);
+    raise_for(call(q));
+    std::memcpy(centroids, x + q.region[1].offset, q.region[1].bytes);
+    std::memcpy(codebooks, x + q.region[2].offset, q.region[2].bytes);
+}
+
+void GpuProcess::encode(const MirrorSpec& spec, const float* rows, size_t n, int32_t* list_ids, uint8_t* codes)
+{
+    Request q;
+    Layout l;
+    q.op = Op::Encode;
+    q.d = spec.d;
+    q.lists = spec.lists;
+    q.m = spec.m;
+    q.metric = static_cast<uint64_t>(spec.metric);
+    q.n = n;
+    q.region[0] = l.take(centroid_bytes(spec.d, spec.lists));
+    q.region[1] = l.take(codebook_bytes(spec.d));
+    q.region[2] = l.take(n * spec.d * sizeof(float));
+    q.region[3] = l.take(n * sizeof(int32_t));
+    q.region[4] = l.take(n * spec.m);
+    char* x = exchange(l);
+    std::memcpy(x + q.region[0].offset, spec.centroids, q.region[0].bytes);
+    std::memcpy(x + q.region[1].offset, spec.codebooks, q.region[1].bytes);
+    std::memcpy(x + q.region[2].offset, rows, q.region[2].bytes);
+    raise_for(call(q));
+    std::memcpy(list_ids, x + q.region[3].offset, q.region[3].bytes);
+    std::memcpy(codes, x + q.region[4].offset, q.region[4].bytes);
+}
+
+void GpuProcess::exact_knn(const float* queries, size_t nq, const float* base, size_t n, size_t d,
+                           Metric metric, size_t k, float* dist, int64_t* labels)
+{
+    Request q;
+    Layout l;
+    q.op = Op::Exact;
+    q.d = d;
+    q.metric = static_cast<uint64_t>(metric);
+    q.nq = nq;
+    q.n = n;
+    q.k = k;
+    q.region[0] = l.take(nq * d * sizeof(float));
+    q.region[1] = l.take(n * d * sizeof(float));
+    q.region[2] = l.take(nq * k * sizeof(float));
+    q.region[3] = l.take(nq * k * sizeof(int64_t));
+    char* x = exchange(l);
+    std::memcpy(x + q.region[0].offset, queries, q.region[0].bytes);
+    std::memcpy(x + q.region[1].offset, base, q.region[1].bytes);
+    raise_for(call(q));
+    std::memcpy(dist, x + q.region[2].offset, q.region[2].bytes);
+    std::memcpy(labels, x + q.region[3].offset, q.region[3].bytes);
+}
+
+}  // namespace gpuproc
+}  // namespace gpuivfpq

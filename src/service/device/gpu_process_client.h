@@ -1,0 +1,112 @@
+// The service's side of the channel to the GPU process: starts the
+// process, calls it, and notices its death. Every call either returns the
+// device's answer, throws the device's Error (the process lives on), or
+// finds the process gone: then alive() turns false, cause() says why, and
+// the call throws Error(Internal). PostgreSQL-free: the service passes a
+// stop check, called while a call waits, that abandons the wait (and the
+// process) when the service must stop.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/error.h"
+#include "service/device/gpu_process_protocol.h"
+
+namespace gpuivfpq {
+namespace gpuproc {
+
+struct StoreStatus {
+    std::vector<MirrorInfo> mirrors;
+    size_t bytes = 0, budget = 0, evictions = 0;
+};
+
+// Why a start failed: no device at all (do not retry) or a failure (retry later).
+class StartError : public Error {
+public:
+    StartError(bool no_device, const std::string& msg)
+        : Error(ErrorKind::Internal, msg), no_device_(no_device)
+    {
+    }
+    bool no_device() const { return no_device_; }
+
+private:
+    bool no_device_;
+};
+
+class GpuProcess {
+public:
+    using StopCheck = bool (*)();
+
+    // Starts program (argv[0] shown as title) with --emulate or --cuda and
+    // waits for its announcement. Throws StartError.
+    static std::unique_ptr<GpuProcess> start(const std::string& program, const std::string& title,
+                                             bool emulate, StopCheck stop, double start_timeout_s);
+    // Over an existing channel whose server runs elsewhere (a thread in the
+    // unit tests): no process to reap or kill. Reads the announcement.
+    GpuProcess(int sock, int exchange_fd, StopCheck stop);
+    ~GpuProcess();  // closes the channel, then kills and reaps the process
+    GpuProcess(const GpuProcess&) = delete;
+    GpuProcess& operator=(const GpuProcess&) = delete;
+
+    bool alive() const { return alive_; }
+    const std::string& cause() const { return cause_; }
+    pid_t pid() const { return pid_; }
+    const std::string& description() const { return description_; }
+    size_t capacity() const { return capacity_; }
+    Kind kind() const { return kind_; }
+    // A call that has not been answered after this long kills the process (0: never).
+    void set_timeout(double seconds) { timeout_s_ = seconds; }
+    // Without blocking: has the process died while idle? (Reaps it.)
+    bool check_exit();
+
+    void set_budget(size_t bytes);
+    void enforce_budget();
+    StoreStatus status();
+    void load(const MirrorKey& key, const MirrorSpec& spec, size_t n, const int32_t* list_ids,
+              const uint8_t* codes, const int64_t* labels);
+    // false when the process holds no mirror of key.
+    bool add(const MirrorKey& key, size_t m, size_t n, const int32_t* list_ids, const uint8_t* codes,
+             const int64_t* labels);
+    bool search(const MirrorKey& key, size_t d, const float* queries, size_t nq, size_t k,
+                size_t nprobe, int64_t* labels);
+    size_t drop_index(uint32_t db, uint32_t index);
+    void drop_all();
+    void train(const float* x, size_t n, size_t d, size_t lists, size_t m, Metric metric,
+               const IvfPqTrainParams& params, float* centroids, float* codebooks);
+    void encode(const MirrorSpec& spec, const float* x, size_t n, int32_t* list_ids, uint8_t* codes);
+    void exact_knn(const float* queries, size_t nq, const float* base, size_t n, size_t d,
+                   Metric metric, size_t k, float* dist, int64_t* labels);
+
+private:
+    GpuProcess(int sock, int exchange_fd, pid_t pid, StopCheck stop);
+    struct Layout;
+    void read_announcement(double timeout_s);
+    bool wait_reply(Reply& rep, uint64_t seq, double timeout_s);
+    Reply call(Request& q);
+    char* exchange(const Layout& layout);
+    void trim_exchange();
+    [[noreturn]] void lost(const std::string& what, bool kill_it);
+    std::string reap(bool kill_it);
+
+    int sock_ = -1, exchange_fd_ = -1;
+    pid_t pid_ = 0;
+    StopCheck stop_ = nullptr;
+    bool alive_ = true;
+    std::string cause_;
+    std::string description_;
+    size_t capacity_ = 0;
+    Kind kind_ = Kind::Emulated;
+    double timeout_s_ = 0;
+    uint64_t seq_ = 0;
+    char* base_ = nullptr;
+    uint64_t size_ = 0;
+};
+
+}  // namespace gpuproc
+}  // namespace gpuivfpq

@@ -1,0 +1,86 @@
+// The wire format between the GPU service (a PostgreSQL background worker)
+// and the GPU process it starts: the process that owns the compute device,
+// so that a fault in CUDA code or the driver kills only that process, never
+// a process attached to PostgreSQL's shared memory.
+//
+// Two channels, nothing else shared: a SOCK_SEQPACKET socket pair carries
+// one fixed-size Request and one Reply per call, and an exchange segment (a
+// memfd both map) carries the arrays a call names in its regions. The
+// service owns the exchange and grows or shrinks it; a request states its
+// current size, and the process remaps before it reads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "service/device/mirror_store.h"
+
+namespace gpuivfpq {
+namespace gpuproc {
+
+constexpr uint32_t kMagic = 0x47495650;  // "GIVP"
+constexpr int kRegions = 6;
+constexpr size_t kAlign = 64;
+constexpr size_t kMaxStatusMirrors = 64;  // mirrors a Status reply lists
+// File descriptors the process finds its channels on (set up at spawn).
+constexpr int kSocketFd = 3;
+constexpr int kExchangeFd = 4;
+// Exit codes with a meaning for the supervisor.
+constexpr int kExitNoDevice = 2;      // no usable device: do not restart
+constexpr int kExitDeviceFailed = 3;  // the device is unusable now (a sticky CUDA error)
+
+enum class Op : uint32_t {
+    Hello = 1,      // -> value[0] memory capacity, value[1] Kind; message: description
+    SetBudget,      // budget
+    EnforceBudget,  //
+    Status,         // r0 out: MirrorInfo[kMaxStatusMirrors]; value: count, bytes, budget, evictions
+    Load,           // key, d, lists, m, metric, n; r0 centroids, r1 codebooks, r2 list ids, r3 codes, r4 labels
+    Add,            // key, m, n; r2 list ids, r3 codes, r4 labels -> NotFound without the mirror
+    Search,         // key, d, n queries, k, nprobe; r0 queries, r1 labels out -> NotFound without the mirror
+    DropIndex,      // key.db, key.index -> value[0] mirrors dropped
+    DropAll,        //
+    Train,          // d, lists, m, metric, n, iterations, seed, max_points; r0 rows, r1 centroids out, r2 codebooks out
+    Encode,         // d, lists, m, metric, n; r0 centroids, r1 codebooks, r2 rows, r3 list ids out, r4 codes out
+    Exact,          // d, metric, nq, n, k; r0 queries, r1 base, r2 dist out, r3 labels out
+};
+
+enum class Kind : uint64_t { Gpu = 1, Emulated = 2 };
+
+enum class Status : int32_t {
+    Ok = 0,
+    NotFound,         // no mirror of that key
+    InvalidArgument,  // ErrorKind::InvalidArgument
+    OutOfMemory,
+    Unsupported,
+    Internal,
+    DeviceFailed,  // the device is unusable; the process exits after this reply
+};
+
+struct Region {
+    uint64_t offset = 0, bytes = 0;
+};
+
+struct Request {
+    uint32_t magic = kMagic;
+    Op op = Op::Hello;
+    uint64_t seq = 0;
+    uint64_t exchange_bytes = 0;  // the exchange's size now
+    MirrorKey key;
+    uint64_t d = 0, lists = 0, m = 0, metric = 0, n = 0, nq = 0, k = 0, nprobe = 0;
+    uint64_t iterations = 0, seed = 0, max_points_per_centroid = 0, budget = 0;
+    Region region[kRegions];
+};
+
+struct Reply {
+    uint64_t seq = 0;
+    Status status = Status::Ok;
+    uint64_t value[4] = {0, 0, 0, 0};
+    char message[256] = {0};
+};
+
+// Bytes of the arrays of a Load/Encode model (centroids, codebooks).
+inline uint64_t centroid_bytes(uint64_t d, uint64_t lists) { return d * lists * sizeof(float); }
+inline uint64_t codebook_bytes(uint64_t d) { return kPqCentroids * d * sizeof(float); }
+
+}  // namespace gpuproc
+}  // namespace gpuivfpq

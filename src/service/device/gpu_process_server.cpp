@@ -1,0 +1,273 @@
+// The request loop of the GPU process: maps the exchange segment at the
+// size each request states, checks every region against it and against
+// the sizes the request's arguments imply, and answers every request with
+// a status (device errors never end the loop, except an unusable device).
+#include "service/device/gpu_process_server.h"
+
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "engine/error.h"
+
+namespace gpuivfpq {
+namespace gpuproc {
+namespace {
+
+bool send_reply(int sock, const Reply& rep)
+{
+    ssize_t w;
+    do
+        w = ::send(sock, &rep, sizeof(rep), MSG_NOSIGNAL);
+    while (w < 0 && errno == EINTR);
+    return w == (ssize_t)sizeof(rep);
+}
+
+void set_message(Reply& rep, const char* msg)
+{
+    std::snprintf(rep.message, sizeof(rep.message), "%s", msg);
+}
+
+uint64_t mul(uint64_t a, uint64_t b)
+{
+    if (a != 0 && b > UINT64_MAX / a)
+        throw Error(ErrorKind::InvalidArgument, "GPU process: a request's array size overflows");
+    return a * b;
+}
+
+// The service's exchange segment, mapped at the size the last request stated.
+class Exchange {
+public:
+    explicit Exchange(int fd) : fd_(fd) {}
+    ~Exchange() { unmap(); }
+
+    void map(uint64_t bytes)
+    {
+        if (bytes == size_)
+            return;
+        unmap();
+        if (bytes == 0)
+            return;
+        struct stat st;
+        if (fstat(fd_, &st) != 0 || (uint64_t)st.st_size < bytes)
+            throw Error(ErrorKind::Internal, "GPU process: the exchange segment is smaller than stated");
+        void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+        if (p == MAP_FAILED)
+            throw Error(ErrorKind::OutOfMemory, std::string("GPU process: cannot map the exchange segment: ") +
+                                                    std::strerror(errno));
+        base_ = static_cast<char*>(p);
+        size_ = bytes;
+    }
+
+    // The region as count elements of T, after checking it lies inside.
+    template <typename T>
+    T* at(const Region& r, uint64_t count) const
+    {
+        uint64_t need = mul(count, sizeof(T));
+        if (r.bytes < need || r.offset > size_ || r.bytes > size_ - r.offset || r.offset % alignof(T) != 0)
+            throw Error(ErrorKind::InvalidArgument, "GPU process: a request's region lies outside the exchange");
+        return reinterpret_cast<T*>(base_ + r.offset);
+    }
+
+private:
+    void unmap()
+    {
+        if (base_ != nullptr)
+            munmap(base_, size_);
+        base_ = nullptr;
+        size_ = 0;
+    }
+    int fd_;
+    char* base_ = nullptr;
+    uint64_t size_ = 0;
+};
+
+MirrorSpec spec_of(const Request& q, const Exchange& x)
+{
+    MirrorSpec s;
+    s.d = q.d;
+    s.lists = q.lists;
+    s.m = q.m;
+    s.metric = static_cast<Metric>(q.metric);
+    s.centroids = x.at<float>(q.region[0], mul(q.d, q.lists));
+    s.codebooks = x.at<float>(q.region[1], mul(kPqCentroids, q.d));
+    return s;
+}
+
+// Runs one request; throws Error for device errors.
+void handle(const Request& q, Reply& rep, ComputeDevice& dev, MirrorStore& store, const Exchange& x)
+{
+    switch (q.op) {
+    case Op::Hello:
+        rep.value[0] = dev.memory_capacity();
+        set_message(rep, dev.description().c_str());
+        return;
+    case Op::SetBudget:
+        store.set_budget(q.budget);
+        return;
+    case Op::EnforceBudget:
+        store.enforce_budget();
+        return;
+    case Op::Status: {
+        std::vector<MirrorInfo> list = store.list();
+        size_t n = std::min(list.size(), kMaxStatusMirrors);
+        MirrorInfo* out = x.at<MirrorInfo>(q.region[0], n);
+        std::copy(list.begin(), list.begin() + n, out);
+        rep.value[0] = n;
+        rep.value[1] = store.bytes();
+        rep.value[2] = store.budget();
+        rep.value[3] = store.evictions();
+        return;
+    }
+    case Op::Load: {
+        MirrorSpec s = spec_of(q, x);
+        store.load(q.key, s, q.n, x.at<int32_t>(q.region[2], q.n), x.at<uint8_t>(q.region[3], mul(q.n, q.m)),
+                   x.at<int64_t>(q.region[4], q.n));
+        return;
+    }
+    case Op::Add: {
+        Mirror* mirror = store.find(q.key);
+        if (mirror == nullptr) {
+            rep.status = Status::NotFound;
+            return;
+        }
+        mirror->add(q.n, x.at<int32_t>(q.region[2], q.n), x.at<uint8_t>(q.region[3], mul(q.n, q.m)),
+                    x.at<int64_t>(q.region[4], q.n));
+        return;
+    }
+    case Op::Search: {
+        Mirror* mirror = store.find(q.key);
+        if (mirror == nullptr) {
+            rep.status = Status::NotFound;
+            return;
+        }
+        const float* queries = x.at<float>(q.region[0], mul(q.n, q.d));
+        int64_t* labels = x.at<int64_t>(q.region[1], mul(q.n, q.k));
+        // Tiles keep the device's scratch space bounded for batch searches.
+        const uint64_t tile = 4096;
+        std::vector<float> dist(mul(std::min(tile, q.n), q.k));
+        for (uint64_t i = 0; i < q.n; i += tile) {
+            uint64_t nq = std::min(tile, q.n - i);
+            mirror->search(queries + i * q.d, nq, q.k, q.nprobe, dist.data(), labels + i * q.k);
+        }
+        store.count_queries(q.key, q.n);
+        return;
+    }
+    case Op::DropIndex:
+        rep.value[0] = store.drop_index(q.key.db, q.key.index);
+        return;
+    case Op::DropAll:
+        store.drop_all();
+        return;
+    case Op::Train: {
+        IvfPqTrainParams params;
+        params.iterations = (int)q.iterations;
+        params.seed = q.seed;
+        params.max_points_per_centroid = (int)q.max_points_per_centroid;
+        dev.train(x.at<float>(q.region[0], mul(q.n, q.d)), q.n, q.d, q.lists, q.m, static_cast<Metric>(q.metric),
+                  params, x.at<float>(q.region[1], mul(q.d, q.lists)),
+                  x.at<float>(q.region[2], mul(kPqCentroids, q.d)));
+        return;
+    }
+    case Op::Encode: {
+        MirrorSpec s = spec_of(q, x);
+        dev.encode(s, x.at<float>(q.region[2], mul(q.n, q.d)), q.n, x.at<int32_t>(q.region[3], q.n),
+                   x.at<uint8_t>(q.region[4], mul(q.n, q.m)));
+        return;
+    }
+    case Op::Exact:
+        dev.exact_knn(x.at<float>(q.region[0], mul(q.nq, q.d)), q.nq, x.at<float>(q.region[1], mul(q.n, q.d)),
+                      q.n, q.d, static_cast<Metric>(q.metric), q.k, x.at<float>(q.region[2], mul(q.nq, q.k)),
+                      x.at<int64_t>(q.region[3], mul(q.nq, q.k)));
+        return;
+    }
+    throw Error(ErrorKind::InvalidArgument, "GPU process: unknown request");
+}
+
+Status status_of(ErrorKind kind)
+{
+    switch (kind) {
+    case ErrorKind::InvalidArgument:
+        return Status::InvalidArgument;
+    case ErrorKind::OutOfMemory:
+        return Status::OutOfMemory;
+    case ErrorKind::Unsupported:
+        return Status::Unsupported;
+    case ErrorKind::Internal:
+        break;
+    }
+    return Status::Internal;
+}
+
+}  // namespace
+
+void announce(int sock, const ComputeDevice* dev, Kind kind, Status status, const std::string& message)
+{
+    Reply rep;
+    rep.seq = 0;
+    rep.status = status;
+    if (dev != nullptr) {
+        rep.value[0] = dev->memory_capacity();
+        rep.value[1] = static_cast<uint64_t>(kind);
+    }
+    set_message(rep, message.c_str());
+    (void)send_reply(sock, rep);
+}
+
+int serve(int sock, int exchange_fd, ComputeDevice& dev)
+{
+    MirrorStore store(dev);
+    Exchange exchange(exchange_fd);
+
+    for (;;) {
+        Request q;
+        ssize_t r = ::recv(sock, &q, sizeof(q), 0);
+        if (r == 0)
+            return 0;  // the service closed the channel
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return 1;
+        }
+        Reply rep;
+        rep.seq = q.seq;
+        if (r != (ssize_t)sizeof(q) || q.magic != kMagic) {
+            rep.status = Status::Internal;
+            set_message(rep, "GPU process: a malformed request");
+        } else {
+            try {
+                exchange.map(q.exchange_bytes);
+                handle(q, rep, dev, store, exchange);
+            } catch (const Error& e) {
+                rep.status = status_of(e.kind());
+                set_message(rep, e.what());
+            } catch (const std::bad_alloc&) {
+                rep.status = Status::OutOfMemory;
+                set_message(rep, "GPU process: out of host memory");
+            } catch (const std::exception& e) {
+                rep.status = Status::Internal;
+                set_message(rep, e.what());
+            } catch (...) {
+                rep.status = Status::Internal;
+                set_message(rep, "GPU process: an unknown exception");
+            }
+            // An internal failure may have left the device unusable (a sticky CUDA error).
+            if (rep.status == Status::Internal && !dev.healthy())
+                rep.status = Status::DeviceFailed;
+        }
+        if (!send_reply(sock, rep))
+            return 1;
+        if (rep.status == Status::DeviceFailed)
+            return kExitDeviceFailed;
+    }
+}
+
+}  // namespace gpuproc
+}  // namespace gpuivfpq

@@ -1,0 +1,26 @@
+// The GPU process's side of the channel (gpu_process_protocol.h): a loop
+// that runs each request on the compute device and its mirror store. It is
+// PostgreSQL-free and process-agnostic, so the unit tests run it on a thread.
+#pragma once
+
+#include <string>
+
+#include "service/device/compute_device.h"
+#include "service/device/gpu_process_protocol.h"
+
+namespace gpuivfpq {
+namespace gpuproc {
+
+// Sends the first message (a Reply with seq 0): Ok with the device's
+// capacity, kind and description, or the status and message of why there
+// is no device (dev null).
+void announce(int sock, const ComputeDevice* dev, Kind kind, Status status,
+              const std::string& message);
+
+// Serves requests on sock until the peer closes it (returns 0), the channel
+// fails (1) or the device becomes unusable (kExitDeviceFailed, after the
+// reply that says so).
+int serve(int sock, int exchange_fd, ComputeDevice& dev);
+
+}  // namespace gpuproc
+}  // namespace gpuivfpq
