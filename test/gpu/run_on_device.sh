@@ -17,7 +17,7 @@ mkdir -p "$OUT"
 bash .device/pg-up.sh >/tmp/pgup.log 2>&1 || { cat /tmp/pgup.log; exit 1; }
 . /opt/pg/env.sh
 # TAP tests drive psql and pgbench through IPC::Run.
-dpkg -x .device/libipc-run-perl_*.deb /
+dpkg -x "$(ls .device/libipc-run-perl_*.deb .device/debs/libipc-run-perl_*.deb 2>/dev/null | head -1)" /
 # The kit's server package has no LLVM: every test instance runs with jit = off.
 echo "jit = off" >/tmp/gpu_ivfpq-jit-off.conf
 chmod a+r /tmp/gpu_ivfpq-jit-off.conf
