@@ -65,11 +65,14 @@ ErrorKind kind_of(Status s)
     }
 }
 
+// A reply's message, bounded even if the reply was not terminated.
+std::string message_of(const Reply& rep) { return std::string(rep.message, strnlen(rep.message, sizeof(rep.message))); }
+
 // Throws the device's error a reply carries (Ok and NotFound pass).
 void raise_for(const Reply& rep)
 {
     if (rep.status != Status::Ok && rep.status != Status::NotFound)
-        throw Error(kind_of(rep.status), rep.message);
+        throw Error(kind_of(rep.status), message_of(rep));
 }
 
 // A descriptor above the ones the process expects, close-on-exec.
@@ -181,13 +184,13 @@ void GpuProcess::read_announcement(double timeout_s)
     }
     if (rep.status != Status::Ok) {
         alive_ = false;
-        std::string why = rep.message;
+        std::string why = message_of(rep);
         cause_ = why + (pid_ > 0 ? " (the process " + reap(false) + ")" : "");
         throw StartError(rep.status == Status::Unsupported, why);
     }
     capacity_ = rep.value[0];
     kind_ = static_cast<Kind>(rep.value[1]);
-    description_ = rep.message;
+    description_ = message_of(rep);
 }
 
 std::string GpuProcess::reap(bool kill_it)
@@ -217,8 +220,14 @@ std::string GpuProcess::reap(bool kill_it)
 [[noreturn]] void GpuProcess::lost(const std::string& what, bool kill_it)
 {
     alive_ = false;
+    bool had_process = pid_ > 0;
     std::string how = reap(kill_it);
-    cause_ = what.empty() ? how : what + (kill_it ? " and was killed" : " (" + how + ")");
+    if (what.empty())
+        cause_ = how;
+    else if (kill_it)
+        cause_ = what + (had_process ? " and was killed" : "");
+    else
+        cause_ = what + " (" + how + ")";
     throw Error(ErrorKind::Internal, "the GPU process " + cause_);
 }
 
@@ -252,6 +261,8 @@ bool GpuProcess::wait_reply(Reply& rep, uint64_t seq, double timeout_s)
                 continue;
             if (n == 0 || (n < 0 && errno == ECONNRESET))
                 lost("", false);  // it died: its exit status is the cause
+            if (n < 0)
+                lost("channel failed: " + std::string(std::strerror(errno)), true);
             if (n != (ssize_t)sizeof(rep) || rep.seq != seq)
                 lost("sent a malformed reply", true);
             return true;
@@ -259,8 +270,11 @@ bool GpuProcess::wait_reply(Reply& rep, uint64_t seq, double timeout_s)
         if (stop_ != nullptr && stop_())
             lost("was stopped with the service", true);
         double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        if (timeout_s > 0 && waited > timeout_s)
-            lost("did not answer within " + std::to_string((int)timeout_s) + " s", true);
+        if (timeout_s > 0 && waited > timeout_s) {
+            char secs[32];
+            std::snprintf(secs, sizeof(secs), "%g", timeout_s);
+            lost(std::string("did not answer within ") + secs + " s", true);
+        }
     }
 }
 
@@ -279,12 +293,15 @@ Reply GpuProcess::call(Request& q)
     Reply rep;
     (void)wait_reply(rep, q.seq, timeout_s_);
     if (rep.status == Status::DeviceFailed)
-        lost(std::string("reported that its device failed: ") + rep.message, false);
+        lost("reported that its device failed: " + message_of(rep), false);
     return rep;
 }
 
 char* GpuProcess::exchange(const Layout& layout)
 {
+    // A dead process: fail before sizing and filling the exchange for nothing.
+    if (!alive_)
+        throw Error(ErrorKind::Internal, "the GPU process " + cause_);
     uint64_t want = std::max(round_up(std::max<uint64_t>(layout.total, 1), kExchangeStep), kExchangeStep);
     // Grow to fit; give back what a large call took once calls are small again.
     if (want > size_ || (size_ > kExchangeKeep && want < size_)) {
@@ -439,6 +456,8 @@ void GpuProcess::train(const float* x_in, size_t n, size_t d, size_t lists, size
     q.iterations = params.iterations;
     q.seed = params.seed;
     q.max_points_per_centroid = params.max_points_per_centroid;
+    q.pq_max_training = params.pq_max_training;
+    q.threads = params.threads;
     q.region[0] = l.take(n * d * sizeof(float));
     q.region[1] = l.take(centroid_bytes(d, lists));
     q.region[2] = l.take(codebook_bytes(d));

@@ -90,7 +90,6 @@ private:
     bool wait_reply(Reply& rep, uint64_t seq, double timeout_s);
     Reply call(Request& q);
     char* exchange(const Layout& layout);
-    void trim_exchange();
     [[noreturn]] void lost(const std::string& what, bool kill_it);
     std::string reap(bool kill_it);
 

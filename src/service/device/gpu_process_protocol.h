@@ -29,9 +29,11 @@ constexpr int kExchangeFd = 4;
 constexpr int kExitNoDevice = 2;      // no usable device: do not restart
 constexpr int kExitDeviceFailed = 3;  // the device is unusable now (a sticky CUDA error)
 
+// The process first announces itself: a Reply with seq 0, Ok with value[0]
+// the memory capacity, value[1] the Kind and the description as message, or
+// the status and message of why it has no device (then it exits).
 enum class Op : uint32_t {
-    Hello = 1,      // -> value[0] memory capacity, value[1] Kind; message: description
-    SetBudget,      // budget
+    SetBudget = 1,  // budget
     EnforceBudget,  //
     Status,         // r0 out: MirrorInfo[kMaxStatusMirrors]; value: count, bytes, budget, evictions
     Load,           // key, d, lists, m, metric, n; r0 centroids, r1 codebooks, r2 list ids, r3 codes, r4 labels
@@ -39,7 +41,7 @@ enum class Op : uint32_t {
     Search,         // key, d, n queries, k, nprobe; r0 queries, r1 labels out -> NotFound without the mirror
     DropIndex,      // key.db, key.index -> value[0] mirrors dropped
     DropAll,        //
-    Train,          // d, lists, m, metric, n, iterations, seed, max_points; r0 rows, r1 centroids out, r2 codebooks out
+    Train,          // d, lists, m, metric, n, the IvfPqTrainParams; r0 rows, r1 centroids out, r2 codebooks out
     Encode,         // d, lists, m, metric, n; r0 centroids, r1 codebooks, r2 rows, r3 list ids out, r4 codes out
     Exact,          // d, metric, nq, n, k; r0 queries, r1 base, r2 dist out, r3 labels out
 };
@@ -62,12 +64,13 @@ struct Region {
 
 struct Request {
     uint32_t magic = kMagic;
-    Op op = Op::Hello;
+    Op op{};  // 0: no operation (rejected)
     uint64_t seq = 0;
     uint64_t exchange_bytes = 0;  // the exchange's size now
     MirrorKey key;
     uint64_t d = 0, lists = 0, m = 0, metric = 0, n = 0, nq = 0, k = 0, nprobe = 0;
-    uint64_t iterations = 0, seed = 0, max_points_per_centroid = 0, budget = 0;
+    uint64_t iterations = 0, seed = 0, max_points_per_centroid = 0, pq_max_training = 0, threads = 0;
+    uint64_t budget = 0;
     Region region[kRegions];
 };
 

@@ -101,14 +101,29 @@ MirrorSpec spec_of(const Request& q, const Exchange& x)
     return s;
 }
 
+// The mirror of a request's key, or null (NotFound); throws when the
+// request's dimension or code size is not the mirror's, which would make the
+// mirror read past the request's arrays.
+Mirror* find_mirror(const Request& q, MirrorStore& store, bool check_d, Reply& rep)
+{
+    Mirror* mirror = store.find(q.key);
+    size_t d = 0, m = 0;
+    if (mirror == nullptr || !store.shape(q.key, &d, &m)) {
+        rep.status = Status::NotFound;
+        return nullptr;
+    }
+    if (check_d ? q.d != d : q.m != m)
+        throw Error(ErrorKind::InvalidArgument,
+                    std::string("GPU process: the request's ") + (check_d ? "dimension " : "code size ") +
+                        std::to_string(check_d ? q.d : q.m) + " is not the mirror's " +
+                        std::to_string(check_d ? d : m));
+    return mirror;
+}
+
 // Runs one request; throws Error for device errors.
 void handle(const Request& q, Reply& rep, ComputeDevice& dev, MirrorStore& store, const Exchange& x)
 {
     switch (q.op) {
-    case Op::Hello:
-        rep.value[0] = dev.memory_capacity();
-        set_message(rep, dev.description().c_str());
-        return;
     case Op::SetBudget:
         store.set_budget(q.budget);
         return;
@@ -133,21 +148,17 @@ void handle(const Request& q, Reply& rep, ComputeDevice& dev, MirrorStore& store
         return;
     }
     case Op::Add: {
-        Mirror* mirror = store.find(q.key);
-        if (mirror == nullptr) {
-            rep.status = Status::NotFound;
+        Mirror* mirror = find_mirror(q, store, false, rep);
+        if (mirror == nullptr)
             return;
-        }
         mirror->add(q.n, x.at<int32_t>(q.region[2], q.n), x.at<uint8_t>(q.region[3], mul(q.n, q.m)),
                     x.at<int64_t>(q.region[4], q.n));
         return;
     }
     case Op::Search: {
-        Mirror* mirror = store.find(q.key);
-        if (mirror == nullptr) {
-            rep.status = Status::NotFound;
+        Mirror* mirror = find_mirror(q, store, true, rep);
+        if (mirror == nullptr)
             return;
-        }
         const float* queries = x.at<float>(q.region[0], mul(q.n, q.d));
         int64_t* labels = x.at<int64_t>(q.region[1], mul(q.n, q.k));
         // Tiles keep the device's scratch space bounded for batch searches.
@@ -170,7 +181,9 @@ void handle(const Request& q, Reply& rep, ComputeDevice& dev, MirrorStore& store
         IvfPqTrainParams params;
         params.iterations = (int)q.iterations;
         params.seed = q.seed;
-        params.max_points_per_centroid = (int)q.max_points_per_centroid;
+        params.max_points_per_centroid = q.max_points_per_centroid;
+        params.pq_max_training = q.pq_max_training;
+        params.threads = (int)q.threads;
         dev.train(x.at<float>(q.region[0], mul(q.n, q.d)), q.n, q.d, q.lists, q.m, static_cast<Metric>(q.metric),
                   params, x.at<float>(q.region[1], mul(q.d, q.lists)),
                   x.at<float>(q.region[2], mul(kPqCentroids, q.d)));
@@ -211,7 +224,7 @@ Status status_of(ErrorKind kind)
 void announce(int sock, const ComputeDevice* dev, Kind kind, Status status, const std::string& message)
 {
     Reply rep;
-    rep.seq = 0;
+    rep.seq = 0;  // the announcement, the answer to no request
     rep.status = status;
     if (dev != nullptr) {
         rep.value[0] = dev->memory_capacity();
@@ -228,7 +241,8 @@ int serve(int sock, int exchange_fd, ComputeDevice& dev)
 
     for (;;) {
         Request q;
-        ssize_t r = ::recv(sock, &q, sizeof(q), 0);
+        // MSG_TRUNC: the length of the message, even if longer than a Request.
+        ssize_t r = ::recv(sock, &q, sizeof(q), MSG_TRUNC);
         if (r == 0)
             return 0;  // the service closed the channel
         if (r < 0) {

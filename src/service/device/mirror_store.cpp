@@ -22,6 +22,16 @@ Mirror* MirrorStore::find(const MirrorKey& key)
     return it->second.mirror.get();
 }
 
+bool MirrorStore::shape(const MirrorKey& key, size_t* d, size_t* m) const
+{
+    auto it = mirrors_.find(key);
+    if (it == mirrors_.end())
+        return false;
+    *d = it->second.d;
+    *m = it->second.m;
+    return true;
+}
+
 bool MirrorStore::evict_one(const MirrorKey* keep)
 {
     auto victim = mirrors_.end();
@@ -65,6 +75,8 @@ Mirror* MirrorStore::load(const MirrorKey& key, const MirrorSpec& spec, size_t n
             e.mirror = std::move(mirror);
             e.last_used = ++clock_;
             e.queries = 0;
+            e.d = spec.d;
+            e.m = spec.m;
             return e.mirror.get();
         } catch (const Error& err) {
             // The device ran out before the budget did (other users of the

@@ -46,6 +46,10 @@ public:
 
     // The mirror of key, or null; a hit counts as a use for LRU.
     Mirror* find(const MirrorKey& key);
+    // The dimension and code size the mirror of key was loaded with (false
+    // without one): callers check requests against them, since Mirror reads
+    // its own shape from the arrays it is given.
+    bool shape(const MirrorKey& key, size_t* d, size_t* m) const;
 
     // Creates the mirror of key from n entries, replacing any mirror of an
     // older version of the same index, evicting the least recently used
@@ -68,6 +72,7 @@ private:
         std::unique_ptr<Mirror> mirror;
         uint64_t last_used = 0;
         uint64_t queries = 0;
+        size_t d = 0, m = 0;
     };
     bool evict_one(const MirrorKey* keep);
 

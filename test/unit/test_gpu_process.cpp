@@ -1,0 +1,813 @@
+// The channel between the GPU service and its GPU process
+// (gpu_process_protocol.h): the server loop (gpuproc::announce, serve) runs
+// on a thread with the CPU emulation device, and the service's client
+// (gpuproc::GpuProcess, built over an existing channel: no child process)
+// calls it through a SOCK_SEQPACKET socket pair and a memfd exchange, as the
+// service does in production.
+//
+// Why: every array a call names crosses the exchange at offsets the client
+// lays out and the server checks, the exchange grows and shrinks between
+// calls, device errors must come back as the same Error kinds without ending
+// the process, and a process that dies, hangs or must be stopped must turn
+// into alive() == false with a cause, never into a hang of the service. So
+// each answer that crosses the channel is compared with the same work done
+// directly in-process (a second emulation device, MirrorStore, or a
+// brute-force loop), and the failure paths are driven by servers that close,
+// stall or never answer.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/error.h"
+#include "engine/ivfpq.h"
+#include "engine/search_limits.h"
+#include "service/device/compute_device.h"
+#include "service/device/gpu_process_client.h"
+#include "service/device/gpu_process_protocol.h"
+#include "service/device/gpu_process_server.h"
+#include "service/device/mirror_store.h"
+#include "test_util.h"
+
+namespace gpuivfpq {
+namespace gpuproc {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0)
+{
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// The GPU process's side of a channel, as a server thread sees it.
+struct ServerEnd {
+    int sock = -1, exchange = -1;
+    // The client sees the channel close, as when the process dies.
+    void close_sock()
+    {
+        ::close(sock);
+        sock = -1;
+    }
+};
+
+// A socket pair and an exchange segment, with a server on a thread holding
+// one end. Declare the client after the Channel: it must be destroyed (and
+// close its socket, which ends serve()) before the thread is joined.
+class Channel {
+public:
+    using Server = std::function<int(ServerEnd&)>;
+
+    explicit Channel(Server server)
+    {
+        int sv[2];
+        if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+            throw std::runtime_error(std::string("socketpair: ") + std::strerror(errno));
+        client_sock_ = sv[0];
+        end_.sock = sv[1];
+        end_.exchange = memfd_create("gpu_ivfpq test exchange", MFD_CLOEXEC);
+        if (end_.exchange < 0)
+            throw std::runtime_error(std::string("memfd_create: ") + std::strerror(errno));
+        thread_ = std::thread([this, server] { server_rc_ = server(end_); });
+    }
+
+    ~Channel()
+    {
+        if (client_sock_ >= 0)
+            ::close(client_sock_);  // a raw client: this ends serve()
+        join();
+        if (end_.sock >= 0)
+            ::close(end_.sock);
+        ::close(end_.exchange);
+    }
+
+    // The client closes its socket and exchange descriptor when destroyed,
+    // so it gets descriptors of its own, never the server's.
+    std::unique_ptr<GpuProcess> connect(GpuProcess::StopCheck stop = nullptr)
+    {
+        int sock = client_sock_;
+        client_sock_ = -1;
+        int xfd = fcntl(end_.exchange, F_DUPFD_CLOEXEC, 0);
+        return std::make_unique<GpuProcess>(sock, xfd, stop);
+    }
+
+    // The client's socket, for tests that speak the wire format themselves.
+    int raw_sock() const { return client_sock_; }
+    int exchange_fd() const { return end_.exchange; }
+
+    uint64_t exchange_size() const
+    {
+        struct stat st;
+        if (fstat(end_.exchange, &st) != 0)
+            return 0;
+        return uint64_t(st.st_size);
+    }
+
+    // What the server returned (serve()'s exit code); joins first.
+    int server_rc()
+    {
+        join();
+        return server_rc_;
+    }
+
+    void join()
+    {
+        if (thread_.joinable())
+            thread_.join();
+    }
+
+private:
+    ServerEnd end_;
+    int client_sock_ = -1;
+    std::thread thread_;
+    std::atomic<int> server_rc_{-1};
+};
+
+// What gpu_process_main.cpp runs for --emulate, minus the process.
+int emulated_server(ServerEnd& end)
+{
+    auto dev = make_cpu_emulation_device();
+    announce(end.sock, dev.get(), Kind::Emulated, Status::Ok, dev->description());
+    return serve(end.sock, end.exchange, *dev);
+}
+
+// Blocks until the client closes its end (recv returns 0), with a bound so
+// that a broken test cannot hang the suite.
+void wait_for_close(int sock)
+{
+    struct timeval tv = {10, 0};
+    setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    Request q;
+    while (::recv(sock, &q, sizeof(q), 0) > 0) {
+    }
+}
+
+// A process that announces itself, takes one request and never answers it
+// (stuck in the driver); on_request runs once the request is in.
+Channel::Server stalling_server(std::function<void()> on_request = nullptr)
+{
+    return [on_request](ServerEnd& end) {
+        auto dev = make_cpu_emulation_device();
+        announce(end.sock, dev.get(), Kind::Emulated, Status::Ok, dev->description());
+        Request q;
+        if (::recv(end.sock, &q, sizeof(q), 0) <= 0)
+            return 1;
+        if (on_request)
+            on_request();
+        wait_for_close(end.sock);
+        return 0;
+    };
+}
+
+// A small trained model and its encoded entries (as test_mirror.cpp).
+struct Data {
+    size_t d = 16, lists = 8, m = 4, n = 2000;
+    std::vector<float> x;
+    IvfPqModel model{16, 8, 4, Metric::L2};
+    std::vector<int32_t> list_ids;
+    std::vector<uint8_t> codes;
+    std::vector<int64_t> labels;
+
+    Data()
+    {
+        x = testutil::gaussian_vectors(n, d, 3);
+        model.train(x.data(), n, IvfPqTrainParams());
+        list_ids.resize(n);
+        codes.resize(n * m);
+        model.encode(x.data(), n, list_ids.data(), codes.data());
+        for (size_t i = 0; i < n; i++)
+            labels.push_back(int64_t(i) * 7 + 1);
+    }
+    MirrorSpec spec() const
+    {
+        MirrorSpec s;
+        s.d = d;
+        s.lists = lists;
+        s.m = m;
+        s.metric = Metric::L2;
+        s.centroids = model.centroids().data();
+        s.codebooks = model.pq().codebooks().data();
+        return s;
+    }
+};
+
+// The kind of the gpuivfpq::Error fn throws (a test failure if none).
+template <typename Fn>
+ErrorKind error_kind(Fn&& fn)
+{
+    try {
+        fn();
+    } catch (const Error& e) {
+        return e.kind();
+    }
+    ADD_FAILURE() << "no gpuivfpq::Error thrown";
+    return ErrorKind::Internal;
+}
+
+// Brute-force k nearest rows of base (n x d) to q under L2, by float64
+// distance (ties by row), and those distances.
+void reference_knn(const float* q, const float* base, size_t n, size_t d, size_t k,
+                   std::vector<int64_t>& labels, std::vector<double>& dist)
+{
+    std::vector<std::pair<double, int64_t>> best;
+    for (size_t i = 0; i < n; i++) {
+        double s = testutil::l2_ref(q, base + i * d, d);
+        if (best.size() < k || s < best.back().first) {
+            best.emplace_back(s, int64_t(i));
+            std::sort(best.begin(), best.end());
+            if (best.size() > k)
+                best.pop_back();
+        }
+    }
+    labels.clear();
+    dist.clear();
+    for (auto& b : best) {
+        dist.push_back(b.first);
+        labels.push_back(b.second);
+    }
+}
+
+// n x d floats uniform in [-1, 1), from splitmix64: testutil's
+// <random>-based generator is several times slower for the large payload.
+std::vector<float> fast_uniform(size_t n, size_t d, uint64_t seed)
+{
+    std::vector<float> v(n * d);
+    uint64_t s = seed;
+    for (float& x : v) {
+        uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        x = float(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
+    }
+    return v;
+}
+
+// ---------------------------------------------------------------- tests
+
+TEST(GpuProcess, AnnouncementReportsTheDevice)
+{
+    auto reference = make_cpu_emulation_device();
+    {
+        Channel ch(emulated_server);
+        auto gp = ch.connect();
+        EXPECT_TRUE(gp->alive());
+        EXPECT_TRUE(gp->cause().empty());
+        EXPECT_EQ(gp->pid(), 0);
+        EXPECT_EQ(gp->description(), reference->description());
+        EXPECT_EQ(gp->capacity(), reference->memory_capacity());
+        EXPECT_EQ(gp->kind(), Kind::Emulated);
+        gp.reset();
+        EXPECT_EQ(ch.server_rc(), 0);  // the service closed the channel: a clean exit
+    }
+    // Kind::Emulated is also the client's default: a real GPU's kind must cross too.
+    {
+        Channel ch([](ServerEnd& end) {
+            auto dev = make_cpu_emulation_device();
+            announce(end.sock, dev.get(), Kind::Gpu, Status::Ok, "a device description");
+            return serve(end.sock, end.exchange, *dev);
+        });
+        auto gp = ch.connect();
+        EXPECT_EQ(gp->kind(), Kind::Gpu);
+        EXPECT_EQ(gp->description(), "a device description");
+    }
+}
+
+// A process without a device announces so, and the service must not retry.
+TEST(GpuProcess, AnnouncedFailureThrowsStartError)
+{
+    {
+        Channel ch([](ServerEnd& end) {
+            announce(end.sock, nullptr, Kind::Gpu, Status::Unsupported, "none (no CUDA device found)");
+            return 0;
+        });
+        try {
+            ch.connect();
+            FAIL() << "a process without a device was accepted";
+        } catch (const StartError& e) {
+            EXPECT_TRUE(e.no_device());
+            EXPECT_NE(std::string(e.what()).find("no CUDA device"), std::string::npos) << e.what();
+        }
+    }
+    {
+        Channel ch([](ServerEnd& end) {
+            announce(end.sock, nullptr, Kind::Gpu, Status::Internal, "the device failed to open: boom");
+            return 0;
+        });
+        try {
+            ch.connect();
+            FAIL() << "a process whose device failed was accepted";
+        } catch (const StartError& e) {
+            EXPECT_FALSE(e.no_device());  // a failure: retry later
+        }
+    }
+    // Dying before the announcement is a failure too, not a hang.
+    {
+        Channel ch([](ServerEnd& end) {
+            end.close_sock();
+            return 0;
+        });
+        ch.join();
+        try {
+            ch.connect();
+            FAIL() << "a process that never announced itself was accepted";
+        } catch (const StartError& e) {
+            EXPECT_FALSE(e.no_device());
+        }
+    }
+}
+
+TEST(GpuProcess, LoadAndSearchMatchTheMirrorInProcess)
+{
+    Data f;
+    const MirrorKey key{1, 10, 100, 1};
+    // More queries than the server's 4096-query tile, so a batch spans tiles.
+    const size_t nq = 4100, k = 10, nprobe = 3;
+    std::vector<float> queries = testutil::gaussian_vectors(nq, f.d, 11);
+    std::copy(f.x.begin() + 5 * f.d, f.x.begin() + 6 * f.d, queries.begin());  // query 0 is row 5
+
+    auto dev = make_cpu_emulation_device();
+    MirrorStore store(*dev);
+    store.load(key, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
+    std::vector<float> want_dist(nq * k);
+    std::vector<int64_t> want(nq * k);
+    store.find(key)->search(queries.data(), nq, k, nprobe, want_dist.data(), want.data());
+
+    Channel ch(emulated_server);
+    auto gp = ch.connect();
+    gp->load(key, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
+    std::vector<int64_t> got(nq * k, -7);
+    ASSERT_TRUE(gp->search(key, f.d, queries.data(), nq, k, nprobe, got.data()));
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(got[0], f.labels[5]);
+    EXPECT_EQ(std::count(got.begin(), got.end(), -1), 0);  // 2000 entries fill every k
+}
+
+TEST(GpuProcess, AddSearchAndDropByKey)
+{
+    Data f;
+    const MirrorKey a{1, 10, 100, 1}, b{1, 11, 101, 1}, unknown{1, 99, 999, 1};
+    const size_t k = 8, nprobe = 8;
+
+    Channel ch(emulated_server);
+    auto gp = ch.connect();
+    std::vector<int64_t> got(k);
+    EXPECT_FALSE(gp->search(a, f.d, f.x.data(), 1, k, nprobe, got.data()));
+    EXPECT_FALSE(gp->add(a, f.m, 1, f.list_ids.data(), f.codes.data(), f.labels.data()));
+
+    gp->load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
+    gp->load(b, f.spec(), 100, f.list_ids.data(), f.codes.data(), f.labels.data());
+    EXPECT_FALSE(gp->search(unknown, f.d, f.x.data(), 1, k, nprobe, got.data()));
+
+    // New vectors added under labels of their own must be found.
+    const size_t na = 300;
+    std::vector<float> y = testutil::gaussian_vectors(na, f.d, 21);
+    std::vector<int32_t> ylist(na);
+    std::vector<uint8_t> ycodes(na * f.m);
+    std::vector<int64_t> ylabels(na);
+    f.model.encode(y.data(), na, ylist.data(), ycodes.data());
+    std::iota(ylabels.begin(), ylabels.end(), int64_t(1000000));
+    EXPECT_TRUE(gp->add(a, f.m, na, ylist.data(), ycodes.data(), ylabels.data()));
+
+    auto dev = make_cpu_emulation_device();
+    MirrorStore store(*dev);
+    store.load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
+    store.find(a)->add(na, ylist.data(), ycodes.data(), ylabels.data());
+    const size_t nq = 20;
+    std::vector<float> wdist(nq * k);
+    std::vector<int64_t> want(nq * k), all(nq * k);
+    store.find(a)->search(y.data(), nq, k, nprobe, wdist.data(), want.data());
+    ASSERT_TRUE(gp->search(a, f.d, y.data(), nq, k, nprobe, all.data()));
+    EXPECT_EQ(all, want);
+    size_t added_first = 0;
+    for (size_t q = 0; q < nq; q++)
+        added_first += all[q * k] >= 1000000;
+    EXPECT_GE(added_first, nq / 2) << "the added entries are not found first for their own vectors";
+
+    // b kept its own entries through a's add.
+    StoreStatus st = gp->status();
+    ASSERT_EQ(st.mirrors.size(), 2u);
+    EXPECT_EQ(st.mirrors[0].entries, f.n + na);
+    EXPECT_EQ(st.mirrors[1].entries, 100u);
+
+    EXPECT_EQ(gp->drop_index(a.db, a.index), 1u);
+    EXPECT_EQ(gp->drop_index(a.db, a.index), 0u);
+    EXPECT_FALSE(gp->search(a, f.d, y.data(), 1, k, nprobe, got.data()));
+    EXPECT_TRUE(gp->search(b, f.d, y.data(), 1, k, nprobe, got.data()));
+
+    gp->load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
+    gp->drop_all();
+    EXPECT_FALSE(gp->search(a, f.d, y.data(), 1, k, nprobe, got.data()));
+    EXPECT_FALSE(gp->search(b, f.d, y.data(), 1, k, nprobe, got.data()));
+    EXPECT_TRUE(gp->status().mirrors.empty());
+    EXPECT_TRUE(gp->alive());
+}
+
+TEST(GpuProcess, StatusBudgetAndOutOfMemory)
+{
+    Data f;
+    auto dev = make_cpu_emulation_device();
+    const size_t small = 500;
+    const size_t big_bytes = dev->mirror_bytes(f.spec(), f.n);
+    const size_t small_bytes = dev->mirror_bytes(f.spec(), small);
+    const MirrorKey a{1, 10, 100, 1}, b{1, 11, 101, 1}, c{2, 12, 102, 1};
+
+    Channel ch(emulated_server);
+    auto gp = ch.connect();
+    StoreStatus st = gp->status();
+    EXPECT_TRUE(st.mirrors.empty());
+    EXPECT_EQ(st.bytes, 0u);
+    EXPECT_EQ(st.budget, SIZE_MAX);
+
+    gp->load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
+    gp->load(b, f.spec(), small, f.list_ids.data(), f.codes.data(), f.labels.data());
+    const size_t budget = big_bytes + small_bytes + 1000;
+    gp->set_budget(budget);
+    std::vector<int64_t> got(3 * 5);
+    ASSERT_TRUE(gp->search(b, f.d, f.x.data(), 3, 5, 2, got.data()));
+
+    st = gp->status();
+    ASSERT_EQ(st.mirrors.size(), 2u);
+    EXPECT_EQ(st.mirrors[0].key, a);
+    EXPECT_EQ(st.mirrors[0].entries, f.n);
+    EXPECT_EQ(st.mirrors[0].bytes, big_bytes);
+    EXPECT_EQ(st.mirrors[0].queries, 0u);
+    EXPECT_EQ(st.mirrors[1].key, b);
+    EXPECT_EQ(st.mirrors[1].entries, small);
+    EXPECT_EQ(st.mirrors[1].queries, 3u);
+    EXPECT_EQ(st.bytes, big_bytes + small_bytes);
+    EXPECT_EQ(st.budget, budget);
+    EXPECT_EQ(st.evictions, 0u);
+
+    // Below one mirror's size: a load that cannot fit is refused, and the
+    // refusal is a device error, not the end of the process.
+    gp->set_budget(big_bytes - 1);
+    EXPECT_EQ(error_kind([&] {
+                  gp->load(c, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
+              }),
+              ErrorKind::OutOfMemory);
+    EXPECT_TRUE(gp->alive());
+    EXPECT_TRUE(gp->cause().empty());
+    st = gp->status();
+    EXPECT_EQ(st.mirrors.size(), 2u);  // c absent; nothing evicted for it
+    EXPECT_EQ(st.budget, big_bytes - 1);
+
+    // a (least recently used) goes; b fits.
+    gp->enforce_budget();
+    st = gp->status();
+    ASSERT_EQ(st.mirrors.size(), 1u);
+    EXPECT_EQ(st.mirrors[0].key, b);
+    EXPECT_EQ(st.evictions, 1u);
+    EXPECT_LE(st.bytes, st.budget);
+}
+
+TEST(GpuProcess, DeviceErrorsCrossWithTheirKind)
+{
+    Data f;
+    const MirrorKey key{1, 10, 100, 1};
+    Channel ch(emulated_server);
+    auto gp = ch.connect();
+    gp->load(key, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
+
+    const size_t big = kMaxSelectK + 1;
+    std::vector<int64_t> labels(big);
+    std::vector<float> dist(big);
+    EXPECT_EQ(error_kind([&] { gp->search(key, f.d, f.x.data(), 1, 0, 2, labels.data()); }),
+              ErrorKind::InvalidArgument);
+    EXPECT_EQ(error_kind([&] { gp->search(key, f.d, f.x.data(), 1, big, 2, labels.data()); }),
+              ErrorKind::InvalidArgument);
+    EXPECT_EQ(error_kind([&] {
+                  gp->exact_knn(f.x.data(), 1, f.x.data(), f.n, f.d, Metric::L2, big, dist.data(),
+                                labels.data());
+              }),
+              ErrorKind::InvalidArgument);
+    // m must divide d: a model the GPU cannot hold.
+    MirrorSpec odd = f.spec();
+    odd.m = 3;
+    EXPECT_EQ(error_kind([&] {
+                  gp->load(MirrorKey{1, 20, 200, 1}, odd, 1, f.list_ids.data(), f.codes.data(),
+                           f.labels.data());
+              }),
+              ErrorKind::Unsupported);
+    // A list id out of range is the caller's error.
+    std::vector<int32_t> bad_list = {int32_t(f.lists)};
+    EXPECT_EQ(error_kind([&] { gp->add(key, f.m, 1, bad_list.data(), f.codes.data(), f.labels.data()); }),
+              ErrorKind::InvalidArgument);
+
+    // A request whose dimension or code size is not the mirror's would make
+    // the mirror read past the request's arrays: refused.
+    EXPECT_EQ(error_kind([&] { gp->search(key, f.d / 2, f.x.data(), 1, 5, 2, labels.data()); }),
+              ErrorKind::InvalidArgument);
+    EXPECT_EQ(error_kind([&] { gp->add(key, f.m / 2, 1, f.list_ids.data(), f.codes.data(), f.labels.data()); }),
+              ErrorKind::InvalidArgument);
+    EXPECT_EQ(gp->status().mirrors.at(0).entries, f.n);
+
+    // The message crosses too.
+    try {
+        gp->search(key, f.d, f.x.data(), 1, big, 2, labels.data());
+        ADD_FAILURE() << "k above the limit was served";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(std::to_string(kMaxSelectK)), std::string::npos) << e.what();
+    }
+
+    // The process lives on and still serves, k at the limit included.
+    EXPECT_TRUE(gp->alive());
+    EXPECT_TRUE(gp->cause().empty());
+    ASSERT_TRUE(gp->search(key, f.d, f.x.data(), 1, kMaxSelectK, 2, labels.data()));
+    EXPECT_EQ(labels[0], f.labels[0]);
+}
+
+TEST(GpuProcess, TrainEncodeExactMatchDirectCalls)
+{
+    Data f;
+    auto dev = make_cpu_emulation_device();
+    Channel ch(emulated_server);
+    auto gp = ch.connect();
+
+    // Not the defaults: each parameter must cross the channel to matter.
+    IvfPqTrainParams p;
+    p.iterations = 4;
+    p.seed = 77;
+    p.max_points_per_centroid = 32;
+    std::vector<float> cents(f.lists * f.d), cbs(kPqCentroids * f.d);
+    std::vector<float> want_cents(cents.size()), want_cbs(cbs.size());
+    gp->train(f.x.data(), f.n, f.d, f.lists, f.m, Metric::L2, p, cents.data(), cbs.data());
+    dev->train(f.x.data(), f.n, f.d, f.lists, f.m, Metric::L2, p, want_cents.data(), want_cbs.data());
+    EXPECT_EQ(cents, want_cents);
+    EXPECT_EQ(cbs, want_cbs);
+    std::vector<float> default_cents(cents.size()), default_cbs(cbs.size());
+    dev->train(f.x.data(), f.n, f.d, f.lists, f.m, Metric::L2, IvfPqTrainParams(), default_cents.data(),
+               default_cbs.data());
+    EXPECT_NE(cents, default_cents) << "the parameters do not change training: the test proves nothing";
+
+    MirrorSpec s;
+    s.d = f.d;
+    s.lists = f.lists;
+    s.m = f.m;
+    s.metric = Metric::L2;
+    s.centroids = cents.data();
+    s.codebooks = cbs.data();
+    std::vector<int32_t> ids(f.n, -5), want_ids(f.n);
+    std::vector<uint8_t> codes(f.n * f.m), want_codes(f.n * f.m);
+    gp->encode(s, f.x.data(), f.n, ids.data(), codes.data());
+    dev->encode(s, f.x.data(), f.n, want_ids.data(), want_codes.data());
+    EXPECT_EQ(ids, want_ids);
+    EXPECT_EQ(codes, want_codes);
+
+    const size_t nq = 7, k = 9;
+    std::vector<float> queries = testutil::gaussian_vectors(nq, f.d, 5);
+    for (Metric metric : {Metric::L2, Metric::InnerProduct, Metric::Cosine}) {
+        SCOPED_TRACE(testutil::metric_name(metric));
+        std::vector<float> dist(nq * k), want_dist(nq * k);
+        std::vector<int64_t> labels(nq * k), want_labels(nq * k);
+        gp->exact_knn(queries.data(), nq, f.x.data(), f.n, f.d, metric, k, dist.data(), labels.data());
+        dev->exact_knn(queries.data(), nq, f.x.data(), f.n, f.d, metric, k, want_dist.data(),
+                       want_labels.data());
+        EXPECT_EQ(labels, want_labels);
+        EXPECT_EQ(dist, want_dist);
+    }
+}
+
+// Arrays above the exchange's 64 MiB keep: the exchange grows for the call
+// and gives the memory back at the next, smaller one; both must be right
+// (the server remaps at the size each request states).
+TEST(GpuProcess, LargePayloadGrowsThenShrinksTheExchange)
+{
+    const size_t d = 32, n = 600000, nq = 2, k = 5;  // 77 MB of base rows
+    std::vector<float> base = fast_uniform(n, d, 31);
+    std::vector<float> queries = fast_uniform(nq, d, 32);
+
+    Channel ch(emulated_server);
+    auto gp = ch.connect();
+    std::vector<float> dist(nq * k);
+    std::vector<int64_t> labels(nq * k);
+    gp->exact_knn(queries.data(), nq, base.data(), 1000, d, Metric::L2, k, dist.data(), labels.data());
+    const uint64_t small_size = ch.exchange_size();
+    EXPECT_LT(small_size, 64ull << 20);
+
+    gp->exact_knn(queries.data(), nq, base.data(), n, d, Metric::L2, k, dist.data(), labels.data());
+    const uint64_t big_size = ch.exchange_size();
+    EXPECT_GE(big_size, n * d * sizeof(float));
+    std::vector<int64_t> want;
+    std::vector<double> want_dist;
+    for (size_t q = 0; q < nq; q++) {
+        SCOPED_TRACE("large, query " + std::to_string(q));
+        reference_knn(queries.data() + q * d, base.data(), n, d, k, want, want_dist);
+        for (size_t i = 0; i < k; i++) {
+            EXPECT_EQ(labels[q * k + i], want[i]) << "rank " << i;
+            EXPECT_NEAR(dist[q * k + i], want_dist[i], 1e-3 * (1 + want_dist[i])) << "rank " << i;
+        }
+    }
+
+    // A small call over the rows at the end of the base: what the large call
+    // left in the exchange must not leak into it.
+    const size_t tail = 3000;
+    const float* tail_base = base.data() + (n - tail) * d;
+    gp->exact_knn(queries.data(), nq, tail_base, tail, d, Metric::L2, k, dist.data(), labels.data());
+    const uint64_t shrunk = ch.exchange_size();
+    EXPECT_LT(shrunk, big_size);
+    EXPECT_LE(shrunk, 64ull << 20);
+    for (size_t q = 0; q < nq; q++) {
+        SCOPED_TRACE("small, query " + std::to_string(q));
+        reference_knn(queries.data() + q * d, tail_base, tail, d, k, want, want_dist);
+        for (size_t i = 0; i < k; i++) {
+            EXPECT_EQ(labels[q * k + i], want[i]) << "rank " << i;
+            EXPECT_NEAR(dist[q * k + i], want_dist[i], 1e-3 * (1 + want_dist[i])) << "rank " << i;
+        }
+    }
+    EXPECT_TRUE(gp->alive());
+}
+
+TEST(GpuProcess, PeerGoneEndsTheProcess)
+{
+    // Exits after its announcement (between calls).
+    {
+        Channel ch([](ServerEnd& end) {
+            auto dev = make_cpu_emulation_device();
+            announce(end.sock, dev.get(), Kind::Emulated, Status::Ok, dev->description());
+            end.close_sock();
+            return 0;
+        });
+        auto gp = ch.connect();
+        ch.join();
+        EXPECT_TRUE(gp->alive());  // nothing has noticed yet
+        EXPECT_EQ(error_kind([&] { gp->drop_all(); }), ErrorKind::Internal);
+        EXPECT_FALSE(gp->alive());
+        EXPECT_FALSE(gp->cause().empty());
+
+        auto t0 = Clock::now();
+        try {
+            gp->status();
+            ADD_FAILURE() << "a call to a dead process returned";
+        } catch (const Error& e) {
+            EXPECT_EQ(e.kind(), ErrorKind::Internal);
+            EXPECT_NE(std::string(e.what()).find(gp->cause()), std::string::npos) << e.what();
+        }
+        EXPECT_LT(seconds_since(t0), 0.5);  // no wait for an answer
+        EXPECT_FALSE(gp->alive());
+    }
+    // Dies while a call waits for it.
+    {
+        Channel ch([](ServerEnd& end) {
+            auto dev = make_cpu_emulation_device();
+            announce(end.sock, dev.get(), Kind::Emulated, Status::Ok, dev->description());
+            Request q;
+            (void)::recv(end.sock, &q, sizeof(q), 0);
+            end.close_sock();
+            return 0;
+        });
+        auto gp = ch.connect();
+        Data f;
+        std::vector<int64_t> labels(5);
+        EXPECT_EQ(error_kind([&] { gp->search(MirrorKey{1, 2, 3, 4}, f.d, f.x.data(), 1, 5, 1, labels.data()); }),
+                  ErrorKind::Internal);
+        EXPECT_FALSE(gp->alive());
+        EXPECT_FALSE(gp->cause().empty());
+        EXPECT_EQ(error_kind([&] { gp->drop_all(); }), ErrorKind::Internal);
+    }
+}
+
+TEST(GpuProcess, TimeoutAbandonsAStuckCall)
+{
+    Channel ch(stalling_server());
+    auto gp = ch.connect();
+    gp->set_timeout(0.3);
+    auto t0 = Clock::now();
+    EXPECT_EQ(error_kind([&] { gp->drop_all(); }), ErrorKind::Internal);
+    const double waited = seconds_since(t0);
+    // Not before the timeout; and well before the server would close (10 s),
+    // with slack for a loaded machine.
+    EXPECT_GE(waited, 0.3);
+    EXPECT_LT(waited, 2.0);
+    EXPECT_FALSE(gp->alive());
+    EXPECT_NE(gp->cause().find("did not answer"), std::string::npos) << gp->cause();
+    // A late answer must never be taken for a later call's.
+    EXPECT_EQ(error_kind([&] { gp->drop_all(); }), ErrorKind::Internal);
+}
+
+// The StopCheck is a plain function pointer: its state must be global.
+std::atomic<bool> g_stop{false};
+bool stop_requested() { return g_stop.load(); }
+
+TEST(GpuProcess, StopCheckAbandonsAWait)
+{
+    g_stop = false;
+    {
+        // The service is told to stop while the process is busy with a call.
+        Channel ch(stalling_server([] { g_stop = true; }));
+        auto gp = ch.connect(stop_requested);
+        ASSERT_TRUE(gp->alive());
+        auto t0 = Clock::now();
+        EXPECT_EQ(error_kind([&] { gp->drop_all(); }), ErrorKind::Internal);  // no timeout set
+        EXPECT_LT(seconds_since(t0), 2.0);
+        EXPECT_FALSE(gp->alive());
+        EXPECT_NE(gp->cause().find("stopped"), std::string::npos) << gp->cause();
+    }
+    g_stop = false;
+}
+
+// The server's own checks, which the client never trips: requests are
+// taken only whole and with the magic, and every region must lie inside
+// the exchange as the request states it, which must exist at that size.
+TEST(GpuProcessServer, RejectsMalformedRequestsAndRegions)
+{
+    Channel ch(emulated_server);
+    const int sock = ch.raw_sock();
+    Reply rep;
+    ASSERT_EQ(::recv(sock, &rep, sizeof(rep), 0), ssize_t(sizeof(rep)));
+    EXPECT_EQ(rep.seq, 0u);
+    EXPECT_EQ(rep.status, Status::Ok);
+    EXPECT_EQ(rep.value[1], uint64_t(Kind::Emulated));
+
+    auto exchange = [&](Request q) {
+        Reply r;
+        EXPECT_EQ(::send(sock, &q, sizeof(q), MSG_NOSIGNAL), ssize_t(sizeof(q)));
+        EXPECT_EQ(::recv(sock, &r, sizeof(r), 0), ssize_t(sizeof(r)));
+        EXPECT_EQ(r.seq, q.seq);
+        return r;
+    };
+    const uint64_t mib = 1 << 20;
+    ASSERT_EQ(ftruncate(ch.exchange_fd(), off_t(mib)), 0);
+
+    Request bad;
+    bad.magic = 0x12345678;
+    bad.seq = 1;
+    rep = exchange(bad);
+    EXPECT_EQ(rep.status, Status::Internal);
+    EXPECT_NE(std::string(rep.message).find("malformed"), std::string::npos) << rep.message;
+
+    Request q;
+    q.op = Op::Exact;
+    q.seq = 2;
+    q.exchange_bytes = mib;
+    q.d = 4;
+    q.nq = 1;
+    q.n = 100;
+    q.k = 1;
+    q.region[0] = {0, 16};
+    q.region[1] = {64, 1600};
+    q.region[2] = {1728, 4};
+    q.region[3] = {mib - 4, 8};  // past the end
+    rep = exchange(q);
+    EXPECT_EQ(rep.status, Status::InvalidArgument);
+    EXPECT_NE(std::string(rep.message).find("outside the exchange"), std::string::npos) << rep.message;
+
+    q.seq = 3;
+    q.region[3] = {1792, 8};
+    q.region[1] = {64, 1596};  // smaller than n x d floats
+    rep = exchange(q);
+    EXPECT_EQ(rep.status, Status::InvalidArgument);
+
+    q.seq = 4;
+    q.region[1] = {64, 1600};
+    rep = exchange(q);
+    EXPECT_EQ(rep.status, Status::Ok) << rep.message;
+
+    q.seq = 5;
+    q.exchange_bytes = 2 * mib;  // more than the segment holds
+    rep = exchange(q);
+    EXPECT_EQ(rep.status, Status::Internal);
+    EXPECT_NE(std::string(rep.message).find("smaller than stated"), std::string::npos) << rep.message;
+
+    Request unknown;
+    unknown.op = static_cast<Op>(999);
+    unknown.seq = 6;
+    rep = exchange(unknown);
+    EXPECT_EQ(rep.status, Status::InvalidArgument);
+
+    // Half a request: the magic and op, nothing else.
+    Request half;
+    half.op = Op::DropAll;
+    half.seq = 7;
+    ASSERT_EQ(::send(sock, &half, 8, MSG_NOSIGNAL), 8);
+    ASSERT_EQ(::recv(sock, &rep, sizeof(rep), 0), ssize_t(sizeof(rep)));
+    EXPECT_EQ(rep.status, Status::Internal);
+
+    // Still serving after all of it.
+    Request drop;
+    drop.op = Op::DropAll;
+    drop.seq = 8;
+    rep = exchange(drop);
+    EXPECT_EQ(rep.status, Status::Ok);
+}
+
+}  // namespace
+}  // namespace gpuproc
+}  // namespace gpuivfpq
