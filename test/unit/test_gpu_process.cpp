@@ -318,6 +318,27 @@ TEST(GpuProcess, AnnouncedFailureThrowsStartError)
             EXPECT_FALSE(e.no_device());  // a failure: retry later
         }
     }
+    // A program from another build (installed while the server ran the old
+    // library): refused for good, since retrying starts the same program.
+    {
+        Channel ch([](ServerEnd& end) {
+            Reply rep;
+            rep.status = Status::Ok;
+            rep.value[1] = static_cast<uint64_t>(Kind::Gpu);
+            rep.value[2] = kVersion + 1;
+            rep.value[3] = sizeof(Request);
+            (void)::send(end.sock, &rep, sizeof(rep), MSG_NOSIGNAL);
+            wait_for_close(end.sock);
+            return 0;
+        });
+        try {
+            ch.connect();
+            FAIL() << "a program of another protocol version was accepted";
+        } catch (const StartError& e) {
+            EXPECT_TRUE(e.no_device());
+            EXPECT_NE(std::string(e.what()).find("another build"), std::string::npos) << e.what();
+        }
+    }
     // Dying before the announcement is a failure too, not a hang.
     {
         Channel ch([](ServerEnd& end) {

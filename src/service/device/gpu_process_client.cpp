@@ -182,6 +182,14 @@ void GpuProcess::read_announcement(double timeout_s)
     } catch (const Error& e) {
         throw StartError(false, e.what());
     }
+    if (rep.value[2] != kVersion || rep.value[3] != sizeof(Request)) {
+        alive_ = false;
+        std::string why = "gpu_ivfpq_gpu_process is from another build than the loaded extension (protocol " +
+                          std::to_string(rep.value[2]) + ", expected " + std::to_string(kVersion) +
+                          "): restart the server after installing";
+        cause_ = why + (pid_ > 0 ? " (the process " + reap(true) + ")" : "");
+        throw StartError(true, why);
+    }
     if (rep.status != Status::Ok) {
         alive_ = false;
         std::string why = message_of(rep);

@@ -19,6 +19,10 @@ namespace gpuivfpq {
 namespace gpuproc {
 
 constexpr uint32_t kMagic = 0x47495650;  // "GIVP"
+// Raised with every change of Request or Reply. The program is installed
+// apart from the extension's library: after an upgrade, a server still
+// running the old library may start the new program (or the reverse).
+constexpr uint64_t kVersion = 2;
 constexpr int kRegions = 6;
 constexpr size_t kAlign = 64;
 constexpr size_t kMaxStatusMirrors = 64;  // mirrors a Status reply lists
@@ -29,9 +33,11 @@ constexpr int kExchangeFd = 4;
 constexpr int kExitNoDevice = 2;      // no usable device: do not restart
 constexpr int kExitDeviceFailed = 3;  // the device is unusable now (a sticky CUDA error)
 
-// The process first announces itself: a Reply with seq 0, Ok with value[0]
-// the memory capacity, value[1] the Kind and the description as message, or
-// the status and message of why it has no device (then it exits).
+// The process first announces itself: a Reply with seq 0, value[2] kVersion
+// and value[3] sizeof(Request) (the service refuses another build), then Ok
+// with value[0] the memory capacity, value[1] the Kind and the description
+// as message, or the status and message of why it has no device (then it
+// exits).
 enum class Op : uint32_t {
     SetBudget = 1,  // budget
     EnforceBudget,  //

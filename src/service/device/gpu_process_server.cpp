@@ -226,6 +226,8 @@ void announce(int sock, const ComputeDevice* dev, Kind kind, Status status, cons
     Reply rep;
     rep.seq = 0;  // the announcement, the answer to no request
     rep.status = status;
+    rep.value[2] = kVersion;
+    rep.value[3] = sizeof(Request);
     if (dev != nullptr) {
         rep.value[0] = dev->memory_capacity();
         rep.value[1] = static_cast<uint64_t>(kind);
