@@ -44,6 +44,7 @@
 #include "service/device/gpu_process_protocol.h"
 #include "service/device/gpu_process_server.h"
 #include "service/device/mirror_store.h"
+#include "mirror_fixture.h"
 #include "test_util.h"
 
 namespace gpuivfpq {
@@ -177,36 +178,7 @@ Channel::Server stalling_server(std::function<void()> on_request = nullptr)
 }
 
 // A small trained model and its encoded entries (as test_mirror.cpp).
-struct Data {
-    size_t d = 16, lists = 8, m = 4, n = 2000;
-    std::vector<float> x;
-    IvfPqModel model{16, 8, 4, Metric::L2};
-    std::vector<int32_t> list_ids;
-    std::vector<uint8_t> codes;
-    std::vector<int64_t> labels;
-
-    Data()
-    {
-        x = testutil::gaussian_vectors(n, d, 3);
-        model.train(x.data(), n, IvfPqTrainParams());
-        list_ids.resize(n);
-        codes.resize(n * m);
-        model.encode(x.data(), n, list_ids.data(), codes.data());
-        for (size_t i = 0; i < n; i++)
-            labels.push_back(int64_t(i) * 7 + 1);
-    }
-    MirrorSpec spec() const
-    {
-        MirrorSpec s;
-        s.d = d;
-        s.lists = lists;
-        s.m = m;
-        s.metric = Metric::L2;
-        s.centroids = model.centroids().data();
-        s.codebooks = model.pq().codebooks().data();
-        return s;
-    }
-};
+using Data = testutil::EncodedSet;
 
 // The kind of the gpuivfpq::Error fn throws (a test failure if none).
 template <typename Fn>

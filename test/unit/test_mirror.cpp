@@ -12,45 +12,12 @@
 #include "engine/search_limits.h"
 #include "engine/topk.h"
 #include "service/device/mirror_store.h"
+#include "mirror_fixture.h"
 
 namespace gpuivfpq {
 namespace {
 
-struct Fixture {
-    size_t d = 16, lists = 8, m = 4, n = 2000;
-    std::vector<float> x;
-    IvfPqModel model{16, 8, 4, Metric::L2};
-    std::vector<int32_t> list_ids;
-    std::vector<uint8_t> codes;
-    std::vector<int64_t> labels;
-
-    Fixture()
-    {
-        std::mt19937 rng(3);
-        std::normal_distribution<float> g;
-        x.resize(n * d);
-        for (auto& v : x)
-            v = g(rng);
-        IvfPqTrainParams p;
-        model.train(x.data(), n, p);
-        list_ids.resize(n);
-        codes.resize(n * m);
-        model.encode(x.data(), n, list_ids.data(), codes.data());
-        for (size_t i = 0; i < n; i++)
-            labels.push_back(int64_t(i) * 7 + 1);
-    }
-    MirrorSpec spec() const
-    {
-        MirrorSpec s;
-        s.d = d;
-        s.lists = lists;
-        s.m = m;
-        s.metric = Metric::L2;
-        s.centroids = model.centroids().data();
-        s.codebooks = model.pq().codebooks().data();
-        return s;
-    }
-};
+using Fixture = testutil::EncodedSet;
 
 TEST(Mirror, EmulationRanksLikeTheEngine)
 {

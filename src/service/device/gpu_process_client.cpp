@@ -51,20 +51,6 @@ std::string describe_exit(int status)
     return "ended (status " + std::to_string(status) + ")";
 }
 
-ErrorKind kind_of(Status s)
-{
-    switch (s) {
-    case Status::InvalidArgument:
-        return ErrorKind::InvalidArgument;
-    case Status::OutOfMemory:
-        return ErrorKind::OutOfMemory;
-    case Status::Unsupported:
-        return ErrorKind::Unsupported;
-    default:
-        return ErrorKind::Internal;
-    }
-}
-
 // A reply's message, bounded even if the reply was not terminated.
 std::string message_of(const Reply& rep) { return std::string(rep.message, strnlen(rep.message, sizeof(rep.message))); }
 

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "engine/error.h"
 #include "service/device/mirror_store.h"
 
 namespace gpuivfpq {
@@ -86,6 +87,37 @@ struct Reply {
     uint64_t value[4] = {0, 0, 0, 0};
     char message[256] = {0};
 };
+
+// An engine error's kind as a status, and back: device errors cross the
+// channel with their kind, so the service still tells bad input, out of
+// memory and unsupported models apart.
+inline Status status_of(ErrorKind kind)
+{
+    switch (kind) {
+    case ErrorKind::InvalidArgument:
+        return Status::InvalidArgument;
+    case ErrorKind::OutOfMemory:
+        return Status::OutOfMemory;
+    case ErrorKind::Unsupported:
+        return Status::Unsupported;
+    case ErrorKind::Internal:
+        break;
+    }
+    return Status::Internal;
+}
+inline ErrorKind kind_of(Status s)
+{
+    switch (s) {
+    case Status::InvalidArgument:
+        return ErrorKind::InvalidArgument;
+    case Status::OutOfMemory:
+        return ErrorKind::OutOfMemory;
+    case Status::Unsupported:
+        return ErrorKind::Unsupported;
+    default:
+        return ErrorKind::Internal;
+    }
+}
 
 // Bytes of the arrays of a Load/Encode model (centroids, codebooks).
 inline uint64_t centroid_bytes(uint64_t d, uint64_t lists) { return d * lists * sizeof(float); }

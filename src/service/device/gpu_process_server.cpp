@@ -204,21 +204,6 @@ void handle(const Request& q, Reply& rep, ComputeDevice& dev, MirrorStore& store
     throw Error(ErrorKind::InvalidArgument, "GPU process: unknown request");
 }
 
-Status status_of(ErrorKind kind)
-{
-    switch (kind) {
-    case ErrorKind::InvalidArgument:
-        return Status::InvalidArgument;
-    case ErrorKind::OutOfMemory:
-        return Status::OutOfMemory;
-    case ErrorKind::Unsupported:
-        return Status::Unsupported;
-    case ErrorKind::Internal:
-        break;
-    }
-    return Status::Internal;
-}
-
 }  // namespace
 
 void announce(int sock, const ComputeDevice* dev, Kind kind, Status status, const std::string& message)
