@@ -4,12 +4,24 @@
 #include "service/service.h"
 
 /*
+ * The labels of the entries a bulk delete removed, for the GPU mirror to
+ * remove in place; past GPU_IVFPQ_REMOVE_IN_PLACE_MAX it only counts (the
+ * mirror is then dropped and reloaded, cheaper than that many removals).
+ */
+typedef struct RemovedLabels
+{
+	int64	   *labels;
+	int			n;
+	bool		overflow;
+} RemovedLabels;
+
+/*
  * Walks every list page; with a callback, removes the entries it reports
  * dead. Counts live entries into stats either way.
  */
 static void
 WalkLists(IndexVacuumInfo *info, IndexBulkDeleteResult *stats,
-		  IndexBulkDeleteCallback callback, void *callback_state)
+		  IndexBulkDeleteCallback callback, void *callback_state, RemovedLabels *removed_labels)
 {
 	Relation	index = info->index;
 	GpuIvfpqMetaPageData meta;
@@ -57,6 +69,13 @@ WalkLists(IndexVacuumInfo *info, IndexBulkDeleteResult *stats,
 					GpuIvfpqEntryTid(base, i, m, &tid);
 					dead[i] = callback(&tid, callback_state);
 					removed += dead[i] ? 1 : 0;
+					if (dead[i] && removed_labels != NULL)
+					{
+						if (removed_labels->n < GPU_IVFPQ_REMOVE_IN_PLACE_MAX)
+							removed_labels->labels[removed_labels->n++] = GpuIvfpqTidToLabel(&tid);
+						else
+							removed_labels->overflow = true;
+					}
 				}
 			}
 			if (removed > 0)
@@ -100,22 +119,29 @@ IndexBulkDeleteResult *
 gpuivfpqbulkdelete(IndexVacuumInfo *info, IndexBulkDeleteResult *stats,
 				   IndexBulkDeleteCallback callback, void *callback_state)
 {
-	double		removed_before;
+	RemovedLabels removed;
 
 	if (stats == NULL)
 		stats = (IndexBulkDeleteResult *) palloc0(sizeof(IndexBulkDeleteResult));
 	stats->num_index_tuples = 0;
-	removed_before = stats->tuples_removed;
-	WalkLists(info, stats, callback, callback_state);
+	removed.labels = (int64 *) palloc(sizeof(int64) * GPU_IVFPQ_REMOVE_IN_PLACE_MAX);
+	removed.n = 0;
+	removed.overflow = false;
+	WalkLists(info, stats, callback, callback_state, &removed);
 
 	/*
-	 * Entries were removed and others moved: the GPU mirror goes (and is
-	 * reloaded from the pages on next use) before VACUUM lets the heap reuse
-	 * the removed TIDs, so a mirror never offers a TID for a row it no longer
-	 * describes.
+	 * The GPU mirror loses the removed entries before VACUUM lets the heap
+	 * reuse their TIDs, so a mirror never offers a TID for a row it no
+	 * longer describes: removed in place (the service waits for no reload),
+	 * or, after a large removal, dropped and reloaded from the pages on next
+	 * use. Entries moved within a page stay in their list: the mirror does
+	 * not care where on the page.
 	 */
-	if (stats->tuples_removed > removed_before)
+	if (removed.overflow)
 		GpuIvfpqServiceInvalidate(info->index, true);
+	else if (removed.n > 0)
+		GpuIvfpqServiceRemove(info->index, removed.labels, removed.n);
+	pfree(removed.labels);
 	return stats;
 }
 
@@ -128,7 +154,7 @@ gpuivfpqvacuumcleanup(IndexVacuumInfo *info, IndexBulkDeleteResult *stats)
 	if (stats == NULL)
 	{
 		stats = (IndexBulkDeleteResult *) palloc0(sizeof(IndexBulkDeleteResult));
-		WalkLists(info, stats, NULL, NULL);
+		WalkLists(info, stats, NULL, NULL, NULL);
 	}
 	stats->num_pages = RelationGetNumberOfBlocks(info->index);
 	return stats;

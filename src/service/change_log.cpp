@@ -51,20 +51,12 @@ GpuIvfpqServiceLogAppend(Relation index, const GpuIvfpqMetaPageData *meta, int l
 	(void) LogPush(&e);
 }
 
+/* Wakes the service now (it frees memory at once) and, with wait, waits until it applied seq. */
 static void
-LogInvalidate(Oid indexoid, bool wait)
+WakeAndWait(uint64 seq, bool wait)
 {
 	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
-	GpuIvfpqLogEntry e;
-	uint64		seq;
 
-	if (s == NULL)
-		return;
-	memset(&e, 0, sizeof(e));
-	e.key.db = MyDatabaseId;
-	e.key.index = indexoid;
-	e.kind = LOG_INVALIDATE;
-	seq = LogPush(&e);
 	{
 		Latch	   *latch;
 
@@ -91,6 +83,52 @@ LogInvalidate(Oid indexoid, bool wait)
 		ResetLatch(MyLatch);
 		CHECK_FOR_INTERRUPTS();
 	}
+}
+
+static void
+LogInvalidate(Oid indexoid, bool wait)
+{
+	GpuIvfpqLogEntry e;
+
+	if (gpu_ivfpq_service == NULL)
+		return;
+	memset(&e, 0, sizeof(e));
+	e.key.db = MyDatabaseId;
+	e.key.index = indexoid;
+	e.kind = LOG_INVALIDATE;
+	WakeAndWait(LogPush(&e), wait);
+}
+
+/*
+ * VACUUM removed these entries (before the heap may reuse their TIDs): the
+ * mirror of this index version loses them, in place, before any later
+ * search, and VACUUM waits until it has. A mirror loading meanwhile sees
+ * the removal in its window and is discarded (the next scan loads again).
+ */
+void
+GpuIvfpqServiceRemove(Relation index, const int64 *labels, int n)
+{
+	GpuIvfpqMetaPageData meta;
+	GpuIvfpqLogEntry e;
+	uint64		seq = 0;
+
+	if (gpu_ivfpq_service == NULL || n <= 0)
+		return;
+	GpuIvfpqReadMeta(index, &meta);
+	if (!meta.trained || meta.m > GPU_IVFPQ_SERVICE_MAX_M)
+		return;					/* no mirror can exist */
+	memset(&e, 0, sizeof(e));
+	GpuIvfpqFillKey(&e.key, index, &meta);
+	e.kind = LOG_REMOVE;
+	for (int i = 0; i < n; i += GPU_IVFPQ_LOG_REMOVE_LABELS)
+	{
+		int			count = Min(GPU_IVFPQ_LOG_REMOVE_LABELS, n - i);
+
+		e.m = (uint8) count;
+		memcpy(e.code, labels + i, sizeof(int64) * count);
+		seq = LogPush(&e);
+	}
+	WakeAndWait(seq, true);
 }
 
 /*

@@ -19,6 +19,10 @@ extern bool GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageDat
 extern void GpuIvfpqServiceLogAppend(Relation index, const GpuIvfpqMetaPageData *meta, int list,
 									 int64 label, const uint8 *code);
 extern void GpuIvfpqServiceInvalidate(Relation index, bool wait);
+extern void GpuIvfpqServiceRemove(Relation index, const int64 *labels, int n);
+
+/* Most labels a VACUUM removes from a mirror in place (more: the mirror is reloaded). */
+#define GPU_IVFPQ_REMOVE_IN_PLACE_MAX 8192
 
 /* Index builds on the service's device (service/build_client.cpp). */
 typedef struct GpuIvfpqRemoteEncoder GpuIvfpqRemoteEncoder;

@@ -102,8 +102,12 @@ typedef struct GpuIvfpqSlot
 typedef enum LogKind
 {
 	LOG_APPEND = 1,				/* an entry was added to a list page */
-	LOG_INVALIDATE				/* entries were removed or moved: drop the mirror */
+	LOG_INVALIDATE,				/* the index was rebuilt, dropped or changed a lot: drop the mirror */
+	LOG_REMOVE					/* VACUUM removed entries: m labels in code[] */
 } LogKind;
+
+/* Labels one LOG_REMOVE entry carries (in its code bytes). */
+#define GPU_IVFPQ_LOG_REMOVE_LABELS ((int) (GPU_IVFPQ_SERVICE_MAX_M / sizeof(int64)))
 
 typedef struct GpuIvfpqLogEntry
 {

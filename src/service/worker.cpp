@@ -181,6 +181,48 @@ BudgetBytes(void)
 	return gpu->capacity() / 4 * 3;
 }
 
+/* Drops a mirror whose update failed: it reloads from the pages on next use. */
+static void
+DropAfterFailure(const MirrorKey &key, const char *what, const std::string &err)
+{
+	std::string ignored;
+
+	(void) Engine([&] { gpu->drop_index(key.db, key.index); }, ignored);
+	RecordError(std::string(what) + " failed, mirror dropped: " + err);
+}
+
+/* Appends logged entries to a mirror (one that was evicted meanwhile takes none). */
+static void
+ApplyAppends(const MirrorKey &key, const std::vector<const GpuIvfpqLogEntry *> &batch)
+{
+	std::vector<int32_t> lists;
+	std::vector<int64_t> labels;
+	std::vector<uint8_t> codes;
+	size_t		m = batch.front()->m;
+	std::string err;
+
+	for (const GpuIvfpqLogEntry *e : batch)
+	{
+		lists.push_back(e->list);
+		labels.push_back(e->label);
+		codes.insert(codes.end(), e->code, e->code + m);
+	}
+	if (!Engine([&] { (void) gpu->add(key, m, lists.size(), lists.data(), codes.data(), labels.data()); }, err))
+		DropAfterFailure(key, "appending to a mirror", err);
+}
+
+/* Removes the labels of a LOG_REMOVE entry from the mirror, in place. */
+static void
+ApplyRemove(const MirrorKey &key, const GpuIvfpqLogEntry &e)
+{
+	int64_t		labels[GPU_IVFPQ_LOG_REMOVE_LABELS];
+	std::string err;
+
+	memcpy(labels, e.code, sizeof(int64) * e.m);
+	if (!Engine([&] { (void) gpu->remove(key, e.m, labels); }, err))
+		DropAfterFailure(key, "removing entries from a mirror", err);
+}
+
 /*
  * Applies the change log from log_cursor to its head: appends reach their
  * mirrors, invalidations drop them. If the writers lapped the service, some
@@ -217,46 +259,52 @@ DrainLog(void)
 	}
 	else if (!entries.empty())
 	{
-		std::string err;
 		std::map<MirrorKey, std::vector<const GpuIvfpqLogEntry *>> appends;
+		bool		removals = false;
 
+		/*
+		 * In log order per index: appends gather into one add per mirror,
+		 * flushed before a removal of the same mirror (a TID removed by
+		 * VACUUM may be appended again once the heap reuses it).
+		 */
 		for (const auto &e : entries)
 		{
 			MirrorKey	key = ToKey(e.key);
 
 			if (e.kind == LOG_INVALIDATE)
 			{
+				std::string err;
+
 				/* Appends to the dropped mirror (earlier or later) find no mirror below. */
+				appends.erase(key);
 				(void) Engine([&] { gpu->drop_index(key.db, key.index); }, err);
+				removals = true;
 				continue;
 			}
 			auto		from = mirror_from.find(key);
 
-			if (from != mirror_from.end() && e.seq >= from->second)
+			if (from == mirror_from.end() || e.seq < from->second)
+				continue;		/* no mirror, or one loaded after this change */
+			if (e.kind == LOG_APPEND)
 				appends[key].push_back(&e);
+			else
+			{
+				auto		pending = appends.find(key);
+
+				if (pending != appends.end())
+				{
+					ApplyAppends(key, pending->second);
+					appends.erase(pending);
+				}
+				ApplyRemove(key, e);
+				removals = true;
+			}
 		}
 		for (auto &kv : appends)
-		{
-			std::vector<int32_t> lists;
-			std::vector<int64_t> labels;
-			std::vector<uint8_t> codes;
-			size_t		m = kv.second.front()->m;
-
-			for (const GpuIvfpqLogEntry *e : kv.second)
-			{
-				lists.push_back(e->list);
-				labels.push_back(e->label);
-				codes.insert(codes.end(), e->code, e->code + m);
-			}
-			/* A mirror evicted meanwhile takes no appends (add says so): it reloads. */
-			if (!Engine([&] { (void) gpu->add(kv.first, m, lists.size(), lists.data(), codes.data(), labels.data()); }, err))
-			{
-				std::string ignored;
-
-				(void) Engine([&] { gpu->drop_index(kv.first.db, kv.first.index); }, ignored);
-				RecordError("appending to a mirror failed, mirror dropped: " + err);
-			}
-		}
+			ApplyAppends(kv.first, kv.second);
+		/* Before VACUUM and DROP see the log applied, the views show the result. */
+		if (removals)
+			PublishStatus();
 	}
 	log_cursor = head;
 	pg_atomic_write_u64(&s->log_applied, head);
@@ -431,7 +479,8 @@ Load(GpuIvfpqSlot *slot, const char *base, std::string &err)
 
 			for (const auto &e : window)
 			{
-				if (e.kind == LOG_INVALIDATE)
+				/* The pages changed under the reader beyond appends: load again later. */
+				if (e.kind == LOG_INVALIDATE || e.kind == LOG_REMOVE)
 				{
 					changed = true;
 					return;

@@ -28,11 +28,17 @@ SET gpu_ivfpq.device = gpu;
 INSERT INTO svc VALUES (5000, '{0.5,0.5,0.1,0.2}');
 SELECT id, v <-> '{0.5,0.5,0.1,0.2}' AS dist FROM svc ORDER BY v <-> '{0.5,0.5,0.1,0.2}' LIMIT 1;
 
--- VACUUM drops the mirror (entries moved); the next scan reloads it.
-DELETE FROM svc WHERE id = 5000;
+-- VACUUM removes the dead entries from the mirror in place: the same
+-- mirror (its query count goes on), 11 entries fewer, before VACUUM returns.
+DELETE FROM svc WHERE id = 5000 OR id <= 10;
 VACUUM svc;
-SELECT count(*) AS mirrors_after_vacuum FROM gpu_ivfpq_mirrors WHERE index = 'svc_idx';
+SELECT count(*) AS mirrors_after_vacuum, min(entries) AS entries, min(queries) > 0 AS same_mirror
+FROM gpu_ivfpq_mirrors WHERE index = 'svc_idx';
 SELECT id FROM svc ORDER BY v <-> '{0.5,0.5,0.1,0.2}' LIMIT 1;
+SELECT array_agg(id) AS gpu FROM (SELECT id FROM svc ORDER BY v <-> '{0.9,0.1,0.3,0.7}' LIMIT 8) s;
+SET gpu_ivfpq.device = cpu;
+SELECT array_agg(id) AS cpu FROM (SELECT id FROM svc ORDER BY v <-> '{0.9,0.1,0.3,0.7}' LIMIT 8) s;
+SET gpu_ivfpq.device = gpu;
 SELECT entries FROM gpu_ivfpq_mirrors WHERE index = 'svc_idx';
 
 -- What the GPU cannot serve is an error with gpu_ivfpq.device = gpu ...

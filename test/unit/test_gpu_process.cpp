@@ -413,6 +413,51 @@ TEST(GpuProcess, AddSearchAndDropByKey)
     EXPECT_TRUE(gp->alive());
 }
 
+// VACUUM's in-place removal: the labels go (unknown ones and duplicates
+// ignored), the count says how many, searches never return them again, and
+// the mirror answers as one loaded without them.
+TEST(GpuProcess, RemoveDropsLabelsInPlace)
+{
+    Data f;
+    const MirrorKey key{1, 10, 100, 1}, other{1, 11, 110, 1};
+    Channel ch(emulated_server);
+    auto gp = ch.connect();
+    gp->load(key, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
+
+    std::vector<int64_t> gone;
+    for (size_t i = 0; i < f.n; i += 3)
+        gone.push_back(f.labels[i]);
+    std::vector<int64_t> asked = gone;
+    asked.push_back(-5);            // unknown
+    asked.push_back(gone.front());  // duplicate
+    size_t removed = 0;
+    ASSERT_TRUE(gp->remove(key, asked.size(), asked.data(), &removed));
+    EXPECT_EQ(removed, gone.size());
+    EXPECT_EQ(gp->status().mirrors.at(0).entries, f.n - gone.size());
+    EXPECT_FALSE(gp->remove(other, asked.size(), asked.data(), &removed));
+
+    // The same mirror loaded without the removed entries.
+    std::vector<int32_t> lists;
+    std::vector<uint8_t> codes;
+    std::vector<int64_t> labels;
+    for (size_t i = 0; i < f.n; i++) {
+        if (i % 3 == 0)
+            continue;
+        lists.push_back(f.list_ids[i]);
+        codes.insert(codes.end(), &f.codes[i * f.m], &f.codes[(i + 1) * f.m]);
+        labels.push_back(f.labels[i]);
+    }
+    gp->load(other, f.spec(), labels.size(), lists.data(), codes.data(), labels.data());
+    const size_t nq = 50, k = 20;
+    std::vector<int64_t> a(nq * k), b(nq * k);
+    ASSERT_TRUE(gp->search(key, f.d, f.x.data(), nq, k, f.lists, a.data()));
+    ASSERT_TRUE(gp->search(other, f.d, f.x.data(), nq, k, f.lists, b.data()));
+    EXPECT_EQ(a, b);
+    std::sort(gone.begin(), gone.end());
+    for (int64_t label : a)
+        EXPECT_FALSE(std::binary_search(gone.begin(), gone.end(), label)) << label;
+}
+
 TEST(GpuProcess, StatusBudgetAndOutOfMemory)
 {
     Data f;

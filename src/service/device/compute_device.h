@@ -40,6 +40,9 @@ public:
     // (clamped to 1..lists) above kMaxSelectK.
     virtual void search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist,
                         int64_t* labels) = 0;
+    // Removes every entry whose label is in labels[0..n) (unknown labels
+    // and duplicates allowed), in place; returns how many went.
+    virtual size_t remove(size_t n, const int64_t* labels) = 0;
     virtual size_t entries() const = 0;
     virtual size_t bytes() const = 0;  // device memory held
 };

@@ -88,6 +88,31 @@ public:
         }
     }
 
+    size_t remove(size_t n, const int64_t* labels) override
+    {
+        std::vector<int64_t> gone(labels, labels + n);
+        std::sort(gone.begin(), gone.end());
+        size_t m = model_.m(), removed = 0;
+        for (size_t l = 0; l < labels_.size(); l++) {
+            auto& lab = labels_[l];
+            auto& codes = codes_[l];
+            size_t kept = 0;
+            for (size_t i = 0; i < lab.size(); i++) {
+                if (std::binary_search(gone.begin(), gone.end(), lab[i]))
+                    continue;
+                // Compacted in place, order kept, as the GPU's remove_ids does.
+                lab[kept] = lab[i];
+                std::memmove(&codes[kept * m], &codes[i * m], m);
+                kept++;
+            }
+            removed += lab.size() - kept;
+            lab.resize(kept);
+            codes.resize(kept * m);
+        }
+        entries_ -= removed;
+        return removed;
+    }
+
     size_t entries() const override { return entries_; }
     size_t bytes() const override { return entries_ * (model_.m() + sizeof(int64_t)); }
 

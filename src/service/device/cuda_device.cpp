@@ -44,6 +44,7 @@ public:
     {
         index_.search(queries, nq, k, nprobe, dist, labels);
     }
+    size_t remove(size_t n, const int64_t* labels) override { return index_.remove_ids(labels, n); }
     size_t entries() const override { return index_.ntotal(); }
     size_t bytes() const override { return index_.memory_use().total(); }
 

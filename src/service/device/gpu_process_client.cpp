@@ -418,6 +418,23 @@ bool GpuProcess::search(const MirrorKey& key, size_t d, const float* queries, si
     return true;
 }
 
+bool GpuProcess::remove(const MirrorKey& key, size_t n, const int64_t* labels, size_t* removed)
+{
+    Request q;
+    Layout l;
+    q.op = Op::Remove;
+    q.key = key;
+    q.n = n;
+    q.region[4] = l.take(n * sizeof(int64_t));
+    char* x = exchange(l);
+    std::memcpy(x + q.region[4].offset, labels, q.region[4].bytes);
+    Reply rep = call(q);
+    raise_for(rep);
+    if (removed != nullptr)
+        *removed = rep.status == Status::Ok ? rep.value[0] : 0;
+    return rep.status == Status::Ok;
+}
+
 size_t GpuProcess::drop_index(uint32_t db, uint32_t index)
 {
     Request q;

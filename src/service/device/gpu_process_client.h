@@ -75,6 +75,8 @@ public:
              const int64_t* labels);
     bool search(const MirrorKey& key, size_t d, const float* queries, size_t nq, size_t k,
                 size_t nprobe, int64_t* labels);
+    // false when the process holds no mirror of key; *removed: entries that went.
+    bool remove(const MirrorKey& key, size_t n, const int64_t* labels, size_t* removed = nullptr);
     size_t drop_index(uint32_t db, uint32_t index);
     void drop_all();
     void train(const float* x, size_t n, size_t d, size_t lists, size_t m, Metric metric,

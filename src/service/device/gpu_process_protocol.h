@@ -23,7 +23,7 @@ constexpr uint32_t kMagic = 0x47495650;  // "GIVP"
 // Raised with every change of Request or Reply. The program is installed
 // apart from the extension's library: after an upgrade, a server still
 // running the old library may start the new program (or the reverse).
-constexpr uint64_t kVersion = 2;
+constexpr uint64_t kVersion = 3;
 constexpr int kRegions = 6;
 constexpr size_t kAlign = 64;
 constexpr size_t kMaxStatusMirrors = 64;  // mirrors a Status reply lists
@@ -46,6 +46,7 @@ enum class Op : uint32_t {
     Load,           // key, d, lists, m, metric, n; r0 centroids, r1 codebooks, r2 list ids, r3 codes, r4 labels
     Add,            // key, m, n; r2 list ids, r3 codes, r4 labels -> NotFound without the mirror
     Search,         // key, d, n queries, k, nprobe; r0 queries, r1 labels out -> NotFound without the mirror
+    Remove,         // key, n; r4 labels -> value[0] entries removed; NotFound without the mirror
     DropIndex,      // key.db, key.index -> value[0] mirrors dropped
     DropAll,        //
     Train,          // d, lists, m, metric, n, the IvfPqTrainParams; r0 rows, r1 centroids out, r2 codebooks out

@@ -171,6 +171,15 @@ void handle(const Request& q, Reply& rep, ComputeDevice& dev, MirrorStore& store
         store.count_queries(q.key, q.n);
         return;
     }
+    case Op::Remove: {
+        Mirror* mirror = store.find(q.key);
+        if (mirror == nullptr) {
+            rep.status = Status::NotFound;
+            return;
+        }
+        rep.value[0] = mirror->remove(q.n, x.at<int64_t>(q.region[4], q.n));
+        return;
+    }
     case Op::DropIndex:
         rep.value[0] = store.drop_index(q.key.db, q.key.index);
         return;
