@@ -275,8 +275,7 @@ DrainLog(void)
 			{
 				std::string err;
 
-				/* Appends to the dropped mirror (earlier or later) find no mirror below. */
-				appends.erase(key);
+				/* Appends to the dropped mirror (earlier or later) find no mirror: add says so. */
 				(void) Engine([&] { gpu->drop_index(key.db, key.index); }, err);
 				removals = true;
 				continue;
