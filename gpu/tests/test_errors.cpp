@@ -65,12 +65,15 @@ TEST(GpuErrors, TooLargeK)
 TEST(GpuErrors, UnsupportedM)
 {
     GPU_REQUIRE_DEVICE();
-    std::vector<float> cents(4 * 130, 0.0f), cbs(130 * 256, 0.0f);
+    // One above the limit, with a d it divides (so only the limit refuses it).
+    const size_t m = gpuivfpq::kMaxGpuSubQuantizers + 1, d = 2 * m;
+    std::vector<float> cents(4 * d, 0.0f), cbs(d * 256, 0.0f);
     EXPECT_EQ(kind_of([&] {
-                  gpuivfpq::gpu::GpuIvfPqIndex idx(ctx(), 130, 4, 65, Metric::L2, cents.data(), cbs.data());
+                  gpuivfpq::gpu::GpuIvfPqIndex idx(ctx(), d, 4, m, Metric::L2, cents.data(), cbs.data());
               }),
               ErrorKind::Unsupported);
     EXPECT_EQ(kind_of([&] {
+                  // m = 3 does not divide d = 130.
                   gpuivfpq::gpu::GpuIvfPqIndex idx(ctx(), 130, 4, 3, Metric::L2, cents.data(), cbs.data());
               }),
               ErrorKind::Unsupported);

@@ -134,7 +134,8 @@ TEST(IvfPqTables, MatchCpuListTables)
     const Case cases[] = {{64, 1, Metric::L2, true},  {40, 5, Metric::L2, true},
                           {64, 8, Metric::L2, false}, {64, 16, Metric::InnerProduct, true},
                           {64, 32, Metric::Cosine, true}, {64, 64, Metric::L2, true},
-                          {64, 16, Metric::Cosine, false}};
+                          {64, 16, Metric::Cosine, false}, {128, 128, Metric::L2, true},
+                          {256, 128, Metric::InnerProduct, false}};
     for (const Case& c : cases)
         for (bool half : {false, true}) {
             const std::string what = shape("tables", {{"d", double(c.d)}, {"m", double(c.m)},
@@ -193,8 +194,8 @@ TEST(IvfPqEncode, MatchesCpuEncode)
 {
     GPU_REQUIRE_DEVICE();
     const uint64_t s = seed(909);
-    for (size_t m : {8, 16}) {
-        Fixture f(32, 32, m, 3000, 1, Metric::L2, s + m);
+    for (size_t m : {8, 16, 128}) {
+        Fixture f(m == 128 ? 256 : 32, 32, m, 3000, 1, Metric::L2, s + m);
         GpuIvfPqIndex idx(ctx(), f.d, f.lists, f.m, f.metric, f.model->centroids().data(),
                           f.model->pq().codebooks().data());
         std::vector<int32_t> gl(f.n);
@@ -220,7 +221,8 @@ TEST(IvfPqSearch, SameNeighboursAsCpu)
     struct Case { size_t d, m; Metric metric; bool pre; };
     const Case cases[] = {{32, 8, Metric::L2, true},   {32, 8, Metric::L2, false},
                           {64, 16, Metric::InnerProduct, true}, {64, 64, Metric::Cosine, true},
-                          {30, 3, Metric::L2, true},   {64, 32, Metric::L2, true}};
+                          {30, 3, Metric::L2, true},   {64, 32, Metric::L2, true},
+                          {128, 128, Metric::L2, true}, {256, 128, Metric::Cosine, false}};
     for (const Case& c : cases) {
         Fixture f(c.d, 32, c.m, 5000, 60, c.metric, s + c.m, c.pre);
         for (int variant = 0; variant < 4; ++variant) {

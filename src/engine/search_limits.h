@@ -14,6 +14,6 @@ constexpr size_t kMaxSelectK = 2048;
 
 // Most PQ sub-quantizers the GPU list scan handles (its lookup tables live
 // in shared memory; wider codes run on the CPU engine).
-constexpr size_t kMaxGpuSubQuantizers = 64;
+constexpr size_t kMaxGpuSubQuantizers = 128;
 
 }  // namespace gpuivfpq
