@@ -4,16 +4,18 @@
 #include "service/service.h"
 
 /*
- * The labels of the entries a bulk delete removed, for the GPU mirror to
- * remove in place; past GPU_IVFPQ_REMOVE_IN_PLACE_MAX it only counts (the
- * mirror is then dropped and reloaded, cheaper than that many removals).
+ * What a bulk delete told the GPU mirror: the labels of the removed entries
+ * are logged page by page, for the mirror to remove in place; past
+ * GPU_IVFPQ_REMOVE_IN_PLACE_MAX the mirror is invalidated instead (dropped
+ * and reloaded, cheaper than that many removals). pos: the log position to
+ * wait for before the heap may reuse the TIDs.
  */
-typedef struct RemovedLabels
+typedef struct MirrorRemoval
 {
-	int64	   *labels;
-	int			n;
-	bool		overflow;
-} RemovedLabels;
+	int			logged;
+	bool		invalidated;
+	uint64		pos;
+} MirrorRemoval;
 
 /*
  * Walks every list page; with a callback, removes the entries it reports
@@ -21,7 +23,7 @@ typedef struct RemovedLabels
  */
 static void
 WalkLists(IndexVacuumInfo *info, IndexBulkDeleteResult *stats,
-		  IndexBulkDeleteCallback callback, void *callback_state, RemovedLabels *removed_labels)
+		  IndexBulkDeleteCallback callback, void *callback_state, MirrorRemoval *mirror)
 {
 	Relation	index = info->index;
 	GpuIvfpqMetaPageData meta;
@@ -50,6 +52,7 @@ WalkLists(IndexVacuumInfo *info, IndexBulkDeleteResult *stats,
 			int			removed = 0;
 			char	   *base;
 			bool		dead[GPU_IVFPQ_PAGE_CONTENT / GPU_IVFPQ_TID_BYTES + 1];
+			int64		gone[GPU_IVFPQ_PAGE_CONTENT / GPU_IVFPQ_TID_BYTES + 1];
 
 			vacuum_delay_point();
 			GpuIvfpqChainStep(index, &walk, from, blk);
@@ -68,14 +71,8 @@ WalkLists(IndexVacuumInfo *info, IndexBulkDeleteResult *stats,
 
 					GpuIvfpqEntryTid(base, i, m, &tid);
 					dead[i] = callback(&tid, callback_state);
-					removed += dead[i] ? 1 : 0;
-					if (dead[i] && removed_labels != NULL)
-					{
-						if (removed_labels->n < GPU_IVFPQ_REMOVE_IN_PLACE_MAX)
-							removed_labels->labels[removed_labels->n++] = GpuIvfpqTidToLabel(&tid);
-						else
-							removed_labels->overflow = true;
-					}
+					if (dead[i])
+						gone[removed++] = GpuIvfpqTidToLabel(&tid);
 				}
 			}
 			if (removed > 0)
@@ -100,6 +97,26 @@ WalkLists(IndexVacuumInfo *info, IndexBulkDeleteResult *stats,
 			else
 				kept = n;
 
+			/*
+			 * The page is written: tell the mirror now (while VACUUM waits
+			 * at the end, before the heap reuses these TIDs), so that a
+			 * VACUUM failing later has still reported this page.
+			 */
+			if (removed > 0 && mirror != NULL && !mirror->invalidated)
+			{
+				if (mirror->logged + removed <= GPU_IVFPQ_REMOVE_IN_PLACE_MAX)
+				{
+					uint64		pos = GpuIvfpqServiceLogRemove(index, &meta, gone, removed);
+
+					mirror->pos = Max(mirror->pos, pos);
+					mirror->logged += removed;
+				}
+				else
+				{
+					mirror->pos = Max(mirror->pos, GpuIvfpqServiceLogInvalidate(index));
+					mirror->invalidated = true;
+				}
+			}
 			stats->tuples_removed += removed;
 			stats->num_index_tuples += kept;
 			if (first_room == InvalidBlockNumber && kept < GpuIvfpqEntriesPerPage(m))
@@ -119,29 +136,22 @@ IndexBulkDeleteResult *
 gpuivfpqbulkdelete(IndexVacuumInfo *info, IndexBulkDeleteResult *stats,
 				   IndexBulkDeleteCallback callback, void *callback_state)
 {
-	RemovedLabels removed;
+	MirrorRemoval mirror = {0, false, 0};
 
 	if (stats == NULL)
 		stats = (IndexBulkDeleteResult *) palloc0(sizeof(IndexBulkDeleteResult));
 	stats->num_index_tuples = 0;
-	removed.labels = (int64 *) palloc(sizeof(int64) * GPU_IVFPQ_REMOVE_IN_PLACE_MAX);
-	removed.n = 0;
-	removed.overflow = false;
-	WalkLists(info, stats, callback, callback_state, &removed);
+	WalkLists(info, stats, callback, callback_state, &mirror);
 
 	/*
 	 * The GPU mirror loses the removed entries before VACUUM lets the heap
 	 * reuse their TIDs, so a mirror never offers a TID for a row it no
-	 * longer describes: removed in place (the service waits for no reload),
-	 * or, after a large removal, dropped and reloaded from the pages on next
-	 * use. Entries moved within a page stay in their list: the mirror does
-	 * not care where on the page.
+	 * longer describes: removed in place (no reload), or after a large
+	 * removal dropped and reloaded from the pages on next use. Entries moved
+	 * within a page stay in their list: the mirror does not care where on
+	 * the page.
 	 */
-	if (removed.overflow)
-		GpuIvfpqServiceInvalidate(info->index, true);
-	else if (removed.n > 0)
-		GpuIvfpqServiceRemove(info->index, removed.labels, removed.n);
-	pfree(removed.labels);
+	GpuIvfpqServiceWaitApplied(mirror.pos);
 	return stats;
 }
 

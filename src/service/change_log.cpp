@@ -51,31 +51,40 @@ GpuIvfpqServiceLogAppend(Relation index, const GpuIvfpqMetaPageData *meta, int l
 	(void) LogPush(&e);
 }
 
-/* Wakes the service now (it frees memory at once) and, with wait, waits until it applied seq. */
+/* Wakes the service, so that it applies (and frees memory) now, not at the next request. */
 static void
-WakeAndWait(uint64 seq, bool wait)
+WakeService(void)
+{
+	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+	Latch	   *latch;
+
+	SpinLockAcquire(&s->mutex);
+	latch = s->pid != 0 ? s->latch : NULL;
+	SpinLockRelease(&s->mutex);
+	if (latch != NULL)
+		SetLatch(latch);
+}
+
+/*
+ * Waits until the service has applied the log up to position pos (a value
+ * the Log functions returned; 0: nothing to wait for): no batch after that
+ * sees the mirror as it was. A service that is not running holds no mirror.
+ */
+void
+GpuIvfpqServiceWaitApplied(uint64 pos)
 {
 	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
 
+	if (s == NULL || pos == 0)
+		return;
+	for (;;)
 	{
 		Latch	   *latch;
 
 		SpinLockAcquire(&s->mutex);
 		latch = s->pid != 0 ? s->latch : NULL;
 		SpinLockRelease(&s->mutex);
-		if (latch != NULL)
-			SetLatch(latch);	/* frees the memory now, not at the next request */
-	}
-
-	/* Wait until the service has applied it: no batch after that uses the old mirror. */
-	while (wait)
-	{
-		Latch	   *latch;
-
-		SpinLockAcquire(&s->mutex);
-		latch = s->pid != 0 ? s->latch : NULL;
-		SpinLockRelease(&s->mutex);
-		if (latch == NULL || pg_atomic_read_u64(&s->log_applied) > seq)
+		if (latch == NULL || pg_atomic_read_u64(&s->log_applied) >= pos)
 			break;
 		SetLatch(latch);
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, 10L,
@@ -85,40 +94,43 @@ WakeAndWait(uint64 seq, bool wait)
 	}
 }
 
-static void
-LogInvalidate(Oid indexoid, bool wait)
+/* Logs an invalidation of every mirror of the index; returns the position after it. */
+static uint64
+LogInvalidate(Oid indexoid)
 {
 	GpuIvfpqLogEntry e;
+	uint64		pos;
 
 	if (gpu_ivfpq_service == NULL)
-		return;
+		return 0;
 	memset(&e, 0, sizeof(e));
 	e.key.db = MyDatabaseId;
 	e.key.index = indexoid;
 	e.kind = LOG_INVALIDATE;
-	WakeAndWait(LogPush(&e), wait);
+	pos = LogPush(&e) + 1;
+	WakeService();
+	return pos;
 }
 
 /*
- * VACUUM removed these entries (before the heap may reuse their TIDs): the
- * mirror of this index version loses them, in place, before any later
- * search, and VACUUM waits until it has. A mirror loading meanwhile sees
- * the removal in its window and is discarded (the next scan loads again).
+ * VACUUM removed these entries from a page (before the heap may reuse
+ * their TIDs): the mirror of this index version is to lose them, in place.
+ * Returns the log position after them, for GpuIvfpqServiceWaitApplied once
+ * the pass is over (0: nothing logged). Logged page by page, so that a
+ * VACUUM that fails later has still told the mirror what it removed. A
+ * mirror loading meanwhile sees the removal in its window and is discarded
+ * (the next scan loads it again).
  */
-void
-GpuIvfpqServiceRemove(Relation index, const int64 *labels, int n)
+uint64
+GpuIvfpqServiceLogRemove(Relation index, const GpuIvfpqMetaPageData *meta, const int64 *labels, int n)
 {
-	GpuIvfpqMetaPageData meta;
 	GpuIvfpqLogEntry e;
-	uint64		seq = 0;
+	uint64		pos = 0;
 
-	if (gpu_ivfpq_service == NULL || n <= 0)
-		return;
-	GpuIvfpqReadMeta(index, &meta);
-	if (!meta.trained || meta.m > GPU_IVFPQ_SERVICE_MAX_M)
-		return;					/* no mirror can exist */
+	if (gpu_ivfpq_service == NULL || n <= 0 || !meta->trained || meta->m > GPU_IVFPQ_SERVICE_MAX_M)
+		return 0;				/* no mirror can exist */
 	memset(&e, 0, sizeof(e));
-	GpuIvfpqFillKey(&e.key, index, &meta);
+	GpuIvfpqFillKey(&e.key, index, meta);
 	e.kind = LOG_REMOVE;
 	for (int i = 0; i < n; i += GPU_IVFPQ_LOG_REMOVE_LABELS)
 	{
@@ -126,19 +138,30 @@ GpuIvfpqServiceRemove(Relation index, const int64 *labels, int n)
 
 		e.m = (uint8) count;
 		memcpy(e.code, labels + i, sizeof(int64) * count);
-		seq = LogPush(&e);
+		pos = LogPush(&e) + 1;
 	}
-	WakeAndWait(seq, true);
+	WakeService();
+	return pos;
+}
+
+/* The mirror goes (a large VACUUM); returns the log position after the invalidation. */
+uint64
+GpuIvfpqServiceLogInvalidate(Relation index)
+{
+	return LogInvalidate(RelationGetRelid(index));
 }
 
 /*
- * VACUUM removed or moved entries (before the heap may reuse their TIDs),
- * or a build wrote a new version: the mirror must go before any later search.
+ * A build wrote a new version (or VACUUM changed too much): the mirror must
+ * go before any later search; with wait, returns once it has.
  */
 void
 GpuIvfpqServiceInvalidate(Relation index, bool wait)
 {
-	LogInvalidate(RelationGetRelid(index), wait);
+	uint64		pos = LogInvalidate(RelationGetRelid(index));
+
+	if (wait)
+		GpuIvfpqServiceWaitApplied(pos);
 }
 
 /* DROP INDEX: the mirror of a dropped gpu_ivfpq index is freed. */
@@ -160,7 +183,7 @@ ObjectAccess(ObjectAccessType access, Oid classId, Oid objectId, int subId, void
 
 			ReleaseSysCache(tup);
 			if (ours)
-				LogInvalidate(objectId, false);
+				(void) LogInvalidate(objectId);
 		}
 	}
 }

@@ -284,7 +284,7 @@ GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta, con
 	GpuIvfpqCountFallback();
 	if (required)
 		GpuIvfpqGpuRequiredError("batch search", error[0] ? error : "The GPU service failed");
-	ereport(result == RES_SERVICE_GONE ? DEBUG1 : WARNING,
+	ereport(result == RES_SERVICE_GONE || result == RES_LOADING ? DEBUG1 : WARNING,
 			(errmsg("gpu_ivfpq: batch search on \"%s\" ran on the CPU", RelationGetRelationName(index)),
 			 errdetail("%s", error[0] ? error : "The GPU service failed.")));
 	return false;

@@ -19,7 +19,10 @@ extern bool GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageDat
 extern void GpuIvfpqServiceLogAppend(Relation index, const GpuIvfpqMetaPageData *meta, int list,
 									 int64 label, const uint8 *code);
 extern void GpuIvfpqServiceInvalidate(Relation index, bool wait);
-extern void GpuIvfpqServiceRemove(Relation index, const int64 *labels, int n);
+extern uint64 GpuIvfpqServiceLogRemove(Relation index, const GpuIvfpqMetaPageData *meta,
+									   const int64 *labels, int n);
+extern uint64 GpuIvfpqServiceLogInvalidate(Relation index);
+extern void GpuIvfpqServiceWaitApplied(uint64 pos);
 
 /* Most labels a VACUUM removes from a mirror in place (more: the mirror is reloaded). */
 #define GPU_IVFPQ_REMOVE_IN_PLACE_MAX 8192

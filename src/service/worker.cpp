@@ -47,7 +47,8 @@ static std::map<MirrorKey, TimestampTz> load_claims;	/* a backend was told to lo
 static uint64 log_cursor;
 
 /* Supervision of the GPU process. */
-static bool gpu_expected;		/* a device exists: restart the process when it dies */
+static bool gpu_expected = true;	/* false once the process said there is no device */
+static bool gpu_ever_served;	/* a process served since the service started */
 static TimestampTz gpu_restart_at;	/* when to start it again */
 static TimestampTz gpu_started_at;
 static int	gpu_backoff_ms;
@@ -58,6 +59,8 @@ static int	gpu_backoff_ms;
 #define GPU_STABLE_MS 60000		/* a process that lived this long resets the backoff */
 #define GPU_START_TIMEOUT_S 120 /* opening a device (a CUDA context) takes a second or so */
 #define GPU_PROCESS_PROGRAM "gpu_ivfpq_gpu_process"
+/* Loads, builds and exact search move whole indexes: they get this many timeouts. */
+#define GPU_BULK_TIMEOUT_FACTOR 10
 
 static bool
 GpuUp(void)
@@ -144,9 +147,9 @@ PublishStatus(void)
 	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
 	gpuivfpq::gpuproc::StoreStatus st;
 	std::string err;
+	bool		known = GpuUp() && Engine([&] { st = gpu->status(); }, err);
 
-	if (GpuUp())
-		(void) Engine([&] { st = gpu->status(); }, err);
+	/* Without an answer: no mirrors (none, or none reachable); the counts stand. */
 	SpinLockAcquire(&s->mutex);
 	s->nmirrors = 0;
 	for (const auto &info : st.mirrors)
@@ -165,9 +168,12 @@ PublishStatus(void)
 		m->queries = (int64) info.queries;
 	}
 	s->memory_used = (int64) st.bytes;
-	s->memory_budget = (int64) st.budget;
-	s->evictions += (int64) st.evictions - s->evictions_base;
-	s->evictions_base = (int64) st.evictions;
+	if (known)
+	{
+		s->memory_budget = (int64) st.budget;
+		s->evictions += (int64) st.evictions - s->evictions_base;
+		s->evictions_base = (int64) st.evictions;
+	}
 	SpinLockRelease(&s->mutex);
 }
 
@@ -191,35 +197,44 @@ DropAfterFailure(const MirrorKey &key, const char *what, const std::string &err)
 	RecordError(std::string(what) + " failed, mirror dropped: " + err);
 }
 
-/* Appends logged entries to a mirror (one that was evicted meanwhile takes none). */
+/*
+ * Applies a run of logged changes of one kind to a mirror: appends (a mirror
+ * evicted meanwhile takes none) or VACUUM's removals, in place.
+ */
 static void
-ApplyAppends(const MirrorKey &key, const std::vector<const GpuIvfpqLogEntry *> &batch)
+ApplyRun(const MirrorKey &key, const std::vector<const GpuIvfpqLogEntry *> &run)
 {
-	std::vector<int32_t> lists;
-	std::vector<int64_t> labels;
-	std::vector<uint8_t> codes;
-	size_t		m = batch.front()->m;
 	std::string err;
 
-	for (const GpuIvfpqLogEntry *e : batch)
+	if (run.front()->kind == LOG_APPEND)
 	{
-		lists.push_back(e->list);
-		labels.push_back(e->label);
-		codes.insert(codes.end(), e->code, e->code + m);
+		std::vector<int32_t> lists;
+		std::vector<int64_t> labels;
+		std::vector<uint8_t> codes;
+		size_t		m = run.front()->m;
+
+		for (const GpuIvfpqLogEntry *e : run)
+		{
+			lists.push_back(e->list);
+			labels.push_back(e->label);
+			codes.insert(codes.end(), e->code, e->code + m);
+		}
+		if (!Engine([&] { (void) gpu->add(key, m, lists.size(), lists.data(), codes.data(), labels.data()); }, err))
+			DropAfterFailure(key, "appending to a mirror", err);
+		return;
 	}
-	if (!Engine([&] { (void) gpu->add(key, m, lists.size(), lists.data(), codes.data(), labels.data()); }, err))
-		DropAfterFailure(key, "appending to a mirror", err);
-}
 
-/* Removes the labels of a LOG_REMOVE entry from the mirror, in place. */
-static void
-ApplyRemove(const MirrorKey &key, const GpuIvfpqLogEntry &e)
-{
-	int64_t		labels[GPU_IVFPQ_LOG_REMOVE_LABELS];
-	std::string err;
+	/* One removal call for the run: each call passes over the whole mirror. */
+	std::vector<int64_t> labels;
 
-	memcpy(labels, e.code, sizeof(int64) * e.m);
-	if (!Engine([&] { (void) gpu->remove(key, e.m, labels); }, err))
+	for (const GpuIvfpqLogEntry *e : run)
+	{
+		int			n = Min((int) e->m, GPU_IVFPQ_LOG_REMOVE_LABELS);
+		const int64 *from = (const int64 *) e->code;
+
+		labels.insert(labels.end(), from, from + n);
+	}
+	if (!Engine([&] { (void) gpu->remove(key, labels.size(), labels.data()); }, err))
 		DropAfterFailure(key, "removing entries from a mirror", err);
 }
 
@@ -259,23 +274,26 @@ DrainLog(void)
 	}
 	else if (!entries.empty())
 	{
-		std::map<MirrorKey, std::vector<const GpuIvfpqLogEntry *>> appends;
+		std::map<MirrorKey, std::vector<const GpuIvfpqLogEntry *>> runs;
 		bool		removals = false;
 
 		/*
-		 * In log order per index: appends gather into one add per mirror,
-		 * flushed before a removal of the same mirror (a TID removed by
-		 * VACUUM may be appended again once the heap reuses it).
+		 * In log order per index, consecutive changes of one kind gathered
+		 * into one call: a run of appends ends before a removal from the
+		 * same mirror and the reverse (a TID removed by VACUUM may be
+		 * appended again once the heap reuses it, and must stay).
 		 */
 		for (const auto &e : entries)
 		{
 			MirrorKey	key = ToKey(e.key);
 
+			if (!GpuUp())
+				break;			/* died meanwhile: nothing left to update */
 			if (e.kind == LOG_INVALIDATE)
 			{
 				std::string err;
 
-				/* Appends to the dropped mirror (earlier or later) find no mirror: add says so. */
+				/* Runs of the dropped mirror (earlier or later) find no mirror: add says so. */
 				(void) Engine([&] { gpu->drop_index(key.db, key.index); }, err);
 				removals = true;
 				continue;
@@ -284,23 +302,19 @@ DrainLog(void)
 
 			if (from == mirror_from.end() || e.seq < from->second)
 				continue;		/* no mirror, or one loaded after this change */
-			if (e.kind == LOG_APPEND)
-				appends[key].push_back(&e);
-			else
-			{
-				auto		pending = appends.find(key);
+			auto		run = runs.find(key);
 
-				if (pending != appends.end())
-				{
-					ApplyAppends(key, pending->second);
-					appends.erase(pending);
-				}
-				ApplyRemove(key, e);
-				removals = true;
+			if (run != runs.end() && run->second.front()->kind != e.kind)
+			{
+				ApplyRun(key, run->second);
+				run->second.clear();
 			}
+			runs[key].push_back(&e);
+			removals |= e.kind == LOG_REMOVE;
 		}
-		for (auto &kv : appends)
-			ApplyAppends(kv.first, kv.second);
+		for (auto &kv : runs)
+			if (!kv.second.empty() && GpuUp())
+				ApplyRun(kv.first, kv.second);
 		/* Before VACUUM and DROP see the log applied, the views show the result. */
 		if (removals)
 			PublishStatus();
@@ -511,7 +525,16 @@ Load(GpuIvfpqSlot *slot, const char *base, std::string &err)
 		/* No mirror without its log position: DrainLog would never update it. */
 		(void) Engine([&] { gpu->drop_index(key.db, key.index); }, ignored);
 		if (err.empty())
+		{
+			/*
+			 * Not a failure: VACUUM or a rebuild changed the pages under the
+			 * reader. The CPU serves this scan quietly and the next scan of
+			 * the index loads it again (no claim keeps others waiting).
+			 */
+			load_claims.erase(key);
 			err = "the index changed while its mirror was loading; the next scan loads it again";
+			return GpuUp() ? RES_LOADING : RES_SERVICE_GONE;
+		}
 		return Failed(oom);
 	}
 	PublishStatus();			/* before the answer, so the loader sees its mirror listed */
@@ -647,7 +670,7 @@ ServeSegmentRequest(GpuIvfpqSlot *slot)
 			break;
 	}
 	GpuIvfpqPgCall([&] { dsm_detach(seg); });
-	if (result != RES_OK && result != RES_SERVICE_GONE && !err.empty())
+	if (result != RES_OK && result != RES_SERVICE_GONE && result != RES_LOADING && !err.empty())
 		RecordError(err);
 	Answer(slot, result, err.c_str());
 }
@@ -788,12 +811,19 @@ StartGpuProcess(void)
 				no_device = e.no_device();
 				throw;
 			}
-			gpu->set_timeout(gpu_ivfpq_gpu_timeout_s);
+			gpu->set_timeout(gpu_ivfpq_gpu_timeout_s, GPU_BULK_TIMEOUT_FACTOR);
 			gpu->set_budget(BudgetBytes());
 		}, err))
 	{
 		gpu.reset();
-		if (no_device)
+		/*
+		 * No device at all: CPU-only for good, unless a device served
+		 * before (a GPU can vanish for a while after a fault or a driver
+		 * reset): then retry, at the longest backoff.
+		 */
+		if (no_device && gpu_ever_served)
+			gpu_backoff_ms = GPU_BACKOFF_MAX_MS;
+		else if (no_device)
 		{
 			gpu_expected = false;
 			ereport(LOG, (errmsg("gpu_ivfpq service: no usable GPU: %s", err.c_str())));
@@ -810,6 +840,7 @@ StartGpuProcess(void)
 		return;
 	}
 	gpu_expected = true;
+	gpu_ever_served = true;
 	gpu_started_at = GetCurrentTimestamp();
 	/* A new process holds no mirror: changes logged so far are in the pages. */
 	mirror_from.clear();
@@ -948,7 +979,7 @@ gpu_ivfpq_service_main(Datum arg)
 			ProcessConfigFile(PGC_SIGHUP);
 			if (GpuUp())
 				(void) Engine([&] {
-					gpu->set_timeout(gpu_ivfpq_gpu_timeout_s);
+					gpu->set_timeout(gpu_ivfpq_gpu_timeout_s, GPU_BULK_TIMEOUT_FACTOR);
 					gpu->set_budget(BudgetBytes());
 					gpu->enforce_budget();
 				}, err);

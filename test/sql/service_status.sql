@@ -41,6 +41,25 @@ SELECT array_agg(id) AS cpu FROM (SELECT id FROM svc ORDER BY v <-> '{0.9,0.1,0.
 SET gpu_ivfpq.device = gpu;
 SELECT entries FROM gpu_ivfpq_mirrors WHERE index = 'svc_idx';
 
+-- Rows inserted after the VACUUM (they may reuse the freed TIDs) reach the
+-- mirror once each, with their new vectors: as many entries as rows (a
+-- removal the mirror missed would leave more), and each new row is the
+-- nearest to its own vector on the GPU.
+INSERT INTO svc SELECT i, ARRAY[cos(i), sin(i), cos(2 * i), sin(3 * i)]::real[]
+FROM generate_series(1, 10) i;
+SELECT array_agg((SELECT s.id FROM svc s ORDER BY s.v <-> t.v LIMIT 1) ORDER BY t.id) AS nearest_to_itself
+FROM svc t WHERE t.id <= 10;
+DO $$
+BEGIN
+  FOR i IN 1..100 LOOP
+    PERFORM 1 FROM gpu_ivfpq_mirrors
+    WHERE index = 'svc_idx' AND entries = (SELECT count(*) FROM svc);
+    IF FOUND THEN RETURN; END IF;
+    PERFORM pg_sleep(0.1);  -- the view is published once a second when idle
+  END LOOP;
+  RAISE EXCEPTION 'the mirror never held exactly one entry per row';
+END $$;
+
 -- What the GPU cannot serve is an error with gpu_ivfpq.device = gpu ...
 CREATE TABLE wide (v real[]);
 INSERT INTO wide SELECT array_fill(i::real, ARRAY[8200]) FROM generate_series(1, 20) i;

@@ -250,7 +250,8 @@ bool GpuProcess::wait_reply(Reply& rep, uint64_t seq, double timeout_s)
         if (r < 0 && errno != EINTR)
             lost("channel failed: " + std::string(std::strerror(errno)), true);
         if (r > 0) {
-            ssize_t n = ::recv(sock_, &rep, sizeof(rep), 0);
+            // MSG_TRUNC: the message's own length, so that an oversized one is caught.
+            ssize_t n = ::recv(sock_, &rep, sizeof(rep), MSG_TRUNC);
             if (n < 0 && errno == EINTR)
                 continue;
             if (n == 0 || (n < 0 && errno == ECONNRESET))
@@ -272,7 +273,7 @@ bool GpuProcess::wait_reply(Reply& rep, uint64_t seq, double timeout_s)
     }
 }
 
-Reply GpuProcess::call(Request& q)
+Reply GpuProcess::call(Request& q, bool bulk)
 {
     if (!alive_)
         throw Error(ErrorKind::Internal, "the GPU process " + cause_);
@@ -285,7 +286,7 @@ Reply GpuProcess::call(Request& q)
     if (w != (ssize_t)sizeof(q))
         lost("", false);
     Reply rep;
-    (void)wait_reply(rep, q.seq, timeout_s_);
+    (void)wait_reply(rep, q.seq, bulk ? timeout_s_ * bulk_factor_ : timeout_s_);
     if (rep.status == Status::DeviceFailed)
         lost("reported that its device failed: " + message_of(rep), false);
     return rep;
@@ -302,6 +303,18 @@ char* GpuProcess::exchange(const Layout& layout)
         uint64_t target = want > size_ ? want : std::max(want, kExchangeKeep);
         if (ftruncate(exchange_fd_, (off_t)target) != 0)
             throw Error(ErrorKind::OutOfMemory, std::string("cannot size the GPU exchange: ") + std::strerror(errno));
+        // Reserve the pages now: short of memory, a clean error here rather
+        // than the out-of-memory killer choosing this process at the copy.
+        if (target > size_) {
+            int rc = posix_fallocate(exchange_fd_, (off_t)size_, (off_t)(target - size_));
+            if (rc != 0) {
+                if (ftruncate(exchange_fd_, (off_t)size_) != 0) {
+                    // Still larger than mapped: harmless, the next growth resizes it.
+                }
+                throw Error(ErrorKind::OutOfMemory,
+                            std::string("cannot reserve the GPU exchange: ") + std::strerror(rc));
+            }
+        }
         if (base_ != nullptr)
             munmap(base_, size_);
         base_ = nullptr;
@@ -371,7 +384,7 @@ void GpuProcess::load(const MirrorKey& key, const MirrorSpec& spec, size_t n, co
     std::memcpy(x + q.region[2].offset, list_ids, q.region[2].bytes);
     std::memcpy(x + q.region[3].offset, codes, q.region[3].bytes);
     std::memcpy(x + q.region[4].offset, labels, q.region[4].bytes);
-    raise_for(call(q));
+    raise_for(call(q, true));
 }
 
 bool GpuProcess::add(const MirrorKey& key, size_t m, size_t n, const int32_t* list_ids, const uint8_t* codes,
@@ -474,7 +487,7 @@ void GpuProcess::train(const float* x_in, size_t n, size_t d, size_t lists, size
     q.region[2] = l.take(codebook_bytes(d));
     char* x = exchange(l);
     std::memcpy(x + q.region[0].offset, x_in, q.region[0].bytes);
-    raise_for(call(q));
+    raise_for(call(q, true));
     std::memcpy(centroids, x + q.region[1].offset, q.region[1].bytes);
     std::memcpy(codebooks, x + q.region[2].offset, q.region[2].bytes);
 }
@@ -498,7 +511,7 @@ void GpuProcess::encode(const MirrorSpec& spec, const float* rows, size_t n, int
     std::memcpy(x + q.region[0].offset, spec.centroids, q.region[0].bytes);
     std::memcpy(x + q.region[1].offset, spec.codebooks, q.region[1].bytes);
     std::memcpy(x + q.region[2].offset, rows, q.region[2].bytes);
-    raise_for(call(q));
+    raise_for(call(q, true));
     std::memcpy(list_ids, x + q.region[3].offset, q.region[3].bytes);
     std::memcpy(codes, x + q.region[4].offset, q.region[4].bytes);
 }
@@ -521,7 +534,7 @@ void GpuProcess::exact_knn(const float* queries, size_t nq, const float* base, s
     char* x = exchange(l);
     std::memcpy(x + q.region[0].offset, queries, q.region[0].bytes);
     std::memcpy(x + q.region[1].offset, base, q.region[1].bytes);
-    raise_for(call(q));
+    raise_for(call(q, true));
     std::memcpy(dist, x + q.region[2].offset, q.region[2].bytes);
     std::memcpy(labels, x + q.region[3].offset, q.region[3].bytes);
 }

@@ -60,8 +60,14 @@ public:
     const std::string& description() const { return description_; }
     size_t capacity() const { return capacity_; }
     Kind kind() const { return kind_; }
-    // A call that has not been answered after this long kills the process (0: never).
-    void set_timeout(double seconds) { timeout_s_ = seconds; }
+    // A call that has not been answered after this long kills the process
+    // (0: never); bulk calls (load, train, encode, exact) get bulk_factor
+    // times as long, since they move whole indexes.
+    void set_timeout(double seconds, double bulk_factor = 1)
+    {
+        timeout_s_ = seconds;
+        bulk_factor_ = bulk_factor;
+    }
     // Without blocking: has the process died while idle? (Reaps it.)
     bool check_exit();
 
@@ -90,7 +96,7 @@ private:
     struct Layout;
     void read_announcement(double timeout_s);
     bool wait_reply(Reply& rep, uint64_t seq, double timeout_s);
-    Reply call(Request& q);
+    Reply call(Request& q, bool bulk = false);
     char* exchange(const Layout& layout);
     [[noreturn]] void lost(const std::string& what, bool kill_it);
     std::string reap(bool kill_it);
@@ -103,7 +109,7 @@ private:
     std::string description_;
     size_t capacity_ = 0;
     Kind kind_ = Kind::Emulated;
-    double timeout_s_ = 0;
+    double timeout_s_ = 0, bulk_factor_ = 1;
     uint64_t seq_ = 0;
     char* base_ = nullptr;
     uint64_t size_ = 0;
