@@ -7,6 +7,9 @@
 #include <cstdint>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include "engine/error.h"
 #include "engine/ivfpq.h"
 #include "service/device/compute_device.h"
 #include "test_util.h"
@@ -48,5 +51,18 @@ struct EncodedSet {
         return s;
     }
 };
+
+// The kind of the gpuivfpq::Error fn throws (a test failure if none).
+template <typename Fn>
+gpuivfpq::ErrorKind error_kind(Fn&& fn)
+{
+    try {
+        fn();
+    } catch (const gpuivfpq::Error& e) {
+        return e.kind();
+    }
+    ADD_FAILURE() << "no gpuivfpq::Error thrown";
+    return gpuivfpq::ErrorKind::Internal;
+}
 
 }  // namespace testutil

@@ -180,18 +180,7 @@ Channel::Server stalling_server(std::function<void()> on_request = nullptr)
 // A small trained model and its encoded entries (as test_mirror.cpp).
 using Data = testutil::EncodedSet;
 
-// The kind of the gpuivfpq::Error fn throws (a test failure if none).
-template <typename Fn>
-ErrorKind error_kind(Fn&& fn)
-{
-    try {
-        fn();
-    } catch (const Error& e) {
-        return e.kind();
-    }
-    ADD_FAILURE() << "no gpuivfpq::Error thrown";
-    return ErrorKind::Internal;
-}
+using testutil::error_kind;
 
 // Brute-force k nearest rows of base (n x d) to q under L2, by float64
 // distance (ties by row), and those distances.

@@ -125,15 +125,7 @@ TEST(Mirror, EmulationKeepsTheGpuLimits)
     auto dev = make_cpu_emulation_device();
     auto mirror = dev->create_mirror(f.spec());
     mirror->add(f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
-    auto kind_of = [](auto&& fn) {
-        try {
-            fn();
-        } catch (const Error& e) {
-            return e.kind();
-        }
-        ADD_FAILURE() << "no gpuivfpq::Error thrown";
-        return ErrorKind::Internal;
-    };
+    auto kind_of = [](auto&& fn) { return testutil::error_kind(fn); };
     const size_t big = kMaxSelectK + 1;
     std::vector<float> dist(big);
     std::vector<int64_t> labels(big);

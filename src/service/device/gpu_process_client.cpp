@@ -85,6 +85,30 @@ struct GpuProcess::Layout {
     }
 };
 
+namespace {
+
+// The model part of a Load or Encode request: its shape, and regions 0 and
+// 1 (centroids, codebooks) taken from layout first.
+template <typename Layout>
+void describe_model(Request& q, Layout& l, const MirrorSpec& spec)
+{
+    q.d = spec.d;
+    q.lists = spec.lists;
+    q.m = spec.m;
+    q.metric = static_cast<uint64_t>(spec.metric);
+    q.region[0] = l.take(centroid_bytes(spec.d, spec.lists));
+    q.region[1] = l.take(codebook_bytes(spec.d));
+}
+
+// Copies the model into the exchange at the regions describe_model took.
+void copy_model(char* x, const Request& q, const MirrorSpec& spec)
+{
+    std::memcpy(x + q.region[0].offset, spec.centroids, q.region[0].bytes);
+    std::memcpy(x + q.region[1].offset, spec.codebooks, q.region[1].bytes);
+}
+
+}  // namespace
+
 GpuProcess::GpuProcess(int sock, int exchange_fd, pid_t pid, StopCheck stop)
     : sock_(sock), exchange_fd_(exchange_fd), pid_(pid), stop_(stop)
 {
@@ -368,19 +392,13 @@ void GpuProcess::load(const MirrorKey& key, const MirrorSpec& spec, size_t n, co
     Layout l;
     q.op = Op::Load;
     q.key = key;
-    q.d = spec.d;
-    q.lists = spec.lists;
-    q.m = spec.m;
-    q.metric = static_cast<uint64_t>(spec.metric);
     q.n = n;
-    q.region[0] = l.take(centroid_bytes(spec.d, spec.lists));
-    q.region[1] = l.take(codebook_bytes(spec.d));
+    describe_model(q, l, spec);
     q.region[2] = l.take(n * sizeof(int32_t));
     q.region[3] = l.take(n * spec.m);
     q.region[4] = l.take(n * sizeof(int64_t));
     char* x = exchange(l);
-    std::memcpy(x + q.region[0].offset, spec.centroids, q.region[0].bytes);
-    std::memcpy(x + q.region[1].offset, spec.codebooks, q.region[1].bytes);
+    copy_model(x, q, spec);
     std::memcpy(x + q.region[2].offset, list_ids, q.region[2].bytes);
     std::memcpy(x + q.region[3].offset, codes, q.region[3].bytes);
     std::memcpy(x + q.region[4].offset, labels, q.region[4].bytes);
@@ -497,19 +515,13 @@ void GpuProcess::encode(const MirrorSpec& spec, const float* rows, size_t n, int
     Request q;
     Layout l;
     q.op = Op::Encode;
-    q.d = spec.d;
-    q.lists = spec.lists;
-    q.m = spec.m;
-    q.metric = static_cast<uint64_t>(spec.metric);
     q.n = n;
-    q.region[0] = l.take(centroid_bytes(spec.d, spec.lists));
-    q.region[1] = l.take(codebook_bytes(spec.d));
+    describe_model(q, l, spec);
     q.region[2] = l.take(n * spec.d * sizeof(float));
     q.region[3] = l.take(n * sizeof(int32_t));
     q.region[4] = l.take(n * spec.m);
     char* x = exchange(l);
-    std::memcpy(x + q.region[0].offset, spec.centroids, q.region[0].bytes);
-    std::memcpy(x + q.region[1].offset, spec.codebooks, q.region[1].bytes);
+    copy_model(x, q, spec);
     std::memcpy(x + q.region[2].offset, rows, q.region[2].bytes);
     raise_for(call(q, true));
     std::memcpy(list_ids, x + q.region[3].offset, q.region[3].bytes);
