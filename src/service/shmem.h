@@ -156,6 +156,13 @@ typedef struct GpuIvfpqServiceShared
 	pg_atomic_uint64 batch_hist[GPU_IVFPQ_BATCH_BUCKETS];
 	pg_atomic_uint64 log_applied;	/* the service has read the log up to here */
 
+	/* Where search rounds spend their time (nanoseconds, summed over rounds). */
+	pg_atomic_uint64 search_rounds;
+	pg_atomic_uint64 time_round_ns;	/* taking the requests to the last answer */
+	pg_atomic_uint64 time_log_ns;	/* applying the change log first */
+	pg_atomic_uint64 time_call_ns;	/* search calls to the GPU process, round trip */
+	pg_atomic_uint64 time_device_ns;	/* of which the GPU process worked */
+
 	/* change log, a ring; head is the next sequence number (under log_lock) */
 	LWLock	   *log_lock;
 	uint64		log_head;

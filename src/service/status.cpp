@@ -47,8 +47,8 @@ Datum
 gpu_ivfpq_status(PG_FUNCTION_ARGS)
 {
 	TupleDesc	tupdesc;
-	Datum		values[19];
-	bool		nulls[19];
+	Datum		values[24];
+	bool		nulls[24];
 	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
 
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
@@ -57,7 +57,7 @@ gpu_ivfpq_status(PG_FUNCTION_ARGS)
 	if (s == NULL)
 	{
 		values[0] = CStringGetTextDatum("not loaded (add gpu_ivfpq to shared_preload_libraries)");
-		for (int i = 1; i < 19; i++)
+		for (int i = 1; i < 24; i++)
 			nulls[i] = true;
 	}
 	else
@@ -103,6 +103,19 @@ gpu_ivfpq_status(PG_FUNCTION_ARGS)
 		nulls[17] = copy.last_gpu_exit[0] == '\0';
 		values[18] = TimestampTzGetDatum(copy.last_gpu_exit_at);
 		nulls[18] = copy.last_gpu_exit[0] == '\0';
+		/* Where a search round's time goes: means over the rounds, in microseconds. */
+		{
+			uint64		rounds = pg_atomic_read_u64(&s->search_rounds);
+			pg_atomic_uint64 *parts[4] = {&s->time_round_ns, &s->time_log_ns, &s->time_call_ns,
+										  &s->time_device_ns};
+
+			values[19] = Int64GetDatum((int64) rounds);
+			for (int i = 0; i < 4; i++)
+			{
+				values[20 + i] = Float8GetDatum(rounds > 0 ? pg_atomic_read_u64(parts[i]) / 1000.0 / rounds : 0.0);
+				nulls[20 + i] = rounds == 0;
+			}
+		}
 	}
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
 }

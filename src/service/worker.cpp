@@ -62,6 +62,16 @@ static int	gpu_backoff_ms;
 /* Loads, builds and exact search move whole indexes: they get this many timeouts. */
 #define GPU_BULK_TIMEOUT_FACTOR 10
 
+/* A monotonic clock in nanoseconds, for the round's stage timings. */
+static uint64
+NowNs(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64) ts.tv_sec * 1000000000 + (uint64) ts.tv_nsec;
+}
+
 static bool
 GpuUp(void)
 {
@@ -387,8 +397,11 @@ SearchGroup(const std::vector<GpuIvfpqSlot *> &group)
 	for (size_t i = 0; i < nq; i++)
 		memcpy(&queries[i * d], group[i]->payload.bytes, d * sizeof(float));
 	labels.resize(nq * k);
+	uint64		call_start = NowNs();
+
 	if (!Engine([&] {
 			found = gpu->search(key, d, queries.data(), nq, k, first->nprobe, labels.data());
+			pg_atomic_fetch_add_u64(&gpu_ivfpq_service->time_device_ns, gpu->last_busy_ns());
 		}, err, &oom))
 	{
 		RequestResult result = Failed(oom);
@@ -399,6 +412,7 @@ SearchGroup(const std::vector<GpuIvfpqSlot *> &group)
 			Answer(slot, result, err.c_str());
 		return;
 	}
+	pg_atomic_fetch_add_u64(&gpu_ivfpq_service->time_call_ns, NowNs() - call_start);
 	if (!found)
 	{
 		TimestampTz now = GetCurrentTimestamp();
@@ -728,8 +742,20 @@ ServeRound(int searches)
 				return;
 			}
 			/* After collecting: a change logged before a request was sent is applied first. */
+			uint64		start = NowNs();
+
 			DrainLog();
+			uint64		drained = NowNs();
+
 			Serve();
+			if (searches > 0)
+			{
+				GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+
+				pg_atomic_fetch_add_u64(&s->search_rounds, 1);
+				pg_atomic_fetch_add_u64(&s->time_log_ns, drained - start);
+				pg_atomic_fetch_add_u64(&s->time_round_ns, NowNs() - start);
+			}
 		}, &caught))
 	{
 		RecordError(std::string("a request round failed: ") + caught.message);

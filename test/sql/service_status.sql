@@ -9,6 +9,11 @@ FROM gpu_ivfpq_status;
 SELECT queries_gpu > 0 AS gpu_served, batches > 0 AS batched, mean_batch >= 1 AS mean_ok,
        last_error IS NULL AS no_error
 FROM gpu_ivfpq_status;
+-- The rounds' stage timings nest: the round holds its GPU calls, a call the
+-- GPU process's work.
+SELECT search_rounds > 0 AS rounds_timed,
+       mean_round_us >= mean_call_us AND mean_call_us >= mean_device_us AND mean_log_us >= 0 AS stages_nest
+FROM gpu_ivfpq_status;
 
 CREATE TABLE svc (id int PRIMARY KEY, v real[]);
 INSERT INTO svc SELECT i, ARRAY[sin(i), cos(i), sin(2 * i), cos(3 * i)]::real[]

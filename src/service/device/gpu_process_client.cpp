@@ -311,6 +311,7 @@ Reply GpuProcess::call(Request& q, bool bulk)
         lost("", false);
     Reply rep;
     (void)wait_reply(rep, q.seq, bulk ? timeout_s_ * bulk_factor_ : timeout_s_);
+    last_busy_ns_ = rep.busy_ns;
     if (rep.status == Status::DeviceFailed)
         lost("reported that its device failed: " + message_of(rep), false);
     return rep;

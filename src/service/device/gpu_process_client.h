@@ -60,6 +60,9 @@ public:
     const std::string& description() const { return description_; }
     size_t capacity() const { return capacity_; }
     Kind kind() const { return kind_; }
+    // How long the process worked on the last answered call (the rest of
+    // the call's time is the channel and the copies).
+    uint64_t last_busy_ns() const { return last_busy_ns_; }
     // A call that has not been answered after this long kills the process
     // (0: never); bulk calls (load, train, encode, exact) get bulk_factor
     // times as long, since they move whole indexes.
@@ -111,6 +114,7 @@ private:
     Kind kind_ = Kind::Emulated;
     double timeout_s_ = 0, bulk_factor_ = 1;
     uint64_t seq_ = 0;
+    uint64_t last_busy_ns_ = 0;
     char* base_ = nullptr;
     uint64_t size_ = 0;
 };

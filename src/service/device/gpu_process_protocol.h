@@ -23,7 +23,7 @@ constexpr uint32_t kMagic = 0x47495650;  // "GIVP"
 // Raised with every change of Request or Reply. The program is installed
 // apart from the extension's library: after an upgrade, a server still
 // running the old library may start the new program (or the reverse).
-constexpr uint64_t kVersion = 3;
+constexpr uint64_t kVersion = 4;
 constexpr int kRegions = 6;
 constexpr size_t kAlign = 64;
 constexpr size_t kMaxStatusMirrors = 64;  // mirrors a Status reply lists
@@ -86,6 +86,7 @@ struct Reply {
     uint64_t seq = 0;
     Status status = Status::Ok;
     uint64_t value[4] = {0, 0, 0, 0};
+    uint64_t busy_ns = 0;  // how long the process worked on the request
     char message[256] = {0};
 };
 

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <new>
 #include <vector>
@@ -252,6 +253,7 @@ int serve(int sock, int exchange_fd, ComputeDevice& dev)
             rep.status = Status::Internal;
             set_message(rep, "GPU process: a malformed request");
         } else {
+            auto start = std::chrono::steady_clock::now();
             try {
                 exchange.map(q.exchange_bytes);
                 handle(q, rep, dev, store, exchange);
@@ -268,6 +270,9 @@ int serve(int sock, int exchange_fd, ComputeDevice& dev)
                 rep.status = Status::Internal;
                 set_message(rep, "GPU process: an unknown exception");
             }
+            rep.busy_ns = (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              std::chrono::steady_clock::now() - start)
+                              .count();
             // An internal failure may have left the device unusable (a sticky CUDA error).
             if (rep.status == Status::Internal && !dev.healthy())
                 rep.status = Status::DeviceFailed;
