@@ -711,6 +711,55 @@ TEST(GpuProcess, PeerGoneEndsTheProcess)
     }
 }
 
+// A device whose context broke (a sticky CUDA error): its calls fail with
+// an internal error and it reports itself unhealthy afterwards.
+class BrokenDevice final : public ComputeDevice {
+public:
+    std::string description() const override { return "a device that breaks"; }
+    size_t memory_capacity() const override { return 1 << 30; }
+    size_t mirror_bytes(const MirrorSpec&, size_t) const override { return 0; }
+    std::unique_ptr<Mirror> create_mirror(const MirrorSpec&) override { fail(); }
+    void train(const float*, size_t, size_t, size_t, size_t, Metric, const IvfPqTrainParams&, float*,
+               float*) override
+    {
+        fail();
+    }
+    void exact_knn(const float*, size_t, const float*, size_t, size_t, Metric, size_t, float*,
+                   int64_t*) override
+    {
+        fail();
+    }
+    void encode(const MirrorSpec&, const float*, size_t, int32_t*, uint8_t*) override { fail(); }
+    bool healthy() override { return false; }
+
+private:
+    [[noreturn]] static void fail() { throw Error(ErrorKind::Internal, "an illegal memory access"); }
+};
+
+// A sticky device error ends the process after the reply that says so: the
+// service sees it gone with that cause (and starts another), instead of a
+// process whose every later call would fail.
+TEST(GpuProcess, StickyDeviceErrorEndsTheProcess)
+{
+    Channel ch([](ServerEnd& end) {
+        BrokenDevice dev;
+        announce(end.sock, &dev, Kind::Gpu, Status::Ok, dev.description());
+        return serve(end.sock, end.exchange, dev);
+    });
+    auto gp = ch.connect();
+    Data f;
+    std::vector<float> dist(5);
+    std::vector<int64_t> labels(5);
+    EXPECT_EQ(error_kind([&] {
+                  gp->exact_knn(f.x.data(), 1, f.x.data(), 10, f.d, Metric::L2, 5, dist.data(), labels.data());
+              }),
+              ErrorKind::Internal);
+    EXPECT_FALSE(gp->alive());
+    EXPECT_NE(gp->cause().find("reported that its device failed"), std::string::npos) << gp->cause();
+    EXPECT_NE(gp->cause().find("illegal memory access"), std::string::npos) << gp->cause();
+    EXPECT_EQ(ch.server_rc(), kExitDeviceFailed);
+}
+
 TEST(GpuProcess, TimeoutAbandonsAStuckCall)
 {
     Channel ch(stalling_server());
