@@ -23,7 +23,7 @@
 # --skip-deps (or SKIP_DEPS=1) skips scripts/install-deps.sh; --keep keeps the
 # staged copy under /tmp; --only takes a comma list of suite names.
 # GPU_IVFPQ_EXPECT_GPU=1 makes the service suites use (and require) the GPU;
-# GPU_IVFPQ_CUDA_LIB links the extension to the CUDA kernels; TEMP_CONFIG adds
+# GPU_IVFPQ_CUDA_LIB links the GPU process to the CUDA kernels; TEMP_CONFIG adds
 # settings to every test instance; PROVE_FLAGS is passed to prove.
 # Quiet on success; on failure prints the logs and diffs. Ends with the line
 # "N passed, N failed" (ctest tests + pg_regress tests + TAP files + tool
