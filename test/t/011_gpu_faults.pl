@@ -84,7 +84,7 @@ like(
 	qr/Index Scan using items_v/, 'the queries use the index');
 my $pgbench = IPC::Run::start(
 	[
-		'pgbench', '-n', '-c', $clients, '-j', 4, '-T', 30, '--random-seed', 1,
+		'pgbench', '-n', '-c', $clients, '-j', 4, '-T', 45, '--random-seed', 1,
 		'-f', $script, '-h', $node->host, '-p', $node->port, 'postgres'
 	],
 	'>', \$out, '2>', \$err);
