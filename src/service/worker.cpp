@@ -62,6 +62,18 @@ static int	gpu_backoff_ms;
 /* Loads, builds and exact search move whole indexes: they get this many timeouts. */
 #define GPU_BULK_TIMEOUT_FACTOR 10
 
+/* The change log's head: where a process with no mirror starts reading. */
+static uint64
+LogHead(void)
+{
+	uint64		head;
+
+	LWLockAcquire(gpu_ivfpq_service->log_lock, LW_SHARED);
+	head = gpu_ivfpq_service->log_head;
+	LWLockRelease(gpu_ivfpq_service->log_lock);
+	return head;
+}
+
 /* A monotonic clock in nanoseconds, for the round's stage timings. */
 static uint64
 NowNs(void)
@@ -208,6 +220,26 @@ DropAfterFailure(const MirrorKey &key, const char *what, const std::string &err)
 }
 
 /*
+ * Appends logged entries (codes of m bytes) to the mirror of key; false when
+ * the GPU process holds no such mirror. Throws on a device error.
+ */
+static bool
+AddLogged(const MirrorKey &key, size_t m, const std::vector<const GpuIvfpqLogEntry *> &entries)
+{
+	std::vector<int32_t> lists;
+	std::vector<int64_t> labels;
+	std::vector<uint8_t> codes;
+
+	for (const GpuIvfpqLogEntry *e : entries)
+	{
+		lists.push_back(e->list);
+		labels.push_back(e->label);
+		codes.insert(codes.end(), e->code, e->code + m);
+	}
+	return gpu->add(key, m, lists.size(), lists.data(), codes.data(), labels.data());
+}
+
+/*
  * Applies a run of logged changes of one kind to a mirror: appends (a mirror
  * evicted meanwhile takes none) or VACUUM's removals, in place.
  */
@@ -218,18 +250,7 @@ ApplyRun(const MirrorKey &key, const std::vector<const GpuIvfpqLogEntry *> &run)
 
 	if (run.front()->kind == LOG_APPEND)
 	{
-		std::vector<int32_t> lists;
-		std::vector<int64_t> labels;
-		std::vector<uint8_t> codes;
-		size_t		m = run.front()->m;
-
-		for (const GpuIvfpqLogEntry *e : run)
-		{
-			lists.push_back(e->list);
-			labels.push_back(e->label);
-			codes.insert(codes.end(), e->code, e->code + m);
-		}
-		if (!Engine([&] { (void) gpu->add(key, m, lists.size(), lists.data(), codes.data(), labels.data()); }, err))
+		if (!Engine([&] { (void) AddLogged(key, run.front()->m, run); }, err))
 			DropAfterFailure(key, "appending to a mirror", err);
 		return;
 	}
@@ -500,9 +521,7 @@ Load(GpuIvfpqSlot *slot, const char *base, std::string &err)
 
 	if (!changed && !Engine([&] {
 			std::unordered_set<int64_t> seen;
-			std::vector<int32_t> lists;
-			std::vector<int64_t> labs;
-			std::vector<uint8_t> codes;
+			std::vector<const GpuIvfpqLogEntry *> fresh;
 
 			for (const auto &e : window)
 			{
@@ -516,13 +535,10 @@ Load(GpuIvfpqSlot *slot, const char *base, std::string &err)
 					continue;
 				if (seen.empty())
 					seen.insert(labels, labels + h->n);
-				if (!seen.insert(e.label).second)
-					continue;
-				lists.push_back(e.list);
-				labs.push_back(e.label);
-				codes.insert(codes.end(), e.code, e.code + h->m);
+				if (seen.insert(e.label).second)
+					fresh.push_back(&e);
 			}
-			if (!gpu->add(key, h->m, lists.size(), lists.data(), codes.data(), labs.data()))
+			if (!AddLogged(key, h->m, fresh))
 			{
 				changed = true; /* evicted already: nothing to keep */
 				return;
@@ -871,9 +887,7 @@ StartGpuProcess(void)
 	/* A new process holds no mirror: changes logged so far are in the pages. */
 	mirror_from.clear();
 	load_claims.clear();
-	LWLockAcquire(gpu_ivfpq_service->log_lock, LW_SHARED);
-	log_cursor = gpu_ivfpq_service->log_head;
-	LWLockRelease(gpu_ivfpq_service->log_lock);
+	log_cursor = LogHead();
 	SpinLockAcquire(&gpu_ivfpq_service->mutex);
 	gpu_ivfpq_service->evictions_base = 0;
 	SpinLockRelease(&gpu_ivfpq_service->mutex);
@@ -948,9 +962,7 @@ gpu_ivfpq_service_main(Datum arg)
 		if (slot->state == SLOT_PENDING || slot->state == SLOT_RUNNING || slot->state == SLOT_ABANDONED)
 			Answer(slot, RES_SERVICE_GONE, "the gpu_ivfpq service restarted");
 	}
-	LWLockAcquire(s->log_lock, LW_SHARED);
-	log_cursor = s->log_head;	/* no mirror exists yet: older changes are in the pages */
-	LWLockRelease(s->log_lock);
+	log_cursor = LogHead();		/* no mirror exists yet: older changes are in the pages */
 
 	SpinLockAcquire(&s->mutex);
 	s->pid = MyProcPid;

@@ -322,7 +322,7 @@ char* GpuProcess::exchange(const Layout& layout)
     // A dead process: fail before sizing and filling the exchange for nothing.
     if (!alive_)
         throw Error(ErrorKind::Internal, "the GPU process " + cause_);
-    uint64_t want = std::max(round_up(std::max<uint64_t>(layout.total, 1), kExchangeStep), kExchangeStep);
+    uint64_t want = round_up(std::max<uint64_t>(layout.total, 1), kExchangeStep);
     // Grow to fit; give back what a large call took once calls are small again.
     if (want > size_ || (size_ > kExchangeKeep && want < size_)) {
         uint64_t target = want > size_ ? want : std::max(want, kExchangeKeep);
