@@ -114,7 +114,7 @@ include $(PGXS)
 
 # PostgreSQL's CXXFLAGS are C-oriented (-O2); the engine's hot loops want -O3
 # and OpenMP SIMD hints (no OpenMP runtime).
-override CXXFLAGS := $(filter-out -O2,$(CXXFLAGS)) -O3 -fopenmp-simd -std=c++17 -Wno-missing-field-initializers
+override CXXFLAGS := $(filter-out -O2,$(CXXFLAGS)) -O3 -fopenmp-simd -ffp-contract=off -std=c++17 -Wno-missing-field-initializers
 
 # -Wextra on the core only: it includes no PostgreSQL header, whose
 # warnings would drown the rest.

@@ -1,6 +1,7 @@
 // GpuIvfPqIndex: the device mirror (centroids, codebooks, term-1 tables,
-// per-list code and id buffers) and the IVFADC search pipeline
-// (coarse k-NN -> term 3 GEMM -> list scan with k-selection -> labels).
+// per-list code, id and optionally vector buffers) and the IVFADC search
+// pipeline (coarse k-NN -> term 3 GEMM -> list scan with k-selection ->
+// labels, or -> exact re-rank of the candidates).
 #include "gpu_ivfpq/ivfpq_index.h"
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 
 #include "context_impl.h"
 #include "cuda_check.h"
+#include "exact_rerank.h"
 #include "gpu_ivfpq/device_buffer.h"
 #include "gpu_ivfpq/exact_search.h"
 #include "gpu_ivfpq/gpu_context.h"
@@ -46,10 +48,11 @@ struct GpuIvfPqIndex::Impl {
 
     struct List {
         DeviceBuffer codes, ids, vt;  // vt: per-vector term 1 (per_vector())
+        DeviceBuffer vecs;            // stored vectors, d floats each (opt.store_vectors)
         size_t size = 0, cap = 0;
     };
     std::vector<List> lst;
-    DeviceBuffer code_ptrs, id_ptrs, vt_ptrs, lens;
+    DeviceBuffer code_ptrs, id_ptrs, vt_ptrs, vec_ptrs, lens;  // vec_ptrs: store_vectors only
     size_t ntotal = 0, max_len = 0;
 
     Impl(GpuContext& c) : ctx(c) {}
@@ -98,8 +101,12 @@ struct GpuIvfPqIndex::Impl {
         const size_t cap = std::max(need, L.cap + L.cap / 2);
         DeviceBuffer codes(ctx, cap * m), ids(ctx, cap * sizeof(int64_t));
         DeviceBuffer vt = per_vector() ? DeviceBuffer(ctx, cap * sizeof(float)) : DeviceBuffer();
+        DeviceBuffer vecs = opt.store_vectors ? DeviceBuffer(ctx, cap * d * sizeof(float)) : DeviceBuffer();
         if (L.size && per_vector())
             GPU_CUDA_CHECK(cudaMemcpyAsync(vt.data(), L.vt.data(), L.size * sizeof(float),
+                                           cudaMemcpyDeviceToDevice, st()));
+        if (L.size && opt.store_vectors)
+            GPU_CUDA_CHECK(cudaMemcpyAsync(vecs.data(), L.vecs.data(), L.size * d * sizeof(float),
                                            cudaMemcpyDeviceToDevice, st()));
         if (L.size) {
             GPU_CUDA_CHECK(cudaMemcpyAsync(codes.data(), L.codes.data(), L.size * m,
@@ -110,6 +117,7 @@ struct GpuIvfPqIndex::Impl {
         L.codes = std::move(codes);
         L.ids = std::move(ids);
         L.vt = std::move(vt);
+        L.vecs = std::move(vecs);
         L.cap = cap;
     }
 
@@ -117,19 +125,22 @@ struct GpuIvfPqIndex::Impl {
     {
         std::vector<const uint8_t*> cp(lists);
         std::vector<const int64_t*> ip(lists);
-        std::vector<const float*> vp(lists);
+        std::vector<const float*> vp(lists), xp(lists);
         std::vector<int32_t> ln(lists);
         max_len = 0;
         for (size_t l = 0; l < lists; ++l) {
             cp[l] = lst[l].codes.as<uint8_t>();
             ip[l] = lst[l].ids.as<int64_t>();
             vp[l] = lst[l].vt.as<float>();
+            xp[l] = lst[l].vecs.as<float>();
             ln[l] = static_cast<int32_t>(lst[l].size);
             max_len = std::max(max_len, lst[l].size);
         }
         code_ptrs.upload(cp.data(), lists * sizeof(void*));
         id_ptrs.upload(ip.data(), lists * sizeof(void*));
         vt_ptrs.upload(vp.data(), lists * sizeof(void*));
+        if (opt.store_vectors)
+            vec_ptrs.upload(xp.data(), lists * sizeof(void*));
         lens.upload(ln.data(), lists * sizeof(int32_t));
     }
 
@@ -183,6 +194,15 @@ struct GpuIvfPqIndex::Impl {
         return a;
     }
 
+    // search_device's checks and query tiling (shared by search_exact_device,
+    // whose candidates must be search's: the same tiles split the probes
+    // over the same fused-scan blocks, so even ties resolve alike).
+    struct Plan {
+        size_t nprobe, tile;
+        ScanAlgo algo;
+    };
+    Plan plan_search(size_t nq, size_t k, size_t nprobe) const;
+
     void search_tile(const float* queries, size_t nq, size_t k, size_t nprobe, float* out_dist,
                      int64_t* out_labels, LabelKind kind, ScanAlgo algo);
 };
@@ -214,6 +234,8 @@ GpuIvfPqIndex::GpuIvfPqIndex(GpuContext& ctx, size_t d, size_t lists, size_t m, 
     I.code_ptrs = DeviceBuffer(ctx, lists * sizeof(void*));
     I.id_ptrs = DeviceBuffer(ctx, lists * sizeof(void*));
     I.vt_ptrs = DeviceBuffer(ctx, lists * sizeof(void*));
+    if (opt.store_vectors)
+        I.vec_ptrs = DeviceBuffer(ctx, lists * sizeof(void*));
     I.lens = DeviceBuffer(ctx, lists * sizeof(int32_t));
     I.upload_meta();
     ctx.synchronize();
@@ -245,8 +267,10 @@ GpuMemoryUse GpuIvfPqIndex::memory_use() const
         u.codes += L.codes.bytes();
         u.ids += L.ids.bytes();
         u.vector_terms += L.vt.bytes();
+        u.vectors += L.vecs.bytes();
     }
-    u.list_meta = I.code_ptrs.bytes() + I.id_ptrs.bytes() + I.vt_ptrs.bytes() + I.lens.bytes();
+    u.list_meta = I.code_ptrs.bytes() + I.id_ptrs.bytes() + I.vt_ptrs.bytes() + I.vec_ptrs.bytes() +
+                  I.lens.bytes();
     return u;
 }
 
@@ -259,11 +283,17 @@ void GpuIvfPqIndex::set_float16_tables(bool on)
 void GpuIvfPqIndex::set_scan_algo(ScanAlgo algo) { impl_->opt.scan = algo; }
 
 void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t* codes,
-                                const int64_t* ids)
+                                const int64_t* ids, const float* vectors)
 {
     Impl& I = *impl_;
     if (!n)
-        return;
+        return;  // an empty batch may come with any pointers (an empty vector's data())
+    if (I.opt.store_vectors && !vectors)
+        throw Error(ErrorKind::InvalidArgument,
+                    "add_encoded: the index stores vectors (store_vectors) but none were given");
+    if (!I.opt.store_vectors && vectors)
+        throw Error(ErrorKind::InvalidArgument,
+                    "add_encoded: vectors given to an index without store_vectors");
     require(I.ntotal + n < (size_t(1) << 31), "GPU IVFPQ: more than 2^31 vectors");
     std::vector<size_t> count(I.lists + 1, 0);
     for (size_t i = 0; i < n; ++i) {
@@ -276,6 +306,7 @@ void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t
     std::vector<uint8_t> scodes(n * I.m);
     std::vector<int64_t> sids(n);
     std::vector<int32_t> slists(n);
+    std::vector<float> svecs(vectors ? n * I.d : 0);
     {
         std::vector<size_t> fill(count.begin(), count.end() - 1);
         for (size_t i = 0; i < n; ++i) {
@@ -283,6 +314,8 @@ void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t
             std::copy(codes + i * I.m, codes + (i + 1) * I.m, scodes.begin() + s * I.m);
             sids[s] = ids[i];
             slists[s] = list_ids[i];
+            if (vectors)
+                std::copy(vectors + i * I.d, vectors + (i + 1) * I.d, svecs.begin() + s * I.d);
         }
     }
     // Grow every touched list first: an out-of-memory error leaves the
@@ -293,6 +326,11 @@ void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t
     DeviceBuffer dcodes(I.ctx, n * I.m), dids(I.ctx, n * sizeof(int64_t));
     dcodes.upload(scodes.data(), n * I.m);
     dids.upload(sids.data(), n * sizeof(int64_t));
+    DeviceBuffer dvecs;
+    if (vectors) {
+        dvecs = DeviceBuffer(I.ctx, n * I.d * sizeof(float));
+        dvecs.upload(svecs.data(), n * I.d * sizeof(float));
+    }
     DeviceBuffer dvt;
     if (I.per_vector()) {
         DeviceBuffer dl(I.ctx, n * sizeof(int32_t));
@@ -315,6 +353,10 @@ void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t
         if (I.per_vector())
             GPU_CUDA_CHECK(cudaMemcpyAsync(L.vt.as<float>() + L.size, dvt.as<float>() + count[l],
                                            c * sizeof(float), cudaMemcpyDeviceToDevice, I.st()));
+        if (vectors)
+            GPU_CUDA_CHECK(cudaMemcpyAsync(L.vecs.as<float>() + L.size * I.d,
+                                           dvecs.as<float>() + count[l] * I.d, c * I.d * sizeof(float),
+                                           cudaMemcpyDeviceToDevice, I.st()));
         L.size += c;
     }
     I.ntotal += n;
@@ -341,8 +383,9 @@ size_t GpuIvfPqIndex::remove_ids(const int64_t* ids, size_t n)
     int32_t* dlen = c.take<int32_t>(I.lists);
     copy_to_device(I.ctx, dgone, gone.data(), gone.size() * sizeof(int64_t));
     launch_remove_ids(I.code_ptrs.as<uint8_t* const>(), I.id_ptrs.as<int64_t* const>(),
-                      I.vt_ptrs.as<float* const>(), I.lens.as<int32_t>(), static_cast<int64_t>(I.lists),
-                      static_cast<int>(I.m), dgone, static_cast<int64_t>(gone.size()), dlen, I.st());
+                      I.vt_ptrs.as<float* const>(), I.vec_ptrs.as<float* const>(), I.lens.as<int32_t>(),
+                      static_cast<int64_t>(I.lists), static_cast<int>(I.m), static_cast<int>(I.d), dgone,
+                      static_cast<int64_t>(gone.size()), dlen, I.st());
     std::vector<int32_t> kept(I.lists);
     copy_to_host(I.ctx, kept.data(), dlen, I.lists * sizeof(int32_t));  // waits
     size_t removed = 0;
@@ -397,7 +440,7 @@ void GpuIvfPqIndex::add(size_t n, const float* x, const int64_t* ids)
     std::vector<int32_t> l(n);
     std::vector<uint8_t> c(n * impl_->m);
     encode(x, n, l.data(), c.data());
-    add_encoded(n, l.data(), c.data(), ids);
+    add_encoded(n, l.data(), c.data(), ids, impl_->opt.store_vectors ? x : nullptr);
 }
 
 void GpuIvfPqIndex::Impl::search_tile(const float* queries, size_t nq, size_t k, size_t nprobe,
@@ -498,43 +541,47 @@ void GpuIvfPqIndex::Impl::search_tile(const float* queries, size_t nq, size_t k,
                          out_labels, st());
 }
 
-void GpuIvfPqIndex::search_device(const float* queries, size_t nq, size_t k, size_t nprobe,
-                                  float* dist, int64_t* labels, LabelKind kind) const
+GpuIvfPqIndex::Impl::Plan GpuIvfPqIndex::Impl::plan_search(size_t nq, size_t k, size_t nprobe) const
 {
-    Impl& I = *impl_;
     if (k == 0 || k > kMaxSelectK) {
         std::ostringstream os;
         os << "GPU IVFPQ search: k = " << k << " outside [1, " << kMaxSelectK << "]";
         throw Error(ErrorKind::InvalidArgument, os.str());
     }
-    nprobe = std::min(std::max<size_t>(nprobe, 1), I.lists);
+    nprobe = std::min(std::max<size_t>(nprobe, 1), lists);
     if (nprobe > kMaxSelectK) {
         std::ostringstream os;
         os << "GPU IVFPQ search: nprobe = " << nprobe << " above " << kMaxSelectK;
         throw Error(ErrorKind::InvalidArgument, os.str());
     }
-    if (!nq)
-        return;
     // Auto (measured, bench/gpu/results): with a query-only table the fused
     // scan wins by 2-6x (one table per block, no per-probe barrier); with
     // per-(query, list) tables the two-pass scan's block per (query, probe)
     // wins by 10-15% over the fused kernel's serial table rebuilds.
-    ScanAlgo algo = I.opt.scan;
+    ScanAlgo algo = opt.scan;
     if (algo == ScanAlgo::Auto)
-        algo = I.table_mode() == kTableQuery ? ScanAlgo::Fused : ScanAlgo::TwoPass;
+        algo = table_mode() == kTableQuery ? ScanAlgo::Fused : ScanAlgo::TwoPass;
     // Query tiles sized so the per-query scratch stays within a quarter of
     // the free budget (at most 2 GiB).
-    size_t per_q = (I.metric == Metric::Cosine ? I.d * 4 : 0) + nprobe * 12 + 4 +
-                   I.m * 256 * 4 + nprobe * k * 8 + k * 4;
+    size_t per_q = (metric == Metric::Cosine ? d * 4 : 0) + nprobe * 12 + 4 + m * 256 * 4 +
+                   nprobe * k * 8 + k * 4;
     if (algo == ScanAlgo::TwoPass)
-        per_q += nprobe * I.max_len * 4;
-    const size_t free_b = I.ctx.budget() > I.ctx.bytes_in_use() ? I.ctx.budget() - I.ctx.bytes_in_use() : 0;
+        per_q += nprobe * max_len * 4;
+    const size_t free_b = ctx.budget() > ctx.bytes_in_use() ? ctx.budget() - ctx.bytes_in_use() : 0;
     const size_t avail = std::min<size_t>(size_t(2) << 30, free_b / 4);
     size_t tq = std::max<size_t>(1, std::min(nq, avail / per_q));
     tq = std::min<size_t>(tq, 65536);
-    for (size_t q0 = 0; q0 < nq; q0 += tq) {
-        const size_t b = std::min(tq, nq - q0);
-        I.search_tile(queries + q0 * I.d, b, k, nprobe, dist + q0 * k, labels + q0 * k, kind, algo);
+    return Plan{nprobe, tq, algo};
+}
+
+void GpuIvfPqIndex::search_device(const float* queries, size_t nq, size_t k, size_t nprobe,
+                                  float* dist, int64_t* labels, LabelKind kind) const
+{
+    Impl& I = *impl_;
+    const Impl::Plan p = I.plan_search(nq, k, nprobe);
+    for (size_t q0 = 0; q0 < nq; q0 += p.tile) {
+        const size_t b = std::min(p.tile, nq - q0);
+        I.search_tile(queries + q0 * I.d, b, k, p.nprobe, dist + q0 * k, labels + q0 * k, kind, p.algo);
     }
 }
 
@@ -557,6 +604,57 @@ void GpuIvfPqIndex::search(const float* queries, size_t nq, size_t k, size_t npr
     copy_to_device(I.ctx, dq, queries, nq * I.d * sizeof(float));
     search_device(dq, nq, k, nprobe, dd, dl, kind);
     copy_to_host(I.ctx, dist, dd, nq * k * sizeof(float));
+    copy_to_host(I.ctx, labels, dl, nq * k * sizeof(int64_t));
+}
+
+void GpuIvfPqIndex::search_exact_device(const float* queries, size_t nq, size_t k, size_t nprobe,
+                                        double* dist, int64_t* labels) const
+{
+    Impl& I = *impl_;
+    if (!I.opt.store_vectors)
+        throw Error(ErrorKind::Unsupported,
+                    "GPU IVFPQ search_exact: the index keeps no vectors (store_vectors is off)");
+    const Impl::Plan p = I.plan_search(nq, k, nprobe);
+    for (size_t q0 = 0; q0 < nq; q0 += p.tile) {
+        const size_t b = std::min(p.tile, nq - q0);
+        const float* q = queries + q0 * I.d;
+        // The tile's ADC candidates as (list, offset), then re-ranked against
+        // the queries as given (the scan normalises its own copy for Cosine).
+        Carver sz;
+        sz.take<float>(b * k);
+        Scratch s(I.ctx, sz.size());
+        Carver c(s.data());
+        float* adc = c.take<float>(b * k);
+        int64_t* cand = labels + q0 * k;  // re-ranked in place
+        I.search_tile(q, b, k, p.nprobe, adc, cand, LabelKind::ListOffset, p.algo);
+        launch_exact_rerank(q, static_cast<int64_t>(b), static_cast<int>(I.d), static_cast<int>(k),
+                            I.metric, cand, I.vec_ptrs.as<const float* const>(),
+                            I.id_ptrs.as<const int64_t* const>(), dist + q0 * k, cand, I.st());
+    }
+}
+
+void GpuIvfPqIndex::search_exact(const float* queries, size_t nq, size_t k, size_t nprobe, double* dist,
+                                 int64_t* labels) const
+{
+    Impl& I = *impl_;
+    if (!I.opt.store_vectors)
+        throw Error(ErrorKind::Unsupported,
+                    "GPU IVFPQ search_exact: the index keeps no vectors (store_vectors is off)");
+    if (!nq)
+        return;
+    require(k >= 1, "GPU IVFPQ search_exact: k must be >= 1");
+    Carver sz;
+    sz.take<float>(nq * I.d);
+    sz.take<double>(nq * k);
+    sz.take<int64_t>(nq * k);
+    Scratch s(I.ctx, sz.size());
+    Carver c(s.data());
+    float* dq = c.take<float>(nq * I.d);
+    double* dd = c.take<double>(nq * k);
+    int64_t* dl = c.take<int64_t>(nq * k);
+    copy_to_device(I.ctx, dq, queries, nq * I.d * sizeof(float));
+    search_exact_device(dq, nq, k, nprobe, dd, dl);
+    copy_to_host(I.ctx, dist, dd, nq * k * sizeof(double));
     copy_to_host(I.ctx, labels, dl, nq * k * sizeof(int64_t));
 }
 

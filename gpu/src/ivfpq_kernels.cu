@@ -189,25 +189,36 @@ __device__ bool sorted_contains(const int64_t* sorted, int64_t n, int64_t v)
 }
 
 constexpr int kRemoveThreads = 256;
+// Stored vectors move this many rows at a time (see remove_ids_kernel).
+constexpr int kRemoveRowGroup = 8;
 
 // A block per list compacts it in place, keeping order: chunk by chunk, each
 // thread reads its entry (the chunk's codes staged in shared memory), a block
 // scan gives the kept entries their slots, then they are written. Slots are
 // never past the entry's own position and the next chunk is read after the
 // barrier, so nothing is overwritten before it is read.
+// Stored vectors (d floats, too many to stage a chunk of) move column-wise:
+// each thread owns columns threadIdx.x + i * blockDim.x of every row and
+// moves them row after row in list order, as a sequential in-place
+// compaction does; a slot lies below its row, so within a column every value
+// is read (by its owner) before a later row's move can overwrite it, with no
+// barrier. Rows go kRemoveRowGroup at a time, all read before any is written
+// (memory-level parallelism), which keeps that order within the group.
 __global__ void __launch_bounds__(kRemoveThreads)
     remove_ids_kernel(uint8_t* const* list_codes, int64_t* const* list_ids, float* const* list_vt,
-                      const int32_t* list_len, int m, const int64_t* gone, int64_t ngone,
-                      int32_t* new_len)
+                      float* const* list_vectors, const int32_t* list_len, int m, int d,
+                      const int64_t* gone, int64_t ngone, int32_t* new_len)
 {
     using BlockScan = cub::BlockScan<int, kRemoveThreads>;
     __shared__ typename BlockScan::TempStorage scan_storage;
+    __shared__ int move_to[kRemoveThreads];  // chunk entry -> its new row, -1: stays or goes
     extern __shared__ uint8_t staged_codes[];  // kRemoveThreads x m
     const int list = blockIdx.x;
     const int len = list_len[list];
     uint8_t* codes = list_codes[list];
     int64_t* ids = list_ids[list];
     float* vt = list_vt[list];  // null without per-vector term 1
+    float* vecs = list_vectors ? list_vectors[list] : nullptr;  // null without stored vectors
     int kept = 0;
     for (int base = 0; base < len; base += kRemoveThreads) {
         const int i = base + threadIdx.x;
@@ -236,8 +247,27 @@ __global__ void __launch_bounds__(kRemoveThreads)
             for (int j = 0; j < m; ++j)
                 out[j] = staged_codes[threadIdx.x * m + j];
         }
+        if (vecs) {
+            move_to[threadIdx.x] = i < len && keep && dst != i ? dst : -1;
+            __syncthreads();
+            for (int r0 = 0; r0 < chunk; r0 += kRemoveRowGroup) {
+                const int nr = min(kRemoveRowGroup, chunk - r0);
+                for (int t = threadIdx.x; t < d; t += kRemoveThreads) {
+                    float v[kRemoveRowGroup];
+#pragma unroll
+                    for (int u = 0; u < kRemoveRowGroup; ++u)
+                        v[u] = u < nr && move_to[r0 + u] >= 0
+                                   ? vecs[(static_cast<int64_t>(base) + r0 + u) * d + t]
+                                   : 0.0f;
+#pragma unroll
+                    for (int u = 0; u < kRemoveRowGroup; ++u)
+                        if (u < nr && move_to[r0 + u] >= 0)
+                            vecs[static_cast<int64_t>(move_to[r0 + u]) * d + t] = v[u];
+                }
+            }
+        }
         kept += chunk_kept;
-        __syncthreads();  // staged codes and scan storage are reused
+        __syncthreads();  // staged codes, scan storage and move_to are reused
     }
     if (threadIdx.x == 0)
         new_len[list] = kept;
@@ -340,14 +370,14 @@ void launch_exact_base(const float* queries, int64_t nq, int nprobe, int d, cons
 }
 
 void launch_remove_ids(uint8_t* const* list_codes, int64_t* const* list_ids, float* const* list_vt,
-                       const int32_t* list_len, int64_t lists, int m, const int64_t* sorted_ids,
-                       int64_t n, int32_t* new_len, cudaStream_t st)
+                       float* const* list_vectors, const int32_t* list_len, int64_t lists, int m, int d,
+                       const int64_t* sorted_ids, int64_t n, int32_t* new_len, cudaStream_t st)
 {
     if (!lists)
         return;
     remove_ids_kernel<<<static_cast<unsigned>(lists), kRemoveThreads,
                         static_cast<size_t>(kRemoveThreads) * m, st>>>(
-        list_codes, list_ids, list_vt, list_len, m, sorted_ids, n, new_len);
+        list_codes, list_ids, list_vt, list_vectors, list_len, m, d, sorted_ids, n, new_len);
     GPU_KERNEL_CHECK();
 }
 

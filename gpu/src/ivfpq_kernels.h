@@ -53,11 +53,12 @@ void launch_decode_labels(const int32_t* pos, int64_t nq, int k, int nprobe, con
                           int64_t* out, cudaStream_t st);
 
 // Removes from every list, in place and keeping order, the entries whose id
-// is in sorted_ids[0..n) (ascending): codes (m bytes each), ids and, where a
-// list has one (list_vt[l] != null), its per-vector term 1. Device arrays of
-// lists entries; new_len[l] receives the entries list l keeps.
+// is in sorted_ids[0..n) (ascending): codes (m bytes each), ids, where a
+// list has one (list_vt[l] != null) its per-vector term 1, and where
+// list_vectors is not null the stored vectors (d floats each). Device arrays
+// of lists entries; new_len[l] receives the entries list l keeps.
 void launch_remove_ids(uint8_t* const* list_codes, int64_t* const* list_ids, float* const* list_vt,
-                       const int32_t* list_len, int64_t lists, int m, const int64_t* sorted_ids,
-                       int64_t n, int32_t* new_len, cudaStream_t st);
+                       float* const* list_vectors, const int32_t* list_len, int64_t lists, int m, int d,
+                       const int64_t* sorted_ids, int64_t n, int32_t* new_len, cudaStream_t st);
 
 }  // namespace gpuivfpq::gpu

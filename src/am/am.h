@@ -66,6 +66,8 @@ typedef struct GpuIvfpqMetaPageData
 
 /* The list directory keeps each list's maximum quantization error (range search). */
 #define GPU_IVFPQ_FEATURE_QERROR	0x1
+/* List entries carry the row's exact vector (see GpuIvfpqEntryLayout). */
+#define GPU_IVFPQ_FEATURE_VECTORS	0x2
 typedef GpuIvfpqMetaPageData *GpuIvfpqMetaPage;
 
 #define GpuIvfpqPageGetMeta(page) ((GpuIvfpqMetaPage) PageGetContents(page))
@@ -83,29 +85,51 @@ typedef struct GpuIvfpqListDirEntry
 	((int) (GPU_IVFPQ_PAGE_CONTENT / sizeof(GpuIvfpqListDirEntry)))
 
 /*
- * List pages hold packed entries from PageGetContents: a heap TID (6 bytes)
- * followed by the m-byte PQ code. pd_lower marks the end of the entries, so
- * GenericXLog logs only the used part of a page.
+ * List pages hold packed entries from PageGetContents; pd_lower marks the
+ * end of the entries, so GenericXLog logs only the used part of a page. An
+ * entry is a heap TID (6 bytes) and the m-byte PQ code; in indexes with
+ * GPU_IVFPQ_FEATURE_VECTORS the entry starts with the row's exact vector
+ * (dimensions float4, so 4-byte aligned: entries start MAXALIGNed and their
+ * size is rounded up to 4), which lets the mirror and the CPU re-rank compute
+ * exact distances without reading the heap.
  */
 #define GPU_IVFPQ_TID_BYTES		((int) sizeof(ItemPointerData))
 
-static inline int
-GpuIvfpqEntrySize(int m)
+/* Where the parts of a list entry lie (GpuIvfpqLayoutOf gives an index's). */
+typedef struct GpuIvfpqEntryLayout
 {
-	return GPU_IVFPQ_TID_BYTES + m;
+	int			size;			/* bytes per entry */
+	int			m;				/* code bytes (0 in an untrained index) */
+	int			vdim;			/* floats of the exact vector at offset 0 (0: none) */
+	int			tid;			/* offset of the TID */
+	int			code;			/* offset of the code */
+} GpuIvfpqEntryLayout;
+
+static inline GpuIvfpqEntryLayout
+GpuIvfpqLayout(int m, int vdim)
+{
+	GpuIvfpqEntryLayout el;
+
+	el.m = m;
+	el.vdim = vdim;
+	el.tid = (int) sizeof(float) * vdim;
+	el.code = el.tid + GPU_IVFPQ_TID_BYTES;
+	el.size = el.code + m;
+	if (vdim > 0)
+		el.size = TYPEALIGN(sizeof(float), el.size);
+	return el;
 }
 
 static inline int
-GpuIvfpqEntriesPerPage(int m)
+GpuIvfpqEntriesPerPage(const GpuIvfpqEntryLayout *el)
 {
-	return (int) (GPU_IVFPQ_PAGE_CONTENT / GpuIvfpqEntrySize(m));
+	return (int) (GPU_IVFPQ_PAGE_CONTENT / el->size);
 }
 
 static inline int
-GpuIvfpqPageEntryCount(Page page, int m)
+GpuIvfpqPageEntryCount(Page page, const GpuIvfpqEntryLayout *el)
 {
-	return (int) ((((PageHeader) page)->pd_lower - MAXALIGN(SizeOfPageHeaderData)) /
-				  GpuIvfpqEntrySize(m));
+	return (int) ((((PageHeader) page)->pd_lower - MAXALIGN(SizeOfPageHeaderData)) / el->size);
 }
 
 /* TIDs travel through the engine and the GPU as 64-bit labels. */
@@ -124,26 +148,33 @@ GpuIvfpqLabelToTid(int64 label, ItemPointerData *tid)
 
 /* The heap TID of entry i of a page's packed entries (unaligned on the page: copied). */
 static inline void
-GpuIvfpqEntryTid(const char *entries, int i, int m, ItemPointerData *tid)
+GpuIvfpqEntryTid(const char *entries, int i, const GpuIvfpqEntryLayout *el, ItemPointerData *tid)
 {
-	memcpy(tid, entries + (Size) i * GpuIvfpqEntrySize(m), GPU_IVFPQ_TID_BYTES);
+	memcpy(tid, entries + (Size) i * el->size + el->tid, GPU_IVFPQ_TID_BYTES);
 }
 
 /* The heap TID of entry i of a page's packed entries, as a label. */
 static inline int64
-GpuIvfpqEntryLabel(const char *entries, int i, int m)
+GpuIvfpqEntryLabel(const char *entries, int i, const GpuIvfpqEntryLayout *el)
 {
 	ItemPointerData tid;
 
-	GpuIvfpqEntryTid(entries, i, m, &tid);
+	GpuIvfpqEntryTid(entries, i, el, &tid);
 	return GpuIvfpqTidToLabel(&tid);
 }
 
 /* The PQ code of entry i of a page's packed entries. */
 static inline const uint8 *
-GpuIvfpqEntryCode(const char *entries, int i, int m)
+GpuIvfpqEntryCode(const char *entries, int i, const GpuIvfpqEntryLayout *el)
 {
-	return (const uint8 *) entries + (Size) i * GpuIvfpqEntrySize(m) + GPU_IVFPQ_TID_BYTES;
+	return (const uint8 *) entries + (Size) i * el->size + el->code;
+}
+
+/* The exact vector of entry i (el->vdim floats, aligned), if the layout has one. */
+static inline const float *
+GpuIvfpqEntryVector(const char *entries, int i, const GpuIvfpqEntryLayout *el)
+{
+	return (const float *) (entries + (Size) i * el->size);
 }
 
 /*
@@ -163,8 +194,8 @@ GpuIvfpqEntryCode(const char *entries, int i, int m)
  * ERROR instead of a read past a buffer or an endless chain; the index
  * checker (check.cpp) calls the same ones, so both say the same thing.
  */
-extern void GpuIvfpqReportBadPage(Relation index, BlockNumber blk, Page page, uint16 kind, int m,
-								  int list) pg_attribute_noreturn();
+extern void GpuIvfpqReportBadPage(Relation index, BlockNumber blk, Page page, uint16 kind,
+								  const GpuIvfpqEntryLayout *el, int list) pg_attribute_noreturn();
 
 /* Whether page carries gpu_ivfpq's special space, page id and the given kind. */
 static inline bool
@@ -184,7 +215,7 @@ static inline void
 GpuIvfpqCheckPage(Relation index, BlockNumber blk, Page page, uint16 kind)
 {
 	if (unlikely(!GpuIvfpqPageIsKind(page, kind)))
-		GpuIvfpqReportBadPage(index, blk, page, kind, 0, -1);
+		GpuIvfpqReportBadPage(index, blk, page, kind, NULL, -1);
 }
 
 /*
@@ -194,14 +225,15 @@ GpuIvfpqCheckPage(Relation index, BlockNumber blk, Page page, uint16 kind)
  * named in the error.
  */
 static inline int
-GpuIvfpqListPageEntries(Relation index, BlockNumber blk, Page page, int m, int list)
+GpuIvfpqListPageEntries(Relation index, BlockNumber blk, Page page, const GpuIvfpqEntryLayout *el,
+						int list)
 {
 	int			used = (int) ((PageHeader) page)->pd_lower - (int) MAXALIGN(SizeOfPageHeaderData);
-	int			esz = GpuIvfpqEntrySize(m);
+	int			esz = el->size;
 
 	if (unlikely(!GpuIvfpqPageIsKind(page, GPU_IVFPQ_PAGE_LIST) || used < 0 || used % esz != 0 ||
-				 used / esz > GpuIvfpqEntriesPerPage(m)))
-		GpuIvfpqReportBadPage(index, blk, page, GPU_IVFPQ_PAGE_LIST, m, list);
+				 used / esz > GpuIvfpqEntriesPerPage(el)))
+		GpuIvfpqReportBadPage(index, blk, page, GPU_IVFPQ_PAGE_LIST, el, list);
 	return used / esz;
 }
 
@@ -231,12 +263,12 @@ GpuIvfpqChainStep(Relation index, GpuIvfpqChainWalk *walk, BlockNumber from, Blo
 }
 
 /*
- * Calls fn(entries, n) for each page of the list chain starting at head,
- * with the page share-locked: n packed entries of a TID and an m-byte code.
+ * Calls fn(entries, n, blk) for each page of the list chain starting at
+ * head, with the page share-locked: n packed entries laid out as el says.
  */
 template <typename F>
 static inline void
-GpuIvfpqWalkList(Relation index, BlockNumber head, int m, F &&fn)
+GpuIvfpqWalkList(Relation index, BlockNumber head, const GpuIvfpqEntryLayout *el, F &&fn)
 {
 	GpuIvfpqChainWalk walk = {0, 0};
 	BlockNumber from = InvalidBlockNumber;
@@ -251,8 +283,8 @@ GpuIvfpqWalkList(Relation index, BlockNumber head, int m, F &&fn)
 		buf = ReadBuffer(index, blk);
 		LockBuffer(buf, BUFFER_LOCK_SHARE);
 		page = BufferGetPage(buf);
-		n = GpuIvfpqListPageEntries(index, blk, page, m, -1);
-		fn((const char *) PageGetContents(page), n);
+		n = GpuIvfpqListPageEntries(index, blk, page, el, -1);
+		fn((const char *) PageGetContents(page), n, blk);
 		from = blk;
 		blk = GpuIvfpqPageGetOpaque(page)->next;
 		UnlockReleaseBuffer(buf);
@@ -267,6 +299,7 @@ typedef struct GpuIvfpqOptions
 	int			lists;
 	int			m;				/* 0 = choose from the dimension */
 	int			nbits;
+	bool		store_vectors;	/* keep each row's exact vector in its entry */
 } GpuIvfpqOptions;
 
 #define GPU_IVFPQ_DEFAULT_LISTS 100
@@ -298,6 +331,8 @@ extern void GpuIvfpqLowerInsertHint(Relation index, const GpuIvfpqMetaPageData *
 extern void GpuIvfpqSetDimensions(Relation index, GpuIvfpqMetaPageData *meta, int dim);
 extern int	GpuIvfpqDefaultM(int dim);
 extern int	GpuIvfpqMetricOf(Relation index);
+extern GpuIvfpqEntryLayout GpuIvfpqLayoutOf(const GpuIvfpqMetaPageData *meta);
+extern bool GpuIvfpqVectorsFit(int dim, int m);
 
 /* ---- model_cache.cpp ---- */
 extern gpuivfpq::IvfPqModel *GpuIvfpqGetModel(Relation index, const GpuIvfpqMetaPageData *meta);
@@ -306,7 +341,7 @@ extern gpuivfpq::IvfPqModel *GpuIvfpqGetModel(Relation index, const GpuIvfpqMeta
 extern int64 GpuIvfpqRankLists(Relation index, const GpuIvfpqMetaPageData *meta,
 							   const GpuIvfpqListDirEntry *dir, gpuivfpq::IvfPqModel *model,
 							   const gpuivfpq::IvfPqQuery *prepared, int probes, gpuivfpq::TopK *topk,
-							   int64 *labels, int *nlabels);
+							   const float *query, int64 *labels, double *exact, int *nlabels);
 
 /* A growing array of labels (palloc'd in the context current when it grows). */
 typedef struct GpuIvfpqLabels

@@ -28,6 +28,8 @@ typedef struct BuildState
 	int			metric;
 	int			lists;
 	int			m;
+	bool		store_vectors;	/* the option: entries keep their vector when it fits */
+	int			vdim;			/* floats of vector per entry (0: none) */
 	double		heap_tuples;	/* rows seen, NULLs included */
 	double		index_tuples;	/* non-NULL rows */
 	MemoryContext tmpctx;		/* reset per row */
@@ -51,9 +53,10 @@ typedef struct BuildState
 	uint8	   *batch_codes;
 	float	   *batch_radius;
 	float	   *batch_qerror;
-	int32	   *pend_lists;		/* pending entries (list, tid, code) */
+	int32	   *pend_lists;		/* pending entries (list, tid, code, vector) */
 	ItemPointerData *pend_tids;
 	uint8	   *pend_codes;
+	float	   *pend_vectors;	/* vdim floats each */
 	float	   *list_radius;	/* per list, max over pending entries */
 	float	   *list_qerror;	/* per list, max quantization error of pending entries */
 	int			pend_n;
@@ -209,7 +212,8 @@ SampleRows(BuildState *bs, Relation heap, IndexInfo *indexInfo)
 static void
 FlushPending(BuildState *bs)
 {
-	int			esz = GpuIvfpqEntrySize(bs->m);
+	GpuIvfpqEntryLayout el = GpuIvfpqLayout(bs->m, bs->vdim);
+	int			esz = el.size;
 	int		   *counts = (int *) palloc0(sizeof(int) * (bs->lists + 1));
 	int		   *order = (int *) palloc(sizeof(int) * Max(bs->pend_n, 1));
 	char	   *packed = (char *) palloc_extended((Size) Max(bs->pend_n, 1) * esz, MCXT_ALLOC_HUGE);
@@ -228,8 +232,11 @@ FlushPending(BuildState *bs)
 		int			e = order[i];
 		char	   *dst = packed + (Size) i * esz;
 
-		memcpy(dst, &bs->pend_tids[e], GPU_IVFPQ_TID_BYTES);
-		memcpy(dst + GPU_IVFPQ_TID_BYTES, bs->pend_codes + (Size) e * bs->m, bs->m);
+		memset(dst, 0, esz);	/* no uninitialised padding reaches the WAL */
+		if (bs->vdim > 0)
+			memcpy(dst, bs->pend_vectors + (Size) e * bs->vdim, sizeof(float) * bs->vdim);
+		memcpy(dst + el.tid, &bs->pend_tids[e], GPU_IVFPQ_TID_BYTES);
+		memcpy(dst + el.code, bs->pend_codes + (Size) e * bs->m, bs->m);
 	}
 	for (int l = 0; l < bs->lists; l++)
 	{
@@ -286,6 +293,9 @@ EncodeBatch(BuildState *bs)
 		bs->pend_lists[p] = l;
 		bs->pend_tids[p] = bs->batch_tids[i];
 		memcpy(bs->pend_codes + (Size) p * bs->m, bs->batch_codes + (Size) i * bs->m, bs->m);
+		if (bs->vdim > 0)
+			memcpy(bs->pend_vectors + (Size) p * bs->vdim, bs->batch + (Size) i * bs->dim,
+				   sizeof(float) * bs->vdim);
 		if (bs->batch_radius[i] > bs->list_radius[l])
 			bs->list_radius[l] = bs->batch_radius[i];
 		if (bs->batch_qerror[i] > bs->list_qerror[l])
@@ -388,12 +398,13 @@ WriteEmptyListDir(Relation index, int lists, uint32 *npages)
 
 /* The options of an index, with defaults when it has none. */
 static void
-IndexOptions(Relation index, int *lists, int *m)
+IndexOptions(Relation index, int *lists, int *m, bool *store_vectors)
 {
 	GpuIvfpqOptions *opts = (GpuIvfpqOptions *) index->rd_options;
 
 	*lists = opts ? opts->lists : GPU_IVFPQ_DEFAULT_LISTS;
 	*m = opts ? opts->m : 0;
+	*store_vectors = opts ? opts->store_vectors : true;
 }
 
 /* Checks m against the dimension, naming the values that would work. */
@@ -461,6 +472,16 @@ TrainQuantizers(BuildState *bs, int requested_m, GpuIvfpqMetaPageData *meta, Tim
 	meta->m = bs->m;
 	meta->trained = true;
 	meta->features |= GPU_IVFPQ_FEATURE_QERROR;
+	if (bs->store_vectors && GpuIvfpqVectorsFit(bs->dim, bs->m))
+	{
+		meta->features |= GPU_IVFPQ_FEATURE_VECTORS;
+		bs->vdim = bs->dim;
+	}
+	else if (bs->store_vectors)
+		ereport(NOTICE,
+				(errmsg("gpu_ivfpq index \"%s\" keeps no vector copies: %d dimensions do not fit an index page",
+						RelationGetRelationName(bs->index), bs->dim),
+				 errdetail("Scans re-rank candidates with the vectors read from the table.")));
 	meta->centroid_start = GpuIvfpqWriteBlob(bs->index, bs->model->centroids().data(),
 											 bs->model->centroids().size() * sizeof(float));
 	meta->codebook_start = GpuIvfpqWriteBlob(bs->index, bs->model->pq().codebooks().data(),
@@ -477,7 +498,7 @@ EncodeAndWrite(BuildState *bs, Relation heap, IndexInfo *indexInfo, TimestampTz 
 {
 	Size		batch_bytes = (Size) ENCODE_BATCH * (bs->dim * sizeof(float) + sizeof(ItemPointerData) +
 													 sizeof(int32) + bs->m + sizeof(float));
-	Size		entry_bytes = sizeof(int32) + sizeof(ItemPointerData) + bs->m;
+	Size		entry_bytes = sizeof(int32) + sizeof(ItemPointerData) + bs->m + sizeof(float) * bs->vdim;
 	double		estimate = Max((double) heap->rd_rel->reltuples, bs->vectors_estimate);
 
 	CheckBuildMemory(batch_bytes + (Size) ENCODE_BATCH * entry_bytes, "encoding");
@@ -499,6 +520,9 @@ EncodeAndWrite(BuildState *bs, Relation heap, IndexInfo *indexInfo, TimestampTz 
 	bs->pend_lists = (int32 *) palloc_extended(sizeof(int32) * bs->pend_cap, MCXT_ALLOC_HUGE);
 	bs->pend_tids = (ItemPointerData *) palloc_extended(sizeof(ItemPointerData) * bs->pend_cap, MCXT_ALLOC_HUGE);
 	bs->pend_codes = (uint8 *) palloc_extended((Size) bs->pend_cap * bs->m, MCXT_ALLOC_HUGE);
+	if (bs->vdim > 0)
+		bs->pend_vectors = (float *) palloc_extended((Size) bs->pend_cap * bs->vdim * sizeof(float),
+													 MCXT_ALLOC_HUGE);
 	bs->list_radius = (float *) palloc0(sizeof(float) * bs->lists);
 	bs->list_qerror = (float *) palloc0(sizeof(float) * bs->lists);
 
@@ -536,7 +560,7 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 	memset(&bs, 0, sizeof(bs));
 	bs.index = index;
 	bs.metric = GpuIvfpqMetricOf(index);
-	IndexOptions(index, &bs.lists, &requested_m);
+	IndexOptions(index, &bs.lists, &requested_m, &bs.store_vectors);
 	bs.tmpctx = AllocSetContextCreate(buildctx, "gpu_ivfpq build row", ALLOCSET_DEFAULT_SIZES);
 	pg_prng_seed(&bs.prng, BUILD_SEED);
 

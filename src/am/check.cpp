@@ -38,7 +38,7 @@ typedef struct CheckState
 	Relation	heap;
 	BufferAccessStrategy strategy;
 	GpuIvfpqMetaPageData meta;
-	int			m;				/* code bytes per entry (0 when untrained) */
+	GpuIvfpqEntryLayout el;		/* how list entries are laid out */
 	GpuIvfpqListDirEntry *dir;	/* meta.lists entries */
 
 	BlockNumber nblocks;		/* the index's size when last asked */
@@ -147,7 +147,7 @@ CheckMetapage(CheckState *cs)
 		GpuIvfpqReportCorrupt(cs->index, GPU_IVFPQ_METAPAGE_BLKNO,
 							  "metapage metric %u differs from the operator class's metric %d",
 							  (unsigned int) meta->metric, opclass_metric);
-	cs->m = meta->trained ? meta->m : 0;
+	cs->el = GpuIvfpqLayoutOf(meta);
 
 	if (meta->trained)
 	{
@@ -277,7 +277,7 @@ CheckList(CheckState *cs, uint32 l)
 		hint_seen |= blk == e->insert_hint;
 
 		page = ReadCopy(cs, blk);
-		n = GpuIvfpqListPageEntries(cs->index, blk, page, cs->m, (int) l);
+		n = GpuIvfpqListPageEntries(cs->index, blk, page, &cs->el, (int) l);
 		entries = (const char *) PageGetContents(page);
 		for (int i = 0; i < n; i++)
 		{
@@ -285,7 +285,7 @@ CheckList(CheckState *cs, uint32 l)
 			BlockNumber hblk;
 			OffsetNumber off;
 
-			GpuIvfpqEntryTid(entries, i, cs->m, &tid);
+			GpuIvfpqEntryTid(entries, i, &cs->el, &tid);
 			hblk = ItemPointerGetBlockNumberNoCheck(&tid);
 			off = ItemPointerGetOffsetNumberNoCheck(&tid);
 			if (off < FirstOffsetNumber || off > MaxHeapTuplesPerPage)
@@ -327,10 +327,10 @@ PageHoldsLabel(CheckState *cs, BlockNumber blk, int64 label)
 {
 	Page		page = ReadCopy(cs, blk);
 	const char *entries = (const char *) PageGetContents(page);
-	int			n = GpuIvfpqListPageEntries(cs->index, blk, page, cs->m, -1);
+	int			n = GpuIvfpqListPageEntries(cs->index, blk, page, &cs->el, -1);
 
 	for (int i = 0; i < n; i++)
-		if (GpuIvfpqEntryLabel(entries, i, cs->m) == label)
+		if (GpuIvfpqEntryLabel(entries, i, &cs->el) == label)
 			return true;
 	return false;
 }

@@ -10,7 +10,7 @@ PG_FUNCTION_INFO_V1(gpu_ivfpq_handler);
 
 static relopt_kind gpu_ivfpq_relopt_kind;
 
-/* Registers the index options (lists, m, nbits); called once from _PG_init. */
+/* Registers the index options (lists, m, nbits, store_vectors); called once from _PG_init. */
 void
 GpuIvfpqRegisterOptions(void)
 {
@@ -22,9 +22,12 @@ GpuIvfpqRegisterOptions(void)
 					  0, 0, GPU_IVFPQ_MAX_M, AccessExclusiveLock);
 	add_int_reloption(gpu_ivfpq_relopt_kind, "nbits", "Bits per PQ sub-quantizer code (8 only)",
 					  GPU_IVFPQ_NBITS, GPU_IVFPQ_NBITS, GPU_IVFPQ_NBITS, AccessExclusiveLock);
+	add_bool_reloption(gpu_ivfpq_relopt_kind, "store_vectors",
+					   "Keep each row's exact vector in the index, for re-ranking on the GPU and without heap reads",
+					   true, AccessExclusiveLock);
 }
 
-/* amoptions: parses WITH (lists, m, nbits). */
+/* amoptions: parses WITH (lists, m, nbits, store_vectors). */
 bytea *
 gpuivfpqoptions(Datum reloptions, bool validate)
 {
@@ -32,6 +35,7 @@ gpuivfpqoptions(Datum reloptions, bool validate)
 		{"lists", RELOPT_TYPE_INT, offsetof(GpuIvfpqOptions, lists)},
 		{"m", RELOPT_TYPE_INT, offsetof(GpuIvfpqOptions, m)},
 		{"nbits", RELOPT_TYPE_INT, offsetof(GpuIvfpqOptions, nbits)},
+		{"store_vectors", RELOPT_TYPE_BOOL, offsetof(GpuIvfpqOptions, store_vectors)},
 	};
 
 	return (bytea *) build_reloptions(reloptions, validate, gpu_ivfpq_relopt_kind,

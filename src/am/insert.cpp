@@ -16,6 +16,7 @@ gpuivfpqinsert(Relation index, Datum *values, bool *isnull, ItemPointer heap_tid
 	const float *v;
 	int			dim;
 	char	   *entry;
+	GpuIvfpqEntryLayout el;
 	int32		list = 0;
 	float		radius = 0.0f;
 	float		qerror = 0.0f;
@@ -40,12 +41,15 @@ gpuivfpqinsert(Relation index, Datum *values, bool *isnull, ItemPointer heap_tid
 						dim, RelationGetRelationName(index), meta.dimensions),
 				 errhint("Every indexed vector must have the same number of dimensions.")));
 
-	entry = (char *) palloc(GpuIvfpqEntrySize(meta.trained ? meta.m : 0));
-	memcpy(entry, heap_tid, GPU_IVFPQ_TID_BYTES);
+	el = GpuIvfpqLayoutOf(&meta);
+	entry = (char *) palloc0(el.size);
+	if (el.vdim > 0)
+		memcpy(entry, v, sizeof(float) * el.vdim);
+	memcpy(entry + el.tid, heap_tid, GPU_IVFPQ_TID_BYTES);
 	if (meta.trained)
 	{
 		gpuivfpq::IvfPqModel *model = GpuIvfpqGetModel(index, &meta);
-		uint8	   *code = (uint8 *) entry + GPU_IVFPQ_TID_BYTES;
+		uint8	   *code = (uint8 *) entry + el.code;
 
 		GpuIvfpqGuard("encoding", [&] {
 			model->encode(v, 1, &list, code, &radius, 1);
@@ -56,7 +60,7 @@ gpuivfpqinsert(Relation index, Datum *values, bool *isnull, ItemPointer heap_tid
 	/* After the page: a mirror loaded from now on sees it in the pages or the log. */
 	if (meta.trained)
 		GpuIvfpqServiceLogAppend(index, &meta, list, GpuIvfpqTidToLabel(heap_tid),
-								 (const uint8 *) entry + GPU_IVFPQ_TID_BYTES);
+								 (const uint8 *) entry + el.code, el.vdim > 0 ? v : NULL);
 
 	MemoryContextSwitchTo(old);
 	MemoryContextDelete(ctx);

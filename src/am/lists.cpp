@@ -2,8 +2,12 @@
 // lists into a k-selection heap, and the collection of a list's entries
 // (all, or those within an ADC bound). Shared by index scans, batch and
 // range search; the only readers of list entries outside pages.cpp.
+#include <algorithm>
+
 #include "am/am.h"
 #include "common/guard.h"
+
+#include "engine/exact_distance.h"
 #include "engine/ivfpq.h"
 #include "engine/topk.h"
 
@@ -12,38 +16,77 @@ extern "C" {
 #include "commands/defrem.h"
 }
 
+/* A candidate's vector, copied when the k-selection took it (CpuExact). */
+typedef struct TakenVector
+{
+	int64		label;
+	int64		slot;			/* in the copies, vdim floats each */
+} TakenVector;
+
 /*
  * The CPU engine's candidates: ranks every entry of the first probes lists
  * of a prepared query by ADC distance through topk (emptied again on
- * return) and writes the best labels (TIDs), nearest first, to labels (room
- * for topk->k()); *nlabels says how many. Returns how many entries those
+ * return) and writes the best labels (TIDs) to labels (room for topk->k());
+ * *nlabels says how many. Without exact, they come nearest first by ADC.
+ * With exact (an index whose entries hold vectors), they come re-ranked:
+ * exact[i] is the exact distance of labels[i] to query, in the order of
+ * gpuivfpq::exact_less, as the GPU's re-rank returns them. Each entry the
+ * k-selection takes has its vector copied while its page is locked, so the
+ * re-rank reads no page again (and no heap). Returns how many entries those
  * lists hold.
  */
 int64
 GpuIvfpqRankLists(Relation index, const GpuIvfpqMetaPageData *meta, const GpuIvfpqListDirEntry *dir,
 				  gpuivfpq::IvfPqModel *model, const gpuivfpq::IvfPqQuery *prepared, int probes,
-				  gpuivfpq::TopK *topk, int64 *labels, int *nlabels)
+				  gpuivfpq::TopK *topk, const float *query, int64 *labels, double *exact, int *nlabels)
 {
-	int			m = meta->m;
-	int			esz = GpuIvfpqEntrySize(m);
+	GpuIvfpqEntryLayout el = GpuIvfpqLayoutOf(meta);
+	int			m = el.m;
+	int			vdim = el.vdim;
 	float	   *table = (float *) palloc(sizeof(float) * m * 256);
-	float	   *dists = (float *) palloc(sizeof(float) * GpuIvfpqEntriesPerPage(m));
+	float	   *dists = (float *) palloc(sizeof(float) * GpuIvfpqEntriesPerPage(&el));
 	int64		seen = 0;
+	TakenVector *taken = NULL;
+	float	   *copies = NULL;
+	int64		ntaken = 0;
+	int64		cap = 0;
 
+	if (exact != NULL && vdim == 0)
+		elog(ERROR, "gpu_ivfpq: exact re-rank from an index without vector copies");
 	for (int p = 0; p < probes; p++)
 	{
 		int			list = prepared->lists[p];
 		float		base = 0.0f;
 
 		GpuIvfpqGuard("lookup tables", [&] { model->list_table(*prepared, p, table, &base); });
-		GpuIvfpqWalkList(index, dir[list].head, m, [&](const char *ent, int n) {
+		GpuIvfpqWalkList(index, dir[list].head, &el, [&](const char *ent, int n, BlockNumber) {
 			seen += n;
 			GpuIvfpqGuard("list scan", [&] {
-				gpuivfpq::adc_scan(GpuIvfpqEntryCode(ent, 0, m), n, esz, table, m, base, dists);
-				for (int i = 0; i < n; i++)
-					if (dists[i] < topk->threshold())
-						topk->push(dists[i], GpuIvfpqEntryLabel(ent, i, m));
+				gpuivfpq::adc_scan(GpuIvfpqEntryCode(ent, 0, &el), n, el.size, table, m, base, dists);
 			});
+			for (int i = 0; i < n; i++)
+			{
+				int64		label;
+
+				if (!(dists[i] < topk->threshold()))
+					continue;
+				label = GpuIvfpqEntryLabel(ent, i, &el);
+				GpuIvfpqGuard("list scan", [&] { topk->push(dists[i], label); });
+				if (exact == NULL)
+					continue;
+				if (ntaken == cap)
+				{
+					cap = Max(cap * 2, (int64) topk->k() * 4);
+					taken = taken ? (TakenVector *) repalloc_huge(taken, sizeof(TakenVector) * cap)
+						: (TakenVector *) palloc_extended(sizeof(TakenVector) * cap, MCXT_ALLOC_HUGE);
+					copies = copies ? (float *) repalloc_huge(copies, sizeof(float) * vdim * cap)
+						: (float *) palloc_extended(sizeof(float) * vdim * cap, MCXT_ALLOC_HUGE);
+				}
+				taken[ntaken].label = label;
+				taken[ntaken].slot = ntaken;
+				memcpy(copies + ntaken * vdim, GpuIvfpqEntryVector(ent, i, &el), sizeof(float) * vdim);
+				ntaken++;
+			}
 		});
 	}
 	pfree(dists);
@@ -53,6 +96,51 @@ GpuIvfpqRankLists(Relation index, const GpuIvfpqMetaPageData *meta, const GpuIvf
 		for (const auto &nb : topk->take_sorted())
 			labels[(*nlabels)++] = nb.label;
 	});
+	if (exact != NULL)
+	{
+		gpuivfpq::Metric metric = (gpuivfpq::Metric) meta->metric;
+		int			n = *nlabels;
+		int		   *order = (int *) palloc(sizeof(int) * Max(n, 1));
+		int64	   *sorted_labels = (int64 *) palloc(sizeof(int64) * Max(n, 1));
+		double	   *sorted_exact = (double *) palloc(sizeof(double) * Max(n, 1));
+
+		/* By label, the latest copy last: a label taken twice keeps its last vector. */
+		std::sort(taken, taken + ntaken, [](const TakenVector &a, const TakenVector &b) {
+			return a.label != b.label ? a.label < b.label : a.slot < b.slot;
+		});
+		for (int i = 0; i < n; i++)
+		{
+			TakenVector key = {labels[i], INT64_MAX};
+			TakenVector *at = std::upper_bound(taken, taken + ntaken, key,
+											   [](const TakenVector &a, const TakenVector &b) {
+												   return a.label != b.label ? a.label < b.label : a.slot < b.slot;
+											   });
+
+			/* Every selected entry was taken at least once on its way in. */
+			Assert(at != taken && (at - 1)->label == labels[i]);
+			exact[i] = gpuivfpq::exact_distance(metric, query, copies + (at - 1)->slot * vdim,
+												(size_t) vdim);
+			order[i] = i;
+		}
+		std::sort(order, order + n, [&](int a, int b) {
+			return gpuivfpq::exact_less(exact[a], labels[a], exact[b], labels[b]);
+		});
+		for (int i = 0; i < n; i++)
+		{
+			sorted_labels[i] = labels[order[i]];
+			sorted_exact[i] = exact[order[i]];
+		}
+		memcpy(labels, sorted_labels, sizeof(int64) * n);
+		memcpy(exact, sorted_exact, sizeof(double) * n);
+		pfree(order);
+		pfree(sorted_labels);
+		pfree(sorted_exact);
+		if (taken != NULL)
+		{
+			pfree(taken);
+			pfree(copies);
+		}
+	}
 	return seen;
 }
 
@@ -65,11 +153,11 @@ int64
 GpuIvfpqCollectList(Relation index, const GpuIvfpqMetaPageData *meta, BlockNumber head,
 					const GpuIvfpqAdcBound *bound, GpuIvfpqLabels *out)
 {
-	int			m = meta->trained ? meta->m : 0;
-	float	   *dists = bound ? (float *) palloc(sizeof(float) * GpuIvfpqEntriesPerPage(m)) : NULL;
+	GpuIvfpqEntryLayout el = GpuIvfpqLayoutOf(meta);
+	float	   *dists = bound ? (float *) palloc(sizeof(float) * GpuIvfpqEntriesPerPage(&el)) : NULL;
 	int64		entries = 0;
 
-	GpuIvfpqWalkList(index, head, m, [&](const char *ent, int n) {
+	GpuIvfpqWalkList(index, head, &el, [&](const char *ent, int n, BlockNumber) {
 		entries += n;
 		if (out->n + n > out->cap)
 		{
@@ -80,12 +168,12 @@ GpuIvfpqCollectList(Relation index, const GpuIvfpqMetaPageData *meta, BlockNumbe
 		}
 		if (bound != NULL)
 			GpuIvfpqGuard("list scan", [&] {
-				gpuivfpq::adc_scan(GpuIvfpqEntryCode(ent, 0, m), n, GpuIvfpqEntrySize(m), bound->table,
-								   m, bound->base, dists);
+				gpuivfpq::adc_scan(GpuIvfpqEntryCode(ent, 0, &el), n, el.size, bound->table,
+								   el.m, bound->base, dists);
 			});
 		for (int i = 0; i < n; i++)
 			if (bound == NULL || dists[i] <= bound->limit)
-				out->labels[out->n++] = GpuIvfpqEntryLabel(ent, i, m);
+				out->labels[out->n++] = GpuIvfpqEntryLabel(ent, i, &el);
 	});
 	if (dists)
 		pfree(dists);

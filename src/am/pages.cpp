@@ -53,16 +53,17 @@ PageKindName(uint16 kind)
 
 /*
  * Reports the first invariant that block blk's page breaks for
- * GpuIvfpqCheckPage (a page of this kind) or GpuIvfpqListPageEntries (m
- * bytes of code per entry; list named when not -1).
+ * GpuIvfpqCheckPage (a page of this kind) or GpuIvfpqListPageEntries
+ * (entries laid out as el says; list named when not -1).
  */
 void
-GpuIvfpqReportBadPage(Relation index, BlockNumber blk, Page page, uint16 kind, int m, int list)
+GpuIvfpqReportBadPage(Relation index, BlockNumber blk, Page page, uint16 kind,
+					  const GpuIvfpqEntryLayout *el, int list)
 {
 	PageHeader	header = (PageHeader) page;
 	GpuIvfpqPageOpaque opaque;
 	int			used = (int) header->pd_lower - (int) MAXALIGN(SizeOfPageHeaderData);
-	int			esz = GpuIvfpqEntrySize(m);
+	int			esz = el != NULL ? el->size : 1;
 	char		what[32];
 
 	if (PageIsNew(page))
@@ -92,7 +93,7 @@ GpuIvfpqReportBadPage(Relation index, BlockNumber blk, Page page, uint16 kind, i
 		GpuIvfpqReportCorrupt(index, blk, "%s page's pd_lower %u does not end a whole %d-byte entry",
 							  what, (unsigned int) header->pd_lower, esz);
 	GpuIvfpqReportCorrupt(index, blk, "%s entry count %d exceeds the page capacity %d",
-						  what, used / esz, GpuIvfpqEntriesPerPage(m));
+						  what, used / esz, GpuIvfpqEntriesPerPage(el));
 }
 
 /* The failed check of GpuIvfpqChainStep: asks the size again, errors if blk is still wrong. */
@@ -376,11 +377,11 @@ UpdateListDirEntry(Relation index, const GpuIvfpqMetaPageData *meta, int list, F
 
 /* Copies up to count entries into the free tail of page; returns how many. */
 static int
-FillListPage(Page page, int m, const char *entries, int count)
+FillListPage(Page page, const GpuIvfpqEntryLayout *el, const char *entries, int count)
 {
-	int			esz = GpuIvfpqEntrySize(m);
-	int			have = GpuIvfpqPageEntryCount(page, m);
-	int			n = Min(count, GpuIvfpqEntriesPerPage(m) - have);
+	int			esz = el->size;
+	int			have = GpuIvfpqPageEntryCount(page, el);
+	int			n = Min(count, GpuIvfpqEntriesPerPage(el) - have);
 
 	if (n <= 0)
 		return 0;
@@ -390,7 +391,7 @@ FillListPage(Page page, int m, const char *entries, int count)
 }
 
 /*
- * Appends count packed entries (TID + code) to inverted list `list`, filling
+ * Appends count packed entries (as GpuIvfpqLayoutOf(meta)) to inverted list `list`, filling
  * free space from the list's insert hint onward (space VACUUM freed is
  * reused) and extending the chain at its tail. Also raises the list's
  * covering radius to at least radius and its quantization error to at
@@ -400,8 +401,8 @@ void
 GpuIvfpqAppendEntries(Relation index, const GpuIvfpqMetaPageData *meta, int list,
 					  const char *entries, int count, float radius, float qerror)
 {
-	int			m = meta->trained ? meta->m : 0;
-	int			esz = GpuIvfpqEntrySize(m);
+	GpuIvfpqEntryLayout el = GpuIvfpqLayoutOf(meta);
+	int			esz = el.size;
 	GpuIvfpqListDirEntry entry;
 	Buffer		dirbuf;
 	BlockNumber blk;
@@ -449,13 +450,13 @@ GpuIvfpqAppendEntries(Relation index, const GpuIvfpqMetaPageData *meta, int list
 		LockBuffer(buf, BUFFER_LOCK_EXCLUSIVE);
 		page = BufferGetPage(buf);
 		opaque = GpuIvfpqPageGetOpaque(page);
-		room = GpuIvfpqEntriesPerPage(m) - GpuIvfpqListPageEntries(index, blk, page, m, list);
+		room = GpuIvfpqEntriesPerPage(&el) - GpuIvfpqListPageEntries(index, blk, page, &el, list);
 
 		if (room > 0)
 		{
 			GenericXLogState *state = GenericXLogStart(index);
 			Page		wpage = GenericXLogRegisterBuffer(state, buf, 0);
-			int			n = FillListPage(wpage, m, entries, count);
+			int			n = FillListPage(wpage, &el, entries, count);
 
 			GenericXLogFinish(state);
 			entries += (Size) n * esz;
@@ -480,7 +481,7 @@ GpuIvfpqAppendEntries(Relation index, const GpuIvfpqMetaPageData *meta, int list
 			int			n;
 
 			GpuIvfpqInitPage(npage, GPU_IVFPQ_PAGE_LIST);
-			n = FillListPage(npage, m, entries, count);
+			n = FillListPage(npage, &el, entries, count);
 			GpuIvfpqPageGetOpaque(tail)->next = BufferGetBlockNumber(newbuf);
 			GenericXLogFinish(state);
 			entries += (Size) n * esz;
@@ -528,6 +529,27 @@ GpuIvfpqDefaultM(int dim)
 		if (dim % m == 0)
 			return m;
 	return 1;
+}
+
+/* How the list entries of an index with this metapage are laid out. */
+GpuIvfpqEntryLayout
+GpuIvfpqLayoutOf(const GpuIvfpqMetaPageData *meta)
+{
+	return GpuIvfpqLayout(meta->trained ? meta->m : 0,
+						  (meta->features & GPU_IVFPQ_FEATURE_VECTORS) ? (int) meta->dimensions : 0);
+}
+
+/*
+ * Whether an entry with a vector of dim floats and an m-byte code fits a
+ * page (up to about 2000 dimensions; above, the vectors stay in the heap
+ * only, since an index entry cannot span pages).
+ */
+bool
+GpuIvfpqVectorsFit(int dim, int m)
+{
+	GpuIvfpqEntryLayout el = GpuIvfpqLayout(m, dim);
+
+	return GpuIvfpqEntriesPerPage(&el) >= 1;
 }
 
 /* The metric of an index, from its operator class's support function 2. */

@@ -1,9 +1,13 @@
 // Ordered index scan: probe the nearest lists, rank codes by ADC, re-rank
-// the best candidates with exact distances from the heap, and continue with
-// more candidates and lists when the executor asks for more rows.
+// the best candidates with exact distances (on the GPU or from the vector
+// copies in the list pages; from the heap in an index without them), and
+// continue with more candidates and lists when the executor asks for more
+// rows. Rows come back in exact distance order across rounds: a later
+// round never returns a row that sorts before one already returned.
 #include "common/guard.h"
 #include "common/rerank.h"
 #include "service/service.h"
+#include "engine/exact_distance.h"
 #include "engine/ivfpq.h"
 #include "engine/topk.h"
 
@@ -28,9 +32,13 @@ typedef struct GpuIvfpqScanOpaqueData
 	bool		exhausted;
 	int			probes;			/* lists probed by the current round */
 	int			candidates;		/* ADC candidates taken by the current round */
-	int64		reranked;		/* rows re-ranked so far (the bound counts these) */
+	int64		reranked;		/* candidates re-ranked so far (the bound counts these) */
 	int64		entries_seen;	/* entries in the probed lists, last round */
-	HTAB	   *seen;			/* TIDs already re-ranked */
+	HTAB	   *seen;			/* TIDs already re-ranked from the heap */
+	bool		returned_any;	/* last is set */
+	bool		final_round;	/* the current round ranked every entry */
+	int			round_want;		/* candidates the current round asked for */
+	GpuIvfpqHit last;			/* the last row returned: later rows sort after it */
 
 	GpuIvfpqHit *results;
 	int			nresults;
@@ -38,7 +46,9 @@ typedef struct GpuIvfpqScanOpaqueData
 
 	/* instrumentation, reported at DEBUG1 when the scan ends */
 	int			gpu_rounds;		/* rounds the GPU service served */
+	int			gpu_exact_rounds;	/* of which it re-ranked */
 	int			cpu_rounds;
+	int64		skipped_late;	/* candidates that sorted before a returned row */
 	int64		gpu_batch_sum;	/* sizes of the GPU batches that served them */
 	int64		codes_scanned;
 	instr_time	adc_time;
@@ -107,6 +117,9 @@ gpuivfpqrescan(IndexScanDesc scan, ScanKey keys, int nkeys, ScanKey orderbys, in
 	so->exhausted = false;
 	so->reranked = 0;
 	so->entries_seen = 0;
+	so->returned_any = false;
+	so->final_round = false;
+	so->round_want = 0;
 	so->results = NULL;
 	so->nresults = 0;
 	so->next = 0;
@@ -151,11 +164,57 @@ CollectAll(IndexScanDesc scan, GpuIvfpqLabels *all)
 }
 
 /*
- * Re-ranks the candidate labels not seen before (rows no longer visible are
- * skipped) into the next batch of results, in exact distance order.
+ * Chooses what a round returns from its candidates, sorted by exact
+ * distance. A round that left entries of the probed lists unranked returns
+ * only the nearer half: its tail is where the next, wider round finds rows
+ * that ADC ranked low but that are nearer (a row returned from the tail
+ * would make them late). Of those, with gpu_ivfpq.strict_order, only rows
+ * that sort after the last row returned: a row found only by a wider round
+ * that sorts before one already returned is skipped, since returning it now
+ * would break the order. Without strict order such rows are returned late;
+ * rows returned before are never returned again.
  */
 static void
-Rerank(IndexScanDesc scan, int64 *labels, int n)
+ChooseReturned(GpuIvfpqScanOpaque so, bool partial)
+{
+	int			kept = 0;
+	int			n = so->nresults;
+
+	if (so->null_query)
+		return;
+	if (partial && n > 0)
+	{
+		n = (n + 1) / 2;
+		/* A heap re-rank must fetch the tail again next round: it is not seen yet. */
+		if (so->heap_open)
+			for (int i = n; i < so->nresults; i++)
+				(void) hash_search(so->seen, &so->results[i].tid, HASH_REMOVE, NULL);
+	}
+	for (int i = 0; i < n; i++)
+	{
+		GpuIvfpqHit *h = &so->results[i];
+		/* Heap re-ranks never return a seen row; re-ranked rounds see returned ones again. */
+		bool		returned = !so->heap_open && hash_search(so->seen, &h->tid, HASH_FIND, NULL);
+
+		if (returned)
+			continue;
+		if (gpu_ivfpq_strict_order && so->returned_any && !GpuIvfpqHitLess(so->last, *h))
+		{
+			so->skipped_late++;
+			continue;
+		}
+		so->results[kept++] = *h;
+	}
+	so->nresults = kept;
+}
+
+/*
+ * Re-ranks the candidate labels not seen before with exact distances from
+ * the heap (rows no longer visible are skipped) into the next batch of
+ * results, in exact distance order: for indexes without vector copies.
+ */
+static void
+HeapRerank(IndexScanDesc scan, int64 *labels, int n)
 {
 	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
 	GpuIvfpqRerankSpec spec;
@@ -174,11 +233,34 @@ Rerank(IndexScanDesc scan, int64 *labels, int n)
 }
 
 /*
- * One round on the CPU engine: the want best entries of the probed lists by
- * ADC distance, into labels (allocated here, in the batch context).
+ * Takes candidates already re-ranked (by the GPU or from the list pages'
+ * vector copies: exact distances, in exact order) as the next batch of
+ * results. Visibility is the executor's: it fetches each row it is given.
  */
 static void
-CpuRound(IndexScanDesc scan, int want, int64 **labels, int *nlabels)
+TakeExact(IndexScanDesc scan, const int64 *labels, const double *exact, int n)
+{
+	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
+
+	so->results = (GpuIvfpqHit *) MemoryContextAllocHuge(so->batchctx, sizeof(GpuIvfpqHit) * Max(n, 1));
+	for (int i = 0; i < n; i++)
+	{
+		so->results[i].dist = exact[i];
+		GpuIvfpqLabelToTid(labels[i], &so->results[i].tid);
+	}
+	so->nresults = n;
+	so->next = 0;
+	/* Each round's candidates contain the last round's: the bound counts distinct ones. */
+	so->reranked = Max(so->reranked, (int64) n);
+}
+
+/*
+ * One round on the CPU engine: the want best entries of the probed lists by
+ * ADC distance, into labels (allocated here, in the batch context); with
+ * exact (room for want; an index with vector copies), re-ranked.
+ */
+static void
+CpuRound(IndexScanDesc scan, int want, int64 **labels, double *exact, int *nlabels)
 {
 	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
 	MemoryContext roundctx;
@@ -205,7 +287,8 @@ CpuRound(IndexScanDesc scan, int want, int64 **labels, int *nlabels)
 	topk = GpuIvfpqMakeOwned<gpuivfpq::TopK>(roundctx, "k-selection", (size_t) want);
 	*labels = (int64 *) palloc(sizeof(int64) * Max(want, 1));
 	so->entries_seen = GpuIvfpqRankLists(scan->indexRelation, &so->meta, so->dir, so->model,
-										 so->prepared, so->probes, topk, *labels, nlabels);
+										 so->prepared, so->probes, topk, so->query, *labels, exact,
+										 nlabels);
 	so->codes_scanned += so->entries_seen;
 	MemoryContextDelete(roundctx);
 }
@@ -213,14 +296,15 @@ CpuRound(IndexScanDesc scan, int want, int64 **labels, int *nlabels)
 /*
  * Produces the next batch of results. Round 1 probes gpu_ivfpq.probes lists
  * and re-ranks the gpu_ivfpq.rerank best ADC candidates. Each later round
- * doubles the candidates, and doubles the probed lists once the probed lists
- * have no unseen entries left, until gpu_ivfpq.max_scan_tuples rows were
- * re-ranked or every entry was seen. Returns false when nothing is left.
+ * doubles the probed lists and the candidates, until gpu_ivfpq.max_scan_tuples
+ * candidates were re-ranked or a round ranked every entry of every list.
+ * What a round returns: ChooseReturned. Returns false when nothing is left.
  */
 static bool
 NextBatch(IndexScanDesc scan)
 {
 	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
+	bool		vectors = GpuIvfpqLayoutOf(&so->meta).vdim > 0;
 
 	if (!so->started)
 		pgstat_count_index_scan(scan->indexRelation);
@@ -228,6 +312,8 @@ NextBatch(IndexScanDesc scan)
 	{
 		MemoryContext old = MemoryContextSwitchTo(so->batchctx);
 		int64	   *labels = NULL;
+		double	   *exact = NULL;
+		bool		is_exact = false;
 		int			nlabels = 0;
 
 		if (!so->meta.trained || so->null_query || so->meta.dimensions == 0)
@@ -244,6 +330,9 @@ NextBatch(IndexScanDesc scan)
 		else
 		{
 			int			lists = (int) so->meta.lists;
+			int			want;
+			instr_time	start,
+						end;
 
 			if (!so->started)
 			{
@@ -252,60 +341,88 @@ NextBatch(IndexScanDesc scan)
 			}
 			else
 			{
-				if (so->reranked >= gpu_ivfpq_max_scan_tuples ||
-					(so->probes >= lists && so->reranked >= so->entries_seen))
+				if (so->reranked >= gpu_ivfpq_max_scan_tuples || so->final_round)
 				{
 					so->exhausted = true;
 					MemoryContextSwitchTo(old);
 					break;
 				}
-				if (so->reranked >= so->entries_seen)
-					so->probes = Min(so->probes * 2, lists);
+				/*
+				 * Twice the lists and twice the candidates: the lists near
+				 * the query join before the rows returned reach far out
+				 * (each round returns only its nearer half, ChooseReturned).
+				 */
+				so->probes = Min(so->probes * 2, lists);
 				so->candidates = (int) Min((int64) so->candidates * 2, (int64) INT_MAX / 4);
 			}
+			want = (int) Min((int64) so->candidates + (vectors ? 0 : so->reranked),
+							 (int64) gpu_ivfpq_max_scan_tuples + so->candidates);
+			/*
+			 * The GPU's k-selection bound: a round that would pass it first
+			 * asks for the bound (partial, ChooseReturned); a round after
+			 * that one goes past it, to the CPU engine.
+			 */
+			if (GpuIvfpqServiceWanted() && vectors && want > GPU_IVFPQ_SERVICE_MAX_K &&
+				so->round_want < GPU_IVFPQ_SERVICE_MAX_K)
+				want = GPU_IVFPQ_SERVICE_MAX_K;
+			/* No progress is possible (never expected: a guard against looping). */
+			if (so->started && want <= so->round_want && so->probes >= lists)
 			{
-				int			want = (int) Min((int64) so->candidates + so->reranked,
-											 (int64) gpu_ivfpq_max_scan_tuples + so->candidates);
-				instr_time	start,
-							end;
-
-				INSTR_TIME_SET_CURRENT(start);
-				nlabels = -1;
-				if (GpuIvfpqServiceWanted())
-				{
-					int			batch = 0;
-
-					labels = (int64 *) palloc(sizeof(int64) * want);
-					nlabels = GpuIvfpqServiceSearch(scan->indexRelation, &so->meta, so->query, want,
-													so->probes, labels, &batch);
-					if (nlabels >= 0)
-					{
-						/*
-						 * Fewer than asked: the probed lists hold no more entries
-						 * (the CPU path's entries_seen); else at least one more.
-						 */
-						so->entries_seen = nlabels < want ? nlabels : (int64) nlabels + 1;
-						so->gpu_rounds++;
-						so->gpu_batch_sum += batch;
-					}
-				}
-				if (nlabels < 0)
-					CpuRound(scan, want, &labels, &nlabels);
-				INSTR_TIME_SET_CURRENT(end);
-				INSTR_TIME_ACCUM_DIFF(so->adc_time, end, start);
+				so->exhausted = true;
+				MemoryContextSwitchTo(old);
+				break;
 			}
+			so->round_want = want;
+			INSTR_TIME_SET_CURRENT(start);
+			labels = (int64 *) palloc(sizeof(int64) * want);
+			exact = (double *) palloc(sizeof(double) * want);
+			nlabels = -1;
+			if (GpuIvfpqServiceWanted())
+			{
+				int			batch = 0;
+
+				nlabels = GpuIvfpqServiceSearch(scan->indexRelation, &so->meta, so->query, want,
+												so->probes, labels, exact, &is_exact, &batch);
+				if (nlabels >= 0)
+				{
+					/*
+					 * Fewer than asked: the probed lists hold no more entries
+					 * (the CPU path's entries_seen); else at least one more.
+					 */
+					so->entries_seen = nlabels < want ? nlabels : (int64) nlabels + 1;
+					so->gpu_rounds++;
+					so->gpu_exact_rounds += is_exact;
+					so->gpu_batch_sum += batch;
+				}
+			}
+			if (nlabels < 0)
+			{
+				pfree(labels);
+				CpuRound(scan, want, &labels, vectors ? exact : NULL, &nlabels);
+				is_exact = vectors;
+			}
+			INSTR_TIME_SET_CURRENT(end);
+			INSTR_TIME_ACCUM_DIFF(so->adc_time, end, start);
 		}
 		so->started = true;
 		MemoryContextSwitchTo(old);
+		if (is_exact)
+			TakeExact(scan, labels, exact, nlabels);
+		else
 		{
 			instr_time	start,
 						end;
 
 			INSTR_TIME_SET_CURRENT(start);
-			Rerank(scan, labels, nlabels);
+			HeapRerank(scan, labels, nlabels);
 			INSTR_TIME_SET_CURRENT(end);
 			INSTR_TIME_ACCUM_DIFF(so->rerank_time, end, start);
 		}
+		/* The last round: every list probed and every entry of them ranked. */
+		so->final_round = so->exhausted ||
+			(so->probes >= (int) so->meta.lists && so->entries_seen <= (int64) nlabels);
+		/* Only a round that another may follow holds its tail back. */
+		ChooseReturned(so, !so->final_round && so->reranked < gpu_ivfpq_max_scan_tuples);
 		if (so->nresults > 0)
 			return true;
 	}
@@ -324,6 +441,11 @@ gpuivfpqgettuple(IndexScanDesc scan, ScanDirection dir)
 	if (so->next >= so->nresults && !NextBatch(scan))
 		return false;
 	r = &so->results[so->next++];
+	so->last = *r;
+	so->returned_any = true;
+	/* Heap re-ranks keep their own set; re-ranked rounds return candidates again. */
+	if (!so->heap_open)
+		(void) hash_search(so->seen, &r->tid, HASH_ENTER, NULL);
 	scan->xs_heaptid = r->tid;
 	scan->xs_recheck = false;
 	scan->xs_recheckorderby = false;
@@ -342,16 +464,20 @@ gpuivfpqendscan(IndexScanDesc scan)
 	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
 
 	if (so->started && so->gpu_rounds > 0)
-		elog(DEBUG1, "gpu_ivfpq scan of \"%s\" (GPU service: %d of %d rounds, mean batch %.1f): %d lists probed, candidates in %.3f ms, %lld rows re-ranked in %.3f ms",
+		elog(DEBUG1, "gpu_ivfpq scan of \"%s\" (GPU service: %d of %d rounds, %d re-ranked on the GPU, mean batch %.1f): %d lists probed, candidates in %.3f ms, %lld candidates re-ranked, %lld from the heap in %.3f ms, %lld found late and skipped",
 			 RelationGetRelationName(scan->indexRelation), so->gpu_rounds,
-			 so->gpu_rounds + so->cpu_rounds, (double) so->gpu_batch_sum / so->gpu_rounds,
-			 so->probes, INSTR_TIME_GET_MILLISEC(so->adc_time),
-			 (long long) so->reranked, INSTR_TIME_GET_MILLISEC(so->rerank_time));
+			 so->gpu_rounds + so->cpu_rounds, so->gpu_exact_rounds,
+			 (double) so->gpu_batch_sum / so->gpu_rounds, so->probes,
+			 INSTR_TIME_GET_MILLISEC(so->adc_time), (long long) so->reranked,
+			 (long long) (so->heap_open ? so->reranked : 0), INSTR_TIME_GET_MILLISEC(so->rerank_time),
+			 (long long) so->skipped_late);
 	else if (so->started)
-		elog(DEBUG1, "gpu_ivfpq scan of \"%s\" (CPU engine): %d lists probed, %lld codes ranked in %.3f ms, %lld rows re-ranked in %.3f ms",
+		elog(DEBUG1, "gpu_ivfpq scan of \"%s\" (CPU engine): %d lists probed, %lld codes ranked in %.3f ms, %lld candidates re-ranked (%s), %.3f ms in the heap, %lld found late and skipped",
 			 RelationGetRelationName(scan->indexRelation), so->probes,
 			 (long long) so->codes_scanned, INSTR_TIME_GET_MILLISEC(so->adc_time),
-			 (long long) so->reranked, INSTR_TIME_GET_MILLISEC(so->rerank_time));
+			 (long long) so->reranked,
+			 GpuIvfpqLayoutOf(&so->meta).vdim > 0 ? "from the index's vector copies" : "from the heap",
+			 INSTR_TIME_GET_MILLISEC(so->rerank_time), (long long) so->skipped_late);
 	if (so->heap_open)
 		GpuIvfpqHeapFetchEnd(&so->hf);
 	MemoryContextDelete(so->scanctx);

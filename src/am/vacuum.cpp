@@ -28,13 +28,13 @@ WalkLists(IndexVacuumInfo *info, IndexBulkDeleteResult *stats,
 	Relation	index = info->index;
 	GpuIvfpqMetaPageData meta;
 	GpuIvfpqListDirEntry *dir;
-	int			m;
+	GpuIvfpqEntryLayout el;
 	int			esz;
 
 	GpuIvfpqReadMeta(index, &meta);
 	dir = GpuIvfpqReadListDir(index, &meta);
-	m = meta.trained ? meta.m : 0;
-	esz = GpuIvfpqEntrySize(m);
+	el = GpuIvfpqLayoutOf(&meta);
+	esz = el.size;
 
 	for (uint32 l = 0; l < meta.lists; l++)
 	{
@@ -60,7 +60,7 @@ WalkLists(IndexVacuumInfo *info, IndexBulkDeleteResult *stats,
 			LockBuffer(buf, callback ? BUFFER_LOCK_EXCLUSIVE : BUFFER_LOCK_SHARE);
 			page = BufferGetPage(buf);
 			/* Checked: dead[] holds a page's capacity. */
-			n = GpuIvfpqListPageEntries(index, blk, page, m, (int) l);
+			n = GpuIvfpqListPageEntries(index, blk, page, &el, (int) l);
 			base = (char *) PageGetContents(page);
 
 			if (callback)
@@ -69,7 +69,7 @@ WalkLists(IndexVacuumInfo *info, IndexBulkDeleteResult *stats,
 				{
 					ItemPointerData tid;
 
-					GpuIvfpqEntryTid(base, i, m, &tid);
+					GpuIvfpqEntryTid(base, i, &el, &tid);
 					dead[i] = callback(&tid, callback_state);
 					if (dead[i])
 						gone[removed++] = GpuIvfpqTidToLabel(&tid);
@@ -119,7 +119,7 @@ WalkLists(IndexVacuumInfo *info, IndexBulkDeleteResult *stats,
 			}
 			stats->tuples_removed += removed;
 			stats->num_index_tuples += kept;
-			if (first_room == InvalidBlockNumber && kept < GpuIvfpqEntriesPerPage(m))
+			if (first_room == InvalidBlockNumber && kept < GpuIvfpqEntriesPerPage(&el))
 				first_room = blk;
 			from = blk;
 			blk = GpuIvfpqPageGetOpaque(page)->next;

@@ -15,6 +15,7 @@
 extern int	gpu_ivfpq_probes;
 extern int	gpu_ivfpq_rerank;
 extern int	gpu_ivfpq_max_scan_tuples;
+extern bool gpu_ivfpq_strict_order;
 extern int	gpu_ivfpq_table_memory_mb;
 extern int	gpu_ivfpq_device;
 extern int	gpu_ivfpq_gpu_memory_budget_kb;

@@ -11,6 +11,7 @@ void		_PG_init(void);
 int			gpu_ivfpq_probes = 10;
 int			gpu_ivfpq_rerank = 100;
 int			gpu_ivfpq_max_scan_tuples = 20000;
+bool		gpu_ivfpq_strict_order = true;
 int			gpu_ivfpq_table_memory_mb = 128;
 int			gpu_ivfpq_device = GPU_IVFPQ_DEVICE_AUTO;
 int			gpu_ivfpq_gpu_memory_budget_kb = 0;
@@ -44,6 +45,10 @@ _PG_init(void)
 							"Bounds the work of a filtered query that needs more rows.",
 							&gpu_ivfpq_max_scan_tuples, 20000, 1, INT_MAX, PGC_USERSET, 0,
 							NULL, NULL, NULL);
+	DefineCustomBoolVariable("gpu_ivfpq.strict_order",
+							 "Whether a scan that continues past its first candidates keeps exact distance order.",
+							 "on: a row found only by a wider round that sorts before a row already returned is skipped; off: it is returned late, out of order.",
+							 &gpu_ivfpq_strict_order, true, PGC_USERSET, 0, NULL, NULL, NULL);
 	DefineCustomIntVariable("gpu_ivfpq.table_memory", "Memory per index for precomputed lookup-table terms.",
 							"Term 1 of the IVFADC decomposition takes lists * m * 256 floats; above this budget tables are computed per list at query time.",
 							&gpu_ivfpq_table_memory_mb, 128, 0, 65536, PGC_USERSET, GUC_UNIT_MB,

@@ -113,6 +113,38 @@ GpuIvfpqRerank(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spec, int64 *lab
 	return nhits;
 }
 
+int64
+GpuIvfpqKeepVisible(GpuIvfpqHeapFetch *hf, const int64 *labels, const double *exact, int64 n,
+					int64 limit, GpuIvfpqHit *hits)
+{
+	int64		nhits = 0;
+
+	for (int64 i = 0; i < n && nhits < limit; i++)
+	{
+		bool		call_again = false;
+		bool		all_dead = false;
+		bool		dup = false;
+		ItemPointerData tid;
+
+		GpuIvfpqLabelToTid(labels[i], &tid);
+		/* A TID twice (never in a sound index): equal rows are adjacent in this order. */
+		for (int64 j = nhits - 1; j >= 0 && hits[j].dist == exact[i]; j--)
+			dup |= ItemPointerEquals(&hits[j].tid, &tid);
+		if (dup)
+			continue;
+		MemoryContextReset(hf->rowctx);
+		if (table_index_fetch_tuple(hf->fetch, &tid, hf->snapshot, hf->slot, &call_again, &all_dead))
+		{
+			ExecClearTuple(hf->slot);
+			hits[nhits].dist = exact[i];
+			hits[nhits].tid = tid;
+			nhits++;
+		}
+		CHECK_FOR_INTERRUPTS();
+	}
+	return nhits;
+}
+
 HTAB *
 GpuIvfpqTidSetCreate(MemoryContext cxt)
 {

@@ -72,5 +72,15 @@ typedef struct GpuIvfpqRerankSpec
 extern int64 GpuIvfpqRerank(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spec, int64 *labels,
 							int64 n, GpuIvfpqHit *hits, int64 *fetched);
 
+/*
+ * For candidates already re-ranked (exact[i] the exact distance of
+ * labels[i], in GpuIvfpqHitLess order: from the GPU or the index's vector
+ * copies): the first rows visible to hf's snapshot, at most limit, into
+ * hits in that order (duplicates skipped). Only visibility is checked; no
+ * distance is computed. Returns how many were kept.
+ */
+extern int64 GpuIvfpqKeepVisible(GpuIvfpqHeapFetch *hf, const int64 *labels, const double *exact,
+								 int64 n, int64 limit, GpuIvfpqHit *hits);
+
 /* A hash set of TIDs for GpuIvfpqRerankSpec.seen, in cxt. */
 extern HTAB *GpuIvfpqTidSetCreate(MemoryContext cxt);

@@ -4,6 +4,7 @@
 
 #include "am/am.h"
 #include "engine/distances.h"
+#include "engine/exact_distance.h"
 
 extern "C" {
 PG_FUNCTION_INFO_V1(gpu_ivfpq_l2_distance);
@@ -76,74 +77,15 @@ GpuIvfpqStoredVector(ArrayType *arr, int *dim)
 }
 
 /*
- * The exact distance of a metric, as the SQL operators return it. Both the
- * operators and the index's re-ranking call this, so an index scan orders
- * rows by exactly the values a sequential scan would compute.
+ * The exact distance of a metric, as the SQL operators return it. The
+ * operators, the index's re-ranking on the CPU and the GPU's re-rank kernel
+ * all compute it with gpuivfpq::exact_distance, so an index scan orders rows
+ * by exactly the values a sequential scan would compute.
  */
 double
 GpuIvfpqExactDistance(int metric, const float *a, const float *b, int dim)
 {
-	double		s = 0.0;
-
-	switch ((gpuivfpq::Metric) metric)
-	{
-		case gpuivfpq::Metric::L2:
-			{
-				/* Four partial sums: no single dependency chain, same order everywhere. */
-				double		p[4] = {0.0, 0.0, 0.0, 0.0};
-				int			i = 0;
-
-				for (; i + 4 <= dim; i += 4)
-					for (int j = 0; j < 4; j++)
-					{
-						double		diff = (double) a[i + j] - (double) b[i + j];
-
-						p[j] += diff * diff;
-					}
-				for (; i < dim; i++)
-				{
-					double		diff = (double) a[i] - (double) b[i];
-
-					p[0] += diff * diff;
-				}
-				return sqrt((p[0] + p[1]) + (p[2] + p[3]));
-			}
-		case gpuivfpq::Metric::InnerProduct:
-			{
-				double		p[4] = {0.0, 0.0, 0.0, 0.0};
-				int			i = 0;
-
-				for (; i + 4 <= dim; i += 4)
-					for (int j = 0; j < 4; j++)
-						p[j] += (double) a[i + j] * (double) b[i + j];
-				for (; i < dim; i++)
-					p[0] += (double) a[i] * (double) b[i];
-				return -((p[0] + p[1]) + (p[2] + p[3]));
-			}
-		case gpuivfpq::Metric::Cosine:
-			{
-				double		na = 0.0,
-							nb = 0.0;
-
-				for (int i = 0; i < dim; i++)
-				{
-					s += (double) a[i] * (double) b[i];
-					na += (double) a[i] * (double) a[i];
-					nb += (double) b[i] * (double) b[i];
-				}
-				/* Undefined for a zero vector: NaN sorts after every number. */
-				if (na == 0.0 || nb == 0.0)
-					return get_float8_nan();
-				s = s / sqrt(na * nb);
-				/* Rounding can push |cos| past 1. */
-				if (s > 1.0)
-					s = 1.0;
-				else if (s < -1.0)
-					s = -1.0;
-				return 1.0 - s;
-			}
-	}
-	return get_float8_nan();
+	return gpuivfpq::exact_distance((gpuivfpq::Metric) metric, a, b, (size_t) Max(dim, 0));
 }
 
 /* Shared body of the three operators: checks both inputs, then measures. */

@@ -1,7 +1,7 @@
 // Batch search (batch_search.h): candidates from the GPU service in one
-// request per chunk of queries (or the CPU engine), then each query's
-// candidates re-ranked with exact distances from the heap rows visible to
-// the caller's snapshot, as an index scan does.
+// request per chunk of queries (or the CPU engine), re-ranked where the
+// vectors are (the GPU's mirror, the index's vector copies, or the heap
+// rows visible to the caller's snapshot), as an index scan does.
 #include <algorithm>
 #include <cmath>
 
@@ -100,8 +100,11 @@ GpuIvfpqBatchBegin(GpuIvfpqBatchSearch *bs, Relation index, Relation heap, int d
 	}
 	/* Chunks of queries: one GPU request each, within a bounded segment. */
 	bs->chunk = Max((int64) 1, (int64) (BATCH_SEGMENT_BYTES /
-										 ((Size) dim * sizeof(float) + (Size) want * sizeof(int64))));
+										 ((Size) dim * sizeof(float) +
+										  (Size) want * (sizeof(int64) + sizeof(double)))));
+	bs->vectors = GpuIvfpqLayoutOf(&bs->meta).vdim > 0;
 	bs->labels = (int64 *) palloc_extended((Size) bs->chunk * want * sizeof(int64), MCXT_ALLOC_HUGE);
+	bs->exact = (double *) palloc_extended((Size) bs->chunk * want * sizeof(double), MCXT_ALLOC_HUGE);
 	bs->counts = (int *) palloc(sizeof(int) * bs->chunk);
 	bs->hits = (GpuIvfpqHit *) palloc_extended(sizeof(GpuIvfpqHit) * (Max((int64) want, bs->all.n) + 1),
 											   MCXT_ALLOC_HUGE);
@@ -124,11 +127,12 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 	{
 		int64		cn = Min(bs->chunk, nq - c0);
 		bool		on_gpu = false;
+		bool		is_exact = false;
 
 		if (bs->meta.trained)
 		{
 			on_gpu = GpuIvfpqServiceSearchBatch(bs->index, &bs->meta, queries + c0 * dim, cn, want,
-												bs->probes, bs->labels);
+												bs->probes, bs->labels, bs->exact, &is_exact);
 			for (int64 i = 0; i < cn; i++)
 			{
 				int			n = 0;
@@ -144,7 +148,9 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 						bs->model->prepare_query(queries + (c0 + i) * dim, bs->probes, *bs->prepared);
 					});
 					(void) GpuIvfpqRankLists(bs->index, &bs->meta, bs->dir, bs->model, bs->prepared,
-											 bs->probes, bs->topk, bs->labels + i * want, &n);
+											 bs->probes, bs->topk, queries + (c0 + i) * dim,
+											 bs->labels + i * want,
+											 bs->vectors ? bs->exact + i * want : NULL, &n);
 					GpuIvfpqCountCpuQuery();
 				}
 				bs->counts[i] = n;
@@ -153,6 +159,8 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 				bs->gpu_queries += cn;
 			else
 				bs->cpu_queries += cn;
+			/* Re-ranked by the GPU, or by RankLists from the vector copies. */
+			is_exact = on_gpu ? is_exact : bs->vectors;
 		}
 		for (int64 i = 0; i < cn; i++)
 		{
@@ -160,7 +168,10 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 
 			spec.query = queries + (c0 + i) * dim;
 			/* Untrained: every query re-ranks every entry. */
-			if (bs->meta.trained)
+			if (is_exact)
+				nh = GpuIvfpqKeepVisible(&bs->hf, bs->labels + i * want, bs->exact + i * want,
+										 bs->counts[i], bs->k, bs->hits);
+			else if (bs->meta.trained)
 				nh = GpuIvfpqRerank(&bs->hf, &spec, bs->labels + i * want, bs->counts[i], bs->hits, NULL);
 			else
 				nh = GpuIvfpqRerank(&bs->hf, &spec, bs->all.labels, bs->all.n, bs->hits, NULL);

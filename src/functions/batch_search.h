@@ -1,7 +1,9 @@
 // Batch search over a gpu_ivfpq index: candidates for many queries from the
-// GPU service (one request per chunk) or the CPU engine, then each query's
-// candidates re-ranked with exact distances from the visible heap rows.
-// Used by gpu_ivfpq_knn_batch and gpu_ivfpq_knn_graph.
+// GPU service (one request per chunk) or the CPU engine, re-ranked with
+// exact distances on the GPU or from the index's vector copies (then the
+// backend only checks which rows are visible), or from the visible heap
+// rows in an index without vector copies. Used by gpu_ivfpq_knn_batch and
+// gpu_ivfpq_knn_graph.
 #pragma once
 
 #include "common/rerank.h"
@@ -26,6 +28,8 @@ typedef struct GpuIvfpqBatchSearch
 	int			probes;
 	int64		chunk;			/* queries per GPU request */
 	int64	   *labels;			/* chunk x want */
+	double	   *exact;			/* chunk x want: exact distances of re-ranked candidates */
+	bool		vectors;		/* the index keeps vector copies */
 	int		   *counts;
 	GpuIvfpqHit *hits;
 	GpuIvfpqLabels all;			/* untrained index: every entry */

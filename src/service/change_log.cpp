@@ -15,27 +15,49 @@ extern "C" {
 
 static object_access_hook_type prev_object_access_hook = NULL;
 
+/* Appends entry (and its vector of entry->vdim floats, if any) to the log. */
 static uint64
-LogPush(const GpuIvfpqLogEntry *entry)
+LogPush(const GpuIvfpqLogEntry *entry, const float *vector)
 {
 	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
 	uint64		seq;
+	GpuIvfpqLogEntry *e;
 
 	LWLockAcquire(s->log_lock, LW_EXCLUSIVE);
 	seq = s->log_head++;
-	s->log[seq % GPU_IVFPQ_LOG_SIZE] = *entry;
-	s->log[seq % GPU_IVFPQ_LOG_SIZE].seq = seq;
+	e = &s->log[seq % GPU_IVFPQ_LOG_SIZE];
+	*e = *entry;
+	e->seq = seq;
+	if (vector != NULL && entry->vdim > 0)
+	{
+		Size		bytes = sizeof(float) * entry->vdim;
+		Size		at = s->vec_head % GPU_IVFPQ_VECTOR_RING_BYTES;
+
+		/* Each vector lies in one piece: a tail too short for it is skipped. */
+		if (at + bytes > GPU_IVFPQ_VECTOR_RING_BYTES)
+		{
+			s->vec_head += GPU_IVFPQ_VECTOR_RING_BYTES - at;
+			at = 0;
+		}
+		e->vec_pos = s->vec_head;
+		memcpy(s->vec_ring + at, vector, bytes);
+		s->vec_head += bytes;
+	}
+	else
+		e->vdim = 0;
 	LWLockRelease(s->log_lock);
 	return seq;
 }
 
 /*
  * Called by aminsert after the entry is on its page: the mirror (if any)
- * gets it before the service serves a request sent after this point.
+ * gets it, with its exact vector (vector: meta->dimensions floats, or NULL
+ * in an index without vector copies), before the service serves a request
+ * sent after this point.
  */
 void
 GpuIvfpqServiceLogAppend(Relation index, const GpuIvfpqMetaPageData *meta, int list,
-						 int64 label, const uint8 *code)
+						 int64 label, const uint8 *code, const float *vector)
 {
 	GpuIvfpqLogEntry e;
 
@@ -47,8 +69,10 @@ GpuIvfpqServiceLogAppend(Relation index, const GpuIvfpqMetaPageData *meta, int l
 	e.m = (uint8) meta->m;
 	e.list = list;
 	e.label = label;
+	e.vdim = vector != NULL ? (int32) meta->dimensions : 0;
+	e.vec_pos = 0;
 	memcpy(e.code, code, meta->m);
-	(void) LogPush(&e);
+	(void) LogPush(&e, vector);
 }
 
 /* Wakes the service, so that it applies (and frees memory) now, not at the next request. */
@@ -107,7 +131,7 @@ LogInvalidate(Oid indexoid)
 	e.key.db = MyDatabaseId;
 	e.key.index = indexoid;
 	e.kind = LOG_INVALIDATE;
-	pos = LogPush(&e) + 1;
+	pos = LogPush(&e, NULL) + 1;
 	WakeService();
 	return pos;
 }
@@ -138,7 +162,7 @@ GpuIvfpqServiceLogRemove(Relation index, const GpuIvfpqMetaPageData *meta, const
 
 		e.m = (uint8) count;
 		memcpy(e.code, labels + i, sizeof(int64) * count);
-		pos = LogPush(&e) + 1;
+		pos = LogPush(&e, NULL) + 1;
 	}
 	WakeService();
 	return pos;

@@ -161,6 +161,7 @@ GpuIvfpqSubmitAndWait(GpuIvfpqSlot *slot)
 	if (service_latch == NULL)
 		return RES_SERVICE_GONE;
 
+	slot->exact = false;		/* set by a search the service re-ranked */
 	SpinLockAcquire(&slot->mutex);
 	slot->latch = MyLatch;
 	slot->state = SLOT_PENDING;

@@ -14,9 +14,10 @@ PG_FUNCTION_INFO_V1(gpu_ivfpq_prewarm);
 }
 
 /*
- * Reads every entry of the index from its pages into a DSM segment and asks
- * the service to mirror them. Changes logged after log_start are applied by
- * the service, so inserts running meanwhile are not lost.
+ * Reads every entry of the index from its pages (with its vector, in an
+ * index that keeps them) into a DSM segment and asks the service to mirror
+ * them. Changes logged after log_start are applied by the service, so
+ * inserts running meanwhile are not lost.
  */
 static RequestResult
 LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
@@ -24,12 +25,15 @@ LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
 {
 	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
 	GpuIvfpqListDirEntry *dir;
+	GpuIvfpqEntryLayout el = GpuIvfpqLayoutOf(meta);
 	int			m = meta->m;
+	int			vdim = el.vdim;
 	int64		n = 0;
 	int64		cap = 1024;
 	int32	   *lists = (int32 *) palloc(sizeof(int32) * cap);
 	int64	   *labels = (int64 *) palloc(sizeof(int64) * cap);
 	uint8	   *codes = (uint8 *) palloc((Size) cap * m);
+	float	   *vectors = vdim > 0 ? (float *) palloc(sizeof(float) * vdim * cap) : NULL;
 	uint64		log_start;
 	float	   *centroids;
 	float	   *codebooks;
@@ -52,19 +56,24 @@ LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
 	dir = GpuIvfpqReadListDir(index, meta);
 
 	for (uint32 list = 0; list < meta->lists; list++)
-		GpuIvfpqWalkList(index, dir[list].head, m, [&](const char *ent, int cnt) {
+		GpuIvfpqWalkList(index, dir[list].head, &el, [&](const char *ent, int cnt, BlockNumber) {
 			if (n + cnt > cap)
 			{
 				cap = Max(cap * 2, n + cnt);
 				lists = (int32 *) repalloc_huge(lists, sizeof(int32) * cap);
 				labels = (int64 *) repalloc_huge(labels, sizeof(int64) * cap);
 				codes = (uint8 *) repalloc_huge(codes, (Size) cap * m);
+				if (vectors != NULL)
+					vectors = (float *) repalloc_huge(vectors, sizeof(float) * vdim * cap);
 			}
 			for (int i = 0; i < cnt; i++)
 			{
 				lists[n] = (int32) list;
-				labels[n] = GpuIvfpqEntryLabel(ent, i, m);
-				memcpy(codes + (Size) n * m, GpuIvfpqEntryCode(ent, i, m), m);
+				labels[n] = GpuIvfpqEntryLabel(ent, i, &el);
+				memcpy(codes + (Size) n * m, GpuIvfpqEntryCode(ent, i, &el), m);
+				if (vectors != NULL)
+					memcpy(vectors + (Size) n * vdim, GpuIvfpqEntryVector(ent, i, &el),
+						   sizeof(float) * vdim);
 				n++;
 			}
 		});
@@ -75,6 +84,7 @@ LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
 	h.m = m;
 	h.metric = meta->metric;
 	h.n = n;
+	h.vectors = vectors != NULL;
 	l = GpuIvfpqDsmLayoutFor(REQ_LOAD, &h);
 	seg = GpuIvfpqCreateSegment(l.total, "loading the mirror");
 	if (seg == NULL)
@@ -82,6 +92,8 @@ LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
 		pfree(lists);
 		pfree(labels);
 		pfree(codes);
+		if (vectors != NULL)
+			pfree(vectors);
 		strlcpy(error, "no shared memory for the mirror's entries", errlen);
 		*entries = n;
 		return RES_ERROR;
@@ -97,6 +109,11 @@ LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
 	memcpy(base + l.lists, lists, sizeof(int32) * n);
 	memcpy(base + l.labels, labels, sizeof(int64) * n);
 	memcpy(base + l.codes, codes, (Size) n * m);
+	if (vectors != NULL)
+	{
+		memcpy(base + l.vectors, vectors, sizeof(float) * vdim * n);
+		pfree(vectors);
+	}
 	pfree(lists);
 	pfree(labels);
 	pfree(codes);
@@ -118,13 +135,15 @@ LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
 
 /*
  * One round of a scan on the GPU: the k best labels by ADC distance over
- * nprobe lists, as the CPU engine would rank them. Returns how many labels
- * came back, or -1 when the GPU did not serve the round (the caller then
- * runs it on the CPU; with gpu_ivfpq.device = gpu that is an error instead).
+ * nprobe lists, as the CPU engine would rank them; when the mirror keeps
+ * the vectors (*is_exact), re-ranked on the GPU: exact[i] is the exact
+ * distance of labels[i], in exact order. Returns how many labels came back,
+ * or -1 when the GPU did not serve the round (the caller then runs it on
+ * the CPU; with gpu_ivfpq.device = gpu that is an error instead).
  */
 int
 GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const float *query,
-					  int k, int nprobe, int64 *labels, int *batch)
+					  int k, int nprobe, int64 *labels, double *exact, bool *is_exact, int *batch)
 {
 	bool		required = gpu_ivfpq_device == GPU_IVFPQ_DEVICE_GPU;
 	const char *reason = GpuIvfpqNotServableReason(meta);
@@ -133,6 +152,8 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
 
 	if (reason == NULL && k > GPU_IVFPQ_SERVICE_MAX_K)
 		reason = psprintf("The GPU selects at most %d candidates per round", GPU_IVFPQ_SERVICE_MAX_K);
+	if (reason == NULL && nprobe > GPU_IVFPQ_SERVICE_MAX_K)
+		reason = psprintf("The GPU probes at most %d lists per round", GPU_IVFPQ_SERVICE_MAX_K);
 	if (reason == NULL && (slot = GpuIvfpqAcquireSlot()) == NULL)
 		reason = "No request slot is free";
 	if (reason != NULL)
@@ -163,6 +184,9 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
 				labels[n] = out[n];
 				n++;
 			}
+			*is_exact = slot->exact;
+			if (slot->exact)
+				memcpy(exact, slot->payload.bytes + sizeof(int64) * k, sizeof(double) * n);
 			*batch = slot->batch;
 			GpuIvfpqFinishSlot(slot);
 			return n;
@@ -214,13 +238,15 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
 
 /*
  * Candidates for nq queries (the k best labels of each by ADC distance over
- * nprobe lists) in one GPU request; labels is nq x k, padded with -1.
- * Returns false when the GPU cannot serve it (the caller uses the CPU; with
- * gpu_ivfpq.device = gpu that is an error instead).
+ * nprobe lists) in one GPU request; labels is nq x k, padded with -1. When
+ * the mirror keeps the vectors (*is_exact), each row comes re-ranked, with
+ * exact distances in exact (nq x k). Returns false when the GPU cannot
+ * serve it (the caller uses the CPU; with gpu_ivfpq.device = gpu that is an
+ * error instead).
  */
 bool
 GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta, const float *queries,
-						   int64 nq, int k, int nprobe, int64 *labels)
+						   int64 nq, int k, int nprobe, int64 *labels, double *exact, bool *is_exact)
 {
 	bool		required = gpu_ivfpq_device == GPU_IVFPQ_DEVICE_GPU;
 	const char *reason = GpuIvfpqNotServableReason(meta);
@@ -244,7 +270,7 @@ GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta, con
 		return false;
 	}
 	loff = GpuIvfpqBatchLabelsOffset(nq, meta->dimensions);
-	seg = GpuIvfpqCreateSegment(loff + (Size) nq * k * sizeof(int64), "batch search");
+	seg = GpuIvfpqCreateSegment(GpuIvfpqBatchSegmentBytes(nq, meta->dimensions, k), "batch search");
 	if (seg == NULL)
 	{
 		GpuIvfpqCountFallback();
@@ -265,6 +291,7 @@ GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta, con
 		slot->dsm = dsm_segment_handle(seg);
 		result = GpuIvfpqSubmitAndWait(slot);
 		strlcpy(error, slot->error, sizeof(error));
+		*is_exact = slot->exact;
 		GpuIvfpqFinishSlot(slot);
 		if (result != RES_NOT_LOADED || attempt > 0)
 			break;
@@ -277,7 +304,12 @@ GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta, con
 		}
 	}
 	if (result == RES_OK)
+	{
 		memcpy(labels, base + loff, (Size) nq * k * sizeof(int64));
+		if (*is_exact)
+			memcpy(exact, base + GpuIvfpqBatchExactOffset(nq, meta->dimensions, k),
+				   (Size) nq * k * sizeof(double));
+	}
 	dsm_detach(seg);
 	if (result == RES_OK)
 		return true;

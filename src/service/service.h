@@ -12,12 +12,13 @@ extern void GpuIvfpqServiceInstallHooks(void);
 extern void GpuIvfpqCountCpuQuery(void);
 extern bool GpuIvfpqServiceWanted(void);
 extern int	GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const float *query,
-								  int k, int nprobe, int64 *labels, int *batch);
+								  int k, int nprobe, int64 *labels, double *exact, bool *is_exact,
+								  int *batch);
 extern bool GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta,
 									   const float *queries, int64 nq, int k, int nprobe,
-									   int64 *labels);
+									   int64 *labels, double *exact, bool *is_exact);
 extern void GpuIvfpqServiceLogAppend(Relation index, const GpuIvfpqMetaPageData *meta, int list,
-									 int64 label, const uint8 *code);
+									 int64 label, const uint8 *code, const float *vector);
 extern void GpuIvfpqServiceInvalidate(Relation index, bool wait);
 extern uint64 GpuIvfpqServiceLogRemove(Relation index, const GpuIvfpqMetaPageData *meta,
 									   const int64 *labels, int n);
@@ -25,7 +26,7 @@ extern uint64 GpuIvfpqServiceLogInvalidate(Relation index);
 extern void GpuIvfpqServiceWaitApplied(uint64 pos);
 
 /* Most labels a VACUUM removes from a mirror in place (more: the mirror is reloaded). */
-#define GPU_IVFPQ_REMOVE_IN_PLACE_MAX 8192
+#define GPU_IVFPQ_REMOVE_IN_PLACE_MAX 65536
 
 /* Index builds on the service's device (service/build_client.cpp). */
 typedef struct GpuIvfpqRemoteEncoder GpuIvfpqRemoteEncoder;

@@ -28,6 +28,7 @@ ServiceShmemRequest(void)
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
 	RequestAddinShmemSpace(MAXALIGN(ServiceShmemSize()));
+	RequestAddinShmemSpace(MAXALIGN(GPU_IVFPQ_VECTOR_RING_BYTES));
 	RequestNamedLWLockTranche("gpu_ivfpq", 1);
 }
 
@@ -63,6 +64,7 @@ ServiceShmemStartup(void)
 		for (int i = 0; i < s->nslots; i++)
 			SpinLockInit(&s->slots[i].mutex);
 	}
+	s->vec_ring = (char *) ShmemInitStruct("gpu_ivfpq vector ring", GPU_IVFPQ_VECTOR_RING_BYTES, &found);
 	gpu_ivfpq_service = s;
 	LWLockRelease(AddinShmemInitLock);
 }
@@ -135,6 +137,11 @@ GpuIvfpqDsmLayoutFor(RequestKind kind, const GpuIvfpqDsmHeader *h)
 	{
 		l.labels = off;
 		off += MAXALIGN(n * sizeof(int64));
+		if (h->vectors)
+		{
+			l.vectors = off;
+			off += MAXALIGN(n * h->d * sizeof(float));
+		}
 	}
 	l.total = off;
 	return l;

@@ -18,6 +18,8 @@ extern "C" {
 #define GPU_IVFPQ_SERVICE_MAX_DIM ((int) (GPU_IVFPQ_SLOT_PAYLOAD / sizeof(float)))
 #define GPU_IVFPQ_SERVICE_MAX_M ((int) gpuivfpq::kMaxGpuSubQuantizers)	/* log entries hold such codes */
 #define GPU_IVFPQ_LOG_SIZE		16384	/* change-log entries kept for the service */
+/* Bytes of the ring that carries appended entries' vectors (1 KiB per log entry). */
+#define GPU_IVFPQ_VECTOR_RING_BYTES ((Size) GPU_IVFPQ_LOG_SIZE * 1024)
 #define GPU_IVFPQ_STATUS_MIRRORS 64		/* mirrors listed by gpu_ivfpq_mirrors() */
 #define GPU_IVFPQ_BATCH_BUCKETS 8		/* batch sizes 1, 2-3, 4-7, ..., 128+ */
 
@@ -89,9 +91,13 @@ typedef struct GpuIvfpqSlot
 	/* answer, written by the service before DONE */
 	RequestResult result;
 	int			batch;			/* SEARCH: queries in the GPU batch that served it */
+	bool		exact;			/* SEARCH, SEARCH_BATCH: re-ranked (exact distances, exact order) */
 	char		error[256];
 
-	/* SEARCH: the query (dim floats) in, labels (k int64) + distances (k float) out */
+	/*
+	 * SEARCH: the query (dim floats) in; out k labels (int64) and, when
+	 * exact, their k exact distances (double) after them (k <= 2048 fills it)
+	 */
 	union
 	{
 		int64		align;
@@ -117,6 +123,8 @@ typedef struct GpuIvfpqLogEntry
 	uint8		m;
 	int32		list;
 	int64		label;
+	int32		vdim;			/* APPEND: floats of its vector in the vector ring (0: none) */
+	uint64		vec_pos;		/* where they start (a byte count that only grows) */
 	uint8		code[GPU_IVFPQ_SERVICE_MAX_M];
 } GpuIvfpqLogEntry;
 
@@ -126,6 +134,7 @@ typedef struct GpuIvfpqMirrorStatus
 	int64		entries;
 	int64		bytes;
 	int64		queries;
+	bool		vectors;		/* keeps exact vectors: re-ranks on the device */
 } GpuIvfpqMirrorStatus;
 
 typedef struct GpuIvfpqServiceShared
@@ -167,6 +176,13 @@ typedef struct GpuIvfpqServiceShared
 	LWLock	   *log_lock;
 	uint64		log_head;
 	GpuIvfpqLogEntry log[GPU_IVFPQ_LOG_SIZE];
+	/*
+	 * The appended entries' vectors, a byte ring of its own (vectors vary in
+	 * size; under log_lock): bytes [vec_pos, vec_pos + 4 vdim) of an entry
+	 * are intact while vec_head <= vec_pos + GPU_IVFPQ_VECTOR_RING_BYTES.
+	 */
+	uint64		vec_head;
+	char	   *vec_ring;
 
 	int			nslots;
 	GpuIvfpqSlot slots[FLEXIBLE_ARRAY_MEMBER];
@@ -186,11 +202,13 @@ typedef struct GpuIvfpqDsmHeader
 	int32		iterations;
 	int32		max_points_per_centroid;
 	uint64		seed;
+	int32		vectors;		/* LOAD: the entries' vectors follow (n x d floats) */
 } GpuIvfpqDsmHeader;
 
 /*
  * Offsets of the arrays after the header, each MAXALIGNed:
- * LOAD:   centroids, codebooks, list ids (n int32), labels (n int64), codes (n x m)
+ * LOAD:   centroids, codebooks, list ids (n int32), codes (n x m), labels (n int64),
+ *         vectors (n x d floats, when the header says so)
  * TRAIN:  sample (n x d), centroids out, codebooks out
  * ENCODE: centroids, codebooks, rows (n x d), list ids out (n int32), codes out (n x m)
  */
@@ -202,6 +220,7 @@ typedef struct GpuIvfpqDsmLayout
 	Size		labels;
 	Size		codes;
 	Size		rows;
+	Size		vectors;
 	Size		total;
 } GpuIvfpqDsmLayout;
 
@@ -210,7 +229,8 @@ extern GpuIvfpqDsmLayout GpuIvfpqDsmLayoutFor(RequestKind kind, const GpuIvfpqDs
 /*
  * REQ_SEARCH_BATCH segment: slot->n queries of slot->dim floats from
  * GPU_IVFPQ_BATCH_QUERIES, then slot->k labels per query at
- * GpuIvfpqBatchLabelsOffset (padded with -1).
+ * GpuIvfpqBatchLabelsOffset (padded with -1), then, when the answer is
+ * exact, their exact distances (double) at GpuIvfpqBatchExactOffset.
  */
 #define GPU_IVFPQ_BATCH_QUERIES MAXALIGN(sizeof(GpuIvfpqDsmHeader))
 
@@ -244,6 +264,16 @@ static inline Size
 GpuIvfpqBatchLabelsOffset(int64 nq, int dim)
 {
 	return GPU_IVFPQ_BATCH_QUERIES + MAXALIGN((Size) nq * dim * sizeof(float));
+}
+static inline Size
+GpuIvfpqBatchExactOffset(int64 nq, int dim, int k)
+{
+	return GpuIvfpqBatchLabelsOffset(nq, dim) + MAXALIGN((Size) nq * k * sizeof(int64));
+}
+static inline Size
+GpuIvfpqBatchSegmentBytes(int64 nq, int dim, int k)
+{
+	return GpuIvfpqBatchExactOffset(nq, dim, k) + MAXALIGN((Size) nq * k * sizeof(double));
 }
 
 /* request.cpp: the request protocol, shared by the service's clients. */

@@ -45,6 +45,7 @@ static std::unique_ptr<GpuProcess> gpu;			/* null while none runs */
 static std::map<MirrorKey, uint64> mirror_from;		/* log entries from here apply */
 static std::map<MirrorKey, TimestampTz> load_claims;	/* a backend was told to load */
 static uint64 log_cursor;
+static char *log_vectors;		/* CopyLog's copies of logged vectors (the ring's size) */
 
 /* Supervision of the GPU process. */
 static bool gpu_expected = true;	/* false once the process said there is no device */
@@ -188,6 +189,7 @@ PublishStatus(void)
 		m->entries = (int64) info.entries;
 		m->bytes = (int64) info.bytes;
 		m->queries = (int64) info.queries;
+		m->vectors = info.vectors;
 	}
 	s->memory_used = (int64) st.bytes;
 	if (known)
@@ -220,8 +222,55 @@ DropAfterFailure(const MirrorKey &key, const char *what, const std::string &err)
 }
 
 /*
- * Appends logged entries (codes of m bytes) to the mirror of key; false when
- * the GPU process holds no such mirror. Throws on a device error.
+ * Copies the change log from position from to its head (*head), only the
+ * entries of one index when only is set, with the vectors they carry:
+ * each copied entry's vec_pos becomes the offset of its vector in
+ * log_vectors. false when writers lapped the reader (an entry or a vector
+ * was overwritten). entries must have room for the whole ring reserved:
+ * nothing may throw while the lock is held. The copies hold until the next
+ * call.
+ */
+static bool
+CopyLog(uint64 from, uint64 *head, const MirrorKey *only, std::vector<GpuIvfpqLogEntry> &entries)
+{
+	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+	Size		used = 0;
+	bool		lapped;
+
+	LWLockAcquire(s->log_lock, LW_SHARED);
+	*head = s->log_head;
+	lapped = *head - from > GPU_IVFPQ_LOG_SIZE;
+	for (uint64 seq = from; !lapped && seq < *head; seq++)
+	{
+		const GpuIvfpqLogEntry *e = &s->log[seq % GPU_IVFPQ_LOG_SIZE];
+		Size		bytes = sizeof(float) * Max(e->vdim, 0);
+
+		if (only != NULL && (e->key.db != only->db || e->key.index != only->index))
+			continue;
+		entries.push_back(*e);
+		if (bytes == 0)
+			continue;
+		/*
+		 * Intact vectors lie in the ring's last GPU_IVFPQ_VECTOR_RING_BYTES,
+		 * one region each: their copies fit log_vectors.
+		 */
+		if (s->vec_head - e->vec_pos > GPU_IVFPQ_VECTOR_RING_BYTES)
+		{
+			lapped = true;
+			break;
+		}
+		memcpy(log_vectors + used, s->vec_ring + e->vec_pos % GPU_IVFPQ_VECTOR_RING_BYTES, bytes);
+		entries.back().vec_pos = used;
+		used += bytes;
+	}
+	LWLockRelease(s->log_lock);
+	return !lapped;
+}
+
+/*
+ * Appends logged entries (codes of m bytes, and their vectors when they
+ * carry them, copied by CopyLog) to the mirror of key; false when the GPU
+ * process holds no such mirror. Throws on a device error.
  */
 static bool
 AddLogged(const MirrorKey &key, size_t m, const std::vector<const GpuIvfpqLogEntry *> &entries)
@@ -229,14 +278,26 @@ AddLogged(const MirrorKey &key, size_t m, const std::vector<const GpuIvfpqLogEnt
 	std::vector<int32_t> lists;
 	std::vector<int64_t> labels;
 	std::vector<uint8_t> codes;
+	std::vector<float> vectors;
+	size_t		d = entries.empty() ? 0 : (size_t) Max(entries.front()->vdim, 0);
 
 	for (const GpuIvfpqLogEntry *e : entries)
 	{
 		lists.push_back(e->list);
 		labels.push_back(e->label);
 		codes.insert(codes.end(), e->code, e->code + m);
+		if (d > 0)
+		{
+			const float *v = (const float *) (log_vectors + e->vec_pos);
+
+			/* One index version has one dimension: a mismatch is a bug, the mirror is dropped. */
+			if ((size_t) e->vdim != d)
+				throw gpuivfpq::Error(gpuivfpq::ErrorKind::Internal, "logged vectors of different dimensions");
+			vectors.insert(vectors.end(), v, v + d);
+		}
 	}
-	return gpu->add(key, m, lists.size(), lists.data(), codes.data(), labels.data());
+	return gpu->add(key, m, lists.size(), lists.data(), codes.data(), labels.data(),
+					d > 0 ? vectors.data() : nullptr, d);
 }
 
 /*
@@ -284,13 +345,7 @@ DrainLog(void)
 
 	/* Room for the whole ring first: nothing may throw while the lock is held. */
 	entries.reserve(GPU_IVFPQ_LOG_SIZE);
-	LWLockAcquire(s->log_lock, LW_SHARED);
-	head = s->log_head;
-	lapped = head - log_cursor > GPU_IVFPQ_LOG_SIZE;
-	if (!lapped)
-		for (uint64 seq = log_cursor; seq < head; seq++)
-			entries.push_back(s->log[seq % GPU_IVFPQ_LOG_SIZE]);
-	LWLockRelease(s->log_lock);
+	lapped = !CopyLog(log_cursor, &head, NULL, entries);
 
 	if (!GpuUp())
 	{
@@ -408,9 +463,11 @@ SearchGroup(const std::vector<GpuIvfpqSlot *> &group)
 	size_t		k = 0;
 	std::vector<float> queries;
 	std::vector<int64_t> labels;
+	std::vector<double> exact;
 	std::string err;
 	bool		oom = false;
 	bool		found = false;
+	bool		is_exact = false;
 
 	for (GpuIvfpqSlot *slot : group)
 		k = Max(k, (size_t) slot->k);
@@ -418,10 +475,12 @@ SearchGroup(const std::vector<GpuIvfpqSlot *> &group)
 	for (size_t i = 0; i < nq; i++)
 		memcpy(&queries[i * d], group[i]->payload.bytes, d * sizeof(float));
 	labels.resize(nq * k);
+	exact.resize(nq * k);
 	uint64		call_start = NowNs();
 
 	if (!Engine([&] {
-			found = gpu->search(key, d, queries.data(), nq, k, first->nprobe, labels.data());
+			found = gpu->search(key, d, queries.data(), nq, k, first->nprobe, labels.data(),
+								exact.data(), &is_exact);
 			pg_atomic_fetch_add_u64(&gpu_ivfpq_service->time_device_ns, gpu->last_busy_ns());
 		}, err, &oom))
 	{
@@ -452,8 +511,12 @@ SearchGroup(const std::vector<GpuIvfpqSlot *> &group)
 	for (size_t i = 0; i < nq; i++)
 	{
 		GpuIvfpqSlot *slot = group[i];
-		/* Rows of the batch are sorted: a smaller k takes the prefix (labels only: backends re-rank). */
-		memcpy(slot->payload.bytes, &labels[i * k], (size_t) slot->k * sizeof(int64));
+
+		/* A group shares k (Serve): each row is the slot's whole answer. */
+		memcpy(slot->payload.bytes, &labels[i * k], k * sizeof(int64));
+		if (is_exact)
+			memcpy(slot->payload.bytes + k * sizeof(int64), &exact[i * k], k * sizeof(double));
+		slot->exact = is_exact;
 		slot->batch = (int) nq;
 		Answer(slot, RES_OK, NULL);
 	}
@@ -470,6 +533,7 @@ SpecFrom(const GpuIvfpqDsmHeader *h, const char *base, const GpuIvfpqDsmLayout &
 	spec.metric = (gpuivfpq::Metric) h->metric;
 	spec.centroids = (const float *) (base + l.centroids);
 	spec.codebooks = (const float *) (base + l.codebooks);
+	spec.vectors = h->vectors != 0;
 	return spec;
 }
 
@@ -482,7 +546,6 @@ SpecFrom(const GpuIvfpqDsmHeader *h, const char *base, const GpuIvfpqDsmLayout &
 static RequestResult
 Load(GpuIvfpqSlot *slot, const char *base, std::string &err)
 {
-	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
 	const GpuIvfpqDsmHeader *h = (const GpuIvfpqDsmHeader *) base;
 	GpuIvfpqDsmLayout l = GpuIvfpqDsmLayoutFor(REQ_LOAD, h);
 	MirrorKey	key = ToKey(slot->key);
@@ -495,7 +558,8 @@ Load(GpuIvfpqSlot *slot, const char *base, std::string &err)
 
 	if (!Engine([&] {
 			gpu->load(key, spec, (size_t) h->n, (const int32_t *) (base + l.lists),
-					  (const uint8_t *) (base + l.codes), (const int64_t *) labels);
+					  (const uint8_t *) (base + l.codes), (const int64_t *) labels,
+					  spec.vectors ? (const float *) (base + l.vectors) : nullptr);
 		}, err, &oom))
 		return Failed(oom);
 
@@ -503,21 +567,7 @@ Load(GpuIvfpqSlot *slot, const char *base, std::string &err)
 	if (!Engine([&] { window.reserve(GPU_IVFPQ_LOG_SIZE); }, err, &oom))
 		changed = true;
 	else
-	{
-	LWLockAcquire(s->log_lock, LW_SHARED);
-	head = s->log_head;
-	if (head - slot->log_start > GPU_IVFPQ_LOG_SIZE)
-		changed = true;
-	else
-		for (uint64 seq = slot->log_start; seq < head; seq++)
-		{
-			const GpuIvfpqLogEntry *e = &s->log[seq % GPU_IVFPQ_LOG_SIZE];
-
-			if (e->key.db == key.db && e->key.index == key.index)
-				window.push_back(*e);
-		}
-	LWLockRelease(s->log_lock);
-	}
+		changed = !CopyLog(slot->log_start, &head, &key, window);
 
 	if (!changed && !Engine([&] {
 			std::unordered_set<int64_t> seen;
@@ -618,16 +668,19 @@ SearchBatch(GpuIvfpqSlot *slot, char *base, std::string &err)
 	MirrorKey	key = ToKey(slot->key);
 	const float *queries = (const float *) (base + GPU_IVFPQ_BATCH_QUERIES);
 	int64	   *labels = (int64 *) (base + GpuIvfpqBatchLabelsOffset(slot->n, slot->dim));
+	double	   *exact = (double *) (base + GpuIvfpqBatchExactOffset(slot->n, slot->dim, slot->k));
 	bool		oom = false;
 	bool		found = false;
+	bool		is_exact = false;
 
 	if (!Engine([&] {
 			found = gpu->search(key, slot->dim, queries, slot->n, slot->k, slot->nprobe,
-								reinterpret_cast<int64_t *>(labels));
+								reinterpret_cast<int64_t *>(labels), exact, &is_exact);
 		}, err, &oom))
 		return Failed(oom);
 	if (!found)
 		return RES_NOT_LOADED;
+	slot->exact = is_exact;
 	CountBatch((int) Min(slot->n, (int64) INT_MAX));
 	return RES_OK;
 }
@@ -705,11 +758,11 @@ ServeSegmentRequest(GpuIvfpqSlot *slot)
 	Answer(slot, result, err.c_str());
 }
 
-/* Groups the taken searches by (index version, probes, dim) and serves each group. */
+/* Groups the taken searches by (index version, probes, dim, k) and serves each group. */
 static void
 Serve(void)
 {
-	std::map<std::tuple<MirrorKey, int, int>, std::vector<GpuIvfpqSlot *>> groups;
+	std::map<std::tuple<MirrorKey, int, int, int>, std::vector<GpuIvfpqSlot *>> groups;
 
 	for (int i = 0; i < ntaken; i++)
 	{
@@ -717,7 +770,7 @@ Serve(void)
 
 		if (slot->kind != REQ_SEARCH)
 			continue;
-		groups[std::make_tuple(ToKey(slot->key), slot->nprobe, slot->dim)].push_back(slot);
+		groups[std::make_tuple(ToKey(slot->key), slot->nprobe, slot->dim, slot->k)].push_back(slot);
 	}
 	for (auto &kv : groups)
 		SearchGroup(kv.second);
@@ -978,6 +1031,7 @@ gpu_ivfpq_service_main(Datum arg)
 
 	taken = (GpuIvfpqSlot **) MemoryContextAlloc(TopMemoryContext, sizeof(GpuIvfpqSlot *) * s->nslots);
 	ntaken = 0;
+	log_vectors = (char *) MemoryContextAllocHuge(TopMemoryContext, GPU_IVFPQ_VECTOR_RING_BYTES);
 	if (sigsetjmp(local_sigjmp_buf, 1) != 0)
 	{
 		/*

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "engine/exact_distance.h"
 #include "engine/ivfpq.h"
 #include "engine/search_limits.h"
 #include "service/device/compute_device.h"
@@ -181,6 +182,22 @@ Channel::Server stalling_server(std::function<void()> on_request = nullptr)
 using Data = testutil::EncodedSet;
 
 using testutil::error_kind;
+
+// GpuProcess::search for a mirror without vectors (codes only): labels in
+// ADC order, never re-ranked, so the exact distances are not written.
+bool search_adc(GpuProcess& gp, const MirrorKey& key, size_t d, const float* queries, size_t nq,
+                size_t k, size_t nprobe, int64_t* labels)
+{
+    std::vector<double> exact(nq * k, -7.0);
+    bool is_exact = true;
+    const bool found = gp.search(key, d, queries, nq, k, nprobe, labels, exact.data(), &is_exact);
+    if (found) {
+        EXPECT_FALSE(is_exact) << "a codes-only mirror claimed an exact re-rank";
+        EXPECT_EQ(std::count(exact.begin(), exact.end(), -7.0), std::ptrdiff_t(exact.size()))
+            << "the exact distances of an ADC search were written";
+    }
+    return found;
+}
 
 // Brute-force k nearest rows of base (n x d) to q under L2, by float64
 // distance (ties by row), and those distances.
@@ -327,16 +344,16 @@ TEST(GpuProcess, LoadAndSearchMatchTheMirrorInProcess)
 
     auto dev = make_cpu_emulation_device();
     MirrorStore store(*dev);
-    store.load(key, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
+    store.load(key, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
     std::vector<float> want_dist(nq * k);
     std::vector<int64_t> want(nq * k);
     store.find(key)->search(queries.data(), nq, k, nprobe, want_dist.data(), want.data());
 
     Channel ch(emulated_server);
     auto gp = ch.connect();
-    gp->load(key, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
+    gp->load(key, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
     std::vector<int64_t> got(nq * k, -7);
-    ASSERT_TRUE(gp->search(key, f.d, queries.data(), nq, k, nprobe, got.data()));
+    ASSERT_TRUE(search_adc(*gp, key, f.d, queries.data(), nq, k, nprobe, got.data()));
     EXPECT_EQ(got, want);
     EXPECT_EQ(got[0], f.labels[5]);
     EXPECT_EQ(std::count(got.begin(), got.end(), -1), 0);  // 2000 entries fill every k
@@ -351,12 +368,12 @@ TEST(GpuProcess, AddSearchAndDropByKey)
     Channel ch(emulated_server);
     auto gp = ch.connect();
     std::vector<int64_t> got(k);
-    EXPECT_FALSE(gp->search(a, f.d, f.x.data(), 1, k, nprobe, got.data()));
-    EXPECT_FALSE(gp->add(a, f.m, 1, f.list_ids.data(), f.codes.data(), f.labels.data()));
+    EXPECT_FALSE(search_adc(*gp, a, f.d, f.x.data(), 1, k, nprobe, got.data()));
+    EXPECT_FALSE(gp->add(a, f.m, 1, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr, 0));
 
-    gp->load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
-    gp->load(b, f.spec(), 100, f.list_ids.data(), f.codes.data(), f.labels.data());
-    EXPECT_FALSE(gp->search(unknown, f.d, f.x.data(), 1, k, nprobe, got.data()));
+    gp->load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
+    gp->load(b, f.spec(), 100, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
+    EXPECT_FALSE(search_adc(*gp, unknown, f.d, f.x.data(), 1, k, nprobe, got.data()));
 
     // New vectors added under labels of their own must be found.
     const size_t na = 300;
@@ -366,17 +383,17 @@ TEST(GpuProcess, AddSearchAndDropByKey)
     std::vector<int64_t> ylabels(na);
     f.model.encode(y.data(), na, ylist.data(), ycodes.data());
     std::iota(ylabels.begin(), ylabels.end(), int64_t(1000000));
-    EXPECT_TRUE(gp->add(a, f.m, na, ylist.data(), ycodes.data(), ylabels.data()));
+    EXPECT_TRUE(gp->add(a, f.m, na, ylist.data(), ycodes.data(), ylabels.data(), nullptr, 0));
 
     auto dev = make_cpu_emulation_device();
     MirrorStore store(*dev);
-    store.load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
-    store.find(a)->add(na, ylist.data(), ycodes.data(), ylabels.data());
+    store.load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
+    store.find(a)->add(na, ylist.data(), ycodes.data(), ylabels.data(), nullptr);
     const size_t nq = 20;
     std::vector<float> wdist(nq * k);
     std::vector<int64_t> want(nq * k), all(nq * k);
     store.find(a)->search(y.data(), nq, k, nprobe, wdist.data(), want.data());
-    ASSERT_TRUE(gp->search(a, f.d, y.data(), nq, k, nprobe, all.data()));
+    ASSERT_TRUE(search_adc(*gp, a, f.d, y.data(), nq, k, nprobe, all.data()));
     EXPECT_EQ(all, want);
     size_t added_first = 0;
     for (size_t q = 0; q < nq; q++)
@@ -391,13 +408,13 @@ TEST(GpuProcess, AddSearchAndDropByKey)
 
     EXPECT_EQ(gp->drop_index(a.db, a.index), 1u);
     EXPECT_EQ(gp->drop_index(a.db, a.index), 0u);
-    EXPECT_FALSE(gp->search(a, f.d, y.data(), 1, k, nprobe, got.data()));
-    EXPECT_TRUE(gp->search(b, f.d, y.data(), 1, k, nprobe, got.data()));
+    EXPECT_FALSE(search_adc(*gp, a, f.d, y.data(), 1, k, nprobe, got.data()));
+    EXPECT_TRUE(search_adc(*gp, b, f.d, y.data(), 1, k, nprobe, got.data()));
 
-    gp->load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
+    gp->load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
     gp->drop_all();
-    EXPECT_FALSE(gp->search(a, f.d, y.data(), 1, k, nprobe, got.data()));
-    EXPECT_FALSE(gp->search(b, f.d, y.data(), 1, k, nprobe, got.data()));
+    EXPECT_FALSE(search_adc(*gp, a, f.d, y.data(), 1, k, nprobe, got.data()));
+    EXPECT_FALSE(search_adc(*gp, b, f.d, y.data(), 1, k, nprobe, got.data()));
     EXPECT_TRUE(gp->status().mirrors.empty());
     EXPECT_TRUE(gp->alive());
 }
@@ -411,7 +428,7 @@ TEST(GpuProcess, RemoveDropsLabelsInPlace)
     const MirrorKey key{1, 10, 100, 1}, other{1, 11, 110, 1};
     Channel ch(emulated_server);
     auto gp = ch.connect();
-    gp->load(key, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
+    gp->load(key, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
 
     std::vector<int64_t> gone;
     for (size_t i = 0; i < f.n; i += 3)
@@ -436,15 +453,212 @@ TEST(GpuProcess, RemoveDropsLabelsInPlace)
         codes.insert(codes.end(), &f.codes[i * f.m], &f.codes[(i + 1) * f.m]);
         labels.push_back(f.labels[i]);
     }
-    gp->load(other, f.spec(), labels.size(), lists.data(), codes.data(), labels.data());
+    gp->load(other, f.spec(), labels.size(), lists.data(), codes.data(), labels.data(), nullptr);
     const size_t nq = 50, k = 20;
     std::vector<int64_t> a(nq * k), b(nq * k);
-    ASSERT_TRUE(gp->search(key, f.d, f.x.data(), nq, k, f.lists, a.data()));
-    ASSERT_TRUE(gp->search(other, f.d, f.x.data(), nq, k, f.lists, b.data()));
+    ASSERT_TRUE(search_adc(*gp, key, f.d, f.x.data(), nq, k, f.lists, a.data()));
+    ASSERT_TRUE(search_adc(*gp, other, f.d, f.x.data(), nq, k, f.lists, b.data()));
     EXPECT_EQ(a, b);
     std::sort(gone.begin(), gone.end());
     for (int64_t label : a)
         EXPECT_FALSE(std::binary_search(gone.begin(), gone.end(), label)) << label;
+}
+
+// ---------------------------------------------------------------- exact vectors
+
+// A mirror loaded with its vectors re-ranks in the process and says so
+// (is_exact); what crosses equals search_exact on an equal mirror in
+// process, and each distance is the exact distance of its own row.
+TEST(GpuProcess, LoadWithVectorsSearchesExact)
+{
+    auto dev = make_cpu_emulation_device();
+    Channel ch(emulated_server);
+    auto gp = ch.connect();
+    uint32_t index = 10;
+    for (Metric metric : {Metric::L2, Metric::InnerProduct, Metric::Cosine}) {
+        SCOPED_TRACE(testutil::metric_name(metric));
+        Data f(metric);
+        const MirrorKey key{1, index, 100 + index, 1};
+        index++;
+        // L2: more queries than the server's 4096-query tile.
+        const size_t nq = metric == Metric::L2 ? 4100 : 64, k = 10, nprobe = 3;
+        std::vector<float> queries = testutil::gaussian_vectors(nq, f.d, 13);
+        std::copy(f.x.begin() + 5 * f.d, f.x.begin() + 6 * f.d, queries.begin());
+
+        gp->load(key, f.spec(true), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(),
+                 f.x.data());
+        StoreStatus st = gp->status();
+        ASSERT_FALSE(st.mirrors.empty());
+        EXPECT_EQ(st.mirrors.back().key, key);
+        EXPECT_TRUE(st.mirrors.back().vectors);
+        EXPECT_EQ(st.mirrors.back().bytes, dev->mirror_bytes(f.spec(true), f.n));
+
+        auto direct = dev->create_mirror(f.spec(true));
+        direct->add(f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), f.x.data());
+        std::vector<double> want_dist(nq * k);
+        std::vector<int64_t> want(nq * k);
+        direct->search_exact(queries.data(), nq, k, nprobe, want_dist.data(), want.data());
+
+        std::vector<int64_t> got(nq * k, -7);
+        std::vector<double> exact(nq * k, -7.0);
+        bool is_exact = false;
+        ASSERT_TRUE(gp->search(key, f.d, queries.data(), nq, k, nprobe, got.data(), exact.data(),
+                               &is_exact));
+        EXPECT_TRUE(is_exact);
+        EXPECT_EQ(got, want);
+        EXPECT_EQ(exact, want_dist);
+        for (size_t q = 0; q < std::min<size_t>(nq, 64); q++)
+            for (size_t i = 0; i < k; i++) {
+                ASSERT_GE(f.row_of(got[q * k + i]), 0) << "query " << q << ", rank " << i;
+                EXPECT_EQ(exact[q * k + i], exact_distance(metric, &queries[q * f.d],
+                                                           f.vector_of(got[q * k + i]), f.d))
+                    << "query " << q << ", rank " << i;
+            }
+        if (metric == Metric::L2) {
+            EXPECT_EQ(got[0], f.labels[5]);
+            EXPECT_EQ(exact[0], 0.0);
+        }
+    }
+    EXPECT_TRUE(gp->alive());
+}
+
+// Adds carry vectors of the mirror's dimension: the new rows are found at
+// their exact distances; a wrong dimension, or no vectors for a mirror that
+// keeps them, is the caller's error and changes nothing.
+TEST(GpuProcess, AddWithVectorsFindsNewRowsExactly)
+{
+    Data f;
+    const MirrorKey key{1, 10, 100, 1};
+    Channel ch(emulated_server);
+    auto gp = ch.connect();
+    gp->load(key, f.spec(true), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(),
+             f.x.data());
+
+    const size_t na = 300;
+    std::vector<float> y = testutil::gaussian_vectors(na, f.d, 21);
+    std::vector<int32_t> ylist(na);
+    std::vector<uint8_t> ycodes(na * f.m);
+    std::vector<int64_t> ylabels(na);
+    f.model.encode(y.data(), na, ylist.data(), ycodes.data());
+    std::iota(ylabels.begin(), ylabels.end(), int64_t(1000000));
+    EXPECT_TRUE(gp->add(key, f.m, na, ylist.data(), ycodes.data(), ylabels.data(), y.data(), f.d));
+    EXPECT_EQ(gp->status().mirrors.at(0).entries, f.n + na);
+
+    auto dev = make_cpu_emulation_device();
+    auto direct = dev->create_mirror(f.spec(true));
+    direct->add(f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), f.x.data());
+    direct->add(na, ylist.data(), ycodes.data(), ylabels.data(), y.data());
+
+    const size_t nq = 40, k = 10, nprobe = 3;
+    std::vector<double> want_dist(nq * k), exact(nq * k);
+    std::vector<int64_t> want(nq * k), got(nq * k);
+    direct->search_exact(y.data(), nq, k, nprobe, want_dist.data(), want.data());
+    bool is_exact = false;
+    ASSERT_TRUE(gp->search(key, f.d, y.data(), nq, k, nprobe, got.data(), exact.data(), &is_exact));
+    EXPECT_TRUE(is_exact);
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(exact, want_dist);
+    size_t own_first = 0;
+    for (size_t q = 0; q < nq; q++) {
+        const float* query = &y[q * f.d];
+        for (size_t i = 0; i < k; i++) {
+            const int64_t label = got[q * k + i];
+            ASSERT_TRUE(label >= 1000000 || f.row_of(label) >= 0) << label;
+            const float* v =
+                label >= 1000000 ? &y[size_t(label - 1000000) * f.d] : f.vector_of(label);
+            EXPECT_EQ(exact[q * k + i], exact_distance(Metric::L2, query, v, f.d))
+                << "query " << q << ", rank " << i;
+            // Its own row, when a candidate, comes first at distance 0.
+            if (label == ylabels[q]) {
+                EXPECT_EQ(i, 0u) << "query " << q;
+                EXPECT_EQ(exact[q * k + i], 0.0) << "query " << q;
+                own_first++;
+            }
+        }
+    }
+    EXPECT_GE(own_first, nq / 2) << "the added entries are not found for their own vectors";
+
+    // Vectors of another dimension.
+    EXPECT_EQ(error_kind([&] {
+                  gp->add(key, f.m, na, ylist.data(), ycodes.data(), ylabels.data(), y.data(),
+                          f.d / 2);
+              }),
+              ErrorKind::InvalidArgument);
+    // No vectors for a mirror that keeps them.
+    EXPECT_EQ(error_kind([&] {
+                  gp->add(key, f.m, na, ylist.data(), ycodes.data(), ylabels.data(), nullptr, 0);
+              }),
+              ErrorKind::InvalidArgument);
+    EXPECT_EQ(gp->status().mirrors.at(0).entries, f.n + na);
+    EXPECT_TRUE(gp->alive());
+    ASSERT_TRUE(gp->search(key, f.d, y.data(), nq, k, nprobe, got.data(), exact.data(), &is_exact));
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(exact, want_dist);
+}
+
+// A mirror without vectors (codes only, or made so by the budget) answers
+// in ADC order with is_exact false and leaves the exact distances alone;
+// vectors sent to it are ignored.
+TEST(GpuProcess, CodesOnlyMirrorIsNotExact)
+{
+    Data f;
+    const MirrorKey key{1, 10, 100, 1};
+    auto dev = make_cpu_emulation_device();
+    Channel ch(emulated_server);
+    auto gp = ch.connect();
+    gp->load(key, f.spec(false), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
+    EXPECT_FALSE(gp->status().mirrors.at(0).vectors);
+
+    const size_t nq = 20, k = 10, nprobe = 3;
+    auto direct = dev->create_mirror(f.spec(false));
+    direct->add(f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
+    std::vector<float> adc(nq * k);
+    std::vector<int64_t> want(nq * k), got(nq * k);
+    std::vector<double> exact(nq * k, -7.0);
+    direct->search(f.x.data(), nq, k, nprobe, adc.data(), want.data());
+    bool is_exact = true;
+    ASSERT_TRUE(gp->search(key, f.d, f.x.data(), nq, k, nprobe, got.data(), exact.data(), &is_exact));
+    EXPECT_FALSE(is_exact);
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(std::count(exact.begin(), exact.end(), -7.0), std::ptrdiff_t(exact.size()));
+
+    // Vectors sent along with an add: ignored, the entries go in.
+    std::vector<int32_t> lists(f.list_ids.begin(), f.list_ids.begin() + 50);
+    std::vector<uint8_t> codes(f.codes.begin(), f.codes.begin() + 50 * f.m);
+    std::vector<int64_t> labels(50);
+    std::iota(labels.begin(), labels.end(), int64_t(5000000));
+    EXPECT_TRUE(gp->add(key, f.m, 50, lists.data(), codes.data(), labels.data(), f.x.data(), f.d));
+    EXPECT_EQ(gp->status().mirrors.at(0).entries, f.n + 50);
+    is_exact = true;
+    ASSERT_TRUE(gp->search(key, f.d, f.x.data(), nq, k, nprobe, got.data(), exact.data(), &is_exact));
+    EXPECT_FALSE(is_exact);
+
+    // A budget that holds the codes but not the vectors: loaded without them.
+    const size_t codes_bytes = dev->mirror_bytes(f.spec(false), f.n);
+    gp->drop_all();
+    gp->set_budget(codes_bytes);
+    gp->load(key, f.spec(true), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(),
+             f.x.data());
+    StoreStatus st = gp->status();
+    ASSERT_EQ(st.mirrors.size(), 1u);
+    EXPECT_FALSE(st.mirrors[0].vectors);
+    EXPECT_EQ(st.mirrors[0].bytes, codes_bytes);
+    is_exact = true;
+    ASSERT_TRUE(gp->search(key, f.d, f.x.data(), nq, k, nprobe, got.data(), exact.data(), &is_exact));
+    EXPECT_FALSE(is_exact);
+    EXPECT_EQ(got, want);
+    // With room, the same load keeps them.
+    gp->set_budget(SIZE_MAX);
+    gp->load(key, f.spec(true), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(),
+             f.x.data());
+    st = gp->status();
+    ASSERT_EQ(st.mirrors.size(), 1u);
+    EXPECT_TRUE(st.mirrors[0].vectors);
+    EXPECT_EQ(st.mirrors[0].bytes, dev->mirror_bytes(f.spec(true), f.n));
+    ASSERT_TRUE(gp->search(key, f.d, f.x.data(), nq, k, nprobe, got.data(), exact.data(), &is_exact));
+    EXPECT_TRUE(is_exact);
+    EXPECT_EQ(got[0], f.labels[0]);
+    EXPECT_EQ(exact[0], 0.0);
 }
 
 TEST(GpuProcess, StatusBudgetAndOutOfMemory)
@@ -463,12 +677,12 @@ TEST(GpuProcess, StatusBudgetAndOutOfMemory)
     EXPECT_EQ(st.bytes, 0u);
     EXPECT_EQ(st.budget, SIZE_MAX);
 
-    gp->load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
-    gp->load(b, f.spec(), small, f.list_ids.data(), f.codes.data(), f.labels.data());
+    gp->load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
+    gp->load(b, f.spec(), small, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
     const size_t budget = big_bytes + small_bytes + 1000;
     gp->set_budget(budget);
     std::vector<int64_t> got(3 * 5);
-    ASSERT_TRUE(gp->search(b, f.d, f.x.data(), 3, 5, 2, got.data()));
+    ASSERT_TRUE(search_adc(*gp, b, f.d, f.x.data(), 3, 5, 2, got.data()));
 
     st = gp->status();
     ASSERT_EQ(st.mirrors.size(), 2u);
@@ -487,7 +701,8 @@ TEST(GpuProcess, StatusBudgetAndOutOfMemory)
     // refusal is a device error, not the end of the process.
     gp->set_budget(big_bytes - 1);
     EXPECT_EQ(error_kind([&] {
-                  gp->load(c, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
+                  gp->load(c, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(),
+                           nullptr);
               }),
               ErrorKind::OutOfMemory);
     EXPECT_TRUE(gp->alive());
@@ -511,14 +726,14 @@ TEST(GpuProcess, DeviceErrorsCrossWithTheirKind)
     const MirrorKey key{1, 10, 100, 1};
     Channel ch(emulated_server);
     auto gp = ch.connect();
-    gp->load(key, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
+    gp->load(key, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
 
     const size_t big = kMaxSelectK + 1;
     std::vector<int64_t> labels(big);
     std::vector<float> dist(big);
-    EXPECT_EQ(error_kind([&] { gp->search(key, f.d, f.x.data(), 1, 0, 2, labels.data()); }),
+    EXPECT_EQ(error_kind([&] { search_adc(*gp, key, f.d, f.x.data(), 1, 0, 2, labels.data()); }),
               ErrorKind::InvalidArgument);
-    EXPECT_EQ(error_kind([&] { gp->search(key, f.d, f.x.data(), 1, big, 2, labels.data()); }),
+    EXPECT_EQ(error_kind([&] { search_adc(*gp, key, f.d, f.x.data(), 1, big, 2, labels.data()); }),
               ErrorKind::InvalidArgument);
     EXPECT_EQ(error_kind([&] {
                   gp->exact_knn(f.x.data(), 1, f.x.data(), f.n, f.d, Metric::L2, big, dist.data(),
@@ -530,25 +745,29 @@ TEST(GpuProcess, DeviceErrorsCrossWithTheirKind)
     odd.m = 3;
     EXPECT_EQ(error_kind([&] {
                   gp->load(MirrorKey{1, 20, 200, 1}, odd, 1, f.list_ids.data(), f.codes.data(),
-                           f.labels.data());
+                           f.labels.data(), nullptr);
               }),
               ErrorKind::Unsupported);
     // A list id out of range is the caller's error.
     std::vector<int32_t> bad_list = {int32_t(f.lists)};
-    EXPECT_EQ(error_kind([&] { gp->add(key, f.m, 1, bad_list.data(), f.codes.data(), f.labels.data()); }),
+    EXPECT_EQ(error_kind([&] {
+                  gp->add(key, f.m, 1, bad_list.data(), f.codes.data(), f.labels.data(), nullptr, 0);
+              }),
               ErrorKind::InvalidArgument);
 
     // A request whose dimension or code size is not the mirror's would make
     // the mirror read past the request's arrays: refused.
-    EXPECT_EQ(error_kind([&] { gp->search(key, f.d / 2, f.x.data(), 1, 5, 2, labels.data()); }),
+    EXPECT_EQ(error_kind([&] { search_adc(*gp, key, f.d / 2, f.x.data(), 1, 5, 2, labels.data()); }),
               ErrorKind::InvalidArgument);
-    EXPECT_EQ(error_kind([&] { gp->add(key, f.m / 2, 1, f.list_ids.data(), f.codes.data(), f.labels.data()); }),
+    EXPECT_EQ(error_kind([&] {
+                  gp->add(key, f.m / 2, 1, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr, 0);
+              }),
               ErrorKind::InvalidArgument);
     EXPECT_EQ(gp->status().mirrors.at(0).entries, f.n);
 
     // The message crosses too.
     try {
-        gp->search(key, f.d, f.x.data(), 1, big, 2, labels.data());
+        search_adc(*gp, key, f.d, f.x.data(), 1, big, 2, labels.data());
         ADD_FAILURE() << "k above the limit was served";
     } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find(std::to_string(kMaxSelectK)), std::string::npos) << e.what();
@@ -557,7 +776,7 @@ TEST(GpuProcess, DeviceErrorsCrossWithTheirKind)
     // The process lives on and still serves, k at the limit included.
     EXPECT_TRUE(gp->alive());
     EXPECT_TRUE(gp->cause().empty());
-    ASSERT_TRUE(gp->search(key, f.d, f.x.data(), 1, kMaxSelectK, 2, labels.data()));
+    ASSERT_TRUE(search_adc(*gp, key, f.d, f.x.data(), 1, kMaxSelectK, 2, labels.data()));
     EXPECT_EQ(labels[0], f.labels[0]);
 }
 
@@ -703,7 +922,9 @@ TEST(GpuProcess, PeerGoneEndsTheProcess)
         auto gp = ch.connect();
         Data f;
         std::vector<int64_t> labels(5);
-        EXPECT_EQ(error_kind([&] { gp->search(MirrorKey{1, 2, 3, 4}, f.d, f.x.data(), 1, 5, 1, labels.data()); }),
+        EXPECT_EQ(error_kind([&] {
+                      search_adc(*gp, MirrorKey{1, 2, 3, 4}, f.d, f.x.data(), 1, 5, 1, labels.data());
+                  }),
                   ErrorKind::Internal);
         EXPECT_FALSE(gp->alive());
         EXPECT_FALSE(gp->cause().empty());

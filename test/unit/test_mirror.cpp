@@ -24,7 +24,7 @@ TEST(Mirror, EmulationRanksLikeTheEngine)
     Fixture f;
     auto dev = make_cpu_emulation_device();
     auto mirror = dev->create_mirror(f.spec());
-    mirror->add(f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
+    mirror->add(f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
     EXPECT_EQ(mirror->entries(), f.n);
 
     const size_t k = 20, nprobe = 3;
@@ -58,7 +58,7 @@ TEST(Mirror, PadsWhenFewerThanK)
     Fixture f;
     auto dev = make_cpu_emulation_device();
     auto mirror = dev->create_mirror(f.spec());
-    mirror->add(3, f.list_ids.data(), f.codes.data(), f.labels.data());
+    mirror->add(3, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
     std::vector<float> dist(10);
     std::vector<int64_t> got(10);
     mirror->search(f.x.data(), 1, 10, f.lists, dist.data(), got.data());
@@ -75,10 +75,10 @@ TEST(MirrorStore, BudgetEvictsLeastRecentlyUsed)
     size_t one = dev->mirror_bytes(f.spec(), f.n);
     store.set_budget(one * 2 + one / 2);
     MirrorKey a{1, 10, 100, 1}, b{1, 11, 101, 1}, c{1, 12, 102, 1};
-    store.load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
-    store.load(b, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
+    store.load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
+    store.load(b, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
     ASSERT_NE(store.find(a), nullptr);  // a is now the most recently used
-    store.load(c, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
+    store.load(c, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
     EXPECT_NE(store.find(a), nullptr);
     EXPECT_EQ(store.find(b), nullptr);
     EXPECT_NE(store.find(c), nullptr);
@@ -100,7 +100,7 @@ TEST(MirrorStore, RefusesWhatCannotFitAndReplacesVersions)
     store.set_budget(one / 2);
     MirrorKey a{1, 10, 100, 1};
     try {
-        store.load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
+        store.load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
         FAIL() << "a mirror larger than the budget was loaded";
     } catch (const Error& e) {
         EXPECT_EQ(e.kind(), ErrorKind::OutOfMemory);
@@ -108,9 +108,9 @@ TEST(MirrorStore, RefusesWhatCannotFitAndReplacesVersions)
     EXPECT_EQ(store.find(a), nullptr);
 
     store.set_budget(one * 4);
-    store.load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
+    store.load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
     MirrorKey a2{1, 10, 200, 2};  // the same index after REINDEX
-    store.load(a2, f.spec(), 10, f.list_ids.data(), f.codes.data(), f.labels.data());
+    store.load(a2, f.spec(), 10, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
     EXPECT_EQ(store.find(a), nullptr);
     ASSERT_NE(store.find(a2), nullptr);
     EXPECT_EQ(store.find(a2)->entries(), 10u);
@@ -124,7 +124,7 @@ TEST(Mirror, EmulationKeepsTheGpuLimits)
     Fixture f;
     auto dev = make_cpu_emulation_device();
     auto mirror = dev->create_mirror(f.spec());
-    mirror->add(f.n, f.list_ids.data(), f.codes.data(), f.labels.data());
+    mirror->add(f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
     auto kind_of = [](auto&& fn) { return testutil::error_kind(fn); };
     const size_t big = kMaxSelectK + 1;
     std::vector<float> dist(big);

@@ -33,6 +33,11 @@ struct GpuIvfPqOptions {
     // fp16 lookup tables (and fp16 per-list term 1), accumulation in float:
     // 1.3-1.45x at PQ64, recall unchanged in the benchmark (gpu/NOTES.md).
     bool float16_tables = false;
+    // Keep each entry's float32 vector (d floats, as given to add_encoded /
+    // add, never normalised) on the device beside its code, so search_exact
+    // can re-rank the ADC candidates by the SQL operators' exact distance
+    // without a trip to the heap. Costs d * 4 bytes per entry.
+    bool store_vectors = false;
 
     // ---- Bench options: the paper's layouts, kept to measure the default
     // against them (gpu/bench/gpu_bench.cpp) and tested against the CPU
@@ -53,8 +58,12 @@ struct GpuIvfPqOptions {
 };
 
 struct GpuMemoryUse {
-    size_t centroids = 0, codebooks = 0, term1 = 0, codes = 0, ids = 0, vector_terms = 0, list_meta = 0;
-    size_t total() const { return centroids + codebooks + term1 + codes + ids + vector_terms + list_meta; }
+    size_t centroids = 0, codebooks = 0, term1 = 0, codes = 0, ids = 0, vector_terms = 0, vectors = 0,
+           list_meta = 0;
+    size_t total() const
+    {
+        return centroids + codebooks + term1 + codes + ids + vector_terms + vectors + list_meta;
+    }
 };
 
 class GpuIvfPqIndex {
@@ -83,13 +92,18 @@ public:
     void set_float16_tables(bool on);
     void set_scan_algo(ScanAlgo algo);
 
-    // Appends n encoded vectors (host): list_ids[i], codes[i*m..], ids[i].
-    void add_encoded(size_t n, const int32_t* list_ids, const uint8_t* codes, const int64_t* ids);
-    // Encodes n raw vectors (host, n x d) on the GPU and appends them.
+    // Appends n encoded vectors (host): list_ids[i], codes[i*m..], ids[i],
+    // and with store_vectors their vectors[i*d..] (host, n x d, required
+    // then and refused otherwise: Error(InvalidArgument)).
+    void add_encoded(size_t n, const int32_t* list_ids, const uint8_t* codes, const int64_t* ids,
+                     const float* vectors = nullptr);
+    // Encodes n raw vectors (host, n x d) on the GPU and appends them (and
+    // x itself as their vectors with store_vectors).
     void add(size_t n, const float* x, const int64_t* ids);
     // Removes every stored vector whose id is in ids[0..n) (duplicates and
     // unknown ids allowed); returns how many stored vectors went. The ids are
-    // found on the device and each list is compacted in place, order kept.
+    // found on the device and each list is compacted in place, order kept
+    // (codes, ids, per-vector terms and stored vectors alike).
     size_t remove_ids(const int64_t* ids, size_t n);
 
     // GPU encoding (host in/out), as IvfPqModel::encode does on the CPU.
@@ -102,6 +116,19 @@ public:
     // Same with device pointers, results left on the device (no host sync).
     void search_device(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist,
                        int64_t* labels, LabelKind kind = LabelKind::Ids) const;
+
+    // search()'s candidates (the same k by ADC over the same nprobe lists,
+    // ties included) re-ranked by exact_distance (src/engine/exact_distance.h)
+    // between the query as given and each candidate's stored vector: per
+    // query sorted by exact_less (distance, NaN last, then id), padded with
+    // (+inf, -1) where fewer than k candidates exist. The distances are bit
+    // for bit those of the SQL operators. Requires store_vectors (else
+    // Error(Unsupported)). Host pointers: queries nq x d, dist / labels nq x k.
+    void search_exact(const float* queries, size_t nq, size_t k, size_t nprobe, double* dist,
+                      int64_t* labels) const;
+    // Same with device pointers, results left on the device (no host sync).
+    void search_exact_device(const float* queries, size_t nq, size_t k, size_t nprobe, double* dist,
+                             int64_t* labels) const;
 
     // Test aid (gpu/tests): the lookup tables the scan uses, materialised in
     // the per-list form the CPU engine's list_table gives (host outputs): for

@@ -1,6 +1,7 @@
 // What the GPU service runs on: a compute device that holds index mirrors
-// (inverted lists of PQ codes and labels next to the trained quantizers),
-// searches them in batches, and trains and encodes for index builds.
+// (inverted lists of PQ codes and labels next to the trained quantizers,
+// and usually each entry's exact vector), searches them in batches, and
+// trains and encodes for index builds.
 //
 // The CUDA device (cuda_device.cpp, built only when the extension is
 // linked with the kernels) and a CPU emulation implement it. The emulation
@@ -25,21 +26,35 @@ struct MirrorSpec {
     Metric metric = Metric::L2;
     const float* centroids = nullptr;  // lists x d
     const float* codebooks = nullptr;  // m x 256 x (d/m)
+    // Entries carry their exact vectors (d floats each), so that a search
+    // can return candidates re-ranked by exact distance (search_exact).
+    bool vectors = false;
 };
 
 // One index's inverted lists on the device.
 class Mirror {
 public:
     virtual ~Mirror() = default;
-    // Appends n entries: list_ids[i], codes[i*m..], labels[i].
+    // Appends n entries: list_ids[i], codes[i*m..], labels[i] and, exactly
+    // when has_vectors(), vectors[i*d..] (else null). Throws
+    // Error(InvalidArgument) when vectors is given or missing against that.
     virtual void add(size_t n, const int32_t* list_ids, const uint8_t* codes,
-                     const int64_t* labels) = 0;
+                     const int64_t* labels, const float* vectors) = 0;
+    // Whether entries carry exact vectors (MirrorSpec::vectors).
+    virtual bool has_vectors() const = 0;
     // k best labels by ADC distance for nq queries through nprobe lists
     // (dist, labels: nq x k, padded with (+inf, -1)). Throws
     // Error(InvalidArgument) for k outside 1..kMaxSelectK, or for nprobe
     // (clamped to 1..lists) above kMaxSelectK.
     virtual void search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist,
                         int64_t* labels) = 0;
+    // The same k candidates, re-ranked: dist[i] is the exact distance of
+    // labels[i] (gpuivfpq::exact_distance of the query and the stored
+    // vector, as the SQL operators compute it), each row in exact_less
+    // order, padded with (+inf, -1). Throws Error(Unsupported) without
+    // vectors.
+    virtual void search_exact(const float* queries, size_t nq, size_t k, size_t nprobe,
+                              double* dist, int64_t* labels) = 0;
     // Removes every entry whose label is in labels[0..n) (unknown labels
     // and duplicates allowed), in place; returns how many went.
     virtual size_t remove(size_t n, const int64_t* labels) = 0;

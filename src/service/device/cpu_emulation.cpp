@@ -1,6 +1,7 @@
 // The CPU emulation of the service's compute device: mirrors are per-list
-// arrays in process memory, searched with the CPU engine's IVFADC. Tests use
-// it to exercise the service without a GPU.
+// arrays in process memory, searched with the CPU engine's IVFADC and
+// re-ranked with the exact distance the GPU kernel computes. Tests use it to
+// exercise the service without a GPU.
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "engine/exact_distance.h"
 #include "engine/search_limits.h"
 #include "engine/topk.h"
 #include "service/device/compute_device.h"
@@ -35,26 +37,62 @@ void require_gpu_m(size_t d, size_t m)
 class CpuMirror final : public Mirror {
 public:
     explicit CpuMirror(const MirrorSpec& spec)
-        : model_(spec.d, spec.lists, spec.m, spec.metric), codes_(spec.lists), labels_(spec.lists)
+        : model_(spec.d, spec.lists, spec.m, spec.metric), codes_(spec.lists), labels_(spec.lists),
+          vectors_(spec.vectors ? spec.lists : 0), metric_(spec.metric)
     {
         model_.set_centroids(spec.centroids);
         model_.set_codebooks(spec.codebooks);
     }
 
-    void add(size_t n, const int32_t* list_ids, const uint8_t* codes, const int64_t* labels) override
+    void add(size_t n, const int32_t* list_ids, const uint8_t* codes, const int64_t* labels,
+             const float* vectors) override
     {
-        size_t m = model_.m();
-        for (size_t i = 0; i < n; i++) {
+        size_t m = model_.m(), d = model_.d();
+        // Nothing to add takes any pointers (as the GPU index does).
+        require(n == 0 || (vectors != nullptr) == has_vectors(),
+                has_vectors() ? "mirror: entries need their vectors" : "mirror: keeps no vectors");
+        for (size_t i = 0; i < n; i++)
             require(list_ids[i] >= 0 && size_t(list_ids[i]) < model_.lists(), "mirror: list out of range");
+        for (size_t i = 0; i < n; i++) {
             auto& c = codes_[list_ids[i]];
             c.insert(c.end(), codes + i * m, codes + (i + 1) * m);
             labels_[list_ids[i]].push_back(labels[i]);
+            if (vectors != nullptr) {
+                auto& v = vectors_[list_ids[i]];
+                v.insert(v.end(), vectors + i * d, vectors + (i + 1) * d);
+            }
         }
         entries_ += n;
     }
 
+    bool has_vectors() const override { return !vectors_.empty(); }
+
     void search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist,
                 int64_t* labels) override
+    {
+        scan(queries, nq, k, nprobe, dist, labels, nullptr);
+    }
+
+    void search_exact(const float* queries, size_t nq, size_t k, size_t nprobe, double* dist,
+                      int64_t* labels) override
+    {
+        if (!has_vectors())
+            throw Error(ErrorKind::Unsupported, "GPU IVFPQ search_exact: the mirror keeps no vectors");
+        std::vector<float> adc(nq * k);
+        scan(queries, nq, k, nprobe, adc.data(), labels, dist);
+    }
+
+private:
+    // A candidate the k-selection took, and where its vector lies.
+    struct Taken {
+        int64_t label;
+        size_t seq;
+        const float* vector;
+    };
+
+    // The ADC search; with exact, also the re-rank of search_exact.
+    void scan(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist,
+              int64_t* labels, double* exact)
     {
         require_select_k(k, "GPU IVFPQ search");
         const size_t probes = std::min(std::max<size_t>(nprobe, 1), model_.lists());
@@ -69,6 +107,7 @@ public:
         for (size_t q = 0; q < nq; q++) {
             TopK topk(k);
             model_.prepare_query(queries + q * model_.d(), probes, prepared);
+            std::vector<Taken> taken;
             for (size_t p = 0; p < prepared.lists.size(); p++) {
                 int32_t list = prepared.lists[p];
                 const auto& lab = labels_[list];
@@ -77,22 +116,54 @@ public:
                 d.resize(lab.size());
                 adc_scan(codes_[list].data(), lab.size(), m, table.data(), m, base, d.data());
                 for (size_t i = 0; i < lab.size(); i++)
-                    if (d[i] < topk.threshold())
+                    if (d[i] < topk.threshold()) {
                         topk.push(d[i], lab[i]);
+                        if (exact != nullptr)
+                            taken.push_back({lab[i], taken.size(), &vectors_[list][i * model_.d()]});
+                    }
             }
             std::vector<Neighbor> best = topk.take_sorted();
             for (size_t i = 0; i < k; i++) {
                 dist[q * k + i] = i < best.size() ? best[i].dist : std::numeric_limits<float>::infinity();
                 labels[q * k + i] = i < best.size() ? best[i].label : -1;
             }
+            if (exact != nullptr)
+                rerank(queries + q * model_.d(), best, taken, k, exact + q * k, labels + q * k);
         }
     }
+
+    // Exact distances of the selected candidates (the latest vector taken
+    // under each label), sorted as the GPU's re-rank sorts them.
+    void rerank(const float* query, const std::vector<Neighbor>& best, std::vector<Taken>& taken,
+                size_t k, double* exact, int64_t* labels) const
+    {
+        auto by_label = [](const Taken& a, const Taken& b) {
+            return a.label != b.label ? a.label < b.label : a.seq < b.seq;
+        };
+        std::sort(taken.begin(), taken.end(), by_label);
+        std::vector<std::pair<double, int64_t>> out;
+        for (const Neighbor& nb : best) {
+            auto at = std::upper_bound(taken.begin(), taken.end(), Taken{nb.label, SIZE_MAX, nullptr},
+                                       by_label);
+            require(at != taken.begin() && (at - 1)->label == nb.label, "mirror: lost a candidate's vector");
+            out.emplace_back(exact_distance(metric_, query, (at - 1)->vector, model_.d()), nb.label);
+        }
+        std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+            return exact_less(a.first, a.second, b.first, b.second);
+        });
+        for (size_t i = 0; i < k; i++) {
+            exact[i] = i < out.size() ? out[i].first : std::numeric_limits<double>::infinity();
+            labels[i] = i < out.size() ? out[i].second : -1;
+        }
+    }
+
+public:
 
     size_t remove(size_t n, const int64_t* labels) override
     {
         std::vector<int64_t> gone(labels, labels + n);
         std::sort(gone.begin(), gone.end());
-        size_t m = model_.m(), removed = 0;
+        size_t m = model_.m(), d = model_.d(), removed = 0;
         for (size_t l = 0; l < labels_.size(); l++) {
             auto& lab = labels_[l];
             auto& codes = codes_[l];
@@ -103,23 +174,32 @@ public:
                 // Compacted in place, order kept, as the GPU's remove_ids does.
                 lab[kept] = lab[i];
                 std::memmove(&codes[kept * m], &codes[i * m], m);
+                if (has_vectors())
+                    std::memmove(&vectors_[l][kept * d], &vectors_[l][i * d], d * sizeof(float));
                 kept++;
             }
             removed += lab.size() - kept;
             lab.resize(kept);
             codes.resize(kept * m);
+            if (has_vectors())
+                vectors_[l].resize(kept * d);
         }
         entries_ -= removed;
         return removed;
     }
 
     size_t entries() const override { return entries_; }
-    size_t bytes() const override { return entries_ * (model_.m() + sizeof(int64_t)); }
+    size_t bytes() const override
+    {
+        return entries_ * (model_.m() + sizeof(int64_t) + (has_vectors() ? model_.d() * sizeof(float) : 0));
+    }
 
 private:
     IvfPqModel model_;
     std::vector<std::vector<uint8_t>> codes_;
     std::vector<std::vector<int64_t>> labels_;
+    std::vector<std::vector<float>> vectors_;  // per list, d floats per entry (empty: none)
+    Metric metric_;
     size_t entries_ = 0;
 };
 
@@ -129,7 +209,7 @@ public:
     size_t memory_capacity() const override { return size_t(1) << 30; }
     size_t mirror_bytes(const MirrorSpec& spec, size_t n) const override
     {
-        return n * (spec.m + sizeof(int64_t));
+        return n * (spec.m + sizeof(int64_t) + (spec.vectors ? spec.d * sizeof(float) : 0));
     }
     std::unique_ptr<Mirror> create_mirror(const MirrorSpec& spec) override
     {

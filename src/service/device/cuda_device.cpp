@@ -19,9 +19,11 @@ using gpu::GpuContext;
 using gpu::GpuIvfPqIndex;
 using gpu::GpuIvfPqOptions;
 
-GpuIvfPqOptions MirrorOptions()
+GpuIvfPqOptions MirrorOptions(bool vectors = false)
 {
     GpuIvfPqOptions opt;
+    // Exact vectors beside the codes: searches re-rank on the device.
+    opt.store_vectors = vectors;
     // Term 1 folded into one float per stored vector: no per-list tables to
     // hold, and the scan's table depends on the query only (gpu/NOTES.md).
     opt.term1_per_vector = true;
@@ -32,12 +34,20 @@ GpuIvfPqOptions MirrorOptions()
 class CudaMirror final : public Mirror {
 public:
     CudaMirror(GpuContext& ctx, const MirrorSpec& s)
-        : index_(ctx, s.d, s.lists, s.m, s.metric, s.centroids, s.codebooks, MirrorOptions())
+        : index_(ctx, s.d, s.lists, s.m, s.metric, s.centroids, s.codebooks, MirrorOptions(s.vectors)),
+          vectors_(s.vectors)
     {
     }
-    void add(size_t n, const int32_t* list_ids, const uint8_t* codes, const int64_t* labels) override
+    void add(size_t n, const int32_t* list_ids, const uint8_t* codes, const int64_t* labels,
+             const float* vectors) override
     {
-        index_.add_encoded(n, list_ids, codes, labels);
+        index_.add_encoded(n, list_ids, codes, labels, vectors);
+    }
+    bool has_vectors() const override { return vectors_; }
+    void search_exact(const float* queries, size_t nq, size_t k, size_t nprobe, double* dist,
+                      int64_t* labels) override
+    {
+        index_.search_exact(queries, nq, k, nprobe, dist, labels);
     }
     void search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist,
                 int64_t* labels) override
@@ -50,6 +60,7 @@ public:
 
 private:
     GpuIvfPqIndex index_;
+    bool vectors_;
 };
 
 class CudaDevice final : public ComputeDevice {
@@ -63,7 +74,7 @@ public:
         // codes, ids and the per-vector term 1; centroids, norms, codebooks;
         // a list's capacity grows by half when full, so allow a quarter more;
         // per list, its pointers and length (and allocation rounding).
-        size_t lists = n * (s.m + sizeof(int64_t) + sizeof(float));
+        size_t lists = n * (s.m + sizeof(int64_t) + sizeof(float) + (s.vectors ? s.d * sizeof(float) : 0));
         return lists + lists / 4 + s.lists * (s.d + 1) * sizeof(float) +
                kPqCentroids * s.d * sizeof(float) + s.lists * 64;
     }

@@ -23,7 +23,7 @@ constexpr uint32_t kMagic = 0x47495650;  // "GIVP"
 // Raised with every change of Request or Reply. The program is installed
 // apart from the extension's library: after an upgrade, a server still
 // running the old library may start the new program (or the reverse).
-constexpr uint64_t kVersion = 4;
+constexpr uint64_t kVersion = 5;
 constexpr int kRegions = 6;
 constexpr size_t kAlign = 64;
 constexpr size_t kMaxStatusMirrors = 64;  // mirrors a Status reply lists
@@ -43,9 +43,14 @@ enum class Op : uint32_t {
     SetBudget = 1,  // budget
     EnforceBudget,  //
     Status,         // r0 out: MirrorInfo[kMaxStatusMirrors]; value: count, bytes, budget, evictions
-    Load,           // key, d, lists, m, metric, n; r0 centroids, r1 codebooks, r2 list ids, r3 codes, r4 labels
-    Add,            // key, m, n; r2 list ids, r3 codes, r4 labels -> NotFound without the mirror
-    Search,         // key, d, n queries, k, nprobe; r0 queries, r1 labels out -> NotFound without the mirror
+    Load,           // key, d, lists, m, metric, n, vectors; r0 centroids, r1 codebooks, r2 list ids,
+                    // r3 codes, r4 labels, r5 vectors (n x d floats, when vectors)
+    Add,            // key, m, n, vectors (then d); r2 list ids, r3 codes, r4 labels, r5 vectors
+                    // -> NotFound without the mirror
+    Search,         // key, d, n queries, k, nprobe; r0 queries, r1 labels out, r2 exact distances
+                    // out (doubles) -> value[0] 1 when re-ranked (the mirror keeps vectors: r2
+                    // holds exact distances, rows in exact order), 0 for ADC order (r2 unused);
+                    // NotFound without the mirror
     Remove,         // key, n; r4 labels -> value[0] entries removed; NotFound without the mirror
     DropIndex,      // key.db, key.index -> value[0] mirrors dropped
     DropAll,        //
@@ -79,6 +84,7 @@ struct Request {
     uint64_t d = 0, lists = 0, m = 0, metric = 0, n = 0, nq = 0, k = 0, nprobe = 0;
     uint64_t iterations = 0, seed = 0, max_points_per_centroid = 0, pq_max_training = 0, threads = 0;
     uint64_t budget = 0;
+    uint64_t vectors = 0;  // Load: keep exact vectors; Add: region 5 holds them
     Region region[kRegions];
 };
 

@@ -99,6 +99,7 @@ MirrorSpec spec_of(const Request& q, const Exchange& x)
     s.metric = static_cast<Metric>(q.metric);
     s.centroids = x.at<float>(q.region[0], mul(q.d, q.lists));
     s.codebooks = x.at<float>(q.region[1], mul(kPqCentroids, q.d));
+    s.vectors = q.vectors != 0;
     return s;
 }
 
@@ -145,15 +146,23 @@ void handle(const Request& q, Reply& rep, ComputeDevice& dev, MirrorStore& store
     case Op::Load: {
         MirrorSpec s = spec_of(q, x);
         store.load(q.key, s, q.n, x.at<int32_t>(q.region[2], q.n), x.at<uint8_t>(q.region[3], mul(q.n, q.m)),
-                   x.at<int64_t>(q.region[4], q.n));
+                   x.at<int64_t>(q.region[4], q.n), s.vectors ? x.at<float>(q.region[5], mul(q.n, q.d)) : nullptr);
         return;
     }
     case Op::Add: {
         Mirror* mirror = find_mirror(q, store, false, rep);
         if (mirror == nullptr)
             return;
+        size_t d = 0, m = 0;
+        (void)store.shape(q.key, &d, &m);
+        if (q.vectors != 0 && q.d != d)
+            throw Error(ErrorKind::InvalidArgument, "GPU process: the request's vectors have dimension " +
+                                                        std::to_string(q.d) + ", the mirror " + std::to_string(d));
+        // A mirror made without vectors (they did not fit its budget) ignores them.
+        const float* vectors = q.vectors != 0 && mirror->has_vectors() ? x.at<float>(q.region[5], mul(q.n, d))
+                                                                       : nullptr;
         mirror->add(q.n, x.at<int32_t>(q.region[2], q.n), x.at<uint8_t>(q.region[3], mul(q.n, q.m)),
-                    x.at<int64_t>(q.region[4], q.n));
+                    x.at<int64_t>(q.region[4], q.n), vectors);
         return;
     }
     case Op::Search: {
@@ -164,10 +173,19 @@ void handle(const Request& q, Reply& rep, ComputeDevice& dev, MirrorStore& store
         int64_t* labels = x.at<int64_t>(q.region[1], mul(q.n, q.k));
         // Tiles keep the device's scratch space bounded for batch searches.
         const uint64_t tile = 4096;
-        std::vector<float> dist(mul(std::min(tile, q.n), q.k));
-        for (uint64_t i = 0; i < q.n; i += tile) {
-            uint64_t nq = std::min(tile, q.n - i);
-            mirror->search(queries + i * q.d, nq, q.k, q.nprobe, dist.data(), labels + i * q.k);
+        if (mirror->has_vectors()) {
+            double* exact = x.at<double>(q.region[2], mul(q.n, q.k));
+            for (uint64_t i = 0; i < q.n; i += tile) {
+                uint64_t nq = std::min(tile, q.n - i);
+                mirror->search_exact(queries + i * q.d, nq, q.k, q.nprobe, exact + i * q.k, labels + i * q.k);
+            }
+            rep.value[0] = 1;
+        } else {
+            std::vector<float> dist(mul(std::min(tile, q.n), q.k));
+            for (uint64_t i = 0; i < q.n; i += tile) {
+                uint64_t nq = std::min(tile, q.n - i);
+                mirror->search(queries + i * q.d, nq, q.k, q.nprobe, dist.data(), labels + i * q.k);
+            }
         }
         store.count_queries(q.key, q.n);
         return;

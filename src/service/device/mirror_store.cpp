@@ -54,12 +54,21 @@ void MirrorStore::enforce_budget()
     }
 }
 
-Mirror* MirrorStore::load(const MirrorKey& key, const MirrorSpec& spec, size_t n,
-                          const int32_t* list_ids, const uint8_t* codes, const int64_t* labels)
+Mirror* MirrorStore::load(const MirrorKey& key, const MirrorSpec& given, size_t n,
+                          const int32_t* list_ids, const uint8_t* codes, const int64_t* labels,
+                          const float* vectors)
 {
+    MirrorSpec spec = given;
     size_t need = device_.mirror_bytes(spec, n);
 
     drop_index(key.db, key.index);
+    if (spec.vectors && need > budget_) {
+        // The vectors take most of the room: without them the index still
+        // searches on the device, and its scans re-rank from the heap.
+        spec.vectors = false;
+        vectors = nullptr;
+        need = device_.mirror_bytes(spec, n);
+    }
     if (need > budget_)
         throw Error(ErrorKind::OutOfMemory,
                     "the index mirror needs " + std::to_string(need >> 20) +
@@ -70,7 +79,7 @@ Mirror* MirrorStore::load(const MirrorKey& key, const MirrorSpec& spec, size_t n
     for (;;) {
         try {
             std::unique_ptr<Mirror> mirror = device_.create_mirror(spec);
-            mirror->add(n, list_ids, codes, labels);
+            mirror->add(n, list_ids, codes, labels, spec.vectors ? vectors : nullptr);
             Entry& e = mirrors_[key];
             e.mirror = std::move(mirror);
             e.last_used = ++clock_;
@@ -119,6 +128,7 @@ std::vector<MirrorInfo> MirrorStore::list() const
         info.entries = kv.second.mirror->entries();
         info.bytes = kv.second.mirror->bytes();
         info.queries = kv.second.queries;
+        info.vectors = kv.second.mirror->has_vectors();
         out.push_back(info);
     }
     return out;

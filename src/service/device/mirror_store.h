@@ -33,6 +33,7 @@ struct MirrorInfo {
     MirrorKey key;
     size_t entries = 0, bytes = 0;
     uint64_t queries = 0;
+    bool vectors = false;  // holds the exact vectors (re-ranks on the device)
 };
 
 class MirrorStore {
@@ -53,10 +54,13 @@ public:
 
     // Creates the mirror of key from n entries, replacing any mirror of an
     // older version of the same index, evicting the least recently used
-    // others to stay within the budget. Throws Error(OutOfMemory) when it
-    // cannot fit even alone.
+    // others to stay within the budget. With spec.vectors, vectors holds n
+    // x d floats; when the mirror with vectors cannot fit the budget even
+    // alone, it is made without them (codes only: the backends re-rank from
+    // the heap; MirrorInfo::vectors says which). Throws Error(OutOfMemory)
+    // when even that cannot fit.
     Mirror* load(const MirrorKey& key, const MirrorSpec& spec, size_t n, const int32_t* list_ids,
-                 const uint8_t* codes, const int64_t* labels);
+                 const uint8_t* codes, const int64_t* labels, const float* vectors);
 
     // Forgets every mirror of (db, index), whatever its version.
     size_t drop_index(uint32_t db, uint32_t index);

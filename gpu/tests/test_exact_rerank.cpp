@@ -1,0 +1,434 @@
+// search_exact: the ADC candidates of search() re-ranked on the GPU by the
+// shared exact distance (src/engine/exact_distance.h). Checked against the
+// host's own evaluation of that header, bit for bit, for every metric and
+// code width; the order, the padding, NaN, ties, removal and the stored
+// vectors' bookkeeping.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <iomanip>
+#include <limits>
+#include <memory>
+#include <set>
+#include <unordered_map>
+
+#include "../../src/engine/exact_distance.h"
+#include "gpu_ivfpq/ivfpq_index.h"
+#include "gpu_test_util.h"
+
+using namespace gputest;
+using gpuivfpq::Error;
+using gpuivfpq::ErrorKind;
+using gpuivfpq::IvfPqModel;
+using gpuivfpq::Metric;
+using gpuivfpq::gpu::GpuIvfPqIndex;
+using gpuivfpq::gpu::GpuIvfPqOptions;
+using gpuivfpq::gpu::ScanAlgo;
+
+namespace {
+
+template <typename F>
+ErrorKind kind_of(F&& f)
+{
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.kind();
+    }
+    ADD_FAILURE() << "no gpuivfpq::Error thrown";
+    return ErrorKind::Internal;
+}
+
+uint64_t bits_of(double v)
+{
+    uint64_t b;
+    std::memcpy(&b, &v, sizeof b);
+    return b;
+}
+
+// A trained model, its CPU encoding of n clustered vectors (ids unlike
+// positions) and every stored vector by id, as the index was given it.
+struct ExactFixture {
+    size_t d, lists, m, n, nq;
+    Metric metric;
+    std::vector<float> x, q;
+    std::vector<int64_t> ids;
+    std::unique_ptr<IvfPqModel> model;
+    CpuIvf cpu;
+    std::unordered_map<int64_t, std::vector<float>> stored;
+
+    ExactFixture(size_t d_, size_t lists_, size_t m_, size_t n_, size_t nq_, Metric metric_, uint64_t s)
+        : d(d_), lists(lists_), m(m_), n(n_), nq(nq_), metric(metric_)
+    {
+        x = clustered(n, d, 40, 4.0f, s);
+        q = clustered(nq, d, 40, 4.0f, s + 1);
+        ids.resize(n);
+        for (size_t i = 0; i < n; ++i) {
+            ids[i] = int64_t(i) * 3 + 7;
+            stored[ids[i]].assign(x.begin() + i * d, x.begin() + (i + 1) * d);
+        }
+        model = std::make_unique<IvfPqModel>(d, lists, m, metric);
+        gpuivfpq::IvfPqTrainParams tp;
+        tp.iterations = 6;
+        tp.seed = s;
+        model->train(x.data(), n, tp);
+        cpu.build(*model, x.data(), n, ids.data());
+    }
+
+    std::unique_ptr<GpuIvfPqIndex> empty(GpuIvfPqOptions opt, bool store = true) const
+    {
+        opt.store_vectors = store;
+        return std::make_unique<GpuIvfPqIndex>(ctx(), d, lists, m, metric, model->centroids().data(),
+                                               model->pq().codebooks().data(), opt);
+    }
+
+    // Rows [i0, i1) of the fixture, with their vectors when the index keeps them.
+    void add_rows(GpuIvfPqIndex& idx, size_t i0, size_t i1, bool store = true) const
+    {
+        idx.add_encoded(i1 - i0, cpu.all_lists.data() + i0, cpu.all_codes.data() + i0 * m, ids.data() + i0,
+                        store ? x.data() + i0 * d : nullptr);
+    }
+
+    // Extra vectors (host), CPU-encoded, appended in the order given.
+    void add_extra(GpuIvfPqIndex& idx, const std::vector<float>& v, const std::vector<int64_t>& id)
+    {
+        const size_t k = id.size();
+        std::vector<int32_t> l(k);
+        std::vector<uint8_t> c(k * m);
+        model->encode(v.data(), k, l.data(), c.data());
+        idx.add_encoded(k, l.data(), c.data(), id.data(), v.data());
+        for (size_t i = 0; i < k; ++i)
+            stored[id[i]].assign(v.begin() + i * d, v.begin() + (i + 1) * d);
+    }
+};
+
+struct ExactResult {
+    std::vector<double> dist;
+    std::vector<int64_t> labels;
+    size_t padded_queries = 0;  // queries with fewer than k candidates
+};
+
+// search_exact against search and the host: per query the same candidate
+// ids as search(); each distance bit for bit the host's exact_distance of
+// (query as given, the vector stored under that id); exact_less order; the
+// missing candidates as (+inf, -1) at the end.
+ExactResult check_exact(const ExactFixture& f, const GpuIvfPqIndex& idx, const std::vector<float>& queries,
+                        size_t k, size_t nprobe, const std::string& what)
+{
+    SCOPED_TRACE(what);
+    const size_t nq = queries.size() / f.d;
+    std::vector<float> ad(nq * k);
+    std::vector<int64_t> al(nq * k);
+    idx.search(queries.data(), nq, k, nprobe, ad.data(), al.data());
+    ExactResult r;
+    r.dist.assign(nq * k, 0.0);
+    r.labels.assign(nq * k, 0);
+    idx.search_exact(queries.data(), nq, k, nprobe, r.dist.data(), r.labels.data());
+    int bad = 0;
+    for (size_t i = 0; i < nq && bad < 5; ++i) {
+        const double* ed = r.dist.data() + i * k;
+        const int64_t* el = r.labels.data() + i * k;
+        std::vector<int64_t> want, got;
+        for (size_t j = 0; j < k; ++j) {
+            if (al[i * k + j] >= 0)
+                want.push_back(al[i * k + j]);
+            if (el[j] >= 0)
+                got.push_back(el[j]);
+        }
+        std::sort(want.begin(), want.end());
+        std::sort(got.begin(), got.end());
+        if (want != got) {
+            ADD_FAILURE() << "query " << i << ": " << got.size() << " exact candidates, " << want.size()
+                          << " from search(), not the same ids";
+            ++bad;
+            continue;
+        }
+        const size_t cnt = got.size();
+        r.padded_queries += cnt < k;
+        const float* qv = queries.data() + i * f.d;
+        for (size_t j = 0; j < k && bad < 5; ++j) {
+            if (j >= cnt) {
+                if (!(std::isinf(ed[j]) && ed[j] > 0 && el[j] == -1)) {
+                    ADD_FAILURE() << "query " << i << " rank " << j << ": (" << ed[j] << ", " << el[j]
+                                  << ") where (+inf, -1) padding belongs";
+                    ++bad;
+                }
+                continue;
+            }
+            const auto it = f.stored.find(el[j]);
+            if (it == f.stored.end()) {
+                ADD_FAILURE() << "query " << i << " rank " << j << ": unknown id " << el[j];
+                ++bad;
+                continue;
+            }
+            const double host = gpuivfpq::exact_distance(f.metric, qv, it->second.data(), f.d);
+            if (std::isnan(host) ? !std::isnan(ed[j]) : bits_of(host) != bits_of(ed[j])) {
+                ADD_FAILURE() << std::setprecision(17) << "query " << i << " rank " << j << " id " << el[j]
+                              << ": gpu " << ed[j] << " host " << host;
+                ++bad;
+            }
+            if (j + 1 < cnt && !gpuivfpq::exact_less(ed[j], el[j], ed[j + 1], el[j + 1])) {
+                ADD_FAILURE() << std::setprecision(17) << "query " << i << " ranks " << j << ", " << j + 1
+                              << " out of exact_less order: (" << ed[j] << ", " << el[j] << ") then ("
+                              << ed[j + 1] << ", " << el[j + 1] << ")";
+                ++bad;
+            }
+        }
+    }
+    return r;
+}
+
+const Metric kMetrics[] = {Metric::L2, Metric::InnerProduct, Metric::Cosine};
+
+}  // namespace
+
+TEST(IvfPqExact, BitIdenticalToHostExactDistance)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(2101);
+    for (Metric metric : kMetrics)
+        for (size_t m : {8, 32, 128}) {
+            const size_t d = m == 128 ? 256 : 128;
+            const std::string what =
+                shape("exact", {{"d", double(d)}, {"m", double(m)}, {"metric", double(int(metric))}}, s + m);
+            SCOPED_TRACE(what);
+            ExactFixture f(d, 32, m, 3000, 40, metric, s + m);
+            auto idx = f.empty({});
+            f.add_rows(*idx, 0, f.n);
+            ASSERT_EQ(idx->ntotal(), f.n);
+            // One batch into empty lists: each list's buffer is exactly its size.
+            EXPECT_EQ(idx->memory_use().vectors, f.n * f.d * sizeof(float));
+            EXPECT_LE(idx->memory_use().total(), ctx().bytes_in_use());
+            for (size_t k : {size_t(1), size_t(10), size_t(100), size_t(300)})
+                for (size_t nprobe : {1, 8})
+                    check_exact(f, *idx, f.q, k, nprobe,
+                                what + " k=" + std::to_string(k) + " nprobe=" + std::to_string(nprobe));
+            // k above the largest list, one probe: every query is padded.
+            size_t kpad = 0;
+            for (size_t l = 0; l < f.lists; ++l)
+                kpad = std::max(kpad, idx->list_size(l) + 1);
+            ASSERT_LE(kpad, gpuivfpq::kMaxSelectK);
+            EXPECT_EQ(check_exact(f, *idx, f.q, kpad, 1, what + " padded").padded_queries, f.nq);
+            // The device entry point: the same results, left on the device.
+            const size_t k = 50, nprobe = 4;
+            const ExactResult host = check_exact(f, *idx, f.q, k, nprobe, what + " device");
+            DeviceBuffer dq = to_device(f.q), dd(ctx(), f.nq * k * sizeof(double)),
+                         dl(ctx(), f.nq * k * sizeof(int64_t));
+            idx->search_exact_device(dq.as<float>(), f.nq, k, nprobe, dd.as<double>(), dl.as<int64_t>());
+            const auto gd = to_host<double>(dd, f.nq * k);
+            const auto gl = to_host<int64_t>(dl, f.nq * k);
+            for (size_t e = 0; e < f.nq * k; ++e) {
+                ASSERT_EQ(bits_of(gd[e]), bits_of(host.dist[e])) << "entry " << e;
+                ASSERT_EQ(gl[e], host.labels[e]) << "entry " << e;
+            }
+        }
+}
+
+TEST(IvfPqExact, EveryScanLayoutAndFullK)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(2202);
+    ExactFixture f(128, 32, 16, 4000, 20, Metric::L2, s);
+    // The paper's per-list tables, fp16 tables and the two-pass scan give the
+    // candidates too; the largest k sorts kMaxSelectK entries (and pads: 4 of
+    // 32 lists hold far fewer).
+    for (int variant = 0; variant < 3; ++variant) {
+        GpuIvfPqOptions opt;
+        opt.scan = variant == 1 ? ScanAlgo::TwoPass : ScanAlgo::Auto;
+        opt.term1_per_vector = variant != 2;
+        opt.float16_tables = variant == 2;
+        auto idx = f.empty(opt);
+        f.add_rows(*idx, 0, f.n);
+        const std::string what = shape("layout", {{"variant", double(variant)}}, s);
+        for (size_t k : {size_t(7), size_t(1000)})
+            check_exact(f, *idx, f.q, k, 8, what + " k=" + std::to_string(k));
+        const ExactResult r = check_exact(f, *idx, f.q, gpuivfpq::kMaxSelectK, 4, what + " full k");
+        EXPECT_GT(r.padded_queries, 0u);
+    }
+}
+
+TEST(IvfPqExact, RemoveAndReAddKeepVectorsWithTheirIds)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(2303);
+    for (Metric metric : kMetrics) {
+        const std::string what = shape("remove", {{"metric", double(int(metric))}}, s);
+        SCOPED_TRACE(what);
+        ExactFixture f(128, 16, 32, 3000, 30, metric, s);
+        auto idx = f.empty({});
+        // Two batches: the second grows the lists, copying the vectors held.
+        f.add_rows(*idx, 0, f.n / 2);
+        f.add_rows(*idx, f.n / 2, f.n);
+        EXPECT_GE(idx->memory_use().vectors, f.n * f.d * sizeof(float));
+        check_exact(f, *idx, f.q, 50, 4, what + " two batches");
+        // Every third id: the lists are compacted; a vector left behind its
+        // id would give another vector's distance.
+        std::vector<int64_t> gone;
+        for (size_t i = 0; i < f.n; i += 3)
+            gone.push_back(f.ids[i]);
+        ASSERT_EQ(idx->remove_ids(gone.data(), gone.size()), gone.size());
+        const ExactResult r = check_exact(f, *idx, f.q, 50, 4, what + " after remove");
+        const std::set<int64_t> goneset(gone.begin(), gone.end());
+        for (int64_t l : r.labels)
+            EXPECT_FALSE(goneset.count(l)) << "removed id " << l << " returned";
+        // All of one list's entries plus more: lists emptied and refilled.
+        std::vector<int64_t> more(f.cpu.ids[0].begin(), f.cpu.ids[0].end());
+        for (size_t i = 1; i < f.n; i += 7)
+            more.push_back(f.ids[i]);
+        idx->remove_ids(more.data(), more.size());
+        EXPECT_EQ(idx->list_size(0), 0u);
+        check_exact(f, *idx, f.q, 100, 6, what + " after second remove");
+        // The removed rows back (appended after the survivors).
+        std::set<int64_t> all_gone(gone.begin(), gone.end());
+        all_gone.insert(more.begin(), more.end());
+        std::vector<int32_t> al;
+        std::vector<uint8_t> ac;
+        std::vector<int64_t> ai;
+        std::vector<float> av;
+        for (size_t i = 0; i < f.n; ++i)
+            if (all_gone.count(f.ids[i])) {
+                al.push_back(f.cpu.all_lists[i]);
+                ac.insert(ac.end(), f.cpu.all_codes.begin() + i * f.m, f.cpu.all_codes.begin() + (i + 1) * f.m);
+                ai.push_back(f.ids[i]);
+                av.insert(av.end(), f.x.begin() + i * f.d, f.x.begin() + (i + 1) * f.d);
+            }
+        idx->add_encoded(ai.size(), al.data(), ac.data(), ai.data(), av.data());
+        EXPECT_EQ(idx->ntotal(), f.n);
+        check_exact(f, *idx, f.q, 100, 6, what + " after re-adding");
+    }
+}
+
+TEST(IvfPqExact, TiesComeBackInIdOrder)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(2404);
+    for (Metric metric : kMetrics) {
+        const std::string what = shape("ties", {{"metric", double(int(metric))}}, s);
+        SCOPED_TRACE(what);
+        ExactFixture f(128, 16, 8, 2000, 10, metric, s);
+        auto idx = f.empty({});
+        f.add_rows(*idx, 0, f.n);
+        // Five copies of row r under ids out of order: same list, same code,
+        // so the same ADC distance, and the same exact distance as row r.
+        const size_t r = 11;
+        const std::vector<int64_t> dup_ids = {900001, 5, 900000, 17, 4};
+        std::vector<float> dups;
+        for (size_t c = 0; c < dup_ids.size(); ++c)
+            dups.insert(dups.end(), f.x.begin() + r * f.d, f.x.begin() + (r + 1) * f.d);
+        f.add_extra(*idx, dups, dup_ids);
+        std::vector<int64_t> group = dup_ids;
+        group.push_back(f.ids[r]);
+        std::sort(group.begin(), group.end());
+        // Query 0 is row r itself; all lists probed.
+        std::vector<float> queries = f.q;
+        std::copy(f.x.begin() + r * f.d, f.x.begin() + (r + 1) * f.d, queries.begin());
+        const size_t k = 200;
+        const ExactResult res = check_exact(f, *idx, queries, k, f.lists, what);
+        const int64_t* el = res.labels.data();
+        const auto first = std::find(el, el + k, group[0]);
+        ASSERT_NE(first, el + k) << "id " << group[0] << " of the tied group not among the candidates";
+        const size_t at = size_t(first - el);
+        ASSERT_LE(at + group.size(), k);
+        for (size_t g = 0; g < group.size(); ++g) {
+            EXPECT_EQ(el[at + g], group[g]) << "tied rank " << g;
+            EXPECT_EQ(bits_of(res.dist[at + g]), bits_of(res.dist[at])) << "tied rank " << g;
+        }
+    }
+}
+
+TEST(IvfPqExact, CosineZeroVectorIsNanBeforePadding)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(2505);
+    ExactFixture f(64, 8, 16, 500, 5, Metric::Cosine, s);
+    auto idx = f.empty({});
+    f.add_rows(*idx, 0, f.n);
+    const int64_t zero_id = 123456;
+    f.add_extra(*idx, std::vector<float>(f.d, 0.0f), {zero_id});
+    // Every list probed and k above the entries: all 501 come back, the zero
+    // vector's NaN after every number, then the padding.
+    const size_t k = 600, total = f.n + 1;
+    const ExactResult r = check_exact(f, *idx, f.q, k, f.lists, "cosine zero");
+    for (size_t i = 0; i < f.nq; ++i) {
+        const double* ed = r.dist.data() + i * k;
+        const int64_t* el = r.labels.data() + i * k;
+        EXPECT_TRUE(std::isfinite(ed[total - 2])) << "query " << i;
+        EXPECT_TRUE(std::isnan(ed[total - 1])) << "query " << i;
+        EXPECT_EQ(el[total - 1], zero_id) << "query " << i;
+        EXPECT_EQ(el[total], -1) << "query " << i;
+        EXPECT_EQ(ed[total], std::numeric_limits<double>::infinity()) << "query " << i;
+    }
+}
+
+TEST(IvfPqExact, GpuEncodedAddStoresVectorsAsGiven)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(2606);
+    for (Metric metric : {Metric::L2, Metric::Cosine}) {
+        const std::string what = shape("add", {{"metric", double(int(metric))}}, s);
+        SCOPED_TRACE(what);
+        ExactFixture f(128, 16, 16, 2000, 20, metric, s);
+        auto idx = f.empty({});
+        idx->add(f.n, f.x.data(), f.ids.data());  // Cosine: encoded from a normalised copy
+        EXPECT_EQ(idx->memory_use().vectors, f.n * f.d * sizeof(float));
+        check_exact(f, *idx, f.q, 30, 4, what);
+    }
+}
+
+TEST(IvfPqExact, ArgumentsAndUnsupported)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(2707);
+    ExactFixture f(32, 8, 8, 600, 3, Metric::L2, s);
+    std::vector<double> dd(f.nq * 10);
+    std::vector<int64_t> dl(f.nq * 10);
+    {
+        // Without store_vectors: no vectors kept, none accepted, no exact search.
+        auto idx = f.empty({}, false);
+        EXPECT_EQ(kind_of([&] {
+                      idx->add_encoded(f.n, f.cpu.all_lists.data(), f.cpu.all_codes.data(), f.ids.data(),
+                                       f.x.data());
+                  }),
+                  ErrorKind::InvalidArgument);
+        EXPECT_EQ(idx->ntotal(), 0u);
+        f.add_rows(*idx, 0, f.n, false);
+        EXPECT_EQ(idx->ntotal(), f.n);
+        EXPECT_EQ(idx->memory_use().vectors, 0u);
+        EXPECT_EQ(kind_of([&] { idx->search_exact(f.q.data(), f.nq, 10, 4, dd.data(), dl.data()); }),
+                  ErrorKind::Unsupported);
+        DeviceBuffer dq = to_device(f.q), od(ctx(), dd.size() * sizeof(double)),
+                     ol(ctx(), dl.size() * sizeof(int64_t));
+        EXPECT_EQ(kind_of([&] {
+                      idx->search_exact_device(dq.as<float>(), f.nq, 10, 4, od.as<double>(), ol.as<int64_t>());
+                  }),
+                  ErrorKind::Unsupported);
+    }
+    {
+        // With store_vectors: vectors required; a refused batch changes nothing.
+        auto idx = f.empty({});
+        EXPECT_EQ(kind_of([&] {
+                      idx->add_encoded(f.n, f.cpu.all_lists.data(), f.cpu.all_codes.data(), f.ids.data());
+                  }),
+                  ErrorKind::InvalidArgument);
+        EXPECT_EQ(idx->ntotal(), 0u);
+        EXPECT_EQ(idx->memory_use().vectors, 0u);
+        // Searching an empty index: all padding.
+        idx->search_exact(f.q.data(), f.nq, 10, 4, dd.data(), dl.data());
+        for (size_t e = 0; e < dd.size(); ++e) {
+            EXPECT_EQ(dd[e], std::numeric_limits<double>::infinity());
+            EXPECT_EQ(dl[e], -1);
+        }
+        f.add_rows(*idx, 0, f.n);
+        EXPECT_EQ(idx->memory_use().vectors, f.n * f.d * sizeof(float));
+        // k outside [1, kMaxSelectK] as search() refuses it.
+        std::vector<double> big_d(gpuivfpq::kMaxSelectK + 1);
+        std::vector<int64_t> big_l(gpuivfpq::kMaxSelectK + 1);
+        EXPECT_EQ(kind_of([&] {
+                      idx->search_exact(f.q.data(), 1, gpuivfpq::kMaxSelectK + 1, 4, big_d.data(), big_l.data());
+                  }),
+                  ErrorKind::InvalidArgument);
+        EXPECT_EQ(kind_of([&] { idx->search_exact(f.q.data(), 1, 0, 4, big_d.data(), big_l.data()); }),
+                  ErrorKind::InvalidArgument);
+        check_exact(f, *idx, f.q, 10, 4, "after refused calls");
+    }
+}
