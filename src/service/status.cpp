@@ -141,8 +141,8 @@ gpu_ivfpq_mirrors(PG_FUNCTION_ARGS)
 		/* Other databases' mirrors: for pg_read_all_stats (pg_monitor) only. */
 		if (mirrors[i].key.db != MyDatabaseId && !SeesAllDatabases())
 			continue;
-		Datum		values[7];
-		bool		nulls[7];
+		Datum		values[8];
+		bool		nulls[8];
 
 		memset(nulls, 0, sizeof(nulls));
 		values[0] = ObjectIdGetDatum(mirrors[i].key.db);
@@ -152,6 +152,8 @@ gpu_ivfpq_mirrors(PG_FUNCTION_ARGS)
 		values[4] = Int64GetDatum(mirrors[i].entries);
 		values[5] = Float8GetDatum((double) mirrors[i].bytes / (1024.0 * 1024.0));
 		values[6] = Int64GetDatum(mirrors[i].queries);
+		/* false: the vectors did not fit the budget; scans re-rank from the heap. */
+		values[7] = BoolGetDatum(mirrors[i].vectors);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	PG_RETURN_VOID();

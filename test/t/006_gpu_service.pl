@@ -185,9 +185,30 @@ is($node->safe_psql('postgres', q{SELECT string_agg(index, ',') FROM gpu_ivfpq_m
 	'items_cos', 'loading another mirror evicted the least recently used one');
 $node->safe_psql('postgres', q{CREATE TABLE big AS SELECT * FROM items UNION ALL SELECT id + 100000, v FROM items UNION ALL SELECT id + 200000, v FROM items;
 	CREATE INDEX big_idx ON big USING gpu_ivfpq (v) WITH (lists = 64, m = 8)});
-my $fallbacks = status('gpu_fallbacks');
+# Three times the rows: its vectors do not fit the budget, its codes do. The
+# mirror keeps the codes only and scans re-rank from the heap, visibly, with
+# the exact answers of a sequential scan at exact settings.
+my $big_q = q{SELECT id FROM big ORDER BY v <-> (SELECT v FROM queries WHERE q = 4) LIMIT 10};
 my ($rc, $o, $e) = $node->psql('postgres',
-	q{SELECT count(*) FROM (SELECT id FROM big ORDER BY v <-> (SELECT v FROM queries WHERE q = 4) LIMIT 10) s});
+	"SET client_min_messages = debug1; SET gpu_ivfpq.device = gpu; SELECT count(*) FROM ($big_q) s");
+is($o, '10', 'an index whose vectors do not fit the budget is served by the GPU');
+like($e, qr/GPU service: 1 of 1 rounds, 0 re-ranked on the GPU.*[1-9][0-9]* from the heap/,
+	'its scans re-rank from the heap (DEBUG)');
+is($node->safe_psql('postgres', q{SELECT vectors FROM gpu_ivfpq_mirrors WHERE index = 'big_idx'}),
+	'f', 'the status view shows its mirror without vectors');
+is( $node->safe_psql(
+		'postgres', qq{SET gpu_ivfpq.probes = 64; SET gpu_ivfpq.rerank = 2048;
+		SELECT array_agg(id) FROM ($big_q) s}),
+	$node->safe_psql('postgres', qq{SET enable_indexscan = off; SELECT array_agg(id) FROM ($big_q) s}),
+	'heap re-rank answers equal a sequential scan');
+# A budget below even its codes: the CPU serves it.
+$kb = $node->safe_psql('postgres',
+	q{SELECT floor(size_mb * 1024 / 2)::int FROM gpu_ivfpq_mirrors WHERE index = 'big_idx'});
+$node->safe_psql('postgres', "ALTER SYSTEM SET gpu_ivfpq.gpu_memory_budget = '${kb}kB'; SELECT pg_reload_conf();");
+ok($node->poll_query_until('postgres', q{SELECT count(*) = 0 FROM gpu_ivfpq_mirrors WHERE index = 'big_idx'}),
+	'a smaller budget evicts it');
+my $fallbacks = status('gpu_fallbacks');
+($rc, $o, $e) = $node->psql('postgres', "SELECT count(*) FROM ($big_q) s");
 is($o, '10', 'an index larger than the budget is still served (by the CPU)');
 like($e, qr/does not fit in GPU memory, using the CPU/, 'with a WARNING');
 cmp_ok(status('gpu_fallbacks'), '>', $fallbacks, 'counted as a fallback');

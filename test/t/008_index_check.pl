@@ -20,6 +20,7 @@ my $HEADER = 24;          # page header, PageGetContents = MAXALIGN(24)
 my $SPECIAL = 8184;       # pd_special: the 8-byte page opaque at the end
 my $PAGE_ID = 0xFF8A;
 my $M = 4;                # the index's m: an entry is a 6-byte TID + m bytes
+                          # (store_vectors = off: no vector copy before the TID)
 my $ESZ = 6 + $M;
 
 my $node = PostgreSQL::Test::Cluster->new('check');
@@ -36,7 +37,7 @@ $node->safe_psql(
 	INSERT INTO items
 	SELECT i, ARRAY(SELECT (random() * 2 - 1)::real FROM generate_series(1, 8) WHERE i > 0)
 	FROM generate_series(1, 3000) i;
-	CREATE INDEX items_idx ON items USING gpu_ivfpq (v) WITH (lists = 2, m = 4);
+	CREATE INDEX items_idx ON items USING gpu_ivfpq (v) WITH (lists = 2, m = 4, store_vectors = off);
 	CHECKPOINT;
 });
 is($node->safe_psql('postgres', q{SELECT gpu_ivfpq_check('items_idx', true)}),
