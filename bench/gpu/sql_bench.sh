@@ -42,8 +42,11 @@ if [ "$CPU_BUILD" = 1 ]; then
   psql -qc "DROP INDEX base_cpu_idx"
 fi
 build gpu base_idx
+say "index size: $(psql -qAtc "SELECT pg_size_pretty(pg_relation_size('base_idx'))") (table: $(psql -qAtc "SELECT pg_size_pretty(pg_relation_size('base'))"))"
+t0=$(date +%s.%N)
 psql -qAtc "SELECT 'prewarm: ' || gpu_ivfpq_prewarm('base_idx') || ' entries'" | tee -a "$RES"
-psql -qAtc "SELECT 'mirror: ' || round(size_mb::numeric, 1) || ' MiB' FROM gpu_ivfpq_mirrors" | tee -a "$RES"
+say "mirror load (pages -> GPU, gpu_ivfpq_prewarm): $(awk "BEGIN { printf \"%.2f\", $(date +%s.%N) - $t0 }") s"
+psql -qAtc "SELECT 'mirror: ' || round(size_mb::numeric, 1) || ' MiB, vectors ' || vectors FROM gpu_ivfpq_mirrors" | tee -a "$RES"
 
 cat >/tmp/knn.sql <<'Q'
 \set q random(1, 1000)
