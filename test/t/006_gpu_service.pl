@@ -196,11 +196,13 @@ like($e, qr/GPU service: 1 of 1 rounds, 0 re-ranked on the GPU.*[1-9][0-9]* from
 	'its scans re-rank from the heap (DEBUG)');
 is($node->safe_psql('postgres', q{SELECT vectors FROM gpu_ivfpq_mirrors WHERE index = 'big_idx'}),
 	'f', 'the status view shows its mirror without vectors');
-is( $node->safe_psql(
-		'postgres', qq{SET gpu_ivfpq.probes = 64; SET gpu_ivfpq.rerank = 2048;
-		SELECT array_agg(id) FROM ($big_q) s}),
-	$node->safe_psql('postgres', qq{SET enable_indexscan = off; SELECT array_agg(id) FROM ($big_q) s}),
-	'heap re-rank answers equal a sequential scan');
+# The same candidates re-ranked from the heap (GPU) and from the index's
+# vector copies (CPU engine): the same rows in the same order.
+my $both = q{SET gpu_ivfpq.probes = 16; SET gpu_ivfpq.rerank = 400;
+	SELECT array_agg(id) FROM (SELECT id FROM big ORDER BY v <-> (SELECT v FROM queries WHERE q = %d) LIMIT 30) s};
+is( $node->safe_psql('postgres', 'SET gpu_ivfpq.device = gpu; ' . join(';', map { sprintf($both, $_) } 1 .. 5)),
+	$node->safe_psql('postgres', 'SET gpu_ivfpq.device = cpu; ' . join(';', map { sprintf($both, $_) } 1 .. 5)),
+	'heap re-rank answers equal the CPU engine re-ranking from the vector copies');
 # A budget below even its codes: the CPU serves it.
 $kb = $node->safe_psql('postgres',
 	q{SELECT floor(size_mb * 1024 / 2)::int FROM gpu_ivfpq_mirrors WHERE index = 'big_idx'});
