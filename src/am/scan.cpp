@@ -358,11 +358,12 @@ NextBatch(IndexScanDesc scan)
 			want = (int) Min((int64) so->candidates + (vectors ? 0 : so->reranked),
 							 (int64) gpu_ivfpq_max_scan_tuples + so->candidates);
 			/*
-			 * The GPU's k-selection bound: a round that would pass it first
-			 * asks for the bound (partial, ChooseReturned); a round after
-			 * that one goes past it, to the CPU engine.
+			 * The GPU's k-selection bound: a continued round that would pass
+			 * it first asks for the bound (partial, ChooseReturned); a round
+			 * after that one goes past it, to the CPU engine. (A first round
+			 * asks for what gpu_ivfpq.rerank says, on the CPU above the bound.)
 			 */
-			if (GpuIvfpqServiceWanted() && vectors && want > GPU_IVFPQ_SERVICE_MAX_K &&
+			if (GpuIvfpqServiceWanted() && vectors && so->started && want > GPU_IVFPQ_SERVICE_MAX_K &&
 				so->round_want < GPU_IVFPQ_SERVICE_MAX_K)
 				want = GPU_IVFPQ_SERVICE_MAX_K;
 			/* No progress is possible (never expected: a guard against looping). */

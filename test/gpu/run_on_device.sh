@@ -28,4 +28,6 @@ GPU_IVFPQ_EXPECT_GPU=1 SKIP_DEPS=1 GPU_IVFPQ_CUDA_LIB="${GPU_IVFPQ_CUDA_LIB:-$PW
 rc=${PIPESTATUS[0]}
 work=$(ls -dt /tmp/gpu_ivfpq-tests.* | head -1)
 cp "$work"/logs/*.log "$OUT"/ 2>/dev/null
+# pg_regress's diffs, when a suite failed (named by the suite's folder).
+find "$work" -name regression.diffs -exec sh -c 'cp "$1" "$2/$(basename "$(dirname "$1")")-regression.diffs"' _ {} "$OUT" \; 2>/dev/null
 exit "$rc"
