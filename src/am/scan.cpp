@@ -163,16 +163,27 @@ CollectAll(IndexScanDesc scan, GpuIvfpqLabels *all)
 												NULL, all);
 }
 
+/* a sorts before b by distance alone (NaN after every number). */
+static bool
+DistanceBefore(double a, double b)
+{
+	if (isnan(a))
+		return false;
+	return isnan(b) || a < b;
+}
+
 /*
  * Chooses what a round returns from its candidates, sorted by exact
  * distance. A round that left entries of the probed lists unranked returns
  * only the nearer half: its tail is where the next, wider round finds rows
  * that ADC ranked low but that are nearer (a row returned from the tail
  * would make them late). Of those, with gpu_ivfpq.strict_order, only rows
- * that sort after the last row returned: a row found only by a wider round
- * that sorts before one already returned is skipped, since returning it now
- * would break the order. Without strict order such rows are returned late;
- * rows returned before are never returned again.
+ * at least as far as the last row returned: a row found only by a wider
+ * round that is nearer than one already returned is skipped, since
+ * returning it now would break the order. (At an equal distance any TID
+ * order is an order by distance: the GPU's k-selection breaks ties among
+ * equal codes in no fixed order.) Without strict order such rows are
+ * returned late; rows returned before are never returned again.
  */
 static void
 ChooseReturned(GpuIvfpqScanOpaque so, bool partial)
@@ -198,7 +209,8 @@ ChooseReturned(GpuIvfpqScanOpaque so, bool partial)
 
 		if (returned)
 			continue;
-		if (gpu_ivfpq_strict_order && so->returned_any && !GpuIvfpqHitLess(so->last, *h))
+		/* Equal distances may come in any TID order: SQL orders by distance only. */
+		if (gpu_ivfpq_strict_order && so->returned_any && DistanceBefore(h->dist, so->last.dist))
 		{
 			so->skipped_late++;
 			continue;

@@ -796,7 +796,10 @@ sub judge
 	diag("case SQL (seed $seed): $case->{sql}") unless $good;
 }
 
-# Mirror the trained indexes first, so the service serves the functions.
+# Mirror the trained indexes first, so the service serves the functions
+# (once its GPU process has opened the device: a CUDA context takes seconds).
+$node->poll_query_until('fuzz', q{SELECT state LIKE 'running (GPU%' FROM gpu_ivfpq_status})
+  or die 'the service did not start serving';
 $node->safe_psql('fuzz', "SELECT gpu_ivfpq_prewarm(i) FROM unnest('{t3_l2,t3_ip,t3_cos,t3_part,t3_expr}'::regclass[]) i");
 
 my @main = grep { !$_->{todo} } @cases;
