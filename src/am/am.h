@@ -66,8 +66,10 @@ typedef struct GpuIvfpqMetaPageData
 
 /* The list directory keeps each list's maximum quantization error (range search). */
 #define GPU_IVFPQ_FEATURE_QERROR	0x1
-/* List entries carry the row's exact vector (see GpuIvfpqEntryLayout). */
-#define GPU_IVFPQ_FEATURE_VECTORS	0x2
+/* List pages carry the rows' exact vectors (see GpuIvfpqEntryLayout). */
+#define GPU_IVFPQ_FEATURE_VECTORS	0x4
+/* A development layout with vectors inside the entries: refused (REINDEX). */
+#define GPU_IVFPQ_FEATURE_RETIRED	0x2
 typedef GpuIvfpqMetaPageData *GpuIvfpqMetaPage;
 
 #define GpuIvfpqPageGetMeta(page) ((GpuIvfpqMetaPage) PageGetContents(page))
@@ -85,45 +87,57 @@ typedef struct GpuIvfpqListDirEntry
 	((int) (GPU_IVFPQ_PAGE_CONTENT / sizeof(GpuIvfpqListDirEntry)))
 
 /*
- * List pages hold packed entries from PageGetContents; pd_lower marks the
- * end of the entries, so GenericXLog logs only the used part of a page. An
- * entry is a heap TID (6 bytes) and the m-byte PQ code; in indexes with
- * GPU_IVFPQ_FEATURE_VECTORS the entry starts with the row's exact vector
- * (dimensions float4, so 4-byte aligned: entries start MAXALIGNed and their
- * size is rounded up to 4), which lets the mirror and the CPU re-rank compute
- * exact distances without reading the heap.
+ * List pages hold packed entries from PageGetContents, a heap TID (6 bytes)
+ * followed by the m-byte PQ code; pd_lower marks their end, so GenericXLog
+ * logs only the used part of a page. In indexes with
+ * GPU_IVFPQ_FEATURE_VECTORS each entry also has the row's exact vector
+ * (dimensions float4), which lets the mirror and the CPU re-rank compute
+ * exact distances without reading the heap. The vectors live apart, in a
+ * region at the end of the page (entry i's at vec_offset + i * 4 dims from
+ * PageGetContents, 4-byte aligned; pd_upper marks the region's start): the
+ * list scan reads only the small entries, and only the candidates it keeps
+ * touch their vectors.
+ *
+ * Entries travel between a build or an insert and the page in a transfer
+ * form: vector (if any), then TID, then code, xsize bytes each.
  */
 #define GPU_IVFPQ_TID_BYTES		((int) sizeof(ItemPointerData))
 
 /* Where the parts of a list entry lie (GpuIvfpqLayoutOf gives an index's). */
 typedef struct GpuIvfpqEntryLayout
 {
-	int			size;			/* bytes per entry */
+	int			size;			/* bytes per entry in the entry region (TID + code) */
 	int			m;				/* code bytes (0 in an untrained index) */
-	int			vdim;			/* floats of the exact vector at offset 0 (0: none) */
-	int			tid;			/* offset of the TID */
-	int			code;			/* offset of the code */
+	int			vdim;			/* floats of the exact vector (0: none) */
+	int			capacity;		/* entries per page */
+	int			vec_offset;		/* the vector region, from PageGetContents */
+	int			xsize;			/* bytes per entry in the transfer form */
+	int			xtid;			/* offset of the TID in the transfer form */
+	int			xcode;			/* offset of the code in the transfer form */
 } GpuIvfpqEntryLayout;
 
 static inline GpuIvfpqEntryLayout
 GpuIvfpqLayout(int m, int vdim)
 {
 	GpuIvfpqEntryLayout el;
+	int			vbytes = (int) sizeof(float) * vdim;
 
 	el.m = m;
 	el.vdim = vdim;
-	el.tid = (int) sizeof(float) * vdim;
-	el.code = el.tid + GPU_IVFPQ_TID_BYTES;
-	el.size = el.code + m;
-	if (vdim > 0)
-		el.size = TYPEALIGN(sizeof(float), el.size);
+	el.size = GPU_IVFPQ_TID_BYTES + m;
+	el.capacity = (int) (GPU_IVFPQ_PAGE_CONTENT / (el.size + vbytes));
+	/* The vector region ends at the special space (whose offset is MAXALIGNed). */
+	el.vec_offset = (int) GPU_IVFPQ_PAGE_CONTENT - el.capacity * vbytes;
+	el.xtid = vbytes;
+	el.xcode = el.xtid + GPU_IVFPQ_TID_BYTES;
+	el.xsize = el.xcode + m;
 	return el;
 }
 
 static inline int
 GpuIvfpqEntriesPerPage(const GpuIvfpqEntryLayout *el)
 {
-	return (int) (GPU_IVFPQ_PAGE_CONTENT / el->size);
+	return el->capacity;
 }
 
 static inline int
@@ -150,7 +164,7 @@ GpuIvfpqLabelToTid(int64 label, ItemPointerData *tid)
 static inline void
 GpuIvfpqEntryTid(const char *entries, int i, const GpuIvfpqEntryLayout *el, ItemPointerData *tid)
 {
-	memcpy(tid, entries + (Size) i * el->size + el->tid, GPU_IVFPQ_TID_BYTES);
+	memcpy(tid, entries + (Size) i * el->size, GPU_IVFPQ_TID_BYTES);
 }
 
 /* The heap TID of entry i of a page's packed entries, as a label. */
@@ -167,14 +181,17 @@ GpuIvfpqEntryLabel(const char *entries, int i, const GpuIvfpqEntryLayout *el)
 static inline const uint8 *
 GpuIvfpqEntryCode(const char *entries, int i, const GpuIvfpqEntryLayout *el)
 {
-	return (const uint8 *) entries + (Size) i * el->size + el->code;
+	return (const uint8 *) entries + (Size) i * el->size + GPU_IVFPQ_TID_BYTES;
 }
 
-/* The exact vector of entry i (el->vdim floats, aligned), if the layout has one. */
+/*
+ * The exact vector of entry i (el->vdim floats, aligned), if the layout has
+ * one; entries is the page's PageGetContents.
+ */
 static inline const float *
 GpuIvfpqEntryVector(const char *entries, int i, const GpuIvfpqEntryLayout *el)
 {
-	return (const float *) (entries + (Size) i * el->size);
+	return (const float *) (entries + el->vec_offset + (Size) i * el->vdim * sizeof(float));
 }
 
 /*

@@ -213,7 +213,7 @@ static void
 FlushPending(BuildState *bs)
 {
 	GpuIvfpqEntryLayout el = GpuIvfpqLayout(bs->m, bs->vdim);
-	int			esz = el.size;
+	int			esz = el.xsize;
 	int		   *counts = (int *) palloc0(sizeof(int) * (bs->lists + 1));
 	int		   *order = (int *) palloc(sizeof(int) * Max(bs->pend_n, 1));
 	char	   *packed = (char *) palloc_extended((Size) Max(bs->pend_n, 1) * esz, MCXT_ALLOC_HUGE);
@@ -232,11 +232,10 @@ FlushPending(BuildState *bs)
 		int			e = order[i];
 		char	   *dst = packed + (Size) i * esz;
 
-		memset(dst, 0, esz);	/* no uninitialised padding reaches the WAL */
 		if (bs->vdim > 0)
 			memcpy(dst, bs->pend_vectors + (Size) e * bs->vdim, sizeof(float) * bs->vdim);
-		memcpy(dst + el.tid, &bs->pend_tids[e], GPU_IVFPQ_TID_BYTES);
-		memcpy(dst + el.code, bs->pend_codes + (Size) e * bs->m, bs->m);
+		memcpy(dst + el.xtid, &bs->pend_tids[e], GPU_IVFPQ_TID_BYTES);
+		memcpy(dst + el.xcode, bs->pend_codes + (Size) e * bs->m, bs->m);
 	}
 	for (int l = 0; l < bs->lists; l++)
 	{

@@ -367,6 +367,36 @@ CheckDuplicates(CheckState *cs)
 	}
 }
 
+/*
+ * heapallindexed, in an index with vector copies: the entry's copy holds,
+ * bit for bit, the row's indexed vector (a stale or damaged copy would make
+ * scans rank the row by another vector). The entry is looked up again on its
+ * page: VACUUM may have moved it within the page since the lists were read.
+ */
+static void
+CheckVectorCopy(CheckState *cs, const CheckedTid *entry, ItemPointer tid, ArrayType *arr)
+{
+	int			dim;
+	const float *v = GpuIvfpqStoredVector(arr, &dim);
+	Page		page = ReadCopy(cs, entry->blk);
+	const char *entries = (const char *) PageGetContents(page);
+	int			n = GpuIvfpqListPageEntries(cs->index, entry->blk, page, &cs->el, (int) entry->list);
+
+	for (int i = 0; i < n; i++)
+	{
+		if (GpuIvfpqEntryLabel(entries, i, &cs->el) != entry->label)
+			continue;
+		if (dim != cs->el.vdim ||
+			memcmp(GpuIvfpqEntryVector(entries, i, &cs->el), v, sizeof(float) * dim) != 0)
+			GpuIvfpqReportCorrupt(cs->index, entry->blk,
+								  "list %u entry %d keeps a vector that is not the one of row (%u,%u) of table \"%s\"",
+								  entry->list, i, ItemPointerGetBlockNumber(tid),
+								  (unsigned int) ItemPointerGetOffsetNumber(tid), RelationGetRelationName(cs->heap));
+		return;
+	}
+	/* Gone since the lists were read: a concurrent VACUUM; the row is checked no further. */
+}
+
 /* heapallindexed: the index holds the TID of each visible row with a non-NULL value. */
 static void
 HeapRowCallback(Relation index, ItemPointer tid, Datum *values, bool *isnull, bool tupleIsAlive,
@@ -375,19 +405,24 @@ HeapRowCallback(Relation index, ItemPointer tid, Datum *values, bool *isnull, bo
 	CheckState *cs = (CheckState *) state;
 	CheckedTid	key;
 
+	const CheckedTid *found;
+
 	if (isnull[0])
 		return;
 	key.label = GpuIvfpqTidToLabel(tid);
 	key.list = 0;
 	key.blk = 0;
-	if (!std::binary_search(cs->tids, cs->tids + cs->ntids, key,
-							[](const CheckedTid &a, const CheckedTid &b) { return a.label < b.label; }))
+	found = std::lower_bound(cs->tids, cs->tids + cs->ntids, key,
+							 [](const CheckedTid &a, const CheckedTid &b) { return a.label < b.label; });
+	if (found == cs->tids + cs->ntids || found->label != key.label)
 		ereport(ERROR,
 				(errcode(ERRCODE_INDEX_CORRUPTED),
 				 errmsg("index \"%s\" has no entry for row (%u,%u) of table \"%s\"",
 						RelationGetRelationName(cs->index), ItemPointerGetBlockNumber(tid),
 						(unsigned int) ItemPointerGetOffsetNumber(tid), RelationGetRelationName(cs->heap)),
 				 errhint("REINDEX the index to rebuild it from its table.")));
+	if (cs->el.vdim > 0)
+		CheckVectorCopy(cs, found, tid, DatumGetArrayTypeP(values[0]));
 }
 
 /*

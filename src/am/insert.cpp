@@ -42,14 +42,14 @@ gpuivfpqinsert(Relation index, Datum *values, bool *isnull, ItemPointer heap_tid
 				 errhint("Every indexed vector must have the same number of dimensions.")));
 
 	el = GpuIvfpqLayoutOf(&meta);
-	entry = (char *) palloc0(el.size);
+	entry = (char *) palloc0(el.xsize);
 	if (el.vdim > 0)
 		memcpy(entry, v, sizeof(float) * el.vdim);
-	memcpy(entry + el.tid, heap_tid, GPU_IVFPQ_TID_BYTES);
+	memcpy(entry + el.xtid, heap_tid, GPU_IVFPQ_TID_BYTES);
 	if (meta.trained)
 	{
 		gpuivfpq::IvfPqModel *model = GpuIvfpqGetModel(index, &meta);
-		uint8	   *code = (uint8 *) entry + el.code;
+		uint8	   *code = (uint8 *) entry + el.xcode;
 
 		GpuIvfpqGuard("encoding", [&] {
 			model->encode(v, 1, &list, code, &radius, 1);
@@ -60,7 +60,7 @@ gpuivfpqinsert(Relation index, Datum *values, bool *isnull, ItemPointer heap_tid
 	/* After the page: a mirror loaded from now on sees it in the pages or the log. */
 	if (meta.trained)
 		GpuIvfpqServiceLogAppend(index, &meta, list, GpuIvfpqTidToLabel(heap_tid),
-								 (const uint8 *) entry + el.code, el.vdim > 0 ? v : NULL);
+								 (const uint8 *) entry + el.xcode, el.vdim > 0 ? v : NULL);
 
 	MemoryContextSwitchTo(old);
 	MemoryContextDelete(ctx);

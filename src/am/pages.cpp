@@ -138,6 +138,12 @@ GpuIvfpqCheckMeta(Relation index, const GpuIvfpqMetaPageData *meta)
 				 errmsg("gpu_ivfpq index \"%s\" has format version %u, this build reads version %d",
 						RelationGetRelationName(index), meta->version, GPU_IVFPQ_VERSION),
 				 errhint("REINDEX the index.")));
+	if (meta->features & GPU_IVFPQ_FEATURE_RETIRED)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("gpu_ivfpq index \"%s\" was built by a development version whose list pages this build does not read",
+						RelationGetRelationName(index)),
+				 errhint("REINDEX the index.")));
 	/* A bool holding neither 0 nor 1 must not be read as a bool. */
 	memcpy(&trained, &meta->trained, 1);
 	if (trained > 1)
@@ -375,23 +381,37 @@ UpdateListDirEntry(Relation index, const GpuIvfpqMetaPageData *meta, int list, F
 	UnlockReleaseBuffer(buf);
 }
 
-/* Copies up to count entries into the free tail of page; returns how many. */
+/*
+ * Copies up to count entries (in the transfer form) after the entries of
+ * page, their vectors into its vector region; returns how many.
+ */
 static int
 FillListPage(Page page, const GpuIvfpqEntryLayout *el, const char *entries, int count)
 {
-	int			esz = el->size;
 	int			have = GpuIvfpqPageEntryCount(page, el);
 	int			n = Min(count, GpuIvfpqEntriesPerPage(el) - have);
+	char	   *contents = (char *) PageGetContents(page);
+	Size		vbytes = sizeof(float) * el->vdim;
 
 	if (n <= 0)
 		return 0;
-	memcpy((char *) PageGetContents(page) + (Size) have * esz, entries, (Size) n * esz);
-	((PageHeader) page)->pd_lower += n * esz;
+	for (int i = 0; i < n; i++)
+	{
+		const char *x = entries + (Size) i * el->xsize;
+
+		memcpy(contents + (Size) (have + i) * el->size, x + el->xtid, el->size);
+		if (vbytes > 0)
+			memcpy(contents + el->vec_offset + (Size) (have + i) * vbytes, x, vbytes);
+	}
+	((PageHeader) page)->pd_lower += n * el->size;
+	/* The vector region is page content: GenericXLog logs from pd_upper on. */
+	if (vbytes > 0)
+		((PageHeader) page)->pd_upper = (LocationIndex) (MAXALIGN(SizeOfPageHeaderData) + el->vec_offset);
 	return n;
 }
 
 /*
- * Appends count packed entries (as GpuIvfpqLayoutOf(meta)) to inverted list `list`, filling
+ * Appends count entries in the transfer form of GpuIvfpqLayoutOf(meta) to inverted list `list`, filling
  * free space from the list's insert hint onward (space VACUUM freed is
  * reused) and extending the chain at its tail. Also raises the list's
  * covering radius to at least radius and its quantization error to at
@@ -402,7 +422,7 @@ GpuIvfpqAppendEntries(Relation index, const GpuIvfpqMetaPageData *meta, int list
 					  const char *entries, int count, float radius, float qerror)
 {
 	GpuIvfpqEntryLayout el = GpuIvfpqLayoutOf(meta);
-	int			esz = el.size;
+	int			esz = el.xsize;
 	GpuIvfpqListDirEntry entry;
 	Buffer		dirbuf;
 	BlockNumber blk;
@@ -549,7 +569,7 @@ GpuIvfpqVectorsFit(int dim, int m)
 {
 	GpuIvfpqEntryLayout el = GpuIvfpqLayout(m, dim);
 
-	return GpuIvfpqEntriesPerPage(&el) >= 1;
+	return el.capacity >= 1;
 }
 
 /* The metric of an index, from its operator class's support function 2. */

@@ -81,13 +81,20 @@ WalkLists(IndexVacuumInfo *info, IndexBulkDeleteResult *stats,
 				Page		wpage = GenericXLogRegisterBuffer(state, buf, 0);
 				char	   *wbase = (char *) PageGetContents(wpage);
 
-				/* Compact in place, keeping the order of the survivors. */
+				/* Compact in place (entries and vectors), keeping the order of the survivors. */
 				for (int i = 0; i < n; i++)
 				{
 					if (dead[i])
 						continue;
 					if (kept != i)
+					{
+						Size		vbytes = sizeof(float) * el.vdim;
+
 						memmove(wbase + (Size) kept * esz, wbase + (Size) i * esz, esz);
+						if (vbytes > 0)
+							memmove(wbase + el.vec_offset + kept * vbytes,
+									wbase + el.vec_offset + i * vbytes, vbytes);
+					}
 					kept++;
 				}
 				removed = n - kept;

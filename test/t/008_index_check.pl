@@ -20,7 +20,7 @@ my $HEADER = 24;          # page header, PageGetContents = MAXALIGN(24)
 my $SPECIAL = 8184;       # pd_special: the 8-byte page opaque at the end
 my $PAGE_ID = 0xFF8A;
 my $M = 4;                # the index's m: an entry is a 6-byte TID + m bytes
-                          # (store_vectors = off: no vector copy before the TID)
+                          # (store_vectors = off: pages hold only these entries)
 my $ESZ = 6 + $M;
 
 my $node = PostgreSQL::Test::Cluster->new('check');
@@ -246,6 +246,37 @@ write_file_bytes($file, $original);
 $node->start;
 is($node->safe_psql('postgres', q{SELECT gpu_ivfpq_check('items_idx', true)}),
 	'', 'the restored index passes');
+
+# An index with vector copies (store_vectors, the default): with
+# heapallindexed the checker compares each entry's copy with the row's
+# vector, bit for bit. Entry 0 of a list page keeps its vector at the start
+# of the page's vector region (PageGetContents + capacity * (6 + m) rounded
+# as am.h's GpuIvfpqLayout does: content - capacity * 4 * dims).
+$node->safe_psql('postgres', q{CREATE INDEX vec_idx ON items USING gpu_ivfpq (v) WITH (lists = 2, m = 4); CHECKPOINT;});
+is($node->safe_psql('postgres', q{SELECT gpu_ivfpq_check('vec_idx', true)}), '', 'the index with vector copies passes');
+my $vfile = $pgdata . '/' . $node->safe_psql('postgres', q{SELECT pg_relation_filepath('vec_idx')});
+$node->stop;
+my $voriginal = read_file_bytes($vfile);
+my $vmeta = substr($voriginal, 0, $BLCKSZ);
+my $vdir = u32($vmeta, $HEADER + 36);
+my $vhead = u32(substr($voriginal, $vdir * $BLCKSZ, $BLCKSZ), $HEADER);
+my $content = $SPECIAL - $HEADER;
+my $capacity = int($content / (6 + $M + 4 * 8));
+my $vec0 = $HEADER + $content - $capacity * 4 * 8;
+my $vcopy = $voriginal;
+substr($vcopy, $vhead * $BLCKSZ + $vec0, 4) = pack('f<', 12345.5);
+write_file_bytes($vfile, $vcopy);
+$node->start;
+my ($vret, $vout, $verr) = $node->psql('postgres', q{SELECT gpu_ivfpq_check('vec_idx', true)});
+isnt($vret, 0, 'a damaged vector copy: the checker fails');
+like($verr, qr/index "vec_idx" block $vhead: list \d+ entry 0 keeps a vector that is not the one of row \(\d+,\d+\)/,
+	'a damaged vector copy: the checker says which entry');
+is($node->safe_psql('postgres', q{SELECT gpu_ivfpq_check('vec_idx', false)}), '',
+	'without heapallindexed the pages alone look sound');
+$node->stop;
+write_file_bytes($vfile, $voriginal);
+$node->start;
+$node->safe_psql('postgres', q{DROP INDEX vec_idx});
 
 # No false alarms under load: pgbench clients insert, update, delete and
 # VACUUM (which frees TIDs that inserts then reuse) while others run the
