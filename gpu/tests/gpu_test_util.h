@@ -27,6 +27,19 @@
 
 namespace gputest {
 
+// The kind of the gpuivfpq::Error that f throws (a test failure if none).
+template <typename F>
+gpuivfpq::ErrorKind kind_of(F&& f)
+{
+    try {
+        f();
+    } catch (const gpuivfpq::Error& e) {
+        return e.kind();
+    }
+    ADD_FAILURE() << "no gpuivfpq::Error thrown";
+    return gpuivfpq::ErrorKind::Internal;
+}
+
 using gpuivfpq::gpu::DeviceBuffer;
 using gpuivfpq::gpu::GpuContext;
 

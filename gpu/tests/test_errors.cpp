@@ -12,17 +12,7 @@ using gpuivfpq::Metric;
 
 namespace {
 
-template <typename F>
-ErrorKind kind_of(F&& f)
-{
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.kind();
-    }
-    ADD_FAILURE() << "no gpuivfpq::Error thrown";
-    return ErrorKind::Internal;
-}
+using gputest::kind_of;
 
 }  // namespace
 

@@ -27,17 +27,7 @@ using gpuivfpq::gpu::ScanAlgo;
 
 namespace {
 
-template <typename F>
-ErrorKind kind_of(F&& f)
-{
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.kind();
-    }
-    ADD_FAILURE() << "no gpuivfpq::Error thrown";
-    return ErrorKind::Internal;
-}
+using gputest::kind_of;
 
 uint64_t bits_of(double v)
 {

@@ -63,6 +63,27 @@ struct EncodedSet {
         return (label - 1) / 7;
     }
     const float* vector_of(int64_t label) const { return x.data() + size_t(row_of(label)) * d; }
+
+    // na new vectors (seeded), encoded with the set's model, under labels
+    // first, first + 1, ...: rows to add to a mirror after its load.
+    struct NewRows {
+        std::vector<float> x;
+        std::vector<int32_t> list_ids;
+        std::vector<uint8_t> codes;
+        std::vector<int64_t> labels;
+    };
+    NewRows new_rows(size_t na, uint64_t seed, int64_t first) const
+    {
+        NewRows r;
+        r.x = gaussian_vectors(na, d, seed);
+        r.list_ids.resize(na);
+        r.codes.resize(na * m);
+        r.labels.resize(na);
+        model.encode(r.x.data(), na, r.list_ids.data(), r.codes.data());
+        for (size_t i = 0; i < na; i++)
+            r.labels[i] = first + int64_t(i);
+        return r;
+    }
 };
 
 // The kind of the gpuivfpq::Error fn throws (a test failure if none).

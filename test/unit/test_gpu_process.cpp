@@ -377,12 +377,11 @@ TEST(GpuProcess, AddSearchAndDropByKey)
 
     // New vectors added under labels of their own must be found.
     const size_t na = 300;
-    std::vector<float> y = testutil::gaussian_vectors(na, f.d, 21);
-    std::vector<int32_t> ylist(na);
-    std::vector<uint8_t> ycodes(na * f.m);
-    std::vector<int64_t> ylabels(na);
-    f.model.encode(y.data(), na, ylist.data(), ycodes.data());
-    std::iota(ylabels.begin(), ylabels.end(), int64_t(1000000));
+    auto rows = f.new_rows(na, 21, 1000000);
+    std::vector<float>& y = rows.x;
+    std::vector<int32_t>& ylist = rows.list_ids;
+    std::vector<uint8_t>& ycodes = rows.codes;
+    std::vector<int64_t>& ylabels = rows.labels;
     EXPECT_TRUE(gp->add(a, f.m, na, ylist.data(), ycodes.data(), ylabels.data(), nullptr, 0));
 
     auto dev = make_cpu_emulation_device();
@@ -535,12 +534,11 @@ TEST(GpuProcess, AddWithVectorsFindsNewRowsExactly)
              f.x.data());
 
     const size_t na = 300;
-    std::vector<float> y = testutil::gaussian_vectors(na, f.d, 21);
-    std::vector<int32_t> ylist(na);
-    std::vector<uint8_t> ycodes(na * f.m);
-    std::vector<int64_t> ylabels(na);
-    f.model.encode(y.data(), na, ylist.data(), ycodes.data());
-    std::iota(ylabels.begin(), ylabels.end(), int64_t(1000000));
+    auto rows = f.new_rows(na, 21, 1000000);
+    std::vector<float>& y = rows.x;
+    std::vector<int32_t>& ylist = rows.list_ids;
+    std::vector<uint8_t>& ycodes = rows.codes;
+    std::vector<int64_t>& ylabels = rows.labels;
     EXPECT_TRUE(gp->add(key, f.m, na, ylist.data(), ycodes.data(), ylabels.data(), y.data(), f.d));
     EXPECT_EQ(gp->status().mirrors.at(0).entries, f.n + na);
 
