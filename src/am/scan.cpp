@@ -56,6 +56,8 @@ typedef struct GpuIvfpqScanOpaqueData
 
 	/* heap access for re-ranking */
 	bool		heap_open;		/* hf is set up */
+	bool		heap_round;		/* the current round re-ranked from the heap */
+	int64		heap_reranked;	/* rows re-ranked from the heap (DEBUG report) */
 	GpuIvfpqHeapFetch hf;
 } GpuIvfpqScanOpaqueData;
 typedef GpuIvfpqScanOpaqueData *GpuIvfpqScanOpaque;
@@ -197,15 +199,18 @@ ChooseReturned(GpuIvfpqScanOpaque so, bool partial)
 	{
 		n = (n + 1) / 2;
 		/* A heap re-rank must fetch the tail again next round: it is not seen yet. */
-		if (so->heap_open)
+		if (so->heap_round)
 			for (int i = n; i < so->nresults; i++)
 				(void) hash_search(so->seen, &so->results[i].tid, HASH_REMOVE, NULL);
 	}
 	for (int i = 0; i < n; i++)
 	{
 		GpuIvfpqHit *h = &so->results[i];
-		/* Heap re-ranks never return a seen row; re-ranked rounds see returned ones again. */
-		bool		returned = !so->heap_open && hash_search(so->seen, &h->tid, HASH_FIND, NULL);
+		/*
+		 * Heap re-ranks skip seen rows themselves; re-ranked rounds bring
+		 * back the rows returned before (seen holds every returned row).
+		 */
+		bool		returned = !so->heap_round && hash_search(so->seen, &h->tid, HASH_FIND, NULL);
 
 		if (returned)
 			continue;
@@ -242,6 +247,7 @@ HeapRerank(IndexScanDesc scan, int64 *labels, int n)
 	so->nresults = (int) GpuIvfpqRerank(&so->hf, &spec, labels, n, so->results, &fetched);
 	so->next = 0;
 	so->reranked += fetched;
+	so->heap_reranked += fetched;
 }
 
 /*
@@ -419,6 +425,7 @@ NextBatch(IndexScanDesc scan)
 		}
 		so->started = true;
 		MemoryContextSwitchTo(old);
+		so->heap_round = !is_exact;
 		if (is_exact)
 			TakeExact(scan, labels, exact, nlabels);
 		else
@@ -456,9 +463,8 @@ gpuivfpqgettuple(IndexScanDesc scan, ScanDirection dir)
 	r = &so->results[so->next++];
 	so->last = *r;
 	so->returned_any = true;
-	/* Heap re-ranks keep their own set; re-ranked rounds return candidates again. */
-	if (!so->heap_open)
-		(void) hash_search(so->seen, &r->tid, HASH_ENTER, NULL);
+	/* Every returned row, whichever way its round re-ranked (a heap round entered it already). */
+	(void) hash_search(so->seen, &r->tid, HASH_ENTER, NULL);
 	scan->xs_heaptid = r->tid;
 	scan->xs_recheck = false;
 	scan->xs_recheckorderby = false;
@@ -482,7 +488,7 @@ gpuivfpqendscan(IndexScanDesc scan)
 			 so->gpu_rounds + so->cpu_rounds, so->gpu_exact_rounds,
 			 (double) so->gpu_batch_sum / so->gpu_rounds, so->probes,
 			 INSTR_TIME_GET_MILLISEC(so->adc_time), (long long) so->reranked,
-			 (long long) (so->heap_open ? so->reranked : 0), INSTR_TIME_GET_MILLISEC(so->rerank_time),
+			 (long long) so->heap_reranked, INSTR_TIME_GET_MILLISEC(so->rerank_time),
 			 (long long) so->skipped_late);
 	else if (so->started)
 		elog(DEBUG1, "gpu_ivfpq scan of \"%s\" (CPU engine): %d lists probed, %lld codes ranked in %.3f ms, %lld candidates re-ranked (%s), %.3f ms in the heap, %lld found late and skipped",

@@ -181,6 +181,24 @@ SELECT bool_and(in_order('SELECT id FROM s ORDER BY v <-> %L', qv)) AS relaxed_i
 RESET gpu_ivfpq.strict_order;
 -- Strict order gives up only rows found late: nearly every row still comes.
 SELECT cardinality(knn(format('SELECT id FROM s ORDER BY v <-> %L', :'q1'), true)) BETWEEN 450 AND 500 AS most_rows;
+-- A rescan after a round that re-ranked from the heap (the NULL query of
+-- the first outer row) returns no row twice.
+SET enable_seqscan = off;
+SET gpu_ivfpq.rerank = 20;
+SELECT bool_and(n = n_distinct) AS no_row_twice, min(n) > 0 AS rows_found
+FROM (SELECT x.qid, count(*) AS n, count(DISTINCT r.id) AS n_distinct
+	  FROM (SELECT 0 AS qid, NULL::real[] AS qv UNION ALL SELECT qid, qv FROM q) x
+	  CROSS JOIN LATERAL (SELECT id FROM s ORDER BY v <-> x.qv LIMIT 300) r
+	  GROUP BY x.qid) c;
+SET gpu_ivfpq.strict_order = off;
+SELECT bool_and(n = n_distinct) AS no_row_twice_relaxed
+FROM (SELECT x.qid, count(*) AS n, count(DISTINCT r.id) AS n_distinct
+	  FROM (SELECT 0 AS qid, NULL::real[] AS qv UNION ALL SELECT qid, qv FROM q) x
+	  CROSS JOIN LATERAL (SELECT id FROM s ORDER BY v <-> x.qv LIMIT 300) r
+	  GROUP BY x.qid) c;
+RESET gpu_ivfpq.strict_order;
+SET gpu_ivfpq.rerank = 10;
+RESET enable_seqscan;
 -- Without strict order: all 50 when no LIMIT, every row when there is no
 -- filter, a single far row is found; a filter nothing passes ends after
 -- every entry.
