@@ -249,7 +249,9 @@ GpuIvfpqListPageEntries(Relation index, BlockNumber blk, Page page, const GpuIvf
 	int			esz = el->size;
 
 	if (unlikely(!GpuIvfpqPageIsKind(page, GPU_IVFPQ_PAGE_LIST) || used < 0 || used % esz != 0 ||
-				 used / esz > GpuIvfpqEntriesPerPage(el)))
+				 used / esz > GpuIvfpqEntriesPerPage(el) ||
+				 (el->vdim > 0 && used > 0 &&
+				  ((PageHeader) page)->pd_upper != MAXALIGN(SizeOfPageHeaderData) + el->vec_offset)))
 		GpuIvfpqReportBadPage(index, blk, page, GPU_IVFPQ_PAGE_LIST, el, list);
 	return used / esz;
 }

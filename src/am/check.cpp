@@ -51,6 +51,7 @@ typedef struct CheckState
 	int64		tids_cap;
 
 	PGAlignedBlock page;		/* the copy of the page being checked */
+	MemoryContext rowctx;		/* heapallindexed: reset per table row */
 } CheckState;
 
 /* What owner value who is called in messages. */
@@ -422,7 +423,14 @@ HeapRowCallback(Relation index, ItemPointer tid, Datum *values, bool *isnull, bo
 						(unsigned int) ItemPointerGetOffsetNumber(tid), RelationGetRelationName(cs->heap)),
 				 errhint("REINDEX the index to rebuild it from its table.")));
 	if (cs->el.vdim > 0)
+	{
+		/* The detoasted copy of each row's vector goes with the row. */
+		MemoryContext old = MemoryContextSwitchTo(cs->rowctx);
+
 		CheckVectorCopy(cs, found, tid, DatumGetArrayTypeP(values[0]));
+		MemoryContextSwitchTo(old);
+		MemoryContextReset(cs->rowctx);
+	}
 }
 
 /*
@@ -439,6 +447,7 @@ CheckHeapAllIndexed(CheckState *cs, Snapshot snapshot)
 
 	/* Our own MVCC snapshot: the scan must not compute an xmin horizon of its own. */
 	indexInfo->ii_Concurrent = true;
+	cs->rowctx = AllocSetContextCreate(CurrentMemoryContext, "gpu_ivfpq check row", ALLOCSET_SMALL_SIZES);
 	scan = table_beginscan_strat(cs->heap, snapshot, 0, NULL, true, true);
 	table_index_build_scan(cs->heap, cs->index, indexInfo, true, false, HeapRowCallback, cs, scan);
 }

@@ -21,7 +21,32 @@ typedef struct TakenVector
 {
 	int64		label;
 	int64		slot;			/* in the copies, vdim floats each */
+	float		adc;			/* its ADC distance */
 } TakenVector;
+
+/*
+ * Drops the copies of candidates the k-selection has pushed out since (ADC
+ * distance above its threshold now: they cannot come back), so that the
+ * copies stay near k however the lists are ordered. Slots are renumbered in
+ * taking order.
+ */
+static int64
+CompactTaken(TakenVector *taken, float *copies, int64 ntaken, int vdim, float threshold)
+{
+	int64		kept = 0;
+
+	for (int64 i = 0; i < ntaken; i++)
+	{
+		if (taken[i].adc > threshold)
+			continue;
+		if (kept != i)
+			memmove(copies + kept * vdim, copies + i * vdim, sizeof(float) * vdim);
+		taken[kept] = taken[i];
+		taken[kept].slot = kept;
+		kept++;
+	}
+	return kept;
+}
 
 /*
  * The CPU engine's candidates: ranks every entry of the first probes lists
@@ -74,6 +99,8 @@ GpuIvfpqRankLists(Relation index, const GpuIvfpqMetaPageData *meta, const GpuIvf
 				GpuIvfpqGuard("list scan", [&] { topk->push(dists[i], label); });
 				if (exact == NULL)
 					continue;
+				if (ntaken == cap && cap > 0)
+					ntaken = CompactTaken(taken, copies, ntaken, vdim, topk->threshold());
 				if (ntaken == cap)
 				{
 					cap = Max(cap * 2, (int64) topk->k() * 4);
@@ -84,6 +111,7 @@ GpuIvfpqRankLists(Relation index, const GpuIvfpqMetaPageData *meta, const GpuIvf
 				}
 				taken[ntaken].label = label;
 				taken[ntaken].slot = ntaken;
+				taken[ntaken].adc = dists[i];
 				memcpy(copies + ntaken * vdim, GpuIvfpqEntryVector(ent, i, &el), sizeof(float) * vdim);
 				ntaken++;
 			}

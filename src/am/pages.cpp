@@ -92,6 +92,12 @@ GpuIvfpqReportBadPage(Relation index, BlockNumber blk, Page page, uint16 kind,
 	if (used % esz != 0)
 		GpuIvfpqReportCorrupt(index, blk, "%s page's pd_lower %u does not end a whole %d-byte entry",
 							  what, (unsigned int) header->pd_lower, esz);
+	/* The vector region's start: GenericXLog keeps only what lies outside pd_lower..pd_upper. */
+	if (el->vdim > 0 && used > 0 && used / esz <= el->capacity &&
+		header->pd_upper != MAXALIGN(SizeOfPageHeaderData) + el->vec_offset)
+		GpuIvfpqReportCorrupt(index, blk, "%s page's pd_upper %u is not where its vectors start (%d)",
+							  what, (unsigned int) header->pd_upper,
+							  (int) (MAXALIGN(SizeOfPageHeaderData) + el->vec_offset));
 	GpuIvfpqReportCorrupt(index, blk, "%s entry count %d exceeds the page capacity %d",
 						  what, used / esz, GpuIvfpqEntriesPerPage(el));
 }
@@ -179,6 +185,11 @@ GpuIvfpqCheckMeta(Relation index, const GpuIvfpqMetaPageData *meta)
 	if (meta->listdir_pages != dir_pages)
 		GpuIvfpqReportCorrupt(index, blk, "metapage counts %u list directory pages for %u lists, expected %u",
 							  meta->listdir_pages, meta->lists, dir_pages);
+	/* Vector copies exist only in trained indexes, and only where an entry fits a page. */
+	if ((meta->features & GPU_IVFPQ_FEATURE_VECTORS) &&
+		(!trained || !GpuIvfpqVectorsFit((int) meta->dimensions, meta->m)))
+		GpuIvfpqReportCorrupt(index, blk, "metapage says list entries keep vectors of %u dimensions, which %s",
+							  meta->dimensions, trained ? "do not fit an index page" : "an untrained index never does");
 }
 
 /* Copies the metapage out, checking that this is a gpu_ivfpq index we can read. */

@@ -28,12 +28,14 @@ LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
 	GpuIvfpqEntryLayout el = GpuIvfpqLayoutOf(meta);
 	int			m = meta->m;
 	int			vdim = el.vdim;
+	int64		budget;
+	double		rows = Max((double) index->rd_rel->reltuples, (double) meta->build_tuples);
 	int64		n = 0;
 	int64		cap = 1024;
 	int32	   *lists = (int32 *) palloc(sizeof(int32) * cap);
 	int64	   *labels = (int64 *) palloc(sizeof(int64) * cap);
 	uint8	   *codes = (uint8 *) palloc((Size) cap * m);
-	float	   *vectors = vdim > 0 ? (float *) palloc(sizeof(float) * vdim * cap) : NULL;
+	float	   *vectors;
 	uint64		log_start;
 	float	   *centroids;
 	float	   *codebooks;
@@ -48,12 +50,24 @@ LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
 	LWLockRelease(s->log_lock);
 
 	/*
+	 * Vectors that cannot fit the GPU memory budget are not even read: the
+	 * service would keep the codes only (MirrorStore::load), after this
+	 * backend, the segment and the GPU process had held them all.
+	 */
+	SpinLockAcquire(&s->mutex);
+	budget = s->memory_budget;
+	SpinLockRelease(&s->mutex);
+	if (vdim > 0 && budget > 0 && rows * vdim * sizeof(float) > (double) budget)
+		vdim = 0;
+
+	/*
 	 * The directory after log_start: a list that gets its first page later
 	 * than this read has that entry logged after log_start, so the service
 	 * applies it; read before, such a list would look empty and its entry,
 	 * logged earlier, would be missed.
 	 */
 	dir = GpuIvfpqReadListDir(index, meta);
+	vectors = vdim > 0 ? (float *) palloc(sizeof(float) * vdim * cap) : NULL;
 
 	for (uint32 list = 0; list < meta->lists; list++)
 		GpuIvfpqWalkList(index, dir[list].head, &el, [&](const char *ent, int cnt, BlockNumber) {

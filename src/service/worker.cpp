@@ -223,15 +223,18 @@ DropAfterFailure(const MirrorKey &key, const char *what, const std::string &err)
 
 /*
  * Copies the change log from position from to its head (*head), only the
- * entries of one index when only is set, with the vectors they carry:
- * each copied entry's vec_pos becomes the offset of its vector in
- * log_vectors. false when writers lapped the reader (an entry or a vector
- * was overwritten). entries must have room for the whole ring reserved:
- * nothing may throw while the lock is held. The copies hold until the next
- * call.
+ * entries of one index when only is set, with the vectors that wanted(entry)
+ * asks for: each such entry's vec_pos becomes the offset of its vector in
+ * log_vectors, or its vdim -1 when writers overwrote the vector before this
+ * read (its mirror cannot take the entry: the caller drops it). false when
+ * writers lapped the log itself. entries must have room for the whole ring
+ * reserved and wanted must not allocate: nothing may throw while the lock
+ * is held. The copies hold until the next call.
  */
+template <typename Wanted>
 static bool
-CopyLog(uint64 from, uint64 *head, const MirrorKey *only, std::vector<GpuIvfpqLogEntry> &entries)
+CopyLog(uint64 from, uint64 *head, const MirrorKey *only, std::vector<GpuIvfpqLogEntry> &entries,
+		Wanted &&wanted)
 {
 	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
 	Size		used = 0;
@@ -250,14 +253,19 @@ CopyLog(uint64 from, uint64 *head, const MirrorKey *only, std::vector<GpuIvfpqLo
 		entries.push_back(*e);
 		if (bytes == 0)
 			continue;
+		if (!wanted(*e))
+		{
+			entries.back().vdim = 0;	/* not applied: its vector is not needed */
+			continue;
+		}
 		/*
 		 * Intact vectors lie in the ring's last GPU_IVFPQ_VECTOR_RING_BYTES,
 		 * one region each: their copies fit log_vectors.
 		 */
 		if (s->vec_head - e->vec_pos > GPU_IVFPQ_VECTOR_RING_BYTES)
 		{
-			lapped = true;
-			break;
+			entries.back().vdim = -1;
+			continue;
 		}
 		memcpy(log_vectors + used, s->vec_ring + e->vec_pos % GPU_IVFPQ_VECTOR_RING_BYTES, bytes);
 		entries.back().vec_pos = used;
@@ -345,7 +353,12 @@ DrainLog(void)
 
 	/* Room for the whole ring first: nothing may throw while the lock is held. */
 	entries.reserve(GPU_IVFPQ_LOG_SIZE);
-	lapped = !CopyLog(log_cursor, &head, NULL, entries);
+	/* Vectors only for entries that a mirror takes (DrainLog applies no others). */
+	lapped = !CopyLog(log_cursor, &head, NULL, entries, [](const GpuIvfpqLogEntry &e) {
+		auto		from = mirror_from.find(ToKey(e.key));
+
+		return from != mirror_from.end() && e.seq >= from->second;
+	});
 
 	if (!GpuUp())
 	{
@@ -388,6 +401,18 @@ DrainLog(void)
 
 			if (from == mirror_from.end() || e.seq < from->second)
 				continue;		/* no mirror, or one loaded after this change */
+			if (e.vdim < 0)
+			{
+				std::string err;
+
+				/* Its vector was overwritten before this read: the mirror reloads from the pages. */
+				(void) Engine([&] { gpu->drop_index(key.db, key.index); }, err);
+				ereport(LOG,
+						(errmsg("gpu_ivfpq service: the vector ring overflowed, the mirror of index %u dropped",
+								key.index)));
+				removals = true;
+				continue;
+			}
 			auto		run = runs.find(key);
 
 			if (run != runs.end() && run->second.front()->kind != e.kind)
@@ -567,7 +592,7 @@ Load(GpuIvfpqSlot *slot, const char *base, std::string &err)
 	if (!Engine([&] { window.reserve(GPU_IVFPQ_LOG_SIZE); }, err, &oom))
 		changed = true;
 	else
-		changed = !CopyLog(slot->log_start, &head, &key, window);
+		changed = !CopyLog(slot->log_start, &head, &key, window, [](const GpuIvfpqLogEntry &) { return true; });
 
 	if (!changed && !Engine([&] {
 			std::unordered_set<int64_t> seen;
@@ -575,8 +600,11 @@ Load(GpuIvfpqSlot *slot, const char *base, std::string &err)
 
 			for (const auto &e : window)
 			{
-				/* The pages changed under the reader beyond appends: load again later. */
-				if (e.kind == LOG_INVALIDATE || e.kind == LOG_REMOVE)
+				/*
+				 * The pages changed under the reader beyond appends, or a
+				 * vector was overwritten before it was read: load again later.
+				 */
+				if (e.kind == LOG_INVALIDATE || e.kind == LOG_REMOVE || e.vdim < 0)
 				{
 					changed = true;
 					return;
