@@ -88,6 +88,7 @@ private:
         int64_t label;
         size_t seq;
         const float* vector;
+        float adc;
     };
 
     // The ADC search; with exact, also the re-rank of search_exact.
@@ -108,6 +109,7 @@ private:
             TopK topk(k);
             model_.prepare_query(queries + q * model_.d(), probes, prepared);
             std::vector<Taken> taken;
+            size_t seq = 0;
             for (size_t p = 0; p < prepared.lists.size(); p++) {
                 int32_t list = prepared.lists[p];
                 const auto& lab = labels_[list];
@@ -118,8 +120,17 @@ private:
                 for (size_t i = 0; i < lab.size(); i++)
                     if (d[i] < topk.threshold()) {
                         topk.push(d[i], lab[i]);
-                        if (exact != nullptr)
-                            taken.push_back({lab[i], taken.size(), &vectors_[list][i * model_.d()]});
+                        if (exact == nullptr)
+                            continue;
+                        // Candidates pushed out since cannot come back: keep the
+                        // list near k whatever the order of the lists.
+                        if (taken.size() >= 4 * k) {
+                            const float t = topk.threshold();
+                            taken.erase(std::remove_if(taken.begin(), taken.end(),
+                                                       [t](const Taken& x) { return x.adc > t; }),
+                                        taken.end());
+                        }
+                        taken.push_back({lab[i], seq++, &vectors_[list][i * model_.d()], d[i]});
                     }
             }
             std::vector<Neighbor> best = topk.take_sorted();
@@ -143,7 +154,7 @@ private:
         std::sort(taken.begin(), taken.end(), by_label);
         std::vector<std::pair<double, int64_t>> out;
         for (const Neighbor& nb : best) {
-            auto at = std::upper_bound(taken.begin(), taken.end(), Taken{nb.label, SIZE_MAX, nullptr},
+            auto at = std::upper_bound(taken.begin(), taken.end(), Taken{nb.label, SIZE_MAX, nullptr, 0.0f},
                                        by_label);
             require(at != taken.begin() && (at - 1)->label == nb.label, "mirror: lost a candidate's vector");
             out.emplace_back(exact_distance(metric_, query, (at - 1)->vector, model_.d()), nb.label);
