@@ -4,28 +4,7 @@ SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS gpu_ivfpq;
 RESET client_min_messages;
 
--- knn(query, use_index) runs query (which selects an "id" column) either
--- through a gpu_ivfpq index scan or through a sequential scan, checks from
--- EXPLAIN that the intended plan was used, and returns the ids in order.
-CREATE FUNCTION knn(query text, use_index bool) RETURNS int[] LANGUAGE plpgsql AS $$
-DECLARE
-	line text;
-	plan text := '';
-	result int[];
-BEGIN
-	PERFORM set_config('enable_seqscan', CASE WHEN use_index THEN 'off' ELSE 'on' END, true);
-	PERFORM set_config('enable_indexscan', CASE WHEN use_index THEN 'on' ELSE 'off' END, true);
-	PERFORM set_config('enable_bitmapscan', 'off', true);
-	FOR line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || query LOOP
-		plan := plan || line || E'\n';
-	END LOOP;
-	IF (plan LIKE '%Index Scan using%') <> use_index THEN
-		RAISE EXCEPTION 'unexpected plan for %: %', query, plan;
-	END IF;
-	EXECUTE 'SELECT coalesce(array_agg(id), ''{}'') FROM (' || query || ') knn_query' INTO result;
-	RETURN result;
-END $$;
-
+\i test/sql/knn_function.inc
 -- same_as_seqscan(query): the index scan returns what the sequential scan does.
 CREATE FUNCTION same_as_seqscan(query text) RETURNS bool LANGUAGE sql AS $$
 	SELECT knn(query, true) = knn(query, false)
