@@ -55,6 +55,70 @@ CREATE OPERATOR CLASS real_cosine_ops
 	FUNCTION 1 gpu_ivfpq_cosine_distance(real[], real[]),
 	FUNCTION 2 (real[], real[]) gpu_ivfpq_metric_cosine(internal);
 
+
+-- Filter columns: an index may have a second column of an integer type
+-- (CREATE INDEX ... USING gpu_ivfpq (embedding, tenant_id)). Its entries
+-- keep the column's value, and a scan applies WHERE tenant_id <op> constant
+-- (=, <, <=, >, >=, across smallint, integer and bigint) before ranking, on
+-- the GPU or in the CPU engine. Strategy numbers are B-tree's.
+CREATE OPERATOR FAMILY integer_filter_ops USING gpu_ivfpq;
+
+CREATE OPERATOR CLASS int2_filter_ops
+	DEFAULT FOR TYPE int2 USING gpu_ivfpq FAMILY integer_filter_ops AS
+	OPERATOR 1 < (int2, int2),
+	OPERATOR 2 <= (int2, int2),
+	OPERATOR 3 = (int2, int2),
+	OPERATOR 4 >= (int2, int2),
+	OPERATOR 5 > (int2, int2);
+
+CREATE OPERATOR CLASS int4_filter_ops
+	DEFAULT FOR TYPE int4 USING gpu_ivfpq FAMILY integer_filter_ops AS
+	OPERATOR 1 < (int4, int4),
+	OPERATOR 2 <= (int4, int4),
+	OPERATOR 3 = (int4, int4),
+	OPERATOR 4 >= (int4, int4),
+	OPERATOR 5 > (int4, int4);
+
+CREATE OPERATOR CLASS int8_filter_ops
+	DEFAULT FOR TYPE int8 USING gpu_ivfpq FAMILY integer_filter_ops AS
+	OPERATOR 1 < (int8, int8),
+	OPERATOR 2 <= (int8, int8),
+	OPERATOR 3 = (int8, int8),
+	OPERATOR 4 >= (int8, int8),
+	OPERATOR 5 > (int8, int8);
+
+ALTER OPERATOR FAMILY integer_filter_ops USING gpu_ivfpq ADD
+	OPERATOR 1 < (int2, int4),
+	OPERATOR 2 <= (int2, int4),
+	OPERATOR 3 = (int2, int4),
+	OPERATOR 4 >= (int2, int4),
+	OPERATOR 5 > (int2, int4),
+	OPERATOR 1 < (int2, int8),
+	OPERATOR 2 <= (int2, int8),
+	OPERATOR 3 = (int2, int8),
+	OPERATOR 4 >= (int2, int8),
+	OPERATOR 5 > (int2, int8),
+	OPERATOR 1 < (int4, int2),
+	OPERATOR 2 <= (int4, int2),
+	OPERATOR 3 = (int4, int2),
+	OPERATOR 4 >= (int4, int2),
+	OPERATOR 5 > (int4, int2),
+	OPERATOR 1 < (int4, int8),
+	OPERATOR 2 <= (int4, int8),
+	OPERATOR 3 = (int4, int8),
+	OPERATOR 4 >= (int4, int8),
+	OPERATOR 5 > (int4, int8),
+	OPERATOR 1 < (int8, int2),
+	OPERATOR 2 <= (int8, int2),
+	OPERATOR 3 = (int8, int2),
+	OPERATOR 4 >= (int8, int2),
+	OPERATOR 5 > (int8, int2),
+	OPERATOR 1 < (int8, int4),
+	OPERATOR 2 <= (int8, int4),
+	OPERATOR 3 = (int8, int4),
+	OPERATOR 4 >= (int8, int4),
+	OPERATOR 5 > (int8, int4);
+
 -- The GPU service's state and what scans it counted (a service exists only
 -- when gpu_ivfpq is in shared_preload_libraries).
 CREATE FUNCTION gpu_ivfpq_status(

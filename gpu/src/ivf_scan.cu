@@ -9,7 +9,9 @@ namespace gpuivfpq::gpu {
 namespace {
 
 // Bench: pass 0 of the two-pass scan (ScanAlgo::TwoPass): block = (query,
-// probe); every candidate's distance goes to all_dist[q][prefix[q][p] + i].
+// probe); every candidate's distance goes to all_dist[q][prefix[q][p] + i],
+// +inf for an entry out of the query's key range (filtered search), which
+// the selection pass never returns.
 template <typename LutT>
 __global__ void __launch_bounds__(kScanThreads) ivf_distances_kernel(IvfScanArgs a)
 {
@@ -25,14 +27,25 @@ __global__ void __launch_bounds__(kScanThreads) ivf_distances_kernel(IvfScanArgs
     const int len = a.list_len[list];
     if (len == 0)
         return;
-    const float base = build_table<LutT>(a, q, p, list, table, resid);
+    const bool filtered = a.key_lo != nullptr;  // uniform: a kernel argument
+    const KeyWindow win = filtered ? key_window(a, q) : KeyWindow{0, 0};
+    const int64_t* keys = filtered ? a.list_keys[list] : nullptr;
+    // An empty key range reads no code: no table to build (uniform per block).
+    const float base = filtered && win.empty() ? 0.0f : build_table<LutT>(a, q, p, list, table, resid);
     const uint8_t* codes = a.list_codes[list];
     float* out = a.all_dist + static_cast<int64_t>(q) * a.all_ld +
                  a.prefix[static_cast<int64_t>(q) * (a.nprobe + 1) + p];
     const float* vt = a.list_term1 ? a.list_term1[list] : nullptr;
-    for (int i = threadIdx.x; i < len; i += blockDim.x)
-        out[i] = base + code_distance(codes + static_cast<int64_t>(i) * a.m, a.m, table) +
-                 (vt ? __ldg(vt + i) : 0.0f);
+    unsigned matched = 0;  // in-range entries this thread saw (key_matched)
+    for (int i = threadIdx.x; i < len; i += blockDim.x) {
+        const bool in_range = !keys || win.passes(keys, i);
+        matched += keys && in_range;
+        out[i] = in_range ? base + code_distance(codes + static_cast<int64_t>(i) * a.m, a.m, table) +
+                                (vt ? __ldg(vt + i) : 0.0f)
+                          : INFINITY;
+    }
+    if (filtered)
+        add_matched(a, q, matched);  // uniform: every thread of the block calls it
 }
 
 // Test aid (GpuIvfPqIndex::compute_tables): each (query, probe)'s table and

@@ -48,6 +48,16 @@ struct IvfScanArgs {
     const float* queries = nullptr;    // nq x d (direct mode)
     const float* centroids = nullptr;  // lists x d (direct mode)
     const float* codebooks = nullptr;  // m x 256 x dsub (direct mode)
+    // Filtered search: query q scans only the entries whose key (list_keys,
+    // per entry) lies in [key_lo[q], key_hi[q]]; the rest get key +inf, which
+    // no k-selection ever returns (padding instead). key_lo null: no filter,
+    // and the scan loads nothing more.
+    const int64_t* const* list_keys = nullptr;
+    const int64_t* key_lo = nullptr;  // nq
+    const int64_t* key_hi = nullptr;  // nq
+    // Filtered search, optional: entries in range per query (nq, zeroed
+    // before the scan; blocks add their counts).
+    unsigned long long* key_matched = nullptr;
     int chunks = 1, probes_per_chunk = 0;  // fused: probes split over blocks
     float* out_dist = nullptr;   // fused: (nq * chunks) x k
     int32_t* out_idx = nullptr;  // candidate positions (see prefix)
@@ -145,6 +155,34 @@ __device__ __forceinline__ float code_distance(const uint8_t* code, int m, const
     return s;
 }
 
+// Query q's key range (filtered scans only): lo > hi passes no entry.
+// Adds a block's count of in-range entries to query q's (every thread
+// calls it with its own count; a warp sum, then one atomic per warp).
+__device__ __forceinline__ void add_matched(const IvfScanArgs& a, int q, unsigned count)
+{
+    if (a.key_matched == nullptr)
+        return;
+    for (int off = 16; off > 0; off >>= 1)
+        count += __shfl_down_sync(0xffffffffu, count, off);
+    if ((threadIdx.x & 31) == 0 && count > 0)
+        atomicAdd(a.key_matched + q, static_cast<unsigned long long>(count));
+}
+
+struct KeyWindow {
+    int64_t lo, hi;
+    __device__ __forceinline__ bool empty() const { return lo > hi; }
+    __device__ __forceinline__ bool passes(const int64_t* keys, int i) const
+    {
+        const int64_t key = __ldg(reinterpret_cast<const long long*>(keys) + i);
+        return key >= lo && key <= hi;
+    }
+};
+
+__device__ __forceinline__ KeyWindow key_window(const IvfScanArgs& a, int q)
+{
+    return KeyWindow{a.key_lo[q], a.key_hi[q]};
+}
+
 inline size_t scan_smem_bytes(const IvfScanArgs& a, bool half)
 {
     size_t t = static_cast<size_t>(a.m) * 256 * (half ? 2 : 4);
@@ -163,11 +201,15 @@ __global__ void __launch_bounds__(kScanThreads) ivf_fused_kernel(IvfScanArgs a)
     constexpr int kT = ThreadQ<kQ>::value;
     const int q = blockIdx.x / a.chunks;
     const int chunk = blockIdx.x - q * a.chunks;
+    const bool filtered = a.key_lo != nullptr;  // uniform: a kernel argument
+    const KeyWindow win = filtered ? key_window(a, q) : KeyWindow{0, 0};
     const int p0 = chunk * a.probes_per_chunk;
-    const int p1 = min(a.nprobe, p0 + a.probes_per_chunk);
+    // An empty key range passes nothing: no probe to scan, all padding.
+    const int p1 = filtered && win.empty() ? p0 : min(a.nprobe, p0 + a.probes_per_chunk);
     SelectState<kQ, kT> state;
     WarpSelect<kQ, kT> ws;
     ws.init(&state, a.k);
+    unsigned matched = 0;  // in-range entries this thread saw (key_matched)
     const bool once = table_per_query(a.mode);
     if (once && p0 < p1)
         build_table<LutT>(a, q, p0, 0, table, resid);  // ends with a barrier
@@ -188,11 +230,16 @@ __global__ void __launch_bounds__(kScanThreads) ivf_fused_kernel(IvfScanArgs a)
         }
         const uint8_t* codes = a.list_codes[list];
         const float* vt = a.list_term1 ? a.list_term1[list] : nullptr;
+        const int64_t* keys = filtered ? a.list_keys[list] : nullptr;
         const int label0 = a.prefix[static_cast<int64_t>(q) * (a.nprobe + 1) + p];
         for (int i0 = 0; i0 < len; i0 += kScanThreads) {
             const int i = i0 + threadIdx.x;
             float key = INFINITY;
-            if (i < len) {
+            // An entry out of the key range keeps +inf (its code not read):
+            // WarpSelect takes only keys below its bar, which starts at +inf.
+            const bool in_range = i < len && (!keys || win.passes(keys, i));
+            matched += keys && in_range;
+            if (in_range) {
                 key = base + code_distance(codes + static_cast<int64_t>(i) * a.m, a.m, table);
                 if (vt)
                     key += __ldg(vt + i);
@@ -200,6 +247,8 @@ __global__ void __launch_bounds__(kScanThreads) ivf_fused_kernel(IvfScanArgs a)
             ws.add(key, label0 + i);
         }
     }
+    if (filtered)
+        add_matched(a, q, matched);  // uniform: every thread of the block calls it
     ws.finish();
     __shared__ float sk[kQ];
     __shared__ int sv[kQ];

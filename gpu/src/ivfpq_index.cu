@@ -1,7 +1,8 @@
 // GpuIvfPqIndex: the device mirror (centroids, codebooks, term-1 tables,
-// per-list code, id and optionally vector buffers) and the IVFADC search
-// pipeline (coarse k-NN -> term 3 GEMM -> list scan with k-selection ->
-// labels, or -> exact re-rank of the candidates).
+// per-list code, id and optionally vector and filter-key buffers) and the
+// IVFADC search pipeline (coarse k-NN -> term 3 GEMM -> list scan with
+// k-selection, optionally within per-query key ranges -> labels, or -> exact
+// re-rank of the candidates).
 #include "gpu_ivfpq/ivfpq_index.h"
 
 #include <algorithm>
@@ -49,10 +50,12 @@ struct GpuIvfPqIndex::Impl {
     struct List {
         DeviceBuffer codes, ids, vt;  // vt: per-vector term 1 (per_vector())
         DeviceBuffer vecs;            // stored vectors, d floats each (opt.store_vectors)
+        DeviceBuffer keys;            // filter keys, one int64 each (opt.filter_keys)
         size_t size = 0, cap = 0;
     };
     std::vector<List> lst;
-    DeviceBuffer code_ptrs, id_ptrs, vt_ptrs, vec_ptrs, lens;  // vec_ptrs: store_vectors only
+    // vec_ptrs: store_vectors only; key_ptrs: filter_keys only.
+    DeviceBuffer code_ptrs, id_ptrs, vt_ptrs, vec_ptrs, key_ptrs, lens;
     size_t ntotal = 0, max_len = 0;
 
     Impl(GpuContext& c) : ctx(c) {}
@@ -102,11 +105,15 @@ struct GpuIvfPqIndex::Impl {
         DeviceBuffer codes(ctx, cap * m), ids(ctx, cap * sizeof(int64_t));
         DeviceBuffer vt = per_vector() ? DeviceBuffer(ctx, cap * sizeof(float)) : DeviceBuffer();
         DeviceBuffer vecs = opt.store_vectors ? DeviceBuffer(ctx, cap * d * sizeof(float)) : DeviceBuffer();
+        DeviceBuffer keys = opt.filter_keys ? DeviceBuffer(ctx, cap * sizeof(int64_t)) : DeviceBuffer();
         if (L.size && per_vector())
             GPU_CUDA_CHECK(cudaMemcpyAsync(vt.data(), L.vt.data(), L.size * sizeof(float),
                                            cudaMemcpyDeviceToDevice, st()));
         if (L.size && opt.store_vectors)
             GPU_CUDA_CHECK(cudaMemcpyAsync(vecs.data(), L.vecs.data(), L.size * d * sizeof(float),
+                                           cudaMemcpyDeviceToDevice, st()));
+        if (L.size && opt.filter_keys)
+            GPU_CUDA_CHECK(cudaMemcpyAsync(keys.data(), L.keys.data(), L.size * sizeof(int64_t),
                                            cudaMemcpyDeviceToDevice, st()));
         if (L.size) {
             GPU_CUDA_CHECK(cudaMemcpyAsync(codes.data(), L.codes.data(), L.size * m,
@@ -118,13 +125,14 @@ struct GpuIvfPqIndex::Impl {
         L.ids = std::move(ids);
         L.vt = std::move(vt);
         L.vecs = std::move(vecs);
+        L.keys = std::move(keys);
         L.cap = cap;
     }
 
     void upload_meta()
     {
         std::vector<const uint8_t*> cp(lists);
-        std::vector<const int64_t*> ip(lists);
+        std::vector<const int64_t*> ip(lists), kp(lists);
         std::vector<const float*> vp(lists), xp(lists);
         std::vector<int32_t> ln(lists);
         max_len = 0;
@@ -133,6 +141,7 @@ struct GpuIvfPqIndex::Impl {
             ip[l] = lst[l].ids.as<int64_t>();
             vp[l] = lst[l].vt.as<float>();
             xp[l] = lst[l].vecs.as<float>();
+            kp[l] = lst[l].keys.as<int64_t>();
             ln[l] = static_cast<int32_t>(lst[l].size);
             max_len = std::max(max_len, lst[l].size);
         }
@@ -141,6 +150,8 @@ struct GpuIvfPqIndex::Impl {
         vt_ptrs.upload(vp.data(), lists * sizeof(void*));
         if (opt.store_vectors)
             vec_ptrs.upload(xp.data(), lists * sizeof(void*));
+        if (opt.filter_keys)
+            key_ptrs.upload(kp.data(), lists * sizeof(void*));
         lens.upload(ln.data(), lists * sizeof(int32_t));
     }
 
@@ -169,8 +180,11 @@ struct GpuIvfPqIndex::Impl {
                           static_cast<int>(m), metric == Metric::InnerProduct ? -1.0f : -2.0f, term3);
     }
 
+    // key_lo / key_hi: the tile's key ranges (device, nq each), or null.
     IvfScanArgs scan_args(const float* q, size_t nq, size_t nprobe, size_t k, const float* probe_dist,
-                          const int32_t* probe_lists, const int32_t* prefix, const float* term3) const
+                          const int32_t* probe_lists, const int32_t* prefix, const float* term3,
+                          const int64_t* key_lo = nullptr, const int64_t* key_hi = nullptr,
+                          int64_t* key_matched = nullptr) const
     {
         IvfScanArgs a;
         a.nq = static_cast<int>(nq);
@@ -191,6 +205,12 @@ struct GpuIvfPqIndex::Impl {
         a.queries = q;
         a.centroids = centroids.as<float>();
         a.codebooks = codebooks.as<float>();
+        if (key_lo) {
+            a.list_keys = key_ptrs.as<const int64_t* const>();
+            a.key_lo = key_lo;
+            a.key_hi = key_hi;
+            a.key_matched = reinterpret_cast<unsigned long long*>(key_matched);
+        }
         return a;
     }
 
@@ -203,8 +223,34 @@ struct GpuIvfPqIndex::Impl {
     };
     Plan plan_search(size_t nq, size_t k, size_t nprobe) const;
 
+    // Throws InvalidArgument for ranges on an index without keys, or with
+    // lo or hi missing (who: the caller, for the message).
+    void check_ranges(const char* who, const KeyRange* ranges) const
+    {
+        if (!ranges)
+            return;
+        if (!opt.filter_keys)
+            throw Error(ErrorKind::InvalidArgument,
+                        std::string(who) + ": key ranges given to an index without filter_keys");
+        if (!ranges->lo || !ranges->hi)
+            throw Error(ErrorKind::InvalidArgument, std::string(who) + ": key range without lo or hi");
+    }
+
+    // The host variants' ranges (nq each) copied to device scratch lo / hi
+    // (the caller's, alive for the whole search); dev points at them.
+    void upload_ranges(const KeyRange& host, size_t nq, int64_t* lo, int64_t* hi, KeyRange& dev)
+    {
+        copy_to_device(ctx, lo, host.lo, nq * sizeof(int64_t));
+        copy_to_device(ctx, hi, host.hi, nq * sizeof(int64_t));
+        dev.lo = lo;
+        dev.hi = hi;
+    }
+
+    // key_lo / key_hi: device, nq each (the tile's), or null: no filter;
+    // key_matched (device, nq, or null) receives the in-range counts.
     void search_tile(const float* queries, size_t nq, size_t k, size_t nprobe, float* out_dist,
-                     int64_t* out_labels, LabelKind kind, ScanAlgo algo);
+                     int64_t* out_labels, LabelKind kind, ScanAlgo algo, const int64_t* key_lo,
+                     const int64_t* key_hi, int64_t* key_matched);
 };
 
 GpuIvfPqIndex::GpuIvfPqIndex(GpuContext& ctx, size_t d, size_t lists, size_t m, Metric metric,
@@ -236,6 +282,8 @@ GpuIvfPqIndex::GpuIvfPqIndex(GpuContext& ctx, size_t d, size_t lists, size_t m, 
     I.vt_ptrs = DeviceBuffer(ctx, lists * sizeof(void*));
     if (opt.store_vectors)
         I.vec_ptrs = DeviceBuffer(ctx, lists * sizeof(void*));
+    if (opt.filter_keys)
+        I.key_ptrs = DeviceBuffer(ctx, lists * sizeof(void*));
     I.lens = DeviceBuffer(ctx, lists * sizeof(int32_t));
     I.upload_meta();
     ctx.synchronize();
@@ -268,9 +316,10 @@ GpuMemoryUse GpuIvfPqIndex::memory_use() const
         u.ids += L.ids.bytes();
         u.vector_terms += L.vt.bytes();
         u.vectors += L.vecs.bytes();
+        u.keys += L.keys.bytes();
     }
     u.list_meta = I.code_ptrs.bytes() + I.id_ptrs.bytes() + I.vt_ptrs.bytes() + I.vec_ptrs.bytes() +
-                  I.lens.bytes();
+                  I.key_ptrs.bytes() + I.lens.bytes();
     return u;
 }
 
@@ -283,7 +332,7 @@ void GpuIvfPqIndex::set_float16_tables(bool on)
 void GpuIvfPqIndex::set_scan_algo(ScanAlgo algo) { impl_->opt.scan = algo; }
 
 void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t* codes,
-                                const int64_t* ids, const float* vectors)
+                                const int64_t* ids, const float* vectors, const int64_t* keys)
 {
     Impl& I = *impl_;
     if (!n)
@@ -294,6 +343,12 @@ void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t
     if (!I.opt.store_vectors && vectors)
         throw Error(ErrorKind::InvalidArgument,
                     "add_encoded: vectors given to an index without store_vectors");
+    if (I.opt.filter_keys && !keys)
+        throw Error(ErrorKind::InvalidArgument,
+                    "add_encoded: the index keeps filter keys (filter_keys) but none were given");
+    if (!I.opt.filter_keys && keys)
+        throw Error(ErrorKind::InvalidArgument,
+                    "add_encoded: filter keys given to an index without filter_keys");
     require(I.ntotal + n < (size_t(1) << 31), "GPU IVFPQ: more than 2^31 vectors");
     std::vector<size_t> count(I.lists + 1, 0);
     for (size_t i = 0; i < n; ++i) {
@@ -307,6 +362,7 @@ void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t
     std::vector<int64_t> sids(n);
     std::vector<int32_t> slists(n);
     std::vector<float> svecs(vectors ? n * I.d : 0);
+    std::vector<int64_t> skeys(keys ? n : 0);
     {
         std::vector<size_t> fill(count.begin(), count.end() - 1);
         for (size_t i = 0; i < n; ++i) {
@@ -316,6 +372,8 @@ void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t
             slists[s] = list_ids[i];
             if (vectors)
                 std::copy(vectors + i * I.d, vectors + (i + 1) * I.d, svecs.begin() + s * I.d);
+            if (keys)
+                skeys[s] = keys[i];
         }
     }
     // Grow every touched list first: an out-of-memory error leaves the
@@ -330,6 +388,11 @@ void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t
     if (vectors) {
         dvecs = DeviceBuffer(I.ctx, n * I.d * sizeof(float));
         dvecs.upload(svecs.data(), n * I.d * sizeof(float));
+    }
+    DeviceBuffer dkeys;
+    if (keys) {
+        dkeys = DeviceBuffer(I.ctx, n * sizeof(int64_t));
+        dkeys.upload(skeys.data(), n * sizeof(int64_t));
     }
     DeviceBuffer dvt;
     if (I.per_vector()) {
@@ -357,6 +420,9 @@ void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t
             GPU_CUDA_CHECK(cudaMemcpyAsync(L.vecs.as<float>() + L.size * I.d,
                                            dvecs.as<float>() + count[l] * I.d, c * I.d * sizeof(float),
                                            cudaMemcpyDeviceToDevice, I.st()));
+        if (keys)
+            GPU_CUDA_CHECK(cudaMemcpyAsync(L.keys.as<int64_t>() + L.size, dkeys.as<int64_t>() + count[l],
+                                           c * sizeof(int64_t), cudaMemcpyDeviceToDevice, I.st()));
         L.size += c;
     }
     I.ntotal += n;
@@ -383,9 +449,10 @@ size_t GpuIvfPqIndex::remove_ids(const int64_t* ids, size_t n)
     int32_t* dlen = c.take<int32_t>(I.lists);
     copy_to_device(I.ctx, dgone, gone.data(), gone.size() * sizeof(int64_t));
     launch_remove_ids(I.code_ptrs.as<uint8_t* const>(), I.id_ptrs.as<int64_t* const>(),
-                      I.vt_ptrs.as<float* const>(), I.vec_ptrs.as<float* const>(), I.lens.as<int32_t>(),
-                      static_cast<int64_t>(I.lists), static_cast<int>(I.m), static_cast<int>(I.d), dgone,
-                      static_cast<int64_t>(gone.size()), dlen, I.st());
+                      I.vt_ptrs.as<float* const>(), I.vec_ptrs.as<float* const>(),
+                      I.key_ptrs.as<int64_t* const>(), I.lens.as<int32_t>(), static_cast<int64_t>(I.lists),
+                      static_cast<int>(I.m), static_cast<int>(I.d), dgone, static_cast<int64_t>(gone.size()),
+                      dlen, I.st());
     std::vector<int32_t> kept(I.lists);
     copy_to_host(I.ctx, kept.data(), dlen, I.lists * sizeof(int32_t));  // waits
     size_t removed = 0;
@@ -435,18 +502,26 @@ void GpuIvfPqIndex::encode(const float* x, size_t n, int32_t* list_ids, uint8_t*
     }
 }
 
-void GpuIvfPqIndex::add(size_t n, const float* x, const int64_t* ids)
+void GpuIvfPqIndex::add(size_t n, const float* x, const int64_t* ids, const int64_t* keys)
 {
+    // add_encoded's key check, before the encoding work.
+    if (n && impl_->opt.filter_keys != (keys != nullptr))
+        throw Error(ErrorKind::InvalidArgument,
+                    impl_->opt.filter_keys ? "add: the index keeps filter keys (filter_keys) but none were given"
+                                           : "add: filter keys given to an index without filter_keys");
     std::vector<int32_t> l(n);
     std::vector<uint8_t> c(n * impl_->m);
     encode(x, n, l.data(), c.data());
-    add_encoded(n, l.data(), c.data(), ids, impl_->opt.store_vectors ? x : nullptr);
+    add_encoded(n, l.data(), c.data(), ids, impl_->opt.store_vectors ? x : nullptr, keys);
 }
 
 void GpuIvfPqIndex::Impl::search_tile(const float* queries, size_t nq, size_t k, size_t nprobe,
                                       float* out_dist, int64_t* out_labels, LabelKind kind,
-                                      ScanAlgo algo)
+                                      ScanAlgo algo, const int64_t* key_lo, const int64_t* key_hi,
+                                      int64_t* key_matched)
 {
+    if (key_lo && key_matched)
+        GPU_CUDA_CHECK(cudaMemsetAsync(key_matched, 0, nq * sizeof(int64_t), st()));
     const bool half = term1_half && precomputed ? true : opt.float16_tables;
     // Bench: the two-pass scan (forced, or Auto with the per-list layouts).
     const bool two_pass = algo == ScanAlgo::TwoPass;
@@ -496,7 +571,11 @@ void GpuIvfPqIndex::Impl::search_tile(const float* queries, size_t nq, size_t k,
 
     const float* q = prepare_queries(queries, nq, qcopy);
     coarse_and_term3(q, nq, nprobe, probe_dist, probe_lists, term3);
-    IvfScanArgs a = scan_args(q, nq, nprobe, k, probe_dist, probe_lists, prefix, term3);
+    // Out-of-range entries keep their candidate positions (prefix counts
+    // them) but are keyed +inf, so no selection below returns them: the
+    // positions selected are in-range entries or -1, decoded to padding.
+    IvfScanArgs a = scan_args(q, nq, nprobe, k, probe_dist, probe_lists, prefix, term3, key_lo, key_hi,
+                              key_matched);
     launch_ivf_prefix(a, st());
     if (!two_pass) {
         a.chunks = static_cast<int>(chunks);
@@ -575,45 +654,65 @@ GpuIvfPqIndex::Impl::Plan GpuIvfPqIndex::Impl::plan_search(size_t nq, size_t k, 
 }
 
 void GpuIvfPqIndex::search_device(const float* queries, size_t nq, size_t k, size_t nprobe,
-                                  float* dist, int64_t* labels, LabelKind kind) const
+                                  float* dist, int64_t* labels, LabelKind kind,
+                                  const KeyRange* ranges) const
 {
     Impl& I = *impl_;
+    I.check_ranges("GPU IVFPQ search", ranges);
     const Impl::Plan p = I.plan_search(nq, k, nprobe);
     for (size_t q0 = 0; q0 < nq; q0 += p.tile) {
         const size_t b = std::min(p.tile, nq - q0);
-        I.search_tile(queries + q0 * I.d, b, k, p.nprobe, dist + q0 * k, labels + q0 * k, kind, p.algo);
+        I.search_tile(queries + q0 * I.d, b, k, p.nprobe, dist + q0 * k, labels + q0 * k, kind, p.algo,
+                      ranges ? ranges->lo + q0 : nullptr, ranges ? ranges->hi + q0 : nullptr,
+                      ranges && ranges->matched ? ranges->matched + q0 : nullptr);
     }
 }
 
 void GpuIvfPqIndex::search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist,
-                           int64_t* labels, LabelKind kind) const
+                           int64_t* labels, LabelKind kind, const KeyRange* ranges) const
 {
     Impl& I = *impl_;
+    I.check_ranges("GPU IVFPQ search", ranges);
     if (!nq)
         return;
     require(k >= 1, "GPU IVFPQ search: k must be >= 1");
+    const size_t nr = ranges ? nq : 0;
     Carver sz;
     sz.take<float>(nq * I.d);
     sz.take<float>(nq * k);
     sz.take<int64_t>(nq * k);
+    sz.take<int64_t>(nr);
+    sz.take<int64_t>(nr);
+    sz.take<int64_t>(ranges && ranges->matched ? nr : 0);
     Scratch s(I.ctx, sz.size());
     Carver c(s.data());
     float* dq = c.take<float>(nq * I.d);
     float* dd = c.take<float>(nq * k);
     int64_t* dl = c.take<int64_t>(nq * k);
+    int64_t* dlo = c.take<int64_t>(nr);
+    int64_t* dhi = c.take<int64_t>(nr);
+    int64_t* dmatched = c.take<int64_t>(ranges && ranges->matched ? nr : 0);
     copy_to_device(I.ctx, dq, queries, nq * I.d * sizeof(float));
-    search_device(dq, nq, k, nprobe, dd, dl, kind);
+    KeyRange dr;
+    if (ranges) {
+        I.upload_ranges(*ranges, nq, dlo, dhi, dr);
+        dr.matched = ranges->matched ? dmatched : nullptr;
+    }
+    search_device(dq, nq, k, nprobe, dd, dl, kind, ranges ? &dr : nullptr);
     copy_to_host(I.ctx, dist, dd, nq * k * sizeof(float));
     copy_to_host(I.ctx, labels, dl, nq * k * sizeof(int64_t));
+    if (ranges && ranges->matched)
+        copy_to_host(I.ctx, ranges->matched, dmatched, nq * sizeof(int64_t));
 }
 
 void GpuIvfPqIndex::search_exact_device(const float* queries, size_t nq, size_t k, size_t nprobe,
-                                        double* dist, int64_t* labels) const
+                                        double* dist, int64_t* labels, const KeyRange* ranges) const
 {
     Impl& I = *impl_;
     if (!I.opt.store_vectors)
         throw Error(ErrorKind::Unsupported,
                     "GPU IVFPQ search_exact: the index keeps no vectors (store_vectors is off)");
+    I.check_ranges("GPU IVFPQ search_exact", ranges);
     const Impl::Plan p = I.plan_search(nq, k, nprobe);
     for (size_t q0 = 0; q0 < nq; q0 += p.tile) {
         const size_t b = std::min(p.tile, nq - q0);
@@ -626,7 +725,9 @@ void GpuIvfPqIndex::search_exact_device(const float* queries, size_t nq, size_t 
         Carver c(s.data());
         float* adc = c.take<float>(b * k);
         int64_t* cand = labels + q0 * k;  // re-ranked in place
-        I.search_tile(q, b, k, p.nprobe, adc, cand, LabelKind::ListOffset, p.algo);
+        I.search_tile(q, b, k, p.nprobe, adc, cand, LabelKind::ListOffset, p.algo,
+                      ranges ? ranges->lo + q0 : nullptr, ranges ? ranges->hi + q0 : nullptr,
+                      ranges && ranges->matched ? ranges->matched + q0 : nullptr);
         launch_exact_rerank(q, static_cast<int64_t>(b), static_cast<int>(I.d), static_cast<int>(k),
                             I.metric, cand, I.vec_ptrs.as<const float* const>(),
                             I.id_ptrs.as<const int64_t* const>(), dist + q0 * k, cand, I.st());
@@ -634,28 +735,43 @@ void GpuIvfPqIndex::search_exact_device(const float* queries, size_t nq, size_t 
 }
 
 void GpuIvfPqIndex::search_exact(const float* queries, size_t nq, size_t k, size_t nprobe, double* dist,
-                                 int64_t* labels) const
+                                 int64_t* labels, const KeyRange* ranges) const
 {
     Impl& I = *impl_;
     if (!I.opt.store_vectors)
         throw Error(ErrorKind::Unsupported,
                     "GPU IVFPQ search_exact: the index keeps no vectors (store_vectors is off)");
+    I.check_ranges("GPU IVFPQ search_exact", ranges);
     if (!nq)
         return;
     require(k >= 1, "GPU IVFPQ search_exact: k must be >= 1");
+    const size_t nr = ranges ? nq : 0;
     Carver sz;
     sz.take<float>(nq * I.d);
     sz.take<double>(nq * k);
     sz.take<int64_t>(nq * k);
+    sz.take<int64_t>(nr);
+    sz.take<int64_t>(nr);
+    sz.take<int64_t>(ranges && ranges->matched ? nr : 0);
     Scratch s(I.ctx, sz.size());
     Carver c(s.data());
     float* dq = c.take<float>(nq * I.d);
     double* dd = c.take<double>(nq * k);
     int64_t* dl = c.take<int64_t>(nq * k);
+    int64_t* dlo = c.take<int64_t>(nr);
+    int64_t* dhi = c.take<int64_t>(nr);
+    int64_t* dmatched = c.take<int64_t>(ranges && ranges->matched ? nr : 0);
     copy_to_device(I.ctx, dq, queries, nq * I.d * sizeof(float));
-    search_exact_device(dq, nq, k, nprobe, dd, dl);
+    KeyRange dr;
+    if (ranges) {
+        I.upload_ranges(*ranges, nq, dlo, dhi, dr);
+        dr.matched = ranges->matched ? dmatched : nullptr;
+    }
+    search_exact_device(dq, nq, k, nprobe, dd, dl, ranges ? &dr : nullptr);
     copy_to_host(I.ctx, dist, dd, nq * k * sizeof(double));
     copy_to_host(I.ctx, labels, dl, nq * k * sizeof(int64_t));
+    if (ranges && ranges->matched)
+        copy_to_host(I.ctx, ranges->matched, dmatched, nq * sizeof(int64_t));
 }
 
 void GpuIvfPqIndex::compute_tables(const float* queries, size_t nq, size_t nprobe, int32_t* lists,

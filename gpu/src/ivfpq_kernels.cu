@@ -206,8 +206,8 @@ constexpr int kRemoveRowGroup = 8;
 // (memory-level parallelism), which keeps that order within the group.
 __global__ void __launch_bounds__(kRemoveThreads)
     remove_ids_kernel(uint8_t* const* list_codes, int64_t* const* list_ids, float* const* list_vt,
-                      float* const* list_vectors, const int32_t* list_len, int m, int d,
-                      const int64_t* gone, int64_t ngone, int32_t* new_len)
+                      float* const* list_vectors, int64_t* const* list_keys, const int32_t* list_len,
+                      int m, int d, const int64_t* gone, int64_t ngone, int32_t* new_len)
 {
     using BlockScan = cub::BlockScan<int, kRemoveThreads>;
     __shared__ typename BlockScan::TempStorage scan_storage;
@@ -219,11 +219,12 @@ __global__ void __launch_bounds__(kRemoveThreads)
     int64_t* ids = list_ids[list];
     float* vt = list_vt[list];  // null without per-vector term 1
     float* vecs = list_vectors ? list_vectors[list] : nullptr;  // null without stored vectors
+    int64_t* keys = list_keys ? list_keys[list] : nullptr;      // null without filter keys
     int kept = 0;
     for (int base = 0; base < len; base += kRemoveThreads) {
         const int i = base + threadIdx.x;
         const int chunk = min(kRemoveThreads, len - base);
-        int64_t id = 0;
+        int64_t id = 0, key = 0;
         float term = 0.0f;
         int keep = 0;
         if (i < len) {
@@ -231,6 +232,8 @@ __global__ void __launch_bounds__(kRemoveThreads)
             keep = sorted_contains(gone, ngone, id) ? 0 : 1;
             if (vt)
                 term = vt[i];
+            if (keys)
+                key = keys[i];
         }
         const uint8_t* src = codes + static_cast<int64_t>(base) * m;
         for (int e = threadIdx.x; e < chunk * m; e += kRemoveThreads)
@@ -243,6 +246,8 @@ __global__ void __launch_bounds__(kRemoveThreads)
             ids[dst] = id;
             if (vt)
                 vt[dst] = term;
+            if (keys)
+                keys[dst] = key;
             uint8_t* out = codes + static_cast<int64_t>(dst) * m;
             for (int j = 0; j < m; ++j)
                 out[j] = staged_codes[threadIdx.x * m + j];
@@ -370,14 +375,15 @@ void launch_exact_base(const float* queries, int64_t nq, int nprobe, int d, cons
 }
 
 void launch_remove_ids(uint8_t* const* list_codes, int64_t* const* list_ids, float* const* list_vt,
-                       float* const* list_vectors, const int32_t* list_len, int64_t lists, int m, int d,
-                       const int64_t* sorted_ids, int64_t n, int32_t* new_len, cudaStream_t st)
+                       float* const* list_vectors, int64_t* const* list_keys, const int32_t* list_len,
+                       int64_t lists, int m, int d, const int64_t* sorted_ids, int64_t n,
+                       int32_t* new_len, cudaStream_t st)
 {
     if (!lists)
         return;
     remove_ids_kernel<<<static_cast<unsigned>(lists), kRemoveThreads,
                         static_cast<size_t>(kRemoveThreads) * m, st>>>(
-        list_codes, list_ids, list_vt, list_vectors, list_len, m, d, sorted_ids, n, new_len);
+        list_codes, list_ids, list_vt, list_vectors, list_keys, list_len, m, d, sorted_ids, n, new_len);
     GPU_KERNEL_CHECK();
 }
 

@@ -54,11 +54,13 @@ void launch_decode_labels(const int32_t* pos, int64_t nq, int k, int nprobe, con
 
 // Removes from every list, in place and keeping order, the entries whose id
 // is in sorted_ids[0..n) (ascending): codes (m bytes each), ids, where a
-// list has one (list_vt[l] != null) its per-vector term 1, and where
-// list_vectors is not null the stored vectors (d floats each). Device arrays
-// of lists entries; new_len[l] receives the entries list l keeps.
+// list has one (list_vt[l] != null) its per-vector term 1, where
+// list_vectors is not null the stored vectors (d floats each) and where
+// list_keys is not null the filter keys. Device arrays of lists entries;
+// new_len[l] receives the entries list l keeps.
 void launch_remove_ids(uint8_t* const* list_codes, int64_t* const* list_ids, float* const* list_vt,
-                       float* const* list_vectors, const int32_t* list_len, int64_t lists, int m, int d,
-                       const int64_t* sorted_ids, int64_t n, int32_t* new_len, cudaStream_t st);
+                       float* const* list_vectors, int64_t* const* list_keys, const int32_t* list_len,
+                       int64_t lists, int m, int d, const int64_t* sorted_ids, int64_t n,
+                       int32_t* new_len, cudaStream_t st);
 
 }  // namespace gpuivfpq::gpu

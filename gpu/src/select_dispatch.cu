@@ -9,9 +9,12 @@ namespace gpuivfpq::gpu {
 namespace {
 
 // Smallest key wins; equal keys go to the smaller label (deterministic).
+// +inf is never a result, as with WarpSelect (whose bar starts at +inf): a
+// row without a finite key gives (+inf, -1), so entries keyed +inf (the IVF
+// scan's out-of-range entries) read as padding.
 __device__ __forceinline__ void better(float& bk, int& bl, float k, int l)
 {
-    if (k < bk || (k == bk && l >= 0 && (bl < 0 || l < bl))) {
+    if (k < bk || (k == bk && k < INFINITY && l >= 0 && (bl < 0 || l < bl))) {
         bk = k;
         bl = l;
     }

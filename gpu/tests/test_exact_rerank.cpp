@@ -5,14 +5,11 @@
 // vectors' bookkeeping.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
-#include <iomanip>
 #include <limits>
 #include <memory>
 #include <set>
-#include <unordered_map>
 
-#include "../../src/engine/exact_distance.h"
+#include "exact_fixture.h"
 #include "gpu_ivfpq/ivfpq_index.h"
 #include "gpu_test_util.h"
 
@@ -28,145 +25,6 @@ using gpuivfpq::gpu::ScanAlgo;
 namespace {
 
 using gputest::kind_of;
-
-uint64_t bits_of(double v)
-{
-    uint64_t b;
-    std::memcpy(&b, &v, sizeof b);
-    return b;
-}
-
-// A trained model, its CPU encoding of n clustered vectors (ids unlike
-// positions) and every stored vector by id, as the index was given it.
-struct ExactFixture {
-    size_t d, lists, m, n, nq;
-    Metric metric;
-    std::vector<float> x, q;
-    std::vector<int64_t> ids;
-    std::unique_ptr<IvfPqModel> model;
-    CpuIvf cpu;
-    std::unordered_map<int64_t, std::vector<float>> stored;
-
-    ExactFixture(size_t d_, size_t lists_, size_t m_, size_t n_, size_t nq_, Metric metric_, uint64_t s)
-        : d(d_), lists(lists_), m(m_), n(n_), nq(nq_), metric(metric_)
-    {
-        x = clustered(n, d, 40, 4.0f, s);
-        q = clustered(nq, d, 40, 4.0f, s + 1);
-        ids.resize(n);
-        for (size_t i = 0; i < n; ++i) {
-            ids[i] = int64_t(i) * 3 + 7;
-            stored[ids[i]].assign(x.begin() + i * d, x.begin() + (i + 1) * d);
-        }
-        model = std::make_unique<IvfPqModel>(d, lists, m, metric);
-        gpuivfpq::IvfPqTrainParams tp;
-        tp.iterations = 6;
-        tp.seed = s;
-        model->train(x.data(), n, tp);
-        cpu.build(*model, x.data(), n, ids.data());
-    }
-
-    std::unique_ptr<GpuIvfPqIndex> empty(GpuIvfPqOptions opt, bool store = true) const
-    {
-        opt.store_vectors = store;
-        return std::make_unique<GpuIvfPqIndex>(ctx(), d, lists, m, metric, model->centroids().data(),
-                                               model->pq().codebooks().data(), opt);
-    }
-
-    // Rows [i0, i1) of the fixture, with their vectors when the index keeps them.
-    void add_rows(GpuIvfPqIndex& idx, size_t i0, size_t i1, bool store = true) const
-    {
-        idx.add_encoded(i1 - i0, cpu.all_lists.data() + i0, cpu.all_codes.data() + i0 * m, ids.data() + i0,
-                        store ? x.data() + i0 * d : nullptr);
-    }
-
-    // Extra vectors (host), CPU-encoded, appended in the order given.
-    void add_extra(GpuIvfPqIndex& idx, const std::vector<float>& v, const std::vector<int64_t>& id)
-    {
-        const size_t k = id.size();
-        std::vector<int32_t> l(k);
-        std::vector<uint8_t> c(k * m);
-        model->encode(v.data(), k, l.data(), c.data());
-        idx.add_encoded(k, l.data(), c.data(), id.data(), v.data());
-        for (size_t i = 0; i < k; ++i)
-            stored[id[i]].assign(v.begin() + i * d, v.begin() + (i + 1) * d);
-    }
-};
-
-struct ExactResult {
-    std::vector<double> dist;
-    std::vector<int64_t> labels;
-    size_t padded_queries = 0;  // queries with fewer than k candidates
-};
-
-// search_exact against search and the host: per query the same candidate
-// ids as search(); each distance bit for bit the host's exact_distance of
-// (query as given, the vector stored under that id); exact_less order; the
-// missing candidates as (+inf, -1) at the end.
-ExactResult check_exact(const ExactFixture& f, const GpuIvfPqIndex& idx, const std::vector<float>& queries,
-                        size_t k, size_t nprobe, const std::string& what)
-{
-    SCOPED_TRACE(what);
-    const size_t nq = queries.size() / f.d;
-    std::vector<float> ad(nq * k);
-    std::vector<int64_t> al(nq * k);
-    idx.search(queries.data(), nq, k, nprobe, ad.data(), al.data());
-    ExactResult r;
-    r.dist.assign(nq * k, 0.0);
-    r.labels.assign(nq * k, 0);
-    idx.search_exact(queries.data(), nq, k, nprobe, r.dist.data(), r.labels.data());
-    int bad = 0;
-    for (size_t i = 0; i < nq && bad < 5; ++i) {
-        const double* ed = r.dist.data() + i * k;
-        const int64_t* el = r.labels.data() + i * k;
-        std::vector<int64_t> want, got;
-        for (size_t j = 0; j < k; ++j) {
-            if (al[i * k + j] >= 0)
-                want.push_back(al[i * k + j]);
-            if (el[j] >= 0)
-                got.push_back(el[j]);
-        }
-        std::sort(want.begin(), want.end());
-        std::sort(got.begin(), got.end());
-        if (want != got) {
-            ADD_FAILURE() << "query " << i << ": " << got.size() << " exact candidates, " << want.size()
-                          << " from search(), not the same ids";
-            ++bad;
-            continue;
-        }
-        const size_t cnt = got.size();
-        r.padded_queries += cnt < k;
-        const float* qv = queries.data() + i * f.d;
-        for (size_t j = 0; j < k && bad < 5; ++j) {
-            if (j >= cnt) {
-                if (!(std::isinf(ed[j]) && ed[j] > 0 && el[j] == -1)) {
-                    ADD_FAILURE() << "query " << i << " rank " << j << ": (" << ed[j] << ", " << el[j]
-                                  << ") where (+inf, -1) padding belongs";
-                    ++bad;
-                }
-                continue;
-            }
-            const auto it = f.stored.find(el[j]);
-            if (it == f.stored.end()) {
-                ADD_FAILURE() << "query " << i << " rank " << j << ": unknown id " << el[j];
-                ++bad;
-                continue;
-            }
-            const double host = gpuivfpq::exact_distance(f.metric, qv, it->second.data(), f.d);
-            if (std::isnan(host) ? !std::isnan(ed[j]) : bits_of(host) != bits_of(ed[j])) {
-                ADD_FAILURE() << std::setprecision(17) << "query " << i << " rank " << j << " id " << el[j]
-                              << ": gpu " << ed[j] << " host " << host;
-                ++bad;
-            }
-            if (j + 1 < cnt && !gpuivfpq::exact_less(ed[j], el[j], ed[j + 1], el[j + 1])) {
-                ADD_FAILURE() << std::setprecision(17) << "query " << i << " ranks " << j << ", " << j + 1
-                              << " out of exact_less order: (" << ed[j] << ", " << el[j] << ") then ("
-                              << ed[j + 1] << ", " << el[j + 1] << ")";
-                ++bad;
-            }
-        }
-    }
-    return r;
-}
 
 const Metric kMetrics[] = {Metric::L2, Metric::InnerProduct, Metric::Cosine};
 

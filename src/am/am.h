@@ -70,6 +70,11 @@ typedef struct GpuIvfpqMetaPageData
 #define GPU_IVFPQ_FEATURE_VECTORS	0x4
 /* A development layout with vectors inside the entries: refused (REINDEX). */
 #define GPU_IVFPQ_FEATURE_RETIRED	0x2
+/* Entries carry the filter column's value (a second, integer key column). */
+#define GPU_IVFPQ_FEATURE_FILTER	0x8
+/* Every feature this version reads; an index with another bit set is refused. */
+#define GPU_IVFPQ_FEATURES_KNOWN \
+	(GPU_IVFPQ_FEATURE_QERROR | GPU_IVFPQ_FEATURE_VECTORS | GPU_IVFPQ_FEATURE_FILTER)
 typedef GpuIvfpqMetaPageData *GpuIvfpqMetaPage;
 
 #define GpuIvfpqPageGetMeta(page) ((GpuIvfpqMetaPage) PageGetContents(page))
@@ -98,39 +103,55 @@ typedef struct GpuIvfpqListDirEntry
  * list scan reads only the small entries, and only the candidates it keeps
  * touch their vectors.
  *
+ * In indexes with GPU_IVFPQ_FEATURE_FILTER (a second key column, an
+ * integer) each entry ends with that column's value as an int64 (8 bytes,
+ * unaligned; GPU_IVFPQ_NULL_FILTER_KEY for NULL), which scans compare with
+ * the filter's range before ranking the entry.
+ *
  * Entries travel between a build or an insert and the page in a transfer
- * form: vector (if any), then TID, then code, xsize bytes each.
+ * form: vector (if any), then TID, code and filter key, xsize bytes each.
  */
 #define GPU_IVFPQ_TID_BYTES		((int) sizeof(ItemPointerData))
+#define GPU_IVFPQ_FILTER_KEY_BYTES	((int) sizeof(int64))
+/*
+ * The filter key of a row whose filter column is NULL. An int8 column may
+ * hold this value too; scans recheck their filter on each row they return,
+ * so such rows (and NULLs) only cost a candidate slot.
+ */
+#define GPU_IVFPQ_NULL_FILTER_KEY	PG_INT64_MIN
 
 /* Where the parts of a list entry lie (GpuIvfpqLayoutOf gives an index's). */
 typedef struct GpuIvfpqEntryLayout
 {
-	int			size;			/* bytes per entry in the entry region (TID + code) */
+	int			size;			/* bytes per entry in the entry region (TID + code + key) */
 	int			m;				/* code bytes (0 in an untrained index) */
+	bool		keyed;			/* entries end with a filter key */
 	int			vdim;			/* floats of the exact vector (0: none) */
 	int			capacity;		/* entries per page */
 	int			vec_offset;		/* the vector region, from PageGetContents */
 	int			xsize;			/* bytes per entry in the transfer form */
 	int			xtid;			/* offset of the TID in the transfer form */
 	int			xcode;			/* offset of the code in the transfer form */
+	int			xkey;			/* offset of the filter key in the transfer form */
 } GpuIvfpqEntryLayout;
 
 static inline GpuIvfpqEntryLayout
-GpuIvfpqLayout(int m, int vdim)
+GpuIvfpqLayout(int m, int vdim, bool keyed)
 {
 	GpuIvfpqEntryLayout el;
 	int			vbytes = (int) sizeof(float) * vdim;
 
 	el.m = m;
 	el.vdim = vdim;
-	el.size = GPU_IVFPQ_TID_BYTES + m;
+	el.keyed = keyed;
+	el.size = GPU_IVFPQ_TID_BYTES + m + (keyed ? GPU_IVFPQ_FILTER_KEY_BYTES : 0);
 	el.capacity = (int) (GPU_IVFPQ_PAGE_CONTENT / (el.size + vbytes));
 	/* The vector region ends at the special space (whose offset is MAXALIGNed). */
 	el.vec_offset = (int) GPU_IVFPQ_PAGE_CONTENT - el.capacity * vbytes;
 	el.xtid = vbytes;
 	el.xcode = el.xtid + GPU_IVFPQ_TID_BYTES;
-	el.xsize = el.xcode + m;
+	el.xkey = el.xcode + m;
+	el.xsize = el.xkey + (keyed ? GPU_IVFPQ_FILTER_KEY_BYTES : 0);
 	return el;
 }
 
@@ -183,6 +204,23 @@ GpuIvfpqEntryCode(const char *entries, int i, const GpuIvfpqEntryLayout *el)
 {
 	return (const uint8 *) entries + (Size) i * el->size + GPU_IVFPQ_TID_BYTES;
 }
+
+/* The filter key of entry i of a page's packed entries (el->keyed). */
+static inline int64
+GpuIvfpqEntryFilterKey(const char *entries, int i, const GpuIvfpqEntryLayout *el)
+{
+	int64		key;
+
+	memcpy(&key, entries + (Size) i * el->size + GPU_IVFPQ_TID_BYTES + el->m, sizeof(key));
+	return key;
+}
+
+/* An inclusive range of filter keys a scan keeps (lo > hi: none). */
+typedef struct GpuIvfpqKeyRange
+{
+	int64		lo;
+	int64		hi;
+} GpuIvfpqKeyRange;
 
 /*
  * The exact vector of entry i (el->vdim floats, aligned), if the layout has
@@ -351,7 +389,9 @@ extern void GpuIvfpqSetDimensions(Relation index, GpuIvfpqMetaPageData *meta, in
 extern int	GpuIvfpqDefaultM(int dim);
 extern int	GpuIvfpqMetricOf(Relation index);
 extern GpuIvfpqEntryLayout GpuIvfpqLayoutOf(const GpuIvfpqMetaPageData *meta);
-extern bool GpuIvfpqVectorsFit(int dim, int m);
+extern bool GpuIvfpqVectorsFit(int dim, int m, bool keyed);
+extern bool GpuIvfpqHasFilterColumn(Relation index);
+extern int64 GpuIvfpqFilterKeyOf(Relation index, Datum value, bool isnull);
 
 /* ---- model_cache.cpp ---- */
 extern gpuivfpq::IvfPqModel *GpuIvfpqGetModel(Relation index, const GpuIvfpqMetaPageData *meta);
@@ -359,7 +399,8 @@ extern gpuivfpq::IvfPqModel *GpuIvfpqGetModel(Relation index, const GpuIvfpqMeta
 /* ---- lists.cpp ---- */
 extern int64 GpuIvfpqRankLists(Relation index, const GpuIvfpqMetaPageData *meta,
 							   const GpuIvfpqListDirEntry *dir, gpuivfpq::IvfPqModel *model,
-							   const gpuivfpq::IvfPqQuery *prepared, int probes, gpuivfpq::TopK *topk,
+							   const gpuivfpq::IvfPqQuery *prepared, int probes,
+							   const GpuIvfpqKeyRange *range, gpuivfpq::TopK *topk,
 							   const float *query, int64 *labels, double *exact, int *nlabels);
 
 /* A growing array of labels (palloc'd in the context current when it grows). */
@@ -379,7 +420,8 @@ typedef struct GpuIvfpqAdcBound
 } GpuIvfpqAdcBound;
 
 extern int64 GpuIvfpqCollectList(Relation index, const GpuIvfpqMetaPageData *meta, BlockNumber head,
-								 const GpuIvfpqAdcBound *bound, GpuIvfpqLabels *out);
+								 const GpuIvfpqAdcBound *bound, const GpuIvfpqKeyRange *range,
+								 GpuIvfpqLabels *out);
 extern Relation GpuIvfpqOpenIndex(Oid relid);
 
 /* ---- build.cpp ---- */

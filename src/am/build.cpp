@@ -30,6 +30,7 @@ typedef struct BuildState
 	int			m;
 	bool		store_vectors;	/* the option: entries keep their vector when it fits */
 	int			vdim;			/* floats of vector per entry (0: none) */
+	bool		keyed;			/* entries carry the filter column's value */
 	double		heap_tuples;	/* rows seen, NULLs included */
 	double		index_tuples;	/* non-NULL rows */
 	MemoryContext tmpctx;		/* reset per row */
@@ -46,6 +47,7 @@ typedef struct BuildState
 	gpuivfpq::IvfPqModel *model;	/* owned by the build's memory context */
 	float	   *batch;
 	ItemPointerData *batch_tids;
+	int64	   *batch_keys;		/* filter keys (keyed) */
 	int			batch_n;
 	int			batch_cap;		/* ENCODE_BATCH, or the GPU encoder's segment */
 	GpuIvfpqRemoteEncoder *gpu_encoder; /* encodes on the service's GPU when set */
@@ -55,6 +57,7 @@ typedef struct BuildState
 	float	   *batch_qerror;
 	int32	   *pend_lists;		/* pending entries (list, tid, code, vector) */
 	ItemPointerData *pend_tids;
+	int64	   *pend_keys;		/* keyed */
 	uint8	   *pend_codes;
 	float	   *pend_vectors;	/* vdim floats each */
 	float	   *list_radius;	/* per list, max over pending entries */
@@ -212,7 +215,7 @@ SampleRows(BuildState *bs, Relation heap, IndexInfo *indexInfo)
 static void
 FlushPending(BuildState *bs)
 {
-	GpuIvfpqEntryLayout el = GpuIvfpqLayout(bs->m, bs->vdim);
+	GpuIvfpqEntryLayout el = GpuIvfpqLayout(bs->m, bs->vdim, bs->keyed);
 	int			esz = el.xsize;
 	int		   *counts = (int *) palloc0(sizeof(int) * (bs->lists + 1));
 	int		   *order = (int *) palloc(sizeof(int) * Max(bs->pend_n, 1));
@@ -236,6 +239,8 @@ FlushPending(BuildState *bs)
 			memcpy(dst, bs->pend_vectors + (Size) e * bs->vdim, sizeof(float) * bs->vdim);
 		memcpy(dst + el.xtid, &bs->pend_tids[e], GPU_IVFPQ_TID_BYTES);
 		memcpy(dst + el.xcode, bs->pend_codes + (Size) e * bs->m, bs->m);
+		if (bs->keyed)
+			memcpy(dst + el.xkey, &bs->pend_keys[e], GPU_IVFPQ_FILTER_KEY_BYTES);
 	}
 	for (int l = 0; l < bs->lists; l++)
 	{
@@ -291,6 +296,8 @@ EncodeBatch(BuildState *bs)
 
 		bs->pend_lists[p] = l;
 		bs->pend_tids[p] = bs->batch_tids[i];
+		if (bs->keyed)
+			bs->pend_keys[p] = bs->batch_keys[i];
 		memcpy(bs->pend_codes + (Size) p * bs->m, bs->batch_codes + (Size) i * bs->m, bs->m);
 		if (bs->vdim > 0)
 			memcpy(bs->pend_vectors + (Size) p * bs->vdim, bs->batch + (Size) i * bs->dim,
@@ -320,12 +327,52 @@ EncodeCallback(Relation index, ItemPointer tid, Datum *values, bool *isnull,
 	old = MemoryContextSwitchTo(bs->tmpctx);
 	v = RowVector(bs, values[0]);
 	memcpy(bs->batch + (Size) bs->batch_n * bs->dim, v, (Size) bs->dim * sizeof(float));
+	if (bs->keyed)
+		bs->batch_keys[bs->batch_n] = GpuIvfpqFilterKeyOf(index, values[1], isnull[1]);
 	bs->batch_tids[bs->batch_n++] = *tid;
 	MemoryContextSwitchTo(old);
 	MemoryContextReset(bs->tmpctx);
 	bs->index_tuples++;
 	if (bs->batch_n == bs->batch_cap)
 		EncodeBatch(bs);
+}
+
+/* Whether typid is an integer type a filter column may have. */
+static bool
+IsFilterType(Oid typid)
+{
+	return typid == INT2OID || typid == INT4OID || typid == INT8OID;
+}
+
+/*
+ * The index's columns: the vector first, then at most one filter column
+ * of an integer type (whose values the entries carry, so that the GPU and
+ * the CPU engine apply WHERE filter_column <op> value before ranking).
+ */
+static void
+GpuIvfpqCheckColumns(Relation index)
+{
+	TupleDesc	desc = RelationGetDescr(index);
+	int			nkeys = IndexRelationGetNumberOfKeyAttributes(index);
+
+	if (nkeys > 2)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("gpu_ivfpq index \"%s\" has %d columns; it takes a vector column and at most one filter column",
+						RelationGetRelationName(index), nkeys),
+				 errhint("Index the vector column first, then one integer column to filter on, for example (embedding, tenant_id).")));
+	if (IsFilterType(TupleDescAttr(desc, 0)->atttypid))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("the first column of gpu_ivfpq index \"%s\" must be the vector column",
+						RelationGetRelationName(index)),
+				 errhint("Put the integer filter column second, for example (embedding, tenant_id).")));
+	if (nkeys == 2 && !IsFilterType(TupleDescAttr(desc, 1)->atttypid))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("the filter column of gpu_ivfpq index \"%s\" must be smallint, integer or bigint",
+						RelationGetRelationName(index)),
+				 errhint("A gpu_ivfpq index takes one vector column and, optionally, one integer filter column.")));
 }
 
 /* Starts a metapage's contents: format identity, metric and a fresh build id. */
@@ -471,7 +518,7 @@ TrainQuantizers(BuildState *bs, int requested_m, GpuIvfpqMetaPageData *meta, Tim
 	meta->m = bs->m;
 	meta->trained = true;
 	meta->features |= GPU_IVFPQ_FEATURE_QERROR;
-	if (bs->store_vectors && GpuIvfpqVectorsFit(bs->dim, bs->m))
+	if (bs->store_vectors && GpuIvfpqVectorsFit(bs->dim, bs->m, bs->keyed))
 	{
 		meta->features |= GPU_IVFPQ_FEATURE_VECTORS;
 		bs->vdim = bs->dim;
@@ -496,8 +543,9 @@ static void
 EncodeAndWrite(BuildState *bs, Relation heap, IndexInfo *indexInfo, TimestampTz *phase_start)
 {
 	Size		batch_bytes = (Size) ENCODE_BATCH * (bs->dim * sizeof(float) + sizeof(ItemPointerData) +
-													 sizeof(int32) + bs->m + sizeof(float));
-	Size		entry_bytes = sizeof(int32) + sizeof(ItemPointerData) + bs->m + sizeof(float) * bs->vdim;
+													 sizeof(int64) + sizeof(int32) + bs->m + 2 * sizeof(float));
+	Size		entry_bytes = sizeof(int32) + sizeof(ItemPointerData) + sizeof(int64) + bs->m +
+		sizeof(float) * bs->vdim;
 	double		estimate = Max((double) heap->rd_rel->reltuples, bs->vectors_estimate);
 
 	CheckBuildMemory(batch_bytes + (Size) ENCODE_BATCH * entry_bytes, "encoding");
@@ -511,6 +559,7 @@ EncodeAndWrite(BuildState *bs, Relation heap, IndexInfo *indexInfo, TimestampTz 
 	bs->batch = bs->gpu_encoder != NULL ? GpuIvfpqServiceEncoderRows(bs->gpu_encoder)
 		: (float *) palloc_extended((Size) ENCODE_BATCH * bs->dim * sizeof(float), MCXT_ALLOC_HUGE);
 	bs->batch_tids = (ItemPointerData *) palloc(sizeof(ItemPointerData) * bs->batch_cap);
+	bs->batch_keys = (int64 *) palloc(sizeof(int64) * bs->batch_cap);
 	bs->batch_lists = (int32 *) palloc(sizeof(int32) * bs->batch_cap);
 	bs->batch_codes = (uint8 *) palloc((Size) bs->batch_cap * bs->m);
 	bs->batch_radius = (float *) palloc(sizeof(float) * bs->batch_cap);
@@ -518,6 +567,7 @@ EncodeAndWrite(BuildState *bs, Relation heap, IndexInfo *indexInfo, TimestampTz 
 	bs->pend_cap = Max(bs->pend_cap, bs->batch_cap);	/* a flush always makes room for a batch */
 	bs->pend_lists = (int32 *) palloc_extended(sizeof(int32) * bs->pend_cap, MCXT_ALLOC_HUGE);
 	bs->pend_tids = (ItemPointerData *) palloc_extended(sizeof(ItemPointerData) * bs->pend_cap, MCXT_ALLOC_HUGE);
+	bs->pend_keys = (int64 *) palloc_extended(sizeof(int64) * bs->pend_cap, MCXT_ALLOC_HUGE);
 	bs->pend_codes = (uint8 *) palloc_extended((Size) bs->pend_cap * bs->m, MCXT_ALLOC_HUGE);
 	if (bs->vdim > 0)
 		bs->pend_vectors = (float *) palloc_extended((Size) bs->pend_cap * bs->vdim * sizeof(float),
@@ -554,17 +604,21 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 		elog(ERROR, "index \"%s\" already contains data", RelationGetRelationName(index));
 
 	/* Everything the build allocates, the engine model included, goes with this context. */
+	GpuIvfpqCheckColumns(index);
 	buildctx = AllocSetContextCreate(CurrentMemoryContext, "gpu_ivfpq build", ALLOCSET_DEFAULT_SIZES);
 	old = MemoryContextSwitchTo(buildctx);
 	memset(&bs, 0, sizeof(bs));
 	bs.index = index;
 	bs.metric = GpuIvfpqMetricOf(index);
+	bs.keyed = GpuIvfpqHasFilterColumn(index);
 	IndexOptions(index, &bs.lists, &requested_m, &bs.store_vectors);
 	bs.tmpctx = AllocSetContextCreate(buildctx, "gpu_ivfpq build row", ALLOCSET_DEFAULT_SIZES);
 	pg_prng_seed(&bs.prng, BUILD_SEED);
 
 	/* Block 0 is the metapage; it is rewritten once the build is complete. */
 	InitMeta(&meta, bs.metric);
+	if (bs.keyed)
+		meta.features |= GPU_IVFPQ_FEATURE_FILTER;
 	metabuf = GpuIvfpqNewBuffer(index, MAIN_FORKNUM);
 	WriteMetaPage(index, &meta, metabuf);
 	UnlockReleaseBuffer(metabuf);
@@ -627,7 +681,10 @@ gpuivfpqbuildempty(Relation index)
 	GpuIvfpqMetaPageData meta;
 	GpuIvfpqListDirEntry entry;
 
+	GpuIvfpqCheckColumns(index);
 	InitMeta(&meta, GpuIvfpqMetricOf(index));
+	if (GpuIvfpqHasFilterColumn(index))
+		meta.features |= GPU_IVFPQ_FEATURE_FILTER;
 	meta.lists = 1;
 	meta.listdir_start = 1;
 	meta.listdir_pages = 1;

@@ -369,16 +369,18 @@ CheckDuplicates(CheckState *cs)
 }
 
 /*
- * heapallindexed, in an index with vector copies: the entry's copy holds,
- * bit for bit, the row's indexed vector (a stale or damaged copy would make
- * scans rank the row by another vector). The entry is looked up again on its
- * page: VACUUM may have moved it within the page since the lists were read.
+ * heapallindexed, in an index with vector copies or filter keys: the entry's
+ * copy holds, bit for bit, the row's indexed vector (a stale or damaged copy
+ * would make scans rank the row by another vector), and its filter key the
+ * row's filter column (else a pushed-down filter would skip or keep the
+ * wrong rows). The entry is looked up again on its page: VACUUM may have
+ * moved it within the page since the lists were read.
  */
 static void
-CheckVectorCopy(CheckState *cs, const CheckedTid *entry, ItemPointer tid, ArrayType *arr)
+CheckEntryCopies(CheckState *cs, const CheckedTid *entry, ItemPointer tid, Datum *values, bool *isnull)
 {
-	int			dim;
-	const float *v = GpuIvfpqStoredVector(arr, &dim);
+	int			dim = 0;
+	const float *v = cs->el.vdim > 0 ? GpuIvfpqStoredVector(DatumGetArrayTypeP(values[0]), &dim) : NULL;
 	Page		page = ReadCopy(cs, entry->blk);
 	const char *entries = (const char *) PageGetContents(page);
 	int			n = GpuIvfpqListPageEntries(cs->index, entry->blk, page, &cs->el, (int) entry->list);
@@ -387,12 +389,20 @@ CheckVectorCopy(CheckState *cs, const CheckedTid *entry, ItemPointer tid, ArrayT
 	{
 		if (GpuIvfpqEntryLabel(entries, i, &cs->el) != entry->label)
 			continue;
-		if (dim != cs->el.vdim ||
-			memcmp(GpuIvfpqEntryVector(entries, i, &cs->el), v, sizeof(float) * dim) != 0)
+		if (v != NULL &&
+			(dim != cs->el.vdim ||
+			 memcmp(GpuIvfpqEntryVector(entries, i, &cs->el), v, sizeof(float) * dim) != 0))
 			GpuIvfpqReportCorrupt(cs->index, entry->blk,
 								  "list %u entry %d keeps a vector that is not the one of row (%u,%u) of table \"%s\"",
 								  entry->list, i, ItemPointerGetBlockNumber(tid),
 								  (unsigned int) ItemPointerGetOffsetNumber(tid), RelationGetRelationName(cs->heap));
+		if (cs->el.keyed &&
+			GpuIvfpqEntryFilterKey(entries, i, &cs->el) != GpuIvfpqFilterKeyOf(cs->index, values[1], isnull[1]))
+			GpuIvfpqReportCorrupt(cs->index, entry->blk,
+								  "list %u entry %d keeps filter key %lld, not the filter column of row (%u,%u) of table \"%s\"",
+								  entry->list, i, (long long) GpuIvfpqEntryFilterKey(entries, i, &cs->el),
+								  ItemPointerGetBlockNumber(tid), (unsigned int) ItemPointerGetOffsetNumber(tid),
+								  RelationGetRelationName(cs->heap));
 		return;
 	}
 	/* Gone since the lists were read: a concurrent VACUUM; the row is checked no further. */
@@ -422,12 +432,12 @@ HeapRowCallback(Relation index, ItemPointer tid, Datum *values, bool *isnull, bo
 						RelationGetRelationName(cs->index), ItemPointerGetBlockNumber(tid),
 						(unsigned int) ItemPointerGetOffsetNumber(tid), RelationGetRelationName(cs->heap)),
 				 errhint("REINDEX the index to rebuild it from its table.")));
-	if (cs->el.vdim > 0)
+	if (cs->el.vdim > 0 || cs->el.keyed)
 	{
 		/* The detoasted copy of each row's vector goes with the row. */
 		MemoryContext old = MemoryContextSwitchTo(cs->rowctx);
 
-		CheckVectorCopy(cs, found, tid, DatumGetArrayTypeP(values[0]));
+		CheckEntryCopies(cs, found, tid, values, isnull);
 		MemoryContextSwitchTo(old);
 		MemoryContextReset(cs->rowctx);
 	}

@@ -88,7 +88,47 @@ gpuivfpqcostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
 	*indexPages = costs.numIndexPages;
 }
 
-/* amvalidate: an operator class has ORDER BY operator 1 and support functions 1 and 2. */
+/*
+ * amvalidate of a filter column's operator class (an integer type): search
+ * operators 1-5 (B-tree's <, <=, =, >=, >) and no support functions.
+ */
+static bool
+ValidateFilterClass(Form_pg_opclass classform)
+{
+	bool		result = true;
+	CatCList   *oprlist = SearchSysCacheList1(AMOPSTRATEGY, ObjectIdGetDatum(classform->opcfamily));
+	CatCList   *proclist = SearchSysCacheList1(AMPROCNUM, ObjectIdGetDatum(classform->opcfamily));
+
+	for (int i = 0; i < oprlist->n_members; i++)
+	{
+		Form_pg_amop op = (Form_pg_amop) GETSTRUCT(&oprlist->members[i]->tuple);
+
+		if (op->amopstrategy < BTLessStrategyNumber || op->amopstrategy > BTGreaterStrategyNumber ||
+			op->amoppurpose != AMOP_SEARCH)
+		{
+			ereport(INFO,
+					(errcode(ERRCODE_INVALID_OBJECT_DEFINITION),
+					 errmsg("gpu_ivfpq filter operator family contains operator %u with strategy %d; only search operators 1 to 5 are supported",
+							op->amopopr, op->amopstrategy)));
+			result = false;
+		}
+	}
+	if (proclist->n_members > 0)
+	{
+		ereport(INFO,
+				(errcode(ERRCODE_INVALID_OBJECT_DEFINITION),
+				 errmsg("gpu_ivfpq filter operator family has support functions; it takes none")));
+		result = false;
+	}
+	ReleaseCatCacheList(proclist);
+	ReleaseCatCacheList(oprlist);
+	return result;
+}
+
+/*
+ * amvalidate: a vector operator class has ORDER BY operator 1 and support
+ * functions 1 and 2; a filter column's (integer) class, search operators.
+ */
 bool
 gpuivfpqvalidate(Oid opclassoid)
 {
@@ -103,6 +143,13 @@ gpuivfpqvalidate(Oid opclassoid)
 	if (!HeapTupleIsValid(classtup))
 		elog(ERROR, "cache lookup failed for operator class %u", opclassoid);
 	classform = (Form_pg_opclass) GETSTRUCT(classtup);
+	if (classform->opcintype == INT2OID || classform->opcintype == INT4OID ||
+		classform->opcintype == INT8OID)
+	{
+		result = ValidateFilterClass(classform);
+		ReleaseSysCache(classtup);
+		return result;
+	}
 
 	oprlist = SearchSysCacheList1(AMOPSTRATEGY, ObjectIdGetDatum(classform->opcfamily));
 	for (int i = 0; i < oprlist->n_members; i++)
@@ -179,7 +226,7 @@ gpu_ivfpq_handler(PG_FUNCTION_ARGS)
 	am->amcanorderbyop = true;
 	am->amcanbackward = false;
 	am->amcanunique = false;
-	am->amcanmulticol = false;
+	am->amcanmulticol = true;	/* the vector, then one integer filter column */
 	am->amoptionalkey = true;
 	am->amsearcharray = false;
 	am->amsearchnulls = false;

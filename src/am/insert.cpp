@@ -46,6 +46,12 @@ gpuivfpqinsert(Relation index, Datum *values, bool *isnull, ItemPointer heap_tid
 	if (el.vdim > 0)
 		memcpy(entry, v, sizeof(float) * el.vdim);
 	memcpy(entry + el.xtid, heap_tid, GPU_IVFPQ_TID_BYTES);
+	if (el.keyed)
+	{
+		int64		key = GpuIvfpqFilterKeyOf(index, values[1], isnull[1]);
+
+		memcpy(entry + el.xkey, &key, GPU_IVFPQ_FILTER_KEY_BYTES);
+	}
 	if (meta.trained)
 	{
 		gpuivfpq::IvfPqModel *model = GpuIvfpqGetModel(index, &meta);
@@ -60,7 +66,8 @@ gpuivfpqinsert(Relation index, Datum *values, bool *isnull, ItemPointer heap_tid
 	/* After the page: a mirror loaded from now on sees it in the pages or the log. */
 	if (meta.trained)
 		GpuIvfpqServiceLogAppend(index, &meta, list, GpuIvfpqTidToLabel(heap_tid),
-								 (const uint8 *) entry + el.xcode, el.vdim > 0 ? v : NULL);
+								 (const uint8 *) entry + el.xcode, el.vdim > 0 ? v : NULL,
+								 el.keyed ? (const char *) entry + el.xkey : NULL);
 
 	MemoryContextSwitchTo(old);
 	MemoryContextDelete(ctx);

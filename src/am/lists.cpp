@@ -57,13 +57,16 @@ CompactTaken(TakenVector *taken, float *copies, int64 ntaken, int vdim, float th
  * exact[i] is the exact distance of labels[i] to query, in the order of
  * gpuivfpq::exact_less, as the GPU's re-rank returns them. Each entry the
  * k-selection takes has its vector copied while its page is locked, so the
- * re-rank reads no page again (and no heap). Returns how many entries those
- * lists hold.
+ * re-rank reads no page again (and no heap). With range (an index with a
+ * filter column), only entries whose filter key lies in it are ranked, as
+ * if the others were not there. Returns how many entries those lists hold
+ * (within range).
  */
 int64
 GpuIvfpqRankLists(Relation index, const GpuIvfpqMetaPageData *meta, const GpuIvfpqListDirEntry *dir,
 				  gpuivfpq::IvfPqModel *model, const gpuivfpq::IvfPqQuery *prepared, int probes,
-				  gpuivfpq::TopK *topk, const float *query, int64 *labels, double *exact, int *nlabels)
+				  const GpuIvfpqKeyRange *range, gpuivfpq::TopK *topk, const float *query,
+				  int64 *labels, double *exact, int *nlabels)
 {
 	GpuIvfpqEntryLayout el = GpuIvfpqLayoutOf(meta);
 	int			m = el.m;
@@ -78,6 +81,8 @@ GpuIvfpqRankLists(Relation index, const GpuIvfpqMetaPageData *meta, const GpuIvf
 
 	if (exact != NULL && vdim == 0)
 		elog(ERROR, "gpu_ivfpq: exact re-rank from an index without vector copies");
+	if (range != NULL && !el.keyed)
+		elog(ERROR, "gpu_ivfpq: filter range on an index without filter keys");
 	for (int p = 0; p < probes; p++)
 	{
 		int			list = prepared->lists[p];
@@ -85,7 +90,8 @@ GpuIvfpqRankLists(Relation index, const GpuIvfpqMetaPageData *meta, const GpuIvf
 
 		GpuIvfpqGuard("lookup tables", [&] { model->list_table(*prepared, p, table, &base); });
 		GpuIvfpqWalkList(index, dir[list].head, &el, [&](const char *ent, int n, BlockNumber) {
-			seen += n;
+			if (range == NULL)
+				seen += n;
 			GpuIvfpqGuard("list scan", [&] {
 				gpuivfpq::adc_scan(GpuIvfpqEntryCode(ent, 0, &el), n, el.size, table, m, base, dists);
 			});
@@ -93,6 +99,14 @@ GpuIvfpqRankLists(Relation index, const GpuIvfpqMetaPageData *meta, const GpuIvf
 			{
 				int64		label;
 
+				if (range != NULL)
+				{
+					int64		key = GpuIvfpqEntryFilterKey(ent, i, &el);
+
+					if (key < range->lo || key > range->hi)
+						continue;
+					seen++;
+				}
 				if (!(dists[i] < topk->threshold()))
 					continue;
 				label = GpuIvfpqEntryLabel(ent, i, &el);
@@ -174,19 +188,21 @@ GpuIvfpqRankLists(Relation index, const GpuIvfpqMetaPageData *meta, const GpuIvf
 
 /*
  * Appends the labels of the list starting at head to out: every entry, or
- * with a bound only those whose ADC distance is within it. Returns how many
- * entries the list holds.
+ * with a bound only those whose ADC distance is within it, and with range
+ * only those whose filter key lies in it. Returns how many entries the list
+ * holds (within range).
  */
 int64
 GpuIvfpqCollectList(Relation index, const GpuIvfpqMetaPageData *meta, BlockNumber head,
-					const GpuIvfpqAdcBound *bound, GpuIvfpqLabels *out)
+					const GpuIvfpqAdcBound *bound, const GpuIvfpqKeyRange *range, GpuIvfpqLabels *out)
 {
 	GpuIvfpqEntryLayout el = GpuIvfpqLayoutOf(meta);
 	float	   *dists = bound ? (float *) palloc(sizeof(float) * GpuIvfpqEntriesPerPage(&el)) : NULL;
 	int64		entries = 0;
 
+	if (range != NULL && !el.keyed)
+		elog(ERROR, "gpu_ivfpq: filter range on an index without filter keys");
 	GpuIvfpqWalkList(index, head, &el, [&](const char *ent, int n, BlockNumber) {
-		entries += n;
 		if (out->n + n > out->cap)
 		{
 			out->cap = Max(Max(out->cap * 2, out->n + n), 1024);
@@ -200,8 +216,18 @@ GpuIvfpqCollectList(Relation index, const GpuIvfpqMetaPageData *meta, BlockNumbe
 								   el.m, bound->base, dists);
 			});
 		for (int i = 0; i < n; i++)
+		{
+			if (range != NULL)
+			{
+				int64		key = GpuIvfpqEntryFilterKey(ent, i, &el);
+
+				if (key < range->lo || key > range->hi)
+					continue;
+			}
+			entries++;
 			if (bound == NULL || dists[i] <= bound->limit)
 				out->labels[out->n++] = GpuIvfpqEntryLabel(ent, i, &el);
+		}
 	});
 	if (dists)
 		pfree(dists);

@@ -150,6 +150,13 @@ GpuIvfpqCheckMeta(Relation index, const GpuIvfpqMetaPageData *meta)
 				 errmsg("gpu_ivfpq index \"%s\" was built by a development version whose list pages this build does not read",
 						RelationGetRelationName(index)),
 				 errhint("REINDEX the index.")));
+	if (meta->features & ~(uint32) (GPU_IVFPQ_FEATURES_KNOWN | GPU_IVFPQ_FEATURE_RETIRED))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("gpu_ivfpq index \"%s\" uses format features 0x%x that this build does not read",
+						RelationGetRelationName(index),
+						meta->features & ~(uint32) (GPU_IVFPQ_FEATURES_KNOWN | GPU_IVFPQ_FEATURE_RETIRED)),
+				 errhint("Upgrade the extension, or REINDEX the index.")));
 	/* A bool holding neither 0 nor 1 must not be read as a bool. */
 	memcpy(&trained, &meta->trained, 1);
 	if (trained > 1)
@@ -187,9 +194,15 @@ GpuIvfpqCheckMeta(Relation index, const GpuIvfpqMetaPageData *meta)
 							  meta->listdir_pages, meta->lists, dir_pages);
 	/* Vector copies exist only in trained indexes, and only where an entry fits a page. */
 	if ((meta->features & GPU_IVFPQ_FEATURE_VECTORS) &&
-		(!trained || !GpuIvfpqVectorsFit((int) meta->dimensions, meta->m)))
+		(!trained || !GpuIvfpqVectorsFit((int) meta->dimensions, meta->m,
+										 (meta->features & GPU_IVFPQ_FEATURE_FILTER) != 0)))
 		GpuIvfpqReportCorrupt(index, blk, "metapage says list entries keep vectors of %u dimensions, which %s",
 							  meta->dimensions, trained ? "do not fit an index page" : "an untrained index never does");
+	/* The entries' filter keys exist exactly when the index has a filter column. */
+	if (((meta->features & GPU_IVFPQ_FEATURE_FILTER) != 0) != GpuIvfpqHasFilterColumn(index))
+		GpuIvfpqReportCorrupt(index, blk, "metapage says list entries %s filter keys, but the index has %s",
+							  (meta->features & GPU_IVFPQ_FEATURE_FILTER) ? "carry" : "carry no",
+							  GpuIvfpqHasFilterColumn(index) ? "a filter column" : "none");
 }
 
 /* Copies the metapage out, checking that this is a gpu_ivfpq index we can read. */
@@ -567,7 +580,8 @@ GpuIvfpqEntryLayout
 GpuIvfpqLayoutOf(const GpuIvfpqMetaPageData *meta)
 {
 	return GpuIvfpqLayout(meta->trained ? meta->m : 0,
-						  (meta->features & GPU_IVFPQ_FEATURE_VECTORS) ? (int) meta->dimensions : 0);
+						  (meta->features & GPU_IVFPQ_FEATURE_VECTORS) ? (int) meta->dimensions : 0,
+						  (meta->features & GPU_IVFPQ_FEATURE_FILTER) != 0);
 }
 
 /*
@@ -576,11 +590,44 @@ GpuIvfpqLayoutOf(const GpuIvfpqMetaPageData *meta)
  * only, since an index entry cannot span pages).
  */
 bool
-GpuIvfpqVectorsFit(int dim, int m)
+GpuIvfpqVectorsFit(int dim, int m, bool keyed)
 {
-	GpuIvfpqEntryLayout el = GpuIvfpqLayout(m, dim);
+	GpuIvfpqEntryLayout el = GpuIvfpqLayout(m, dim, keyed);
 
 	return el.capacity >= 1;
+}
+
+/*
+ * Whether the index has a filter column: a second key column, an integer
+ * (the AM takes at most two, the first the vector; see build.cpp).
+ */
+bool
+GpuIvfpqHasFilterColumn(Relation index)
+{
+	return IndexRelationGetNumberOfKeyAttributes(index) >= 2;
+}
+
+/*
+ * The filter key of a filter column value: the integer widened to int64,
+ * GPU_IVFPQ_NULL_FILTER_KEY for NULL.
+ */
+int64
+GpuIvfpqFilterKeyOf(Relation index, Datum value, bool isnull)
+{
+	if (isnull)
+		return GPU_IVFPQ_NULL_FILTER_KEY;
+	switch (TupleDescAttr(RelationGetDescr(index), 1)->atttypid)
+	{
+		case INT2OID:
+			return DatumGetInt16(value);
+		case INT4OID:
+			return DatumGetInt32(value);
+		case INT8OID:
+			return DatumGetInt64(value);
+		default:
+			elog(ERROR, "gpu_ivfpq filter column of type %u", TupleDescAttr(RelationGetDescr(index), 1)->atttypid);
+	}
+	return 0;					/* not reached */
 }
 
 /* The metric of an index, from its operator class's support function 2. */

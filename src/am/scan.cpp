@@ -6,6 +6,10 @@
 // round never returns a row that sorts before one already returned.
 #include "common/guard.h"
 #include "common/rerank.h"
+
+extern "C" {
+#include "access/stratnum.h"
+}
 #include "service/service.h"
 #include "engine/exact_distance.h"
 #include "engine/ivfpq.h"
@@ -27,6 +31,10 @@ typedef struct GpuIvfpqScanOpaqueData
 	gpuivfpq::IvfPqQuery *prepared; /* owned by scanctx */
 	bool		query_prepared; /* prepared holds the current query */
 
+	/* the filter on the filter column, pushed down (scan keys of column 2) */
+	bool		filtered;		/* range applies */
+	GpuIvfpqKeyRange range;		/* lo > hi: no row can match */
+
 	/* progress of the iterative scan */
 	bool		started;
 	bool		exhausted;
@@ -38,6 +46,8 @@ typedef struct GpuIvfpqScanOpaqueData
 	bool		returned_any;	/* last is set */
 	bool		final_round;	/* the current round ranked every entry */
 	int			round_want;		/* candidates the current round asked for */
+	int			widen_to;		/* > 0: the next round only probes this many lists (a filter) */
+	bool		filter_sized;	/* the probes were scaled to the filter's selectivity */
 	GpuIvfpqHit last;			/* the last row returned: later rows sort after it */
 
 	GpuIvfpqHit *results;
@@ -107,6 +117,104 @@ EnsureHeapAccess(IndexScanDesc scan)
 	MemoryContextSwitchTo(old);
 }
 
+/* The smallest and largest value of the filter column's type, as filter keys. */
+static void
+FilterTypeBounds(Relation index, int64 *lo, int64 *hi)
+{
+	switch (TupleDescAttr(RelationGetDescr(index), 1)->atttypid)
+	{
+		case INT2OID:
+			*lo = PG_INT16_MIN;
+			*hi = PG_INT16_MAX;
+			break;
+		case INT4OID:
+			*lo = PG_INT32_MIN;
+			*hi = PG_INT32_MAX;
+			break;
+		default:
+			*lo = PG_INT64_MIN;
+			*hi = PG_INT64_MAX;
+			break;
+	}
+}
+
+/*
+ * Folds the scan keys on the filter column (WHERE filter_column <op> value,
+ * op one of < <= = >= >, ANDed) into one range of filter keys. The range is
+ * clipped to the column type's values, which keeps NULLs (stored as
+ * GPU_IVFPQ_NULL_FILTER_KEY) out of it for smallint and integer columns; a
+ * NULL comparison value matches nothing.
+ */
+static void
+SetFilterRange(IndexScanDesc scan, ScanKey keys, int nkeys)
+{
+	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
+
+	so->filtered = false;
+	if (nkeys == 0)
+		return;
+	so->filtered = true;
+	FilterTypeBounds(scan->indexRelation, &so->range.lo, &so->range.hi);
+	for (int i = 0; i < nkeys; i++)
+	{
+		ScanKey		key = &keys[i];
+		Oid			type = key->sk_subtype;
+		int64		v;
+
+		if (key->sk_attno != 2)
+			elog(ERROR, "gpu_ivfpq: scan key on column %d", key->sk_attno);
+		if (key->sk_flags & SK_ISNULL)
+		{
+			so->range.lo = 1;
+			so->range.hi = 0;
+			return;
+		}
+		if (type == InvalidOid)
+			type = TupleDescAttr(RelationGetDescr(scan->indexRelation), 1)->atttypid;
+		if (type == INT2OID)
+			v = DatumGetInt16(key->sk_argument);
+		else if (type == INT4OID)
+			v = DatumGetInt32(key->sk_argument);
+		else if (type == INT8OID)
+			v = DatumGetInt64(key->sk_argument);
+		else
+			elog(ERROR, "gpu_ivfpq: filter comparison with type %u", type);
+		switch (key->sk_strategy)
+		{
+			case BTLessStrategyNumber:
+				if (v == PG_INT64_MIN)
+				{
+					so->range.lo = 1;
+					so->range.hi = 0;
+					return;
+				}
+				so->range.hi = Min(so->range.hi, v - 1);
+				break;
+			case BTLessEqualStrategyNumber:
+				so->range.hi = Min(so->range.hi, v);
+				break;
+			case BTEqualStrategyNumber:
+				so->range.lo = Max(so->range.lo, v);
+				so->range.hi = Min(so->range.hi, v);
+				break;
+			case BTGreaterEqualStrategyNumber:
+				so->range.lo = Max(so->range.lo, v);
+				break;
+			case BTGreaterStrategyNumber:
+				if (v == PG_INT64_MAX)
+				{
+					so->range.lo = 1;
+					so->range.hi = 0;
+					return;
+				}
+				so->range.lo = Max(so->range.lo, v + 1);
+				break;
+			default:
+				elog(ERROR, "gpu_ivfpq: filter strategy %d", key->sk_strategy);
+		}
+	}
+}
+
 /* amrescan: takes the query vector of the ORDER BY and restarts the scan. */
 void
 gpuivfpqrescan(IndexScanDesc scan, ScanKey keys, int nkeys, ScanKey orderbys, int norderbys)
@@ -122,6 +230,8 @@ gpuivfpqrescan(IndexScanDesc scan, ScanKey keys, int nkeys, ScanKey orderbys, in
 	so->returned_any = false;
 	so->final_round = false;
 	so->round_want = 0;
+	so->widen_to = 0;
+	so->filter_sized = false;
 	so->results = NULL;
 	so->nresults = 0;
 	so->next = 0;
@@ -131,6 +241,9 @@ gpuivfpqrescan(IndexScanDesc scan, ScanKey keys, int nkeys, ScanKey orderbys, in
 
 	if (orderbys && scan->numberOfOrderBys > 0)
 		memmove(scan->orderByData, orderbys, scan->numberOfOrderBys * sizeof(ScanKeyData));
+	if (keys && scan->numberOfKeys > 0)
+		memmove(scan->keyData, keys, scan->numberOfKeys * sizeof(ScanKeyData));
+	SetFilterRange(scan, scan->keyData, scan->numberOfKeys);
 
 	old = MemoryContextSwitchTo(so->batchctx);
 	so->seen = GpuIvfpqTidSetCreate(so->batchctx);
@@ -162,7 +275,7 @@ CollectAll(IndexScanDesc scan, GpuIvfpqLabels *all)
 	so->entries_seen = 0;
 	for (int list = 0; list < so->probes; list++)
 		so->entries_seen += GpuIvfpqCollectList(scan->indexRelation, &so->meta, so->dir[list].head,
-												NULL, all);
+												NULL, so->filtered ? &so->range : NULL, all);
 }
 
 /* a sorts before b by distance alone (NaN after every number). */
@@ -305,10 +418,34 @@ CpuRound(IndexScanDesc scan, int want, int64 **labels, double *exact, int *nlabe
 	topk = GpuIvfpqMakeOwned<gpuivfpq::TopK>(roundctx, "k-selection", (size_t) want);
 	*labels = (int64 *) palloc(sizeof(int64) * Max(want, 1));
 	so->entries_seen = GpuIvfpqRankLists(scan->indexRelation, &so->meta, so->dir, so->model,
-										 so->prepared, so->probes, topk, so->query, *labels, exact,
-										 nlabels);
+										 so->prepared, so->probes, so->filtered ? &so->range : NULL, topk,
+										 so->query, *labels, exact, nlabels);
 	so->codes_scanned += so->entries_seen;
 	MemoryContextDelete(roundctx);
+}
+
+/*
+ * The lists a filtered scan probes, from what its first round saw: matched
+ * of the entries in so->probes lists passed the filter, a selectivity s of
+ * about matched / (probes x rows per list). A filter's k nearest rows lie
+ * as far out as the k / s nearest of all, so the scan probes more lists:
+ * probes x s^(-1/4), which keeps recall near the unfiltered scan's at 10%
+ * and 1% selectivity (measured in the README). At most every list, and at
+ * most the GPU's per-round bound when the GPU service is wanted.
+ */
+static int
+FilteredProbes(IndexScanDesc scan, int64 matched)
+{
+	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
+	double		rows = Max((double) scan->indexRelation->rd_rel->reltuples, (double) so->meta.build_tuples);
+	double		expected = Max(1.0, rows * so->probes / Max(so->meta.lists, 1));
+	double		s = Min(1.0, Max((double) matched, 0.5) / expected);
+	double		want = ceil(so->probes * pow(s, -0.25));
+	int			limit = (int) so->meta.lists;
+
+	if (GpuIvfpqServiceWanted())
+		limit = Min(limit, Max(so->probes, GPU_IVFPQ_SERVICE_MAX_K));
+	return (int) Min(want, (double) limit);
 }
 
 /*
@@ -326,6 +463,9 @@ NextBatch(IndexScanDesc scan)
 
 	if (!so->started)
 		pgstat_count_index_scan(scan->indexRelation);
+	/* A filter no value satisfies (x < 1 AND x > 5, x = NULL). */
+	if (so->filtered && so->range.lo > so->range.hi)
+		so->exhausted = true;
 	while (!so->exhausted)
 	{
 		MemoryContext old = MemoryContextSwitchTo(so->batchctx);
@@ -333,6 +473,7 @@ NextBatch(IndexScanDesc scan)
 		double	   *exact = NULL;
 		bool		is_exact = false;
 		int			nlabels = 0;
+		int64		matched = 0;	/* a filtered round: entries of its lists in range */
 
 		if (!so->meta.trained || so->null_query || so->meta.dimensions == 0)
 		{
@@ -356,6 +497,12 @@ NextBatch(IndexScanDesc scan)
 			{
 				so->probes = Min(gpu_ivfpq_probes, lists);
 				so->candidates = gpu_ivfpq_rerank;
+			}
+			else if (so->widen_to > 0)
+			{
+				so->probes = so->widen_to;
+				so->widen_to = 0;
+				so->round_want = 0;
 			}
 			else
 			{
@@ -401,7 +548,8 @@ NextBatch(IndexScanDesc scan)
 				int			batch = 0;
 
 				nlabels = GpuIvfpqServiceSearch(scan->indexRelation, &so->meta, so->query, want,
-												so->probes, labels, exact, &is_exact, &batch);
+												so->probes, so->filtered ? &so->range : NULL,
+												&matched, labels, exact, &is_exact, &batch);
 				if (nlabels >= 0)
 				{
 					/*
@@ -419,9 +567,36 @@ NextBatch(IndexScanDesc scan)
 				pfree(labels);
 				CpuRound(scan, want, &labels, vectors ? exact : NULL, &nlabels);
 				is_exact = vectors;
+				matched = so->entries_seen;
 			}
 			INSTR_TIME_SET_CURRENT(end);
 			INSTR_TIME_ACCUM_DIFF(so->adc_time, end, start);
+
+			/*
+			 * A filtered scan's first round sizes the probes to the filter
+			 * (FilteredProbes); a round whose probed lists hold fewer
+			 * matching entries than it ranks probes twice the lists. Either
+			 * way the round is run again, wider, returning nothing yet.
+			 */
+			if (so->filtered)
+			{
+				int			widen = 0;
+
+				if (!so->filter_sized)
+				{
+					so->filter_sized = true;
+					widen = FilteredProbes(scan, matched);
+				}
+				if (widen <= so->probes && nlabels < want && so->probes < lists)
+					widen = Min(so->probes * 2, lists);
+				if (widen > so->probes)
+				{
+					so->started = true;
+					so->widen_to = widen;
+					MemoryContextSwitchTo(old);
+					continue;
+				}
+			}
 		}
 		so->started = true;
 		MemoryContextSwitchTo(old);
@@ -466,7 +641,12 @@ gpuivfpqgettuple(IndexScanDesc scan, ScanDirection dir)
 	/* Every returned row, whichever way its round re-ranked (a heap round entered it already). */
 	(void) hash_search(so->seen, &r->tid, HASH_ENTER, NULL);
 	scan->xs_heaptid = r->tid;
-	scan->xs_recheck = false;
+	/*
+	 * A pushed-down filter holds for the row's filter key, which copies the
+	 * row's column; the executor checks it again (cheap) because an int8
+	 * filter key of PG_INT64_MIN may stand for NULL.
+	 */
+	scan->xs_recheck = so->filtered;
 	scan->xs_recheckorderby = false;
 	if (scan->numberOfOrderBys > 0)
 	{

@@ -94,7 +94,7 @@ GpuIvfpqBatchBegin(GpuIvfpqBatchSearch *bs, Relation index, Relation heap, int d
 	else
 	{
 		for (uint32 l = 0; l < bs->meta.lists; l++)
-			(void) GpuIvfpqCollectList(index, &bs->meta, bs->dir[l].head, NULL, &bs->all);
+			(void) GpuIvfpqCollectList(index, &bs->meta, bs->dir[l].head, NULL, NULL, &bs->all);
 		/* Sorted once: re-ranking sorts its input in place, a no-op on sorted labels. */
 		std::sort(bs->all.labels, bs->all.labels + bs->all.n);
 	}
@@ -148,7 +148,7 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 						bs->model->prepare_query(queries + (c0 + i) * dim, bs->probes, *bs->prepared);
 					});
 					(void) GpuIvfpqRankLists(bs->index, &bs->meta, bs->dir, bs->model, bs->prepared,
-											 bs->probes, bs->topk, queries + (c0 + i) * dim,
+											 bs->probes, NULL, bs->topk, queries + (c0 + i) * dim,
 											 bs->labels + i * want,
 											 bs->vectors ? bs->exact + i * want : NULL, &n);
 					GpuIvfpqCountCpuQuery();

@@ -235,7 +235,7 @@ gpu_ivfpq_range(PG_FUNCTION_ARGS)
 			bound.table = table;
 			bound.limit = (float) (adc_limit[l] * adc_limit[l]);
 		}
-		entries_read += GpuIvfpqCollectList(index, &meta, dir[l].head, use_adc ? &bound : NULL, &cand);
+		entries_read += GpuIvfpqCollectList(index, &meta, dir[l].head, use_adc ? &bound : NULL, NULL, &cand);
 	}
 
 	/* Exact test of each visible row, in heap order; results by (distance, tid). */

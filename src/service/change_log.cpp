@@ -52,12 +52,13 @@ LogPush(const GpuIvfpqLogEntry *entry, const float *vector)
 /*
  * Called by aminsert after the entry is on its page: the mirror (if any)
  * gets it, with its exact vector (vector: meta->dimensions floats, or NULL
- * in an index without vector copies), before the service serves a request
- * sent after this point.
+ * in an index without vector copies) and its filter key (8 bytes, unaligned,
+ * or NULL in an index without a filter column), before the service serves a
+ * request sent after this point.
  */
 void
 GpuIvfpqServiceLogAppend(Relation index, const GpuIvfpqMetaPageData *meta, int list,
-						 int64 label, const uint8 *code, const float *vector)
+						 int64 label, const uint8 *code, const float *vector, const char *filter_key)
 {
 	GpuIvfpqLogEntry e;
 
@@ -71,6 +72,9 @@ GpuIvfpqServiceLogAppend(Relation index, const GpuIvfpqMetaPageData *meta, int l
 	e.label = label;
 	e.vdim = vector != NULL ? (int32) meta->dimensions : 0;
 	e.vec_pos = 0;
+	e.filter_key = 0;
+	if (filter_key != NULL)
+		memcpy(&e.filter_key, filter_key, sizeof(int64));
 	memcpy(e.code, code, meta->m);
 	(void) LogPush(&e, vector);
 }

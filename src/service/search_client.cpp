@@ -35,6 +35,7 @@ LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
 	int32	   *lists = (int32 *) palloc(sizeof(int32) * cap);
 	int64	   *labels = (int64 *) palloc(sizeof(int64) * cap);
 	uint8	   *codes = (uint8 *) palloc((Size) cap * m);
+	int64	   *keys = el.keyed ? (int64 *) palloc(sizeof(int64) * cap) : NULL;
 	float	   *vectors;
 	uint64		log_start;
 	float	   *centroids;
@@ -77,6 +78,8 @@ LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
 				lists = (int32 *) repalloc_huge(lists, sizeof(int32) * cap);
 				labels = (int64 *) repalloc_huge(labels, sizeof(int64) * cap);
 				codes = (uint8 *) repalloc_huge(codes, (Size) cap * m);
+				if (keys != NULL)
+					keys = (int64 *) repalloc_huge(keys, sizeof(int64) * cap);
 				if (vectors != NULL)
 					vectors = (float *) repalloc_huge(vectors, sizeof(float) * vdim * cap);
 			}
@@ -85,6 +88,8 @@ LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
 				lists[n] = (int32) list;
 				labels[n] = GpuIvfpqEntryLabel(ent, i, &el);
 				memcpy(codes + (Size) n * m, GpuIvfpqEntryCode(ent, i, &el), m);
+				if (keys != NULL)
+					keys[n] = GpuIvfpqEntryFilterKey(ent, i, &el);
 				if (vectors != NULL)
 					memcpy(vectors + (Size) n * vdim, GpuIvfpqEntryVector(ent, i, &el),
 						   sizeof(float) * vdim);
@@ -99,6 +104,7 @@ LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
 	h.metric = meta->metric;
 	h.n = n;
 	h.vectors = vectors != NULL;
+	h.filter_keys = keys != NULL;
 	l = GpuIvfpqDsmLayoutFor(REQ_LOAD, &h);
 	seg = GpuIvfpqCreateSegment(l.total, "loading the mirror");
 	if (seg == NULL)
@@ -108,6 +114,8 @@ LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
 		pfree(codes);
 		if (vectors != NULL)
 			pfree(vectors);
+		if (keys != NULL)
+			pfree(keys);
 		strlcpy(error, "no shared memory for the mirror's entries", errlen);
 		*entries = n;
 		return RES_ERROR;
@@ -127,6 +135,11 @@ LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
 	{
 		memcpy(base + l.vectors, vectors, sizeof(float) * vdim * n);
 		pfree(vectors);
+	}
+	if (keys != NULL)
+	{
+		memcpy(base + l.keys, keys, sizeof(int64) * n);
+		pfree(keys);
 	}
 	pfree(lists);
 	pfree(labels);
@@ -151,13 +164,16 @@ LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
  * One round of a scan on the GPU: the k best labels by ADC distance over
  * nprobe lists, as the CPU engine would rank them; when the mirror keeps
  * the vectors (*is_exact), re-ranked on the GPU: exact[i] is the exact
- * distance of labels[i], in exact order. Returns how many labels came back,
- * or -1 when the GPU did not serve the round (the caller then runs it on
- * the CPU; with gpu_ivfpq.device = gpu that is an error instead).
+ * distance of labels[i], in exact order. With range, only entries whose
+ * filter key lies in it are ranked, and *matched says how many the probed
+ * lists hold. Returns how many labels came back, or
+ * -1 when the GPU did not serve the round (the caller then runs it on the
+ * CPU; with gpu_ivfpq.device = gpu that is an error instead).
  */
 int
 GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const float *query,
-					  int k, int nprobe, int64 *labels, double *exact, bool *is_exact, int *batch)
+					  int k, int nprobe, const GpuIvfpqKeyRange *range, int64 *matched,
+					  int64 *labels, double *exact, bool *is_exact, int *batch)
 {
 	bool		required = gpu_ivfpq_device == GPU_IVFPQ_DEVICE_GPU;
 	const char *reason = GpuIvfpqNotServableReason(meta);
@@ -186,6 +202,9 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
 		slot->dim = meta->dimensions;
 		slot->k = k;
 		slot->nprobe = nprobe;
+		slot->filtered = range != NULL;
+		slot->key_lo = range != NULL ? range->lo : 0;
+		slot->key_hi = range != NULL ? range->hi : 0;
 		memcpy(slot->payload.bytes, query, sizeof(float) * meta->dimensions);
 		result = GpuIvfpqSubmitAndWait(slot);
 		if (result == RES_OK)
@@ -202,6 +221,8 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
 			if (slot->exact)
 				memcpy(exact, slot->payload.bytes + sizeof(int64) * k, sizeof(double) * n);
 			*batch = slot->batch;
+			if (range != NULL)
+				*matched = slot->matched;
 			GpuIvfpqFinishSlot(slot);
 			return n;
 		}
@@ -301,6 +322,7 @@ GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta, con
 		slot->dim = meta->dimensions;
 		slot->k = k;
 		slot->nprobe = nprobe;
+		slot->filtered = false;
 		slot->n = nq;
 		slot->dsm = dsm_segment_handle(seg);
 		result = GpuIvfpqSubmitAndWait(slot);

@@ -12,13 +12,14 @@ extern void GpuIvfpqServiceInstallHooks(void);
 extern void GpuIvfpqCountCpuQuery(void);
 extern bool GpuIvfpqServiceWanted(void);
 extern int	GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const float *query,
-								  int k, int nprobe, int64 *labels, double *exact, bool *is_exact,
-								  int *batch);
+								  int k, int nprobe, const GpuIvfpqKeyRange *range, int64 *matched,
+								  int64 *labels, double *exact, bool *is_exact, int *batch);
 extern bool GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta,
 									   const float *queries, int64 nq, int k, int nprobe,
 									   int64 *labels, double *exact, bool *is_exact);
 extern void GpuIvfpqServiceLogAppend(Relation index, const GpuIvfpqMetaPageData *meta, int list,
-									 int64 label, const uint8 *code, const float *vector);
+									 int64 label, const uint8 *code, const float *vector,
+									 const char *filter_key);
 extern void GpuIvfpqServiceInvalidate(Relation index, bool wait);
 extern uint64 GpuIvfpqServiceLogRemove(Relation index, const GpuIvfpqMetaPageData *meta,
 									   const int64 *labels, int n);

@@ -142,6 +142,11 @@ GpuIvfpqDsmLayoutFor(RequestKind kind, const GpuIvfpqDsmHeader *h)
 			l.vectors = off;
 			off += MAXALIGN(n * h->d * sizeof(float));
 		}
+		if (h->filter_keys)
+		{
+			l.keys = off;
+			off += MAXALIGN(n * sizeof(int64));
+		}
 	}
 	l.total = off;
 	return l;

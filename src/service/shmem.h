@@ -84,6 +84,9 @@ typedef struct GpuIvfpqSlot
 	int			dim;
 	int			k;
 	int			nprobe;
+	bool		filtered;		/* SEARCH: only entries with a filter key in [key_lo, key_hi] */
+	int64		key_lo;
+	int64		key_hi;
 	int64		n;				/* LOAD: entries, TRAIN: sample rows, ENCODE: rows */
 	uint64		log_start;		/* LOAD: change-log position before the pages were read */
 	dsm_handle	dsm;
@@ -91,6 +94,7 @@ typedef struct GpuIvfpqSlot
 	/* answer, written by the service before DONE */
 	RequestResult result;
 	int			batch;			/* SEARCH: queries in the GPU batch that served it */
+	int64		matched;		/* SEARCH, filtered: entries of the probed lists in its range */
 	bool		exact;			/* SEARCH, SEARCH_BATCH: re-ranked (exact distances, exact order) */
 	char		error[256];
 
@@ -125,6 +129,7 @@ typedef struct GpuIvfpqLogEntry
 	int64		label;
 	int32		vdim;			/* APPEND: floats of its vector in the vector ring (0: none) */
 	uint64		vec_pos;		/* where they start (a byte count that only grows) */
+	int64		filter_key;		/* APPEND: the entry's filter key (an index with a filter column) */
 	uint8		code[GPU_IVFPQ_SERVICE_MAX_M];
 } GpuIvfpqLogEntry;
 
@@ -135,6 +140,7 @@ typedef struct GpuIvfpqMirrorStatus
 	int64		bytes;
 	int64		queries;
 	bool		vectors;		/* keeps exact vectors: re-ranks on the device */
+	bool		filter_keys;	/* keeps filter keys: filters on the device */
 } GpuIvfpqMirrorStatus;
 
 typedef struct GpuIvfpqServiceShared
@@ -203,12 +209,13 @@ typedef struct GpuIvfpqDsmHeader
 	int32		max_points_per_centroid;
 	uint64		seed;
 	int32		vectors;		/* LOAD: the entries' vectors follow (n x d floats) */
+	int32		filter_keys;	/* LOAD: the entries' filter keys follow (n int64) */
 } GpuIvfpqDsmHeader;
 
 /*
  * Offsets of the arrays after the header, each MAXALIGNed:
  * LOAD:   centroids, codebooks, list ids (n int32), codes (n x m), labels (n int64),
- *         vectors (n x d floats, when the header says so)
+ *         vectors (n x d floats, when the header says so), filter keys (n int64, likewise)
  * TRAIN:  sample (n x d), centroids out, codebooks out
  * ENCODE: centroids, codebooks, rows (n x d), list ids out (n int32), codes out (n x m)
  */
@@ -221,6 +228,7 @@ typedef struct GpuIvfpqDsmLayout
 	Size		codes;
 	Size		rows;
 	Size		vectors;
+	Size		keys;
 	Size		total;
 } GpuIvfpqDsmLayout;
 

@@ -287,12 +287,14 @@ AddLogged(const MirrorKey &key, size_t m, const std::vector<const GpuIvfpqLogEnt
 	std::vector<int64_t> labels;
 	std::vector<uint8_t> codes;
 	std::vector<float> vectors;
+	std::vector<int64_t> keys;
 	size_t		d = entries.empty() ? 0 : (size_t) Max(entries.front()->vdim, 0);
 
 	for (const GpuIvfpqLogEntry *e : entries)
 	{
 		lists.push_back(e->list);
 		labels.push_back(e->label);
+		keys.push_back(e->filter_key);
 		codes.insert(codes.end(), e->code, e->code + m);
 		if (d > 0)
 		{
@@ -304,8 +306,9 @@ AddLogged(const MirrorKey &key, size_t m, const std::vector<const GpuIvfpqLogEnt
 			vectors.insert(vectors.end(), v, v + d);
 		}
 	}
+	/* Every entry carries a filter key (0 without a filter column): a mirror without them ignores them. */
 	return gpu->add(key, m, lists.size(), lists.data(), codes.data(), labels.data(),
-					d > 0 ? vectors.data() : nullptr, d);
+					d > 0 ? vectors.data() : nullptr, d, keys.data());
 }
 
 /*
@@ -489,13 +492,26 @@ SearchGroup(const std::vector<GpuIvfpqSlot *> &group)
 	std::vector<float> queries;
 	std::vector<int64_t> labels;
 	std::vector<double> exact;
+	std::vector<int64_t> key_lo, key_hi, matched;
+	bool		filtered = false;
 	std::string err;
 	bool		oom = false;
 	bool		found = false;
 	bool		is_exact = false;
 
 	for (GpuIvfpqSlot *slot : group)
+	{
 		k = Max(k, (size_t) slot->k);
+		filtered |= slot->filtered;
+	}
+	/* Queries without a filter in a batch with filtered ones take every key (NULLs too). */
+	if (filtered)
+		for (GpuIvfpqSlot *slot : group)
+		{
+			key_lo.push_back(slot->filtered ? slot->key_lo : PG_INT64_MIN);
+			key_hi.push_back(slot->filtered ? slot->key_hi : PG_INT64_MAX);
+			matched.push_back(0);
+		}
 	queries.resize(nq * d);
 	for (size_t i = 0; i < nq; i++)
 		memcpy(&queries[i * d], group[i]->payload.bytes, d * sizeof(float));
@@ -504,8 +520,9 @@ SearchGroup(const std::vector<GpuIvfpqSlot *> &group)
 	uint64		call_start = NowNs();
 
 	if (!Engine([&] {
-			found = gpu->search(key, d, queries.data(), nq, k, first->nprobe, labels.data(),
-								exact.data(), &is_exact);
+			found = gpu->search(key, d, queries.data(), nq, k, first->nprobe,
+								filtered ? key_lo.data() : nullptr, filtered ? key_hi.data() : nullptr,
+								filtered ? matched.data() : nullptr, labels.data(), exact.data(), &is_exact);
 			pg_atomic_fetch_add_u64(&gpu_ivfpq_service->time_device_ns, gpu->last_busy_ns());
 		}, err, &oom))
 	{
@@ -543,6 +560,7 @@ SearchGroup(const std::vector<GpuIvfpqSlot *> &group)
 			memcpy(slot->payload.bytes + k * sizeof(int64), &exact[i * k], k * sizeof(double));
 		slot->exact = is_exact;
 		slot->batch = (int) nq;
+		slot->matched = filtered ? matched[i] : 0;
 		Answer(slot, RES_OK, NULL);
 	}
 }
@@ -559,6 +577,7 @@ SpecFrom(const GpuIvfpqDsmHeader *h, const char *base, const GpuIvfpqDsmLayout &
 	spec.centroids = (const float *) (base + l.centroids);
 	spec.codebooks = (const float *) (base + l.codebooks);
 	spec.vectors = h->vectors != 0;
+	spec.filter_keys = h->filter_keys != 0;
 	return spec;
 }
 
@@ -584,7 +603,8 @@ Load(GpuIvfpqSlot *slot, const char *base, std::string &err)
 	if (!Engine([&] {
 			gpu->load(key, spec, (size_t) h->n, (const int32_t *) (base + l.lists),
 					  (const uint8_t *) (base + l.codes), (const int64_t *) labels,
-					  spec.vectors ? (const float *) (base + l.vectors) : nullptr);
+					  spec.vectors ? (const float *) (base + l.vectors) : nullptr,
+					  spec.filter_keys ? (const int64_t *) (base + l.keys) : nullptr);
 		}, err, &oom))
 		return Failed(oom);
 
@@ -702,8 +722,8 @@ SearchBatch(GpuIvfpqSlot *slot, char *base, std::string &err)
 	bool		is_exact = false;
 
 	if (!Engine([&] {
-			found = gpu->search(key, slot->dim, queries, slot->n, slot->k, slot->nprobe,
-								reinterpret_cast<int64_t *>(labels), exact, &is_exact);
+			found = gpu->search(key, slot->dim, queries, slot->n, slot->k, slot->nprobe, nullptr, nullptr,
+								nullptr, reinterpret_cast<int64_t *>(labels), exact, &is_exact);
 		}, err, &oom))
 		return Failed(oom);
 	if (!found)

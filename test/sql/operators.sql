@@ -86,7 +86,15 @@ ORDER BY oprname;
 SELECT opcname, opcdefault, amopopr::regoperator, amoppurpose
 FROM pg_opclass c JOIN pg_am a ON a.oid = c.opcmethod
      JOIN pg_amop o ON o.amopfamily = c.opcfamily
-WHERE a.amname = 'gpu_ivfpq' ORDER BY opcname;
+WHERE a.amname = 'gpu_ivfpq' AND amoppurpose = 'o' ORDER BY opcname;
+-- The filter columns' classes: one family of search operators 1-5 over
+-- smallint, integer and bigint, each pair of types.
+SELECT opcname, opcintype::regtype, opcdefault, count(*) AS operators,
+       count(DISTINCT amopstrategy) AS strategies, bool_and(amoppurpose = 's') AS search
+FROM pg_opclass c JOIN pg_am a ON a.oid = c.opcmethod
+     JOIN pg_amop o ON o.amopfamily = c.opcfamily
+WHERE a.amname = 'gpu_ivfpq' AND opcintype <> 'real[]'::regtype
+GROUP BY 1, 2, 3 ORDER BY opcname;
 SELECT amvalidate(c.oid) AS valid, opcname FROM pg_opclass c JOIN pg_am a ON a.oid = c.opcmethod
 WHERE a.amname = 'gpu_ivfpq' ORDER BY opcname;
 

@@ -137,7 +137,7 @@ DROP INDEX opt_alter;
 -- What the access method cannot do.
 CREATE INDEX ON opt USING gpu_ivfpq (id);
 CREATE INDEX ON opt USING gpu_ivfpq ((v::float8[]));
-CREATE INDEX ON opt USING gpu_ivfpq (v, id);
+CREATE INDEX ON opt USING gpu_ivfpq (v, id, id);
 CREATE INDEX ON opt USING gpu_ivfpq (v) INCLUDE (id);
 CREATE UNIQUE INDEX ON opt USING gpu_ivfpq (v);
 CREATE INDEX ON opt USING gpu_ivfpq (v int4_ops);

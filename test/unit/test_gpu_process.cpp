@@ -190,7 +190,7 @@ bool search_adc(GpuProcess& gp, const MirrorKey& key, size_t d, const float* que
 {
     std::vector<double> exact(nq * k, -7.0);
     bool is_exact = true;
-    const bool found = gp.search(key, d, queries, nq, k, nprobe, labels, exact.data(), &is_exact);
+    const bool found = gp.search(key, d, queries, nq, k, nprobe, nullptr, nullptr, nullptr, labels, exact.data(), &is_exact);
     if (found) {
         EXPECT_FALSE(is_exact) << "a codes-only mirror claimed an exact re-rank";
         EXPECT_EQ(std::count(exact.begin(), exact.end(), -7.0), std::ptrdiff_t(exact.size()))
@@ -344,14 +344,14 @@ TEST(GpuProcess, LoadAndSearchMatchTheMirrorInProcess)
 
     auto dev = make_cpu_emulation_device();
     MirrorStore store(*dev);
-    store.load(key, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
+    store.load(key, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr, nullptr);
     std::vector<float> want_dist(nq * k);
     std::vector<int64_t> want(nq * k);
-    store.find(key)->search(queries.data(), nq, k, nprobe, want_dist.data(), want.data());
+    store.find(key)->search(queries.data(), nq, k, nprobe, want_dist.data(), want.data(), nullptr);
 
     Channel ch(emulated_server);
     auto gp = ch.connect();
-    gp->load(key, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
+    gp->load(key, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr, nullptr);
     std::vector<int64_t> got(nq * k, -7);
     ASSERT_TRUE(search_adc(*gp, key, f.d, queries.data(), nq, k, nprobe, got.data()));
     EXPECT_EQ(got, want);
@@ -369,10 +369,10 @@ TEST(GpuProcess, AddSearchAndDropByKey)
     auto gp = ch.connect();
     std::vector<int64_t> got(k);
     EXPECT_FALSE(search_adc(*gp, a, f.d, f.x.data(), 1, k, nprobe, got.data()));
-    EXPECT_FALSE(gp->add(a, f.m, 1, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr, 0));
+    EXPECT_FALSE(gp->add(a, f.m, 1, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr, 0, nullptr));
 
-    gp->load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
-    gp->load(b, f.spec(), 100, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
+    gp->load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr, nullptr);
+    gp->load(b, f.spec(), 100, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr, nullptr);
     EXPECT_FALSE(search_adc(*gp, unknown, f.d, f.x.data(), 1, k, nprobe, got.data()));
 
     // New vectors added under labels of their own must be found.
@@ -382,16 +382,16 @@ TEST(GpuProcess, AddSearchAndDropByKey)
     std::vector<int32_t>& ylist = rows.list_ids;
     std::vector<uint8_t>& ycodes = rows.codes;
     std::vector<int64_t>& ylabels = rows.labels;
-    EXPECT_TRUE(gp->add(a, f.m, na, ylist.data(), ycodes.data(), ylabels.data(), nullptr, 0));
+    EXPECT_TRUE(gp->add(a, f.m, na, ylist.data(), ycodes.data(), ylabels.data(), nullptr, 0, nullptr));
 
     auto dev = make_cpu_emulation_device();
     MirrorStore store(*dev);
-    store.load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
-    store.find(a)->add(na, ylist.data(), ycodes.data(), ylabels.data(), nullptr);
+    store.load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr, nullptr);
+    store.find(a)->add(na, ylist.data(), ycodes.data(), ylabels.data(), nullptr, nullptr);
     const size_t nq = 20;
     std::vector<float> wdist(nq * k);
     std::vector<int64_t> want(nq * k), all(nq * k);
-    store.find(a)->search(y.data(), nq, k, nprobe, wdist.data(), want.data());
+    store.find(a)->search(y.data(), nq, k, nprobe, wdist.data(), want.data(), nullptr);
     ASSERT_TRUE(search_adc(*gp, a, f.d, y.data(), nq, k, nprobe, all.data()));
     EXPECT_EQ(all, want);
     size_t added_first = 0;
@@ -410,7 +410,7 @@ TEST(GpuProcess, AddSearchAndDropByKey)
     EXPECT_FALSE(search_adc(*gp, a, f.d, y.data(), 1, k, nprobe, got.data()));
     EXPECT_TRUE(search_adc(*gp, b, f.d, y.data(), 1, k, nprobe, got.data()));
 
-    gp->load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
+    gp->load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr, nullptr);
     gp->drop_all();
     EXPECT_FALSE(search_adc(*gp, a, f.d, y.data(), 1, k, nprobe, got.data()));
     EXPECT_FALSE(search_adc(*gp, b, f.d, y.data(), 1, k, nprobe, got.data()));
@@ -427,7 +427,7 @@ TEST(GpuProcess, RemoveDropsLabelsInPlace)
     const MirrorKey key{1, 10, 100, 1}, other{1, 11, 110, 1};
     Channel ch(emulated_server);
     auto gp = ch.connect();
-    gp->load(key, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
+    gp->load(key, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr, nullptr);
 
     std::vector<int64_t> gone;
     for (size_t i = 0; i < f.n; i += 3)
@@ -452,7 +452,7 @@ TEST(GpuProcess, RemoveDropsLabelsInPlace)
         codes.insert(codes.end(), &f.codes[i * f.m], &f.codes[(i + 1) * f.m]);
         labels.push_back(f.labels[i]);
     }
-    gp->load(other, f.spec(), labels.size(), lists.data(), codes.data(), labels.data(), nullptr);
+    gp->load(other, f.spec(), labels.size(), lists.data(), codes.data(), labels.data(), nullptr, nullptr);
     const size_t nq = 50, k = 20;
     std::vector<int64_t> a(nq * k), b(nq * k);
     ASSERT_TRUE(search_adc(*gp, key, f.d, f.x.data(), nq, k, f.lists, a.data()));
@@ -485,7 +485,7 @@ TEST(GpuProcess, LoadWithVectorsSearchesExact)
         std::copy(f.x.begin() + 5 * f.d, f.x.begin() + 6 * f.d, queries.begin());
 
         gp->load(key, f.spec(true), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(),
-                 f.x.data());
+                 f.x.data(), nullptr);
         StoreStatus st = gp->status();
         ASSERT_FALSE(st.mirrors.empty());
         EXPECT_EQ(st.mirrors.back().key, key);
@@ -493,15 +493,15 @@ TEST(GpuProcess, LoadWithVectorsSearchesExact)
         EXPECT_EQ(st.mirrors.back().bytes, dev->mirror_bytes(f.spec(true), f.n));
 
         auto direct = dev->create_mirror(f.spec(true));
-        direct->add(f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), f.x.data());
+        direct->add(f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), f.x.data(), nullptr);
         std::vector<double> want_dist(nq * k);
         std::vector<int64_t> want(nq * k);
-        direct->search_exact(queries.data(), nq, k, nprobe, want_dist.data(), want.data());
+        direct->search_exact(queries.data(), nq, k, nprobe, want_dist.data(), want.data(), nullptr);
 
         std::vector<int64_t> got(nq * k, -7);
         std::vector<double> exact(nq * k, -7.0);
         bool is_exact = false;
-        ASSERT_TRUE(gp->search(key, f.d, queries.data(), nq, k, nprobe, got.data(), exact.data(),
+        ASSERT_TRUE(gp->search(key, f.d, queries.data(), nq, k, nprobe, nullptr, nullptr, nullptr, got.data(), exact.data(),
                                &is_exact));
         EXPECT_TRUE(is_exact);
         EXPECT_EQ(got, want);
@@ -531,7 +531,7 @@ TEST(GpuProcess, AddWithVectorsFindsNewRowsExactly)
     Channel ch(emulated_server);
     auto gp = ch.connect();
     gp->load(key, f.spec(true), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(),
-             f.x.data());
+             f.x.data(), nullptr);
 
     const size_t na = 300;
     auto rows = f.new_rows(na, 21, 1000000);
@@ -539,20 +539,20 @@ TEST(GpuProcess, AddWithVectorsFindsNewRowsExactly)
     std::vector<int32_t>& ylist = rows.list_ids;
     std::vector<uint8_t>& ycodes = rows.codes;
     std::vector<int64_t>& ylabels = rows.labels;
-    EXPECT_TRUE(gp->add(key, f.m, na, ylist.data(), ycodes.data(), ylabels.data(), y.data(), f.d));
+    EXPECT_TRUE(gp->add(key, f.m, na, ylist.data(), ycodes.data(), ylabels.data(), y.data(), f.d, nullptr));
     EXPECT_EQ(gp->status().mirrors.at(0).entries, f.n + na);
 
     auto dev = make_cpu_emulation_device();
     auto direct = dev->create_mirror(f.spec(true));
-    direct->add(f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), f.x.data());
-    direct->add(na, ylist.data(), ycodes.data(), ylabels.data(), y.data());
+    direct->add(f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), f.x.data(), nullptr);
+    direct->add(na, ylist.data(), ycodes.data(), ylabels.data(), y.data(), nullptr);
 
     const size_t nq = 40, k = 10, nprobe = 3;
     std::vector<double> want_dist(nq * k), exact(nq * k);
     std::vector<int64_t> want(nq * k), got(nq * k);
-    direct->search_exact(y.data(), nq, k, nprobe, want_dist.data(), want.data());
+    direct->search_exact(y.data(), nq, k, nprobe, want_dist.data(), want.data(), nullptr);
     bool is_exact = false;
-    ASSERT_TRUE(gp->search(key, f.d, y.data(), nq, k, nprobe, got.data(), exact.data(), &is_exact));
+    ASSERT_TRUE(gp->search(key, f.d, y.data(), nq, k, nprobe, nullptr, nullptr, nullptr, got.data(), exact.data(), &is_exact));
     EXPECT_TRUE(is_exact);
     EXPECT_EQ(got, want);
     EXPECT_EQ(exact, want_dist);
@@ -579,17 +579,17 @@ TEST(GpuProcess, AddWithVectorsFindsNewRowsExactly)
     // Vectors of another dimension.
     EXPECT_EQ(error_kind([&] {
                   gp->add(key, f.m, na, ylist.data(), ycodes.data(), ylabels.data(), y.data(),
-                          f.d / 2);
+                          f.d / 2, nullptr);
               }),
               ErrorKind::InvalidArgument);
     // No vectors for a mirror that keeps them.
     EXPECT_EQ(error_kind([&] {
-                  gp->add(key, f.m, na, ylist.data(), ycodes.data(), ylabels.data(), nullptr, 0);
+                  gp->add(key, f.m, na, ylist.data(), ycodes.data(), ylabels.data(), nullptr, 0, nullptr);
               }),
               ErrorKind::InvalidArgument);
     EXPECT_EQ(gp->status().mirrors.at(0).entries, f.n + na);
     EXPECT_TRUE(gp->alive());
-    ASSERT_TRUE(gp->search(key, f.d, y.data(), nq, k, nprobe, got.data(), exact.data(), &is_exact));
+    ASSERT_TRUE(gp->search(key, f.d, y.data(), nq, k, nprobe, nullptr, nullptr, nullptr, got.data(), exact.data(), &is_exact));
     EXPECT_EQ(got, want);
     EXPECT_EQ(exact, want_dist);
 }
@@ -604,18 +604,18 @@ TEST(GpuProcess, CodesOnlyMirrorIsNotExact)
     auto dev = make_cpu_emulation_device();
     Channel ch(emulated_server);
     auto gp = ch.connect();
-    gp->load(key, f.spec(false), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
+    gp->load(key, f.spec(false), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr, nullptr);
     EXPECT_FALSE(gp->status().mirrors.at(0).vectors);
 
     const size_t nq = 20, k = 10, nprobe = 3;
     auto direct = dev->create_mirror(f.spec(false));
-    direct->add(f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
+    direct->add(f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr, nullptr);
     std::vector<float> adc(nq * k);
     std::vector<int64_t> want(nq * k), got(nq * k);
     std::vector<double> exact(nq * k, -7.0);
-    direct->search(f.x.data(), nq, k, nprobe, adc.data(), want.data());
+    direct->search(f.x.data(), nq, k, nprobe, adc.data(), want.data(), nullptr);
     bool is_exact = true;
-    ASSERT_TRUE(gp->search(key, f.d, f.x.data(), nq, k, nprobe, got.data(), exact.data(), &is_exact));
+    ASSERT_TRUE(gp->search(key, f.d, f.x.data(), nq, k, nprobe, nullptr, nullptr, nullptr, got.data(), exact.data(), &is_exact));
     EXPECT_FALSE(is_exact);
     EXPECT_EQ(got, want);
     EXPECT_EQ(std::count(exact.begin(), exact.end(), -7.0), std::ptrdiff_t(exact.size()));
@@ -625,10 +625,10 @@ TEST(GpuProcess, CodesOnlyMirrorIsNotExact)
     std::vector<uint8_t> codes(f.codes.begin(), f.codes.begin() + 50 * f.m);
     std::vector<int64_t> labels(50);
     std::iota(labels.begin(), labels.end(), int64_t(5000000));
-    EXPECT_TRUE(gp->add(key, f.m, 50, lists.data(), codes.data(), labels.data(), f.x.data(), f.d));
+    EXPECT_TRUE(gp->add(key, f.m, 50, lists.data(), codes.data(), labels.data(), f.x.data(), f.d, nullptr));
     EXPECT_EQ(gp->status().mirrors.at(0).entries, f.n + 50);
     is_exact = true;
-    ASSERT_TRUE(gp->search(key, f.d, f.x.data(), nq, k, nprobe, got.data(), exact.data(), &is_exact));
+    ASSERT_TRUE(gp->search(key, f.d, f.x.data(), nq, k, nprobe, nullptr, nullptr, nullptr, got.data(), exact.data(), &is_exact));
     EXPECT_FALSE(is_exact);
 
     // A budget that holds the codes but not the vectors: loaded without them.
@@ -636,24 +636,24 @@ TEST(GpuProcess, CodesOnlyMirrorIsNotExact)
     gp->drop_all();
     gp->set_budget(codes_bytes);
     gp->load(key, f.spec(true), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(),
-             f.x.data());
+             f.x.data(), nullptr);
     StoreStatus st = gp->status();
     ASSERT_EQ(st.mirrors.size(), 1u);
     EXPECT_FALSE(st.mirrors[0].vectors);
     EXPECT_EQ(st.mirrors[0].bytes, codes_bytes);
     is_exact = true;
-    ASSERT_TRUE(gp->search(key, f.d, f.x.data(), nq, k, nprobe, got.data(), exact.data(), &is_exact));
+    ASSERT_TRUE(gp->search(key, f.d, f.x.data(), nq, k, nprobe, nullptr, nullptr, nullptr, got.data(), exact.data(), &is_exact));
     EXPECT_FALSE(is_exact);
     EXPECT_EQ(got, want);
     // With room, the same load keeps them.
     gp->set_budget(SIZE_MAX);
     gp->load(key, f.spec(true), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(),
-             f.x.data());
+             f.x.data(), nullptr);
     st = gp->status();
     ASSERT_EQ(st.mirrors.size(), 1u);
     EXPECT_TRUE(st.mirrors[0].vectors);
     EXPECT_EQ(st.mirrors[0].bytes, dev->mirror_bytes(f.spec(true), f.n));
-    ASSERT_TRUE(gp->search(key, f.d, f.x.data(), nq, k, nprobe, got.data(), exact.data(), &is_exact));
+    ASSERT_TRUE(gp->search(key, f.d, f.x.data(), nq, k, nprobe, nullptr, nullptr, nullptr, got.data(), exact.data(), &is_exact));
     EXPECT_TRUE(is_exact);
     EXPECT_EQ(got[0], f.labels[0]);
     EXPECT_EQ(exact[0], 0.0);
@@ -675,8 +675,8 @@ TEST(GpuProcess, StatusBudgetAndOutOfMemory)
     EXPECT_EQ(st.bytes, 0u);
     EXPECT_EQ(st.budget, SIZE_MAX);
 
-    gp->load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
-    gp->load(b, f.spec(), small, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
+    gp->load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr, nullptr);
+    gp->load(b, f.spec(), small, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr, nullptr);
     const size_t budget = big_bytes + small_bytes + 1000;
     gp->set_budget(budget);
     std::vector<int64_t> got(3 * 5);
@@ -700,7 +700,7 @@ TEST(GpuProcess, StatusBudgetAndOutOfMemory)
     gp->set_budget(big_bytes - 1);
     EXPECT_EQ(error_kind([&] {
                   gp->load(c, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(),
-                           nullptr);
+                           nullptr, nullptr);
               }),
               ErrorKind::OutOfMemory);
     EXPECT_TRUE(gp->alive());
@@ -724,7 +724,7 @@ TEST(GpuProcess, DeviceErrorsCrossWithTheirKind)
     const MirrorKey key{1, 10, 100, 1};
     Channel ch(emulated_server);
     auto gp = ch.connect();
-    gp->load(key, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
+    gp->load(key, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr, nullptr);
 
     const size_t big = kMaxSelectK + 1;
     std::vector<int64_t> labels(big);
@@ -743,13 +743,13 @@ TEST(GpuProcess, DeviceErrorsCrossWithTheirKind)
     odd.m = 3;
     EXPECT_EQ(error_kind([&] {
                   gp->load(MirrorKey{1, 20, 200, 1}, odd, 1, f.list_ids.data(), f.codes.data(),
-                           f.labels.data(), nullptr);
+                           f.labels.data(), nullptr, nullptr);
               }),
               ErrorKind::Unsupported);
     // A list id out of range is the caller's error.
     std::vector<int32_t> bad_list = {int32_t(f.lists)};
     EXPECT_EQ(error_kind([&] {
-                  gp->add(key, f.m, 1, bad_list.data(), f.codes.data(), f.labels.data(), nullptr, 0);
+                  gp->add(key, f.m, 1, bad_list.data(), f.codes.data(), f.labels.data(), nullptr, 0, nullptr);
               }),
               ErrorKind::InvalidArgument);
 
@@ -758,7 +758,7 @@ TEST(GpuProcess, DeviceErrorsCrossWithTheirKind)
     EXPECT_EQ(error_kind([&] { search_adc(*gp, key, f.d / 2, f.x.data(), 1, 5, 2, labels.data()); }),
               ErrorKind::InvalidArgument);
     EXPECT_EQ(error_kind([&] {
-                  gp->add(key, f.m / 2, 1, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr, 0);
+                  gp->add(key, f.m / 2, 1, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr, 0, nullptr);
               }),
               ErrorKind::InvalidArgument);
     EXPECT_EQ(gp->status().mirrors.at(0).entries, f.n);

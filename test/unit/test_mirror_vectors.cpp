@@ -42,7 +42,7 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 std::unique_ptr<Mirror> mirror_with_vectors(ComputeDevice& dev, const Fixture& f, size_t n)
 {
     auto mirror = dev.create_mirror(f.spec(true));
-    mirror->add(n, f.list_ids.data(), f.codes.data(), f.labels.data(), f.x.data());
+    mirror->add(n, f.list_ids.data(), f.codes.data(), f.labels.data(), f.x.data(), nullptr);
     return mirror;
 }
 
@@ -111,8 +111,8 @@ TEST(MirrorVectors, SearchExactReranksTheAdcCandidates)
         std::vector<float> adc(nq * k);
         std::vector<int64_t> adc_labels(nq * k), labels(nq * k, -7);
         std::vector<double> dist(nq * k, -7.0);
-        mirror->search(queries.data(), nq, k, nprobe, adc.data(), adc_labels.data());
-        mirror->search_exact(queries.data(), nq, k, nprobe, dist.data(), labels.data());
+        mirror->search(queries.data(), nq, k, nprobe, adc.data(), adc_labels.data(), nullptr);
+        mirror->search_exact(queries.data(), nq, k, nprobe, dist.data(), labels.data(), nullptr);
 
         size_t reordered = 0;
         for (size_t q = 0; q < nq; q++) {
@@ -148,7 +148,7 @@ TEST(MirrorVectors, SearchExactPadsPastTheCandidates)
             const size_t k = 12;
             std::vector<double> dist(k, -7.0);
             std::vector<int64_t> labels(k, -7);
-            mirror->search_exact(f.x.data() + 100 * f.d, 1, k, f.lists, dist.data(), labels.data());
+            mirror->search_exact(f.x.data() + 100 * f.d, 1, k, f.lists, dist.data(), labels.data(), nullptr);
             EXPECT_EQ(check_exact_row(metric, f.x.data() + 100 * f.d, f.d, dist.data(),
                                       labels.data(), k, [&](int64_t l) { return f.vector_of(l); }),
                       5u);
@@ -163,8 +163,8 @@ TEST(MirrorVectors, SearchExactPadsPastTheCandidates)
             std::vector<float> adc(nq * k);
             std::vector<int64_t> adc_labels(nq * k), labels(nq * k);
             std::vector<double> dist(nq * k);
-            mirror->search(queries.data(), nq, k, 1, adc.data(), adc_labels.data());
-            mirror->search_exact(queries.data(), nq, k, 1, dist.data(), labels.data());
+            mirror->search(queries.data(), nq, k, 1, adc.data(), adc_labels.data(), nullptr);
+            mirror->search_exact(queries.data(), nq, k, 1, dist.data(), labels.data(), nullptr);
             for (size_t q = 0; q < nq; q++) {
                 SCOPED_TRACE("query " + std::to_string(q));
                 size_t adc_found = k - size_t(std::count(&adc_labels[q * k],
@@ -216,7 +216,7 @@ TEST(MirrorVectors, RemoveKeepsEachEntrysOwnVector)
         }
         std::vector<double> dist(nq * k);
         std::vector<int64_t> labels(nq * k);
-        mirror->search_exact(queries.data(), nq, k, f.lists, dist.data(), labels.data());
+        mirror->search_exact(queries.data(), nq, k, f.lists, dist.data(), labels.data(), nullptr);
         for (size_t q = 0; q < nq; q++) {
             SCOPED_TRACE("query " + std::to_string(q));
             const int64_t* row = &labels[q * k];
@@ -241,10 +241,10 @@ TEST(MirrorVectors, RemoveKeepsEachEntrysOwnVector)
             vectors.insert(vectors.end(), &f.x[i * f.d], &f.x[(i + 1) * f.d]);
         }
         auto fresh = dev->create_mirror(f.spec(true));
-        fresh->add(kept.size(), lists.data(), codes.data(), kept.data(), vectors.data());
+        fresh->add(kept.size(), lists.data(), codes.data(), kept.data(), vectors.data(), nullptr);
         std::vector<double> want_dist(nq * k);
         std::vector<int64_t> want(nq * k);
-        fresh->search_exact(queries.data(), nq, k, f.lists, want_dist.data(), want.data());
+        fresh->search_exact(queries.data(), nq, k, f.lists, want_dist.data(), want.data(), nullptr);
         EXPECT_EQ(labels, want);
         EXPECT_EQ(dist, want_dist);
 
@@ -259,7 +259,7 @@ TEST(MirrorVectors, RemoveKeepsEachEntrysOwnVector)
         std::vector<int32_t> ylists(back);
         std::vector<uint8_t> ycodes(back * f.m);
         f.model.encode(y.data(), back, ylists.data(), ycodes.data());
-        mirror->add(back, ylists.data(), ycodes.data(), ylabels.data(), y.data());
+        mirror->add(back, ylists.data(), ycodes.data(), ylabels.data(), y.data(), nullptr);
         std::map<int64_t, const float*> readded;
         for (size_t i = 0; i < back; i++)
             readded[ylabels[i]] = &y[i * f.d];
@@ -269,7 +269,7 @@ TEST(MirrorVectors, RemoveKeepsEachEntrysOwnVector)
                 return it->second;
             return removed(l) ? nullptr : f.vector_of(l);
         };
-        mirror->search_exact(y.data(), nq, k, f.lists, dist.data(), labels.data());
+        mirror->search_exact(y.data(), nq, k, f.lists, dist.data(), labels.data(), nullptr);
         size_t own_first = 0;
         for (size_t q = 0; q < nq; q++) {
             SCOPED_TRACE("re-added, query " + std::to_string(q));
@@ -294,38 +294,38 @@ TEST(MirrorVectors, RefusesVectorsAgainstTheSpec)
     EXPECT_FALSE(codes_only->has_vectors());
     EXPECT_EQ(error_kind([&] {
                   codes_only->add(10, f.list_ids.data(), f.codes.data(), f.labels.data(),
-                                  f.x.data());
+                                  f.x.data(), nullptr);
               }),
               ErrorKind::InvalidArgument);
     EXPECT_EQ(codes_only->entries(), 0u);
-    codes_only->add(10, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
+    codes_only->add(10, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr, nullptr);
     EXPECT_EQ(codes_only->entries(), 10u);
     std::vector<double> dist(5);
     std::vector<int64_t> labels(5);
     EXPECT_EQ(error_kind([&] {
-                  codes_only->search_exact(f.x.data(), 1, 5, 2, dist.data(), labels.data());
+                  codes_only->search_exact(f.x.data(), 1, 5, 2, dist.data(), labels.data(), nullptr);
               }),
               ErrorKind::Unsupported);
 
     auto with = dev->create_mirror(f.spec(true));
     EXPECT_TRUE(with->has_vectors());
     EXPECT_EQ(error_kind([&] {
-                  with->add(10, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
+                  with->add(10, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr, nullptr);
               }),
               ErrorKind::InvalidArgument);
     EXPECT_EQ(with->entries(), 0u);
-    with->add(10, f.list_ids.data(), f.codes.data(), f.labels.data(), f.x.data());
+    with->add(10, f.list_ids.data(), f.codes.data(), f.labels.data(), f.x.data(), nullptr);
     EXPECT_EQ(with->entries(), 10u);
     // The same limits as search.
     const size_t big = kMaxSelectK + 1;
     std::vector<double> big_dist(big);
     std::vector<int64_t> big_labels(big);
     EXPECT_EQ(error_kind([&] {
-                  with->search_exact(f.x.data(), 1, 0, 2, big_dist.data(), big_labels.data());
+                  with->search_exact(f.x.data(), 1, 0, 2, big_dist.data(), big_labels.data(), nullptr);
               }),
               ErrorKind::InvalidArgument);
     EXPECT_EQ(error_kind([&] {
-                  with->search_exact(f.x.data(), 1, big, 2, big_dist.data(), big_labels.data());
+                  with->search_exact(f.x.data(), 1, big, 2, big_dist.data(), big_labels.data(), nullptr);
               }),
               ErrorKind::InvalidArgument);
 }
@@ -346,7 +346,7 @@ TEST(MirrorStoreVectors, BudgetFallsBackToCodesOnly)
     MirrorStore store(*dev);
     store.set_budget(codes_bytes);
     Mirror* mirror = store.load(key, f.spec(true), f.n, f.list_ids.data(), f.codes.data(),
-                                f.labels.data(), f.x.data());
+                                f.labels.data(), f.x.data(), nullptr);
     ASSERT_NE(mirror, nullptr);
     EXPECT_FALSE(mirror->has_vectors());
     EXPECT_EQ(mirror->entries(), f.n);
@@ -362,22 +362,22 @@ TEST(MirrorStoreVectors, BudgetFallsBackToCodesOnly)
     std::vector<float> dist(5);
     std::vector<double> exact(5);
     std::vector<int64_t> labels(5);
-    mirror->search(f.x.data(), 1, 5, 2, dist.data(), labels.data());
+    mirror->search(f.x.data(), 1, 5, 2, dist.data(), labels.data(), nullptr);
     EXPECT_EQ(labels[0], f.labels[0]);
     EXPECT_EQ(
-        error_kind([&] { mirror->search_exact(f.x.data(), 1, 5, 2, exact.data(), labels.data()); }),
+        error_kind([&] { mirror->search_exact(f.x.data(), 1, 5, 2, exact.data(), labels.data(), nullptr); }),
         ErrorKind::Unsupported);
     EXPECT_EQ(error_kind([&] {
-                  mirror->add(1, f.list_ids.data(), f.codes.data(), f.labels.data(), f.x.data());
+                  mirror->add(1, f.list_ids.data(), f.codes.data(), f.labels.data(), f.x.data(), nullptr);
               }),
               ErrorKind::InvalidArgument);
-    mirror->add(1, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr);
+    mirror->add(1, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr, nullptr);
     EXPECT_EQ(mirror->entries(), f.n + 1);
 
     // Room for the vectors: the same key loads again with them.
     store.set_budget(with_bytes);
     mirror = store.load(key, f.spec(true), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(),
-                        f.x.data());
+                        f.x.data(), nullptr);
     ASSERT_NE(mirror, nullptr);
     EXPECT_TRUE(mirror->has_vectors());
     ASSERT_EQ(store.list().size(), 1u);
@@ -385,14 +385,14 @@ TEST(MirrorStoreVectors, BudgetFallsBackToCodesOnly)
     EXPECT_EQ(store.list()[0].bytes, with_bytes);
     EXPECT_EQ(store.bytes(), with_bytes);
     EXPECT_GT(store.bytes(), codes_bytes);
-    mirror->search_exact(f.x.data(), 1, 5, 2, exact.data(), labels.data());
+    mirror->search_exact(f.x.data(), 1, 5, 2, exact.data(), labels.data(), nullptr);
     EXPECT_EQ(labels[0], f.labels[0]);
     EXPECT_EQ(exact[0], 0.0);
 
     // A codes-only spec never keeps vectors, whatever the budget.
     store.set_budget(SIZE_MAX);
     mirror = store.load(key, f.spec(false), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(),
-                        nullptr);
+                        nullptr, nullptr);
     EXPECT_FALSE(mirror->has_vectors());
     EXPECT_FALSE(store.list().at(0).vectors);
 
@@ -401,7 +401,7 @@ TEST(MirrorStoreVectors, BudgetFallsBackToCodesOnly)
     store.set_budget(codes_bytes - 1);
     EXPECT_EQ(error_kind([&] {
                   store.load(key, f.spec(true), f.n, f.list_ids.data(), f.codes.data(),
-                             f.labels.data(), f.x.data());
+                             f.labels.data(), f.x.data(), nullptr);
               }),
               ErrorKind::OutOfMemory);
     EXPECT_TRUE(store.list().empty());
@@ -419,9 +419,9 @@ TEST(MirrorStoreVectors, EvictsForVectorsThatFitAlone)
     MirrorStore store(*dev);
     store.set_budget(with_bytes + with_bytes / 2);
     store.load(a, f.spec(true), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(),
-               f.x.data());
+               f.x.data(), nullptr);
     store.load(b, f.spec(true), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(),
-               f.x.data());
+               f.x.data(), nullptr);
     EXPECT_EQ(store.find(a), nullptr);
     Mirror* mb = store.find(b);
     ASSERT_NE(mb, nullptr);

@@ -38,6 +38,11 @@ struct GpuIvfPqOptions {
     // can re-rank the ADC candidates by the SQL operators' exact distance
     // without a trip to the heap. Costs d * 4 bytes per entry.
     bool store_vectors = false;
+    // Keep one int64 filter key per entry on the device (given to
+    // add_encoded / add, moved with its entry by remove_ids), so that a
+    // search can restrict each query to a key range (KeyRange). Costs 8
+    // bytes per entry.
+    bool filter_keys = false;
 
     // ---- Bench options: the paper's layouts, kept to measure the default
     // against them (gpu/bench/gpu_bench.cpp) and tested against the CPU
@@ -59,11 +64,25 @@ struct GpuIvfPqOptions {
 
 struct GpuMemoryUse {
     size_t centroids = 0, codebooks = 0, term1 = 0, codes = 0, ids = 0, vector_terms = 0, vectors = 0,
-           list_meta = 0;
+           keys = 0, list_meta = 0;
     size_t total() const
     {
-        return centroids + codebooks + term1 + codes + ids + vector_terms + vectors + list_meta;
+        return centroids + codebooks + term1 + codes + ids + vector_terms + vectors + keys + list_meta;
     }
+};
+
+// Per-query inclusive ranges on the entries' filter keys (filter_keys):
+// query q considers only the entries with lo[q] <= key <= hi[q]; the others
+// behave as if absent from the lists (never candidates, so a row with fewer
+// than k entries in range is padded with (+inf, -1)). lo > hi passes none.
+// nq entries each; host pointers for search / search_exact, device
+// pointers for search_device / search_exact_device. matched, when set
+// (nq, out), receives how many entries of each query's probed lists lie in
+// its range: the caller's estimate of the filter's selectivity.
+struct KeyRange {
+    const int64_t* lo = nullptr;
+    const int64_t* hi = nullptr;
+    int64_t* matched = nullptr;
 };
 
 class GpuIvfPqIndex {
@@ -93,29 +112,37 @@ public:
     void set_scan_algo(ScanAlgo algo);
 
     // Appends n encoded vectors (host): list_ids[i], codes[i*m..], ids[i],
-    // and with store_vectors their vectors[i*d..] (host, n x d, required
-    // then and refused otherwise: Error(InvalidArgument)).
+    // with store_vectors their vectors[i*d..] (host, n x d) and with
+    // filter_keys their keys[i] (host, n). Each of vectors and keys is
+    // required when the option is on and refused when it is off
+    // (Error(InvalidArgument), the index unchanged).
     void add_encoded(size_t n, const int32_t* list_ids, const uint8_t* codes, const int64_t* ids,
-                     const float* vectors = nullptr);
+                     const float* vectors = nullptr, const int64_t* keys = nullptr);
     // Encodes n raw vectors (host, n x d) on the GPU and appends them (and
-    // x itself as their vectors with store_vectors).
-    void add(size_t n, const float* x, const int64_t* ids);
+    // x itself as their vectors with store_vectors), with keys[i] as
+    // add_encoded takes them (required exactly with filter_keys).
+    void add(size_t n, const float* x, const int64_t* ids, const int64_t* keys = nullptr);
     // Removes every stored vector whose id is in ids[0..n) (duplicates and
     // unknown ids allowed); returns how many stored vectors went. The ids are
     // found on the device and each list is compacted in place, order kept
-    // (codes, ids, per-vector terms and stored vectors alike).
+    // (codes, ids, per-vector terms, stored vectors and keys alike).
     size_t remove_ids(const int64_t* ids, size_t n);
 
     // GPU encoding (host in/out), as IvfPqModel::encode does on the CPU.
     void encode(const float* x, size_t n, int32_t* list_ids, uint8_t* codes) const;
 
     // k nearest for nq queries through nprobe lists. Host pointers: queries
-    // nq x d, dist / labels nq x k; padded with (+inf, -1).
+    // nq x d, dist / labels nq x k; padded with (+inf, -1). With ranges
+    // (filter_keys only, else Error(InvalidArgument); lo and hi both set),
+    // each query among the entries of its probed lists within its key range.
     void search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist,
-                int64_t* labels, LabelKind kind = LabelKind::Ids) const;
-    // Same with device pointers, results left on the device (no host sync).
+                int64_t* labels, LabelKind kind = LabelKind::Ids,
+                const KeyRange* ranges = nullptr) const;
+    // Same with device pointers (ranges->lo / hi too; the struct itself on
+    // the host), results left on the device (no host sync).
     void search_device(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist,
-                       int64_t* labels, LabelKind kind = LabelKind::Ids) const;
+                       int64_t* labels, LabelKind kind = LabelKind::Ids,
+                       const KeyRange* ranges = nullptr) const;
 
     // search()'s candidates (the same k by ADC over the same nprobe lists,
     // ties included) re-ranked by exact_distance (src/engine/exact_distance.h)
@@ -124,11 +151,13 @@ public:
     // (+inf, -1) where fewer than k candidates exist. The distances are bit
     // for bit those of the SQL operators. Requires store_vectors (else
     // Error(Unsupported)). Host pointers: queries nq x d, dist / labels nq x k.
+    // ranges as search() takes them: the candidates are search()'s with them.
     void search_exact(const float* queries, size_t nq, size_t k, size_t nprobe, double* dist,
-                      int64_t* labels) const;
-    // Same with device pointers, results left on the device (no host sync).
+                      int64_t* labels, const KeyRange* ranges = nullptr) const;
+    // Same with device pointers (ranges->lo / hi too), results left on the
+    // device (no host sync).
     void search_exact_device(const float* queries, size_t nq, size_t k, size_t nprobe, double* dist,
-                             int64_t* labels) const;
+                             int64_t* labels, const KeyRange* ranges = nullptr) const;
 
     // Test aid (gpu/tests): the lookup tables the scan uses, materialised in
     // the per-list form the CPU engine's list_table gives (host outputs): for

@@ -29,6 +29,20 @@ struct MirrorSpec {
     // Entries carry their exact vectors (d floats each), so that a search
     // can return candidates re-ranked by exact distance (search_exact).
     bool vectors = false;
+    // Entries carry a filter key (an int64, the index's filter column), so
+    // that a search can skip entries outside a per-query key range.
+    bool filter_keys = false;
+};
+
+// A per-query range on the entries' filter keys (host pointers, nq each):
+// query q considers only entries with lo[q] <= key <= hi[q]. Entries outside
+// it are never candidates (as if absent from the lists). When matched is
+// set, matched[q] receives how many entries of q's probed lists lie in its
+// range (the scan estimates the filter's selectivity from it).
+struct KeyRanges {
+    const int64_t* lo = nullptr;
+    const int64_t* hi = nullptr;
+    int64_t* matched = nullptr;
 };
 
 // One index's inverted lists on the device.
@@ -36,25 +50,30 @@ class Mirror {
 public:
     virtual ~Mirror() = default;
     // Appends n entries: list_ids[i], codes[i*m..], labels[i] and, exactly
-    // when has_vectors(), vectors[i*d..] (else null). Throws
-    // Error(InvalidArgument) when vectors is given or missing against that.
+    // when has_vectors(), vectors[i*d..] (else null), exactly when
+    // has_keys(), keys[i] (else null). Throws Error(InvalidArgument) when
+    // vectors or keys is given or missing against that.
     virtual void add(size_t n, const int32_t* list_ids, const uint8_t* codes,
-                     const int64_t* labels, const float* vectors) = 0;
+                     const int64_t* labels, const float* vectors, const int64_t* keys) = 0;
     // Whether entries carry exact vectors (MirrorSpec::vectors).
     virtual bool has_vectors() const = 0;
+    // Whether entries carry filter keys (MirrorSpec::filter_keys).
+    virtual bool has_keys() const = 0;
     // k best labels by ADC distance for nq queries through nprobe lists
-    // (dist, labels: nq x k, padded with (+inf, -1)). Throws
-    // Error(InvalidArgument) for k outside 1..kMaxSelectK, or for nprobe
-    // (clamped to 1..lists) above kMaxSelectK.
+    // (dist, labels: nq x k, padded with (+inf, -1)); with ranges (only on
+    // a mirror with keys, else Error(InvalidArgument)), among the entries
+    // within each query's key range. Throws Error(InvalidArgument) for k
+    // outside 1..kMaxSelectK, or for nprobe (clamped to 1..lists) above
+    // kMaxSelectK.
     virtual void search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist,
-                        int64_t* labels) = 0;
+                        int64_t* labels, const KeyRanges* ranges) = 0;
     // The same k candidates, re-ranked: dist[i] is the exact distance of
     // labels[i] (gpuivfpq::exact_distance of the query and the stored
     // vector, as the SQL operators compute it), each row in exact_less
     // order, padded with (+inf, -1). Throws Error(Unsupported) without
     // vectors.
     virtual void search_exact(const float* queries, size_t nq, size_t k, size_t nprobe,
-                              double* dist, int64_t* labels) = 0;
+                              double* dist, int64_t* labels, const KeyRanges* ranges) = 0;
     // Removes every entry whose label is in labels[0..n) (unknown labels
     // and duplicates allowed), in place; returns how many went.
     virtual size_t remove(size_t n, const int64_t* labels) = 0;

@@ -38,19 +38,22 @@ class CpuMirror final : public Mirror {
 public:
     explicit CpuMirror(const MirrorSpec& spec)
         : model_(spec.d, spec.lists, spec.m, spec.metric), codes_(spec.lists), labels_(spec.lists),
-          vectors_(spec.vectors ? spec.lists : 0), metric_(spec.metric)
+          vectors_(spec.vectors ? spec.lists : 0), keys_(spec.filter_keys ? spec.lists : 0),
+          metric_(spec.metric)
     {
         model_.set_centroids(spec.centroids);
         model_.set_codebooks(spec.codebooks);
     }
 
     void add(size_t n, const int32_t* list_ids, const uint8_t* codes, const int64_t* labels,
-             const float* vectors) override
+             const float* vectors, const int64_t* keys) override
     {
         size_t m = model_.m(), d = model_.d();
         // Nothing to add takes any pointers (as the GPU index does).
         require(n == 0 || (vectors != nullptr) == has_vectors(),
                 has_vectors() ? "mirror: entries need their vectors" : "mirror: keeps no vectors");
+        require(n == 0 || (keys != nullptr) == has_keys(),
+                has_keys() ? "mirror: entries need their filter keys" : "mirror: keeps no filter keys");
         for (size_t i = 0; i < n; i++)
             require(list_ids[i] >= 0 && size_t(list_ids[i]) < model_.lists(), "mirror: list out of range");
         for (size_t i = 0; i < n; i++) {
@@ -61,25 +64,28 @@ public:
                 auto& v = vectors_[list_ids[i]];
                 v.insert(v.end(), vectors + i * d, vectors + (i + 1) * d);
             }
+            if (keys != nullptr)
+                keys_[list_ids[i]].push_back(keys[i]);
         }
         entries_ += n;
     }
 
     bool has_vectors() const override { return !vectors_.empty(); }
+    bool has_keys() const override { return !keys_.empty(); }
 
     void search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist,
-                int64_t* labels) override
+                int64_t* labels, const KeyRanges* ranges) override
     {
-        scan(queries, nq, k, nprobe, dist, labels, nullptr);
+        scan(queries, nq, k, nprobe, dist, labels, nullptr, ranges);
     }
 
     void search_exact(const float* queries, size_t nq, size_t k, size_t nprobe, double* dist,
-                      int64_t* labels) override
+                      int64_t* labels, const KeyRanges* ranges) override
     {
         if (!has_vectors())
             throw Error(ErrorKind::Unsupported, "GPU IVFPQ search_exact: the mirror keeps no vectors");
         std::vector<float> adc(nq * k);
-        scan(queries, nq, k, nprobe, adc.data(), labels, dist);
+        scan(queries, nq, k, nprobe, adc.data(), labels, dist, ranges);
     }
 
 private:
@@ -91,11 +97,14 @@ private:
         float adc;
     };
 
-    // The ADC search; with exact, also the re-rank of search_exact.
+    // The ADC search; with exact, also the re-rank of search_exact; with
+    // ranges, only over the entries whose filter key lies in the query's.
     void scan(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist,
-              int64_t* labels, double* exact)
+              int64_t* labels, double* exact, const KeyRanges* ranges)
     {
         require_select_k(k, "GPU IVFPQ search");
+        if (ranges != nullptr && !has_keys())
+            throw Error(ErrorKind::InvalidArgument, "GPU IVFPQ search: key ranges for a mirror without filter keys");
         const size_t probes = std::min(std::max<size_t>(nprobe, 1), model_.lists());
         if (probes > kMaxSelectK)
             throw Error(ErrorKind::InvalidArgument, "GPU IVFPQ search: nprobe = " +
@@ -110,6 +119,7 @@ private:
             model_.prepare_query(queries + q * model_.d(), probes, prepared);
             std::vector<Taken> taken;
             size_t seq = 0;
+            int64_t matched = 0;
             for (size_t p = 0; p < prepared.lists.size(); p++) {
                 int32_t list = prepared.lists[p];
                 const auto& lab = labels_[list];
@@ -117,7 +127,11 @@ private:
                 model_.list_table(prepared, p, table.data(), &base);
                 d.resize(lab.size());
                 adc_scan(codes_[list].data(), lab.size(), m, table.data(), m, base, d.data());
-                for (size_t i = 0; i < lab.size(); i++)
+                for (size_t i = 0; i < lab.size(); i++) {
+                    if (ranges != nullptr &&
+                        (keys_[list][i] < ranges->lo[q] || keys_[list][i] > ranges->hi[q]))
+                        continue;
+                    matched++;
                     if (d[i] < topk.threshold()) {
                         topk.push(d[i], lab[i]);
                         if (exact == nullptr)
@@ -132,7 +146,10 @@ private:
                         }
                         taken.push_back({lab[i], seq++, &vectors_[list][i * model_.d()], d[i]});
                     }
+                }
             }
+            if (ranges != nullptr && ranges->matched != nullptr)
+                ranges->matched[q] = matched;
             std::vector<Neighbor> best = topk.take_sorted();
             for (size_t i = 0; i < k; i++) {
                 dist[q * k + i] = i < best.size() ? best[i].dist : std::numeric_limits<float>::infinity();
@@ -187,6 +204,8 @@ public:
                 std::memmove(&codes[kept * m], &codes[i * m], m);
                 if (has_vectors())
                     std::memmove(&vectors_[l][kept * d], &vectors_[l][i * d], d * sizeof(float));
+                if (has_keys())
+                    keys_[l][kept] = keys_[l][i];
                 kept++;
             }
             removed += lab.size() - kept;
@@ -194,6 +213,8 @@ public:
             codes.resize(kept * m);
             if (has_vectors())
                 vectors_[l].resize(kept * d);
+            if (has_keys())
+                keys_[l].resize(kept);
         }
         entries_ -= removed;
         return removed;
@@ -202,7 +223,8 @@ public:
     size_t entries() const override { return entries_; }
     size_t bytes() const override
     {
-        return entries_ * (model_.m() + sizeof(int64_t) + (has_vectors() ? model_.d() * sizeof(float) : 0));
+        return entries_ * (model_.m() + sizeof(int64_t) + (has_vectors() ? model_.d() * sizeof(float) : 0) +
+                           (has_keys() ? sizeof(int64_t) : 0));
     }
 
 private:
@@ -210,6 +232,7 @@ private:
     std::vector<std::vector<uint8_t>> codes_;
     std::vector<std::vector<int64_t>> labels_;
     std::vector<std::vector<float>> vectors_;  // per list, d floats per entry (empty: none)
+    std::vector<std::vector<int64_t>> keys_;   // per list, one filter key per entry (empty: none)
     Metric metric_;
     size_t entries_ = 0;
 };
@@ -220,7 +243,8 @@ public:
     size_t memory_capacity() const override { return size_t(1) << 30; }
     size_t mirror_bytes(const MirrorSpec& spec, size_t n) const override
     {
-        return n * (spec.m + sizeof(int64_t) + (spec.vectors ? spec.d * sizeof(float) : 0));
+        return n * (spec.m + sizeof(int64_t) + (spec.vectors ? spec.d * sizeof(float) : 0) +
+                    (spec.filter_keys ? sizeof(int64_t) : 0));
     }
     std::unique_ptr<Mirror> create_mirror(const MirrorSpec& spec) override
     {

@@ -18,12 +18,15 @@ namespace {
 using gpu::GpuContext;
 using gpu::GpuIvfPqIndex;
 using gpu::GpuIvfPqOptions;
+using gpu::KeyRange;
 
-GpuIvfPqOptions MirrorOptions(bool vectors = false)
+GpuIvfPqOptions MirrorOptions(bool vectors = false, bool filter_keys = false)
 {
     GpuIvfPqOptions opt;
     // Exact vectors beside the codes: searches re-rank on the device.
     opt.store_vectors = vectors;
+    // Filter keys beside the codes: the list scan skips out-of-range entries.
+    opt.filter_keys = filter_keys;
     // Term 1 folded into one float per stored vector: no per-list tables to
     // hold, and the scan's table depends on the query only (gpu/NOTES.md).
     opt.term1_per_vector = true;
@@ -34,33 +37,51 @@ GpuIvfPqOptions MirrorOptions(bool vectors = false)
 class CudaMirror final : public Mirror {
 public:
     CudaMirror(GpuContext& ctx, const MirrorSpec& s)
-        : index_(ctx, s.d, s.lists, s.m, s.metric, s.centroids, s.codebooks, MirrorOptions(s.vectors)),
-          vectors_(s.vectors)
+        : index_(ctx, s.d, s.lists, s.m, s.metric, s.centroids, s.codebooks,
+                 MirrorOptions(s.vectors, s.filter_keys)),
+          vectors_(s.vectors),
+          keys_(s.filter_keys)
     {
     }
     void add(size_t n, const int32_t* list_ids, const uint8_t* codes, const int64_t* labels,
-             const float* vectors) override
+             const float* vectors, const int64_t* keys) override
     {
-        index_.add_encoded(n, list_ids, codes, labels, vectors);
+        index_.add_encoded(n, list_ids, codes, labels, vectors, keys);
     }
     bool has_vectors() const override { return vectors_; }
+    bool has_keys() const override { return keys_; }
     void search_exact(const float* queries, size_t nq, size_t k, size_t nprobe, double* dist,
-                      int64_t* labels) override
+                      int64_t* labels, const KeyRanges* ranges) override
     {
-        index_.search_exact(queries, nq, k, nprobe, dist, labels);
+        const KeyRange r = to_gpu(ranges);
+        index_.search_exact(queries, nq, k, nprobe, dist, labels, ranges ? &r : nullptr);
     }
     void search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist,
-                int64_t* labels) override
+                int64_t* labels, const KeyRanges* ranges) override
     {
-        index_.search(queries, nq, k, nprobe, dist, labels);
+        const KeyRange r = to_gpu(ranges);
+        index_.search(queries, nq, k, nprobe, dist, labels, gpu::LabelKind::Ids, ranges ? &r : nullptr);
     }
     size_t remove(size_t n, const int64_t* labels) override { return index_.remove_ids(labels, n); }
     size_t entries() const override { return index_.ntotal(); }
     size_t bytes() const override { return index_.memory_use().total(); }
 
 private:
+    // The service's ranges as the index takes them (host pointers all);
+    // the index refuses them without keys.
+    static KeyRange to_gpu(const KeyRanges* ranges)
+    {
+        KeyRange r;
+        if (ranges) {
+            r.lo = ranges->lo;
+            r.hi = ranges->hi;
+            r.matched = ranges->matched;
+        }
+        return r;
+    }
+
     GpuIvfPqIndex index_;
-    bool vectors_;
+    bool vectors_, keys_;
 };
 
 class CudaDevice final : public ComputeDevice {
@@ -71,10 +92,12 @@ public:
     size_t memory_capacity() const override { return ctx_.budget(); }
     size_t mirror_bytes(const MirrorSpec& s, size_t n) const override
     {
-        // codes, ids and the per-vector term 1; centroids, norms, codebooks;
-        // a list's capacity grows by half when full, so allow a quarter more;
-        // per list, its pointers and length (and allocation rounding).
-        size_t lists = n * (s.m + sizeof(int64_t) + sizeof(float) + (s.vectors ? s.d * sizeof(float) : 0));
+        // codes, ids and the per-vector term 1 (and the vectors, the filter
+        // keys when kept); centroids, norms, codebooks; a list's capacity
+        // grows by half when full, so allow a quarter more; per list, its
+        // pointers and length (and allocation rounding).
+        size_t lists = n * (s.m + sizeof(int64_t) + sizeof(float) + (s.vectors ? s.d * sizeof(float) : 0) +
+                            (s.filter_keys ? sizeof(int64_t) : 0));
         return lists + lists / 4 + s.lists * (s.d + 1) * sizeof(float) +
                kPqCentroids * s.d * sizeof(float) + s.lists * 64;
     }

@@ -387,7 +387,8 @@ StoreStatus GpuProcess::status()
 }
 
 void GpuProcess::load(const MirrorKey& key, const MirrorSpec& spec, size_t n, const int32_t* list_ids,
-                      const uint8_t* codes, const int64_t* labels, const float* vectors)
+                      const uint8_t* codes, const int64_t* labels, const float* vectors,
+                      const int64_t* keys)
 {
     Request q;
     Layout l;
@@ -395,12 +396,15 @@ void GpuProcess::load(const MirrorKey& key, const MirrorSpec& spec, size_t n, co
     q.key = key;
     q.n = n;
     q.vectors = spec.vectors ? 1 : 0;
+    q.keys = spec.filter_keys ? 1 : 0;
     describe_model(q, l, spec);
     q.region[2] = l.take(n * sizeof(int32_t));
     q.region[3] = l.take(n * spec.m);
     q.region[4] = l.take(n * sizeof(int64_t));
     if (spec.vectors)
         q.region[5] = l.take(n * spec.d * sizeof(float));
+    if (spec.filter_keys)
+        q.region[6] = l.take(n * sizeof(int64_t));
     char* x = exchange(l);
     copy_model(x, q, spec);
     std::memcpy(x + q.region[2].offset, list_ids, q.region[2].bytes);
@@ -408,11 +412,13 @@ void GpuProcess::load(const MirrorKey& key, const MirrorSpec& spec, size_t n, co
     std::memcpy(x + q.region[4].offset, labels, q.region[4].bytes);
     if (spec.vectors)
         std::memcpy(x + q.region[5].offset, vectors, q.region[5].bytes);
+    if (spec.filter_keys)
+        std::memcpy(x + q.region[6].offset, keys, q.region[6].bytes);
     raise_for(call(q, true));
 }
 
 bool GpuProcess::add(const MirrorKey& key, size_t m, size_t n, const int32_t* list_ids, const uint8_t* codes,
-                     const int64_t* labels, const float* vectors, size_t d)
+                     const int64_t* labels, const float* vectors, size_t d, const int64_t* keys)
 {
     Request q;
     Layout l;
@@ -422,24 +428,30 @@ bool GpuProcess::add(const MirrorKey& key, size_t m, size_t n, const int32_t* li
     q.n = n;
     q.vectors = vectors != nullptr ? 1 : 0;
     q.d = vectors != nullptr ? d : 0;
+    q.keys = keys != nullptr ? 1 : 0;
     q.region[2] = l.take(n * sizeof(int32_t));
     q.region[3] = l.take(n * m);
     q.region[4] = l.take(n * sizeof(int64_t));
     if (vectors != nullptr)
         q.region[5] = l.take(n * d * sizeof(float));
+    if (keys != nullptr)
+        q.region[6] = l.take(n * sizeof(int64_t));
     char* x = exchange(l);
     std::memcpy(x + q.region[2].offset, list_ids, q.region[2].bytes);
     std::memcpy(x + q.region[3].offset, codes, q.region[3].bytes);
     std::memcpy(x + q.region[4].offset, labels, q.region[4].bytes);
     if (vectors != nullptr)
         std::memcpy(x + q.region[5].offset, vectors, q.region[5].bytes);
+    if (keys != nullptr)
+        std::memcpy(x + q.region[6].offset, keys, q.region[6].bytes);
     Reply rep = call(q);
     raise_for(rep);
     return rep.status == Status::Ok;
 }
 
 bool GpuProcess::search(const MirrorKey& key, size_t d, const float* queries, size_t nq, size_t k,
-                        size_t nprobe, int64_t* labels, double* exact, bool* is_exact)
+                        size_t nprobe, const int64_t* key_lo, const int64_t* key_hi, int64_t* matched,
+                        int64_t* labels, double* exact, bool* is_exact)
 {
     Request q;
     Layout l;
@@ -452,13 +464,25 @@ bool GpuProcess::search(const MirrorKey& key, size_t d, const float* queries, si
     q.region[0] = l.take(nq * d * sizeof(float));
     q.region[1] = l.take(nq * k * sizeof(int64_t));
     q.region[2] = l.take(nq * k * sizeof(double));
+    q.keys = key_lo != nullptr ? 1 : 0;
+    if (q.keys) {
+        q.region[3] = l.take(nq * sizeof(int64_t));
+        q.region[4] = l.take(nq * sizeof(int64_t));
+        q.region[5] = l.take(nq * sizeof(int64_t));
+    }
     char* x = exchange(l);
     std::memcpy(x + q.region[0].offset, queries, q.region[0].bytes);
+    if (q.keys) {
+        std::memcpy(x + q.region[3].offset, key_lo, q.region[3].bytes);
+        std::memcpy(x + q.region[4].offset, key_hi, q.region[4].bytes);
+    }
     Reply rep = call(q);
     raise_for(rep);
     if (rep.status != Status::Ok)
         return false;
     std::memcpy(labels, x + q.region[1].offset, q.region[1].bytes);
+    if (q.keys)
+        std::memcpy(matched, x + q.region[5].offset, q.region[5].bytes);
     *is_exact = rep.value[0] != 0;
     if (*is_exact)
         std::memcpy(exact, x + q.region[2].offset, q.region[2].bytes);

@@ -77,18 +77,25 @@ public:
     void set_budget(size_t bytes);
     void enforce_budget();
     StoreStatus status();
-    // vectors: n x spec.d floats when spec.vectors (else unused).
+    // vectors: n x spec.d floats when spec.vectors, keys: n filter keys
+    // when spec.filter_keys (else unused).
     void load(const MirrorKey& key, const MirrorSpec& spec, size_t n, const int32_t* list_ids,
-              const uint8_t* codes, const int64_t* labels, const float* vectors);
+              const uint8_t* codes, const int64_t* labels, const float* vectors, const int64_t* keys);
     // false when the process holds no mirror of key. vectors (n x d floats)
-    // or null; a mirror without vectors ignores them.
+    // or null; a mirror without vectors ignores them. keys (n) or null; a
+    // mirror without filter keys ignores them, one with them requires them.
     bool add(const MirrorKey& key, size_t m, size_t n, const int32_t* list_ids, const uint8_t* codes,
-             const int64_t* labels, const float* vectors, size_t d);
+             const int64_t* labels, const float* vectors, size_t d, const int64_t* keys);
     // false when the process holds no mirror of key. *is_exact: the mirror
     // re-ranked (exact, nq x k, holds exact distances and each row is in
     // exact order), else labels are in ADC order and exact is untouched.
+    // key_lo / key_hi (nq each, or both null): each query's range of filter
+    // keys (a mirror without filter keys refuses them: InvalidArgument);
+    // matched (nq, with them) receives how many entries of each query's
+    // probed lists lie in its range.
     bool search(const MirrorKey& key, size_t d, const float* queries, size_t nq, size_t k,
-                size_t nprobe, int64_t* labels, double* exact, bool* is_exact);
+                size_t nprobe, const int64_t* key_lo, const int64_t* key_hi, int64_t* matched,
+                int64_t* labels, double* exact, bool* is_exact);
     // false when the process holds no mirror of key; *removed: entries that went.
     bool remove(const MirrorKey& key, size_t n, const int64_t* labels, size_t* removed = nullptr);
     size_t drop_index(uint32_t db, uint32_t index);

@@ -23,8 +23,8 @@ constexpr uint32_t kMagic = 0x47495650;  // "GIVP"
 // Raised with every change of Request or Reply. The program is installed
 // apart from the extension's library: after an upgrade, a server still
 // running the old library may start the new program (or the reverse).
-constexpr uint64_t kVersion = 5;
-constexpr int kRegions = 6;
+constexpr uint64_t kVersion = 6;
+constexpr int kRegions = 7;
 constexpr size_t kAlign = 64;
 constexpr size_t kMaxStatusMirrors = 64;  // mirrors a Status reply lists
 // File descriptors the process finds its channels on (set up at spawn).
@@ -43,14 +43,17 @@ enum class Op : uint32_t {
     SetBudget = 1,  // budget
     EnforceBudget,  //
     Status,         // r0 out: MirrorInfo[kMaxStatusMirrors]; value: count, bytes, budget, evictions
-    Load,           // key, d, lists, m, metric, n, vectors; r0 centroids, r1 codebooks, r2 list ids,
-                    // r3 codes, r4 labels, r5 vectors (n x d floats, when vectors)
-    Add,            // key, m, n, vectors (then d); r2 list ids, r3 codes, r4 labels, r5 vectors
-                    // -> NotFound without the mirror
-    Search,         // key, d, n queries, k, nprobe; r0 queries, r1 labels out, r2 exact distances
-                    // out (doubles) -> value[0] 1 when re-ranked (the mirror keeps vectors: r2
-                    // holds exact distances, rows in exact order), 0 for ADC order (r2 unused);
-                    // NotFound without the mirror
+    Load,           // key, d, lists, m, metric, n, vectors, keys; r0 centroids, r1 codebooks,
+                    // r2 list ids, r3 codes, r4 labels, r5 vectors (n x d floats, when vectors),
+                    // r6 filter keys (n int64, when keys)
+    Add,            // key, m, n, vectors (then d), keys; r2 list ids, r3 codes, r4 labels,
+                    // r5 vectors, r6 filter keys -> NotFound without the mirror
+    Search,         // key, d, n queries, k, nprobe, keys; r0 queries, r1 labels out, r2 exact
+                    // distances out (doubles), with keys r3 / r4 each query's lowest / highest
+                    // filter key (int64) and r5 out how many entries of its probed lists lie
+                    // in its range (int64) -> value[0] 1 when re-ranked (the mirror keeps vectors:
+                    // r2 holds exact distances, rows in exact order), 0 for ADC order (r2
+                    // unused); NotFound without the mirror
     Remove,         // key, n; r4 labels -> value[0] entries removed; NotFound without the mirror
     DropIndex,      // key.db, key.index -> value[0] mirrors dropped
     DropAll,        //
@@ -85,6 +88,7 @@ struct Request {
     uint64_t iterations = 0, seed = 0, max_points_per_centroid = 0, pq_max_training = 0, threads = 0;
     uint64_t budget = 0;
     uint64_t vectors = 0;  // Load: keep exact vectors; Add: region 5 holds them
+    uint64_t keys = 0;     // Load: keep filter keys; Add: region 6 holds them; Search: ranges
     Region region[kRegions];
 };
 

@@ -100,6 +100,7 @@ MirrorSpec spec_of(const Request& q, const Exchange& x)
     s.centroids = x.at<float>(q.region[0], mul(q.d, q.lists));
     s.codebooks = x.at<float>(q.region[1], mul(kPqCentroids, q.d));
     s.vectors = q.vectors != 0;
+    s.filter_keys = q.keys != 0;
     return s;
 }
 
@@ -146,7 +147,8 @@ void handle(const Request& q, Reply& rep, ComputeDevice& dev, MirrorStore& store
     case Op::Load: {
         MirrorSpec s = spec_of(q, x);
         store.load(q.key, s, q.n, x.at<int32_t>(q.region[2], q.n), x.at<uint8_t>(q.region[3], mul(q.n, q.m)),
-                   x.at<int64_t>(q.region[4], q.n), s.vectors ? x.at<float>(q.region[5], mul(q.n, q.d)) : nullptr);
+                   x.at<int64_t>(q.region[4], q.n), s.vectors ? x.at<float>(q.region[5], mul(q.n, q.d)) : nullptr,
+                   s.filter_keys ? x.at<int64_t>(q.region[6], q.n) : nullptr);
         return;
     }
     case Op::Add: {
@@ -161,8 +163,10 @@ void handle(const Request& q, Reply& rep, ComputeDevice& dev, MirrorStore& store
         // A mirror made without vectors (they did not fit its budget) ignores them.
         const float* vectors = q.vectors != 0 && mirror->has_vectors() ? x.at<float>(q.region[5], mul(q.n, d))
                                                                        : nullptr;
+        // Likewise filter keys for a mirror without them (the log carries one per entry).
+        const int64_t* keys = q.keys != 0 && mirror->has_keys() ? x.at<int64_t>(q.region[6], q.n) : nullptr;
         mirror->add(q.n, x.at<int32_t>(q.region[2], q.n), x.at<uint8_t>(q.region[3], mul(q.n, q.m)),
-                    x.at<int64_t>(q.region[4], q.n), vectors);
+                    x.at<int64_t>(q.region[4], q.n), vectors, keys);
         return;
     }
     case Op::Search: {
@@ -171,20 +175,35 @@ void handle(const Request& q, Reply& rep, ComputeDevice& dev, MirrorStore& store
             return;
         const float* queries = x.at<float>(q.region[0], mul(q.n, q.d));
         int64_t* labels = x.at<int64_t>(q.region[1], mul(q.n, q.k));
+        const int64_t* key_lo = q.keys != 0 ? x.at<int64_t>(q.region[3], q.n) : nullptr;
+        const int64_t* key_hi = q.keys != 0 ? x.at<int64_t>(q.region[4], q.n) : nullptr;
+        int64_t* matched = q.keys != 0 ? x.at<int64_t>(q.region[5], q.n) : nullptr;
         // Tiles keep the device's scratch space bounded for batch searches.
         const uint64_t tile = 4096;
+        auto ranges_at = [&](uint64_t i, KeyRanges& r) -> const KeyRanges* {
+            if (key_lo == nullptr)
+                return nullptr;
+            r.lo = key_lo + i;
+            r.hi = key_hi + i;
+            r.matched = matched + i;
+            return &r;
+        };
         if (mirror->has_vectors()) {
             double* exact = x.at<double>(q.region[2], mul(q.n, q.k));
             for (uint64_t i = 0; i < q.n; i += tile) {
                 uint64_t nq = std::min(tile, q.n - i);
-                mirror->search_exact(queries + i * q.d, nq, q.k, q.nprobe, exact + i * q.k, labels + i * q.k);
+                KeyRanges r;
+                mirror->search_exact(queries + i * q.d, nq, q.k, q.nprobe, exact + i * q.k, labels + i * q.k,
+                                     ranges_at(i, r));
             }
             rep.value[0] = 1;
         } else {
             std::vector<float> dist(mul(std::min(tile, q.n), q.k));
             for (uint64_t i = 0; i < q.n; i += tile) {
                 uint64_t nq = std::min(tile, q.n - i);
-                mirror->search(queries + i * q.d, nq, q.k, q.nprobe, dist.data(), labels + i * q.k);
+                KeyRanges r;
+                mirror->search(queries + i * q.d, nq, q.k, q.nprobe, dist.data(), labels + i * q.k,
+                               ranges_at(i, r));
             }
         }
         store.count_queries(q.key, q.n);

@@ -56,7 +56,7 @@ void MirrorStore::enforce_budget()
 
 Mirror* MirrorStore::load(const MirrorKey& key, const MirrorSpec& given, size_t n,
                           const int32_t* list_ids, const uint8_t* codes, const int64_t* labels,
-                          const float* vectors)
+                          const float* vectors, const int64_t* keys)
 {
     MirrorSpec spec = given;
     size_t need = device_.mirror_bytes(spec, n);
@@ -79,7 +79,8 @@ Mirror* MirrorStore::load(const MirrorKey& key, const MirrorSpec& given, size_t 
     for (;;) {
         try {
             std::unique_ptr<Mirror> mirror = device_.create_mirror(spec);
-            mirror->add(n, list_ids, codes, labels, spec.vectors ? vectors : nullptr);
+            mirror->add(n, list_ids, codes, labels, spec.vectors ? vectors : nullptr,
+                        spec.filter_keys ? keys : nullptr);
             Entry& e = mirrors_[key];
             e.mirror = std::move(mirror);
             e.last_used = ++clock_;
@@ -129,6 +130,7 @@ std::vector<MirrorInfo> MirrorStore::list() const
         info.bytes = kv.second.mirror->bytes();
         info.queries = kv.second.queries;
         info.vectors = kv.second.mirror->has_vectors();
+        info.filter_keys = kv.second.mirror->has_keys();
         out.push_back(info);
     }
     return out;

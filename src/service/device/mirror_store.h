@@ -34,6 +34,7 @@ struct MirrorInfo {
     size_t entries = 0, bytes = 0;
     uint64_t queries = 0;
     bool vectors = false;  // holds the exact vectors (re-ranks on the device)
+    bool filter_keys = false;  // holds filter keys (filters on the device)
 };
 
 class MirrorStore {
@@ -57,10 +58,12 @@ public:
     // others to stay within the budget. With spec.vectors, vectors holds n
     // x d floats; when the mirror with vectors cannot fit the budget even
     // alone, it is made without them (codes only: the backends re-rank from
-    // the heap; MirrorInfo::vectors says which). Throws Error(OutOfMemory)
-    // when even that cannot fit.
+    // the heap; MirrorInfo::vectors says which). With spec.filter_keys, keys
+    // holds n filter keys (always kept: 8 bytes an entry). Throws
+    // Error(OutOfMemory) when even that cannot fit.
     Mirror* load(const MirrorKey& key, const MirrorSpec& spec, size_t n, const int32_t* list_ids,
-                 const uint8_t* codes, const int64_t* labels, const float* vectors);
+                 const uint8_t* codes, const int64_t* labels, const float* vectors,
+                 const int64_t* keys);
 
     // Forgets every mirror of (db, index), whatever its version.
     size_t drop_index(uint32_t db, uint32_t index);
