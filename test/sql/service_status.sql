@@ -65,6 +65,29 @@ BEGIN
   RAISE EXCEPTION 'the mirror never held exactly one entry per row';
 END $$;
 
+-- A filter column: the GPU applies the pushed-down filter (device = gpu
+-- errors if it cannot), equal to the CPU engine's answers; inserts and
+-- VACUUM carry the filter values to the mirror.
+CREATE TABLE svcf (id int PRIMARY KEY, tenant int, v real[]);
+INSERT INTO svcf SELECT i, i % 7, ARRAY[sin(i), cos(i), sin(2 * i), cos(3 * i)]::real[]
+FROM generate_series(1, 2000) i;
+CREATE INDEX svcf_idx ON svcf USING gpu_ivfpq (v, tenant) WITH (lists = 8, m = 2);
+SET gpu_ivfpq.device = gpu;
+SELECT array_agg(id) AS gpu FROM (SELECT id FROM svcf WHERE tenant = 3 ORDER BY v <-> '{0.5,0.5,0.1,0.2}' LIMIT 8) s;
+SET gpu_ivfpq.device = cpu;
+SELECT array_agg(id) AS cpu FROM (SELECT id FROM svcf WHERE tenant = 3 ORDER BY v <-> '{0.5,0.5,0.1,0.2}' LIMIT 8) s;
+SET gpu_ivfpq.device = gpu;
+INSERT INTO svcf VALUES (5000, 9, '{0.5,0.5,0.1,0.2}'), (5001, 3, '{0.5,0.5,0.1,0.21}');
+SELECT id, tenant FROM svcf WHERE tenant = 9 ORDER BY v <-> '{0.5,0.5,0.1,0.2}' LIMIT 3;
+SELECT id, tenant FROM svcf WHERE tenant >= 3 AND tenant <= 3 ORDER BY v <-> '{0.5,0.5,0.1,0.2}' LIMIT 1;
+DELETE FROM svcf WHERE id = 5001;
+VACUUM svcf;
+SELECT array_agg(id) AS gpu FROM (SELECT id FROM svcf WHERE tenant < 2 ORDER BY v <-> '{0.9,0.1,0.3,0.7}' LIMIT 8) s;
+SET gpu_ivfpq.device = cpu;
+SELECT array_agg(id) AS cpu FROM (SELECT id FROM svcf WHERE tenant < 2 ORDER BY v <-> '{0.9,0.1,0.3,0.7}' LIMIT 8) s;
+SET gpu_ivfpq.device = gpu;
+DROP TABLE svcf;
+
 -- What the GPU cannot serve is an error with gpu_ivfpq.device = gpu ...
 CREATE TABLE wide (v real[]);
 INSERT INTO wide SELECT array_fill(i::real, ARRAY[8200]) FROM generate_series(1, 20) i;
