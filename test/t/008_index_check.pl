@@ -278,6 +278,30 @@ write_file_bytes($vfile, $voriginal);
 $node->start;
 $node->safe_psql('postgres', q{DROP INDEX vec_idx});
 
+# An index with a filter column: each entry ends with the column's value
+# (8 bytes after the TID and the code); with heapallindexed the checker
+# compares it with the row's.
+$node->safe_psql('postgres',
+	q{CREATE INDEX key_idx ON items USING gpu_ivfpq (v, id) WITH (lists = 2, m = 4, store_vectors = off); CHECKPOINT;});
+is($node->safe_psql('postgres', q{SELECT gpu_ivfpq_check('key_idx', true)}), '', 'the index with filter keys passes');
+my $kfile = $pgdata . '/' . $node->safe_psql('postgres', q{SELECT pg_relation_filepath('key_idx')});
+$node->stop;
+my $koriginal = read_file_bytes($kfile);
+my $kdir = u32(substr($koriginal, 0, $BLCKSZ), $HEADER + 36);
+my $khead = u32(substr($koriginal, $kdir * $BLCKSZ, $BLCKSZ), $HEADER);
+my $kcopy = $koriginal;
+substr($kcopy, $khead * $BLCKSZ + $HEADER + 6 + $M, 8) = pack('q<', 987654321);
+write_file_bytes($kfile, $kcopy);
+$node->start;
+my ($kret, $kout, $kerr) = $node->psql('postgres', q{SELECT gpu_ivfpq_check('key_idx', true)});
+isnt($kret, 0, 'a damaged filter key: the checker fails');
+like($kerr, qr/index "key_idx" block $khead: list \d+ entry 0 keeps filter key 987654321, not the filter column of row \(\d+,\d+\)/,
+	'a damaged filter key: the checker says which entry');
+$node->stop;
+write_file_bytes($kfile, $koriginal);
+$node->start;
+$node->safe_psql('postgres', q{DROP INDEX key_idx});
+
 # No false alarms under load: pgbench clients insert, update, delete and
 # VACUUM (which frees TIDs that inserts then reuse) while others run the
 # checker with heapallindexed; any error fails pgbench.
@@ -288,6 +312,7 @@ $node->safe_psql(
 	SELECT setseed(0.6);
 	INSERT INTO busy (v) SELECT $vector FROM generate_series(1, 3000) g;
 	CREATE INDEX busy_idx ON busy USING gpu_ivfpq (v) WITH (lists = 8, m = 4);
+	CREATE INDEX busy_tag_idx ON busy USING gpu_ivfpq (v, tag) WITH (lists = 8, m = 4);
 });
 my $dir = PostgreSQL::Test::Utils::tempdir;
 PostgreSQL::Test::Utils::append_to_file("$dir/insert.sql",

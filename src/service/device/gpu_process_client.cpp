@@ -390,6 +390,8 @@ void GpuProcess::load(const MirrorKey& key, const MirrorSpec& spec, size_t n, co
                       const uint8_t* codes, const int64_t* labels, const float* vectors,
                       const int64_t* keys)
 {
+    if ((spec.vectors && vectors == nullptr) || (spec.filter_keys && keys == nullptr))
+        throw Error(ErrorKind::InvalidArgument, "GPU process load: the spec's vectors or filter keys are missing");
     Request q;
     Layout l;
     q.op = Op::Load;
@@ -464,6 +466,8 @@ bool GpuProcess::search(const MirrorKey& key, size_t d, const float* queries, si
     q.region[0] = l.take(nq * d * sizeof(float));
     q.region[1] = l.take(nq * k * sizeof(int64_t));
     q.region[2] = l.take(nq * k * sizeof(double));
+    if ((key_lo == nullptr) != (key_hi == nullptr))
+        throw Error(ErrorKind::InvalidArgument, "GPU process search: a key range needs both bounds");
     q.keys = key_lo != nullptr ? 1 : 0;
     if (q.keys) {
         q.region[3] = l.take(nq * sizeof(int64_t));
@@ -481,7 +485,7 @@ bool GpuProcess::search(const MirrorKey& key, size_t d, const float* queries, si
     if (rep.status != Status::Ok)
         return false;
     std::memcpy(labels, x + q.region[1].offset, q.region[1].bytes);
-    if (q.keys)
+    if (q.keys && matched != nullptr)
         std::memcpy(matched, x + q.region[5].offset, q.region[5].bytes);
     *is_exact = rep.value[0] != 0;
     if (*is_exact)

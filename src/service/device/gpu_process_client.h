@@ -91,7 +91,7 @@ public:
     // exact order), else labels are in ADC order and exact is untouched.
     // key_lo / key_hi (nq each, or both null): each query's range of filter
     // keys (a mirror without filter keys refuses them: InvalidArgument);
-    // matched (nq, with them) receives how many entries of each query's
+    // matched (nq, or null) receives how many entries of each query's
     // probed lists lie in its range.
     bool search(const MirrorKey& key, size_t d, const float* queries, size_t nq, size_t k,
                 size_t nprobe, const int64_t* key_lo, const int64_t* key_hi, int64_t* matched,
