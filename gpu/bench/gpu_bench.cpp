@@ -22,64 +22,20 @@
 #include "gpu_ivfpq/k_select.h"
 #include "gpu_ivfpq/kmeans_gpu.h"
 #include "../../tools/common.h"  // read_fvecs: the tools' reader of the generator's files
+#include "bench_util.h"  // ck, time_ms, recall_at
 #include "uniform.h"
 
 using namespace gpuivfpq;
 using namespace gpuivfpq::gpu;
+using namespace gpuivfpq::bench;
 
 namespace {
-
-void ck(cudaError_t e, const char* what)
-{
-    if (e != cudaSuccess) {
-        std::fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(e));
-        std::exit(2);
-    }
-}
-
-// Median device time (ms) of reps runs of f on the context's stream.
-double time_ms(GpuContext& ctx, const std::function<void()>& f, int reps, int warmup = 1)
-{
-    cudaStream_t st = static_cast<cudaStream_t>(ctx.stream());
-    for (int i = 0; i < warmup; ++i)
-        f();
-    ctx.synchronize();
-    cudaEvent_t a, b;
-    ck(cudaEventCreate(&a), "event");
-    ck(cudaEventCreate(&b), "event");
-    std::vector<double> t;
-    for (int i = 0; i < reps; ++i) {
-        ck(cudaEventRecord(a, st), "record");
-        f();
-        ck(cudaEventRecord(b, st), "record");
-        ck(cudaEventSynchronize(b), "sync");
-        float ms = 0;
-        ck(cudaEventElapsedTime(&ms, a, b), "elapsed");
-        t.push_back(ms);
-    }
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-}
 
 // The last component of a path, for the log.
 const char* file_name(const std::string& path)
 {
     const size_t slash = path.rfind('/');
     return path.c_str() + (slash == std::string::npos ? 0 : slash + 1);
-}
-
-double recall_at(const std::vector<int64_t>& labels, size_t k, const std::vector<int64_t>& gt, size_t r)
-{
-    size_t hit = 0;
-    for (size_t i = 0; i < gt.size(); ++i)
-        for (size_t j = 0; j < std::min(r, k); ++j)
-            if (labels[i * k + j] == gt[i]) {
-                ++hit;
-                break;
-            }
-    return double(hit) / double(gt.size());
 }
 
 }  // namespace

@@ -427,11 +427,15 @@ CpuRound(IndexScanDesc scan, int want, int64 **labels, double *exact, int *nlabe
 /*
  * The lists a filtered scan probes, from what its first round saw: matched
  * of the entries in so->probes lists passed the filter, a selectivity s of
- * about matched / (probes x rows per list). A filter's k nearest rows lie
- * as far out as the k / s nearest of all, so the scan probes more lists:
- * probes x s^(-1/4), which keeps recall near the unfiltered scan's at 10%
- * and 1% selectivity (measured in the README). At most every list, and at
- * most the GPU's per-round bound when the GPU service is wanted.
+ * about matched / (probes x rows per list). The rows that pass a filter are
+ * a sparser set, and its k nearest lie as far out as the k / s nearest of
+ * all rows; probes / s lists hold as many passing entries as probes lists
+ * hold entries, which keeps recall near the unfiltered scan's whatever the
+ * data (measured in the README). The entries that fail the filter cost a
+ * key comparison each, on the GPU and in the CPU engine. The factor 1 / s
+ * is rounded up to a power of two, so that scans of similar filters probe
+ * alike and the GPU service batches them together. At most every list, and
+ * at most the GPU's per-round bound when the GPU service is wanted.
  */
 static int
 FilteredProbes(IndexScanDesc scan, int64 matched)
@@ -440,12 +444,12 @@ FilteredProbes(IndexScanDesc scan, int64 matched)
 	double		rows = Max((double) scan->indexRelation->rd_rel->reltuples, (double) so->meta.build_tuples);
 	double		expected = Max(1.0, rows * so->probes / Max(so->meta.lists, 1));
 	double		s = Min(1.0, Max((double) matched, 0.5) / expected);
-	double		want = ceil(so->probes * pow(s, -0.25));
+	double		factor = pow(2.0, ceil(log2(1.0 / s) - 1e-9));
 	int			limit = (int) so->meta.lists;
 
 	if (GpuIvfpqServiceWanted())
 		limit = Min(limit, Max(so->probes, GPU_IVFPQ_SERVICE_MAX_K));
-	return (int) Min(want, (double) limit);
+	return (int) Min(so->probes * factor, (double) limit);
 }
 
 /*

@@ -114,8 +114,8 @@ GpuIvfpqRerank(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spec, int64 *lab
 }
 
 int64
-GpuIvfpqKeepVisible(GpuIvfpqHeapFetch *hf, const int64 *labels, const double *exact, int64 n,
-					int64 limit, GpuIvfpqHit *hits)
+GpuIvfpqKeepVisible(GpuIvfpqHeapFetch *hf, const GpuIvfpqVisibleRows *visible, const int64 *labels,
+					const double *exact, int64 n, int64 limit, GpuIvfpqHit *hits)
 {
 	int64		nhits = 0;
 
@@ -132,6 +132,13 @@ GpuIvfpqKeepVisible(GpuIvfpqHeapFetch *hf, const int64 *labels, const double *ex
 			dup |= ItemPointerEquals(&hits[j].tid, &tid);
 		if (dup)
 			continue;
+		if (visible != NULL && GpuIvfpqVisibleRowsHas(visible, &tid))
+		{
+			hits[nhits].dist = exact[i];
+			hits[nhits].tid = tid;
+			nhits++;
+			continue;
+		}
 		MemoryContextReset(hf->rowctx);
 		if (table_index_fetch_tuple(hf->fetch, &tid, hf->snapshot, hf->slot, &call_again, &all_dead))
 		{
@@ -143,6 +150,37 @@ GpuIvfpqKeepVisible(GpuIvfpqHeapFetch *hf, const int64 *labels, const double *ex
 		CHECK_FOR_INTERRUPTS();
 	}
 	return nhits;
+}
+
+GpuIvfpqVisibleRows *
+GpuIvfpqVisibleRowsBuild(Relation heap, Snapshot snapshot, Size limit)
+{
+	BlockNumber nblocks = RelationGetNumberOfBlocks(heap);
+	Size		bytes = (Size) nblocks * GPU_IVFPQ_VISIBLE_WORDS * sizeof(uint64);
+	GpuIvfpqVisibleRows *v;
+	TableScanDesc scan;
+	TupleTableSlot *slot;
+
+	if (bytes > limit)
+		return NULL;
+	v = (GpuIvfpqVisibleRows *) palloc(sizeof(GpuIvfpqVisibleRows));
+	v->nblocks = nblocks;
+	v->bits = (uint64 *) palloc_extended(Max(bytes, sizeof(uint64)), MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
+	slot = table_slot_create(heap, NULL);
+	scan = table_beginscan(heap, snapshot, 0, NULL);
+	while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
+	{
+		BlockNumber blk = ItemPointerGetBlockNumber(&slot->tts_tid);
+		OffsetNumber off = ItemPointerGetOffsetNumber(&slot->tts_tid);
+
+		/* Blocks added since the size was read: their rows are fetched instead. */
+		if (blk < nblocks && off <= MaxHeapTuplesPerPage)
+			v->bits[(Size) blk * GPU_IVFPQ_VISIBLE_WORDS + (off - 1) / 64] |= UINT64CONST(1) << ((off - 1) % 64);
+		CHECK_FOR_INTERRUPTS();
+	}
+	table_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	return v;
 }
 
 HTAB *

@@ -73,14 +73,55 @@ extern int64 GpuIvfpqRerank(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spe
 							int64 n, GpuIvfpqHit *hits, int64 *fetched);
 
 /*
+ * The TIDs of the rows of a table visible to a snapshot, one bit per line
+ * pointer of each block: a function that checks the visibility of many
+ * candidates of the whole table (the k-NN graph: k of every row) reads the
+ * table once instead of fetching each candidate.
+ */
+typedef struct GpuIvfpqVisibleRows
+{
+	BlockNumber nblocks;
+	uint64	   *bits;			/* nblocks x GPU_IVFPQ_VISIBLE_WORDS */
+} GpuIvfpqVisibleRows;
+
+#define GPU_IVFPQ_VISIBLE_WORDS ((MaxHeapTuplesPerPage + 63) / 64)
+
+/*
+ * The rows of heap visible to snapshot, by their own TIDs (a HOT chain's
+ * visible member, not its root: a root in the set is a visible row itself);
+ * NULL when the set would need more than limit bytes.
+ */
+extern GpuIvfpqVisibleRows *GpuIvfpqVisibleRowsBuild(Relation heap, Snapshot snapshot, Size limit);
+
+/*
+ * Whether the row at tid was visible. false also for a TID the set cannot
+ * hold, and for the root of a HOT chain whose visible member lies at
+ * another offset: callers then fetch the row (which finds the member).
+ */
+static inline bool
+GpuIvfpqVisibleRowsHas(const GpuIvfpqVisibleRows *v, ItemPointer tid)
+{
+	BlockNumber blk = ItemPointerGetBlockNumberNoCheck(tid);
+	OffsetNumber off = ItemPointerGetOffsetNumberNoCheck(tid);
+
+	if (blk >= v->nblocks || off < 1 || off > MaxHeapTuplesPerPage)
+		return false;
+	return (v->bits[(Size) blk * GPU_IVFPQ_VISIBLE_WORDS + (off - 1) / 64] >> ((off - 1) % 64)) & 1;
+}
+
+/*
  * For candidates already re-ranked (exact[i] the exact distance of
  * labels[i], in GpuIvfpqHitLess order: from the GPU or the index's vector
  * copies): the first rows visible to hf's snapshot, at most limit, into
  * hits in that order (duplicates skipped). Only visibility is checked; no
- * distance is computed. Returns how many were kept.
+ * distance is computed: a row in visible (if given, built with hf's
+ * snapshot) is taken as is, any other is fetched. A kept row's TID is the
+ * visible row's own (for a HOT chain, its member, as ctid shows it), so
+ * callers can join on ctid. Returns how many were kept.
  */
-extern int64 GpuIvfpqKeepVisible(GpuIvfpqHeapFetch *hf, const int64 *labels, const double *exact,
-								 int64 n, int64 limit, GpuIvfpqHit *hits);
+extern int64 GpuIvfpqKeepVisible(GpuIvfpqHeapFetch *hf, const GpuIvfpqVisibleRows *visible,
+								 const int64 *labels, const double *exact, int64 n, int64 limit,
+								 GpuIvfpqHit *hits);
 
 /* A hash set of TIDs for GpuIvfpqRerankSpec.seen, in cxt. */
 extern HTAB *GpuIvfpqTidSetCreate(MemoryContext cxt);

@@ -169,7 +169,7 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 			spec.query = queries + (c0 + i) * dim;
 			/* Untrained: every query re-ranks every entry. */
 			if (is_exact)
-				nh = GpuIvfpqKeepVisible(&bs->hf, bs->labels + i * want, bs->exact + i * want,
+				nh = GpuIvfpqKeepVisible(&bs->hf, bs->visible, bs->labels + i * want, bs->exact + i * want,
 										 bs->counts[i], bs->k, bs->hits);
 			else if (bs->meta.trained)
 				nh = GpuIvfpqRerank(&bs->hf, &spec, bs->labels + i * want, bs->counts[i], bs->hits, NULL);

@@ -21,6 +21,7 @@ typedef struct GpuIvfpqBatchSearch
 	gpuivfpq::IvfPqQuery *prepared; /* owned by the caller's memory context */
 	gpuivfpq::TopK *topk;		/* CPU k-selection, idem */
 	GpuIvfpqHeapFetch hf;
+	const GpuIvfpqVisibleRows *visible; /* if set: rows known visible to hf's snapshot */
 	int			metric;
 	int			dim;
 	int			k;				/* results per query */

@@ -98,6 +98,12 @@ gpu_ivfpq_knn_graph(PG_FUNCTION_ARGS)
 	}
 	/* One more than k: each row usually finds itself first. */
 	GpuIvfpqBatchBegin(&bs, index, heap, meta.dimensions, k + 1, Max(k + 1, gpu_ivfpq_rerank));
+	/*
+	 * Every row's k neighbours are checked for visibility: one pass over the
+	 * table (its bitmap bounded by maintenance_work_mem) answers most of
+	 * them, instead of a fetch each.
+	 */
+	bs.visible = GpuIvfpqVisibleRowsBuild(heap, GetActiveSnapshot(), (Size) maintenance_work_mem * 1024);
 	vecs = (float *) palloc_extended(sizeof(float) * (Size) chunk * meta.dimensions, MCXT_ALLOC_HUGE);
 	indexInfo = BuildIndexInfo(index);
 	estate = CreateExecutorState();

@@ -79,6 +79,20 @@ SELECT count(*) AS rows_differing_from_batch FROM (
 WHERE d <> ARRAY(SELECT r.tid FROM gpu_ivfpq_knn_batch('sf_l2', (SELECT v FROM sf WHERE ctid = x.src), 6) r
                  WHERE r.tid <> x.src ORDER BY r.rank LIMIT 5);
 SELECT count(*) AS graph_of_empty FROM gpu_ivfpq_knn_graph('sfe_idx', 3) WHERE false;
+-- Rows updated in place (HOT: a column the index does not hold, room on the
+-- page) keep their entries under the chain's root TID; the graph names
+-- each row by its ctid (the chain's visible member), as a join needs, and
+-- still knows each row as itself (no edge of distance 0).
+CREATE TABLE sfh (id int, note int, v real[]) WITH (fillfactor = 40);
+INSERT INTO sfh SELECT id, 0, v FROM sf WHERE id <= 300;
+CREATE INDEX sfh_idx ON sfh USING gpu_ivfpq (v) WITH (lists = 4, m = 2);
+UPDATE sfh SET note = 1 WHERE id <= 100;
+UPDATE sfh SET note = 2 WHERE id <= 50;
+SELECT count(*) AS edges, count(*) FILTER (WHERE distance = 0) AS zero_distance_edges,
+       count(DISTINCT src) AS sources,
+       count(*) FILTER (WHERE src NOT IN (SELECT ctid FROM sfh) OR dst NOT IN (SELECT ctid FROM sfh)) AS not_a_ctid
+FROM gpu_ivfpq_knn_graph('sfh_idx', 4);
+DROP TABLE sfh;
 
 -- Exact brute force over the column (no index) equals a sequential scan.
 CREATE FUNCTION exact_vs_seq(metric text, op text) RETURNS TABLE (same bigint, queries bigint)

@@ -1,0 +1,65 @@
+// Helpers shared by the GPU benchmarks (gpu_bench.cpp, wide_bench.cpp).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <vector>
+
+#include "gpu_ivfpq/gpu_context.h"
+
+namespace gpuivfpq::bench {
+
+inline void ck(cudaError_t e, const char* what)
+{
+    if (e != cudaSuccess) {
+        std::fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(e));
+        std::exit(2);
+    }
+}
+
+// Median device time (ms) of reps runs of f on the context's stream.
+inline double time_ms(gpu::GpuContext& ctx, const std::function<void()>& f, int reps, int warmup = 1)
+{
+    cudaStream_t st = static_cast<cudaStream_t>(ctx.stream());
+    for (int i = 0; i < warmup; ++i)
+        f();
+    ctx.synchronize();
+    cudaEvent_t a, b;
+    ck(cudaEventCreate(&a), "event");
+    ck(cudaEventCreate(&b), "event");
+    std::vector<double> t;
+    for (int i = 0; i < reps; ++i) {
+        ck(cudaEventRecord(a, st), "record");
+        f();
+        ck(cudaEventRecord(b, st), "record");
+        ck(cudaEventSynchronize(b), "sync");
+        float ms = 0;
+        ck(cudaEventElapsedTime(&ms, a, b), "elapsed");
+        t.push_back(ms);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+// Fraction of queries whose true nearest neighbour (gt[i]) is among the
+// first r of their k labels (labels: gt.size() x k).
+inline double recall_at(const std::vector<int64_t>& labels, size_t k, const std::vector<int64_t>& gt, size_t r)
+{
+    size_t hit = 0;
+    for (size_t i = 0; i < gt.size(); ++i)
+        for (size_t j = 0; j < std::min(r, k); ++j)
+            if (labels[i * k + j] == gt[i]) {
+                ++hit;
+                break;
+            }
+    return double(hit) / double(gt.size());
+}
+
+}  // namespace gpuivfpq::bench
