@@ -20,7 +20,7 @@ say() { echo "$*" | tee -a "$RES"; }
 # Server: preloaded, large buffers; the data as tables base and queries.
 . bench/gpu/lib.sh
 bench_setup "work_mem = '256MB'
-max_parallel_workers_per_gather = 0" "g, sample, rq, q10k, q1k"
+max_parallel_workers_per_gather = 0" "g, sample, ex, rq, q10k, q1k"
 psql -q <<SQL
 CREATE INDEX base_idx ON base USING gpu_ivfpq (v) WITH (lists = ${LISTS:-4096}, m = $M);
 SELECT gpu_ivfpq_prewarm('base_idx');
@@ -52,18 +52,23 @@ r=$(PGOPTIONS="-c gpu_ivfpq.probes=32" psql -qAt -c "
 say "- recall@10 of batch search on the 1000 benchmark queries (exact float64 ground truth): $r"
 
 say ""
-say "## k-NN graph: gpu_ivfpq_knn_graph over all $N rows, k 10, probes 16, rerank 20"
-t=$(timed "-c gpu_ivfpq.probes=16 -c gpu_ivfpq.rerank=20 -c client_min_messages=warning" \
-    "CREATE UNLOGGED TABLE g AS SELECT * FROM gpu_ivfpq_knn_graph('base_idx', 10)")
-say "- GPU: $t s ($(psql -qAtc 'SELECT count(*) FROM g') edges)"
-rec=$(psql -qAt -c "
+say "## k-NN graph: gpu_ivfpq_knn_graph over all $N rows, k 10; recall@10 on 1000 sampled rows (against gpu_ivfpq_exact_knn, self excluded)"
+psql -qAt -c "
   CREATE TABLE sample AS SELECT ctid AS t, v, row_number() OVER () AS n FROM base WHERE id % 1000 = 7;
-  WITH ex AS (
+  CREATE TABLE ex AS
     SELECT s.t AS src, e.tid AS dst FROM (SELECT array_agg(v ORDER BY n) AS m FROM sample) a,
          gpu_ivfpq_exact_knn('base', 'v', a.m, 11) e JOIN sample s ON s.n = e.query
-    WHERE e.tid <> s.t)
-  SELECT round((SELECT count(*) FROM ex JOIN g USING (src, dst))::numeric / (SELECT count(*) FROM ex), 4)")
-say "- recall@10 of the graph on 1000 sampled rows (against gpu_ivfpq_exact_knn, self excluded): $rec"
+    WHERE e.tid <> s.t" >/dev/null
+say "| probes | rerank | seconds | edges | recall@10 |"
+say "|---|---|---|---|---|"
+for cfg in "16 20" "32 40" "64 100"; do
+  set -- $cfg
+  psql -qc "DROP TABLE IF EXISTS g"
+  t=$(timed "-c gpu_ivfpq.probes=$1 -c gpu_ivfpq.rerank=$2 -c client_min_messages=warning" \
+      "CREATE UNLOGGED TABLE g AS SELECT * FROM gpu_ivfpq_knn_graph('base_idx', 10)")
+  rec=$(psql -qAtc "SELECT round((SELECT count(*) FROM ex JOIN g USING (src, dst))::numeric / (SELECT count(*) FROM ex), 4)")
+  say "| $1 | $2 | $t | $(psql -qAtc 'SELECT count(*) FROM g') | $rec |"
+done
 
 say ""
 say "## exact brute force: gpu_ivfpq_exact_knn over all $N rows, k 10"
