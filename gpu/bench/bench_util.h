@@ -8,9 +8,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "gpu_ivfpq/gpu_context.h"
+#include "../../tools/common.h"  // read_fvecs: the tools' reader of the generator's files
 
 namespace gpuivfpq::bench {
 
@@ -20,6 +22,26 @@ inline void ck(cudaError_t e, const char* what)
         std::fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(e));
         std::exit(2);
     }
+}
+
+// Reads the base and query vectors (.fvecs from tools/gen_synthetic) before
+// any GPU work, so that a bad file costs no benchmarking; returns their
+// dimension, or 0 after saying why (prog names the program).
+inline size_t read_base_and_queries(const char* prog, const std::string& base_path,
+                                    const std::string& queries_path, std::vector<float>& base,
+                                    std::vector<float>& queries)
+{
+    if (base_path.empty() || queries_path.empty()) {
+        std::fprintf(stderr, "%s: --base and --queries are required (.fvecs, from tools/gen_synthetic)\n", prog);
+        return 0;
+    }
+    const size_t d = tools::read_fvecs(base_path, base);
+    if (tools::read_fvecs(queries_path, queries) != d) {
+        std::fprintf(stderr, "%s: %s and %s differ in dimension\n", prog, base_path.c_str(),
+                     queries_path.c_str());
+        return 0;
+    }
+    return d;
 }
 
 // Median device time (ms) of reps runs of f on the context's stream.

@@ -92,18 +92,10 @@ int main(int argc, char** argv)
             return 2;
         }
     }
-    if (base_path.empty() || queries_path.empty()) {
-        std::fprintf(stderr, "wide_bench: --base and --queries are required (.fvecs, from tools/gen_synthetic)\n");
-        return 2;
-    }
-    // Read first: a bad file should not cost minutes of training.
     std::vector<float> hbase, hq;
-    const size_t d = tools::read_fvecs(base_path, hbase);
-    if (tools::read_fvecs(queries_path, hq) != d) {
-        std::fprintf(stderr, "wide_bench: %s and %s differ in dimension\n", base_path.c_str(),
-                     queries_path.c_str());
+    const size_t d = bench::read_base_and_queries("wide_bench", base_path, queries_path, hbase, hq);
+    if (d == 0)
         return 2;
-    }
     const size_t n = hbase.size() / d, nq = hq.size() / d;
     if (lists == 0)
         lists = default_lists(n);
