@@ -36,6 +36,42 @@ void check_subquantizers(const char* who, size_t d, size_t m)
     }
 }
 
+// Page-locked host memory, grown on demand: copies from it are truly
+// asynchronous, where a copy from pageable memory blocks the host for each
+// call (an append used to make a dozen such copies). The owner synchronises
+// its stream before it writes the memory again or frees it.
+class PinnedHost {
+public:
+    PinnedHost() = default;
+    PinnedHost(const PinnedHost&) = delete;
+    PinnedHost& operator=(const PinnedHost&) = delete;
+    ~PinnedHost()
+    {
+        if (p_)
+            cudaFreeHost(p_);  // nothing to report from a destructor
+    }
+    // At least bytes of memory; the contents are not kept when it grows.
+    char* reserve(size_t bytes)
+    {
+        if (bytes > bytes_) {
+            if (p_)
+                GPU_CUDA_CHECK(cudaFreeHost(p_));
+            p_ = nullptr;
+            bytes_ = 0;
+            void* p = nullptr;
+            GPU_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
+            p_ = static_cast<char*>(p);
+            bytes_ = bytes;
+        }
+        return p_;
+    }
+    char* data() const { return p_; }
+
+private:
+    char* p_ = nullptr;
+    size_t bytes_ = 0;
+};
+
 }  // namespace
 
 struct GpuIvfPqIndex::Impl {
@@ -57,6 +93,9 @@ struct GpuIvfPqIndex::Impl {
     // vec_ptrs: store_vectors only; key_ptrs: filter_keys only.
     DeviceBuffer code_ptrs, id_ptrs, vt_ptrs, vec_ptrs, key_ptrs, lens;
     size_t ntotal = 0, max_len = 0;
+    // Host side of the per-list arrays (six sections of lists entries, in
+    // the order of upload_meta) and the staging of appended entries.
+    PinnedHost meta_host, add_host;
 
     Impl(GpuContext& c) : ctx(c) {}
 
@@ -141,28 +180,38 @@ struct GpuIvfPqIndex::Impl {
             max_len = 0;
         if (lo >= hi)
             return;
-        const size_t n = hi - lo;
-        std::vector<const uint8_t*> cp(n);
-        std::vector<const int64_t*> ip(n), kp(n);
-        std::vector<const float*> vp(n), xp(n);
-        std::vector<int32_t> ln(n);
+        // Callers synchronise before they return, so no copy of an earlier
+        // call still reads the pinned host copy.
+        char* h = meta_host.reserve(lists * (5 * sizeof(void*) + sizeof(int32_t)));
+        const void** cp = reinterpret_cast<const void**>(h);
+        const void** ip = cp + lists;
+        const void** vp = ip + lists;
+        const void** xp = vp + lists;
+        const void** kp = xp + lists;
+        int32_t* ln = reinterpret_cast<int32_t*>(kp + lists);
         for (size_t l = lo; l < hi; ++l) {
-            cp[l - lo] = lst[l].codes.as<uint8_t>();
-            ip[l - lo] = lst[l].ids.as<int64_t>();
-            vp[l - lo] = lst[l].vt.as<float>();
-            xp[l - lo] = lst[l].vecs.as<float>();
-            kp[l - lo] = lst[l].keys.as<int64_t>();
-            ln[l - lo] = static_cast<int32_t>(lst[l].size);
+            cp[l] = lst[l].codes.data();
+            ip[l] = lst[l].ids.data();
+            vp[l] = lst[l].vt.data();
+            xp[l] = lst[l].vecs.data();
+            kp[l] = lst[l].keys.data();
+            ln[l] = static_cast<int32_t>(lst[l].size);
             max_len = std::max(max_len, lst[l].size);
         }
-        code_ptrs.upload(cp.data(), n * sizeof(void*), lo * sizeof(void*));
-        id_ptrs.upload(ip.data(), n * sizeof(void*), lo * sizeof(void*));
-        vt_ptrs.upload(vp.data(), n * sizeof(void*), lo * sizeof(void*));
+        const size_t n = hi - lo;
+        auto put = [&](const DeviceBuffer& dst, const void* src, size_t elem) {
+            GPU_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst.data()) + lo * elem,
+                                           static_cast<const char*>(src) + lo * elem, n * elem,
+                                           cudaMemcpyHostToDevice, st()));
+        };
+        put(code_ptrs, cp, sizeof(void*));
+        put(id_ptrs, ip, sizeof(void*));
+        put(vt_ptrs, vp, sizeof(void*));
         if (opt.store_vectors)
-            vec_ptrs.upload(xp.data(), n * sizeof(void*), lo * sizeof(void*));
+            put(vec_ptrs, xp, sizeof(void*));
         if (opt.filter_keys)
-            key_ptrs.upload(kp.data(), n * sizeof(void*), lo * sizeof(void*));
-        lens.upload(ln.data(), n * sizeof(int32_t), lo * sizeof(int32_t));
+            put(key_ptrs, kp, sizeof(void*));
+        put(lens, ln, sizeof(int32_t));
     }
 
     // Queries to use on the device (normalised copy for Cosine).
@@ -368,70 +417,71 @@ void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t
     }
     for (size_t l = 0; l < I.lists; ++l)
         count[l + 1] += count[l];  // count[l] = first slot of list l
-    std::vector<uint8_t> scodes(n * I.m);
-    std::vector<int64_t> sids(n);
-    std::vector<int32_t> slists(n);
-    std::vector<float> svecs(vectors ? n * I.d : 0);
-    std::vector<int64_t> skeys(keys ? n : 0);
-    {
-        std::vector<size_t> fill(count.begin(), count.end() - 1);
-        for (size_t i = 0; i < n; ++i) {
-            const size_t s = fill[list_ids[i]]++;
-            std::copy(codes + i * I.m, codes + (i + 1) * I.m, scodes.begin() + s * I.m);
-            sids[s] = ids[i];
-            slists[s] = list_ids[i];
-            if (vectors)
-                std::copy(vectors + i * I.d, vectors + (i + 1) * I.d, svecs.begin() + s * I.d);
-            if (keys)
-                skeys[s] = keys[i];
-        }
-    }
     // Grow every touched list first: an out-of-memory error leaves the
     // index unchanged (contents and sizes).
     for (size_t l = 0; l < I.lists; ++l)
         if (count[l + 1] > count[l])
             I.grow(l, I.lst[l].size + (count[l + 1] - count[l]));
-    DeviceBuffer dcodes(I.ctx, n * I.m), dids(I.ctx, n * sizeof(int64_t));
-    dcodes.upload(scodes.data(), n * I.m);
-    dids.upload(sids.data(), n * sizeof(int64_t));
-    DeviceBuffer dvecs;
-    if (vectors) {
-        dvecs = DeviceBuffer(I.ctx, n * I.d * sizeof(float));
-        dvecs.upload(svecs.data(), n * I.d * sizeof(float));
+    // The batch, sorted by list, staged in pinned memory in one block (codes,
+    // ids, list ids, vectors, keys) and copied to the device in one copy.
+    Carver sz;
+    sz.take<uint8_t>(n * I.m);
+    sz.take<int64_t>(n);
+    sz.take<int32_t>(n);
+    sz.take<float>(vectors ? n * I.d : 0);
+    sz.take<int64_t>(keys ? n : 0);
+    I.ctx.synchronize();  // an earlier batch's copy may still read the staging
+    char* host = I.add_host.reserve(sz.size());
+    DeviceBuffer dbatch(I.ctx, sz.size());
+    Carver hc(host), dc(dbatch.data());
+    uint8_t* scodes = hc.take<uint8_t>(n * I.m);
+    int64_t* sids = hc.take<int64_t>(n);
+    int32_t* slists = hc.take<int32_t>(n);
+    float* svecs = hc.take<float>(vectors ? n * I.d : 0);
+    int64_t* skeys = hc.take<int64_t>(keys ? n : 0);
+    const uint8_t* dcodes = dc.take<uint8_t>(n * I.m);
+    const int64_t* dids = dc.take<int64_t>(n);
+    const int32_t* dl = dc.take<int32_t>(n);
+    const float* dvecs = dc.take<float>(vectors ? n * I.d : 0);
+    const int64_t* dkeys = dc.take<int64_t>(keys ? n : 0);
+    {
+        std::vector<size_t> fill(count.begin(), count.end() - 1);
+        for (size_t i = 0; i < n; ++i) {
+            const size_t s = fill[list_ids[i]]++;
+            std::copy(codes + i * I.m, codes + (i + 1) * I.m, scodes + s * I.m);
+            sids[s] = ids[i];
+            slists[s] = list_ids[i];
+            if (vectors)
+                std::copy(vectors + i * I.d, vectors + (i + 1) * I.d, svecs + s * I.d);
+            if (keys)
+                skeys[s] = keys[i];
+        }
     }
-    DeviceBuffer dkeys;
-    if (keys) {
-        dkeys = DeviceBuffer(I.ctx, n * sizeof(int64_t));
-        dkeys.upload(skeys.data(), n * sizeof(int64_t));
-    }
+    GPU_CUDA_CHECK(cudaMemcpyAsync(dbatch.data(), host, sz.size(), cudaMemcpyHostToDevice, I.st()));
     DeviceBuffer dvt;
     if (I.per_vector()) {
-        DeviceBuffer dl(I.ctx, n * sizeof(int32_t));
-        dl.upload(slists.data(), n * sizeof(int32_t));
         dvt = DeviceBuffer(I.ctx, n * sizeof(float));
-        launch_vector_term1(dcodes.as<uint8_t>(), dl.as<int32_t>(), static_cast<int64_t>(n),
-                            I.centroids.as<float>(), I.codebooks.as<float>(), static_cast<int>(I.d),
-                            static_cast<int>(I.m), dvt.as<float>(), I.st());
+        launch_vector_term1(dcodes, dl, static_cast<int64_t>(n), I.centroids.as<float>(),
+                            I.codebooks.as<float>(), static_cast<int>(I.d), static_cast<int>(I.m),
+                            dvt.as<float>(), I.st());
     }
     for (size_t l = 0; l < I.lists; ++l) {
         const size_t c = count[l + 1] - count[l];
         if (!c)
             continue;
         Impl::List& L = I.lst[l];
-        GPU_CUDA_CHECK(cudaMemcpyAsync(L.codes.as<uint8_t>() + L.size * I.m,
-                                       dcodes.as<uint8_t>() + count[l] * I.m, c * I.m,
-                                       cudaMemcpyDeviceToDevice, I.st()));
-        GPU_CUDA_CHECK(cudaMemcpyAsync(L.ids.as<int64_t>() + L.size, dids.as<int64_t>() + count[l],
+        GPU_CUDA_CHECK(cudaMemcpyAsync(L.codes.as<uint8_t>() + L.size * I.m, dcodes + count[l] * I.m,
+                                       c * I.m, cudaMemcpyDeviceToDevice, I.st()));
+        GPU_CUDA_CHECK(cudaMemcpyAsync(L.ids.as<int64_t>() + L.size, dids + count[l],
                                        c * sizeof(int64_t), cudaMemcpyDeviceToDevice, I.st()));
         if (I.per_vector())
             GPU_CUDA_CHECK(cudaMemcpyAsync(L.vt.as<float>() + L.size, dvt.as<float>() + count[l],
                                            c * sizeof(float), cudaMemcpyDeviceToDevice, I.st()));
         if (vectors)
-            GPU_CUDA_CHECK(cudaMemcpyAsync(L.vecs.as<float>() + L.size * I.d,
-                                           dvecs.as<float>() + count[l] * I.d, c * I.d * sizeof(float),
-                                           cudaMemcpyDeviceToDevice, I.st()));
+            GPU_CUDA_CHECK(cudaMemcpyAsync(L.vecs.as<float>() + L.size * I.d, dvecs + count[l] * I.d,
+                                           c * I.d * sizeof(float), cudaMemcpyDeviceToDevice, I.st()));
         if (keys)
-            GPU_CUDA_CHECK(cudaMemcpyAsync(L.keys.as<int64_t>() + L.size, dkeys.as<int64_t>() + count[l],
+            GPU_CUDA_CHECK(cudaMemcpyAsync(L.keys.as<int64_t>() + L.size, dkeys + count[l],
                                            c * sizeof(int64_t), cudaMemcpyDeviceToDevice, I.st()));
         L.size += c;
     }
