@@ -135,13 +135,13 @@ CREATE VIEW gpu_ivfpq_status AS SELECT * FROM gpu_ivfpq_status();
 -- Indexes mirrored in GPU memory (all databases; index names resolve in the current one).
 CREATE FUNCTION gpu_ivfpq_mirrors(
 	OUT datid oid, OUT indexrelid oid, OUT relfilenode oid, OUT build_id int8,
-	OUT entries int8, OUT size_mb float8, OUT queries int8, OUT vectors bool)
+	OUT entries int8, OUT size_mb float8, OUT queries int8, OUT vectors bool, OUT filter_keys bool)
 	RETURNS SETOF record AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
 CREATE VIEW gpu_ivfpq_mirrors AS
 	SELECT m.datid, d.datname, m.indexrelid,
 		   CASE WHEN m.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
 				THEN m.indexrelid::regclass::text END AS index,
-		   m.relfilenode, m.build_id, m.entries, m.size_mb, m.queries, m.vectors
+		   m.relfilenode, m.build_id, m.entries, m.size_mb, m.queries, m.vectors, m.filter_keys
 	FROM gpu_ivfpq_mirrors() m LEFT JOIN pg_database d ON d.oid = m.datid;
 
 -- Monitoring roles read the service's state: pg_monitor (through

@@ -115,8 +115,10 @@ typedef struct GpuIvfpqListDirEntry
 #define GPU_IVFPQ_FILTER_KEY_BYTES	((int) sizeof(int64))
 /*
  * The filter key of a row whose filter column is NULL. An int8 column may
- * hold this value too; scans recheck their filter on each row they return,
- * so such rows (and NULLs) only cost a candidate slot.
+ * hold this value too, so an int8 range without a lower bound holds NULLs;
+ * scans recheck their filter on each row they return, so such NULL rows
+ * only cost candidate slots (smallint and integer ranges, clipped to their
+ * type, never hold it).
  */
 #define GPU_IVFPQ_NULL_FILTER_KEY	PG_INT64_MIN
 

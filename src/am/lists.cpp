@@ -91,22 +91,33 @@ GpuIvfpqRankLists(Relation index, const GpuIvfpqMetaPageData *meta, const GpuIvf
 		GpuIvfpqGuard("lookup tables", [&] { model->list_table(*prepared, p, table, &base); });
 		GpuIvfpqWalkList(index, dir[list].head, &el, [&](const char *ent, int n, BlockNumber) {
 			if (range == NULL)
+			{
 				seen += n;
-			GpuIvfpqGuard("list scan", [&] {
-				gpuivfpq::adc_scan(GpuIvfpqEntryCode(ent, 0, &el), n, el.size, table, m, base, dists);
-			});
+				GpuIvfpqGuard("list scan", [&] {
+					gpuivfpq::adc_scan(GpuIvfpqEntryCode(ent, 0, &el), n, el.size, table, m, base, dists);
+				});
+			}
+			else
+			{
+				/* Only entries within the filter's range get a distance (+inf: skipped). */
+				for (int i = 0; i < n; i++)
+				{
+					int64		key = GpuIvfpqEntryFilterKey(ent, i, &el);
+
+					dists[i] = INFINITY;
+					if (key < range->lo || key > range->hi)
+						continue;
+					seen++;
+					GpuIvfpqGuard("list scan", [&] {
+						gpuivfpq::adc_scan(GpuIvfpqEntryCode(ent, i, &el), 1, el.size, table, m, base,
+										   &dists[i]);
+					});
+				}
+			}
 			for (int i = 0; i < n; i++)
 			{
 				int64		label;
 
-				if (range != NULL)
-				{
-					int64		key = GpuIvfpqEntryFilterKey(ent, i, &el);
-
-					if (key < range->lo || key > range->hi)
-						continue;
-					seen++;
-				}
 				if (!(dists[i] < topk->threshold()))
 					continue;
 				label = GpuIvfpqEntryLabel(ent, i, &el);

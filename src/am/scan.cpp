@@ -425,6 +425,21 @@ CpuRound(IndexScanDesc scan, int want, int64 **labels, double *exact, int *nlabe
 }
 
 /*
+ * The most lists a filtered scan widens to: every list, and no more than the
+ * GPU's per-round bound when the GPU service is wanted (a wider round would
+ * leave the GPU, or fail with gpu_ivfpq.device = gpu).
+ */
+static int
+FilteredProbesLimit(GpuIvfpqScanOpaque so)
+{
+	int			limit = (int) so->meta.lists;
+
+	if (GpuIvfpqServiceWanted())
+		limit = Min(limit, Max(so->probes, GPU_IVFPQ_SERVICE_MAX_K));
+	return limit;
+}
+
+/*
  * The lists a filtered scan probes, from what its first round saw: matched
  * of the entries in so->probes lists passed the filter, a selectivity s of
  * about matched / (probes x rows per list). The rows that pass a filter are
@@ -434,8 +449,8 @@ CpuRound(IndexScanDesc scan, int want, int64 **labels, double *exact, int *nlabe
  * data (measured in the README). The entries that fail the filter cost a
  * key comparison each, on the GPU and in the CPU engine. The factor 1 / s
  * is rounded up to a power of two, so that scans of similar filters probe
- * alike and the GPU service batches them together. At most every list, and
- * at most the GPU's per-round bound when the GPU service is wanted.
+ * alike and the GPU service batches them together (FilteredProbesLimit
+ * bounds it).
  */
 static int
 FilteredProbes(IndexScanDesc scan, int64 matched)
@@ -445,11 +460,8 @@ FilteredProbes(IndexScanDesc scan, int64 matched)
 	double		expected = Max(1.0, rows * so->probes / Max(so->meta.lists, 1));
 	double		s = Min(1.0, Max((double) matched, 0.5) / expected);
 	double		factor = pow(2.0, ceil(log2(1.0 / s) - 1e-9));
-	int			limit = (int) so->meta.lists;
 
-	if (GpuIvfpqServiceWanted())
-		limit = Min(limit, Max(so->probes, GPU_IVFPQ_SERVICE_MAX_K));
-	return (int) Min(so->probes * factor, (double) limit);
+	return (int) Min(so->probes * factor, (double) FilteredProbesLimit(so));
 }
 
 /*
@@ -592,7 +604,7 @@ NextBatch(IndexScanDesc scan)
 					widen = FilteredProbes(scan, matched);
 				}
 				if (widen <= so->probes && nlabels < want && so->probes < lists)
-					widen = Min(so->probes * 2, lists);
+					widen = Min(so->probes * 2, FilteredProbesLimit(so));
 				if (widen > so->probes)
 				{
 					so->started = true;

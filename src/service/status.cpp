@@ -141,8 +141,8 @@ gpu_ivfpq_mirrors(PG_FUNCTION_ARGS)
 		/* Other databases' mirrors: for pg_read_all_stats (pg_monitor) only. */
 		if (mirrors[i].key.db != MyDatabaseId && !SeesAllDatabases())
 			continue;
-		Datum		values[8];
-		bool		nulls[8];
+		Datum		values[9];
+		bool		nulls[9];
 
 		memset(nulls, 0, sizeof(nulls));
 		values[0] = ObjectIdGetDatum(mirrors[i].key.db);
@@ -154,6 +154,8 @@ gpu_ivfpq_mirrors(PG_FUNCTION_ARGS)
 		values[6] = Int64GetDatum(mirrors[i].queries);
 		/* false: the vectors did not fit the budget; scans re-rank from the heap. */
 		values[7] = BoolGetDatum(mirrors[i].vectors);
+		/* The index has a filter column: the GPU applies its filters. */
+		values[8] = BoolGetDatum(mirrors[i].filter_keys);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	PG_RETURN_VOID();

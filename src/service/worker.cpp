@@ -190,6 +190,7 @@ PublishStatus(void)
 		m->bytes = (int64) info.bytes;
 		m->queries = (int64) info.queries;
 		m->vectors = info.vectors;
+		m->filter_keys = info.filter_keys;
 	}
 	s->memory_used = (int64) st.bytes;
 	if (known)

@@ -86,7 +86,30 @@ SELECT array_agg(id) AS gpu FROM (SELECT id FROM svcf WHERE tenant < 2 ORDER BY 
 SET gpu_ivfpq.device = cpu;
 SELECT array_agg(id) AS cpu FROM (SELECT id FROM svcf WHERE tenant < 2 ORDER BY v <-> '{0.9,0.1,0.3,0.7}' LIMIT 8) s;
 SET gpu_ivfpq.device = gpu;
+DO $$
+BEGIN
+  FOR i IN 1..100 LOOP
+    PERFORM 1 FROM gpu_ivfpq_mirrors WHERE index = 'svcf_idx' AND filter_keys AND vectors;
+    IF FOUND THEN RETURN; END IF;
+    PERFORM pg_sleep(0.1);  -- the view is published once a second when idle
+  END LOOP;
+  RAISE EXCEPTION 'the mirror of a filter index does not show its filter keys';
+END $$;
+SELECT filter_keys FROM gpu_ivfpq_mirrors WHERE index = 'svc_idx';
 DROP TABLE svcf;
+
+-- More lists than one GPU round probes (2048): a filtered scan whose lists
+-- hold few passing rows widens up to that bound and stays on the GPU.
+CREATE TABLE svcw (id int, tenant int, v real[]);
+INSERT INTO svcw SELECT i, CASE WHEN i % 150 = 0 THEN 1 ELSE 0 END,
+       ARRAY[sin(i), cos(i), sin(2 * i), cos(3 * i)]::real[]
+FROM generate_series(1, 3000) i;
+CREATE INDEX svcw_idx ON svcw USING gpu_ivfpq (v, tenant) WITH (lists = 2100, m = 2);
+SET gpu_ivfpq.probes = 8;
+SELECT count(*) AS rows, bool_and(tenant = 1) AS all_tenant_one
+FROM (SELECT tenant FROM svcw WHERE tenant = 1 ORDER BY v <-> '{0.5,0.5,0.1,0.2}' LIMIT 5) s;
+RESET gpu_ivfpq.probes;
+DROP TABLE svcw;
 
 -- What the GPU cannot serve is an error with gpu_ivfpq.device = gpu ...
 CREATE TABLE wide (v real[]);
