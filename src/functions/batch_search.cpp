@@ -132,7 +132,7 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 		if (bs->meta.trained)
 		{
 			on_gpu = GpuIvfpqServiceSearchBatch(bs->index, &bs->meta, queries + c0 * dim, cn, want,
-												bs->probes, bs->labels, bs->exact, &is_exact);
+												bs->probes, false, bs->labels, bs->exact, &is_exact);
 			for (int64 i = 0; i < cn; i++)
 			{
 				int			n = 0;

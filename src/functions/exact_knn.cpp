@@ -12,7 +12,11 @@ extern "C" {
 #include "access/relation.h"
 #include "access/table.h"
 #include "access/tableam.h"
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "catalog/pg_index.h"
 #include "catalog/pg_type.h"
+#include "commands/defrem.h"
 #include "executor/tuptable.h"
 #include "funcapi.h"
 #include "utils/builtins.h"
@@ -23,6 +27,7 @@ PG_FUNCTION_INFO_V1(gpu_ivfpq_exact_knn);
 }
 
 #define EXACT_CHUNK_BYTES (32 * 1024 * 1024)
+#define MIRROR_QUERY_CHUNK 16384	/* queries per GPU request on the mirror path */
 
 static int
 ParseMetric(const char *name)
@@ -83,6 +88,140 @@ SearchChunk(const float *queries, int64 nq, const float *base, const ItemPointer
 	}
 }
 
+/*
+ * A gpu_ivfpq index over exactly the column whose GPU mirror can answer
+ * for the table: a plain column (no expression), no predicate (it holds
+ * every row with a vector), valid, trained, with vector copies, of the
+ * dimension d and of the requested metric. Opened (AccessShareLock), else
+ * NULL.
+ */
+static Relation
+MirrorIndexOf(Relation heap, AttrNumber attnum, int d, int metric, GpuIvfpqMetaPageData *meta)
+{
+	List	   *indexes = RelationGetIndexList(heap);
+	Oid			amoid = get_index_am_oid("gpu_ivfpq", true);
+	ListCell   *lc;
+
+	foreach(lc, indexes)
+	{
+		Relation	index = index_open(lfirst_oid(lc), AccessShareLock);
+		Form_pg_index ix = index->rd_index;
+
+		if (index->rd_rel->relam == amoid && ix->indisvalid && ix->indisready &&
+			ix->indkey.values[0] == attnum &&
+			heap_attisnull(index->rd_indextuple, Anum_pg_index_indexprs, NULL) &&
+			heap_attisnull(index->rd_indextuple, Anum_pg_index_indpred, NULL) &&
+			GpuIvfpqMetricOf(index) == metric)
+		{
+			GpuIvfpqReadMeta(index, meta);
+			if (meta->trained && meta->dimensions == (uint32) d &&
+				GpuIvfpqLayoutOf(meta).vdim > 0 && GpuIvfpqServiceCanServe(meta))
+			{
+				list_free(indexes);
+				return index;
+			}
+		}
+		index_close(index, AccessShareLock);
+	}
+	list_free(indexes);
+	return NULL;
+}
+
+/*
+ * The exact k-NN from the GPU mirror of an index over the column: every
+ * stored vector ranked on the GPU by the operators' exact distance (no
+ * table read, no shipping of the rows), then the visible rows kept (a
+ * bitmap of the visible rows for large requests). The mirror also holds
+ * dead and not yet visible rows, so each query asks for 2k + 16
+ * candidates; a query left with fewer than k visible among a full set of
+ * candidates sends the whole call back to the table path. Emits nothing
+ * and returns false when it cannot serve.
+ */
+static bool
+ExactFromMirror(Relation heap, AttrNumber attnum, const float *queries, int64 nq, int d, int metric,
+				int k, ReturnSetInfo *rsinfo, int64 *mirror_queries)
+{
+	GpuIvfpqMetaPageData meta;
+	Relation	index;
+	int			want = Min(GPU_IVFPQ_SERVICE_MAX_K, 2 * k + 16);
+	int64		chunk = Min(nq, (int64) MIRROR_QUERY_CHUNK);
+	int64	   *labels;
+	double	   *exact;
+	GpuIvfpqHit *hits;
+	int64	   *nhits;
+	GpuIvfpqHeapFetch hf;
+	const GpuIvfpqVisibleRows *visible = NULL;
+	bool		served = true;
+
+	if (!GpuIvfpqServiceWanted() || want < k)
+		return false;
+	index = MirrorIndexOf(heap, attnum, d, metric, &meta);
+	if (index == NULL)
+		return false;
+	labels = (int64 *) palloc_extended(sizeof(int64) * chunk * want, MCXT_ALLOC_HUGE);
+	exact = (double *) palloc_extended(sizeof(double) * chunk * want, MCXT_ALLOC_HUGE);
+	hits = (GpuIvfpqHit *) palloc_extended(sizeof(GpuIvfpqHit) * nq * k, MCXT_ALLOC_HUGE);
+	nhits = (int64 *) palloc0_array(int64, nq);
+	GpuIvfpqHeapFetchBegin(&hf, heap, index, GetActiveSnapshot());
+	/* Many candidates: one pass over the table answers their visibility. */
+	if ((double) nq * want > Max(heap->rd_rel->reltuples, 1.0) / 4)
+		visible = GpuIvfpqVisibleRowsBuild(heap, GetActiveSnapshot(), (Size) maintenance_work_mem * 1024);
+	for (int64 c0 = 0; c0 < nq && served; c0 += chunk)
+	{
+		int64		cn = Min(chunk, nq - c0);
+		bool		is_exact = false;
+
+		if (!GpuIvfpqServiceSearchBatch(index, &meta, queries + c0 * d, cn, want, 1, true, labels,
+										exact, &is_exact) || !is_exact)
+		{
+			served = false;
+			break;
+		}
+		for (int64 i = 0; i < cn; i++)
+		{
+			int			n = 0;
+			int64		q = c0 + i;
+
+			while (n < want && labels[i * want + n] >= 0)
+				n++;
+			nhits[q] = GpuIvfpqKeepVisible(&hf, visible, labels + i * want, exact + i * want, n, k,
+										   hits + q * k);
+			/* Visible rows may lie past the candidates: the table decides. */
+			if (nhits[q] < k && n == want)
+			{
+				served = false;
+				break;
+			}
+			CHECK_FOR_INTERRUPTS();
+		}
+	}
+	GpuIvfpqHeapFetchEnd(&hf);
+	if (served)
+	{
+		for (int64 q = 0; q < nq; q++)
+			for (int r = 0; r < nhits[q]; r++)
+			{
+				Datum		values[4];
+				bool		nulls[4] = {false, false, false, false};
+
+				values[0] = Int32GetDatum((int32) (q + 1));
+				values[1] = Int32GetDatum(r + 1);
+				values[2] = PointerGetDatum(&hits[q * k + r].tid);
+				values[3] = Float8GetDatum(hits[q * k + r].dist);
+				tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+			}
+		*mirror_queries = nq;
+		elog(DEBUG1, "gpu_ivfpq exact search of \"%s\": %lld queries from the GPU mirror of \"%s\"",
+			 RelationGetRelationName(heap), (long long) nq, RelationGetRelationName(index));
+	}
+	pfree(labels);
+	pfree(exact);
+	pfree(hits);
+	pfree(nhits);
+	index_close(index, AccessShareLock);
+	return served;
+}
+
 /* gpu_ivfpq_exact_knn(tbl, col, queries, k, metric): (query, rank, tid, distance). */
 Datum
 gpu_ivfpq_exact_knn(PG_FUNCTION_ARGS)
@@ -138,6 +277,12 @@ gpu_ivfpq_exact_knn(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATATYPE_MISMATCH),
 				 errmsg("column \"%s\" is not of type real[]", col)));
+
+	if (ExactFromMirror(heap, attnum, queries, nq, d, metric, k, rsinfo, &rows))
+	{
+		table_close(heap, AccessShareLock);
+		PG_RETURN_VOID();
+	}
 
 	chunk = Max((int64) 1024, (int64) (EXACT_CHUNK_BYTES / ((Size) d * sizeof(float))));
 	base = (float *) palloc_extended((Size) chunk * d * sizeof(float), MCXT_ALLOC_HUGE);

@@ -67,6 +67,13 @@ GpuIvfpqNotServableReason(const GpuIvfpqMetaPageData *meta)
 	return NULL;
 }
 
+/* Whether the service could mirror and serve this index now. */
+bool
+GpuIvfpqServiceCanServe(const GpuIvfpqMetaPageData *meta)
+{
+	return GpuIvfpqNotServableReason(meta) == NULL;
+}
+
 /*
  * Should this scan or build try the service? With device = gpu always (it
  * then fails with the reason when the service cannot serve).

@@ -281,7 +281,8 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
  */
 bool
 GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta, const float *queries,
-						   int64 nq, int k, int nprobe, int64 *labels, double *exact, bool *is_exact)
+						   int64 nq, int k, int nprobe, bool brute, int64 *labels, double *exact,
+						   bool *is_exact)
 {
 	bool		required = gpu_ivfpq_device == GPU_IVFPQ_DEVICE_GPU;
 	const char *reason = GpuIvfpqNotServableReason(meta);
@@ -323,6 +324,7 @@ GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta, con
 		slot->k = k;
 		slot->nprobe = nprobe;
 		slot->filtered = false;
+		slot->brute = brute;
 		slot->n = nq;
 		slot->dsm = dsm_segment_handle(seg);
 		result = GpuIvfpqSubmitAndWait(slot);

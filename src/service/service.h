@@ -11,11 +11,12 @@ extern void GpuIvfpqServiceRegister(void);
 extern void GpuIvfpqServiceInstallHooks(void);
 extern void GpuIvfpqCountCpuQuery(void);
 extern bool GpuIvfpqServiceWanted(void);
+extern bool GpuIvfpqServiceCanServe(const GpuIvfpqMetaPageData *meta);
 extern int	GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const float *query,
 								  int k, int nprobe, const GpuIvfpqKeyRange *range, int64 *matched,
 								  int64 *labels, double *exact, bool *is_exact, int *batch);
 extern bool GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta,
-									   const float *queries, int64 nq, int k, int nprobe,
+									   const float *queries, int64 nq, int k, int nprobe, bool brute,
 									   int64 *labels, double *exact, bool *is_exact);
 extern void GpuIvfpqServiceLogAppend(Relation index, const GpuIvfpqMetaPageData *meta, int list,
 									 int64 label, const uint8 *code, const float *vector,

@@ -85,6 +85,7 @@ typedef struct GpuIvfpqSlot
 	int			k;
 	int			nprobe;
 	bool		filtered;		/* SEARCH: only entries with a filter key in [key_lo, key_hi] */
+	bool		brute;			/* SEARCH_BATCH: exact k-NN over every stored vector */
 	int64		key_lo;
 	int64		key_hi;
 	int64		n;				/* LOAD: entries, TRAIN: sample rows, ENCODE: rows */

@@ -724,7 +724,7 @@ SearchBatch(GpuIvfpqSlot *slot, char *base, std::string &err)
 
 	if (!Engine([&] {
 			found = gpu->search(key, slot->dim, queries, slot->n, slot->k, slot->nprobe, nullptr, nullptr,
-								nullptr, reinterpret_cast<int64_t *>(labels), exact, &is_exact);
+								nullptr, reinterpret_cast<int64_t *>(labels), exact, &is_exact, slot->brute);
 		}, err, &oom))
 		return Failed(oom);
 	if (!found)

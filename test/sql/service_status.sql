@@ -65,6 +65,25 @@ BEGIN
   RAISE EXCEPTION 'the mirror never held exactly one entry per row';
 END $$;
 
+-- Exact k-NN over an indexed column comes from the index's GPU mirror (its
+-- queries count as GPU queries, no table chunks are shipped) and equals the
+-- table path's answer, dead rows not yet vacuumed included.
+DELETE FROM svc WHERE id BETWEEN 100 AND 130;
+SET gpu_ivfpq.device = cpu;
+CREATE TEMP TABLE ex_cpu AS
+SELECT * FROM gpu_ivfpq_exact_knn('svc', 'v', '{{0.5,0.5,0.1,0.2},{0.9,0.1,0.3,0.7},{0,1,0,1}}', 7);
+SET gpu_ivfpq.device = auto;
+SELECT queries_gpu AS gpu_before FROM gpu_ivfpq_status \gset
+CREATE TEMP TABLE ex_gpu AS
+SELECT * FROM gpu_ivfpq_exact_knn('svc', 'v', '{{0.5,0.5,0.1,0.2},{0.9,0.1,0.3,0.7},{0,1,0,1}}', 7);
+SELECT (SELECT queries_gpu FROM gpu_ivfpq_status) - :gpu_before >= 3 AS from_the_mirror,
+       (SELECT count(*) FROM ex_gpu) AS rows,
+       (SELECT count(*) FROM (SELECT * FROM ex_cpu EXCEPT SELECT * FROM ex_gpu) a) +
+       (SELECT count(*) FROM (SELECT * FROM ex_gpu EXCEPT SELECT * FROM ex_cpu) b) AS differing;
+-- Another metric than the index's: the table path.
+SELECT count(*) FROM gpu_ivfpq_exact_knn('svc', 'v', '{0.5,0.5,0.1,0.2}', 3, 'cosine');
+SET gpu_ivfpq.device = gpu;
+
 -- A filter column: the GPU applies the pushed-down filter (device = gpu
 -- errors if it cannot), equal to the CPU engine's answers; inserts and
 -- VACUUM carry the filter values to the mirror.

@@ -74,6 +74,13 @@ public:
     // vectors.
     virtual void search_exact(const float* queries, size_t nq, size_t k, size_t nprobe,
                               double* dist, int64_t* labels, const KeyRanges* ranges) = 0;
+    // Exact k-NN over every stored vector (no list probing): dist[i] is the
+    // exact distance (gpuivfpq::exact_distance, the mirror's metric) of
+    // labels[i], each row in exact_less order, padded with (+inf, -1); the
+    // device may preselect candidates in lower precision. Throws
+    // Error(Unsupported) without vectors, Error(InvalidArgument) for k
+    // outside 1..kMaxSelectK.
+    virtual void brute_force(const float* queries, size_t nq, size_t k, double* dist, int64_t* labels) = 0;
     // Removes every entry whose label is in labels[0..n) (unknown labels
     // and duplicates allowed), in place; returns how many went.
     virtual size_t remove(size_t n, const int64_t* labels) = 0;

@@ -187,6 +187,29 @@ private:
 
 public:
 
+    void brute_force(const float* queries, size_t nq, size_t k, double* dist, int64_t* labels) override
+    {
+        require_select_k(k, "GPU IVFPQ brute force");
+        if (!has_vectors())
+            throw Error(ErrorKind::Unsupported, "GPU IVFPQ brute force: the mirror keeps no vectors");
+        const size_t d = model_.d();
+        std::vector<std::pair<double, int64_t>> all;
+        for (size_t q = 0; q < nq; q++) {
+            all.clear();
+            for (size_t l = 0; l < labels_.size(); l++)
+                for (size_t i = 0; i < labels_[l].size(); i++)
+                    all.emplace_back(exact_distance(metric_, queries + q * d, &vectors_[l][i * d], d),
+                                     labels_[l][i]);
+            const size_t kk = std::min(k, all.size());
+            auto less = [](const auto& a, const auto& b) { return exact_less(a.first, a.second, b.first, b.second); };
+            std::partial_sort(all.begin(), all.begin() + kk, all.end(), less);
+            for (size_t i = 0; i < k; i++) {
+                dist[q * k + i] = i < kk ? all[i].first : std::numeric_limits<double>::infinity();
+                labels[q * k + i] = i < kk ? all[i].second : -1;
+            }
+        }
+    }
+
     size_t remove(size_t n, const int64_t* labels) override
     {
         std::vector<int64_t> gone(labels, labels + n);

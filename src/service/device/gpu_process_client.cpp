@@ -453,7 +453,7 @@ bool GpuProcess::add(const MirrorKey& key, size_t m, size_t n, const int32_t* li
 
 bool GpuProcess::search(const MirrorKey& key, size_t d, const float* queries, size_t nq, size_t k,
                         size_t nprobe, const int64_t* key_lo, const int64_t* key_hi, int64_t* matched,
-                        int64_t* labels, double* exact, bool* is_exact)
+                        int64_t* labels, double* exact, bool* is_exact, bool brute)
 {
     Request q;
     Layout l;
@@ -463,6 +463,7 @@ bool GpuProcess::search(const MirrorKey& key, size_t d, const float* queries, si
     q.n = nq;
     q.k = k;
     q.nprobe = nprobe;
+    q.brute = brute ? 1 : 0;
     q.region[0] = l.take(nq * d * sizeof(float));
     q.region[1] = l.take(nq * k * sizeof(int64_t));
     q.region[2] = l.take(nq * k * sizeof(double));
@@ -484,10 +485,12 @@ bool GpuProcess::search(const MirrorKey& key, size_t d, const float* queries, si
     raise_for(rep);
     if (rep.status != Status::Ok)
         return false;
+    *is_exact = rep.value[0] != 0;
+    if (brute && !*is_exact)
+        return true;  // the mirror keeps no vectors: nothing was searched
     std::memcpy(labels, x + q.region[1].offset, q.region[1].bytes);
     if (q.keys && matched != nullptr)
         std::memcpy(matched, x + q.region[5].offset, q.region[5].bytes);
-    *is_exact = rep.value[0] != 0;
     if (*is_exact)
         std::memcpy(exact, x + q.region[2].offset, q.region[2].bytes);
     return true;

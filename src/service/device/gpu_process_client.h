@@ -93,9 +93,11 @@ public:
     // keys (a mirror without filter keys refuses them: InvalidArgument);
     // matched (nq, or null) receives how many entries of each query's
     // probed lists lie in its range.
+    // brute: exact k-NN over every stored vector instead (nprobe unused);
+    // *is_exact false when the mirror keeps no vectors (nothing written).
     bool search(const MirrorKey& key, size_t d, const float* queries, size_t nq, size_t k,
                 size_t nprobe, const int64_t* key_lo, const int64_t* key_hi, int64_t* matched,
-                int64_t* labels, double* exact, bool* is_exact);
+                int64_t* labels, double* exact, bool* is_exact, bool brute = false);
     // false when the process holds no mirror of key; *removed: entries that went.
     bool remove(const MirrorKey& key, size_t n, const int64_t* labels, size_t* removed = nullptr);
     size_t drop_index(uint32_t db, uint32_t index);

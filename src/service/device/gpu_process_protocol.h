@@ -23,7 +23,7 @@ constexpr uint32_t kMagic = 0x47495650;  // "GIVP"
 // Raised with every change of Request or Reply. The program is installed
 // apart from the extension's library: after an upgrade, a server still
 // running the old library may start the new program (or the reverse).
-constexpr uint64_t kVersion = 6;
+constexpr uint64_t kVersion = 7;
 constexpr int kRegions = 7;
 constexpr size_t kAlign = 64;
 constexpr size_t kMaxStatusMirrors = 64;  // mirrors a Status reply lists
@@ -53,7 +53,9 @@ enum class Op : uint32_t {
                     // filter key (int64) and r5 out how many entries of its probed lists lie
                     // in its range (int64) -> value[0] 1 when re-ranked (the mirror keeps vectors:
                     // r2 holds exact distances, rows in exact order), 0 for ADC order (r2
-                    // unused); NotFound without the mirror
+                    // unused); NotFound without the mirror. With brute: exact k-NN over every
+                    // stored vector (value[0] 1), or value[0] 0 and nothing written when the
+                    // mirror keeps no vectors
     Remove,         // key, n; r4 labels -> value[0] entries removed; NotFound without the mirror
     DropIndex,      // key.db, key.index -> value[0] mirrors dropped
     DropAll,        //
@@ -89,6 +91,7 @@ struct Request {
     uint64_t budget = 0;
     uint64_t vectors = 0;  // Load: keep exact vectors; Add: region 5 holds them
     uint64_t keys = 0;     // Load: keep filter keys; Add: region 6 holds them; Search: ranges
+    uint64_t brute = 0;    // Search: exact k-NN over every stored vector (no probing)
     Region region[kRegions];
 };
 

@@ -188,7 +188,17 @@ void handle(const Request& q, Reply& rep, ComputeDevice& dev, MirrorStore& store
             r.matched = matched + i;
             return &r;
         };
-        if (mirror->has_vectors()) {
+        if (q.brute != 0) {
+            // Brute force needs the vectors; a mirror without them says so (value[0] 0).
+            if (mirror->has_vectors()) {
+                double* exact = x.at<double>(q.region[2], mul(q.n, q.k));
+                for (uint64_t i = 0; i < q.n; i += tile) {
+                    uint64_t nq = std::min(tile, q.n - i);
+                    mirror->brute_force(queries + i * q.d, nq, q.k, exact + i * q.k, labels + i * q.k);
+                }
+                rep.value[0] = 1;
+            }
+        } else if (mirror->has_vectors()) {
             double* exact = x.at<double>(q.region[2], mul(q.n, q.k));
             for (uint64_t i = 0; i < q.n; i += tile) {
                 uint64_t nq = std::min(tile, q.n - i);
