@@ -659,6 +659,43 @@ TEST(GpuProcess, CodesOnlyMirrorIsNotExact)
     EXPECT_EQ(exact[0], 0.0);
 }
 
+// A brute-force search through the process equals the mirror's own, and a
+// mirror without vectors says it did not search (nothing written).
+TEST(GpuProcess, BruteForceThroughTheProcess)
+{
+    Data f;
+    const MirrorKey key{1, 10, 100, 1};
+    auto dev = make_cpu_emulation_device();
+    Channel ch(emulated_server);
+    auto gp = ch.connect();
+    gp->load(key, f.spec(true), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), f.x.data(), nullptr);
+    auto direct = dev->create_mirror(f.spec(true));
+    direct->add(f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), f.x.data(), nullptr);
+    const size_t nq = 20, k = 12;
+    std::vector<double> want_dist(nq * k), exact(nq * k);
+    std::vector<int64_t> want(nq * k), got(nq * k);
+    direct->brute_force(f.x.data(), nq, k, want_dist.data(), want.data());
+    bool is_exact = false;
+    ASSERT_TRUE(gp->search(key, f.d, f.x.data(), nq, k, 1, nullptr, nullptr, nullptr, got.data(), exact.data(),
+                           &is_exact, true));
+    EXPECT_TRUE(is_exact);
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(exact, want_dist);
+    // Not the probed search's answer: 1 list probed finds less than every entry.
+    std::vector<double> probed(nq * k);
+    std::vector<int64_t> probed_labels(nq * k);
+    direct->search_exact(f.x.data(), nq, k, 1, probed.data(), probed_labels.data(), nullptr);
+    EXPECT_NE(probed_labels, want);
+
+    gp->load(key, f.spec(false), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr, nullptr);
+    std::fill(got.begin(), got.end(), -7);
+    is_exact = true;
+    ASSERT_TRUE(gp->search(key, f.d, f.x.data(), nq, k, 1, nullptr, nullptr, nullptr, got.data(), exact.data(),
+                           &is_exact, true));
+    EXPECT_FALSE(is_exact);
+    EXPECT_EQ(std::count(got.begin(), got.end(), -7), std::ptrdiff_t(got.size()));
+}
+
 TEST(GpuProcess, StatusBudgetAndOutOfMemory)
 {
     Data f;

@@ -286,6 +286,62 @@ TEST(MirrorVectors, RemoveKeepsEachEntrysOwnVector)
 }
 
 // Vectors are given exactly when the mirror keeps them; search_exact needs them.
+// brute_force ranks every stored vector, not the probed lists' ADC
+// candidates: each row is the k nearest by exact distance over all entries
+// (checked against a sort of every entry here), and a removed entry is gone.
+TEST(MirrorVectors, BruteForceIsExactOverEveryEntry)
+{
+    for (Metric metric : kMetrics) {
+        SCOPED_TRACE(int(metric));
+        Fixture f(metric);
+        auto dev = make_cpu_emulation_device();
+        auto mirror = mirror_with_vectors(*dev, f, f.n);
+        const size_t nq = 6, k = 25;
+        std::vector<float> q = make_queries(f, nq, 78);
+        std::vector<double> dist(nq * k);
+        std::vector<int64_t> labels(nq * k);
+        std::map<int64_t, size_t> row_of;
+        for (size_t i = 0; i < f.n; i++)
+            row_of[f.labels[i]] = i;
+        auto check = [&](const std::vector<char>& present) {
+            mirror->brute_force(q.data(), nq, k, dist.data(), labels.data());
+            for (size_t qi = 0; qi < nq; qi++) {
+                std::vector<std::pair<double, int64_t>> all;
+                for (size_t i = 0; i < f.n; i++)
+                    if (present[i])
+                        all.emplace_back(exact_distance(metric, &q[qi * f.d], &f.x[i * f.d], f.d), f.labels[i]);
+                std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
+                    return exact_less(a.first, a.second, b.first, b.second);
+                });
+                for (size_t r = 0; r < k; r++) {
+                    EXPECT_EQ(labels[qi * k + r], all[r].second) << "query " << qi << " rank " << r;
+                    EXPECT_EQ(dist[qi * k + r], all[r].first) << "query " << qi << " rank " << r;
+                }
+            }
+        };
+        std::vector<char> present(f.n, 1);
+        check(present);
+        // The nearest row of query 0 (row 5 itself) goes: the next takes its place.
+        const int64_t gone = labels[0];
+        EXPECT_EQ(mirror->remove(1, &gone), 1u);
+        present[row_of[gone]] = 0;
+        check(present);
+        // Past the entries: padding.
+        std::vector<double> d2(f.n + 10);
+        std::vector<int64_t> l2(f.n + 10);
+        mirror->brute_force(q.data(), 1, f.n + 10, d2.data(), l2.data());
+        EXPECT_EQ(l2[f.n - 1], -1);
+        EXPECT_EQ(d2[f.n - 1], kInf);
+        EXPECT_NE(l2[f.n - 2], -1);
+        // Without vectors, or k out of range: refused.
+        auto codes_only = dev->create_mirror(f.spec(false));
+        EXPECT_EQ(error_kind([&] { codes_only->brute_force(q.data(), 1, k, dist.data(), labels.data()); }),
+                  ErrorKind::Unsupported);
+        EXPECT_EQ(error_kind([&] { mirror->brute_force(q.data(), 1, 0, dist.data(), labels.data()); }),
+                  ErrorKind::InvalidArgument);
+    }
+}
+
 TEST(MirrorVectors, RefusesVectorsAgainstTheSpec)
 {
     Fixture f;
