@@ -2,10 +2,12 @@
 // per-list code, id and optionally vector and filter-key buffers) and the
 // IVFADC search pipeline (coarse k-NN -> term 3 GEMM -> list scan with
 // k-selection, optionally within per-query key ranges -> labels, or -> exact
-// re-rank of the candidates).
+// re-rank of the candidates), and the exact brute force over the stored
+// vectors (gather -> fp32 GEMM k-NN -> exact re-rank).
 #include "gpu_ivfpq/ivfpq_index.h"
 
 #include <algorithm>
+#include <limits>
 #include <sstream>
 #include <string>
 
@@ -842,6 +844,92 @@ void GpuIvfPqIndex::search_exact(const float* queries, size_t nq, size_t k, size
     copy_to_host(I.ctx, labels, dl, nq * k * sizeof(int64_t));
     if (ranges && ranges->matched)
         copy_to_host(I.ctx, ranges->matched, dmatched, nq * sizeof(int64_t));
+}
+
+void GpuIvfPqIndex::search_brute_force(const float* queries, size_t nq, size_t k, double* dist,
+                                       int64_t* labels) const
+{
+    Impl& I = *impl_;
+    if (!I.opt.store_vectors)
+        throw Error(ErrorKind::Unsupported,
+                    "GPU IVFPQ search_brute_force: the index keeps no vectors (store_vectors is off)");
+    if (k == 0 || k > kMaxSelectK) {
+        std::ostringstream os;
+        os << "GPU IVFPQ search_brute_force: k = " << k << " outside [1, " << kMaxSelectK << "]";
+        throw Error(ErrorKind::InvalidArgument, os.str());
+    }
+    if (!nq)
+        return;
+    const size_t n = I.ntotal, d = I.d;
+    if (!n) {
+        std::fill(dist, dist + nq * k, std::numeric_limits<double>::infinity());
+        std::fill(labels, labels + nq * k, int64_t(-1));
+        return;
+    }
+    // Preselected candidates per query: k and a margin (2k, at least 32
+    // more), so that fp32 rounding in the GEMM distances cannot push a true
+    // neighbour out of the candidates unless it lies that many ranks off;
+    // no more than there are vectors (then every vector is a candidate).
+    const size_t kc = std::min(kMaxSelectK, std::max(k, std::min(n, std::max(2 * k, k + 32))));
+    const bool norms = I.metric == Metric::L2 || I.metric == Metric::Cosine;
+    // The stored vectors and their ids in one contiguous copy for the call,
+    // list after list (a DeviceBuffer, not scratch: the arena would keep its
+    // size). Throws OutOfMemory past the budget, before anything ran.
+    Carver bsz;
+    bsz.take<float>(n * d);
+    bsz.take<int64_t>(n);
+    bsz.take<float>(norms ? n : 0);
+    bsz.take<int64_t>(I.lists + 1);
+    DeviceBuffer gathered(I.ctx, bsz.size());
+    Carver bc(gathered.data());
+    float* base = bc.take<float>(n * d);
+    int64_t* base_ids = bc.take<int64_t>(n);
+    float* base_norms = bc.take<float>(norms ? n : 0);
+    int64_t* offsets = bc.take<int64_t>(I.lists + 1);
+    {
+        std::vector<int64_t> off(I.lists + 1, 0);
+        for (size_t l = 0; l < I.lists; ++l)
+            off[l + 1] = off[l] + static_cast<int64_t>(I.lst[l].size);
+        require(static_cast<size_t>(off[I.lists]) == n, "GPU IVFPQ search_brute_force: list sizes disagree");
+        copy_to_device(I.ctx, offsets, off.data(), off.size() * sizeof(int64_t));
+    }
+    launch_gather_lists(I.vec_ptrs.as<const float* const>(), I.id_ptrs.as<const int64_t* const>(), offsets,
+                        static_cast<int64_t>(I.lists), static_cast<int64_t>(n), static_cast<int>(d), base,
+                        base_ids, I.st());
+    if (norms)
+        row_norms(I.ctx, base, n, d, base_norms);
+    // Query tiles: the per-query scratch (query, candidates, results) within
+    // a quarter of the free budget, at most 4096 queries. exact_knn tiles
+    // its distance matrix itself.
+    const size_t per_q = d * sizeof(float) + kc * (sizeof(float) + sizeof(int64_t)) +
+                         k * (sizeof(double) + sizeof(int64_t)) + 64;
+    const size_t free_b = I.ctx.budget() > I.ctx.bytes_in_use() ? I.ctx.budget() - I.ctx.bytes_in_use() : 0;
+    const size_t tile = std::max<size_t>(1, std::min<size_t>({nq, 4096, free_b / 4 / per_q}));
+    Carver sz;
+    sz.take<float>(tile * d);
+    sz.take<float>(tile * kc);
+    sz.take<int64_t>(tile * kc);
+    sz.take<double>(tile * k);
+    sz.take<int64_t>(tile * k);
+    Scratch s(I.ctx, sz.size());
+    Carver c(s.data());
+    float* dq = c.take<float>(tile * d);
+    float* cand_dist = c.take<float>(tile * kc);
+    int64_t* cand = c.take<int64_t>(tile * kc);
+    double* od = c.take<double>(tile * k);
+    int64_t* ol = c.take<int64_t>(tile * k);
+    for (size_t q0 = 0; q0 < nq; q0 += tile) {
+        const size_t b = std::min(tile, nq - q0);
+        copy_to_device(I.ctx, dq, queries + q0 * d, b * d * sizeof(float));
+        // fp32 preselection by the metric's ranking distance (Cosine: the
+        // selection divides by both norms, so the raw stored vectors and the
+        // query as given rank by cosine distance); labels are base rows.
+        exact_knn(I.ctx, dq, b, base, n, d, I.metric, kc, cand_dist, cand, norms ? base_norms : nullptr);
+        launch_exact_rerank_rows(dq, static_cast<int64_t>(b), static_cast<int>(d), static_cast<int>(kc),
+                                 static_cast<int>(k), I.metric, cand, base, base_ids, od, ol, I.st());
+        copy_to_host(I.ctx, dist + q0 * k, od, b * k * sizeof(double));
+        copy_to_host(I.ctx, labels + q0 * k, ol, b * k * sizeof(int64_t));
+    }
 }
 
 void GpuIvfPqIndex::compute_tables(const float* queries, size_t nq, size_t nprobe, int32_t* lists,

@@ -159,6 +159,24 @@ public:
     void search_exact_device(const float* queries, size_t nq, size_t k, size_t nprobe, double* dist,
                              int64_t* labels, const KeyRange* ranges = nullptr) const;
 
+    // k nearest stored vectors of each query by exact distance: every stored
+    // vector is a candidate (no list probing). Candidates are preselected with
+    // the fused fp32 GEMM + k-selection (gpu::exact_knn, over a copy of the
+    // stored vectors gathered into one contiguous buffer for the call), with
+    // a margin (min(kMaxSelectK, max(2k, k + 32)) candidates, so that fp32
+    // rounding near the k-th distance cannot push a true neighbour out), and
+    // then given their exact distance (gpuivfpq::exact_distance,
+    // src/engine/exact_distance.h: the SQL operators' bit-exact double
+    // computation, on the query as given and the stored vector, the index's
+    // metric); per query the first k by exact_less (distance, NaN last, then
+    // id), padded with (+inf, -1). Requires store_vectors (else
+    // Error(Unsupported)); k in 1..kMaxSelectK (else InvalidArgument). The
+    // gathered copy takes ntotal * (d * 4 + 12) bytes for the call: beyond
+    // the budget, Error(OutOfMemory) (the index unchanged). Host pointers:
+    // queries nq x d, dist / labels nq x k.
+    void search_brute_force(const float* queries, size_t nq, size_t k, double* dist,
+                            int64_t* labels) const;
+
     // Test aid (gpu/tests): the lookup tables the scan uses, materialised in
     // the per-list form the CPU engine's list_table gives (host outputs): for
     // each query and probe, lists (nq x nprobe), base (nq x nprobe) and

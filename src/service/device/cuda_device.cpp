@@ -62,6 +62,10 @@ public:
         const KeyRange r = to_gpu(ranges);
         index_.search(queries, nq, k, nprobe, dist, labels, gpu::LabelKind::Ids, ranges ? &r : nullptr);
     }
+    void brute_force(const float* queries, size_t nq, size_t k, double* dist, int64_t* labels) override
+    {
+        index_.search_brute_force(queries, nq, k, dist, labels);
+    }
     size_t remove(size_t n, const int64_t* labels) override { return index_.remove_ids(labels, n); }
     size_t entries() const override { return index_.ntotal(); }
     size_t bytes() const override { return index_.memory_use().total(); }
