@@ -128,7 +128,8 @@ CREATE FUNCTION gpu_ivfpq_status(
 	OUT mirrors int4, OUT memory_used_mb float8, OUT memory_budget_mb float8, OUT last_error text,
 	OUT gpu_process_pid int4, OUT gpu_restarts int4, OUT last_gpu_exit text,
 	OUT last_gpu_exit_at timestamptz, OUT search_rounds int8, OUT mean_round_us float8,
-	OUT mean_log_us float8, OUT mean_call_us float8, OUT mean_device_us float8)
+	OUT mean_log_us float8, OUT mean_call_us float8, OUT mean_device_us float8,
+	OUT append_calls int8, OUT mean_append_us float8, OUT mean_append_device_us float8)
 	RETURNS record AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
 CREATE VIEW gpu_ivfpq_status AS SELECT * FROM gpu_ivfpq_status();
 

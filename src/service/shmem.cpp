@@ -59,6 +59,9 @@ ServiceShmemStartup(void)
 		pg_atomic_init_u64(&s->time_log_ns, 0);
 		pg_atomic_init_u64(&s->time_call_ns, 0);
 		pg_atomic_init_u64(&s->time_device_ns, 0);
+		pg_atomic_init_u64(&s->append_calls, 0);
+		pg_atomic_init_u64(&s->time_append_ns, 0);
+		pg_atomic_init_u64(&s->time_append_device_ns, 0);
 		s->log_lock = &(GetNamedLWLockTranche("gpu_ivfpq"))->lock;
 		s->nslots = MaxBackends;
 		for (int i = 0; i < s->nslots; i++)

@@ -178,6 +178,10 @@ typedef struct GpuIvfpqServiceShared
 	pg_atomic_uint64 time_log_ns;	/* applying the change log first */
 	pg_atomic_uint64 time_call_ns;	/* search calls to the GPU process, round trip */
 	pg_atomic_uint64 time_device_ns;	/* of which the GPU process worked */
+	/* Appends of logged entries to mirrors (within the log's time). */
+	pg_atomic_uint64 append_calls;
+	pg_atomic_uint64 time_append_ns;	/* append calls to the GPU process, round trip */
+	pg_atomic_uint64 time_append_device_ns;	/* of which the GPU process worked */
 
 	/* change log, a ring; head is the next sequence number (under log_lock) */
 	LWLock	   *log_lock;

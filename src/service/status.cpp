@@ -47,8 +47,8 @@ Datum
 gpu_ivfpq_status(PG_FUNCTION_ARGS)
 {
 	TupleDesc	tupdesc;
-	Datum		values[24];
-	bool		nulls[24];
+	Datum		values[27];
+	bool		nulls[27];
 	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
 
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
@@ -57,7 +57,7 @@ gpu_ivfpq_status(PG_FUNCTION_ARGS)
 	if (s == NULL)
 	{
 		values[0] = CStringGetTextDatum("not loaded (add gpu_ivfpq to shared_preload_libraries)");
-		for (int i = 1; i < 24; i++)
+		for (int i = 1; i < 27; i++)
 			nulls[i] = true;
 	}
 	else
@@ -115,6 +115,15 @@ gpu_ivfpq_status(PG_FUNCTION_ARGS)
 				values[20 + i] = Float8GetDatum(rounds > 0 ? pg_atomic_read_u64(parts[i]) / 1000.0 / rounds : 0.0);
 				nulls[20 + i] = rounds == 0;
 			}
+		}
+		/* Appends of logged entries: means over the append calls, in microseconds. */
+		{
+			uint64		calls = pg_atomic_read_u64(&s->append_calls);
+
+			values[24] = Int64GetDatum((int64) calls);
+			values[25] = Float8GetDatum(calls > 0 ? pg_atomic_read_u64(&s->time_append_ns) / 1000.0 / calls : 0.0);
+			values[26] = Float8GetDatum(calls > 0 ? pg_atomic_read_u64(&s->time_append_device_ns) / 1000.0 / calls : 0.0);
+			nulls[25] = nulls[26] = calls == 0;
 		}
 	}
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));

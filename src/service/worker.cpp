@@ -308,8 +308,15 @@ AddLogged(const MirrorKey &key, size_t m, const std::vector<const GpuIvfpqLogEnt
 		}
 	}
 	/* Every entry carries a filter key (0 without a filter column): a mirror without them ignores them. */
-	return gpu->add(key, m, lists.size(), lists.data(), codes.data(), labels.data(),
-					d > 0 ? vectors.data() : nullptr, d, keys.data());
+	uint64		start = NowNs();
+	bool		found = gpu->add(key, m, lists.size(), lists.data(), codes.data(), labels.data(),
+								 d > 0 ? vectors.data() : nullptr, d, keys.data());
+	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+
+	pg_atomic_fetch_add_u64(&s->append_calls, 1);
+	pg_atomic_fetch_add_u64(&s->time_append_ns, NowNs() - start);
+	pg_atomic_fetch_add_u64(&s->time_append_device_ns, gpu->last_busy_ns());
+	return found;
 }
 
 /*

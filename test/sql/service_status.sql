@@ -84,6 +84,10 @@ SELECT (SELECT queries_gpu FROM gpu_ivfpq_status) - :gpu_before >= 3 AS from_the
 SELECT count(*) FROM gpu_ivfpq_exact_knn('svc', 'v', '{0.5,0.5,0.1,0.2}', 3, 'cosine');
 SET gpu_ivfpq.device = gpu;
 
+-- Inserts reached the mirrors as append calls, timed like the rounds.
+SELECT append_calls > 0 AS appended, mean_append_us >= mean_append_device_us AS append_stages_nest
+FROM gpu_ivfpq_status;
+
 -- A filter column: the GPU applies the pushed-down filter (device = gpu
 -- errors if it cannot), equal to the CPU engine's answers; inserts and
 -- VACUUM carry the filter values to the mirror.
