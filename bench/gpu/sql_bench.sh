@@ -54,8 +54,9 @@ SELECT id FROM base ORDER BY v <-> (SELECT v FROM queries WHERE qid = :q) LIMIT 
 Q
 echo 'SELECT 1;' >/tmp/one.sql
 
+# recall DEVICE PROBES [more -c settings]
 recall() {
-  PGOPTIONS="-c gpu_ivfpq.device=$1 -c gpu_ivfpq.probes=$2 -c enable_seqscan=off" psql -qAt <<'SQL'
+  PGOPTIONS="-c gpu_ivfpq.device=$1 -c gpu_ivfpq.probes=$2 -c enable_seqscan=off ${3:-}" psql -qAt <<'SQL'
 SELECT round(avg(hit) / 10, 4) FROM queries q, LATERAL (
   SELECT count(*) AS hit FROM (SELECT id FROM base ORDER BY v <-> q.v LIMIT 10) r
   WHERE r.id = ANY (q.gt[1:10])) h;
@@ -101,6 +102,18 @@ for c in 1 8 32 64; do
   read -r cpu _ _ < <(bench "$c" /tmp/knn.sql "-c gpu_ivfpq.device=cpu -c gpu_ivfpq.probes=32 -c enable_seqscan=off")
   read -r one _ _ < <(bench "$c" /tmp/one.sql "" 4)
   say "| $c | $g | $(mean_batch "$q0" "$q1" "$b0" "$b1") | $cpu | $one |"
+done
+
+say ""
+say "## 64 clients, probes 32, by gpu_ivfpq.rerank (the candidates re-ranked on the GPU)"
+say "| rerank | recall@10 | QPS | mean batch |"
+say "|---|---|---|---|"
+for rr in 100 40 20 10; do
+  r=$(recall gpu 32 "-c gpu_ivfpq.rerank=$rr")
+  q0=$(stat queries_gpu); b0=$(stat batches)
+  read -r g _ _ < <(bench 64 /tmp/knn.sql "-c gpu_ivfpq.device=gpu -c gpu_ivfpq.probes=32 -c gpu_ivfpq.rerank=$rr -c enable_seqscan=off")
+  q1=$(stat queries_gpu); b1=$(stat batches)
+  say "| $rr | $r | $g | $(mean_batch "$q0" "$q1" "$b0" "$b1") |"
 done
 
 say ""
