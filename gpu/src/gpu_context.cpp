@@ -43,6 +43,23 @@ int device_count()
     return n;
 }
 
+bool pin_host(void* p, size_t bytes)
+{
+    if (p == nullptr || bytes == 0)
+        return false;
+    if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) != cudaSuccess) {
+        (void)cudaGetLastError();  // a refusal is not sticky: clear it
+        return false;
+    }
+    return true;
+}
+
+void unpin_host(void* p)
+{
+    if (p != nullptr && cudaHostUnregister(p) != cudaSuccess)
+        (void)cudaGetLastError();
+}
+
 std::string device_description(int device)
 {
     cudaDeviceProp prop;

@@ -13,6 +13,14 @@ int device_count();
 // "name (sm_XY, N SMs, M MiB)" of a device; throws gpuivfpq::Error on CUDA errors.
 std::string device_description(int device);
 
+// Page-locks host memory the caller owns and keeps mapped (cudaHostRegister
+// on the current device), so that copies to and from it go by DMA without a
+// staging copy that blocks the host; false when the driver refuses (the
+// memory stays usable, its copies are then staged). Never throws.
+bool pin_host(void* p, size_t bytes);
+// Undoes pin_host before the memory is unmapped. Never throws.
+void unpin_host(void* p);
+
 // Owns one CUDA stream and cuBLAS handle on one device, and accounts every
 // device allocation made through it against a byte budget. All work of the
 // library is queued on this stream; host entry points that return host data

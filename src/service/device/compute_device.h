@@ -110,6 +110,12 @@ public:
     // Encodes n vectors with the model of spec: list_ids[i], codes[i*m..].
     virtual void encode(const MirrorSpec& spec, const float* x, size_t n, int32_t* list_ids,
                         uint8_t* codes) = 0;
+    // Page-locks host memory that stays mapped (the GPU process's exchange
+    // with the service), so that copies between it and the device need no
+    // staging; false where the device does not (the CPU emulation) or the
+    // driver refuses. unpin_host undoes it before the memory is unmapped.
+    virtual bool pin_host(void* /*p*/, size_t /*bytes*/) { return false; }
+    virtual void unpin_host(void* /*p*/) {}
     // Whether the device still works after a failed call: false after a
     // sticky error (a CUDA context that every later call would fail on),
     // after which its process must exit and a new one open the device.

@@ -149,6 +149,8 @@ public:
         }
         encoder_->encode(x, n, list_ids, codes);
     }
+    bool pin_host(void* p, size_t bytes) override { return gpu::pin_host(p, bytes); }
+    void unpin_host(void* p) override { gpu::unpin_host(p); }
     bool healthy() override
     {
         // A plain error is reported once; a sticky one by every later call.

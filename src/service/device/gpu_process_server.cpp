@@ -43,10 +43,12 @@ uint64_t mul(uint64_t a, uint64_t b)
     return a * b;
 }
 
-// The service's exchange segment, mapped at the size the last request stated.
+// The service's exchange segment, mapped at the size the last request stated,
+// and page-locked where the device can (queries, vectors and answers then
+// go between it and the device by DMA, without a staging copy each).
 class Exchange {
 public:
-    explicit Exchange(int fd) : fd_(fd) {}
+    Exchange(int fd, ComputeDevice& dev) : fd_(fd), dev_(dev) {}
     ~Exchange() { unmap(); }
 
     void map(uint64_t bytes)
@@ -65,6 +67,7 @@ public:
                                                     std::strerror(errno));
         base_ = static_cast<char*>(p);
         size_ = bytes;
+        pinned_ = dev_.pin_host(base_, size_);
     }
 
     // The region as count elements of T, after checking it lies inside.
@@ -80,14 +83,19 @@ public:
 private:
     void unmap()
     {
+        if (pinned_)
+            dev_.unpin_host(base_);
+        pinned_ = false;
         if (base_ != nullptr)
             munmap(base_, size_);
         base_ = nullptr;
         size_ = 0;
     }
     int fd_;
+    ComputeDevice& dev_;
     char* base_ = nullptr;
     uint64_t size_ = 0;
+    bool pinned_ = false;
 };
 
 MirrorSpec spec_of(const Request& q, const Exchange& x)
@@ -281,7 +289,7 @@ void announce(int sock, const ComputeDevice* dev, Kind kind, Status status, cons
 int serve(int sock, int exchange_fd, ComputeDevice& dev)
 {
     MirrorStore store(dev);
-    Exchange exchange(exchange_fd);
+    Exchange exchange(exchange_fd, dev);
 
     for (;;) {
         Request q;
