@@ -253,7 +253,9 @@ void copy_to_device(GpuContext& ctx, void* dst, const void* host, size_t bytes)
     if (!bytes)
         return;
     // Pageable source: the copy is staged, and returns once the source may
-    // be reused, so callers can free host memory right after.
+    // be reused, so callers can free host memory right after. A page-locked
+    // source (pin_host, the GPU process's exchange) is read by DMA later:
+    // it must stay unchanged until the stream synchronises.
     GPU_CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, ctx.impl().stream));
 }
 

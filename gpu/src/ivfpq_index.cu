@@ -419,13 +419,10 @@ void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t
     }
     for (size_t l = 0; l < I.lists; ++l)
         count[l + 1] += count[l];  // count[l] = first slot of list l
-    // Grow every touched list first: an out-of-memory error leaves the
-    // index unchanged (contents and sizes).
-    for (size_t l = 0; l < I.lists; ++l)
-        if (count[l + 1] > count[l])
-            I.grow(l, I.lst[l].size + (count[l + 1] - count[l]));
     // The batch, sorted by list, staged in pinned memory in one block (codes,
     // ids, list ids, vectors, keys) and copied to the device in one copy.
+    // Both allocated before any list changes, so that their failure leaves
+    // the index as it was.
     Carver sz;
     sz.take<uint8_t>(n * I.m);
     sz.take<int64_t>(n);
@@ -435,6 +432,21 @@ void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t
     I.ctx.synchronize();  // an earlier batch's copy may still read the staging
     char* host = I.add_host.reserve(sz.size());
     DeviceBuffer dbatch(I.ctx, sz.size());
+    // Grow every touched list: an out-of-memory error leaves the contents
+    // and sizes as they were, and the kernels' pointer arrays name the lists
+    // that did grow (their old buffers are gone).
+    {
+        size_t grown_to = 0;
+        try {
+            for (size_t l = 0; l < I.lists; ++l, grown_to = l)
+                if (count[l + 1] > count[l])
+                    I.grow(l, I.lst[l].size + (count[l + 1] - count[l]));
+        } catch (...) {
+            I.upload_meta(0, grown_to);
+            I.ctx.synchronize();
+            throw;
+        }
+    }
     Carver hc(host), dc(dbatch.data());
     uint8_t* scodes = hc.take<uint8_t>(n * I.m);
     int64_t* sids = hc.take<int64_t>(n);

@@ -533,7 +533,19 @@ NextBatch(IndexScanDesc scan)
 				 * the query join before the rows returned reach far out
 				 * (each round returns only its nearer half, ChooseReturned).
 				 */
-				so->probes = Min(so->probes * 2, lists);
+				{
+					int			wider = Min(so->probes * 2, lists);
+
+					/*
+					 * The GPU's bound on probed lists, as on candidates below:
+					 * a round that would pass it first probes the bound; the
+					 * round after that one goes past it, to the CPU engine.
+					 */
+					if (GpuIvfpqServiceWanted() && wider > GPU_IVFPQ_SERVICE_MAX_K &&
+						so->probes < GPU_IVFPQ_SERVICE_MAX_K)
+						wider = GPU_IVFPQ_SERVICE_MAX_K;
+					so->probes = wider;
+				}
 				so->candidates = (int) Min((int64) so->candidates * 2, (int64) INT_MAX / 4);
 			}
 			want = (int) Min((int64) so->candidates + (vectors ? 0 : so->reranked),

@@ -27,7 +27,7 @@ PG_FUNCTION_INFO_V1(gpu_ivfpq_exact_knn);
 }
 
 #define EXACT_CHUNK_BYTES (32 * 1024 * 1024)
-#define MIRROR_QUERY_CHUNK 16384	/* queries per GPU request on the mirror path */
+#define MIRROR_CHUNK_BYTES (32 * 1024 * 1024)	/* per GPU request on the mirror path */
 
 static int
 ParseMetric(const char *name)
@@ -92,7 +92,9 @@ SearchChunk(const float *queries, int64 nq, const float *base, const ItemPointer
  * A gpu_ivfpq index over exactly the column whose GPU mirror can answer
  * for the table: a plain column (no expression), no predicate (it holds
  * every row with a vector), valid, trained, with vector copies, of the
- * dimension d and of the requested metric. Opened (AccessShareLock), else
+ * dimension d and of the requested metric, and usable by every snapshot
+ * (not built over broken HOT chains: indcheckxmin, which the planner honours
+ * for young indexes, is refused outright). Opened (AccessShareLock), else
  * NULL.
  */
 static Relation
@@ -107,7 +109,7 @@ MirrorIndexOf(Relation heap, AttrNumber attnum, int d, int metric, GpuIvfpqMetaP
 		Relation	index = index_open(lfirst_oid(lc), AccessShareLock);
 		Form_pg_index ix = index->rd_index;
 
-		if (index->rd_rel->relam == amoid && ix->indisvalid && ix->indisready &&
+		if (index->rd_rel->relam == amoid && ix->indisvalid && ix->indisready && !ix->indcheckxmin &&
 			ix->indkey.values[0] == attnum &&
 			heap_attisnull(index->rd_indextuple, Anum_pg_index_indexprs, NULL) &&
 			heap_attisnull(index->rd_indextuple, Anum_pg_index_indpred, NULL) &&
@@ -144,13 +146,16 @@ ExactFromMirror(Relation heap, AttrNumber attnum, const float *queries, int64 nq
 	GpuIvfpqMetaPageData meta;
 	Relation	index;
 	int			want = Min(GPU_IVFPQ_SERVICE_MAX_K, 2 * k + 16);
-	int64		chunk = Min(nq, (int64) MIRROR_QUERY_CHUNK);
+	/* Queries per request: a bounded segment, as batch search's. */
+	int64		chunk = Min(nq, Max((int64) 1, (int64) (MIRROR_CHUNK_BYTES /
+														((Size) d * sizeof(float) +
+														 (Size) want * (sizeof(int64) + sizeof(double))))));
 	int64	   *labels;
 	double	   *exact;
 	GpuIvfpqHit *hits;
 	int64	   *nhits;
 	GpuIvfpqHeapFetch hf;
-	const GpuIvfpqVisibleRows *visible = NULL;
+	GpuIvfpqVisibleRows *visible = NULL;
 	bool		served = true;
 
 	if (!GpuIvfpqServiceWanted() || want < k)
@@ -196,6 +201,11 @@ ExactFromMirror(Relation heap, AttrNumber attnum, const float *queries, int64 nq
 		}
 	}
 	GpuIvfpqHeapFetchEnd(&hf);
+	if (visible != NULL)
+	{
+		pfree(visible->bits);
+		pfree(visible);
+	}
 	if (served)
 	{
 		for (int64 q = 0; q < nq; q++)

@@ -284,7 +284,8 @@ GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta, con
 						   int64 nq, int k, int nprobe, bool brute, int64 *labels, double *exact,
 						   bool *is_exact)
 {
-	bool		required = gpu_ivfpq_device == GPU_IVFPQ_DEVICE_GPU;
+	/* Brute force has the table path behind it: it never errors for being off the GPU. */
+	bool		required = gpu_ivfpq_device == GPU_IVFPQ_DEVICE_GPU && !brute;
 	const char *reason = GpuIvfpqNotServableReason(meta);
 	GpuIvfpqSlot *slot = NULL;
 	dsm_segment *seg;
@@ -354,9 +355,15 @@ GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta, con
 	GpuIvfpqCountFallback();
 	if (required)
 		GpuIvfpqGpuRequiredError("batch search", error[0] ? error : "The GPU service failed");
-	ereport(result == RES_SERVICE_GONE || result == RES_LOADING ? DEBUG1 : WARNING,
-			(errmsg("gpu_ivfpq: batch search on \"%s\" ran on the CPU", RelationGetRelationName(index)),
-			 errdetail("%s", error[0] ? error : "The GPU service failed.")));
+	if (brute)
+		ereport(DEBUG1,
+				(errmsg("gpu_ivfpq: exact search reads the table instead of the GPU mirror of \"%s\"",
+						RelationGetRelationName(index)),
+				 errdetail("%s", error[0] ? error : "The GPU service failed.")));
+	else
+		ereport(result == RES_SERVICE_GONE || result == RES_LOADING ? DEBUG1 : WARNING,
+				(errmsg("gpu_ivfpq: batch search on \"%s\" ran on the CPU", RelationGetRelationName(index)),
+				 errdetail("%s", error[0] ? error : "The GPU service failed.")));
 	return false;
 }
 

@@ -313,9 +313,13 @@ AddLogged(const MirrorKey &key, size_t m, const std::vector<const GpuIvfpqLogEnt
 								 d > 0 ? vectors.data() : nullptr, d, keys.data());
 	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
 
-	pg_atomic_fetch_add_u64(&s->append_calls, 1);
-	pg_atomic_fetch_add_u64(&s->time_append_ns, NowNs() - start);
-	pg_atomic_fetch_add_u64(&s->time_append_device_ns, gpu->last_busy_ns());
+	/* Calls that carried entries: a load's empty catch-up is no append. */
+	if (!lists.empty())
+	{
+		pg_atomic_fetch_add_u64(&s->append_calls, 1);
+		pg_atomic_fetch_add_u64(&s->time_append_ns, NowNs() - start);
+		pg_atomic_fetch_add_u64(&s->time_append_device_ns, gpu->last_busy_ns());
+	}
 	return found;
 }
 

@@ -39,7 +39,9 @@ private:
     size_t bytes_ = 0;
 };
 
-// Copies between host and device pointers on the context's stream.
+// Copies between host and device pointers on the context's stream. A
+// pageable source may be reused when copy_to_device returns; a page-locked
+// one (pin_host) only after the stream synchronises.
 void copy_to_device(GpuContext& ctx, void* dst, const void* host, size_t bytes);
 void copy_to_host(GpuContext& ctx, void* host, const void* src, size_t bytes);  // waits
 

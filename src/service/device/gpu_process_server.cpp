@@ -197,13 +197,12 @@ void handle(const Request& q, Reply& rep, ComputeDevice& dev, MirrorStore& store
             return &r;
         };
         if (q.brute != 0) {
-            // Brute force needs the vectors; a mirror without them says so (value[0] 0).
+            // Brute force needs the vectors; a mirror without them says so
+            // (value[0] 0). One call for all queries: the device gathers the
+            // stored vectors once and tiles the queries itself.
             if (mirror->has_vectors()) {
                 double* exact = x.at<double>(q.region[2], mul(q.n, q.k));
-                for (uint64_t i = 0; i < q.n; i += tile) {
-                    uint64_t nq = std::min(tile, q.n - i);
-                    mirror->brute_force(queries + i * q.d, nq, q.k, exact + i * q.k, labels + i * q.k);
-                }
+                mirror->brute_force(queries, q.n, q.k, exact, labels);
                 rep.value[0] = 1;
             }
         } else if (mirror->has_vectors()) {
