@@ -55,7 +55,9 @@ gpuivfpqcostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
 {
 	GenericCosts costs;
 	int			lists = GPU_IVFPQ_DEFAULT_LISTS;
+	bool		copies = true;	/* store_vectors: the re-rank reads no heap row */
 	double		ratio;
+	double		rerank;
 	Relation	index;
 
 	if (path->indexorderbys == NIL)
@@ -70,7 +72,10 @@ gpuivfpqcostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
 
 	index = index_open(path->indexinfo->indexoid, NoLock);
 	if (index->rd_options)
+	{
 		lists = ((GpuIvfpqOptions *) index->rd_options)->lists;
+		copies = ((GpuIvfpqOptions *) index->rd_options)->store_vectors;
+	}
 	index_close(index, NoLock);
 
 	ratio = Min(1.0, (double) gpu_ivfpq_probes / Max(lists, 1));
@@ -78,9 +83,14 @@ gpuivfpqcostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
 	costs.numIndexTuples = path->indexinfo->tuples * ratio;
 	genericcostestimate(root, path, loop_count, &costs);
 
-	/* Each re-ranked candidate costs a heap fetch. */
-	costs.indexTotalCost += Min((double) gpu_ivfpq_rerank, path->indexinfo->rel->tuples) *
-		(random_page_cost / 4 + cpu_tuple_cost);
+	/*
+	 * Each re-ranked candidate costs an exact distance from the vector copy
+	 * in its entry or, in an index without copies, a heap fetch as well
+	 * (the executor's fetch of the rows returned is the planner's own).
+	 */
+	rerank = Min((double) gpu_ivfpq_rerank, path->indexinfo->rel->tuples);
+	costs.indexTotalCost += rerank * (copies ? cpu_operator_cost + cpu_index_tuple_cost
+									  : random_page_cost / 4 + cpu_tuple_cost);
 	*indexStartupCost = costs.indexTotalCost;
 	*indexTotalCost = costs.indexTotalCost;
 	*indexSelectivity = costs.indexSelectivity;
