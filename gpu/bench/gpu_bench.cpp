@@ -281,6 +281,56 @@ int main(int argc, char** argv)
             }
             std::printf("\n");
         }
+
+        // Where one search_exact call's time goes, by batch size: the
+        // service's scan rounds (IVF4096,PQ32 with vectors, nprobe 32, 100
+        // candidates re-ranked). Device stages by CUDA events; "host" is the
+        // call's wall time not covered by them (launches, waits).
+        {
+            const size_t m = 32, kk = 100, np = 32;
+            std::vector<float> cb(m * 256 * (d / m)), c2(lists * d);
+            KMeansParams pq;
+            pq.iterations = 10;
+            pq.seed = 99;
+            KMeansParams kc;
+            kc.iterations = quick ? 3 : 10;
+            kc.seed = 1234;
+            kc.max_points_per_centroid = 256;
+            train_ivfpq_gpu(ctx, hbase.data(), n, d, lists, m, Metric::L2, kc, pq, 65536, c2.data(), cb.data());
+            GpuIvfPqOptions with_vectors;
+            with_vectors.store_vectors = true;
+            GpuIvfPqIndex idx(ctx, d, lists, m, Metric::L2, c2.data(), cb.data(), with_vectors);
+            std::vector<int32_t> enc_l(n);
+            std::vector<uint8_t> enc_c(n * m);
+            idx.encode(hbase.data(), n, enc_l.data(), enc_c.data());
+            idx.add_encoded(n, enc_l.data(), enc_c.data(), ids.data(), hbase.data());
+            std::printf("## search_exact stages, IVF%zu,PQ%zu with vectors, nprobe %zu, %zu candidates "
+                        "(us per call, means of %d calls)\n\n", lists, m, np, kk, quick ? 20 : 200);
+            std::printf("| batch | upload | coarse | prefix | scan | merge | decode | rerank | download | "
+                        "device | wall | host |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+            for (size_t b : {size_t(1), size_t(8), size_t(32), size_t(256)}) {
+                if (b > nq)
+                    continue;
+                std::vector<double> od(b * kk);
+                std::vector<int64_t> ol(b * kk);
+                idx.search_exact(hq.data(), b, kk, np, od.data(), ol.data());  // warm-up
+                SearchStages st;
+                idx.set_stage_timing(&st);
+                const int calls = quick ? 20 : 200;
+                for (int c = 0; c < calls; ++c)
+                    idx.search_exact(hq.data() + (c % (nq / b)) * b * d, b, kk, np, od.data(), ol.data());
+                idx.set_stage_timing(nullptr);
+                const double per = 1000.0 / double(st.calls);
+                const double dev = st.upload + st.coarse + st.prefix + st.scan + st.merge + st.decode +
+                                   st.rerank + st.download;
+                std::printf("| %zu | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
+                            b, st.upload * per, st.coarse * per, st.prefix * per, st.scan * per, st.merge * per,
+                            st.decode * per, st.rerank * per, st.download * per, dev * per, st.wall * per,
+                            (st.wall - dev) * per);
+                std::fflush(stdout);
+            }
+            std::printf("\n");
+        }
         std::printf("peak device memory through the context: %.2f GiB\n", ctx.bytes_peak() / double(1 << 30));
     } catch (const Error& e) {
         std::fprintf(stderr, "gpu_bench: error: %s\n", e.what());

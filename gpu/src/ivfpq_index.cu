@@ -7,6 +7,7 @@
 #include "gpu_ivfpq/ivfpq_index.h"
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -99,7 +100,26 @@ struct GpuIvfPqIndex::Impl {
     // the order of upload_meta) and the staging of appended entries.
     PinnedHost meta_host, add_host;
 
+    // Bench aid (set_stage_timing): events at the stage boundaries of a
+    // search_exact call, in order: start, uploaded, coarse, prefix, scan,
+    // merge, decode, reranked, downloaded.
+    SearchStages* stages = nullptr;
+    enum { kEvStart, kEvUpload, kEvCoarse, kEvPrefix, kEvScan, kEvMerge, kEvDecode, kEvRerank, kEvDownload,
+           kEvents };
+    cudaEvent_t ev[kEvents] = {};
+    void mark(int which)
+    {
+        if (stages)
+            GPU_CUDA_CHECK(cudaEventRecord(ev[which], st()));
+    }
+
     Impl(GpuContext& c) : ctx(c) {}
+    ~Impl()
+    {
+        for (cudaEvent_t e : ev)
+            if (e)
+                cudaEventDestroy(e);  // nothing to report from a destructor
+    }
 
     cudaStream_t st() const { return ctx.impl().stream; }
     Metric coarse_metric() const { return metric == Metric::InnerProduct ? Metric::InnerProduct : Metric::L2; }
@@ -655,12 +675,14 @@ void GpuIvfPqIndex::Impl::search_tile(const float* queries, size_t nq, size_t k,
 
     const float* q = prepare_queries(queries, nq, qcopy);
     coarse_and_term3(q, nq, nprobe, probe_dist, probe_lists, term3);
+    mark(kEvCoarse);
     // Out-of-range entries keep their candidate positions (prefix counts
     // them) but are keyed +inf, so no selection below returns them: the
     // positions selected are in-range entries or -1, decoded to padding.
     IvfScanArgs a = scan_args(q, nq, nprobe, k, probe_dist, probe_lists, prefix, term3, key_lo, key_hi,
                               key_matched);
     launch_ivf_prefix(a, st());
+    mark(kEvPrefix);
     if (!two_pass) {
         a.chunks = static_cast<int>(chunks);
         a.probes_per_chunk = static_cast<int>(ppc);
@@ -685,6 +707,7 @@ void GpuIvfPqIndex::Impl::search_tile(const float* queries, size_t nq, size_t k,
         p1.out_idx = chunks > 1 ? cidx : pos;
         launch_select(p1, false, st());
     }
+    mark(kEvScan);
     if (chunks > 1) {
         SelectArgs p2;
         p2.in = cdist;
@@ -698,10 +721,12 @@ void GpuIvfPqIndex::Impl::search_tile(const float* queries, size_t nq, size_t k,
         p2.out_idx = pos;
         launch_select(p2, nq < static_cast<size_t>(sms) * 16, st());
     }
+    mark(kEvMerge);
     launch_decode_labels(pos, static_cast<int64_t>(nq), static_cast<int>(k), static_cast<int>(nprobe),
                          prefix, probe_lists,
                          kind == LabelKind::Ids ? id_ptrs.as<const int64_t* const>() : nullptr,
                          out_labels, st());
+    mark(kEvDecode);
 }
 
 GpuIvfPqIndex::Impl::Plan GpuIvfPqIndex::Impl::plan_search(size_t nq, size_t k, size_t nprobe) const
@@ -815,6 +840,7 @@ void GpuIvfPqIndex::search_exact_device(const float* queries, size_t nq, size_t 
         launch_exact_rerank(q, static_cast<int64_t>(b), static_cast<int>(I.d), static_cast<int>(k),
                             I.metric, cand, I.vec_ptrs.as<const float* const>(),
                             I.id_ptrs.as<const int64_t* const>(), dist + q0 * k, cand, I.st());
+        I.mark(Impl::kEvRerank);
     }
 }
 
@@ -845,17 +871,43 @@ void GpuIvfPqIndex::search_exact(const float* queries, size_t nq, size_t k, size
     int64_t* dlo = c.take<int64_t>(nr);
     int64_t* dhi = c.take<int64_t>(nr);
     int64_t* dmatched = c.take<int64_t>(ranges && ranges->matched ? nr : 0);
+    const auto wall0 = std::chrono::steady_clock::now();
+    I.mark(Impl::kEvStart);
     copy_to_device(I.ctx, dq, queries, nq * I.d * sizeof(float));
     KeyRange dr;
     if (ranges) {
         I.upload_ranges(*ranges, nq, dlo, dhi, dr);
         dr.matched = ranges->matched ? dmatched : nullptr;
     }
+    I.mark(Impl::kEvUpload);
     search_exact_device(dq, nq, k, nprobe, dd, dl, ranges ? &dr : nullptr);
     copy_to_host(I.ctx, dist, dd, nq * k * sizeof(double));
     copy_to_host(I.ctx, labels, dl, nq * k * sizeof(int64_t));
     if (ranges && ranges->matched)
         copy_to_host(I.ctx, ranges->matched, dmatched, nq * sizeof(int64_t));
+    if (I.stages) {
+        I.mark(Impl::kEvDownload);
+        GPU_CUDA_CHECK(cudaEventSynchronize(I.ev[Impl::kEvDownload]));
+        const double wall = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wall0).count();
+        double* sum[] = {&I.stages->upload, &I.stages->coarse, &I.stages->prefix, &I.stages->scan,
+                         &I.stages->merge, &I.stages->decode, &I.stages->rerank, &I.stages->download};
+        for (int e = 0; e < Impl::kEvents - 1; ++e) {
+            float ms = 0;
+            GPU_CUDA_CHECK(cudaEventElapsedTime(&ms, I.ev[e], I.ev[e + 1]));
+            *sum[e] += ms;
+        }
+        I.stages->wall += wall;
+        I.stages->calls++;
+    }
+}
+
+void GpuIvfPqIndex::set_stage_timing(SearchStages* stages)
+{
+    Impl& I = *impl_;
+    if (stages && !I.ev[0])
+        for (cudaEvent_t& e : I.ev)
+            GPU_CUDA_CHECK(cudaEventCreate(&e));
+    I.stages = stages;
 }
 
 void GpuIvfPqIndex::search_brute_force(const float* queries, size_t nq, size_t k, double* dist,

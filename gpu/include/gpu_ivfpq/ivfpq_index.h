@@ -85,6 +85,17 @@ struct KeyRange {
     int64_t* matched = nullptr;
 };
 
+// Bench aid: where one search_exact call's time goes (milliseconds, summed
+// over the calls timed). Device stages are measured with CUDA events on the
+// index's stream (when a call needs several query tiles, the last tile's);
+// wall is the host's time for the whole call, so wall minus the stages is
+// what the host spends launching and waiting.
+struct SearchStages {
+    double upload = 0, coarse = 0, prefix = 0, scan = 0, merge = 0, decode = 0, rerank = 0,
+           download = 0, wall = 0;
+    size_t calls = 0;
+};
+
 class GpuIvfPqIndex {
 public:
     // centroids: lists x d, codebooks: m x 256 x (d/m), host pointers (as
@@ -105,6 +116,11 @@ public:
     size_t list_size(size_t list) const;
     bool has_precomputed() const;
     GpuMemoryUse memory_use() const;
+
+    // Bench aid: with stages set, each search_exact call records CUDA
+    // events between its stages and adds their times to *stages (null:
+    // off, the default; the events then cost nothing).
+    void set_stage_timing(SearchStages* stages);
 
     // Bench aids (gpu/bench): switch the table precision (rebuilding any
     // per-list term 1) or the scan between timings on one index.
