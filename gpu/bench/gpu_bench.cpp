@@ -178,8 +178,8 @@ int main(int argc, char** argv)
         std::vector<int64_t> ids(n);
         for (size_t i = 0; i < n; ++i)
             ids[i] = int64_t(i);
-        for (size_t m : {16, 64}) {
-            std::vector<float> cb(m * 256 * (d / m)), c2(lists * d);
+        // The quantizers of IVF<lists>,PQ<m> on the base, the same draws each time.
+        auto train = [&](size_t m, std::vector<float>& centroids, std::vector<float>& codebooks) {
             KMeansParams pq;
             pq.iterations = 10;
             pq.seed = 99;
@@ -187,7 +187,12 @@ int main(int argc, char** argv)
             kc.iterations = quick ? 3 : 10;
             kc.seed = 1234;
             kc.max_points_per_centroid = 256;
-            train_ivfpq_gpu(ctx, hbase.data(), n, d, lists, m, Metric::L2, kc, pq, 65536, c2.data(), cb.data());
+            train_ivfpq_gpu(ctx, hbase.data(), n, d, lists, m, Metric::L2, kc, pq, 65536, centroids.data(),
+                            codebooks.data());
+        };
+        for (size_t m : {16, 64}) {
+            std::vector<float> cb(m * 256 * (d / m)), c2(lists * d);
+            train(m, c2, cb);
             // Default index (term 1 folded per vector) and the paper's layout
             // (per-list term-1 tables) over the same GPU-encoded codes.
             GpuIvfPqIndex idx(ctx, d, lists, m, Metric::L2, c2.data(), cb.data());
@@ -289,14 +294,7 @@ int main(int argc, char** argv)
         {
             const size_t m = 32, kk = 100, np = 32;
             std::vector<float> cb(m * 256 * (d / m)), c2(lists * d);
-            KMeansParams pq;
-            pq.iterations = 10;
-            pq.seed = 99;
-            KMeansParams kc;
-            kc.iterations = quick ? 3 : 10;
-            kc.seed = 1234;
-            kc.max_points_per_centroid = 256;
-            train_ivfpq_gpu(ctx, hbase.data(), n, d, lists, m, Metric::L2, kc, pq, 65536, c2.data(), cb.data());
+            train(m, c2, cb);
             GpuIvfPqOptions with_vectors;
             with_vectors.store_vectors = true;
             GpuIvfPqIndex idx(ctx, d, lists, m, Metric::L2, c2.data(), cb.data(), with_vectors);

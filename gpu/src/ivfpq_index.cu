@@ -327,6 +327,64 @@ struct GpuIvfPqIndex::Impl {
         dev.hi = hi;
     }
 
+    // The host entry points of search and search_exact: queries (and key
+    // ranges) staged on the device, run(dq, dd, dl, ranges) searching there,
+    // the answers (and in-range counts) copied back. With timed and a stage
+    // timer (set_stage_timing), the call's stages are added to it.
+    template <typename Dist, typename Run>
+    void host_search(const float* queries, size_t nq, size_t k, const KeyRange* ranges, Dist* dist,
+                     int64_t* labels, bool timed, Run&& run)
+    {
+        const size_t nr = ranges ? nq : 0;
+        const size_t nm = ranges && ranges->matched ? nr : 0;
+        Carver sz;
+        sz.take<float>(nq * d);
+        sz.take<Dist>(nq * k);
+        sz.take<int64_t>(nq * k);
+        sz.take<int64_t>(nr);
+        sz.take<int64_t>(nr);
+        sz.take<int64_t>(nm);
+        Scratch s(ctx, sz.size());
+        Carver c(s.data());
+        float* dq = c.take<float>(nq * d);
+        Dist* dd = c.take<Dist>(nq * k);
+        int64_t* dl = c.take<int64_t>(nq * k);
+        int64_t* dlo = c.take<int64_t>(nr);
+        int64_t* dhi = c.take<int64_t>(nr);
+        int64_t* dmatched = c.take<int64_t>(nm);
+        timed = timed && stages != nullptr;
+        const auto wall0 = std::chrono::steady_clock::now();
+        if (timed)
+            mark(kEvStart);
+        copy_to_device(ctx, dq, queries, nq * d * sizeof(float));
+        KeyRange dr;
+        if (ranges) {
+            upload_ranges(*ranges, nq, dlo, dhi, dr);
+            dr.matched = nm ? dmatched : nullptr;
+        }
+        if (timed)
+            mark(kEvUpload);
+        run(dq, dd, dl, ranges ? &dr : nullptr);
+        copy_to_host(ctx, dist, dd, nq * k * sizeof(Dist));
+        copy_to_host(ctx, labels, dl, nq * k * sizeof(int64_t));
+        if (nm)
+            copy_to_host(ctx, ranges->matched, dmatched, nq * sizeof(int64_t));
+        if (!timed)
+            return;
+        mark(kEvDownload);
+        GPU_CUDA_CHECK(cudaEventSynchronize(ev[kEvDownload]));
+        const double wall = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wall0).count();
+        double* sum[] = {&stages->upload, &stages->coarse, &stages->prefix, &stages->scan,
+                         &stages->merge, &stages->decode, &stages->rerank, &stages->download};
+        for (int e = 0; e < kEvents - 1; ++e) {
+            float ms = 0;
+            GPU_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[e], ev[e + 1]));
+            *sum[e] += ms;
+        }
+        stages->wall += wall;
+        stages->calls++;
+    }
+
     // key_lo / key_hi: device, nq each (the tile's), or null: no filter;
     // key_matched (device, nq, or null) receives the in-range counts.
     void search_tile(const float* queries, size_t nq, size_t k, size_t nprobe, float* out_dist,
@@ -785,33 +843,10 @@ void GpuIvfPqIndex::search(const float* queries, size_t nq, size_t k, size_t npr
     if (!nq)
         return;
     require(k >= 1, "GPU IVFPQ search: k must be >= 1");
-    const size_t nr = ranges ? nq : 0;
-    Carver sz;
-    sz.take<float>(nq * I.d);
-    sz.take<float>(nq * k);
-    sz.take<int64_t>(nq * k);
-    sz.take<int64_t>(nr);
-    sz.take<int64_t>(nr);
-    sz.take<int64_t>(ranges && ranges->matched ? nr : 0);
-    Scratch s(I.ctx, sz.size());
-    Carver c(s.data());
-    float* dq = c.take<float>(nq * I.d);
-    float* dd = c.take<float>(nq * k);
-    int64_t* dl = c.take<int64_t>(nq * k);
-    int64_t* dlo = c.take<int64_t>(nr);
-    int64_t* dhi = c.take<int64_t>(nr);
-    int64_t* dmatched = c.take<int64_t>(ranges && ranges->matched ? nr : 0);
-    copy_to_device(I.ctx, dq, queries, nq * I.d * sizeof(float));
-    KeyRange dr;
-    if (ranges) {
-        I.upload_ranges(*ranges, nq, dlo, dhi, dr);
-        dr.matched = ranges->matched ? dmatched : nullptr;
-    }
-    search_device(dq, nq, k, nprobe, dd, dl, kind, ranges ? &dr : nullptr);
-    copy_to_host(I.ctx, dist, dd, nq * k * sizeof(float));
-    copy_to_host(I.ctx, labels, dl, nq * k * sizeof(int64_t));
-    if (ranges && ranges->matched)
-        copy_to_host(I.ctx, ranges->matched, dmatched, nq * sizeof(int64_t));
+    I.host_search(queries, nq, k, ranges, dist, labels, false,
+                  [&](const float* dq, float* dd, int64_t* dl, const KeyRange* dr) {
+                      search_device(dq, nq, k, nprobe, dd, dl, kind, dr);
+                  });
 }
 
 void GpuIvfPqIndex::search_exact_device(const float* queries, size_t nq, size_t k, size_t nprobe,
@@ -855,50 +890,10 @@ void GpuIvfPqIndex::search_exact(const float* queries, size_t nq, size_t k, size
     if (!nq)
         return;
     require(k >= 1, "GPU IVFPQ search_exact: k must be >= 1");
-    const size_t nr = ranges ? nq : 0;
-    Carver sz;
-    sz.take<float>(nq * I.d);
-    sz.take<double>(nq * k);
-    sz.take<int64_t>(nq * k);
-    sz.take<int64_t>(nr);
-    sz.take<int64_t>(nr);
-    sz.take<int64_t>(ranges && ranges->matched ? nr : 0);
-    Scratch s(I.ctx, sz.size());
-    Carver c(s.data());
-    float* dq = c.take<float>(nq * I.d);
-    double* dd = c.take<double>(nq * k);
-    int64_t* dl = c.take<int64_t>(nq * k);
-    int64_t* dlo = c.take<int64_t>(nr);
-    int64_t* dhi = c.take<int64_t>(nr);
-    int64_t* dmatched = c.take<int64_t>(ranges && ranges->matched ? nr : 0);
-    const auto wall0 = std::chrono::steady_clock::now();
-    I.mark(Impl::kEvStart);
-    copy_to_device(I.ctx, dq, queries, nq * I.d * sizeof(float));
-    KeyRange dr;
-    if (ranges) {
-        I.upload_ranges(*ranges, nq, dlo, dhi, dr);
-        dr.matched = ranges->matched ? dmatched : nullptr;
-    }
-    I.mark(Impl::kEvUpload);
-    search_exact_device(dq, nq, k, nprobe, dd, dl, ranges ? &dr : nullptr);
-    copy_to_host(I.ctx, dist, dd, nq * k * sizeof(double));
-    copy_to_host(I.ctx, labels, dl, nq * k * sizeof(int64_t));
-    if (ranges && ranges->matched)
-        copy_to_host(I.ctx, ranges->matched, dmatched, nq * sizeof(int64_t));
-    if (I.stages) {
-        I.mark(Impl::kEvDownload);
-        GPU_CUDA_CHECK(cudaEventSynchronize(I.ev[Impl::kEvDownload]));
-        const double wall = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wall0).count();
-        double* sum[] = {&I.stages->upload, &I.stages->coarse, &I.stages->prefix, &I.stages->scan,
-                         &I.stages->merge, &I.stages->decode, &I.stages->rerank, &I.stages->download};
-        for (int e = 0; e < Impl::kEvents - 1; ++e) {
-            float ms = 0;
-            GPU_CUDA_CHECK(cudaEventElapsedTime(&ms, I.ev[e], I.ev[e + 1]));
-            *sum[e] += ms;
-        }
-        I.stages->wall += wall;
-        I.stages->calls++;
-    }
+    I.host_search(queries, nq, k, ranges, dist, labels, true,
+                  [&](const float* dq, double* dd, int64_t* dl, const KeyRange* dr) {
+                      search_exact_device(dq, nq, k, nprobe, dd, dl, dr);
+                  });
 }
 
 void GpuIvfPqIndex::set_stage_timing(SearchStages* stages)
