@@ -2,7 +2,7 @@
 // k-means and IVFPQ search on vectors from .fvecs files: tools/gen_synthetic's
 // SIFT-like set, the data the SQL benchmarks load (bench/gpu/run_on_device.sh
 // makes them). Prints markdown tables.
-//   gpu_bench --base BASE.fvecs --queries QUERIES.fvecs [--quick]
+//   gpu_bench --base BASE.fvecs --queries QUERIES.fvecs [--quick] [--stages]
 // `--quick` shrinks the copy, k-selection and IVF sizes for a smoke run.
 #include <cuda_runtime.h>
 
@@ -42,17 +42,19 @@ const char* file_name(const std::string& path)
 
 int main(int argc, char** argv)
 {
-    bool quick = false;
+    bool quick = false, stages_only = false;
     std::string base_path, queries_path;
     for (int i = 1; i < argc; ++i) {
         if (!std::strcmp(argv[i], "--quick"))
             quick = true;
+        else if (!std::strcmp(argv[i], "--stages"))
+            stages_only = true;  // only the search_exact stage table (a short device call)
         else if (!std::strcmp(argv[i], "--base") && i + 1 < argc)
             base_path = argv[++i];
         else if (!std::strcmp(argv[i], "--queries") && i + 1 < argc)
             queries_path = argv[++i];
         else {
-            std::fprintf(stderr, "usage: gpu_bench --base BASE.fvecs --queries QUERIES.fvecs [--quick]\n");
+            std::fprintf(stderr, "usage: gpu_bench --base BASE.fvecs --queries QUERIES.fvecs [--quick] [--stages]\n");
             return 2;
         }
     }
@@ -90,7 +92,7 @@ int main(int argc, char** argv)
         }
 
         // k-selection on a rows x cols uniform matrix.
-        {
+        if (!stages_only) {
             const size_t rows = quick ? 1000 : 10000, cols = quick ? 12800 : 128000;
             DeviceBuffer m(ctx, rows * cols * 4);
             fill_uniform(m.as<float>(), int64_t(rows * cols), 7, ctx.stream());
@@ -125,7 +127,7 @@ int main(int argc, char** argv)
 
         // Exact search.
         std::vector<int64_t> gt(nq);
-        {
+        if (!stages_only) {
             std::printf("## exact search, %zu queries x %zu base, d = %zu, L2 (fp32 SGEMM, 1 GiB tiles)\n\n", nq, n, d);
             std::printf("| k | exact_knn ms | GEMM tiles alone ms | selection overhead | queries/s |\n|---|---|---|---|---|\n");
             DeviceBuffer norms(ctx, n * 4);
@@ -156,7 +158,7 @@ int main(int argc, char** argv)
 
         // k-means timing (the IVF section trains its own quantizers the same way).
         std::vector<float> cents(lists * d);
-        {
+        if (!stages_only) {
             KMeansParams kp;
             kp.iterations = quick ? 3 : 10;
             kp.seed = 1234;
@@ -191,6 +193,8 @@ int main(int argc, char** argv)
                             codebooks.data());
         };
         for (size_t m : {16, 64}) {
+            if (stages_only)
+                break;
             std::vector<float> cb(m * 256 * (d / m)), c2(lists * d);
             train(m, c2, cb);
             // Default index (term 1 folded per vector) and the paper's layout
