@@ -26,6 +26,10 @@ struct GpuContext::Impl {
     void* arena = nullptr;
     size_t arena_bytes = 0, arena_top = 0, arena_high = 0;
     int arena_depth = 0;
+    // True while a stream capture records a CUDA graph (GpuIvfPqIndex's
+    // search graphs): scratch must then come from the arena as it is, since
+    // an allocation or a free would be recorded into the graph.
+    bool capturing = false;
 
     void* allocate(size_t bytes);          // budget-checked, throws OutOfMemory
     void release(void* p, size_t bytes);   // stream-ordered free
@@ -51,6 +55,10 @@ private:
     bool own_ = false;
     size_t saved_top_ = 0;
 };
+
+// Queues a device-to-host copy on the context's stream without waiting
+// (the caller synchronises before it reads host).
+void copy_to_host_async(GpuContext& ctx, void* host, const void* src, size_t bytes);
 
 // Carves aligned sub-regions out of a byte count: first pass sizes, second
 // pass hands out pointers (the same sequence of calls both times).

@@ -145,12 +145,16 @@ void exact_impl(GpuContext& ctx, const float* queries, size_t nq, const float* b
     float* tiles[2];
     tiles[0] = carve.take<float>(n ? t.tq * t.ld : 0);
     tiles[1] = carve.take<float>(n ? t.tq * t.ld : 0);
-    // Without the overlap (bench aid): selection on the main stream,
-    // strictly after each GEMM.
-    cudaStream_t aux = ctx.impl().exact_overlap ? ctx.impl().aux : st;
+    // Without the overlap (bench aid), or with one tile only (a small
+    // batch: the coarse quantizer of a search), selection on the main
+    // stream, strictly after its GEMM, and no events: nothing to overlap,
+    // and a dozen fewer API calls (a CUDA graph captures a single stream).
+    const bool one_tile = nq <= t.tq && n <= t.tn;
+    cudaStream_t aux = ctx.impl().exact_overlap && !one_tile ? ctx.impl().aux : st;
+    const bool two = aux != st;
     // gemm_done[b]: tile b written (main -> aux); sel_done[b]: tile b read (aux -> main).
-    cudaEvent_t gemm_done[2], sel_done[2];
-    for (int b = 0; b < 2; ++b) {
+    cudaEvent_t gemm_done[2] = {}, sel_done[2] = {};
+    for (int b = 0; two && b < 2; ++b) {
         GPU_CUDA_CHECK(cudaEventCreateWithFlags(&gemm_done[b], cudaEventDisableTiming));
         GPU_CUDA_CHECK(cudaEventCreateWithFlags(&sel_done[b], cudaEventDisableTiming));
     }
@@ -161,6 +165,8 @@ void exact_impl(GpuContext& ctx, const float* queries, size_t nq, const float* b
         cudaStream_t main, aux;
         ~Events()
         {
+            if (main == aux)
+                return;
             cudaEventRecord(e[0], aux);
             cudaStreamWaitEvent(main, e[0], 0);
             for (int i = 0; i < 4; ++i)
@@ -169,6 +175,14 @@ void exact_impl(GpuContext& ctx, const float* queries, size_t nq, const float* b
     };
     cudaEvent_t all_ev[4] = {gemm_done[0], gemm_done[1], sel_done[0], sel_done[1]};
     Events guard{all_ev, st, aux};
+    auto record = [two](cudaEvent_t e, cudaStream_t s) {
+        if (two)
+            GPU_CUDA_CHECK(cudaEventRecord(e, s));
+    };
+    auto wait = [two](cudaStream_t s, cudaEvent_t e) {
+        if (two)
+            GPU_CUDA_CHECK(cudaStreamWaitEvent(s, e, 0));
+    };
     float* run_d[2];
     int32_t* run_i[2];
     for (int b = 0; b < 2; ++b) {
@@ -183,10 +197,10 @@ void exact_impl(GpuContext& ctx, const float* queries, size_t nq, const float* b
         }
     }
     // The aux stream starts after everything queued so far (norms, inputs).
-    GPU_CUDA_CHECK(cudaEventRecord(sel_done[0], st));
-    GPU_CUDA_CHECK(cudaStreamWaitEvent(aux, sel_done[0], 0));
-    GPU_CUDA_CHECK(cudaEventRecord(sel_done[0], aux));
-    GPU_CUDA_CHECK(cudaEventRecord(sel_done[1], aux));
+    record(sel_done[0], st);
+    wait(aux, sel_done[0]);
+    record(sel_done[0], aux);
+    record(sel_done[1], aux);
     int tb = 0;  // tile buffer in turn
     for (size_t q0 = 0; q0 < nq; q0 += t.tq) {
         const size_t tq = std::min(t.tq, nq - q0);
@@ -196,11 +210,11 @@ void exact_impl(GpuContext& ctx, const float* queries, size_t nq, const float* b
             const size_t tn = n ? std::min(t.tn, n - n0) : 0;
             const bool last = n0 + tn >= n;
             float* tile = tiles[tb];
-            GPU_CUDA_CHECK(cudaStreamWaitEvent(st, sel_done[tb], 0));
+            wait(st, sel_done[tb]);
             if (tn)
                 gemm_ip(ctx, queries + q0 * d, tq, base + n0 * d, tn, d, tile, t.ld);
-            GPU_CUDA_CHECK(cudaEventRecord(gemm_done[tb], st));
-            GPU_CUDA_CHECK(cudaStreamWaitEvent(aux, gemm_done[tb], 0));
+            record(gemm_done[tb], st);
+            wait(aux, gemm_done[tb]);
             SelectArgs a;
             a.in = tile;
             a.ld = static_cast<int64_t>(t.ld);
@@ -229,7 +243,7 @@ void exact_impl(GpuContext& ctx, const float* queries, size_t nq, const float* b
                 a.out_idx = run_i[cur ^ 1];
             }
             launch_select(a, prefer_block(ctx, static_cast<int64_t>(tq)), aux);
-            GPU_CUDA_CHECK(cudaEventRecord(sel_done[tb], aux));
+            record(sel_done[tb], aux);
             tb ^= 1;
             cur ^= 1;
             n0 += tn;

@@ -158,6 +158,8 @@ Scratch::Scratch(GpuContext& ctx, size_t bytes) : ctx_(ctx.impl())
 {
     bytes = (bytes + 255) / 256 * 256;
     bytes_ = bytes;
+    if (ctx_.capturing && !(ctx_.arena && ctx_.arena_top + bytes <= ctx_.arena_bytes))
+        throw Error(ErrorKind::Internal, "scratch beyond the arena while capturing a CUDA graph");
     saved_top_ = ctx_.arena_top;
     ctx_.arena_depth++;
     ctx_.arena_high = std::max(ctx_.arena_high, ctx_.arena_top + bytes);
@@ -182,7 +184,7 @@ Scratch::~Scratch()
     if (own_)
         ctx_.release(ptr_, bytes_);
     ctx_.arena_top = saved_top_;
-    if (--ctx_.arena_depth == 0 && ctx_.arena_high > ctx_.arena_bytes) {
+    if (--ctx_.arena_depth == 0 && ctx_.arena_high > ctx_.arena_bytes && !ctx_.capturing) {
         // Grow once no scratch is live; stream order keeps queued users safe.
         size_t want = ctx_.arena_high;
         if (ctx_.arena)
@@ -259,10 +261,15 @@ void copy_to_device(GpuContext& ctx, void* dst, const void* host, size_t bytes)
     GPU_CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, ctx.impl().stream));
 }
 
-void copy_to_host(GpuContext& ctx, void* host, const void* src, size_t bytes)
+void copy_to_host_async(GpuContext& ctx, void* host, const void* src, size_t bytes)
 {
     if (bytes)
         GPU_CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, ctx.impl().stream));
+}
+
+void copy_to_host(GpuContext& ctx, void* host, const void* src, size_t bytes)
+{
+    copy_to_host_async(ctx, host, src, bytes);
     GPU_CUDA_CHECK(cudaStreamSynchronize(ctx.impl().stream));
 }
 

@@ -22,6 +22,7 @@
 #include "gpu_ivfpq/kmeans_gpu.h"
 #include "ivf_scan.cuh"
 #include "ivfpq_kernels.h"
+#include "search_graphs.h"
 #include "select_args.h"
 
 namespace gpuivfpq::gpu {
@@ -317,6 +318,29 @@ struct GpuIvfPqIndex::Impl {
             throw Error(ErrorKind::InvalidArgument, std::string(who) + ": key range without lo or hi");
     }
 
+    // The search graphs of this index and what a captured call depends on:
+    // its shape, the host memory it copies from and to, and every device
+    // address it reads that a later change may move (buffers reallocated
+    // give a new key; list contents and lengths are read when it runs).
+    SearchGraphs graphs;
+    SearchGraphs::Key graph_key(const void* const* host, size_t nq, size_t k, size_t nprobe,
+                                int variant) const
+    {
+        const GpuContext::Impl& c = ctx.impl();
+        SearchGraphs::Key key = {nq, k, nprobe, static_cast<uint64_t>(static_cast<int64_t>(variant)),
+                                 static_cast<uint64_t>(table_mode()), opt.float16_tables, term1_half,
+                                 static_cast<uint64_t>(opt.scan),
+                                 // Only the two-pass scan sizes its buffers by the longest list.
+                                 opt.scan == ScanAlgo::TwoPass || table_mode() != kTableQuery ? max_len : 0,
+                                 reinterpret_cast<uintptr_t>(c.arena), c.arena_top};
+        for (int i = 0; i < 6; ++i)
+            key.push_back(reinterpret_cast<uintptr_t>(host[i]));
+        for (const DeviceBuffer* b : {&centroids, &centroid_norms, &codebooks, &term1, &code_ptrs, &id_ptrs,
+                                      &vt_ptrs, &vec_ptrs, &key_ptrs, &lens})
+            key.push_back(reinterpret_cast<uintptr_t>(b->data()));
+        return key;
+    }
+
     // The host variants' ranges (nq each) copied to device scratch lo / hi
     // (the caller's, alive for the whole search); dev points at them.
     void upload_ranges(const KeyRange& host, size_t nq, int64_t* lo, int64_t* hi, KeyRange& dev)
@@ -329,50 +353,64 @@ struct GpuIvfPqIndex::Impl {
 
     // The host entry points of search and search_exact: queries (and key
     // ranges) staged on the device, run(dq, dd, dl, ranges) searching there,
-    // the answers (and in-range counts) copied back. With timed and a stage
-    // timer (set_stage_timing), the call's stages are added to it.
+    // the answers (and in-range counts) copied back, one wait at the end.
+    // A small batch whose host memory is page-locked (the GPU process's
+    // exchange) replays a CUDA graph of the whole call (search_graphs.h);
+    // with timed and a stage timer (set_stage_timing), the call's stages are
+    // added to it instead.
     template <typename Dist, typename Run>
-    void host_search(const float* queries, size_t nq, size_t k, const KeyRange* ranges, Dist* dist,
-                     int64_t* labels, bool timed, Run&& run)
+    void host_search(const float* queries, size_t nq, size_t k, size_t nprobe, int variant,
+                     const KeyRange* ranges, Dist* dist, int64_t* labels, bool timed, Run&& run)
     {
-        const size_t nr = ranges ? nq : 0;
-        const size_t nm = ranges && ranges->matched ? nr : 0;
-        Carver sz;
-        sz.take<float>(nq * d);
-        sz.take<Dist>(nq * k);
-        sz.take<int64_t>(nq * k);
-        sz.take<int64_t>(nr);
-        sz.take<int64_t>(nr);
-        sz.take<int64_t>(nm);
-        Scratch s(ctx, sz.size());
-        Carver c(s.data());
-        float* dq = c.take<float>(nq * d);
-        Dist* dd = c.take<Dist>(nq * k);
-        int64_t* dl = c.take<int64_t>(nq * k);
-        int64_t* dlo = c.take<int64_t>(nr);
-        int64_t* dhi = c.take<int64_t>(nr);
-        int64_t* dmatched = c.take<int64_t>(nm);
+        const size_t nm = ranges && ranges->matched ? nq : 0;
+        auto enqueue = [&] {
+            const size_t nr = ranges ? nq : 0;
+            Carver sz;
+            sz.take<float>(nq * d);
+            sz.take<Dist>(nq * k);
+            sz.take<int64_t>(nq * k);
+            sz.take<int64_t>(nr);
+            sz.take<int64_t>(nr);
+            sz.take<int64_t>(nm);
+            Scratch s(ctx, sz.size());
+            Carver c(s.data());
+            float* dq = c.take<float>(nq * d);
+            Dist* dd = c.take<Dist>(nq * k);
+            int64_t* dl = c.take<int64_t>(nq * k);
+            int64_t* dlo = c.take<int64_t>(nr);
+            int64_t* dhi = c.take<int64_t>(nr);
+            int64_t* dmatched = c.take<int64_t>(nm);
+            mark(kEvStart);
+            copy_to_device(ctx, dq, queries, nq * d * sizeof(float));
+            KeyRange dr;
+            if (ranges) {
+                upload_ranges(*ranges, nq, dlo, dhi, dr);
+                dr.matched = nm ? dmatched : nullptr;
+            }
+            mark(kEvUpload);
+            run(dq, dd, dl, ranges ? &dr : nullptr);
+            copy_to_host_async(ctx, dist, dd, nq * k * sizeof(Dist));
+            copy_to_host_async(ctx, labels, dl, nq * k * sizeof(int64_t));
+            if (nm)
+                copy_to_host_async(ctx, ranges->matched, dmatched, nq * sizeof(int64_t));
+            mark(kEvDownload);
+            // The scratch scope ends here; later work on the stream is ordered after it.
+        };
+        if (stages == nullptr && graphs.eligible(nq)) {
+            const void* host[] = {queries, dist, labels, ranges ? ranges->lo : nullptr,
+                                  ranges ? ranges->hi : nullptr, nm ? ranges->matched : nullptr};
+            if (graphs.host_pinned(host, sizeof(host) / sizeof(host[0]))) {
+                SearchGraphs::Key key = graph_key(host, nq, k, nprobe, variant);
+                if (graphs.run(ctx, key, enqueue))
+                    return;
+            }
+        }
         timed = timed && stages != nullptr;
         const auto wall0 = std::chrono::steady_clock::now();
-        if (timed)
-            mark(kEvStart);
-        copy_to_device(ctx, dq, queries, nq * d * sizeof(float));
-        KeyRange dr;
-        if (ranges) {
-            upload_ranges(*ranges, nq, dlo, dhi, dr);
-            dr.matched = nm ? dmatched : nullptr;
-        }
-        if (timed)
-            mark(kEvUpload);
-        run(dq, dd, dl, ranges ? &dr : nullptr);
-        copy_to_host(ctx, dist, dd, nq * k * sizeof(Dist));
-        copy_to_host(ctx, labels, dl, nq * k * sizeof(int64_t));
-        if (nm)
-            copy_to_host(ctx, ranges->matched, dmatched, nq * sizeof(int64_t));
+        enqueue();
+        ctx.synchronize();
         if (!timed)
             return;
-        mark(kEvDownload);
-        GPU_CUDA_CHECK(cudaEventSynchronize(ev[kEvDownload]));
         const double wall = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wall0).count();
         double* sum[] = {&stages->upload, &stages->coarse, &stages->prefix, &stages->scan,
                          &stages->merge, &stages->decode, &stages->rerank, &stages->download};
@@ -843,7 +881,7 @@ void GpuIvfPqIndex::search(const float* queries, size_t nq, size_t k, size_t npr
     if (!nq)
         return;
     require(k >= 1, "GPU IVFPQ search: k must be >= 1");
-    I.host_search(queries, nq, k, ranges, dist, labels, false,
+    I.host_search(queries, nq, k, nprobe, static_cast<int>(kind), ranges, dist, labels, false,
                   [&](const float* dq, float* dd, int64_t* dl, const KeyRange* dr) {
                       search_device(dq, nq, k, nprobe, dd, dl, kind, dr);
                   });
@@ -890,7 +928,7 @@ void GpuIvfPqIndex::search_exact(const float* queries, size_t nq, size_t k, size
     if (!nq)
         return;
     require(k >= 1, "GPU IVFPQ search_exact: k must be >= 1");
-    I.host_search(queries, nq, k, ranges, dist, labels, true,
+    I.host_search(queries, nq, k, nprobe, -1, ranges, dist, labels, true,
                   [&](const float* dq, double* dd, int64_t* dl, const KeyRange* dr) {
                       search_exact_device(dq, nq, k, nprobe, dd, dl, dr);
                   });
@@ -904,6 +942,10 @@ void GpuIvfPqIndex::set_stage_timing(SearchStages* stages)
             GPU_CUDA_CHECK(cudaEventCreate(&e));
     I.stages = stages;
 }
+
+void GpuIvfPqIndex::set_search_graphs(bool on) { impl_->graphs.set_enabled(on); }
+
+size_t GpuIvfPqIndex::search_graph_launches() const { return impl_->graphs.launches(); }
 
 void GpuIvfPqIndex::search_brute_force(const float* queries, size_t nq, size_t k, double* dist,
                                        int64_t* labels) const

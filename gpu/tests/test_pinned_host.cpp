@@ -36,6 +36,10 @@ TEST(PinnedHost, SharedMappingCopiesBothWays)
         in[i] = static_cast<uint32_t>(i * 2654435761u);
     gpuivfpq::gpu::DeviceBuffer d(ctx(), bytes);
     d.upload(a, bytes);
+    // From page-locked memory the copy is truly asynchronous: the source may
+    // change only after the stream synchronises (copy_to_device's contract,
+    // which the GPU process keeps by answering after a download).
+    ctx().synchronize();
     // Back into the pinned mapping, over different contents.
     std::memset(a, 0, bytes);
     d.download(a, bytes);

@@ -122,6 +122,13 @@ public:
     // off, the default; the events then cost nothing).
     void set_stage_timing(SearchStages* stages);
 
+    // Small batches (up to 128 queries) whose host memory is page-locked
+    // replay a CUDA graph of the whole call from the second call of the
+    // same shape on (on by default; off drops the graphs). Bench and test
+    // aids: switch them, and count the calls a graph served.
+    void set_search_graphs(bool on);
+    size_t search_graph_launches() const;
+
     // Bench aids (gpu/bench): switch the table precision (rebuilding any
     // per-list term 1) or the scan between timings on one index.
     void set_float16_tables(bool on);
