@@ -26,6 +26,7 @@ typedef struct BuildState
 	Relation	index;
 	int			dim;			/* from the first non-NULL row */
 	int			metric;
+	GpuIvfpqVectorFormat format;	/* how the column stores its vectors */
 	int			lists;
 	int			m;
 	bool		store_vectors;	/* the option: entries keep their vector when it fits */
@@ -102,7 +103,7 @@ static const float *
 RowVector(BuildState *bs, Datum value)
 {
 	int			dim;
-	const float *v = GpuIvfpqArrayVector(DatumGetArrayTypeP(value), &dim, "indexed vector");
+	const float *v = GpuIvfpqDatumVector(value, bs->format, &dim, "indexed vector");
 
 	if (bs->dim == 0)
 	{
@@ -367,6 +368,8 @@ GpuIvfpqCheckColumns(Relation index)
 				 errmsg("the first column of gpu_ivfpq index \"%s\" must be the vector column",
 						RelationGetRelationName(index)),
 				 errhint("Put the integer filter column second, for example (embedding, tenant_id).")));
+	/* Errors for a vector type gpu_ivfpq cannot read (before any row is). */
+	(void) GpuIvfpqIndexFormat(index);
 	if (nkeys == 2 && !IsFilterType(TupleDescAttr(desc, 1)->atttypid))
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
@@ -610,6 +613,7 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 	memset(&bs, 0, sizeof(bs));
 	bs.index = index;
 	bs.metric = GpuIvfpqMetricOf(index);
+	bs.format = GpuIvfpqIndexFormat(index);
 	bs.keyed = GpuIvfpqHasFilterColumn(index);
 	IndexOptions(index, &bs.lists, &requested_m, &bs.store_vectors);
 	bs.tmpctx = AllocSetContextCreate(buildctx, "gpu_ivfpq build row", ALLOCSET_DEFAULT_SIZES);

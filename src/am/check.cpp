@@ -380,7 +380,8 @@ static void
 CheckEntryCopies(CheckState *cs, const CheckedTid *entry, ItemPointer tid, Datum *values, bool *isnull)
 {
 	int			dim = 0;
-	const float *v = cs->el.vdim > 0 ? GpuIvfpqStoredVector(DatumGetArrayTypeP(values[0]), &dim) : NULL;
+	const float *v = cs->el.vdim > 0 ?
+		GpuIvfpqStoredVector(values[0], GpuIvfpqIndexFormat(cs->index), &dim) : NULL;
 	Page		page = ReadCopy(cs, entry->blk);
 	const char *entries = (const char *) PageGetContents(page);
 	int			n = GpuIvfpqListPageEntries(cs->index, entry->blk, page, &cs->el, (int) entry->list);

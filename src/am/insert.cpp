@@ -27,7 +27,7 @@ gpuivfpqinsert(Relation index, Datum *values, bool *isnull, ItemPointer heap_tid
 	ctx = AllocSetContextCreate(CurrentMemoryContext, "gpu_ivfpq insert", ALLOCSET_SMALL_SIZES);
 	old = MemoryContextSwitchTo(ctx);
 
-	v = GpuIvfpqArrayVector(DatumGetArrayTypeP(values[0]), &dim, "indexed vector");
+	v = GpuIvfpqDatumVector(values[0], GpuIvfpqIndexFormat(index), &dim, "indexed vector");
 	GpuIvfpqReadMeta(index, &meta);
 	if (meta.dimensions == 0)
 	{

@@ -23,6 +23,7 @@ typedef struct GpuIvfpqScanOpaqueData
 	GpuIvfpqMetaPageData meta;
 	GpuIvfpqListDirEntry *dir;
 	int			metric;
+	GpuIvfpqVectorFormat format;	/* of the indexed column */
 
 	/* the query of the current rescan */
 	bool		null_query;
@@ -85,6 +86,7 @@ gpuivfpqbeginscan(Relation index, int nkeys, int norderbys)
 	so->scanctx = scanctx;
 	so->batchctx = AllocSetContextCreate(scanctx, "gpu_ivfpq scan batch", ALLOCSET_DEFAULT_SIZES);
 	so->metric = GpuIvfpqMetricOf(index);
+	so->format = GpuIvfpqIndexFormat(index);
 	GpuIvfpqReadMeta(index, &so->meta);
 	so->dir = GpuIvfpqReadListDir(index, &so->meta);
 	MemoryContextSwitchTo(old);
@@ -251,8 +253,13 @@ gpuivfpqrescan(IndexScanDesc scan, ScanKey keys, int nkeys, ScanKey orderbys, in
 	if (scan->numberOfOrderBys > 0 && !(scan->orderByData[0].sk_flags & SK_ISNULL))
 	{
 		int			dim;
-		ArrayType  *arr = DatumGetArrayTypePCopy(scan->orderByData[0].sk_argument);
-		const float *q = GpuIvfpqArrayVector(arr, &dim, "query vector");
+		ScanKey		key = &scan->orderByData[0];
+		/* The ORDER BY operator's right operand: the indexed type for every operator class. */
+		GpuIvfpqVectorFormat format = OidIsValid(key->sk_subtype) ?
+			GpuIvfpqFormatOfType(key->sk_subtype) : so->format;
+		const float *q = GpuIvfpqDatumVector(key->sk_argument,
+											 format != GPU_IVFPQ_FORMAT_NONE ? format : so->format,
+											 &dim, "query vector");
 
 		if (so->meta.dimensions != 0 && (uint32) dim != so->meta.dimensions)
 			ereport(ERROR,

@@ -1,6 +1,7 @@
 // What every PostgreSQL-side file of gpu_ivfpq shares: the settings (GUCs),
-// the limits, and the real[] vector type (common/vector.cpp). The access
-// method's format is in am/am.h, the GPU service's API in service/service.h.
+// the limits, and the vector formats (real[], pgvector's vector and
+// halfvec). The access method's format is in am/am.h, the GPU service's API
+// in service/service.h.
 #pragma once
 
 #include "engine/search_limits.h"
@@ -32,11 +33,36 @@ extern bool gpu_ivfpq_service_emulate_gpu;
 /* Most candidates one GPU round selects (WarpSelect / BlockSelect queues). */
 #define GPU_IVFPQ_SERVICE_MAX_K ((int) gpuivfpq::kMaxSelectK)
 
-/* ---- the real[] vector type (common/vector.cpp) ---- */
+/*
+ * ---- vector types ----
+ * How a column or an argument stores its vectors. The index, the GPU and
+ * the engine work on float4 whatever the format: every value is read
+ * through GpuIvfpqDatumVector (common/vector.cpp), which decodes pgvector's
+ * types with common/pgvector.cpp.
+ */
+typedef enum GpuIvfpqVectorFormat
+{
+	GPU_IVFPQ_FORMAT_NONE = 0,	/* not a vector type gpu_ivfpq reads */
+	GPU_IVFPQ_FORMAT_REAL_ARRAY,	/* real[] */
+	GPU_IVFPQ_FORMAT_VECTOR,	/* pgvector's vector: float4 elements */
+	GPU_IVFPQ_FORMAT_HALFVEC	/* pgvector's halfvec: IEEE half elements */
+} GpuIvfpqVectorFormat;
+
+/* ---- vectors and distances (common/vector.cpp) ---- */
 extern const float *GpuIvfpqArrayVector(ArrayType *arr, int *dim, const char *what);
+extern const float *GpuIvfpqDatumVector(Datum value, GpuIvfpqVectorFormat format, int *dim,
+										const char *what);
 extern void GpuIvfpqCheckIndexableDim(int dim);
-extern const float *GpuIvfpqStoredVector(ArrayType *arr, int *dim);
+extern const float *GpuIvfpqStoredVector(Datum value, GpuIvfpqVectorFormat format, int *dim);
 extern double GpuIvfpqExactDistance(int metric, const float *a, const float *b, int dim);
+
+/* ---- pgvector's types (common/pgvector.cpp) ---- */
+extern GpuIvfpqVectorFormat GpuIvfpqFormatOfType(Oid typid);
+extern GpuIvfpqVectorFormat GpuIvfpqIndexFormat(Relation index);
+extern GpuIvfpqVectorFormat GpuIvfpqArgFormat(FunctionCallInfo fcinfo, int argno, bool *is_array);
+extern const char *GpuIvfpqFormatName(GpuIvfpqVectorFormat format);
+extern const float *GpuIvfpqPgvectorElements(Datum value, GpuIvfpqVectorFormat format, int *dim,
+											 const char *what);
 
 /* ---- who may read what (common/access.cpp) ---- */
 extern void GpuIvfpqCheckSelect(Relation heap);

@@ -24,6 +24,7 @@ GpuIvfpqHeapFetchBegin(GpuIvfpqHeapFetch *hf, Relation heap, Relation index, Sna
 {
 	hf->snapshot = snapshot;
 	hf->indexInfo = BuildIndexInfo(index);
+	hf->format = GpuIvfpqIndexFormat(index);
 	hf->estate = CreateExecutorState();
 	hf->slot = table_slot_create(heap, NULL);
 	GetPerTupleExprContext(hf->estate)->ecxt_scantuple = hf->slot;
@@ -49,7 +50,7 @@ GpuIvfpqHeapFetchVector(GpuIvfpqHeapFetch *hf, ItemPointer tid, int *dim)
 		ResetExprContext(GetPerTupleExprContext(hf->estate));
 		FormIndexDatum(hf->indexInfo, hf->slot, hf->estate, values, isnull);
 		if (!isnull[0])
-			v = GpuIvfpqStoredVector(DatumGetArrayTypeP(values[0]), dim);
+			v = GpuIvfpqStoredVector(values[0], hf->format, dim);
 		ExecClearTuple(hf->slot);
 	}
 	MemoryContextSwitchTo(old);

@@ -39,6 +39,7 @@ typedef struct GpuIvfpqHeapFetch
 {
 	Snapshot	snapshot;
 	IndexInfo  *indexInfo;
+	GpuIvfpqVectorFormat format;	/* of the indexed vector */
 	EState	   *estate;
 	TupleTableSlot *slot;
 	IndexFetchTableData *fetch;

@@ -1,5 +1,5 @@
-// Distance operators on real[] (<->, <#>, <=>) and the input checks they
-// share with the index.
+// Distance operators on real[] (<->, <#>, <=>), the input checks they share
+// with the index, and the one reader of vector values of every format.
 #include <cmath>
 
 #include "am/am.h"
@@ -64,12 +64,43 @@ GpuIvfpqCheckIndexableDim(int dim)
 }
 
 /*
- * The elements of a vector read back from the heap for re-ranking. It was
- * fully checked when it was indexed, so only the shape is checked here.
+ * The elements of a vector value of the given format, checked as the
+ * operators check real[] (finite values; pgvector's layout), as float4:
+ * build, insert, scans, the search functions and the checker all read
+ * vectors here, so every path sees the same floats for the same value
+ * (a halfvec's converted exactly). what names the value in errors.
  */
 const float *
-GpuIvfpqStoredVector(ArrayType *arr, int *dim)
+GpuIvfpqDatumVector(Datum value, GpuIvfpqVectorFormat format, int *dim, const char *what)
 {
+	switch (format)
+	{
+		case GPU_IVFPQ_FORMAT_REAL_ARRAY:
+			return GpuIvfpqArrayVector(DatumGetArrayTypeP(value), dim, what);
+		case GPU_IVFPQ_FORMAT_VECTOR:
+		case GPU_IVFPQ_FORMAT_HALFVEC:
+			return GpuIvfpqPgvectorElements(value, format, dim, what);
+		case GPU_IVFPQ_FORMAT_NONE:
+			break;
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_DATATYPE_MISMATCH),
+			 errmsg("%s is not of a vector type gpu_ivfpq reads", what)));
+	return NULL;
+}
+
+/*
+ * The elements of a vector read back from the heap for re-ranking. A real[]
+ * was fully checked when it was indexed, so only its shape is checked here.
+ */
+const float *
+GpuIvfpqStoredVector(Datum value, GpuIvfpqVectorFormat format, int *dim)
+{
+	ArrayType  *arr;
+
+	if (format != GPU_IVFPQ_FORMAT_REAL_ARRAY)
+		return GpuIvfpqDatumVector(value, format, dim, "indexed vector");
+	arr = DatumGetArrayTypeP(value);
 	if (ARR_ELEMTYPE(arr) != FLOAT4OID || ARR_NDIM(arr) != 1 || ARR_HASNULL(arr))
 		return GpuIvfpqArrayVector(arr, dim, "indexed vector");
 	*dim = ARR_DIMS(arr)[0];

@@ -21,43 +21,6 @@ extern "C" {
 
 #define BATCH_SEGMENT_BYTES (32 * 1024 * 1024)	/* GPU request size per chunk */
 
-/* The queries of a real[] argument: one vector (1-D) or one per row (2-D). */
-const float *
-GpuIvfpqQueryMatrix(ArrayType *arr, int64 *nq, int *dim)
-{
-	int			ndim = ARR_NDIM(arr);
-	int			n;
-
-	if (ARR_ELEMTYPE(arr) != FLOAT4OID)
-		elog(ERROR, "queries must be real[]");
-	if (ndim == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
-				 errmsg("queries must not be empty")));
-	if (ndim != 1 && ndim != 2)
-		ereport(ERROR,
-				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
-				 errmsg("queries must be a vector (real[]) or a matrix (real[][]), not a %d-dimensional array", ndim),
-				 errhint("Build the matrix with array_agg(vector ORDER BY ...).")));
-	if (ARR_HASNULL(arr) && array_contains_nulls(arr))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("queries must not contain NULL elements")));
-	n = ArrayGetNItems(ndim, ARR_DIMS(arr));
-	*nq = ndim == 1 ? 1 : ARR_DIMS(arr)[0];
-	*dim = ndim == 1 ? ARR_DIMS(arr)[0] : ARR_DIMS(arr)[1];
-	if (n == 0 || *dim == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
-				 errmsg("queries must not be empty")));
-	for (int i = 0; i < n; i++)
-		if (!std::isfinite(((const float *) ARR_DATA_PTR(arr))[i]))
-			ereport(ERROR,
-					(errcode(ERRCODE_DATA_EXCEPTION),
-					 errmsg("queries must not contain NaN or infinity")));
-	return (const float *) ARR_DATA_PTR(arr);
-}
-
 /*
  * Prepares a batch search of index (opened by the caller, with its heap):
  * k results per query from want candidates (want >= k), through

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "common/rerank.h"
+#include "functions/queries.h"
 
 /* Called for each result: query number (from 0 in the call), rank (from 0), row, distance. */
 typedef void (*GpuIvfpqBatchEmit) (void *arg, int64 query, int rank, ItemPointer tid, double dist);
@@ -43,7 +44,6 @@ extern void GpuIvfpqBatchBegin(GpuIvfpqBatchSearch *bs, Relation index, Relation
 extern void GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq,
 							 GpuIvfpqBatchEmit emit, void *arg);
 extern void GpuIvfpqBatchEnd(GpuIvfpqBatchSearch *bs);
-extern const float *GpuIvfpqQueryMatrix(ArrayType *arr, int64 *nq, int *dim);
 
 /* Most neighbours per query of the batch functions (knn_batch, knn_graph). */
 #define GPU_IVFPQ_BATCH_MAX_K 1000

@@ -238,13 +238,14 @@ gpu_ivfpq_exact_knn(PG_FUNCTION_ARGS)
 {
 	Oid			relid = PG_GETARG_OID(0);
 	char	   *col = NameStr(*PG_GETARG_NAME(1));
-	ArrayType  *qarr = PG_GETARG_ARRAYTYPE_P(2);
 	int32		k = PG_GETARG_INT32(3);
 	char	   *mname = text_to_cstring(PG_GETARG_TEXT_PP(4));
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	int			metric = ParseMetric(mname);
 	Relation	heap;
 	AttrNumber	attnum;
+	Oid			atttype;
+	GpuIvfpqVectorFormat format;
 	const float *queries;
 	int64		nq;
 	int			d;
@@ -264,7 +265,7 @@ gpu_ivfpq_exact_knn(PG_FUNCTION_ARGS)
 	MemoryContext rowctx;
 
 	GpuIvfpqCheckBatchK(k);
-	queries = GpuIvfpqQueryMatrix(qarr, &nq, &d);
+	queries = GpuIvfpqQueryVectors(fcinfo, 2, &nq, &d);
 	InitMaterializedSRF(fcinfo, 0);
 	heap = try_relation_open(relid, AccessShareLock);
 	if (heap == NULL)
@@ -283,10 +284,13 @@ gpu_ivfpq_exact_knn(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_COLUMN),
 				 errmsg("column \"%s\" of relation \"%s\" does not exist", col, RelationGetRelationName(heap))));
-	if (get_atttype(relid, attnum) != FLOAT4ARRAYOID)
+	atttype = get_atttype(relid, attnum);
+	format = GpuIvfpqFormatOfType(atttype);
+	if (format == GPU_IVFPQ_FORMAT_NONE)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATATYPE_MISMATCH),
-				 errmsg("column \"%s\" is not of type real[]", col)));
+				 errmsg("column \"%s\" is of type %s, not a vector type", col, format_type_be(atttype)),
+				 errhint("gpu_ivfpq_exact_knn searches real[] columns, and pgvector's vector and halfvec columns.")));
 
 	if (ExactFromMirror(heap, attnum, queries, nq, d, metric, k, rsinfo, &rows))
 	{
@@ -318,7 +322,7 @@ gpu_ivfpq_exact_knn(PG_FUNCTION_ARGS)
 				MemoryContext old = MemoryContextSwitchTo(rowctx);
 				int			vdim;
 				/* Not an indexed column: its values were never checked (NaN, infinity). */
-				const float *v = GpuIvfpqArrayVector(DatumGetArrayTypeP(value), &vdim, "stored vector");
+				const float *v = GpuIvfpqDatumVector(value, format, &vdim, "stored vector");
 
 				if (vdim != d)
 					ereport(ERROR,

@@ -50,7 +50,6 @@ Datum
 gpu_ivfpq_knn_batch(PG_FUNCTION_ARGS)
 {
 	Oid			indexoid = PG_GETARG_OID(0);
-	ArrayType  *qarr = PG_GETARG_ARRAYTYPE_P(1);
 	int32		k = PG_GETARG_INT32(2);
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	Relation	index;
@@ -62,7 +61,7 @@ gpu_ivfpq_knn_batch(PG_FUNCTION_ARGS)
 	int			dim;
 
 	GpuIvfpqCheckBatchK(k);
-	queries = GpuIvfpqQueryMatrix(qarr, &nq, &dim);
+	queries = GpuIvfpqQueryVectors(fcinfo, 1, &nq, &dim);
 	InitMaterializedSRF(fcinfo, 0);
 	index = GpuIvfpqOpenIndex(indexoid);
 	heap = table_open(index->rd_index->indrelid, AccessShareLock);

@@ -60,6 +60,7 @@ gpu_ivfpq_knn_graph(PG_FUNCTION_ARGS)
 	Relation	index;
 	Relation	heap;
 	GpuIvfpqMetaPageData meta;
+	GpuIvfpqVectorFormat format;
 	GpuIvfpqBatchSearch bs;
 	GraphOut	out;
 	IndexInfo  *indexInfo;
@@ -81,6 +82,7 @@ gpu_ivfpq_knn_graph(PG_FUNCTION_ARGS)
 	index = GpuIvfpqOpenIndex(indexoid);
 	heap = table_open(index->rd_index->indrelid, AccessShareLock);
 	GpuIvfpqCheckReadable(heap, "gpu_ivfpq_knn_graph");
+	format = GpuIvfpqIndexFormat(index);
 	GpuIvfpqReadMeta(index, &meta);
 	total = Max(heap->rd_rel->reltuples, 1.0);
 	memset(&out, 0, sizeof(out));
@@ -129,7 +131,7 @@ gpu_ivfpq_knn_graph(PG_FUNCTION_ARGS)
 			if (!isnull[0] && (predicate == NULL || ExecQual(predicate, GetPerTupleExprContext(estate))))
 			{
 				int			dim;
-				const float *v = GpuIvfpqStoredVector(DatumGetArrayTypeP(values[0]), &dim);
+				const float *v = GpuIvfpqStoredVector(values[0], format, &dim);
 
 				if ((uint32) dim == meta.dimensions)
 				{

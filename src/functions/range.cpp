@@ -18,6 +18,7 @@
 
 #include "common/guard.h"
 #include "common/rerank.h"
+#include "functions/queries.h"
 #include "engine/distances.h"
 #include "engine/ivfpq.h"
 #include "engine/pq.h"
@@ -151,7 +152,6 @@ Datum
 gpu_ivfpq_range(PG_FUNCTION_ARGS)
 {
 	Oid			indexoid = PG_GETARG_OID(0);
-	ArrayType  *qarr = PG_GETARG_ARRAYTYPE_P(1);
 	double		radius = PG_GETARG_FLOAT8(2);
 	int32		max_rows = PG_GETARG_INT32(3);
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
@@ -194,8 +194,8 @@ gpu_ivfpq_range(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("radius must be a non-negative number, not %g", radius),
-				 errhint("Only inner-product indexes (real_ip_ops) take negative radii.")));
-	q = GpuIvfpqArrayVector(qarr, &dim, "query vector");
+				 errhint("Only inner-product indexes (real_ip_ops, vector_ip_ops, halfvec_ip_ops) take negative radii.")));
+	q = GpuIvfpqQueryVector(fcinfo, 1, &dim);
 	GpuIvfpqReadMeta(index, &meta);
 	if (meta.dimensions != 0 && (uint32) dim != meta.dimensions)
 		ereport(ERROR,
