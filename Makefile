@@ -27,9 +27,16 @@
 # src/service) follows pgindent with the typedefs in src/typedefs.list
 # (`make pgindent`); src/engine, src/service/device and gpu/ follow
 # .clang-format.
-EXTENSION = gpu_ivfpq
+# gpu_ivfpq_pgvector: the operator classes and search function overloads
+# for pgvector's vector and halfvec types, a companion extension (it
+# requires pgvector's `vector`) whose functions live in gpu_ivfpq's library:
+# gpu_ivfpq itself builds, installs and runs without pgvector.
+EXTENSION = gpu_ivfpq gpu_ivfpq_pgvector
 MODULE_big = gpu_ivfpq
-DATA = sql/gpu_ivfpq--0.1.0.sql
+# Fresh installs run gpu_ivfpq--<version>.sql; older versions are updated by
+# the gpu_ivfpq--<from>--<to>.sql scripts (ALTER EXTENSION gpu_ivfpq UPDATE).
+DATA = sql/gpu_ivfpq--0.1.0.sql sql/gpu_ivfpq--0.2.0.sql sql/gpu_ivfpq--0.1.0--0.2.0.sql \
+	sql/gpu_ivfpq_pgvector--0.2.0.sql
 
 # The layers, one folder each: the access method, the SQL functions, the GPU
 # service and its PostgreSQL-free device layer, the engine.
@@ -52,7 +59,7 @@ CORE_LIB = src/libgpu_ivfpq_core.a
 OBJS = $(PG_OBJS) $(CORE_OBJS)
 
 # pg_regress: test/sql/NAME.sql against test/expected/NAME.out, in this order.
-REGRESS = operators options build_edge scan_basic filter_pushdown dml_vacuum search_functions zero_vectors index_stats privileges index_check model_cache
+REGRESS = operators options build_edge scan_basic filter_pushdown dml_vacuum search_functions zero_vectors index_stats privileges index_check model_cache settings extension_update
 # Run last, on the preloaded instance only (installcheck-service).
 REGRESS_SERVICE = service_status
 REGRESS_OPTS = --inputdir=test
@@ -79,6 +86,16 @@ EXTRA_CLEAN = $(CORE_LIB) $(GPU_PROCESS) $(GPU_PROCESS_OBJS) src/service/device/
 override with_llvm = no
 
 PG_CONFIG ?= pg_config
+
+# pgvector: pgvector's vector and halfvec columns through gpu_ivfpq_pgvector.
+# It needs pgvector (the `vector` extension) installed in the server of
+# $(PG_CONFIG): scripts/run-tests.sh builds it from its source tarball when
+# that is at hand. Without pgvector the test is left out, and the test
+# targets say so.
+PGVECTOR_CONTROL := $(wildcard $(shell $(PG_CONFIG) --sharedir 2>/dev/null)/extension/vector.control)
+ifneq ($(PGVECTOR_CONTROL),)
+REGRESS += pgvector
+endif
 
 # Serial OpenBLAS when present (no BLAS thread pool inside a backend).
 OPENBLAS_INC := $(firstword $(wildcard /usr/include/x86_64-linux-gnu/openblas-serial /usr/include/openblas-serial))
@@ -193,6 +210,14 @@ installcheck-service: tmp_check/.dir
 	$(pg_regress_installcheck) $(filter-out --temp-instance=% --temp-config=%,$(REGRESS_OPTS)) \
 	    --temp-instance=tmp_check/service-instance $(TEMP_CONF) --temp-config=$(SERVICE_CONF) \
 	    --outputdir=tmp_check/service $(REGRESS) $(REGRESS_SERVICE)
+
+# The pgvector test needs pgvector installed (see REGRESS above).
+installcheck installcheck-service: pgvector-note
+.PHONY: pgvector-note
+pgvector-note:
+ifeq ($(PGVECTOR_CONTROL),)
+	@echo "pgvector is not installed in $$($(PG_CONFIG) --sharedir): the pgvector regression test is skipped"
+endif
 
 # The TAP files alone (PGXS runs them at the end of installcheck).
 .PHONY: prove_installcheck

@@ -9,10 +9,11 @@
 #            the engine and device objects the Makefile compiles for the
 #            extension (`make core`)
 #   regress  builds and installs the extension in the work tree (make all
-#            install), then, as the postgres OS user in a staged copy,
-#            `make installcheck` (pg_regress, temporary instance) and
-#            `make installcheck-service` (the same suite plus service_status
-#            on an instance preloading gpu_ivfpq)
+#            install) and pgvector from ../shared/third_party (for the
+#            pgvector test, skipped without it), then, as the postgres OS
+#            user in a staged copy, `make installcheck` (pg_regress,
+#            temporary instance) and `make installcheck-service` (the same
+#            suite plus service_status on an instance preloading gpu_ivfpq)
 #   tap      `make prove_installcheck` (test/t/*.pl) as postgres; the tools
 #            (gen_synthetic, fmnist_load, knn_bench) are built first and their
 #            folder is passed as GPU_IVFPQ_TOOLS_BIN (empty if they failed)
@@ -172,6 +173,49 @@ print-%: ; $(info $($*))@:
 EOF
 }
 
+# ------------------------------------------------------------------ pgvector
+# pgvector, for the regression test of pgvector columns (gpu_ivfpq_pgvector):
+# built from its source tarball kept beside the repository, in
+# ../shared/third_party (or shared/third_party inside the checkout;
+# PGVECTOR_TARBALL names another), and installed into the server of PG_BIN,
+# about 20 s. Without the tarball the test is skipped, saying so (the
+# Makefile runs it only where pgvector is installed).
+PGVECTOR_VERSION=0.8.6
+PGVECTOR_STATE=none   # none | ok | absent | failed
+install_pgvector_once() {
+  [ "$PGVECTOR_STATE" != none ] && return
+  local tarball=${PGVECTOR_TARBALL:-} d
+  if [ -z "$tarball" ]; then
+    for d in "$REPO_ROOT/../shared/third_party" "$REPO_ROOT/shared/third_party"; do
+      if [ -f "$d/pgvector-$PGVECTOR_VERSION.tar.gz" ]; then
+        tarball=$d/pgvector-$PGVECTOR_VERSION.tar.gz
+        break
+      fi
+    done
+  fi
+  if [ -z "$tarball" ] || [ ! -f "$tarball" ]; then
+    PGVECTOR_STATE=absent
+    if [ -f "$("$PG_BIN/pg_config" --sharedir)/extension/vector.control" ]; then
+      say "pgvector: no pgvector-$PGVECTOR_VERSION.tar.gz in ../shared/third_party: testing the pgvector installed already"
+    else
+      say "pgvector: no pgvector-$PGVECTOR_VERSION.tar.gz in ../shared/third_party: the pgvector test is skipped"
+      skip "regress: pgvector (no pgvector-$PGVECTOR_VERSION.tar.gz; PGVECTOR_TARBALL names one)"
+    fi
+    return
+  fi
+  local src=$WORK/pgvector
+  mkdir -p "$src"
+  # OPTFLAGS= : portable code (no -march=native), as a packaged build.
+  if tar -C "$src" --strip-components=1 -xzf "$tarball" &&
+     run_quiet "$LOGS/pgvector-build.log" make -C "$src" -j"$JOBS" PG_CONFIG="$PG_BIN/pg_config" \
+       OPTFLAGS= with_llvm=no all install; then
+    PGVECTOR_STATE=ok
+  else
+    PGVECTOR_STATE=failed
+    fail "pgvector: build from $tarball"
+  fi
+}
+
 # ------------------------------------------------------------------ regress
 # run_regress [service]: `make installcheck` (TAP_TESTS= leaves the TAP files
 # to their own suite), or `make installcheck-service`: the same suite plus
@@ -184,6 +228,7 @@ run_regress() {
     skip "regress (no Makefile)"
     return
   fi
+  install_pgvector_once
   local tests
   tests=$(make_var REGRESS | xargs)
   if [ -z "$tests" ]; then
