@@ -116,6 +116,22 @@ FROM pv ORDER BY h <=> '[1,0,0.5,1,0.1,0]' LIMIT 3;
 RESET enable_seqscan;
 RESET gpu_ivfpq.probes;
 RESET gpu_ivfpq.rerank;
+-- gpu_ivfpq ranks by the exact distance in double precision (as for real[],
+-- on the CPU and the GPU alike); pgvector's operators sum in single
+-- precision. Same sign and meaning, equal to single-precision rounding:
+CREATE FUNCTION agrees_with_operator(idx text, op text, col text) RETURNS TABLE (agree bool, results bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+	RETURN QUERY EXECUTE format($q$
+	SELECT bool_and(abs(r.distance - (pv.%3$I %2$s pq.%3$I)) <= 1e-6 * greatest(1, abs(r.distance))), count(*)
+	FROM pq, gpu_ivfpq_knn_batch(%1$L, pq.%3$I, 10) r JOIN pv ON pv.ctid = r.tid$q$, idx, op, col);
+END $$;
+SELECT 'vector <->' AS class, * FROM agrees_with_operator('pv_v_l2', '<->', 'v');
+SELECT 'vector <#>' AS class, * FROM agrees_with_operator('pv_v_ip', '<#>', 'v');
+SELECT 'vector <=>' AS class, * FROM agrees_with_operator('pv_v_cos', '<=>', 'v');
+SELECT 'halfvec <->' AS class, * FROM agrees_with_operator('pv_h_l2', '<->', 'h');
+SELECT 'halfvec <#>' AS class, * FROM agrees_with_operator('pv_h_ip', '<#>', 'h');
+SELECT 'halfvec <=>' AS class, * FROM agrees_with_operator('pv_h_cos', '<=>', 'h');
 
 -- The search functions on vector and halfvec indexes, with vector and
 -- halfvec queries, return what they return on real[] (rows and distances).
@@ -245,6 +261,16 @@ SELECT sqlstate_of($$SELECT * FROM gpu_ivfpq_exact_knn('pbad', 'v', '[1,2,3]'::v
 -- An untyped literal matches both the real[] and the vector functions: a cast says which.
 SELECT sqlstate_of($$SELECT * FROM gpu_ivfpq_knn_batch('pbad_v', '{1,2,3}', 1)$$) AS untyped_query;
 SELECT count(*) AS typed_query FROM gpu_ivfpq_knn_batch('pbad_v', '{1,2,3}'::real[], 1);
+-- The overloads check privileges as gpu_ivfpq's own functions do.
+CREATE ROLE gpu_ivfpq_pgvector_reader;
+GRANT SELECT (v) ON pbad TO gpu_ivfpq_pgvector_reader;
+SET ROLE gpu_ivfpq_pgvector_reader;
+SELECT sqlstate_of($$SELECT * FROM gpu_ivfpq_knn_batch('pbad_v', '[1,2,3]'::vector, 1)$$) AS batch_without_select;
+SELECT sqlstate_of($$SELECT * FROM gpu_ivfpq_exact_knn('pbad', 'v', ARRAY['[1,2,3]'::vector], 1)$$) AS exact_without_select;
+SELECT sqlstate_of($$SELECT * FROM gpu_ivfpq_range('pbad_h', '[1,2,3]'::halfvec, 1)$$) AS range_without_select;
+RESET ROLE;
+REVOKE ALL ON pbad FROM gpu_ivfpq_pgvector_reader;
+DROP ROLE gpu_ivfpq_pgvector_reader;
 -- pgvector cannot be dropped from under the operator classes and indexes.
 SELECT sqlstate_of($$DROP EXTENSION vector$$) AS drop_vector;
 
