@@ -334,8 +334,9 @@ int main(int argc, char** argv)
             }
             std::printf("\n");
             // The service's calls read and write page-locked memory (the GPU
-            // process pins its exchange), where small batches replay a CUDA
-            // graph: the same calls from pinned buffers, graphs off and on.
+            // process pins its exchange); small batches replay a CUDA graph
+            // of their device work: the same calls from pinned buffers,
+            // graphs off and on.
             std::printf("## search_exact wall time per call from page-locked memory: CUDA graphs off / on "
                         "(us, means of %d calls)\n\n| batch | graphs off | graphs on | speed-up |\n|---|---|---|---|\n",
                         quick ? 20 : 200);
@@ -355,7 +356,7 @@ int main(int argc, char** argv)
                 for (int g = 0; g < 2; ++g) {
                     idx.set_search_graphs(g == 1);
                     const int calls = quick ? 20 : 200;
-                    for (int w = 0; w < 3; ++w)  // first sight, capture, replay
+                    for (int w = 0; w < 4; ++w)  // first sights, capture, replay
                         idx.search_exact(pq, b, kk, np, pd, pl);
                     if (g == 0)
                         std::copy(pl, pl + b * kk, first.begin());

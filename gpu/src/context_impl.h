@@ -30,6 +30,12 @@ struct GpuContext::Impl {
     // search graphs): scratch must then come from the arena as it is, since
     // an allocation or a free would be recorded into the graph.
     bool capturing = false;
+    // cuBLAS's workspace, ours once a graph is captured: left to itself,
+    // cuBLAS allocates it inside the capture, and a graph holding an
+    // allocation it does not free cannot be launched twice.
+    void* cublas_workspace = nullptr;
+    size_t cublas_workspace_bytes = 0;
+    void own_cublas_workspace(size_t bytes);  // throws like allocate
 
     void* allocate(size_t bytes);          // budget-checked, throws OutOfMemory
     void release(void* p, size_t bytes);   // stream-ordered free

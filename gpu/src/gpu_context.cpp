@@ -107,6 +107,8 @@ GpuContext::~GpuContext()
     cudaSetDevice(c.device);
     if (c.arena)
         c.release(c.arena, c.arena_bytes);
+    if (c.cublas_workspace)
+        c.release(c.cublas_workspace, c.cublas_workspace_bytes);
     cudaStreamSynchronize(c.stream);
     cudaStreamSynchronize(c.aux);
     cublasDestroy(c.cublas);
@@ -140,6 +142,20 @@ void* GpuContext::Impl::allocate(size_t bytes)
     in_use += bytes;
     peak = std::max(peak, in_use);
     return p;
+}
+
+void GpuContext::Impl::own_cublas_workspace(size_t bytes)
+{
+    if (cublas_workspace)
+        return;
+    void* p = allocate(bytes);
+    cublasStatus_t st = cublasSetWorkspace(cublas, p, bytes);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        release(p, bytes);
+        throw_cublas(st, "cublasSetWorkspace", "", __FILE__, __LINE__);
+    }
+    cublas_workspace = p;
+    cublas_workspace_bytes = bytes;
 }
 
 void GpuContext::Impl::release(void* p, size_t bytes)

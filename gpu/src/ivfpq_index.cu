@@ -319,11 +319,12 @@ struct GpuIvfPqIndex::Impl {
     }
 
     // The search graphs of this index and what a captured call depends on:
-    // its shape, the host memory it copies from and to, and every device
-    // address it reads that a later change may move (buffers reallocated
-    // give a new key; list contents and lengths are read when it runs).
+    // its shape, its staging on the device (staged: queries, answers,
+    // ranges, counts) and every device address it reads that a later change
+    // may move (buffers reallocated give a new key; list contents and
+    // lengths are read when it runs).
     SearchGraphs graphs;
-    SearchGraphs::Key graph_key(const void* const* host, size_t nq, size_t k, size_t nprobe,
+    SearchGraphs::Key graph_key(const void* const* staged, size_t nq, size_t k, size_t nprobe,
                                 int variant) const
     {
         const GpuContext::Impl& c = ctx.impl();
@@ -334,7 +335,7 @@ struct GpuIvfPqIndex::Impl {
                                  opt.scan == ScanAlgo::TwoPass || table_mode() != kTableQuery ? max_len : 0,
                                  reinterpret_cast<uintptr_t>(c.arena), c.arena_top};
         for (int i = 0; i < 6; ++i)
-            key.push_back(reinterpret_cast<uintptr_t>(host[i]));
+            key.push_back(reinterpret_cast<uintptr_t>(staged[i]));
         for (const DeviceBuffer* b : {&centroids, &centroid_norms, &codebooks, &term1, &code_ptrs, &id_ptrs,
                                       &vt_ptrs, &vec_ptrs, &key_ptrs, &lens})
             key.push_back(reinterpret_cast<uintptr_t>(b->data()));
@@ -354,17 +355,19 @@ struct GpuIvfPqIndex::Impl {
     // The host entry points of search and search_exact: queries (and key
     // ranges) staged on the device, run(dq, dd, dl, ranges) searching there,
     // the answers (and in-range counts) copied back, one wait at the end.
-    // A small batch whose host memory is page-locked (the GPU process's
-    // exchange) replays a CUDA graph of the whole call (search_graphs.h);
-    // with timed and a stage timer (set_stage_timing), the call's stages are
-    // added to it instead.
+    // For a small batch the device work between the copies replays a CUDA
+    // graph (search_graphs.h; the copies stay outside it, so a graph never
+    // holds host memory that may be freed); with timed and a stage timer
+    // (set_stage_timing), the call's stages are added to it instead.
     template <typename Dist, typename Run>
     void host_search(const float* queries, size_t nq, size_t k, size_t nprobe, int variant,
                      const KeyRange* ranges, Dist* dist, int64_t* labels, bool timed, Run&& run)
     {
+        const size_t nr = ranges ? nq : 0;
         const size_t nm = ranges && ranges->matched ? nq : 0;
-        auto enqueue = [&] {
-            const size_t nr = ranges ? nq : 0;
+        timed = timed && stages != nullptr;
+        const auto wall0 = std::chrono::steady_clock::now();
+        {
             Carver sz;
             sz.take<float>(nq * d);
             sz.take<Dist>(nq * k);
@@ -388,26 +391,21 @@ struct GpuIvfPqIndex::Impl {
                 dr.matched = nm ? dmatched : nullptr;
             }
             mark(kEvUpload);
-            run(dq, dd, dl, ranges ? &dr : nullptr);
+            auto work = [&] { run(dq, dd, dl, ranges ? &dr : nullptr); };
+            bool done = false;
+            if (stages == nullptr && graphs.eligible(nq)) {
+                const void* staged[] = {dq, dd, dl, dlo, dhi, dmatched};
+                done = graphs.run(ctx, graph_key(staged, nq, k, nprobe, variant), work);
+            }
+            if (!done)
+                work();
             copy_to_host_async(ctx, dist, dd, nq * k * sizeof(Dist));
             copy_to_host_async(ctx, labels, dl, nq * k * sizeof(int64_t));
             if (nm)
                 copy_to_host_async(ctx, ranges->matched, dmatched, nq * sizeof(int64_t));
             mark(kEvDownload);
             // The scratch scope ends here; later work on the stream is ordered after it.
-        };
-        if (stages == nullptr && graphs.eligible(nq)) {
-            const void* host[] = {queries, dist, labels, ranges ? ranges->lo : nullptr,
-                                  ranges ? ranges->hi : nullptr, nm ? ranges->matched : nullptr};
-            if (graphs.host_pinned(host, sizeof(host) / sizeof(host[0]))) {
-                SearchGraphs::Key key = graph_key(host, nq, k, nprobe, variant);
-                if (graphs.run(ctx, key, enqueue))
-                    return;
-            }
         }
-        timed = timed && stages != nullptr;
-        const auto wall0 = std::chrono::steady_clock::now();
-        enqueue();
         ctx.synchronize();
         if (!timed)
             return;

@@ -1,10 +1,10 @@
 // CUDA graphs of small search calls. A batch of a few queries costs about
-// twenty launches and copies whose host-side cost (3-10 us each, measured
-// by gpu_bench's stage table) exceeds the kernels' work, so the GPU waits on
-// the host; one graph launch replays the whole call. A call shape is run
-// the ordinary way the first time it is seen (which also grows the scratch
-// arena to what it needs), captured the second time, and replayed from then
-// on. What a graph bakes in (shape, host and device addresses) is its key:
+// fifteen launches whose host-side cost (3-10 us each) can exceed the
+// kernels' work, so the GPU waits on the host; one graph launch replays the
+// device work between the call's copies. A call shape is run the ordinary
+// way the first time it is seen (which also grows the scratch arena to what
+// it needs, so the next sight may have a new key), captured at the next
+// sight, and replayed from then on. What a graph bakes in (shape, host and device addresses) is its key:
 // a reallocated buffer gives a new key, never a stale replay.
 #pragma once
 
@@ -26,6 +26,10 @@ public:
     // Larger batches are kernel-bound: a graph would save a few percent.
     static constexpr size_t kMaxBatch = 128;
     static constexpr size_t kMaxEntries = 256;
+    // cuBLAS's recommended workspace on Hopper is 32 MiB; the coarse
+    // quantizer's small GEMMs need far less, and cuBLAS picks algorithms
+    // that fit what it is given.
+    static constexpr size_t kCublasWorkspace = size_t(4) << 20;
 
     SearchGraphs() = default;
     SearchGraphs(const SearchGraphs&) = delete;
@@ -42,27 +46,9 @@ public:
     size_t launches() const { return launches_; }
     size_t captures() const { return captures_; }
 
-    // Copies from or to pageable memory cannot be captured: every non-null
-    // pointer must be page-locked (pinned or registered). The start of each
-    // range is checked; the GPU process pins its whole exchange.
-    static bool host_pinned(const void* const* p, size_t n)
-    {
-        for (size_t i = 0; i < n; ++i) {
-            if (p[i] == nullptr)
-                continue;
-            cudaPointerAttributes a{};
-            if (cudaPointerGetAttributes(&a, p[i]) != cudaSuccess) {
-                (void)cudaGetLastError();
-                return false;
-            }
-            if (a.type != cudaMemoryTypeHost)
-                return false;
-        }
-        return true;
-    }
-
-    // Runs the call (enqueue: queues it on ctx's stream, no waits) through a
-    // graph and waits for it; false: not done, the caller runs it itself.
+    // Queues the device work (enqueue: queues it on ctx's stream; no copies
+    // from or to host memory, no waits) as one graph launch; false: not
+    // queued, the caller queues it itself.
     template <typename Enqueue>
     bool run(GpuContext& ctx, const Key& key, Enqueue&& enqueue)
     {
@@ -84,9 +70,15 @@ public:
             }
             captures_++;
         }
-        cudaStream_t st = ctx.impl().stream;
-        GPU_CUDA_CHECK(cudaGraphLaunch(it->exec, st));
-        GPU_CUDA_CHECK(cudaStreamSynchronize(st));
+        if (cudaGraphLaunch(it->exec, ctx.impl().stream) != cudaSuccess) {
+            // Refused (not a fault of the work: nothing ran): never again
+            // for this shape; a sticky error shows in the ordinary run.
+            (void)cudaGetLastError();
+            cudaGraphExecDestroy(it->exec);
+            it->exec = nullptr;
+            it->failures = 2;
+            return false;
+        }
         launches_++;
         return true;
     }
@@ -106,6 +98,12 @@ private:
     static cudaGraphExec_t capture(GpuContext& ctx, Enqueue& enqueue)
     {
         GpuContext::Impl& c = ctx.impl();
+        try {
+            c.own_cublas_workspace(kCublasWorkspace);
+        } catch (const Error&) {
+            (void)cudaGetLastError();
+            return nullptr;  // no room: the ordinary calls go on
+        }
         GPU_CUDA_CHECK(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeThreadLocal));
         c.capturing = true;
         std::exception_ptr other;
@@ -121,7 +119,7 @@ private:
         cudaGraph_t g = nullptr;
         const cudaError_t end = cudaStreamEndCapture(c.stream, &g);
         cudaGraphExec_t exec = nullptr;
-        if (ok && !other && end == cudaSuccess && g != nullptr &&
+        if (ok && !other && end == cudaSuccess && g != nullptr && only_work(g) &&
             cudaGraphInstantiate(&exec, g, 0) != cudaSuccess)
             exec = nullptr;
         if (g != nullptr)
@@ -130,6 +128,25 @@ private:
         if (other)
             std::rethrow_exception(other);
         return exec;
+    }
+
+    // False when the graph allocates or frees memory (a library call that
+    // did so inside the capture): such a graph could not be replayed.
+    static bool only_work(cudaGraph_t g)
+    {
+        size_t n = 0;
+        if (cudaGraphGetNodes(g, nullptr, &n) != cudaSuccess)
+            return false;
+        std::vector<cudaGraphNode_t> nodes(n);
+        if (n && cudaGraphGetNodes(g, nodes.data(), &n) != cudaSuccess)
+            return false;
+        for (cudaGraphNode_t node : nodes) {
+            cudaGraphNodeType t;
+            if (cudaGraphNodeGetType(node, &t) != cudaSuccess || t == cudaGraphNodeTypeMemAlloc ||
+                t == cudaGraphNodeTypeMemFree)
+                return false;
+        }
+        return true;
     }
 
     void evict()

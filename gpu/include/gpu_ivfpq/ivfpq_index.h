@@ -122,10 +122,10 @@ public:
     // off, the default; the events then cost nothing).
     void set_stage_timing(SearchStages* stages);
 
-    // Small batches (up to 128 queries) whose host memory is page-locked
-    // replay a CUDA graph of the whole call from the second call of the
-    // same shape on (on by default; off drops the graphs). Bench and test
-    // aids: switch them, and count the calls a graph served.
+    // Small batches (up to 128 queries) replay a CUDA graph of a call's
+    // device work (between its copies) from the third call of the same
+    // shape on (on by default; off drops the graphs). Bench and test aids:
+    // switch them, and count the calls a graph served.
     void set_search_graphs(bool on);
     size_t search_graph_launches() const;
 
