@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -376,6 +377,51 @@ int main(int argc, char** argv)
                 cudaFreeHost(pl);
             }
             std::printf("graph launches: %zu\n\n", idx.search_graph_launches());
+            // The fused scan's split of each query's probes: blocks per SM
+            // aimed at (default 4) against the call's wall time (graphs on,
+            // pinned memory) and the ADC candidates' overlap with the default's.
+            std::printf("## search_exact wall time per call by fused_blocks_per_sm (us, graphs on, pinned; "
+                        "means of %d calls; a mark where the candidates differ from the first column's)\n\n| batch | 8 | 4 | 2 | 1 |\n|---|---|---|---|---|\n", quick ? 20 : 200);
+            for (size_t b : {size_t(1), size_t(8), size_t(32), size_t(128)}) {
+                if (b > nq)
+                    continue;
+                float* pq = nullptr;
+                double* pd = nullptr;
+                int64_t* pl = nullptr;
+                ck(cudaHostAlloc(reinterpret_cast<void**>(&pq), b * d * sizeof(float), 0), "pinned");
+                ck(cudaHostAlloc(reinterpret_cast<void**>(&pd), b * kk * sizeof(double), 0), "pinned");
+                ck(cudaHostAlloc(reinterpret_cast<void**>(&pl), b * kk * sizeof(int64_t), 0), "pinned");
+                std::copy(hq.begin(), hq.begin() + b * d, pq);
+                std::printf("| %zu |", b);
+                std::vector<int64_t> ref;
+                for (int per_sm : {8, 4, 2, 1}) {
+                    idx.set_fused_blocks_per_sm(per_sm);
+                    const int calls = quick ? 20 : 200;
+                    for (int w = 0; w < 4; ++w)
+                        idx.search_exact(pq, b, kk, np, pd, pl);
+                    std::vector<int64_t> got(pl, pl + b * kk);
+                    if (ref.empty())
+                        ref = got;
+                    std::sort(got.begin(), got.end());
+                    std::vector<int64_t> want(ref);
+                    std::sort(want.begin(), want.end());
+                    std::vector<int64_t> both;
+                    std::set_intersection(want.begin(), want.end(), got.begin(), got.end(), std::back_inserter(both));
+                    const auto t0 = std::chrono::steady_clock::now();
+                    for (int c = 0; c < calls; ++c)
+                        idx.search_exact(pq, b, kk, np, pd, pl);
+                    const double us =
+                        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / calls;
+                    std::printf(" %.1f%s |", us, both.size() == want.size() ? "" : " (other candidates)");
+                }
+                std::printf("\n");
+                std::fflush(stdout);
+                idx.set_fused_blocks_per_sm(GpuIvfPqOptions().fused_blocks_per_sm);
+                cudaFreeHost(pq);
+                cudaFreeHost(pd);
+                cudaFreeHost(pl);
+            }
+            std::printf("\n");
         }
         std::printf("peak device memory through the context: %.2f GiB\n", ctx.bytes_peak() / double(1 << 30));
     } catch (const Error& e) {

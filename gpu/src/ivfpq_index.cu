@@ -330,7 +330,7 @@ struct GpuIvfPqIndex::Impl {
         const GpuContext::Impl& c = ctx.impl();
         SearchGraphs::Key key = {nq, k, nprobe, static_cast<uint64_t>(static_cast<int64_t>(variant)),
                                  static_cast<uint64_t>(table_mode()), opt.float16_tables, term1_half,
-                                 static_cast<uint64_t>(opt.scan),
+                                 static_cast<uint64_t>(opt.scan), static_cast<uint64_t>(opt.fused_blocks_per_sm),
                                  // Only the two-pass scan sizes its buffers by the longest list.
                                  opt.scan == ScanAlgo::TwoPass || table_mode() != kTableQuery ? max_len : 0,
                                  reinterpret_cast<uintptr_t>(c.arena), c.arena_top};
@@ -505,6 +505,12 @@ void GpuIvfPqIndex::set_float16_tables(bool on)
 }
 
 void GpuIvfPqIndex::set_scan_algo(ScanAlgo algo) { impl_->opt.scan = algo; }
+
+void GpuIvfPqIndex::set_fused_blocks_per_sm(int blocks)
+{
+    require(blocks >= 1, "GPU IVFPQ: fused_blocks_per_sm must be >= 1");
+    impl_->opt.fused_blocks_per_sm = blocks;
+}
 
 void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t* codes,
                                 const int64_t* ids, const float* vectors, const int64_t* keys)
@@ -728,7 +734,8 @@ void GpuIvfPqIndex::Impl::search_tile(const float* queries, size_t nq, size_t k,
     // Fused: enough (query, probe-chunk) blocks to fill the device.
     size_t chunks = 1, ppc = nprobe;
     if (!two_pass) {
-        chunks = std::min<size_t>(nprobe, std::max<size_t>(1, (static_cast<size_t>(sms) * 8 + nq - 1) / nq));
+        const size_t per_sm = static_cast<size_t>(std::max(opt.fused_blocks_per_sm, 1));
+        chunks = std::min<size_t>(nprobe, std::max<size_t>(1, (static_cast<size_t>(sms) * per_sm + nq - 1) / nq));
         ppc = (nprobe + chunks - 1) / chunks;
         chunks = (nprobe + ppc - 1) / ppc;
     }
