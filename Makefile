@@ -1,6 +1,8 @@
 # PGXS build of the gpu_ivfpq extension, and its pg_regress and TAP suites.
 #
-#   make                        the extension, CPU only (no CMake, no CUDA)
+#   make                        the extension; with the CUDA kernels linked into
+#                               its GPU process where nvcc is found (see "CUDA"
+#                               below; USE_CUDA=0: CPU only)
 #   make install                into the server of $(PG_CONFIG) (as root)
 #   make installcheck           pg_regress (test/sql, test/expected), then
 #                               the TAP files (test/t); TAP_TESTS= skips TAP
@@ -20,8 +22,8 @@
 # `make installcheck RUNNING_SERVER=1` runs pg_regress against the server
 # that PGHOST/PGPORT name instead, as PGXS does by default.
 #
-# The engine's GoogleTest tests and the CUDA kernels are built with CMake
-# (CMakeLists.txt); scripts/run-tests.sh runs every suite.
+# The engine's GoogleTest tests and the kernels' tests and benchmark are
+# built with CMake (CMakeLists.txt); scripts/run-tests.sh runs every suite.
 #
 # Code style: PostgreSQL-side C++ (src/am, src/common, src/functions,
 # src/service) follows pgindent with the typedefs in src/typedefs.list
@@ -80,7 +82,7 @@ GPU_PROCESS = src/gpu_ivfpq_gpu_process
 GPU_PROCESS_OBJS = src/service/device/gpu_process_main.o
 
 EXTRA_CLEAN = $(CORE_LIB) $(GPU_PROCESS) $(GPU_PROCESS_OBJS) src/service/device/cuda_device.o \
-	src/.flags-core src/.flags-pg
+	src/.flags-core src/.flags-pg gpu/.flags-cuda gpu/obj gpu/libgpu_ivfpq_gpu.a
 
 # Debian's PGXS expects clang for LLVM bitcode; the extension needs no JIT.
 override with_llvm = no
@@ -113,12 +115,25 @@ SHLIB_LINK += $(CORE_LDLIBS)
 
 PG_CPPFLAGS = -I$(srcdir)/src $(BLAS_CPPFLAGS)
 
-# Optional: link the CUDA kernels (CMake, -DGPU_IVFPQ_CUDA=ON) into the GPU
-# process so that it can open the device, e.g.
-#   make GPU_IVFPQ_CUDA_LIB=build-gpu/gpu/libgpu_ivfpq_gpu.a
-# Only the GPU process's own objects see the CUDA flags: the extension's
-# library and the core objects are the same with or without the kernels.
-CUDA_HOME ?= /usr/local/cuda
+# CUDA: where the toolkit is found (nvcc on PATH, else under CUDA_HOME),
+# `make` also builds the kernels of gpu/ (nvcc, for the architectures in
+# CUDA_ARCHS: `make CUDA_ARCHS="90 80"` adds sm_80) into
+# gpu/libgpu_ivfpq_gpu.a and links them into the GPU process;
+# `make USE_CUDA=0` builds without them. GPU_IVFPQ_CUDA_LIB=archive links a
+# prebuilt archive instead (CMake's, -DGPU_IVFPQ_CUDA=ON). Only the GPU
+# process's own objects see the CUDA flags: the extension's library and the
+# core objects are the same with or without the kernels.
+NVCC_ON_PATH := $(shell command -v nvcc 2>/dev/null)
+CUDA_HOME ?= $(if $(NVCC_ON_PATH),$(patsubst %/bin/nvcc,%,$(realpath $(NVCC_ON_PATH))),/usr/local/cuda)
+NVCC ?= $(CUDA_HOME)/bin/nvcc
+USE_CUDA ?= $(if $(wildcard $(NVCC)),1,0)
+CUDA_ARCHS ?= 90
+GPU_CUDA_OWN_LIB = gpu/libgpu_ivfpq_gpu.a
+ifeq ($(USE_CUDA),1)
+ifeq ($(GPU_IVFPQ_CUDA_LIB),)
+GPU_IVFPQ_CUDA_LIB = $(GPU_CUDA_OWN_LIB)
+endif
+endif
 ifneq ($(GPU_IVFPQ_CUDA_LIB),)
 GPU_PROCESS_OBJS += src/service/device/cuda_device.o
 GPU_PROCESS_LIBS = $(abspath $(GPU_IVFPQ_CUDA_LIB)) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart
@@ -156,6 +171,29 @@ uninstall: uninstall-gpu-process
 uninstall-gpu-process:
 	rm -f '$(DESTDIR)$(pkglibdir)/gpu_ivfpq_gpu_process'
 
+# ------------------------------------------------------------------ CUDA kernels
+# The same sources and flags as gpu/CMakeLists.txt's library: every .cu and
+# .cpp of gpu/src through nvcc, host code without fused multiply-add (as the
+# rest of the host code), register spills reported.
+GPU_CUDA_SRCS = $(sort $(wildcard gpu/src/*.cu gpu/src/*.cpp))
+GPU_CUDA_OBJS = $(patsubst gpu/src/%,gpu/obj/%.o,$(GPU_CUDA_SRCS))
+NVCCFLAGS = -std=c++17 -O3 -lineinfo --expt-relaxed-constexpr -Xptxas=-warn-spills \
+	-Xcompiler=-ffp-contract=off -Xcompiler=-fmacro-prefix-map=$(abspath $(srcdir))/= \
+	$(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) -I$(srcdir)/gpu/include
+gpu/obj/%.o: gpu/src/% gpu/.flags-cuda
+	@mkdir -p gpu/obj
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+$(GPU_CUDA_OBJS): $(wildcard gpu/src/*.h gpu/src/*.cuh gpu/include/*/*.h src/engine/*.h)
+$(GPU_CUDA_OWN_LIB): $(GPU_CUDA_OBJS)
+	rm -f $@
+	$(AR) crs $@ $^
+ifeq ($(GPU_IVFPQ_CUDA_LIB),$(GPU_CUDA_OWN_LIB))
+$(GPU_PROCESS): $(GPU_CUDA_OWN_LIB)
+endif
+.PHONY: cuda-info
+cuda-info:
+	@echo 'USE_CUDA=$(USE_CUDA) NVCC=$(NVCC) CUDA_HOME=$(CUDA_HOME) CUDA_ARCHS=$(CUDA_ARCHS) GPU_IVFPQ_CUDA_LIB=$(GPU_IVFPQ_CUDA_LIB)'
+
 # ------------------------------------------------------------------ rebuilds
 # Headers are few and shared: rebuild every object when one changes.
 $(OBJS) $(GPU_PROCESS_OBJS): $(wildcard src/*/*.h src/*/*/*.h)
@@ -174,6 +212,8 @@ src/.flags-core: FORCE
 	$(call write_if_changed,$@,$(CXX) $(CXXFLAGS) $(CPPFLAGS))
 src/.flags-pg: FORCE
 	$(call write_if_changed,$@,$(CXX) $(CXXFLAGS) $(CPPFLAGS) $(GPU_IVFPQ_CUDA_LIB))
+gpu/.flags-cuda: FORCE
+	$(call write_if_changed,$@,$(NVCC) $(NVCCFLAGS))
 $(CORE_OBJS): src/.flags-core
 $(PG_OBJS) $(GPU_PROCESS_OBJS): src/.flags-pg
 

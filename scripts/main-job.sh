@@ -8,7 +8,13 @@
 # user, temp dir, unix socket only), loads Fashion-MNIST train (60k) with
 # fmnist_load, creates a gpu_ivfpq index, runs the test-set queries through
 # knn_bench for a few probes/rerank settings and prints recall@10 and latency.
-# The server and its directory are removed on exit.
+# On a machine with an NVIDIA GPU and the CUDA toolkit (nvcc), `make` links
+# the CUDA kernels; the server then preloads gpu_ivfpq so that its GPU
+# service serves, and every setting runs twice, on the GPU path
+# (gpu_ivfpq.device = gpu) and on the CPU engine (device = cpu), followed by
+# the service's status (which engine served how many queries). Elsewhere, or
+# with USE_CUDA=0, the CPU engine alone. The server and its directory are
+# removed on exit.
 #
 # Environment (defaults):
 #   LISTS=256 M=16        index options (M must divide 784)
@@ -17,6 +23,7 @@
 #   SETTINGS="probes=1,rerank=100;probes=4,rerank=100;probes=10,rerank=100;probes=32,rerank=200"
 #   OP='<->'              <-> (L2), <#> (inner product: real_ip_ops), <=> (cosine: real_cosine_ops)
 #   KEEP=1                keep the temp dir (the server is still stopped)
+#   USE_CUDA=0            build and run without the GPU even where one is
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 
@@ -45,9 +52,20 @@ trap finish EXIT
 
 build_extension "$TMP/make.log"
 build_tools "$TMP/tools.log"
+# The GPU path: the kernels were linked (the Makefile found nvcc) and a GPU is visible.
+GPU=0
+if [ "$(make -s -C "$REPO_ROOT" cuda-info PG_CONFIG="$PG_BIN/pg_config" 2>/dev/null | grep -c 'USE_CUDA=1')" = 1 ] &&
+   nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+  GPU=1
+fi
 mkdir "$TMP/pg"
-pg_temp_start "$TMP/pg"
-say "server: $PGHOST port $PGPORT"
+if [ "$GPU" = 1 ]; then
+  pg_temp_start "$TMP/pg" "shared_preload_libraries = 'gpu_ivfpq'"
+  say "server: $PGHOST port $PGPORT, gpu_ivfpq preloaded (GPU service): $(nvidia-smi -L | head -1)"
+else
+  pg_temp_start "$TMP/pg"
+  say "server: $PGHOST port $PGPORT (CPU engine: no GPU or no CUDA toolkit here)"
+fi
 
 psql_ -c "CREATE EXTENSION gpu_ivfpq"
 t0=$EPOCHREALTIME
@@ -58,5 +76,19 @@ say "loaded Fashion-MNIST: $(psql_ -At -c 'SELECT count(*) FROM fm_train') train
 secs=$(create_index_timed fm_train "$LISTS" "$M" "$OPCLASS")
 say "CREATE INDEX USING gpu_ivfpq (lists = $LISTS, m = $M${OPCLASS:+, $OPCLASS}): $secs s, $(psql_ -At -c "SELECT pg_size_pretty(pg_relation_size('fm_train_ivfpq'))")"
 
-"$TOOLS_BUILD/knn_bench" --table fm_train --query-table fm_test --k "$K" --op "$OP" \
-  --settings "$SETTINGS" --warmup 20
+if [ "$GPU" = 1 ]; then
+  # Each setting on the GPU path, then on the CPU engine, side by side.
+  RUNS=""
+  IFS=';' read -ra parts <<<"$SETTINGS"
+  for p in "${parts[@]}"; do RUNS+="${p},device=gpu;${p},device=cpu;"; done
+  psql_ -qAt -c "SELECT 'mirror load: ' || gpu_ivfpq_prewarm('fm_train_ivfpq') || ' entries on the GPU'"
+  "$TOOLS_BUILD/knn_bench" --table fm_train --query-table fm_test --k "$K" --op "$OP" \
+    --settings "$RUNS" --warmup 20
+  say "GPU service:"
+  psql_ -c "SELECT state, device, queries_gpu, queries_cpu, gpu_fallbacks, round(mean_batch::numeric, 1) AS mean_batch
+              FROM gpu_ivfpq_status"
+  psql_ -c "SELECT index, entries, round(size_mb::numeric, 1) AS size_mb, queries, vectors FROM gpu_ivfpq_mirrors"
+else
+  "$TOOLS_BUILD/knn_bench" --table fm_train --query-table fm_test --k "$K" --op "$OP" \
+    --settings "$SETTINGS" --warmup 20
+fi

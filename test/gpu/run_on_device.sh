@@ -7,10 +7,10 @@
 # 006 then require the GPU).
 #
 # Run with the device tool from the repository root, carrying .device (the
-# PostgreSQL kit, ../shared/device) and build-gpu/gpu/libgpu_ivfpq_gpu.a
-# (cmake -S . -B build-gpu -DGPU_IVFPQ_CUDA=ON; cmake --build build-gpu
-# --target gpu_ivfpq_gpu; GPU_IVFPQ_CUDA_LIB names the library when it was
-# carried elsewhere). Logs go to $OUT.
+# PostgreSQL kit, ../shared/device). The extension's `make` compiles the
+# kernels there with nvcc; GPU_IVFPQ_CUDA_LIB names a prebuilt kernel archive
+# instead (e.g. CMake's build-gpu/gpu/libgpu_ivfpq_gpu.a, carried along).
+# Logs go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-tests}
 mkdir -p "$OUT"
@@ -23,7 +23,7 @@ echo "jit = off" >/tmp/gpu_ivfpq-jit-off.conf
 chmod a+r /tmp/gpu_ivfpq-jit-off.conf
 export TEMP_CONFIG=/tmp/gpu_ivfpq-jit-off.conf
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
-GPU_IVFPQ_EXPECT_GPU=1 SKIP_DEPS=1 GPU_IVFPQ_CUDA_LIB="${GPU_IVFPQ_CUDA_LIB:-$PWD/build-gpu/gpu/libgpu_ivfpq_gpu.a}" \
+GPU_IVFPQ_EXPECT_GPU=1 SKIP_DEPS=1 GPU_IVFPQ_CUDA_LIB="${GPU_IVFPQ_CUDA_LIB:-}" \
   PROVE_FLAGS=-v bash scripts/run-tests.sh --only "${SUITES:-regress,tap}" --keep 2>&1 | tee "$OUT/run-tests.log"
 rc=${PIPESTATUS[0]}
 work=$(ls -dt /tmp/gpu_ivfpq-tests.* | head -1)
