@@ -74,6 +74,23 @@ TEST(IvfPqExact, BitIdenticalToHostExactDistance)
         }
 }
 
+// Wide vectors (d = 4096, 16 KiB each) at a small k and at the largest
+// (k = 2048, a sort of 34 KiB in shared memory): bit for bit the host's.
+TEST(IvfPqExact, WideVectorsSmallAndLargestK)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(2102);
+    for (Metric metric : {Metric::L2, Metric::Cosine}) {
+        const std::string what = shape("wide", {{"d", 4096.0}, {"metric", double(int(metric))}}, s);
+        SCOPED_TRACE(what);
+        ExactFixture f(4096, 4, 16, 700, 4, metric, s);
+        auto idx = f.empty({});
+        f.add_rows(*idx, 0, f.n);
+        for (size_t k : {size_t(10), size_t(2048)})
+            check_exact(f, *idx, f.q, k, 4, what + " k=" + std::to_string(k));
+    }
+}
+
 TEST(IvfPqExact, EveryScanLayoutAndFullK)
 {
     GPU_REQUIRE_DEVICE();
