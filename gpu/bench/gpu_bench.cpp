@@ -40,6 +40,29 @@ const char* file_name(const std::string& path)
     return path.c_str() + (slash == std::string::npos ? 0 : slash + 1);
 }
 
+// Page-locked queries (the first b rows of hq), distances and labels (k
+// per query) for search_exact calls, as the GPU process's exchange holds them.
+struct PinnedCall {
+    float* q = nullptr;
+    double* dist = nullptr;
+    int64_t* labels = nullptr;
+    PinnedCall(const std::vector<float>& hq, size_t b, size_t d, size_t k)
+    {
+        ck(cudaHostAlloc(reinterpret_cast<void**>(&q), b * d * sizeof(float), 0), "pinned");
+        ck(cudaHostAlloc(reinterpret_cast<void**>(&dist), b * k * sizeof(double), 0), "pinned");
+        ck(cudaHostAlloc(reinterpret_cast<void**>(&labels), b * k * sizeof(int64_t), 0), "pinned");
+        std::copy(hq.begin(), hq.begin() + b * d, q);
+    }
+    ~PinnedCall()
+    {
+        cudaFreeHost(q);
+        cudaFreeHost(dist);
+        cudaFreeHost(labels);
+    }
+    PinnedCall(const PinnedCall&) = delete;
+    PinnedCall& operator=(const PinnedCall&) = delete;
+};
+
 }  // namespace
 
 int main(int argc, char** argv)
@@ -341,85 +364,61 @@ int main(int argc, char** argv)
             std::printf("## search_exact wall time per call from page-locked memory: CUDA graphs off / on "
                         "(us, means of %d calls)\n\n| batch | graphs off | graphs on | speed-up |\n|---|---|---|---|\n",
                         quick ? 20 : 200);
-            for (size_t b : {size_t(1), size_t(8), size_t(32), size_t(128)}) {
+            const int calls = quick ? 20 : 200;
+            // Mean wall time (us) of calls from call's buffers, after the
+            // calls that see a shape first, capture it, and replay it.
+            auto timed = [&](PinnedCall& call, size_t b) {
+                for (int w = 0; w < 4; ++w)
+                    idx.search_exact(call.q, b, kk, np, call.dist, call.labels);
+                const auto t0 = std::chrono::steady_clock::now();
+                for (int c = 0; c < calls; ++c)  // the same query rows: the same buffers, the same key
+                    idx.search_exact(call.q, b, kk, np, call.dist, call.labels);
+                return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+                       calls;
+            };
+            const size_t batches[] = {1, 8, 32, 128};
+            for (size_t b : batches) {
                 if (b > nq)
                     continue;
-                float* pq = nullptr;
-                double* pd = nullptr;
-                int64_t* pl = nullptr;
-                ck(cudaHostAlloc(reinterpret_cast<void**>(&pq), nq * d * sizeof(float), 0), "pinned");
-                ck(cudaHostAlloc(reinterpret_cast<void**>(&pd), b * kk * sizeof(double), 0), "pinned");
-                ck(cudaHostAlloc(reinterpret_cast<void**>(&pl), b * kk * sizeof(int64_t), 0), "pinned");
-                std::copy(hq.begin(), hq.end(), pq);
+                PinnedCall call(hq, b, d, kk);
                 double us[2];
-                bool same = true;
-                std::vector<int64_t> first(b * kk);
+                std::vector<int64_t> first;
                 for (int g = 0; g < 2; ++g) {
                     idx.set_search_graphs(g == 1);
-                    const int calls = quick ? 20 : 200;
-                    for (int w = 0; w < 4; ++w)  // first sights, capture, replay
-                        idx.search_exact(pq, b, kk, np, pd, pl);
+                    us[g] = timed(call, b);
                     if (g == 0)
-                        std::copy(pl, pl + b * kk, first.begin());
-                    else
-                        same = std::equal(first.begin(), first.end(), pl);
-                    const auto t0 = std::chrono::steady_clock::now();
-                    for (int c = 0; c < calls; ++c)
-                        idx.search_exact(pq, b, kk, np, pd, pl);  // same query rows: same buffers, same key
-                    us[g] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
-                            calls;
+                        first.assign(call.labels, call.labels + b * kk);
                 }
+                const bool same = std::equal(first.begin(), first.end(), call.labels);
                 std::printf("| %zu | %.1f | %.1f | %.2fx%s |\n", b, us[0], us[1], us[0] / us[1],
                             same ? "" : " (answers differ!)");
                 std::fflush(stdout);
-                cudaFreeHost(pq);
-                cudaFreeHost(pd);
-                cudaFreeHost(pl);
             }
             std::printf("graph launches: %zu\n\n", idx.search_graph_launches());
             // The fused scan's split of each query's probes: blocks per SM
             // aimed at (default 4) against the call's wall time (graphs on,
             // pinned memory) and the ADC candidates' overlap with the default's.
             std::printf("## search_exact wall time per call by fused_blocks_per_sm (us, graphs on, pinned; "
-                        "means of %d calls; a mark where the candidates differ from the first column's)\n\n| batch | 8 | 4 | 2 | 1 |\n|---|---|---|---|---|\n", quick ? 20 : 200);
-            for (size_t b : {size_t(1), size_t(8), size_t(32), size_t(128)}) {
+                        "means of %d calls; a mark where the candidates differ from the first column's)\n\n| batch | 8 | 4 | 2 | 1 |\n|---|---|---|---|---|\n", calls);
+            for (size_t b : batches) {
                 if (b > nq)
                     continue;
-                float* pq = nullptr;
-                double* pd = nullptr;
-                int64_t* pl = nullptr;
-                ck(cudaHostAlloc(reinterpret_cast<void**>(&pq), b * d * sizeof(float), 0), "pinned");
-                ck(cudaHostAlloc(reinterpret_cast<void**>(&pd), b * kk * sizeof(double), 0), "pinned");
-                ck(cudaHostAlloc(reinterpret_cast<void**>(&pl), b * kk * sizeof(int64_t), 0), "pinned");
-                std::copy(hq.begin(), hq.begin() + b * d, pq);
+                PinnedCall call(hq, b, d, kk);
                 std::printf("| %zu |", b);
-                std::vector<int64_t> ref;
+                std::vector<int64_t> want;
                 for (int per_sm : {8, 4, 2, 1}) {
                     idx.set_fused_blocks_per_sm(per_sm);
-                    const int calls = quick ? 20 : 200;
-                    for (int w = 0; w < 4; ++w)
-                        idx.search_exact(pq, b, kk, np, pd, pl);
-                    std::vector<int64_t> got(pl, pl + b * kk);
-                    if (ref.empty())
-                        ref = got;
+                    const double us = timed(call, b);
+                    std::vector<int64_t> got(call.labels, call.labels + b * kk), both;
                     std::sort(got.begin(), got.end());
-                    std::vector<int64_t> want(ref);
-                    std::sort(want.begin(), want.end());
-                    std::vector<int64_t> both;
+                    if (want.empty())
+                        want = got;
                     std::set_intersection(want.begin(), want.end(), got.begin(), got.end(), std::back_inserter(both));
-                    const auto t0 = std::chrono::steady_clock::now();
-                    for (int c = 0; c < calls; ++c)
-                        idx.search_exact(pq, b, kk, np, pd, pl);
-                    const double us =
-                        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / calls;
                     std::printf(" %.1f%s |", us, both.size() == want.size() ? "" : " (other candidates)");
                 }
                 std::printf("\n");
                 std::fflush(stdout);
                 idx.set_fused_blocks_per_sm(GpuIvfPqOptions().fused_blocks_per_sm);
-                cudaFreeHost(pq);
-                cudaFreeHost(pd);
-                cudaFreeHost(pl);
             }
             std::printf("\n");
         }
