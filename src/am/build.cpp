@@ -634,11 +634,27 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 	if (bs.sample_n == 0)
 	{
 		/* Nothing to train on: an untrained index whose rows are searched exactly. */
-		ereport(NOTICE,
-				(errmsg("gpu_ivfpq index \"%s\" created on a table without vectors",
-						RelationGetRelationName(index)),
-				 errdetail("Until it is rebuilt, rows are kept unquantized in one list and every scan computes exact distances for all of them."),
-				 errhint("REINDEX the index once the table holds data, to train its quantizers.")));
+		if (GpuIvfpqIsCitusShell(RelationGetRelid(heap)))
+		{
+			/*
+			 * The shell of a Citus table is empty by design: Citus builds
+			 * this index on every shard too, from the shard's rows, and
+			 * queries read only the shards, so the NOTICE would ask for a
+			 * REINDEX that cannot help. A shard that is itself empty says so
+			 * from its own build (Citus passes such worker messages on at
+			 * DEBUG1).
+			 */
+			ereport(DEBUG1,
+					(errmsg("gpu_ivfpq index \"%s\" on the Citus table \"%s\" is left untrained",
+							RelationGetRelationName(index), RelationGetRelationName(heap)),
+					 errdetail("The table's rows are in its shards, whose copies of the index are trained on them.")));
+		}
+		else
+			ereport(NOTICE,
+					(errmsg("gpu_ivfpq index \"%s\" created on a table without vectors",
+							RelationGetRelationName(index)),
+					 errdetail("Until it is rebuilt, rows are kept unquantized in one list and every scan computes exact distances for all of them."),
+					 errhint("REINDEX the index once the table holds data, to train its quantizers.")));
 		meta.lists = 1;
 		meta.m = 0;
 		meta.trained = false;

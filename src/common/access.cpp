@@ -26,12 +26,14 @@ GpuIvfpqCheckSelect(Relation heap)
 
 /*
  * For functions that return rows or distances of heap: GpuIvfpqCheckSelect,
- * and no row-level security policy may apply to the user on heap.
+ * no row-level security policy may apply to the user on heap, and heap must
+ * hold its rows (not be a Citus table's shell, GpuIvfpqCheckNotCitusShell).
  */
 void
 GpuIvfpqCheckReadable(Relation heap, const char *function)
 {
 	GpuIvfpqCheckSelect(heap);
+	GpuIvfpqCheckNotCitusShell(heap, function);
 	if (check_enable_rls(RelationGetRelid(heap), InvalidOid, true) == RLS_ENABLED)
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),

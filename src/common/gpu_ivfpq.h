@@ -67,3 +67,7 @@ extern const float *GpuIvfpqPgvectorElements(Datum value, GpuIvfpqVectorFormat f
 /* ---- who may read what (common/access.cpp) ---- */
 extern void GpuIvfpqCheckSelect(Relation heap);
 extern void GpuIvfpqCheckReadable(Relation heap, const char *function);
+
+/* ---- Citus, found by name when installed (common/citus.cpp) ---- */
+extern bool GpuIvfpqIsCitusShell(Oid relid);
+extern void GpuIvfpqCheckNotCitusShell(Relation heap, const char *function);
