@@ -47,6 +47,41 @@ gpuivfpqoptions(Datum reloptions, bool validate)
 }
 
 /*
+ * The built index as the cost estimate needs it: its lists, and whether its
+ * entries hold codes and vector copies. The metapage says, not the options:
+ * an index built on an empty table (as Citus builds a shard's index when
+ * the index existed before the table was distributed, or when the table was
+ * empty) is untrained whatever its options say, and store_vectors is
+ * ignored where a vector does not fit a page. False when block 0 is not a
+ * readable metapage of this format: planning then goes by the options, and
+ * a damaged page is reported by the scan that reads it, not by the planner.
+ */
+static bool
+PeekMeta(Relation index, GpuIvfpqMetaPageData *meta)
+{
+	Buffer		buf;
+	Page		page;
+	bool		ok;
+	uint8		trained;
+
+	if (RelationGetNumberOfBlocks(index) == 0)
+		return false;
+	buf = ReadBuffer(index, GPU_IVFPQ_METAPAGE_BLKNO);
+	LockBuffer(buf, BUFFER_LOCK_SHARE);
+	page = BufferGetPage(buf);
+	ok = GpuIvfpqPageIsKind(page, GPU_IVFPQ_PAGE_META);
+	if (ok)
+		memcpy(meta, GpuIvfpqPageGetMeta(page), sizeof(GpuIvfpqMetaPageData));
+	UnlockReleaseBuffer(buf);
+	if (!ok)
+		return false;
+	/* A bool holding neither 0 nor 1 must not be read as a bool. */
+	memcpy(&trained, &meta->trained, 1);
+	return meta->magic == GPU_IVFPQ_MAGIC && meta->version == GPU_IVFPQ_VERSION &&
+		meta->lists >= 1 && trained <= 1;
+}
+
+/*
  * amcostestimate: the index only serves ORDER BY <op> LIMIT; without an
  * ORDER BY it must never be chosen. All work happens before the first row,
  * so startup cost equals total cost.
@@ -60,9 +95,11 @@ gpuivfpqcostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
 	GenericCosts costs;
 	int			lists = GPU_IVFPQ_DEFAULT_LISTS;
 	bool		copies = true;	/* store_vectors: the re-rank reads no heap row */
+	bool		trained = true;
 	double		ratio;
 	double		rerank;
 	Relation	index;
+	GpuIvfpqMetaPageData meta;
 
 	if (path->indexorderbys == NIL)
 	{
@@ -75,7 +112,13 @@ gpuivfpqcostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
 	}
 
 	index = index_open(path->indexinfo->indexoid, NoLock);
-	if (index->rd_options)
+	if (PeekMeta(index, &meta))
+	{
+		lists = (int) meta.lists;
+		trained = meta.trained;
+		copies = trained && (meta.features & GPU_IVFPQ_FEATURE_VECTORS) != 0;
+	}
+	else if (index->rd_options)
 	{
 		lists = ((GpuIvfpqOptions *) index->rd_options)->lists;
 		copies = ((GpuIvfpqOptions *) index->rd_options)->store_vectors;
@@ -106,9 +149,12 @@ gpuivfpqcostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
 	/*
 	 * Each re-ranked candidate costs an exact distance from the vector copy
 	 * in its entry or, in an index without copies, a heap fetch as well
-	 * (the executor's fetch of the rows returned is the planner's own).
+	 * (the executor's fetch of the rows returned is the planner's own). An
+	 * untrained index re-ranks every row from the heap: a sequential scan
+	 * does the same work without the fetches by TID, and should win.
 	 */
-	rerank = Min((double) gpu_ivfpq_rerank, path->indexinfo->rel->tuples);
+	rerank = trained ? Min((double) gpu_ivfpq_rerank, path->indexinfo->rel->tuples)
+		: path->indexinfo->rel->tuples;
 	costs.indexTotalCost += rerank * (copies ? cpu_operator_cost + cpu_index_tuple_cost
 									  : random_page_cost / 4 + cpu_tuple_cost);
 	*indexStartupCost = costs.indexTotalCost;
