@@ -16,7 +16,9 @@
 #            suite plus service_status on an instance preloading gpu_ivfpq)
 #   tap      `make prove_installcheck` (test/t/*.pl) as postgres; the tools
 #            (gen_synthetic, fmnist_load, knn_bench) are built first and their
-#            folder is passed as GPU_IVFPQ_TOOLS_BIN (empty if they failed)
+#            folder is passed as GPU_IVFPQ_TOOLS_BIN (empty if they failed),
+#            and Citus from ../shared/third_party (for the Citus test,
+#            skipped without it)
 #   tools    builds tools/ and checks them end to end on a throwaway server
 #            (gen_synthetic, fmnist_load, knn_bench; with the extension
 #            installed, also a small gpu_ivfpq index through knn_bench)
@@ -25,7 +27,9 @@
 # staged copy under /tmp; --only takes a comma list of suite names.
 # GPU_IVFPQ_EXPECT_GPU=1 makes the service suites use (and require) the GPU;
 # GPU_IVFPQ_CUDA_LIB links the GPU process to the CUDA kernels; TEMP_CONFIG adds
-# settings to every test instance; PROVE_FLAGS is passed to prove.
+# settings to every test instance; PROVE_FLAGS is passed to prove;
+# PGVECTOR_TARBALL and CITUS_TARBALL name other source archives of pgvector
+# and Citus than those in ../shared/third_party.
 # Quiet on success; on failure prints the logs and diffs. Ends with the line
 # "N passed, N failed" (ctest tests + pg_regress tests + TAP files + tool
 # checks; a build that fails counts as one failure) and exits non-zero when
@@ -173,47 +177,74 @@ print-%: ; $(info $($*))@:
 EOF
 }
 
-# ------------------------------------------------------------------ pgvector
-# pgvector, for the regression test of pgvector columns (gpu_ivfpq_pgvector):
-# built from its source tarball kept beside the repository, in
-# ../shared/third_party (or shared/third_party inside the checkout;
-# PGVECTOR_TARBALL names another), and installed into the server of PG_BIN,
-# about 20 s. Without the tarball the test is skipped, saying so (the
-# Makefile runs it only where pgvector is installed).
-PGVECTOR_VERSION=0.8.6
-PGVECTOR_STATE=none   # none | ok | absent | failed
-install_pgvector_once() {
-  [ "$PGVECTOR_STATE" != none ] && return
-  local tarball=${PGVECTOR_TARBALL:-} d
+# ------------------------------------------------------------------ third-party
+# Projects the tests run with, built from their source release archives kept
+# beside the repository, in ../shared/third_party (or shared/third_party
+# inside the checkout; a variable names another archive), and installed into
+# the server of PG_BIN (neither has a Debian package for PostgreSQL 15).
+# Without its archive a project is not built and the tests that need it are
+# skipped, saying so (the Makefile and the TAP files look for what is
+# installed), unless it is installed already.
+declare -A THIRD_PARTY_STATE=()   # name -> ok | absent | failed
+
+# install_third_party NAME ARCHIVE OVERRIDE_VAR CONTROL WHAT BUILD...: once per
+# run, finds ARCHIVE (or the file that $OVERRIDE_VAR names), unpacks it into
+# $WORK/NAME and runs BUILD there, quietly (log: $LOGS/NAME-build.log).
+# CONTROL is the extension's control file name, WHAT the tests it serves.
+install_third_party() {
+  local name=$1 archive=$2 override=$3 control=$4 what=$5
+  shift 5
+  [ -n "${THIRD_PARTY_STATE[$name]:-}" ] && return
+  local tarball=${!override:-} d
   if [ -z "$tarball" ]; then
     for d in "$REPO_ROOT/../shared/third_party" "$REPO_ROOT/shared/third_party"; do
-      if [ -f "$d/pgvector-$PGVECTOR_VERSION.tar.gz" ]; then
-        tarball=$d/pgvector-$PGVECTOR_VERSION.tar.gz
+      if [ -f "$d/$archive" ]; then
+        tarball=$d/$archive
         break
       fi
     done
   fi
   if [ -z "$tarball" ] || [ ! -f "$tarball" ]; then
-    PGVECTOR_STATE=absent
-    if [ -f "$("$PG_BIN/pg_config" --sharedir)/extension/vector.control" ]; then
-      say "pgvector: no pgvector-$PGVECTOR_VERSION.tar.gz in ../shared/third_party: testing the pgvector installed already"
+    THIRD_PARTY_STATE[$name]=absent
+    if [ -f "$("$PG_BIN/pg_config" --sharedir)/extension/$control.control" ]; then
+      say "$name: no $archive in ../shared/third_party: testing the $name installed already"
     else
-      say "pgvector: no pgvector-$PGVECTOR_VERSION.tar.gz in ../shared/third_party: the pgvector test is skipped"
-      skip "regress: pgvector (no pgvector-$PGVECTOR_VERSION.tar.gz; PGVECTOR_TARBALL names one)"
+      say "$name: no $archive in ../shared/third_party: $what is skipped"
+      skip "$what (no $archive; $override names one)"
     fi
     return
   fi
-  local src=$WORK/pgvector
+  local src=$WORK/$name
   mkdir -p "$src"
-  # OPTFLAGS= : portable code (no -march=native), as a packaged build.
   if tar -C "$src" --strip-components=1 -xzf "$tarball" &&
-     run_quiet "$LOGS/pgvector-build.log" make -C "$src" -j"$JOBS" PG_CONFIG="$PG_BIN/pg_config" \
-       OPTFLAGS= with_llvm=no all install; then
-    PGVECTOR_STATE=ok
+     (cd "$src" && run_quiet "$LOGS/$name-build.log" "$@"); then
+    THIRD_PARTY_STATE[$name]=ok
   else
-    PGVECTOR_STATE=failed
-    fail "pgvector: build from $tarball"
+    THIRD_PARTY_STATE[$name]=failed
+    fail "$name: build from $tarball"
   fi
+}
+
+# pgvector, for the regression test of pgvector columns (gpu_ivfpq_pgvector),
+# about 20 s. OPTFLAGS= : portable code (no -march=native), as a packaged
+# build.
+PGVECTOR_VERSION=0.8.6
+install_pgvector_once() {
+  install_third_party pgvector "pgvector-$PGVECTOR_VERSION.tar.gz" PGVECTOR_TARBALL vector \
+    "regress: pgvector" \
+    make -j"$JOBS" PG_CONFIG="$PG_BIN/pg_config" OPTFLAGS= with_llvm=no all install
+}
+
+# Citus, for the TAP test of distributed tables (test/t/012_citus.pl), about
+# 30 s on 2 cores; its build needs install-deps.sh's liblz4-dev, libzstd-dev
+# and libkrb5-dev. --without-libcurl: no usage reports; with_llvm=no: no JIT
+# bitcode (Debian's PGXS would want clang, and it would triple the time).
+CITUS_VERSION=12.1.10
+install_citus_once() {
+  install_third_party citus "citus-$CITUS_VERSION.tar.gz" CITUS_TARBALL citus \
+    "tap: 012_citus.pl" \
+    bash -c 'PG_CONFIG="$1" ./configure --without-libcurl && make -j"$2" with_llvm=no &&
+             make with_llvm=no install' citus-build "$PG_BIN/pg_config" "$JOBS"
 }
 
 # ------------------------------------------------------------------ regress
@@ -288,6 +319,7 @@ run_tap() {
     fail "tap: not run, the extension did not build" "${#files[@]}"
     return
   fi
+  install_citus_once
   stage_repo
   # The tools, where they build, for tests that want them: $GPU_IVFPQ_TOOLS_BIN.
   local tools_bin=""
