@@ -123,10 +123,15 @@ PG_CPPFLAGS = -I$(srcdir)/src $(BLAS_CPPFLAGS)
 # prebuilt archive instead (CMake's, -DGPU_IVFPQ_CUDA=ON). Only the GPU
 # process's own objects see the CUDA flags: the extension's library and the
 # core objects are the same with or without the kernels.
+# `sudo make install` repeats the detection with root's PATH: where nvcc is
+# neither on it nor in /usr/local/cuda, pass the same USE_CUDA / CUDA_HOME to
+# both commands (paths are compared resolved, so /usr/local/cuda and the
+# versioned folder it links to count as the same toolkit).
 NVCC_ON_PATH := $(shell command -v nvcc 2>/dev/null)
-CUDA_HOME ?= $(if $(NVCC_ON_PATH),$(patsubst %/bin/nvcc,%,$(realpath $(NVCC_ON_PATH))),/usr/local/cuda)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(or $(realpath $(NVCC_ON_PATH)),$(realpath /usr/local/cuda/bin/nvcc),/usr/local/cuda/bin/nvcc))
 NVCC ?= $(CUDA_HOME)/bin/nvcc
-USE_CUDA ?= $(if $(wildcard $(NVCC)),1,0)
+NVCC_REAL = $(or $(realpath $(NVCC)),$(shell command -v $(NVCC) 2>/dev/null))
+USE_CUDA ?= $(if $(NVCC_REAL),1,0)
 CUDA_ARCHS ?= 90
 GPU_CUDA_OWN_LIB = gpu/libgpu_ivfpq_gpu.a
 ifeq ($(USE_CUDA),1)
@@ -161,8 +166,10 @@ $(GPU_PROCESS_OBJS): private override CXXFLAGS += -Wextra
 
 # ------------------------------------------------------------------ GPU process
 all: $(GPU_PROCESS)
+# The kernel archive uses engine routines: the core archive again after it.
 $(GPU_PROCESS): $(GPU_PROCESS_OBJS) $(CORE_LIB)
-	$(CXX) $(CXXFLAGS) $(LDFLAGS) -o $@ $(GPU_PROCESS_OBJS) $(CORE_LIB) $(GPU_PROCESS_LIBS) $(CORE_LDLIBS)
+	$(CXX) $(CXXFLAGS) $(LDFLAGS) -o $@ $(GPU_PROCESS_OBJS) $(CORE_LIB) $(GPU_PROCESS_LIBS) \
+		$(if $(GPU_PROCESS_LIBS),$(CORE_LIB)) $(CORE_LDLIBS)
 install: install-gpu-process
 .PHONY: install-gpu-process uninstall-gpu-process
 install-gpu-process: $(GPU_PROCESS) installdirs
@@ -179,7 +186,11 @@ GPU_CUDA_SRCS = $(sort $(wildcard gpu/src/*.cu gpu/src/*.cpp))
 GPU_CUDA_OBJS = $(patsubst gpu/src/%,gpu/obj/%.o,$(GPU_CUDA_SRCS))
 NVCCFLAGS = -std=c++17 -O3 -lineinfo --expt-relaxed-constexpr -Xptxas=-warn-spills \
 	-Xcompiler=-ffp-contract=off -Xcompiler=-fmacro-prefix-map=$(abspath $(srcdir))/= \
-	$(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) -I$(srcdir)/gpu/include
+	$(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+	-gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS)) \
+	-ccbin $(CXX) -I$(srcdir)/gpu/include
+# The last architecture's PTX is kept too, so newer GPUs can compile it when
+# the program loads; older ones need their own entry in CUDA_ARCHS.
 gpu/obj/%.o: gpu/src/% gpu/.flags-cuda
 	@mkdir -p gpu/obj
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
@@ -187,12 +198,12 @@ $(GPU_CUDA_OBJS): $(wildcard gpu/src/*.h gpu/src/*.cuh gpu/include/*/*.h src/eng
 $(GPU_CUDA_OWN_LIB): $(GPU_CUDA_OBJS)
 	rm -f $@
 	$(AR) crs $@ $^
-ifeq ($(GPU_IVFPQ_CUDA_LIB),$(GPU_CUDA_OWN_LIB))
-$(GPU_PROCESS): $(GPU_CUDA_OWN_LIB)
+ifneq ($(GPU_IVFPQ_CUDA_LIB),)
+$(GPU_PROCESS): $(GPU_IVFPQ_CUDA_LIB)
 endif
 .PHONY: cuda-info
 cuda-info:
-	@echo 'USE_CUDA=$(USE_CUDA) NVCC=$(NVCC) CUDA_HOME=$(CUDA_HOME) CUDA_ARCHS=$(CUDA_ARCHS) GPU_IVFPQ_CUDA_LIB=$(GPU_IVFPQ_CUDA_LIB)'
+	@echo 'USE_CUDA=$(USE_CUDA) NVCC=$(NVCC_REAL) CUDA_HOME=$(CUDA_HOME) CUDA_ARCHS=$(CUDA_ARCHS) GPU_IVFPQ_CUDA_LIB=$(GPU_IVFPQ_CUDA_LIB)'
 
 # ------------------------------------------------------------------ rebuilds
 # Headers are few and shared: rebuild every object when one changes.
@@ -213,7 +224,7 @@ src/.flags-core: FORCE
 src/.flags-pg: FORCE
 	$(call write_if_changed,$@,$(CXX) $(CXXFLAGS) $(CPPFLAGS) $(GPU_IVFPQ_CUDA_LIB))
 gpu/.flags-cuda: FORCE
-	$(call write_if_changed,$@,$(NVCC) $(NVCCFLAGS))
+	$(call write_if_changed,$@,$(NVCC_REAL) $(NVCCFLAGS))
 $(CORE_OBJS): src/.flags-core
 $(PG_OBJS) $(GPU_PROCESS_OBJS): src/.flags-pg
 

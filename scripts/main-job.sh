@@ -54,8 +54,9 @@ build_extension "$TMP/make.log"
 build_tools "$TMP/tools.log"
 # The GPU path: the kernels were linked (the Makefile found nvcc) and a GPU is visible.
 GPU=0
-if [ "$(make -s -C "$REPO_ROOT" cuda-info PG_CONFIG="$PG_BIN/pg_config" 2>/dev/null | grep -c 'USE_CUDA=1')" = 1 ] &&
-   nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+cuda_info=$(make -s -C "$REPO_ROOT" cuda-info PG_CONFIG="$PG_BIN/pg_config" 2>/dev/null || true)
+gpus=$(nvidia-smi -L 2>/dev/null || true)
+if [[ $cuda_info == *USE_CUDA=1* && $gpus == GPU\ * ]]; then
   GPU=1
 fi
 mkdir "$TMP/pg"
@@ -78,15 +79,22 @@ say "CREATE INDEX USING gpu_ivfpq (lists = $LISTS, m = $M${OPCLASS:+, $OPCLASS})
 
 if [ "$GPU" = 1 ]; then
   # Each setting on the GPU path, then on the CPU engine, side by side.
+  # (knn_bench separates settings by ';' or spaces; 'default' is no assignment.)
   RUNS=""
-  IFS=';' read -ra parts <<<"$SETTINGS"
-  for p in "${parts[@]}"; do RUNS+="${p},device=gpu;${p},device=cpu;"; done
+  for p in ${SETTINGS//;/ }; do
+    [ "$p" = default ] && p="" || p="$p,"
+    RUNS+="${p}device=gpu;${p}device=cpu;"
+  done
   psql_ -qAt -c "SELECT 'mirror load: ' || gpu_ivfpq_prewarm('fm_train_ivfpq') || ' entries on the GPU'"
   "$TOOLS_BUILD/knn_bench" --table fm_train --query-table fm_test --k "$K" --op "$OP" \
     --settings "$RUNS" --warmup 20
   say "GPU service:"
   psql_ -c "SELECT state, device, queries_gpu, queries_cpu, gpu_fallbacks, round(mean_batch::numeric, 1) AS mean_batch
               FROM gpu_ivfpq_status"
+  if [ "$(psql_ -At -c 'SELECT queries_gpu FROM gpu_ivfpq_status')" = 0 ]; then
+    warn "the GPU served no query: the device=gpu rows above ran on the CPU engine (see last_error in gpu_ivfpq_status)"
+    exit 1
+  fi
   psql_ -c "SELECT index, entries, round(size_mb::numeric, 1) AS size_mb, queries, vectors FROM gpu_ivfpq_mirrors"
 else
   "$TOOLS_BUILD/knn_bench" --table fm_train --query-table fm_test --k "$K" --op "$OP" \

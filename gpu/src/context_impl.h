@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "gpu_ivfpq/gpu_context.h"
@@ -26,6 +27,9 @@ struct GpuContext::Impl {
     void* arena = nullptr;
     size_t arena_bytes = 0, arena_top = 0, arena_high = 0;
     int arena_depth = 0;
+    // Counts the arena's allocations: a CUDA graph keyed by it never
+    // replays against an arena reallocated (smaller, maybe at the same address).
+    uint64_t arena_generation = 0;
     // True while a stream capture records a CUDA graph (GpuIvfPqIndex's
     // search graphs): scratch must then come from the arena as it is, since
     // an allocation or a free would be recorded into the graph.

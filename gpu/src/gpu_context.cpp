@@ -210,6 +210,7 @@ Scratch::~Scratch()
         try {
             ctx_.arena = ctx_.allocate(want);
             ctx_.arena_bytes = want;
+            ctx_.arena_generation++;
         } catch (...) {
             // No room for a larger arena: later scratch falls back to own allocations.
         }

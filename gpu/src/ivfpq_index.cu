@@ -333,7 +333,8 @@ struct GpuIvfPqIndex::Impl {
                                  static_cast<uint64_t>(opt.scan), static_cast<uint64_t>(opt.fused_blocks_per_sm),
                                  // Only the two-pass scan sizes its buffers by the longest list.
                                  opt.scan == ScanAlgo::TwoPass || table_mode() != kTableQuery ? max_len : 0,
-                                 reinterpret_cast<uintptr_t>(c.arena), c.arena_top};
+                                 reinterpret_cast<uintptr_t>(c.arena), c.arena_bytes, c.arena_generation,
+                                 c.arena_top};
         for (int i = 0; i < 6; ++i)
             key.push_back(reinterpret_cast<uintptr_t>(staged[i]));
         for (const DeviceBuffer* b : {&centroids, &centroid_norms, &codebooks, &term1, &code_ptrs, &id_ptrs,
@@ -394,7 +395,8 @@ struct GpuIvfPqIndex::Impl {
             auto work = [&] { run(dq, dd, dl, ranges ? &dr : nullptr); };
             bool done = false;
             if (stages == nullptr && graphs.eligible(nq)) {
-                const void* staged[] = {dq, dd, dl, dlo, dhi, dmatched};
+                const void* staged[] = {dq, dd, dl, nr ? dlo : nullptr, nr ? dhi : nullptr,
+                                        nm ? dmatched : nullptr};
                 done = graphs.run(ctx, graph_key(staged, nq, k, nprobe, variant), work);
             }
             if (!done)

@@ -104,7 +104,10 @@ private:
             (void)cudaGetLastError();
             return nullptr;  // no room: the ordinary calls go on
         }
-        GPU_CUDA_CHECK(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeThreadLocal));
+        if (cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return nullptr;  // the ordinary calls go on; a sticky error shows there
+        }
         c.capturing = true;
         std::exception_ptr other;
         bool ok = true;
