@@ -103,6 +103,19 @@ ToKey(const GpuIvfpqKey &k)
 	return key;
 }
 
+static void FinishSearches(void);
+
+/*
+ * The GPU process for a call other than a search in flight: the searches in
+ * flight are answered first (their replies come before any other).
+ */
+static GpuProcess *
+GpuSync(void)
+{
+	FinishSearches();
+	return gpu.get();
+}
+
 /*
  * Runs device code through the boundary's catch ladder (GpuIvfpqTry): an
  * exception becomes a message for the requester, never an ereport, because
@@ -170,7 +183,7 @@ PublishStatus(void)
 	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
 	gpuivfpq::gpuproc::StoreStatus st;
 	std::string err;
-	bool		known = GpuUp() && Engine([&] { st = gpu->status(); }, err);
+	bool		known = GpuUp() && Engine([&] { st = GpuSync()->status(); }, err);
 
 	/* Without an answer: no mirrors (none, or none reachable); the counts stand. */
 	SpinLockAcquire(&s->mutex);
@@ -218,7 +231,7 @@ DropAfterFailure(const MirrorKey &key, const char *what, const std::string &err)
 {
 	std::string ignored;
 
-	(void) Engine([&] { gpu->drop_index(key.db, key.index); }, ignored);
+	(void) Engine([&] { GpuSync()->drop_index(key.db, key.index); }, ignored);
 	RecordError(std::string(what) + " failed, mirror dropped: " + err);
 }
 
@@ -309,7 +322,7 @@ AddLogged(const MirrorKey &key, size_t m, const std::vector<const GpuIvfpqLogEnt
 	}
 	/* Every entry carries a filter key (0 without a filter column): a mirror without them ignores them. */
 	uint64		start = NowNs();
-	bool		found = gpu->add(key, m, lists.size(), lists.data(), codes.data(), labels.data(),
+	bool		found = GpuSync()->add(key, m, lists.size(), lists.data(), codes.data(), labels.data(),
 								 d > 0 ? vectors.data() : nullptr, d, keys.data());
 	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
 
@@ -349,7 +362,7 @@ ApplyRun(const MirrorKey &key, const std::vector<const GpuIvfpqLogEntry *> &run)
 
 		labels.insert(labels.end(), from, from + n);
 	}
-	if (!Engine([&] { (void) gpu->remove(key, labels.size(), labels.data()); }, err))
+	if (!Engine([&] { (void) GpuSync()->remove(key, labels.size(), labels.data()); }, err))
 		DropAfterFailure(key, "removing entries from a mirror", err);
 }
 
@@ -383,7 +396,7 @@ DrainLog(void)
 	{
 		std::string err;
 
-		(void) Engine([&] { gpu->drop_all(); }, err);
+		(void) Engine([&] { GpuSync()->drop_all(); }, err);
 		ereport(LOG, (errmsg("gpu_ivfpq service: the change log overflowed, mirrors dropped")));
 	}
 	else if (!entries.empty())
@@ -408,7 +421,7 @@ DrainLog(void)
 				std::string err;
 
 				/* Runs of the dropped mirror (earlier or later) find no mirror: add says so. */
-				(void) Engine([&] { gpu->drop_index(key.db, key.index); }, err);
+				(void) Engine([&] { GpuSync()->drop_index(key.db, key.index); }, err);
 				removals = true;
 				continue;
 			}
@@ -421,7 +434,7 @@ DrainLog(void)
 				std::string err;
 
 				/* Its vector was overwritten before this read: the mirror reloads from the pages. */
-				(void) Engine([&] { gpu->drop_index(key.db, key.index); }, err);
+				(void) Engine([&] { GpuSync()->drop_index(key.db, key.index); }, err);
 				ereport(LOG,
 						(errmsg("gpu_ivfpq service: the vector ring overflowed, the mirror of index %u dropped",
 								key.index)));
@@ -492,49 +505,56 @@ CountBatch(int n)
 	pg_atomic_fetch_add_u64(&s->batch_hist[bucket], 1);
 }
 
-/* Serves searches for one index version and probe count in one device call. */
-static void
-SearchGroup(const std::vector<GpuIvfpqSlot *> &group)
+/*
+ * A search group sent to the GPU process and not yet answered. The service
+ * keeps one in flight while it collects and answers (the process works on
+ * one group while the service answers the one before), two at most; they
+ * are answered in the order sent. Static: a group outlives the round that
+ * sent it, and an ERROR (the loop answers what is in flight).
+ */
+struct InFlight
 {
-	GpuIvfpqSlot *first = group.front();
-	MirrorKey	key = ToKey(first->key);
-	size_t		nq = group.size();
-	size_t		d = first->dim;
-	size_t		k = 0;
+	std::vector<GpuIvfpqSlot *> group;
 	std::vector<float> queries;
 	std::vector<int64_t> labels;
 	std::vector<double> exact;
-	std::vector<int64_t> key_lo, key_hi, matched;
+	std::vector<int64_t> key_lo,
+				key_hi,
+				matched;
+	size_t		k = 0;
 	bool		filtered = false;
+	uint64		sent_at = 0;
+	GpuProcess::SearchCall call;
+};
+static InFlight in_flight[2];
+static int	in_flight_first;	/* the oldest in flight */
+static int	in_flight_count;
+
+/* The answers of the oldest group in flight, to its slots. */
+static void
+FinishSearch(void)
+{
+	InFlight   &f = in_flight[in_flight_first];
+	MirrorKey	key = ToKey(f.group.front()->key);
+	size_t		nq = f.group.size();
+	size_t		k = f.k;
 	std::string err;
 	bool		oom = false;
 	bool		found = false;
 	bool		is_exact = false;
 
-	for (GpuIvfpqSlot *slot : group)
+	in_flight_first ^= 1;
+	in_flight_count--;
+	if (!gpu)
 	{
-		k = Max(k, (size_t) slot->k);
-		filtered |= slot->filtered;
+		/* The process was lost meanwhile: the CPU engine answers. */
+		for (GpuIvfpqSlot *slot : f.group)
+			Answer(slot, RES_SERVICE_GONE, "the GPU process is restarting");
+		return;
 	}
-	/* Queries without a filter in a batch with filtered ones take every key (NULLs too). */
-	if (filtered)
-		for (GpuIvfpqSlot *slot : group)
-		{
-			key_lo.push_back(slot->filtered ? slot->key_lo : PG_INT64_MIN);
-			key_hi.push_back(slot->filtered ? slot->key_hi : PG_INT64_MAX);
-			matched.push_back(0);
-		}
-	queries.resize(nq * d);
-	for (size_t i = 0; i < nq; i++)
-		memcpy(&queries[i * d], group[i]->payload.bytes, d * sizeof(float));
-	labels.resize(nq * k);
-	exact.resize(nq * k);
-	uint64		call_start = NowNs();
-
 	if (!Engine([&] {
-			found = gpu->search(key, d, queries.data(), nq, k, first->nprobe,
-								filtered ? key_lo.data() : nullptr, filtered ? key_hi.data() : nullptr,
-								filtered ? matched.data() : nullptr, labels.data(), exact.data(), &is_exact);
+			found = gpu->receive_search(f.call, f.filtered ? f.matched.data() : nullptr, f.labels.data(),
+										f.exact.data(), &is_exact);
 			pg_atomic_fetch_add_u64(&gpu_ivfpq_service->time_device_ns, gpu->last_busy_ns());
 		}, err, &oom))
 	{
@@ -542,11 +562,11 @@ SearchGroup(const std::vector<GpuIvfpqSlot *> &group)
 
 		if (result != RES_SERVICE_GONE)
 			RecordError("search failed: " + err);
-		for (GpuIvfpqSlot *slot : group)
+		for (GpuIvfpqSlot *slot : f.group)
 			Answer(slot, result, err.c_str());
 		return;
 	}
-	pg_atomic_fetch_add_u64(&gpu_ivfpq_service->time_call_ns, NowNs() - call_start);
+	pg_atomic_fetch_add_u64(&gpu_ivfpq_service->time_call_ns, NowNs() - f.sent_at);
 	if (!found)
 	{
 		TimestampTz now = GetCurrentTimestamp();
@@ -556,7 +576,7 @@ SearchGroup(const std::vector<GpuIvfpqSlot *> &group)
 
 		/* The first asker loads the mirror; the others use the CPU meanwhile. */
 		for (size_t i = 0; i < nq; i++)
-			Answer(group[i], (i == 0 && !claimed) ? RES_NOT_LOADED : RES_LOADING, NULL);
+			Answer(f.group[i], (i == 0 && !claimed) ? RES_NOT_LOADED : RES_LOADING, NULL);
 		if (!claimed)
 			load_claims[key] = now;
 		return;
@@ -564,17 +584,110 @@ SearchGroup(const std::vector<GpuIvfpqSlot *> &group)
 	CountBatch((int) nq);
 	for (size_t i = 0; i < nq; i++)
 	{
-		GpuIvfpqSlot *slot = group[i];
+		GpuIvfpqSlot *slot = f.group[i];
 
 		/* A group shares k (Serve): each row is the slot's whole answer. */
-		memcpy(slot->payload.bytes, &labels[i * k], k * sizeof(int64));
+		memcpy(slot->payload.bytes, &f.labels[i * k], k * sizeof(int64));
 		if (is_exact)
-			memcpy(slot->payload.bytes + k * sizeof(int64), &exact[i * k], k * sizeof(double));
+			memcpy(slot->payload.bytes + k * sizeof(int64), &f.exact[i * k], k * sizeof(double));
 		slot->exact = is_exact;
 		slot->batch = (int) nq;
-		slot->matched = filtered ? matched[i] : 0;
+		slot->matched = f.filtered ? f.matched[i] : 0;
 		Answer(slot, RES_OK, NULL);
 	}
+}
+
+/* Answers every group in flight (before any other call to the GPU process). */
+static void
+FinishSearches(void)
+{
+	while (in_flight_count > 0)
+		FinishSearch();
+}
+
+/*
+ * Sends the searches of one index version and probe count as one device
+ * call, answered later by FinishSearch (at once when two are in flight).
+ */
+static void
+SendSearch(const std::vector<GpuIvfpqSlot *> &group)
+{
+	GpuIvfpqSlot *first = group.front();
+	MirrorKey	key = ToKey(first->key);
+	size_t		nq = group.size();
+	size_t		d = first->dim;
+	size_t		k = 0;
+	bool		filtered = false;
+	bool		sent = false;
+	std::string err;
+	bool		oom = false;
+
+	if (in_flight_count == 2)
+		FinishSearch();
+	InFlight   &f = in_flight[(in_flight_first + in_flight_count) % 2];
+
+	for (GpuIvfpqSlot *slot : group)
+	{
+		k = Max(k, (size_t) slot->k);
+		filtered |= slot->filtered;
+	}
+	f.group = group;
+	f.k = k;
+	f.filtered = filtered;
+	f.key_lo.clear();
+	f.key_hi.clear();
+	f.matched.clear();
+	/* Queries without a filter in a batch with filtered ones take every key (NULLs too). */
+	if (filtered)
+		for (GpuIvfpqSlot *slot : group)
+		{
+			f.key_lo.push_back(slot->filtered ? slot->key_lo : PG_INT64_MIN);
+			f.key_hi.push_back(slot->filtered ? slot->key_hi : PG_INT64_MAX);
+			f.matched.push_back(0);
+		}
+	f.queries.resize(nq * d);
+	for (size_t i = 0; i < nq; i++)
+		memcpy(&f.queries[i * d], group[i]->payload.bytes, d * sizeof(float));
+	f.labels.resize(nq * k);
+	f.exact.resize(nq * k);
+	f.sent_at = NowNs();
+	auto		send = [&] {
+		return gpu->send_search(f.call, key, d, f.queries.data(), nq, k, first->nprobe,
+								filtered ? f.key_lo.data() : nullptr, filtered ? f.key_hi.data() : nullptr);
+	};
+
+	if (!Engine([&] { sent = send(); }, err, &oom))
+	{
+		RequestResult result = Failed(oom);
+
+		if (result != RES_SERVICE_GONE)
+			RecordError("search failed: " + err);
+		for (GpuIvfpqSlot *slot : group)
+			Answer(slot, result, err.c_str());
+		return;
+	}
+	if (!sent)
+	{
+		/* Too large to go beside the one in flight: that one first. */
+		FinishSearches();
+		f.sent_at = NowNs();
+		if (!Engine([&] { sent = send(); }, err, &oom) || !sent)
+		{
+			RequestResult result = Failed(oom);
+
+			if (result != RES_SERVICE_GONE)
+				RecordError("search failed: " + (sent ? err : std::string("no room in the exchange")));
+			for (GpuIvfpqSlot *slot : group)
+				Answer(slot, result, err.c_str());
+			return;
+		}
+	}
+	if (in_flight_count == 0)
+		in_flight_first = (int) (&f - in_flight);
+	in_flight_count++;
+	/* One stays in flight: the process works on it while the service answers the one before. */
+	if (in_flight_count == 2)
+		FinishSearch();
 }
 
 static gpuivfpq::MirrorSpec
@@ -613,7 +726,7 @@ Load(GpuIvfpqSlot *slot, const char *base, std::string &err)
 	bool		changed = false;
 
 	if (!Engine([&] {
-			gpu->load(key, spec, (size_t) h->n, (const int32_t *) (base + l.lists),
+			GpuSync()->load(key, spec, (size_t) h->n, (const int32_t *) (base + l.lists),
 					  (const uint8_t *) (base + l.codes), (const int64_t *) labels,
 					  spec.vectors ? (const float *) (base + l.vectors) : nullptr,
 					  spec.filter_keys ? (const int64_t *) (base + l.keys) : nullptr);
@@ -663,7 +776,7 @@ Load(GpuIvfpqSlot *slot, const char *base, std::string &err)
 		std::string ignored;
 
 		/* No mirror without its log position: DrainLog would never update it. */
-		(void) Engine([&] { gpu->drop_index(key.db, key.index); }, ignored);
+		(void) Engine([&] { GpuSync()->drop_index(key.db, key.index); }, ignored);
 		if (err.empty())
 		{
 			/*
@@ -693,7 +806,7 @@ Train(char *base, std::string &err)
 	params.seed = h->seed;
 	params.max_points_per_centroid = h->max_points_per_centroid;
 	if (!Engine([&] {
-			gpu->train((const float *) (base + l.rows), (size_t) h->n, h->d, h->lists, h->m,
+			GpuSync()->train((const float *) (base + l.rows), (size_t) h->n, h->d, h->lists, h->m,
 					   (gpuivfpq::Metric) h->metric, params, (float *) (base + l.centroids),
 					   (float *) (base + l.codebooks));
 		}, err, &oom))
@@ -710,7 +823,7 @@ Encode(GpuIvfpqSlot *slot, char *base, std::string &err)
 	bool		oom = false;
 
 	if (!Engine([&] {
-			gpu->encode(spec, (const float *) (base + l.rows), (size_t) Min(slot->n, h->n),
+			GpuSync()->encode(spec, (const float *) (base + l.rows), (size_t) Min(slot->n, h->n),
 						(int32_t *) (base + l.lists), (uint8_t *) (base + l.codes));
 		}, err, &oom))
 		return Failed(oom);
@@ -734,7 +847,7 @@ SearchBatch(GpuIvfpqSlot *slot, char *base, std::string &err)
 	bool		is_exact = false;
 
 	if (!Engine([&] {
-			found = gpu->search(key, slot->dim, queries, slot->n, slot->k, slot->nprobe, nullptr, nullptr,
+			found = GpuSync()->search(key, slot->dim, queries, slot->n, slot->k, slot->nprobe, nullptr, nullptr,
 								nullptr, reinterpret_cast<int64_t *>(labels), exact, &is_exact, slot->brute);
 		}, err, &oom))
 		return Failed(oom);
@@ -754,7 +867,7 @@ Exact(GpuIvfpqSlot *slot, char *base, std::string &err)
 	bool		oom = false;
 
 	if (!Engine([&] {
-			gpu->exact_knn((const float *) (base + l.queries), h->m, (const float *) (base + l.base),
+			GpuSync()->exact_knn((const float *) (base + l.queries), h->m, (const float *) (base + l.base),
 						   h->n, h->d, (gpuivfpq::Metric) h->metric, slot->k,
 						   (float *) (base + l.dist), (int64_t *) (base + l.labels));
 		}, err, &oom))
@@ -833,7 +946,7 @@ Serve(void)
 		groups[std::make_tuple(ToKey(slot->key), slot->nprobe, slot->dim, slot->k)].push_back(slot);
 	}
 	for (auto &kv : groups)
-		SearchGroup(kv.second);
+		SendSearch(kv.second);
 	for (int i = 0; i < ntaken; i++)
 		if (taken[i]->kind != REQ_SEARCH)
 		{
@@ -967,7 +1080,7 @@ StartGpuProcess(void)
 				throw;
 			}
 			gpu->set_timeout(gpu_ivfpq_gpu_timeout_s, GPU_BULK_TIMEOUT_FACTOR);
-			gpu->set_budget(BudgetBytes());
+			GpuSync()->set_budget(BudgetBytes());
 		}, err))
 	{
 		gpu.reset();
@@ -1113,6 +1226,21 @@ gpu_ivfpq_service_main(Datum arg)
 			if (taken[i]->state == SLOT_RUNNING || taken[i]->state == SLOT_ABANDONED)
 				Answer(taken[i], RES_ERROR, "the gpu_ivfpq service failed");
 		ntaken = 0;
+		/*
+		 * Searches in flight: their requesters get the error too, and the
+		 * GPU process, whose replies the service no longer expects, is
+		 * ended (a new one starts; mirrors reload on demand).
+		 */
+		if (in_flight_count > 0)
+		{
+			for (int j = 0; j < in_flight_count; j++)
+				for (GpuIvfpqSlot *slot : in_flight[(in_flight_first + j) % 2].group)
+					if (slot->state == SLOT_RUNNING || slot->state == SLOT_ABANDONED)
+						Answer(slot, RES_ERROR, "the gpu_ivfpq service failed");
+			in_flight_count = 0;
+			if (gpu)
+				GpuProcessLost();
+		}
 		MemoryContextReset(loopctx);
 		RESUME_INTERRUPTS();
 	}
@@ -1132,18 +1260,30 @@ gpu_ivfpq_service_main(Datum arg)
 			if (GpuUp())
 				(void) Engine([&] {
 					gpu->set_timeout(gpu_ivfpq_gpu_timeout_s, GPU_BULK_TIMEOUT_FACTOR);
-					gpu->set_budget(BudgetBytes());
-					gpu->enforce_budget();
+					GpuSync()->set_budget(BudgetBytes());
+					GpuSync()->enforce_budget();
 				}, err);
 		}
 		/* Supervision: notice a death while idle; restart when the backoff is over. */
 		if (gpu && (gpu->check_exit() || !gpu->alive()))
+		{
+			FinishSearches();	/* answered by the CPU engine */
 			GpuProcessLost();
+		}
 		if (!gpu && gpu_expected && GetCurrentTimestamp() >= gpu_restart_at)
 			StartGpuProcess();
 		ResetLatch(MyLatch);
 		ntaken = 0;
 		searches = Collect(gpu_ivfpq_batch_size);
+		if (ntaken == 0 && in_flight_count > 0)
+		{
+			/* Nothing new: answer what the GPU process has in hand, then look again. */
+			GpuIvfpqCaught caught;
+
+			if (!GpuIvfpqTry([] { FinishSearches(); }, &caught))
+				RecordError(std::string("answering searches failed: ") + caught.message);
+			continue;
+		}
 		if (ntaken == 0)
 		{
 			long		timeout = 1000L;

@@ -521,6 +521,106 @@ TEST(GpuProcess, LoadWithVectorsSearchesExact)
     EXPECT_TRUE(gp->alive());
 }
 
+// Two searches in flight (send_search, receive_search): each answered as
+// the same search sent alone, in the order sent, each from its own half of
+// the exchange, also when the second is larger than the first and with key
+// ranges; a third, or any other call, while two are in flight is refused; a
+// search too large to go beside the one in flight is not sent (false), and
+// goes once that one is received (the exchange then grows).
+TEST(GpuProcess, TwoSearchesInFlightAnswerInOrder)
+{
+    Channel ch(emulated_server);
+    auto gp = ch.connect();
+    Data f(Metric::L2);
+    const MirrorKey key{1, 40, 140, 1};
+    gp->load(key, f.spec(true), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), f.x.data(), nullptr);
+    const size_t k = 10, nprobe = 3;
+    auto alone = [&](const std::vector<float>& q, std::vector<int64_t>& labels, std::vector<double>& exact) {
+        const size_t nq = q.size() / f.d;
+        labels.assign(nq * k, -7);
+        exact.assign(nq * k, -7.0);
+        bool is_exact = false;
+        ASSERT_TRUE(gp->search(key, f.d, q.data(), nq, k, nprobe, nullptr, nullptr, nullptr, labels.data(),
+                               exact.data(), &is_exact));
+        ASSERT_TRUE(is_exact);
+    };
+    const std::vector<float> qa = testutil::gaussian_vectors(3, f.d, 21), qb = testutil::gaussian_vectors(40, f.d, 22);
+    std::vector<int64_t> la, lb;
+    std::vector<double> ea, eb;
+    alone(qa, la, ea);
+    alone(qb, lb, eb);
+
+    for (int round = 0; round < 3; round++) {
+        GpuProcess::SearchCall a, b, c;
+        ASSERT_TRUE(gp->send_search(a, key, f.d, qa.data(), 3, k, nprobe, nullptr, nullptr));
+        ASSERT_TRUE(gp->send_search(b, key, f.d, qb.data(), 40, k, nprobe, nullptr, nullptr));
+        EXPECT_EQ(gp->searches_in_flight(), 2);
+        EXPECT_THROW(gp->send_search(c, key, f.d, qa.data(), 3, k, nprobe, nullptr, nullptr), Error);
+        EXPECT_THROW(gp->status(), Error);
+        std::vector<int64_t> ga(3 * k), gb(40 * k);
+        std::vector<double> xa(3 * k), xb(40 * k);
+        bool ea_exact = false, eb_exact = false;
+        ASSERT_TRUE(gp->receive_search(a, nullptr, ga.data(), xa.data(), &ea_exact));
+        // The next search goes into the half the first one left.
+        GpuProcess::SearchCall d;
+        ASSERT_TRUE(gp->send_search(d, key, f.d, qa.data(), 3, k, nprobe, nullptr, nullptr));
+        ASSERT_TRUE(gp->receive_search(b, nullptr, gb.data(), xb.data(), &eb_exact));
+        std::vector<int64_t> gd(3 * k);
+        std::vector<double> xd(3 * k);
+        bool ed_exact = false;
+        ASSERT_TRUE(gp->receive_search(d, nullptr, gd.data(), xd.data(), &ed_exact));
+        EXPECT_TRUE(ea_exact && eb_exact && ed_exact);
+        EXPECT_EQ(ga, la);
+        EXPECT_EQ(xa, ea);
+        EXPECT_EQ(gb, lb);
+        EXPECT_EQ(xb, eb);
+        EXPECT_EQ(gd, la);
+        EXPECT_EQ(gp->searches_in_flight(), 0);
+    }
+    // Larger than half of the exchange beside one in flight: not sent; sent
+    // once that one is received (the exchange then grows).
+    const size_t big = 6000;  // 6000 x (d floats + 10 answers): more than the 1 MiB half 40 queries left
+    const std::vector<float> qbig = testutil::gaussian_vectors(big, f.d, 23);
+    {
+        GpuProcess::SearchCall a, b;
+        ASSERT_TRUE(gp->send_search(a, key, f.d, qa.data(), 3, k, nprobe, nullptr, nullptr));
+        EXPECT_FALSE(gp->send_search(b, key, f.d, qbig.data(), big, k, nprobe, nullptr, nullptr));
+        EXPECT_EQ(gp->searches_in_flight(), 1);
+        std::vector<int64_t> ga(3 * k), gb(big * k);
+        std::vector<double> xa(3 * k), xb(big * k);
+        bool ex = false;
+        ASSERT_TRUE(gp->receive_search(a, nullptr, ga.data(), xa.data(), &ex));
+        EXPECT_EQ(ga, la);
+        ASSERT_TRUE(gp->send_search(b, key, f.d, qbig.data(), big, k, nprobe, nullptr, nullptr));
+        ASSERT_TRUE(gp->receive_search(b, nullptr, gb.data(), xb.data(), &ex));
+        std::vector<int64_t> lbig;
+        std::vector<double> ebig;
+        alone(qbig, lbig, ebig);
+        EXPECT_EQ(gb, lbig);
+        EXPECT_EQ(xb, ebig);
+    }
+    // With key ranges and counts, against the same search sent alone.
+    {
+        std::vector<int64_t> lo(3, 0), hi(3, INT64_MAX), matched(3, -1), m2(3, -1);
+        GpuProcess::SearchCall a, b;
+        EXPECT_THROW(gp->send_search(a, key, f.d, qa.data(), 3, k, nprobe, lo.data(), nullptr), Error);
+        EXPECT_EQ(gp->searches_in_flight(), 0);
+        ASSERT_TRUE(gp->send_search(a, key, f.d, qb.data(), 40, k, nprobe, nullptr, nullptr));
+        // A mirror without filter keys refuses ranges: the error comes with its reply, in order.
+        ASSERT_TRUE(gp->send_search(b, key, f.d, qa.data(), 3, k, nprobe, lo.data(), hi.data()));
+        std::vector<int64_t> gb(40 * k), g(3 * k);
+        std::vector<double> xb(40 * k), x(3 * k);
+        bool ex = false;
+        ASSERT_TRUE(gp->receive_search(a, nullptr, gb.data(), xb.data(), &ex));
+        EXPECT_EQ(gb, lb);
+        EXPECT_THROW(gp->receive_search(b, matched.data(), g.data(), x.data(), &ex), Error);
+        EXPECT_EQ(gp->searches_in_flight(), 0);
+    }
+    EXPECT_TRUE(gp->alive());
+    // Other calls work again once nothing is in flight.
+    EXPECT_FALSE(gp->status().mirrors.empty());
+}
+
 // Adds carry vectors of the mirror's dimension: the new rows are found at
 // their exact distances; a wrong dimension, or no vectors for a mirror that
 // keeps them, is the caller's error and changes nothing.

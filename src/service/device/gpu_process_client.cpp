@@ -297,7 +297,7 @@ bool GpuProcess::wait_reply(Reply& rep, uint64_t seq, double timeout_s)
     }
 }
 
-Reply GpuProcess::call(Request& q, bool bulk)
+void GpuProcess::send(Request& q)
 {
     if (!alive_)
         throw Error(ErrorKind::Internal, "the GPU process " + cause_);
@@ -309,12 +309,25 @@ Reply GpuProcess::call(Request& q, bool bulk)
     while (w < 0 && errno == EINTR);
     if (w != (ssize_t)sizeof(q))
         lost("", false);
+}
+
+Reply GpuProcess::receive(const Request& q, bool bulk)
+{
     Reply rep;
     (void)wait_reply(rep, q.seq, bulk ? timeout_s_ * bulk_factor_ : timeout_s_);
     last_busy_ns_ = rep.busy_ns;
     if (rep.status == Status::DeviceFailed)
         lost("reported that its device failed: " + message_of(rep), false);
     return rep;
+}
+
+Reply GpuProcess::call(Request& q, bool bulk)
+{
+    // A reply to a search in flight would come first: the caller receives it.
+    if (inflight_ > 0)
+        throw Error(ErrorKind::Internal, "GPU process: a call while a search is in flight");
+    send(q);
+    return receive(q, bulk);
 }
 
 char* GpuProcess::exchange(const Layout& layout)
@@ -455,7 +468,20 @@ bool GpuProcess::search(const MirrorKey& key, size_t d, const float* queries, si
                         size_t nprobe, const int64_t* key_lo, const int64_t* key_hi, int64_t* matched,
                         int64_t* labels, double* exact, bool* is_exact, bool brute)
 {
-    Request q;
+    if (inflight_ > 0)
+        throw Error(ErrorKind::Internal, "GPU process: a call while a search is in flight");
+    SearchCall c;
+    (void)send_search(c, key, d, queries, nq, k, nprobe, key_lo, key_hi, brute);  // fits: nothing in flight
+    return receive_search(c, matched, labels, exact, is_exact);
+}
+
+bool GpuProcess::send_search(SearchCall& c, const MirrorKey& key, size_t d, const float* queries, size_t nq,
+                             size_t k, size_t nprobe, const int64_t* key_lo, const int64_t* key_hi, bool brute)
+{
+    if (c.open || inflight_ >= 2)
+        throw Error(ErrorKind::Internal, "GPU process: more than two searches in flight");
+    Request& q = c.q;
+    q = Request();
     Layout l;
     q.op = Op::Search;
     q.key = key;
@@ -475,19 +501,54 @@ bool GpuProcess::search(const MirrorKey& key, size_t d, const float* queries, si
         q.region[4] = l.take(nq * sizeof(int64_t));
         q.region[5] = l.take(nq * sizeof(int64_t));
     }
-    char* x = exchange(l);
+    // Two halves, so that a second search can be written while the process
+    // reads the first. The exchange is resized only with nothing in flight
+    // (the process maps it at the size each request states).
+    uint64_t half_bytes = size_ / 2;
+    if (l.total > half_bytes) {
+        if (inflight_ > 0)
+            return false;
+        Layout both;
+        both.total = 2 * round_up(l.total, kExchangeStep);
+        (void)exchange(both);
+        half_bytes = size_ / 2;
+    }
+    if (inflight_ == 0)
+        next_half_ = 0;
+    const uint64_t base = next_half_ * half_bytes;
+    for (Region& r : q.region)
+        if (r.bytes != 0)
+            r.offset += base;
+    char* x = base_;
     std::memcpy(x + q.region[0].offset, queries, q.region[0].bytes);
     if (q.keys) {
         std::memcpy(x + q.region[3].offset, key_lo, q.region[3].bytes);
         std::memcpy(x + q.region[4].offset, key_hi, q.region[4].bytes);
     }
-    Reply rep = call(q);
+    send(q);
+    c.open = true;
+    inflight_++;
+    next_half_ ^= 1;
+    return true;
+}
+
+bool GpuProcess::receive_search(SearchCall& c, int64_t* matched, int64_t* labels, double* exact, bool* is_exact)
+{
+    if (!c.open)
+        throw Error(ErrorKind::Internal, "GPU process: receiving a search that was not sent");
+    c.open = false;
+    inflight_--;
+    if (!alive_)
+        throw Error(ErrorKind::Internal, "the GPU process " + cause_);
+    const Request& q = c.q;
+    Reply rep = receive(q, false);
     raise_for(rep);
     if (rep.status != Status::Ok)
         return false;
     *is_exact = rep.value[0] != 0;
-    if (brute && !*is_exact)
+    if (q.brute && !*is_exact)
         return true;  // the mirror keeps no vectors: nothing was searched
+    const char* x = base_;
     std::memcpy(labels, x + q.region[1].offset, q.region[1].bytes);
     if (q.keys && matched != nullptr)
         std::memcpy(matched, x + q.region[5].offset, q.region[5].bytes);

@@ -98,6 +98,23 @@ public:
     bool search(const MirrorKey& key, size_t d, const float* queries, size_t nq, size_t k,
                 size_t nprobe, const int64_t* key_lo, const int64_t* key_hi, int64_t* matched,
                 int64_t* labels, double* exact, bool* is_exact, bool brute = false);
+    // The same search in two steps, so that the service can collect and
+    // answer other requests while the process works: send_search queues it
+    // and returns at once; receive_search waits for its answer and copies it
+    // out (the arguments and result as search's). Searches are answered in
+    // the order sent; at most two are in flight, each in its own half of
+    // the exchange, and no other call may be made while one is. send_search
+    // returns false, sending nothing, when this one would not fit beside the
+    // one in flight: receive that one first.
+    struct SearchCall {
+        Request q;
+        bool open = false;
+    };
+    bool send_search(SearchCall& c, const MirrorKey& key, size_t d, const float* queries, size_t nq,
+                     size_t k, size_t nprobe, const int64_t* key_lo, const int64_t* key_hi,
+                     bool brute = false);
+    bool receive_search(SearchCall& c, int64_t* matched, int64_t* labels, double* exact, bool* is_exact);
+    int searches_in_flight() const { return inflight_; }
     // false when the process holds no mirror of key; *removed: entries that went.
     bool remove(const MirrorKey& key, size_t n, const int64_t* labels, size_t* removed = nullptr);
     size_t drop_index(uint32_t db, uint32_t index);
@@ -114,6 +131,8 @@ private:
     void read_announcement(double timeout_s);
     bool wait_reply(Reply& rep, uint64_t seq, double timeout_s);
     Reply call(Request& q, bool bulk = false);
+    void send(Request& q);
+    Reply receive(const Request& q, bool bulk);
     char* exchange(const Layout& layout);
     [[noreturn]] void lost(const std::string& what, bool kill_it);
     std::string reap(bool kill_it);
@@ -128,6 +147,8 @@ private:
     Kind kind_ = Kind::Emulated;
     double timeout_s_ = 0, bulk_factor_ = 1;
     uint64_t seq_ = 0;
+    int inflight_ = 0;          // searches sent and not yet received
+    uint64_t next_half_ = 0;    // the exchange half the next search in flight takes
     uint64_t last_busy_ns_ = 0;
     char* base_ = nullptr;
     uint64_t size_ = 0;
