@@ -492,6 +492,18 @@ Collect(int limit)
 	return searches;
 }
 
+/* Whether any request waits to be taken (an unlocked peek: a hint). */
+static bool
+AnyPending(void)
+{
+	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+
+	for (int i = 0; i < s->nslots; i++)
+		if (s->slots[i].state == SLOT_PENDING)
+			return true;
+	return false;
+}
+
 static void
 CountBatch(int n)
 {
@@ -990,6 +1002,9 @@ ServeRound(int searches)
 			uint64		drained = NowNs();
 
 			Serve();
+			/* Nobody else waiting: the batch is answered now, as without the overlap. */
+			if (in_flight_count > 0 && !AnyPending())
+				FinishSearches();
 			if (searches > 0)
 			{
 				GpuIvfpqServiceShared *s = gpu_ivfpq_service;
