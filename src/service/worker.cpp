@@ -542,6 +542,18 @@ static InFlight in_flight[2];
 static int	in_flight_first;	/* the oldest in flight */
 static int	in_flight_count;
 
+/* A failed search call's answer to its group: the CPU engine if the GPU process died. */
+static void
+FailSearch(const std::vector<GpuIvfpqSlot *> &group, bool oom, const std::string &err)
+{
+	RequestResult result = Failed(oom);
+
+	if (result != RES_SERVICE_GONE)
+		RecordError("search failed: " + err);
+	for (GpuIvfpqSlot *slot : group)
+		Answer(slot, result, err.c_str());
+}
+
 /* The answers of the oldest group in flight, to its slots. */
 static void
 FinishSearch(void)
@@ -570,12 +582,7 @@ FinishSearch(void)
 			pg_atomic_fetch_add_u64(&gpu_ivfpq_service->time_device_ns, gpu->last_busy_ns());
 		}, err, &oom))
 	{
-		RequestResult result = Failed(oom);
-
-		if (result != RES_SERVICE_GONE)
-			RecordError("search failed: " + err);
-		for (GpuIvfpqSlot *slot : f.group)
-			Answer(slot, result, err.c_str());
+		FailSearch(f.group, oom, err);
 		return;
 	}
 	pg_atomic_fetch_add_u64(&gpu_ivfpq_service->time_call_ns, NowNs() - f.sent_at);
@@ -670,12 +677,7 @@ SendSearch(const std::vector<GpuIvfpqSlot *> &group)
 
 	if (!Engine([&] { sent = send(); }, err, &oom))
 	{
-		RequestResult result = Failed(oom);
-
-		if (result != RES_SERVICE_GONE)
-			RecordError("search failed: " + err);
-		for (GpuIvfpqSlot *slot : group)
-			Answer(slot, result, err.c_str());
+		FailSearch(group, oom, err);
 		return;
 	}
 	if (!sent)
@@ -685,12 +687,7 @@ SendSearch(const std::vector<GpuIvfpqSlot *> &group)
 		f.sent_at = NowNs();
 		if (!Engine([&] { sent = send(); }, err, &oom) || !sent)
 		{
-			RequestResult result = Failed(oom);
-
-			if (result != RES_SERVICE_GONE)
-				RecordError("search failed: " + (sent ? err : std::string("no room in the exchange")));
-			for (GpuIvfpqSlot *slot : group)
-				Answer(slot, result, err.c_str());
+			FailSearch(group, oom, err.empty() ? std::string("no room in the exchange") : err);
 			return;
 		}
 	}
