@@ -104,6 +104,7 @@ ToKey(const GpuIvfpqKey &k)
 }
 
 static void FinishSearches(void);
+static void GpuProcessLost(void);
 
 /*
  * The GPU process for a call other than a search in flight: the searches in
@@ -625,6 +626,39 @@ FinishSearches(void)
 }
 
 /*
+ * After an error: the searches in flight are answered as usual if their
+ * replies can still be read; else their requesters get the error, and the
+ * GPU process, whose replies the service no longer expects, is replaced
+ * (mirrors reload on demand). Never leaves a search call marked open.
+ */
+static void
+SettleInFlight(void)
+{
+	GpuIvfpqCaught caught;
+
+	if (in_flight_count > 0 && !GpuIvfpqTry([] { FinishSearches(); }, &caught))
+	{
+		/*
+		 * Both entries, in flight or not (one may have been taken off before
+		 * its answer failed): a slot still running is one the service owes
+		 * an answer, since this error path answers every taken slot anyway.
+		 */
+		for (InFlight &f : in_flight)
+			for (GpuIvfpqSlot *slot : f.group)
+				if (slot->state == SLOT_RUNNING || slot->state == SLOT_ABANDONED)
+					Answer(slot, RES_ERROR, "the gpu_ivfpq service failed");
+		in_flight_count = 0;
+		if (gpu)
+			GpuProcessLost();
+	}
+	for (InFlight &f : in_flight)
+	{
+		f.call = GpuProcess::SearchCall();
+		f.group.clear();
+	}
+}
+
+/*
  * Sends the searches of one index version and probe count as one device
  * call, answered later by FinishSearch (at once when two are in flight).
  */
@@ -1013,6 +1047,8 @@ ServeRound(int searches)
 		}, &caught))
 	{
 		RecordError(std::string("a request round failed: ") + caught.message);
+		/* Searches in flight first: those of this round are among the taken. */
+		SettleInFlight();
 		for (int i = 0; i < ntaken; i++)
 			if (taken[i]->state == SLOT_RUNNING || taken[i]->state == SLOT_ABANDONED)
 				Answer(taken[i], RES_ERROR, caught.message);
@@ -1234,25 +1270,12 @@ gpu_ivfpq_service_main(Datum arg)
 		edata = CopyErrorData();
 		FlushErrorState();
 		RecordError(edata->message ? edata->message : "error");
+		/* Searches in flight first: those of this round are among the taken. */
+		SettleInFlight();
 		for (int i = 0; i < ntaken; i++)
 			if (taken[i]->state == SLOT_RUNNING || taken[i]->state == SLOT_ABANDONED)
 				Answer(taken[i], RES_ERROR, "the gpu_ivfpq service failed");
 		ntaken = 0;
-		/*
-		 * Searches in flight: their requesters get the error too, and the
-		 * GPU process, whose replies the service no longer expects, is
-		 * ended (a new one starts; mirrors reload on demand).
-		 */
-		if (in_flight_count > 0)
-		{
-			for (int j = 0; j < in_flight_count; j++)
-				for (GpuIvfpqSlot *slot : in_flight[(in_flight_first + j) % 2].group)
-					if (slot->state == SLOT_RUNNING || slot->state == SLOT_ABANDONED)
-						Answer(slot, RES_ERROR, "the gpu_ivfpq service failed");
-			in_flight_count = 0;
-			if (gpu)
-				GpuProcessLost();
-		}
 		MemoryContextReset(loopctx);
 		RESUME_INTERRUPTS();
 	}
@@ -1279,8 +1302,9 @@ gpu_ivfpq_service_main(Datum arg)
 		/* Supervision: notice a death while idle; restart when the backoff is over. */
 		if (gpu && (gpu->check_exit() || !gpu->alive()))
 		{
-			FinishSearches();	/* answered by the CPU engine */
-			GpuProcessLost();
+			SettleInFlight();	/* answered by the CPU engine */
+			if (gpu)
+				GpuProcessLost();
 		}
 		if (!gpu && gpu_expected && GetCurrentTimestamp() >= gpu_restart_at)
 			StartGpuProcess();

@@ -332,6 +332,10 @@ Reply GpuProcess::call(Request& q, bool bulk)
 
 char* GpuProcess::exchange(const Layout& layout)
 {
+    // Resizing or writing it would pull the memory from under a search the
+    // process may be reading.
+    if (inflight_ > 0)
+        throw Error(ErrorKind::Internal, "GPU process: a call while a search is in flight");
     // A dead process: fail before sizing and filling the exchange for nothing.
     if (!alive_)
         throw Error(ErrorKind::Internal, "the GPU process " + cause_);
@@ -478,8 +482,9 @@ bool GpuProcess::search(const MirrorKey& key, size_t d, const float* queries, si
 bool GpuProcess::send_search(SearchCall& c, const MirrorKey& key, size_t d, const float* queries, size_t nq,
                              size_t k, size_t nprobe, const int64_t* key_lo, const int64_t* key_hi, bool brute)
 {
-    if (c.open || inflight_ >= 2)
+    if (inflight_ >= 2 || (c.open && inflight_ > 0))
         throw Error(ErrorKind::Internal, "GPU process: more than two searches in flight");
+    c.open = false;  // left open by a caller that gave its searches up (nothing is in flight)
     Request& q = c.q;
     q = Request();
     Layout l;
@@ -502,20 +507,24 @@ bool GpuProcess::send_search(SearchCall& c, const MirrorKey& key, size_t d, cons
         q.region[5] = l.take(nq * sizeof(int64_t));
     }
     // Two halves, so that a second search can be written while the process
-    // reads the first. The exchange is resized only with nothing in flight
-    // (the process maps it at the size each request states).
-    uint64_t half_bytes = size_ / 2;
-    if (l.total > half_bytes) {
-        if (inflight_ > 0)
+    // reads the first. The exchange is sized (grown, or given back as for
+    // any call) only with nothing in flight, since the process maps it at
+    // the size each request states: room for two such searches up to the
+    // size the exchange keeps anyway, beyond it room for this one alone.
+    int half = 0;
+    if (inflight_ == 0) {
+        const uint64_t one = round_up(l.total, kExchangeStep);
+        Layout want;
+        want.total = 2 * one <= kExchangeKeep ? 2 * one : one;
+        (void)exchange(want);
+        c.spill = l.total > size_ / 2;
+    } else {
+        half = half_busy_[0] ? 1 : 0;
+        if (half_busy_[half] || l.total > size_ / 2)
             return false;
-        Layout both;
-        both.total = 2 * round_up(l.total, kExchangeStep);
-        (void)exchange(both);
-        half_bytes = size_ / 2;
+        c.spill = false;
     }
-    if (inflight_ == 0)
-        next_half_ = 0;
-    const uint64_t base = next_half_ * half_bytes;
+    const uint64_t base = static_cast<uint64_t>(half) * (size_ / 2);
     for (Region& r : q.region)
         if (r.bytes != 0)
             r.offset += base;
@@ -527,8 +536,11 @@ bool GpuProcess::send_search(SearchCall& c, const MirrorKey& key, size_t d, cons
     }
     send(q);
     c.open = true;
+    c.half = half;
+    half_busy_[half] = true;
+    if (c.spill)
+        half_busy_[1] = true;
     inflight_++;
-    next_half_ ^= 1;
     return true;
 }
 
@@ -538,6 +550,9 @@ bool GpuProcess::receive_search(SearchCall& c, int64_t* matched, int64_t* labels
         throw Error(ErrorKind::Internal, "GPU process: receiving a search that was not sent");
     c.open = false;
     inflight_--;
+    half_busy_[c.half] = false;
+    if (c.spill)
+        half_busy_[1] = false;
     if (!alive_)
         throw Error(ErrorKind::Internal, "the GPU process " + cause_);
     const Request& q = c.q;

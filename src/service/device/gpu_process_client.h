@@ -109,6 +109,8 @@ public:
     struct SearchCall {
         Request q;
         bool open = false;
+        int half = 0;        // the exchange half it was written to
+        bool spill = false;  // larger than a half: it took the whole exchange
     };
     bool send_search(SearchCall& c, const MirrorKey& key, size_t d, const float* queries, size_t nq,
                      size_t k, size_t nprobe, const int64_t* key_lo, const int64_t* key_hi,
@@ -147,8 +149,8 @@ private:
     Kind kind_ = Kind::Emulated;
     double timeout_s_ = 0, bulk_factor_ = 1;
     uint64_t seq_ = 0;
-    int inflight_ = 0;          // searches sent and not yet received
-    uint64_t next_half_ = 0;    // the exchange half the next search in flight takes
+    int inflight_ = 0;             // searches sent and not yet received
+    bool half_busy_[2] = {false, false};  // exchange halves holding a search in flight
     uint64_t last_busy_ns_ = 0;
     char* base_ = nullptr;
     uint64_t size_ = 0;
