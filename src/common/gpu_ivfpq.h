@@ -53,6 +53,8 @@ extern const float *GpuIvfpqArrayVector(ArrayType *arr, int *dim, const char *wh
 extern const float *GpuIvfpqDatumVector(Datum value, GpuIvfpqVectorFormat format, int *dim,
 										const char *what);
 extern void GpuIvfpqCheckIndexableDim(int dim);
+/* Errors out (naming what) unless every one of the n values is finite. */
+extern void GpuIvfpqCheckFinite(const float *v, int n, const char *what);
 extern const float *GpuIvfpqStoredVector(Datum value, GpuIvfpqVectorFormat format, int *dim);
 extern double GpuIvfpqExactDistance(int metric, const float *a, const float *b, int dim);
 

@@ -268,15 +268,7 @@ GpuIvfpqPgvectorElements(Datum value, GpuIvfpqVectorFormat format, int *dim, con
 		}
 		result = f;
 	}
-	for (int i = 0; i < n; i++)
-	{
-		if (unlikely(!std::isfinite(result[i])))
-			ereport(ERROR,
-					(errcode(ERRCODE_DATA_EXCEPTION),
-					 errmsg("%s element %d is %s", what, i + 1,
-							std::isnan(result[i]) ? "NaN" : "infinite"),
-					 errhint("Vectors must hold finite values only.")));
-	}
+	GpuIvfpqCheckFinite(result, n, what);
 	*dim = n;
 	return result;
 }

@@ -40,17 +40,23 @@ GpuIvfpqArrayVector(ArrayType *arr, int *dim, const char *what)
 				 errmsg("%s must not contain NULL elements", what)));
 	n = ARR_DIMS(arr)[0];
 	data = (const float *) ARR_DATA_PTR(arr);
+	GpuIvfpqCheckFinite(data, n, what);
+	*dim = n;
+	return data;
+}
+
+void
+GpuIvfpqCheckFinite(const float *v, int n, const char *what)
+{
 	for (int i = 0; i < n; i++)
 	{
-		if (unlikely(!std::isfinite(data[i])))
+		if (unlikely(!std::isfinite(v[i])))
 			ereport(ERROR,
 					(errcode(ERRCODE_DATA_EXCEPTION),
 					 errmsg("%s element %d is %s", what, i + 1,
-							std::isnan(data[i]) ? "NaN" : "infinite"),
+							std::isnan(v[i]) ? "NaN" : "infinite"),
 					 errhint("Vectors must hold finite values only.")));
 	}
-	*dim = n;
-	return data;
 }
 
 /* Errors out when a vector has more dimensions than the index can hold. */
