@@ -47,7 +47,8 @@ bool pin_host(void* p, size_t bytes)
 {
     if (p == nullptr || bytes == 0)
         return false;
-    if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) != cudaSuccess) {
+    // Portable: pinned for every device's context (a process may serve several GPUs).
+    if (cudaHostRegister(p, bytes, cudaHostRegisterPortable) != cudaSuccess) {
         (void)cudaGetLastError();  // a refusal is not sticky: clear it
         return false;
     }
@@ -117,6 +118,7 @@ GpuContext::~GpuContext()
 }
 
 int GpuContext::device() const { return impl_->device; }
+void GpuContext::make_current() const { GPU_CUDA_CHECK(cudaSetDevice(impl_->device)); }
 void* GpuContext::stream() const { return impl_->stream; }
 void GpuContext::synchronize() const { GPU_CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
 size_t GpuContext::budget() const { return impl_->budget; }

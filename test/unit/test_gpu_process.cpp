@@ -41,6 +41,7 @@
 #include "engine/ivfpq.h"
 #include "engine/search_limits.h"
 #include "service/device/compute_device.h"
+#include "service/device/device_set.h"
 #include "service/device/gpu_process_client.h"
 #include "service/device/gpu_process_protocol.h"
 #include "service/device/gpu_process_server.h"
@@ -810,7 +811,8 @@ TEST(GpuProcess, StatusBudgetAndOutOfMemory)
     StoreStatus st = gp->status();
     EXPECT_TRUE(st.mirrors.empty());
     EXPECT_EQ(st.bytes, 0u);
-    EXPECT_EQ(st.budget, SIZE_MAX);
+    // Until the service sets one: three quarters of the device.
+    EXPECT_EQ(st.budget, dev->memory_capacity() / 4 * 3);
 
     gp->load(a, f.spec(), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr, nullptr);
     gp->load(b, f.spec(), small, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr, nullptr);
@@ -1238,6 +1240,69 @@ TEST(GpuProcessServer, RejectsMalformedRequestsAndRegions)
     drop.seq = 8;
     rep = exchange(drop);
     EXPECT_EQ(rep.status, Status::Ok);
+}
+
+// A process with several devices: mirrors placed over them answer through
+// the channel as one device does, searches in flight run at once on
+// different devices and come back in order, and Devices lists each device.
+TEST(GpuProcess, SeveralDevicesAnswerAsOne)
+{
+    Channel ch([](ServerEnd& end) {
+        std::vector<std::unique_ptr<ComputeDevice>> devs;
+        for (int i = 0; i < 3; i++)
+            devs.push_back(make_cpu_emulation_device());
+        DeviceSet set(std::move(devs), {0, 1, 2});
+        announce(end.sock, set, Kind::Emulated);
+        return serve(end.sock, end.exchange, set);
+    });
+    auto gp = ch.connect();
+    EXPECT_NE(gp->description().find("3 x "), std::string::npos) << gp->description();
+    Channel single(emulated_server);
+    auto one = single.connect();
+    Data f(Metric::L2);
+    const size_t k = 10, nprobe = 3;
+    const std::vector<float> qa = testutil::gaussian_vectors(5, f.d, 31), qb = testutil::gaussian_vectors(300, f.d, 32);
+    for (Placement p : {Placement::Replicate, Placement::Shard}) {
+        const MirrorKey key{1, 50, 150, uint32_t(p)};
+        gp->load(key, f.spec(true), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), f.x.data(), nullptr, p);
+        one->load(key, f.spec(true), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), f.x.data(), nullptr);
+        StoreStatus st = gp->status();
+        ASSERT_EQ(st.mirrors.size(), 1u);
+        EXPECT_EQ(st.mirrors[0].placement, uint32_t(p));
+        EXPECT_EQ(st.mirrors[0].device_mask, 7u);
+        for (const std::vector<float>* q : {&qa, &qb}) {
+            const size_t nq = q->size() / f.d;
+            std::vector<int64_t> want(nq * k), got1(nq * k), got2(nq * k);
+            std::vector<double> wx(nq * k), gx1(nq * k), gx2(nq * k);
+            bool e0 = false, e1 = false, e2 = false;
+            ASSERT_TRUE(one->search(key, f.d, q->data(), nq, k, nprobe, nullptr, nullptr, nullptr, want.data(),
+                                    wx.data(), &e0));
+            // Two in flight: both run, answered in the order sent.
+            GpuProcess::SearchCall a, b;
+            ASSERT_TRUE(gp->send_search(a, key, f.d, q->data(), nq, k, nprobe, nullptr, nullptr));
+            ASSERT_TRUE(gp->send_search(b, key, f.d, q->data(), nq, k, nprobe, nullptr, nullptr));
+            ASSERT_TRUE(gp->receive_search(a, nullptr, got1.data(), gx1.data(), &e1));
+            ASSERT_TRUE(gp->receive_search(b, nullptr, got2.data(), gx2.data(), &e2));
+            EXPECT_TRUE(e0 && e1 && e2);
+            EXPECT_EQ(got1, want);
+            EXPECT_EQ(gx1, wx);
+            EXPECT_EQ(got2, want);
+            EXPECT_EQ(gx2, wx);
+        }
+        // Another call after searches: they were answered first.
+        EXPECT_EQ(gp->drop_index(key.db, key.index), 1u);
+    }
+    std::vector<DeviceInfo> devs = gp->devices();
+    ASSERT_EQ(devs.size(), 3u);
+    uint64_t queries = 0;
+    for (size_t i = 0; i < devs.size(); i++) {
+        EXPECT_EQ(devs[i].ordinal, i);
+        EXPECT_EQ(devs[i].alive, 1u);
+        EXPECT_GT(devs[i].budget, 0u);
+        queries += devs[i].queries;
+    }
+    EXPECT_GT(queries, 0u);
+    EXPECT_TRUE(gp->alive());
 }
 
 }  // namespace

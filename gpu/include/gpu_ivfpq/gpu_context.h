@@ -34,6 +34,10 @@ public:
     GpuContext& operator=(const GpuContext&) = delete;
 
     int device() const;
+    // Makes this context's device the calling thread's current one: a
+    // process serving several GPUs calls it before any work on this one
+    // (allocations and launches go to the current device).
+    void make_current() const;
     void* stream() const;  // the cudaStream_t, as void* to keep CUDA out of this header
     void synchronize() const;
 

@@ -37,7 +37,7 @@ GpuIvfPqOptions MirrorOptions(bool vectors = false, bool filter_keys = false)
 class CudaMirror final : public Mirror {
 public:
     CudaMirror(GpuContext& ctx, const MirrorSpec& s)
-        : index_(ctx, s.d, s.lists, s.m, s.metric, s.centroids, s.codebooks,
+        : ctx_(ctx), current_(ctx), index_(ctx, s.d, s.lists, s.m, s.metric, s.centroids, s.codebooks,
                  MirrorOptions(s.vectors, s.filter_keys)),
           vectors_(s.vectors),
           keys_(s.filter_keys)
@@ -46,6 +46,7 @@ public:
     void add(size_t n, const int32_t* list_ids, const uint8_t* codes, const int64_t* labels,
              const float* vectors, const int64_t* keys) override
     {
+        ctx_.make_current();
         index_.add_encoded(n, list_ids, codes, labels, vectors, keys);
     }
     bool has_vectors() const override { return vectors_; }
@@ -53,20 +54,35 @@ public:
     void search_exact(const float* queries, size_t nq, size_t k, size_t nprobe, double* dist,
                       int64_t* labels, const KeyRanges* ranges) override
     {
+        ctx_.make_current();
         const KeyRange r = to_gpu(ranges);
         index_.search_exact(queries, nq, k, nprobe, dist, labels, ranges ? &r : nullptr);
     }
     void search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist,
                 int64_t* labels, const KeyRanges* ranges) override
     {
+        ctx_.make_current();
         const KeyRange r = to_gpu(ranges);
         index_.search(queries, nq, k, nprobe, dist, labels, gpu::LabelKind::Ids, ranges ? &r : nullptr);
     }
     void brute_force(const float* queries, size_t nq, size_t k, double* dist, int64_t* labels) override
     {
+        ctx_.make_current();
         index_.search_brute_force(queries, nq, k, dist, labels);
     }
-    size_t remove(size_t n, const int64_t* labels) override { return index_.remove_ids(labels, n); }
+    size_t remove(size_t n, const int64_t* labels) override
+    {
+        ctx_.make_current();
+        return index_.remove_ids(labels, n);
+    }
+    ~CudaMirror() override
+    {
+        // The index frees its memory next, on this device.
+        try {
+            ctx_.make_current();
+        } catch (const Error&) {
+        }
+    }
     size_t entries() const override { return index_.ntotal(); }
     size_t bytes() const override { return index_.memory_use().total(); }
 
@@ -84,6 +100,13 @@ private:
         return r;
     }
 
+    // The device is made current before the index is built (current_) and
+    // before every call: this process may serve several GPUs.
+    struct Current {
+        explicit Current(GpuContext& c) { c.make_current(); }
+    };
+    GpuContext& ctx_;
+    Current current_;
     GpuIvfPqIndex index_;
     bool vectors_, keys_;
 };
@@ -91,6 +114,14 @@ private:
 class CudaDevice final : public ComputeDevice {
 public:
     CudaDevice(int device, size_t budget) : ctx_(device, budget), device_(device) {}
+    ~CudaDevice() override
+    {
+        // The encoder frees its memory first, on this device.
+        try {
+            ctx_.make_current();
+        } catch (const Error&) {
+        }
+    }
 
     std::string description() const override { return gpu::device_description(device_); }
     size_t memory_capacity() const override { return ctx_.budget(); }
@@ -113,12 +144,14 @@ public:
                const IvfPqTrainParams& params, float* centroids, float* codebooks) override
     {
         // The CPU engine's draws for the same seed (gpu/ train_ivfpq_gpu).
+        ctx_.make_current();
         gpu::train_ivfpq_gpu(ctx_, x, n, d, lists, m, metric, params, centroids, codebooks);
     }
     void exact_knn(const float* queries, size_t nq, const float* base, size_t n, size_t d,
                    Metric metric, size_t k, float* dist, int64_t* labels) override
     {
         // The fused cuBLAS GEMM + k-selection kernel (gpu/NOTES.md).
+        ctx_.make_current();
         gpu::DeviceBuffer dq(ctx_, nq * d * sizeof(float)), db(ctx_, n * d * sizeof(float));
         gpu::DeviceBuffer dd(ctx_, nq * k * sizeof(float)), dl(ctx_, nq * k * sizeof(int64_t));
         dq.upload(queries, nq * d * sizeof(float));
@@ -132,6 +165,7 @@ public:
                 uint8_t* codes) override
     {
         // One encoder per model: a build sends many batches with the same one.
+        ctx_.make_current();
         bool same = encoder_ && enc_d_ == s.d && enc_lists_ == s.lists && enc_m_ == s.m &&
                     enc_metric_ == s.metric &&
                     std::memcmp(enc_centroids_.data(), s.centroids, s.lists * s.d * sizeof(float)) == 0 &&
@@ -155,6 +189,7 @@ public:
     {
         // A plain error is reported once; a sticky one by every later call.
         try {
+            ctx_.make_current();
             ctx_.synchronize();
         } catch (const Error&) {
         }

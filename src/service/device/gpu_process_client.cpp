@@ -120,7 +120,8 @@ GpuProcess::GpuProcess(int sock, int exchange_fd, StopCheck stop) : GpuProcess(s
 }
 
 std::unique_ptr<GpuProcess> GpuProcess::start(const std::string& program, const std::string& title,
-                                              bool emulate, StopCheck stop, double start_timeout_s)
+                                              bool emulate, StopCheck stop, double start_timeout_s,
+                                              const std::vector<std::string>& extra)
 {
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
@@ -155,9 +156,12 @@ std::unique_ptr<GpuProcess> GpuProcess::start(const std::string& program, const 
     posix_spawnattr_setsigmask(&attr, &none);
     posix_spawnattr_setsigdefault(&attr, &all);
     std::string parent = std::to_string(getpid());
-    const char* argv[] = {title.c_str(), emulate ? "--emulate" : "--cuda", "--parent", parent.c_str(), nullptr};
+    std::vector<const char*> argv = {title.c_str(), emulate ? "--emulate" : "--cuda", "--parent", parent.c_str()};
+    for (const std::string& a : extra)
+        argv.push_back(a.c_str());
+    argv.push_back(nullptr);
     pid_t pid = 0;
-    int rc = posix_spawn(&pid, program.c_str(), &fa, &attr, const_cast<char* const*>(argv), environ);
+    int rc = posix_spawn(&pid, program.c_str(), &fa, &attr, const_cast<char* const*>(argv.data()), environ);
     posix_spawn_file_actions_destroy(&fa);
     posix_spawnattr_destroy(&attr);
     close(theirs);
@@ -403,9 +407,22 @@ StoreStatus GpuProcess::status()
     return s;
 }
 
+std::vector<DeviceInfo> GpuProcess::devices()
+{
+    Request q;
+    Layout l;
+    q.op = Op::Devices;
+    q.region[0] = l.take(kMaxDevices * sizeof(DeviceInfo));
+    char* x = exchange(l);
+    Reply rep = call(q);
+    raise_for(rep);
+    const DeviceInfo* infos = reinterpret_cast<const DeviceInfo*>(x + q.region[0].offset);
+    return std::vector<DeviceInfo>(infos, infos + std::min<uint64_t>(rep.value[0], kMaxDevices));
+}
+
 void GpuProcess::load(const MirrorKey& key, const MirrorSpec& spec, size_t n, const int32_t* list_ids,
                       const uint8_t* codes, const int64_t* labels, const float* vectors,
-                      const int64_t* keys)
+                      const int64_t* keys, Placement placement)
 {
     if ((spec.vectors && vectors == nullptr) || (spec.filter_keys && keys == nullptr))
         throw Error(ErrorKind::InvalidArgument, "GPU process load: the spec's vectors or filter keys are missing");
@@ -414,6 +431,7 @@ void GpuProcess::load(const MirrorKey& key, const MirrorSpec& spec, size_t n, co
     q.op = Op::Load;
     q.key = key;
     q.n = n;
+    q.placement = static_cast<uint64_t>(placement);
     q.vectors = spec.vectors ? 1 : 0;
     q.keys = spec.filter_keys ? 1 : 0;
     describe_model(q, l, spec);

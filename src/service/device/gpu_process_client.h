@@ -44,9 +44,11 @@ public:
     using StopCheck = bool (*)();
 
     // Starts program (argv[0] shown as title) with --emulate or --cuda and
-    // waits for its announcement. Throws StartError.
+    // the extra arguments (the devices to open), and waits for its
+    // announcement. Throws StartError.
     static std::unique_ptr<GpuProcess> start(const std::string& program, const std::string& title,
-                                             bool emulate, StopCheck stop, double start_timeout_s);
+                                             bool emulate, StopCheck stop, double start_timeout_s,
+                                             const std::vector<std::string>& extra = {});
     // Over an existing channel whose server runs elsewhere (a thread in the
     // unit tests): no process to reap or kill. Reads the announcement.
     GpuProcess(int sock, int exchange_fd, StopCheck stop);
@@ -77,10 +79,14 @@ public:
     void set_budget(size_t bytes);
     void enforce_budget();
     StoreStatus status();
+    // Each device the process serves, and the memory mirrors hold there.
+    std::vector<DeviceInfo> devices();
     // vectors: n x spec.d floats when spec.vectors, keys: n filter keys
-    // when spec.filter_keys (else unused).
+    // when spec.filter_keys (else unused). placement: replicas or shards
+    // over the process's devices (MirrorStore::load).
     void load(const MirrorKey& key, const MirrorSpec& spec, size_t n, const int32_t* list_ids,
-              const uint8_t* codes, const int64_t* labels, const float* vectors, const int64_t* keys);
+              const uint8_t* codes, const int64_t* labels, const float* vectors, const int64_t* keys,
+              Placement placement = Placement::Auto);
     // false when the process holds no mirror of key. vectors (n x d floats)
     // or null; a mirror without vectors ignores them. keys (n) or null; a
     // mirror without filter keys ignores them, one with them requires them.

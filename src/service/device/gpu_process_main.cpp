@@ -4,7 +4,12 @@
 // the driver (a signal, a sticky error, an abort) ends this process only:
 // the service answers from the CPU engine meanwhile and starts another.
 //
-//   gpu_ivfpq_gpu_process --cuda|--emulate [--parent PID]
+//   gpu_ivfpq_gpu_process --cuda [--devices 0,1,...] | --emulate [--emulated-devices N]
+//                         [--parent PID]
+//
+// --cuda opens every CUDA device it sees (CUDA_VISIBLE_DEVICES narrows what
+// it sees), or those --devices names; devices that fail to open are left
+// out, logged on stderr, as long as one opens.
 #include <dirent.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -45,12 +50,32 @@ void close_inherited_fds()
         close(fd);
 }
 
+// "0,2,3" -> {0, 2, 3}; false on anything else.
+bool parse_list(const char* s, std::vector<int>& out)
+{
+    const char* p = s;
+    while (*p != '\0') {
+        char* end = nullptr;
+        long v = std::strtol(p, &end, 10);
+        if (end == p || v < 0 || v > 1023)
+            return false;
+        out.push_back((int)v);
+        p = end;
+        if (*p == ',')
+            p++;
+        else if (*p != '\0')
+            return false;
+    }
+    return !out.empty();
+}
+
 }  // namespace
 
 int main(int argc, char** argv)
 {
     bool emulate = false, cuda = false;
-    long parent = 0;
+    long parent = 0, emulated = 1;
+    std::vector<int> wanted;
     for (int i = 1; i < argc; i++) {
         if (std::strcmp(argv[i], "--emulate") == 0)
             emulate = true;
@@ -58,8 +83,17 @@ int main(int argc, char** argv)
             cuda = true;
         else if (std::strcmp(argv[i], "--parent") == 0 && i + 1 < argc)
             parent = std::atol(argv[++i]);
-        else {
-            std::fprintf(stderr, "usage: %s --cuda|--emulate [--parent PID]\n", argv[0]);
+        else if (std::strcmp(argv[i], "--devices") == 0 && i + 1 < argc && parse_list(argv[i + 1], wanted))
+            i++;
+        else if (std::strcmp(argv[i], "--emulated-devices") == 0 && i + 1 < argc) {
+            emulated = std::atol(argv[++i]);
+            if (emulated < 1 || emulated > (long)kMaxDevices) {
+                std::fprintf(stderr, "%s: --emulated-devices takes 1 to %zu\n", argv[0], kMaxDevices);
+                return 64;
+            }
+        } else {
+            std::fprintf(stderr, "usage: %s --cuda [--devices LIST]|--emulate [--emulated-devices N] [--parent PID]\n",
+                         argv[0]);
             return 64;
         }
     }
@@ -74,27 +108,75 @@ int main(int argc, char** argv)
     signal(SIGPIPE, SIG_IGN);
     close_inherited_fds();
 
-    std::unique_ptr<ComputeDevice> dev;
+    std::vector<std::unique_ptr<ComputeDevice>> devs;
+    std::vector<uint32_t> ordinals;
     Kind kind = emulate ? Kind::Emulated : Kind::Gpu;
-    try {
-        if (emulate)
-            dev = make_cpu_emulation_device();
-        else {
-#ifdef GPU_IVFPQ_WITH_CUDA
-            if (cuda_device_count() == 0) {
-                announce(kSocketFd, nullptr, kind, Status::Unsupported, "none (no CUDA device found)");
-                return kExitNoDevice;
+    std::string failures;
+    [[maybe_unused]] bool open_failed = false;  // a visible device failed to open (else: none visible)
+    if (emulate) {
+        // N emulated devices, numbered 0..N-1; --devices picks among them as among GPUs.
+        if (wanted.empty())
+            for (long i = 0; i < emulated; i++)
+                wanted.push_back((int)i);
+        for (int i : wanted) {
+            if (i >= emulated || devs.size() >= kMaxDevices) {
+                failures += "device " + std::to_string(i) + ": not visible; ";
+                continue;
             }
-            dev = make_cuda_device(0, 0);
-#else
-            announce(kSocketFd, nullptr, kind, Status::Unsupported, "none (extension built without CUDA)");
-            return kExitNoDevice;
-#endif
+            devs.push_back(make_cpu_emulation_device());
+            ordinals.push_back((uint32_t)i);
         }
-    } catch (const std::exception& e) {
-        announce(kSocketFd, nullptr, kind, Status::Internal, std::string("the device failed to open: ") + e.what());
+        if (devs.empty()) {
+            announce(kSocketFd, nullptr, kind, Status::Unsupported,
+                     "none (no listed device is visible: " + failures + ")");
+            return kExitNoDevice;
+        }
+    } else {
+#ifdef GPU_IVFPQ_WITH_CUDA
+        int count = cuda_device_count();
+        if (count == 0) {
+            announce(kSocketFd, nullptr, kind, Status::Unsupported, "none (no CUDA device found)");
+            return kExitNoDevice;
+        }
+        if (wanted.empty())
+            for (int i = 0; i < count; i++)
+                wanted.push_back(i);
+        for (int i : wanted) {
+            if (i >= count || devs.size() >= kMaxDevices) {
+                failures += "device " + std::to_string(i) + ": not visible; ";
+                continue;
+            }
+            try {
+                devs.push_back(make_cuda_device(i, 0));
+                ordinals.push_back((uint32_t)i);
+            } catch (const std::exception& e) {
+                failures += "device " + std::to_string(i) + ": " + e.what() + "; ";
+                open_failed = true;
+            }
+        }
+        if (devs.empty() && !open_failed) {
+            announce(kSocketFd, nullptr, kind, Status::Unsupported,
+                     "none (no listed CUDA device is visible: " + failures + ")");
+            return kExitNoDevice;
+        }
+#else
+        announce(kSocketFd, nullptr, kind, Status::Unsupported, "none (extension built without CUDA)");
+        return kExitNoDevice;
+#endif
+    }
+    if (devs.empty()) {
+        announce(kSocketFd, nullptr, kind, Status::Internal, "the devices failed to open: " + failures);
         return 1;
     }
-    announce(kSocketFd, dev.get(), kind, Status::Ok, dev->description());
-    return serve(kSocketFd, kExchangeFd, *dev);
+    if (!failures.empty())
+        std::fprintf(stderr, "gpu_ivfpq_gpu_process: left out: %s\n", failures.c_str());
+    std::unique_ptr<DeviceSet> set;
+    try {
+        set = std::make_unique<DeviceSet>(std::move(devs), ordinals);
+    } catch (const std::exception& e) {
+        announce(kSocketFd, nullptr, kind, Status::Internal, std::string("the devices failed to open: ") + e.what());
+        return 1;
+    }
+    announce(kSocketFd, *set, kind);
+    return serve(kSocketFd, kExchangeFd, *set);
 }

@@ -23,10 +23,11 @@ constexpr uint32_t kMagic = 0x47495650;  // "GIVP"
 // Raised with every change of Request or Reply. The program is installed
 // apart from the extension's library: after an upgrade, a server still
 // running the old library may start the new program (or the reverse).
-constexpr uint64_t kVersion = 7;
+constexpr uint64_t kVersion = 8;
 constexpr int kRegions = 7;
 constexpr size_t kAlign = 64;
 constexpr size_t kMaxStatusMirrors = 64;  // mirrors a Status reply lists
+constexpr size_t kMaxDevices = 16;        // devices one process serves (a Devices reply lists)
 // File descriptors the process finds its channels on (set up at spawn).
 constexpr int kSocketFd = 3;
 constexpr int kExchangeFd = 4;
@@ -36,14 +37,18 @@ constexpr int kExitDeviceFailed = 3;  // the device is unusable now (a sticky CU
 
 // The process first announces itself: a Reply with seq 0, value[2] kVersion
 // and value[3] sizeof(Request) (the service refuses another build), then Ok
-// with value[0] the memory capacity, value[1] the Kind and the description
-// as message, or the status and message of why it has no device (then it
-// exits).
+// with value[0] the memory capacity (of its smallest device), value[1] the
+// Kind and the description as message, or the status and message of why it
+// has no device (then it exits).
+//
+// Replies come in the order of the requests. A process with several devices
+// runs searches at once (each on a device of its own) and answers them in
+// order; any other request waits for the searches before it.
 enum class Op : uint32_t {
     SetBudget = 1,  // budget
     EnforceBudget,  //
     Status,         // r0 out: MirrorInfo[kMaxStatusMirrors]; value: count, bytes, budget, evictions
-    Load,           // key, d, lists, m, metric, n, vectors, keys; r0 centroids, r1 codebooks,
+    Load,           // key, d, lists, m, metric, n, vectors, keys, placement; r0 centroids, r1 codebooks,
                     // r2 list ids, r3 codes, r4 labels, r5 vectors (n x d floats, when vectors),
                     // r6 filter keys (n int64, when keys)
     Add,            // key, m, n, vectors (then d), keys; r2 list ids, r3 codes, r4 labels,
@@ -62,6 +67,7 @@ enum class Op : uint32_t {
     Train,          // d, lists, m, metric, n, the IvfPqTrainParams; r0 rows, r1 centroids out, r2 codebooks out
     Encode,         // d, lists, m, metric, n; r0 centroids, r1 codebooks, r2 rows, r3 list ids out, r4 codes out
     Exact,          // d, metric, nq, n, k; r0 queries, r1 base, r2 dist out, r3 labels out
+    Devices,        // r0 out: DeviceInfo[kMaxDevices]; value: count
 };
 
 enum class Kind : uint64_t { Gpu = 1, Emulated = 2 };
@@ -92,6 +98,7 @@ struct Request {
     uint64_t vectors = 0;  // Load: keep exact vectors; Add: region 5 holds them
     uint64_t keys = 0;     // Load: keep filter keys; Add: region 6 holds them; Search: ranges
     uint64_t brute = 0;    // Search: exact k-NN over every stored vector (no probing)
+    uint64_t placement = 0;  // Load: a Placement (replicas or shards over the process's devices)
     Region region[kRegions];
 };
 

@@ -4,16 +4,27 @@
 // a status (device errors never end the loop, except an unusable device).
 #include "service/device/gpu_process_server.h"
 
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <new>
+#include <thread>
 #include <vector>
 
 #include "engine/error.h"
@@ -21,6 +32,9 @@
 namespace gpuivfpq {
 namespace gpuproc {
 namespace {
+
+// Encode batches of at least this many rows are split over the devices.
+constexpr uint64_t kSplitRows = 8192;
 
 bool send_reply(int sock, const Reply& rep)
 {
@@ -71,6 +85,8 @@ public:
     }
 
     // The region as count elements of T, after checking it lies inside.
+    uint64_t size() const { return size_; }
+
     template <typename T>
     T* at(const Region& r, uint64_t count) const
     {
@@ -131,8 +147,91 @@ Mirror* find_mirror(const Request& q, MirrorStore& store, bool check_d, Reply& r
     return mirror;
 }
 
-// Runs one request; throws Error for device errors.
-void handle(const Request& q, Reply& rep, ComputeDevice& dev, MirrorStore& store, const Exchange& x)
+// The work of a Search request, checked and bound to its mirror and
+// regions (on the serving thread: the store is not shared), to run on any
+// thread: it writes only its own regions and rep.value[0]. Empty when the
+// process holds no whole mirror of the key (rep says NotFound).
+std::function<void()> prepare_search(const Request& q, Reply& rep, MirrorStore& store, const Exchange& x)
+{
+    Mirror* mirror = find_mirror(q, store, true, rep);
+    if (mirror == nullptr)
+        return {};
+    const float* queries = x.at<float>(q.region[0], mul(q.n, q.d));
+    int64_t* labels = x.at<int64_t>(q.region[1], mul(q.n, q.k));
+    const int64_t* key_lo = q.keys != 0 ? x.at<int64_t>(q.region[3], q.n) : nullptr;
+    const int64_t* key_hi = q.keys != 0 ? x.at<int64_t>(q.region[4], q.n) : nullptr;
+    int64_t* matched = q.keys != 0 ? x.at<int64_t>(q.region[5], q.n) : nullptr;
+    double* exact = (q.brute != 0 || mirror->has_vectors()) ? x.at<double>(q.region[2], mul(q.n, q.k)) : nullptr;
+    store.count_queries(q.key, q.n);
+    uint64_t n = q.n, d = q.d, k = q.k, nprobe = q.nprobe;
+    bool brute = q.brute != 0;
+    return [=, &rep]() {
+        // Tiles keep the device's scratch space bounded for batch searches.
+        const uint64_t tile = 4096;
+        auto ranges_at = [&](uint64_t i, KeyRanges& r) -> const KeyRanges* {
+            if (key_lo == nullptr)
+                return nullptr;
+            r.lo = key_lo + i;
+            r.hi = key_hi + i;
+            r.matched = matched + i;
+            return &r;
+        };
+        if (brute) {
+            // Brute force needs the vectors; a mirror without them says so
+            // (value[0] 0). One call for all queries: the device gathers the
+            // stored vectors once and tiles the queries itself.
+            if (mirror->has_vectors()) {
+                mirror->brute_force(queries, n, k, exact, labels);
+                rep.value[0] = 1;
+            }
+        } else if (mirror->has_vectors()) {
+            // A tile of a placed mirror's replicas is split over them at once.
+            for (uint64_t i = 0; i < n; i += tile) {
+                uint64_t nq = std::min(tile, n - i);
+                KeyRanges r;
+                mirror->search_exact(queries + i * d, nq, k, nprobe, exact + i * k, labels + i * k,
+                                     ranges_at(i, r));
+            }
+            rep.value[0] = 1;
+        } else {
+            std::vector<float> dist(mul(std::min(tile, n), k));
+            for (uint64_t i = 0; i < n; i += tile) {
+                uint64_t nq = std::min(tile, n - i);
+                KeyRanges r;
+                mirror->search(queries + i * d, nq, k, nprobe, dist.data(), labels + i * k, ranges_at(i, r));
+            }
+        }
+    };
+}
+// Splits [0, n) into one contiguous share per working device when n is at
+// least `least` and there are several, and runs fn(device, first, count)
+// on each at once; else on the least busy device alone.
+void on_devices(DeviceSet& devices, uint64_t n, uint64_t least,
+                const std::function<void(ComputeDevice&, uint64_t, uint64_t)>& fn)
+{
+    std::vector<size_t> alive = devices.alive_devices();
+    if (alive.empty())
+        throw Error(ErrorKind::Internal, "GPU process: no working device is left");
+    size_t parts = n >= least ? alive.size() : 1;
+    if (parts == 1)
+        alive = {devices.least_busy(alive)};
+    DeviceSet::in_parallel(parts, [&](size_t j) {
+        uint64_t first = n * j / parts, last = n * (j + 1) / parts;
+        DeviceSet::Lease lease(devices, alive[j]);
+        try {
+            if (last > first || parts == 1)
+                fn(lease.device(), first, last - first);
+        } catch (const Error& e) {
+            if (e.kind() == ErrorKind::Internal)
+                (void)devices.check_health(alive[j]);
+            throw;
+        }
+    });
+}
+
+// Runs one request other than a search run by a pool thread; throws Error
+// for device errors.
+void handle(const Request& q, Reply& rep, DeviceSet& devices, MirrorStore& store, const Exchange& x)
 {
     switch (q.op) {
     case Op::SetBudget:
@@ -152,11 +251,21 @@ void handle(const Request& q, Reply& rep, ComputeDevice& dev, MirrorStore& store
         rep.value[3] = store.evictions();
         return;
     }
+    case Op::Devices: {
+        std::vector<DeviceInfo> list = store.device_info();
+        size_t n = std::min(list.size(), kMaxDevices);
+        DeviceInfo* out = x.at<DeviceInfo>(q.region[0], n);
+        std::copy(list.begin(), list.begin() + n, out);
+        rep.value[0] = n;
+        return;
+    }
     case Op::Load: {
         MirrorSpec s = spec_of(q, x);
+        if (q.placement > static_cast<uint64_t>(Placement::Shard))
+            throw Error(ErrorKind::InvalidArgument, "GPU process: unknown placement");
         store.load(q.key, s, q.n, x.at<int32_t>(q.region[2], q.n), x.at<uint8_t>(q.region[3], mul(q.n, q.m)),
                    x.at<int64_t>(q.region[4], q.n), s.vectors ? x.at<float>(q.region[5], mul(q.n, q.d)) : nullptr,
-                   s.filter_keys ? x.at<int64_t>(q.region[6], q.n) : nullptr);
+                   s.filter_keys ? x.at<int64_t>(q.region[6], q.n) : nullptr, static_cast<Placement>(q.placement));
         return;
     }
     case Op::Add: {
@@ -178,52 +287,9 @@ void handle(const Request& q, Reply& rep, ComputeDevice& dev, MirrorStore& store
         return;
     }
     case Op::Search: {
-        Mirror* mirror = find_mirror(q, store, true, rep);
-        if (mirror == nullptr)
-            return;
-        const float* queries = x.at<float>(q.region[0], mul(q.n, q.d));
-        int64_t* labels = x.at<int64_t>(q.region[1], mul(q.n, q.k));
-        const int64_t* key_lo = q.keys != 0 ? x.at<int64_t>(q.region[3], q.n) : nullptr;
-        const int64_t* key_hi = q.keys != 0 ? x.at<int64_t>(q.region[4], q.n) : nullptr;
-        int64_t* matched = q.keys != 0 ? x.at<int64_t>(q.region[5], q.n) : nullptr;
-        // Tiles keep the device's scratch space bounded for batch searches.
-        const uint64_t tile = 4096;
-        auto ranges_at = [&](uint64_t i, KeyRanges& r) -> const KeyRanges* {
-            if (key_lo == nullptr)
-                return nullptr;
-            r.lo = key_lo + i;
-            r.hi = key_hi + i;
-            r.matched = matched + i;
-            return &r;
-        };
-        if (q.brute != 0) {
-            // Brute force needs the vectors; a mirror without them says so
-            // (value[0] 0). One call for all queries: the device gathers the
-            // stored vectors once and tiles the queries itself.
-            if (mirror->has_vectors()) {
-                double* exact = x.at<double>(q.region[2], mul(q.n, q.k));
-                mirror->brute_force(queries, q.n, q.k, exact, labels);
-                rep.value[0] = 1;
-            }
-        } else if (mirror->has_vectors()) {
-            double* exact = x.at<double>(q.region[2], mul(q.n, q.k));
-            for (uint64_t i = 0; i < q.n; i += tile) {
-                uint64_t nq = std::min(tile, q.n - i);
-                KeyRanges r;
-                mirror->search_exact(queries + i * q.d, nq, q.k, q.nprobe, exact + i * q.k, labels + i * q.k,
-                                     ranges_at(i, r));
-            }
-            rep.value[0] = 1;
-        } else {
-            std::vector<float> dist(mul(std::min(tile, q.n), q.k));
-            for (uint64_t i = 0; i < q.n; i += tile) {
-                uint64_t nq = std::min(tile, q.n - i);
-                KeyRanges r;
-                mirror->search(queries + i * q.d, nq, q.k, q.nprobe, dist.data(), labels + i * q.k,
-                               ranges_at(i, r));
-            }
-        }
-        store.count_queries(q.key, q.n);
+        std::function<void()> work = prepare_search(q, rep, store, x);
+        if (work)
+            work();
         return;
     }
     case Op::Remove: {
@@ -248,25 +314,148 @@ void handle(const Request& q, Reply& rep, ComputeDevice& dev, MirrorStore& store
         params.max_points_per_centroid = q.max_points_per_centroid;
         params.pq_max_training = q.pq_max_training;
         params.threads = (int)q.threads;
-        dev.train(x.at<float>(q.region[0], mul(q.n, q.d)), q.n, q.d, q.lists, q.m, static_cast<Metric>(q.metric),
-                  params, x.at<float>(q.region[1], mul(q.d, q.lists)),
-                  x.at<float>(q.region[2], mul(kPqCentroids, q.d)));
+        const float* rows = x.at<float>(q.region[0], mul(q.n, q.d));
+        float* centroids = x.at<float>(q.region[1], mul(q.d, q.lists));
+        float* codebooks = x.at<float>(q.region[2], mul(kPqCentroids, q.d));
+        // One device trains (k-means on a sample is not worth splitting).
+        on_devices(devices, 1, 2, [&](ComputeDevice& dev, uint64_t, uint64_t) {
+            dev.train(rows, q.n, q.d, q.lists, q.m, static_cast<Metric>(q.metric), params, centroids, codebooks);
+        });
         return;
     }
     case Op::Encode: {
         MirrorSpec s = spec_of(q, x);
-        dev.encode(s, x.at<float>(q.region[2], mul(q.n, q.d)), q.n, x.at<int32_t>(q.region[3], q.n),
-                   x.at<uint8_t>(q.region[4], mul(q.n, q.m)));
+        const float* rows = x.at<float>(q.region[2], mul(q.n, q.d));
+        int32_t* lists = x.at<int32_t>(q.region[3], q.n);
+        uint8_t* codes = x.at<uint8_t>(q.region[4], mul(q.n, q.m));
+        // A build's batches of rows are split over the devices.
+        on_devices(devices, q.n, kSplitRows, [&](ComputeDevice& dev, uint64_t first, uint64_t count) {
+            dev.encode(s, rows + first * q.d, count, lists + first, codes + first * q.m);
+        });
         return;
     }
-    case Op::Exact:
-        dev.exact_knn(x.at<float>(q.region[0], mul(q.nq, q.d)), q.nq, x.at<float>(q.region[1], mul(q.n, q.d)),
-                      q.n, q.d, static_cast<Metric>(q.metric), q.k, x.at<float>(q.region[2], mul(q.nq, q.k)),
-                      x.at<int64_t>(q.region[3], mul(q.nq, q.k)));
+    case Op::Exact: {
+        const float* queries = x.at<float>(q.region[0], mul(q.nq, q.d));
+        const float* base = x.at<float>(q.region[1], mul(q.n, q.d));
+        float* dist = x.at<float>(q.region[2], mul(q.nq, q.k));
+        int64_t* labels = x.at<int64_t>(q.region[3], mul(q.nq, q.k));
+        // Each device takes a share of the queries against the whole base.
+        on_devices(devices, q.nq, PlacedMirror::kSplitQueries,
+                   [&](ComputeDevice& dev, uint64_t first, uint64_t count) {
+                       dev.exact_knn(queries + first * q.d, count, base, q.n, q.d, static_cast<Metric>(q.metric),
+                                     q.k, dist + first * q.k, labels + first * q.k);
+                   });
         return;
+    }
     }
     throw Error(ErrorKind::InvalidArgument, "GPU process: unknown request");
 }
+
+// Runs fn as one request's work: errors become the reply's status and
+// message (device errors never end the loop), the time it took busy_ns.
+void run_request(Reply& rep, const std::function<void()>& fn)
+{
+    auto start = std::chrono::steady_clock::now();
+    try {
+        fn();
+    } catch (const Error& e) {
+        rep.status = status_of(e.kind());
+        set_message(rep, e.what());
+    } catch (const std::bad_alloc&) {
+        rep.status = Status::OutOfMemory;
+        set_message(rep, "GPU process: out of host memory");
+    } catch (const std::exception& e) {
+        rep.status = Status::Internal;
+        set_message(rep, e.what());
+    } catch (...) {
+        rep.status = Status::Internal;
+        set_message(rep, "GPU process: an unknown exception");
+    }
+    rep.busy_ns = (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now() - start)
+                      .count();
+}
+
+// A request answered in order: at once, or by a pool thread (a search of a
+// process with several devices).
+struct Job {
+    Request q;
+    Reply rep;
+    std::function<void()> work;
+    std::atomic<bool> done{false};
+};
+
+// Threads that run searches, one per device: the searches of several
+// batches run at once, each on the device its mirror chooses. A finished
+// job is signalled on an eventfd the serving loop polls.
+class SearchPool {
+public:
+    explicit SearchPool(size_t threads)
+    {
+        efd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (efd_ < 0)
+            throw Error(ErrorKind::Internal, std::string("GPU process: eventfd: ") + std::strerror(errno));
+        // The pool's threads take no signals: the process's handlers run on the serving thread.
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, &old);
+        for (size_t i = 0; i < threads; i++)
+            threads_.emplace_back([this] { loop(); });
+        pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    }
+    ~SearchPool()
+    {
+        {
+            std::lock_guard<std::mutex> g(mu_);
+            stop_ = true;
+        }
+        cv_.notify_all();
+        for (auto& t : threads_)
+            t.join();
+        close(efd_);
+    }
+    int fd() const { return efd_; }
+    void submit(std::shared_ptr<Job> job)
+    {
+        {
+            std::lock_guard<std::mutex> g(mu_);
+            queue_.push_back(std::move(job));
+        }
+        cv_.notify_one();
+    }
+    void clear_signal()
+    {
+        uint64_t v;
+        while (read(efd_, &v, sizeof(v)) > 0) {
+        }
+    }
+
+private:
+    void loop()
+    {
+        for (;;) {
+            std::shared_ptr<Job> job;
+            {
+                std::unique_lock<std::mutex> g(mu_);
+                cv_.wait(g, [this] { return stop_ || !queue_.empty(); });
+                if (queue_.empty())
+                    return;
+                job = std::move(queue_.front());
+                queue_.pop_front();
+            }
+            run_request(job->rep, job->work);
+            job->done.store(true, std::memory_order_release);
+            uint64_t one = 1;
+            (void)!write(efd_, &one, sizeof(one));
+        }
+    }
+    int efd_ = -1;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<std::shared_ptr<Job>> queue_;
+    std::vector<std::thread> threads_;
+    bool stop_ = false;
+};
 
 }  // namespace
 
@@ -285,13 +474,79 @@ void announce(int sock, const ComputeDevice* dev, Kind kind, Status status, cons
     (void)send_reply(sock, rep);
 }
 
+void announce(int sock, const DeviceSet& devices, Kind kind)
+{
+    Reply rep;
+    rep.seq = 0;
+    rep.status = Status::Ok;
+    rep.value[0] = devices.capacity();
+    rep.value[1] = static_cast<uint64_t>(kind);
+    rep.value[2] = kVersion;
+    rep.value[3] = sizeof(Request);
+    set_message(rep, devices.description().c_str());
+    (void)send_reply(sock, rep);
+}
+
 int serve(int sock, int exchange_fd, ComputeDevice& dev)
 {
-    MirrorStore store(dev);
-    Exchange exchange(exchange_fd, dev);
+    DeviceSet one(dev);
+    return serve(sock, exchange_fd, one);
+}
+
+int serve(int sock, int exchange_fd, DeviceSet& devices)
+{
+    MirrorStore store(devices);
+    Exchange exchange(exchange_fd, devices.device(0));
+    // One device: every request in turn, on this thread. Several: searches
+    // on the pool, answered in order (pool declared last: it ends first).
+    std::unique_ptr<SearchPool> pool;
+    if (devices.size() > 1)
+        pool = std::make_unique<SearchPool>(devices.size());
+    std::deque<std::shared_ptr<Job>> fifo;
+
+    // Sends the finished replies at the head; with wait, all of them.
+    // Returns an exit code when the loop must end, else -1.
+    auto flush = [&](bool wait) -> int {
+        while (!fifo.empty()) {
+            Job& job = *fifo.front();
+            if (!job.done.load(std::memory_order_acquire)) {
+                if (!wait)
+                    return -1;
+                struct pollfd p = {pool->fd(), POLLIN, 0};
+                (void)::poll(&p, 1, 100);
+                pool->clear_signal();
+                continue;
+            }
+            // An internal failure may have left the devices unusable (a sticky CUDA error).
+            if (job.rep.status == Status::Internal && devices.alive_devices().empty())
+                job.rep.status = Status::DeviceFailed;
+            if (!send_reply(sock, job.rep))
+                return 1;
+            if (job.rep.status == Status::DeviceFailed)
+                return kExitDeviceFailed;
+            fifo.pop_front();
+        }
+        return -1;
+    };
 
     for (;;) {
-        Request q;
+        int code = flush(false);
+        if (code >= 0)
+            return code;
+        if (pool) {
+            struct pollfd p[2] = {{sock, POLLIN, 0}, {pool->fd(), POLLIN, 0}};
+            int r = ::poll(p, 2, -1);
+            if (r < 0 && errno != EINTR)
+                return 1;
+            if (r <= 0)
+                continue;
+            if (p[1].revents != 0)
+                pool->clear_signal();
+            if (p[0].revents == 0)
+                continue;
+        }
+        auto job = std::make_shared<Job>();
+        Request& q = job->q;
         // MSG_TRUNC: the length of the message, even if longer than a Request.
         ssize_t r = ::recv(sock, &q, sizeof(q), MSG_TRUNC);
         if (r == 0)
@@ -301,40 +556,40 @@ int serve(int sock, int exchange_fd, ComputeDevice& dev)
                 continue;
             return 1;
         }
-        Reply rep;
+        Reply& rep = job->rep;
         rep.seq = q.seq;
+        fifo.push_back(job);
         if (r != (ssize_t)sizeof(q) || q.magic != kMagic) {
             rep.status = Status::Internal;
             set_message(rep, "GPU process: a malformed request");
-        } else {
-            auto start = std::chrono::steady_clock::now();
-            try {
-                exchange.map(q.exchange_bytes);
-                handle(q, rep, dev, store, exchange);
-            } catch (const Error& e) {
-                rep.status = status_of(e.kind());
-                set_message(rep, e.what());
-            } catch (const std::bad_alloc&) {
-                rep.status = Status::OutOfMemory;
-                set_message(rep, "GPU process: out of host memory");
-            } catch (const std::exception& e) {
-                rep.status = Status::Internal;
-                set_message(rep, e.what());
-            } catch (...) {
-                rep.status = Status::Internal;
-                set_message(rep, "GPU process: an unknown exception");
-            }
-            rep.busy_ns = (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
-                              std::chrono::steady_clock::now() - start)
-                              .count();
-            // An internal failure may have left the device unusable (a sticky CUDA error).
-            if (rep.status == Status::Internal && !dev.healthy())
-                rep.status = Status::DeviceFailed;
+            job->done = true;
+            continue;
         }
-        if (!send_reply(sock, rep))
-            return 1;
-        if (rep.status == Status::DeviceFailed)
-            return kExitDeviceFailed;
+        if (pool && q.op == Op::Search && q.exchange_bytes == exchange.size()) {
+            // Checked and bound here, run on the pool.
+            run_request(rep, [&] { job->work = prepare_search(q, rep, store, exchange); });
+            if (job->work) {
+                pool->submit(job);
+                continue;
+            }
+            job->done = true;
+            continue;
+        }
+        // Any other request: the searches before it first (it may change
+        // the mirrors or the exchange they use).
+        fifo.pop_back();
+        if ((code = flush(true)) >= 0)
+            return code;
+        fifo.push_back(job);
+        store.drop_failed();
+        run_request(rep, [&] {
+            exchange.map(q.exchange_bytes);
+            handle(q, rep, devices, store, exchange);
+        });
+        if (rep.status == Status::Internal)
+            for (size_t i : devices.alive_devices())
+                (void)devices.check_health(i);
+        job->done = true;
     }
 }
 

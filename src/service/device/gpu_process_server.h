@@ -6,6 +6,7 @@
 #include <string>
 
 #include "service/device/compute_device.h"
+#include "service/device/device_set.h"
 #include "service/device/gpu_process_protocol.h"
 
 namespace gpuivfpq {
@@ -17,9 +18,15 @@ namespace gpuproc {
 void announce(int sock, const ComputeDevice* dev, Kind kind, Status status,
               const std::string& message);
 
+// Ok, with the capacity of the set's smallest device and its description.
+void announce(int sock, const DeviceSet& devices, Kind kind);
+
 // Serves requests on sock until the peer closes it (returns 0), the channel
-// fails (1) or the device becomes unusable (kExitDeviceFailed, after the
-// reply that says so).
+// fails (1) or no device is usable any more (kExitDeviceFailed, after the
+// reply that says so). With several devices, searches run at once on a
+// thread per device, answered in order.
+int serve(int sock, int exchange_fd, DeviceSet& devices);
+// Over one device.
 int serve(int sock, int exchange_fd, ComputeDevice& dev);
 
 }  // namespace gpuproc

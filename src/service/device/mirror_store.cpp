@@ -1,9 +1,35 @@
-// Mirror bookkeeping of the GPU service: budget, LRU eviction, versions.
+// Mirror bookkeeping of the GPU service: placement, budgets, LRU eviction,
+// versions.
 #include "service/device/mirror_store.h"
+
+#include <algorithm>
 
 #include "engine/error.h"
 
 namespace gpuivfpq {
+
+// Where a mirror goes: its parts' devices, the list -> shard map (shards),
+// whether it keeps vectors, and the bytes each part needs.
+struct MirrorStore::Plan {
+    Placement mode = Placement::Replicate;
+    bool vectors = false;
+    std::vector<size_t> devices;
+    std::vector<int32_t> list_shard;
+    std::vector<size_t> need;  // per part
+};
+
+MirrorStore::MirrorStore(ComputeDevice& device)
+    : own_(std::make_unique<DeviceSet>(device)), devices_(*own_)
+{
+}
+
+size_t MirrorStore::budget() const
+{
+    size_t total = 0;
+    for (size_t i : devices_.alive_devices())
+        total += devices_.budget(i);
+    return total;
+}
 
 size_t MirrorStore::bytes() const
 {
@@ -13,10 +39,21 @@ size_t MirrorStore::bytes() const
     return total;
 }
 
-Mirror* MirrorStore::find(const MirrorKey& key)
+size_t MirrorStore::bytes_on(size_t device) const
+{
+    size_t total = 0;
+    for (const auto& kv : mirrors_)
+        total += kv.second.mirror->bytes_on(device);
+    return total;
+}
+
+PlacedMirror* MirrorStore::find(const MirrorKey& key)
 {
     auto it = mirrors_.find(key);
     if (it == mirrors_.end())
+        return nullptr;
+    // Searches may still run on it: drop_failed erases it between them.
+    if (!it->second.mirror->whole())
         return nullptr;
     it->second.last_used = ++clock_;
     return it->second.mirror.get();
@@ -32,11 +69,15 @@ bool MirrorStore::shape(const MirrorKey& key, size_t* d, size_t* m) const
     return true;
 }
 
-bool MirrorStore::evict_one(const MirrorKey* keep)
+// Evicts the least recently used mirror holding memory on device (any
+// device: SIZE_MAX), never keep.
+bool MirrorStore::evict_one(const MirrorKey* keep, size_t device)
 {
     auto victim = mirrors_.end();
     for (auto it = mirrors_.begin(); it != mirrors_.end(); ++it) {
         if (keep != nullptr && it->first == *keep)
+            continue;
+        if (device != SIZE_MAX && it->second.mirror->bytes_on(device) == 0)
             continue;
         if (victim == mirrors_.end() || it->second.last_used < victim->second.last_used)
             victim = it;
@@ -50,37 +91,104 @@ bool MirrorStore::evict_one(const MirrorKey* keep)
 
 void MirrorStore::enforce_budget()
 {
-    while (bytes() > budget_ && evict_one(nullptr)) {
-    }
+    for (size_t i = 0; i < devices_.size(); i++)
+        while (bytes_on(i) > devices_.budget(i) && evict_one(nullptr, i)) {
+        }
 }
 
-Mirror* MirrorStore::load(const MirrorKey& key, const MirrorSpec& given, size_t n,
-                          const int32_t* list_ids, const uint8_t* codes, const int64_t* labels,
-                          const float* vectors, const int64_t* keys)
+bool MirrorStore::fits(const Plan& plan) const
+{
+    for (size_t j = 0; j < plan.devices.size(); j++)
+        if (plan.need[j] > devices_.budget(plan.devices[j]))
+            return false;
+    return true;
+}
+
+std::unique_ptr<PlacedMirror> MirrorStore::build(const Plan& plan, const MirrorSpec& given, size_t n,
+                                                 const int32_t* list_ids, const uint8_t* codes,
+                                                 const int64_t* labels, const float* vectors,
+                                                 const int64_t* keys)
 {
     MirrorSpec spec = given;
-    size_t need = device_.mirror_bytes(spec, n);
-
-    drop_index(key.db, key.index);
-    if (spec.vectors && need > budget_) {
-        // The vectors take most of the room: without them the index still
-        // searches on the device, and its scans re-rank from the heap.
-        spec.vectors = false;
-        vectors = nullptr;
-        need = device_.mirror_bytes(spec, n);
+    spec.vectors = plan.vectors;
+    std::vector<std::unique_ptr<Mirror>> parts(plan.devices.size());
+    for (size_t j = 0; j < plan.devices.size(); j++) {
+        DeviceSet::Lease lease(devices_, plan.devices[j]);
+        parts[j] = lease.device().create_mirror(spec);
     }
-    if (need > budget_)
+    // The parts are filled through the placed mirror: it routes shards' entries.
+    auto placed = std::make_unique<PlacedMirror>(devices_, plan.mode, spec.d, spec.m, plan.devices,
+                                                 std::move(parts), plan.list_shard);
+    placed->add(n, list_ids, codes, labels, plan.vectors ? vectors : nullptr, spec.filter_keys ? keys : nullptr);
+    return placed;
+}
+
+Mirror* MirrorStore::load(const MirrorKey& key, const MirrorSpec& spec, size_t n, const int32_t* list_ids,
+                          const uint8_t* codes, const int64_t* labels, const float* vectors,
+                          const int64_t* keys, Placement asked)
+{
+    std::vector<size_t> alive = devices_.alive_devices();
+    if (alive.empty())
+        throw Error(ErrorKind::Internal, "no working GPU is left in this process");
+    drop_index(key.db, key.index);
+
+    // The candidate plans in order of preference (fewer devices: nothing to choose).
+    std::vector<size_t> list_sizes(spec.lists, 0);
+    for (size_t i = 0; i < n; i++)
+        if (list_ids[i] >= 0 && size_t(list_ids[i]) < spec.lists)
+            list_sizes[size_t(list_ids[i])]++;
+    auto plan_for = [&](Placement mode, bool with_vectors) {
+        Plan p;
+        p.mode = alive.size() == 1 ? Placement::Replicate : mode;
+        p.vectors = with_vectors;
+        MirrorSpec s = spec;
+        s.vectors = with_vectors;
+        if (p.mode == Placement::Replicate) {
+            p.devices = alive;
+            for (size_t dev : alive)
+                p.need.push_back(devices_.device(dev).mirror_bytes(s, n));
+            return p;
+        }
+        p.devices = alive;
+        p.list_shard = assign_lists(list_sizes, alive.size());
+        std::vector<size_t> count(alive.size(), 0);
+        for (size_t l = 0; l < spec.lists; l++)
+            count[size_t(p.list_shard[l])] += list_sizes[l];
+        for (size_t j = 0; j < alive.size(); j++)
+            p.need.push_back(devices_.device(alive[j]).mirror_bytes(s, count[j]));
+        return p;
+    };
+    std::vector<Plan> plans;
+    std::vector<bool> vector_choices = spec.vectors ? std::vector<bool>{true, false} : std::vector<bool>{false};
+    for (bool v : vector_choices) {
+        if (asked != Placement::Shard)
+            plans.push_back(plan_for(Placement::Replicate, v));
+        if (asked != Placement::Replicate)
+            plans.push_back(plan_for(Placement::Shard, v));
+    }
+    const Plan* chosen = nullptr;
+    for (const Plan& p : plans)
+        if (fits(p)) {
+            chosen = &p;
+            break;
+        }
+    if (chosen == nullptr) {
+        const Plan& last = plans.back();
+        size_t need = *std::max_element(last.need.begin(), last.need.end());
         throw Error(ErrorKind::OutOfMemory,
-                    "the index mirror needs " + std::to_string(need >> 20) +
-                        " MiB, more than the GPU memory budget of " + std::to_string(budget_ >> 20) +
-                        " MiB");
-    while (bytes() + need > budget_ && evict_one(nullptr)) {
+                    "the index mirror needs " + std::to_string(need >> 20) + " MiB on a GPU, more than the " +
+                        "GPU memory budget of " + std::to_string(devices_.budget(last.devices[0]) >> 20) +
+                        " MiB" + (alive.size() > 1 ? " per GPU" : ""));
+    }
+    for (size_t j = 0; j < chosen->devices.size(); j++) {
+        size_t dev = chosen->devices[j];
+        while (bytes_on(dev) + chosen->need[j] > devices_.budget(dev) && evict_one(nullptr, dev)) {
+        }
     }
     for (;;) {
         try {
-            std::unique_ptr<Mirror> mirror = device_.create_mirror(spec);
-            mirror->add(n, list_ids, codes, labels, spec.vectors ? vectors : nullptr,
-                        spec.filter_keys ? keys : nullptr);
+            std::unique_ptr<PlacedMirror> mirror =
+                build(*chosen, spec, n, list_ids, codes, labels, vectors, keys);
             Entry& e = mirrors_[key];
             e.mirror = std::move(mirror);
             e.last_used = ++clock_;
@@ -91,7 +199,7 @@ Mirror* MirrorStore::load(const MirrorKey& key, const MirrorSpec& given, size_t 
         } catch (const Error& err) {
             // The device ran out before the budget did (other users of the
             // GPU, scratch space): make room and try again while there is any.
-            if (err.kind() != ErrorKind::OutOfMemory || !evict_one(&key))
+            if (err.kind() != ErrorKind::OutOfMemory || !evict_one(&key, SIZE_MAX))
                 throw;
         }
     }
@@ -113,6 +221,18 @@ size_t MirrorStore::drop_index(uint32_t db, uint32_t index)
 
 void MirrorStore::drop_all() { mirrors_.clear(); }
 
+void MirrorStore::drop_failed()
+{
+    for (auto it = mirrors_.begin(); it != mirrors_.end();) {
+        if (!it->second.mirror->whole()) {
+            it = mirrors_.erase(it);
+            continue;
+        }
+        it->second.mirror->drop_failed();
+        ++it;
+    }
+}
+
 void MirrorStore::count_queries(const MirrorKey& key, size_t n)
 {
     auto it = mirrors_.find(key);
@@ -124,16 +244,29 @@ std::vector<MirrorInfo> MirrorStore::list() const
 {
     std::vector<MirrorInfo> out;
     for (const auto& kv : mirrors_) {
+        const PlacedMirror& m = *kv.second.mirror;
         MirrorInfo info;
         info.key = kv.first;
-        info.entries = kv.second.mirror->entries();
-        info.bytes = kv.second.mirror->bytes();
+        info.entries = m.entries();
+        info.bytes = m.bytes();
         info.queries = kv.second.queries;
-        info.vectors = kv.second.mirror->has_vectors();
-        info.filter_keys = kv.second.mirror->has_keys();
+        info.vectors = m.has_vectors();
+        info.filter_keys = m.has_keys();
+        info.placement = static_cast<uint32_t>(m.placement());
+        for (size_t dev : m.devices())
+            if (dev < 32)
+                info.device_mask |= 1u << dev;
         out.push_back(info);
     }
     return out;
+}
+
+std::vector<DeviceInfo> MirrorStore::device_info() const
+{
+    std::vector<size_t> used;
+    for (size_t i = 0; i < devices_.size(); i++)
+        used.push_back(bytes_on(i));
+    return devices_.info(used);
 }
 
 }  // namespace gpuivfpq

@@ -1,6 +1,7 @@
-// The service's set of index mirrors: lookup by index identity, a device
-// memory budget with least-recently-used eviction, and what the status view
-// lists about each mirror.
+// The service's set of index mirrors: lookup by index identity, placement
+// over the GPU process's devices (replicas or shards, shard_merge.h), a
+// memory budget per device with least-recently-used eviction, and what the
+// status view lists about each mirror and device.
 #pragma once
 
 #include <cstddef>
@@ -11,6 +12,8 @@
 #include <vector>
 
 #include "service/device/compute_device.h"
+#include "service/device/device_set.h"
+#include "service/device/placed_mirror.h"
 
 namespace gpuivfpq {
 
@@ -35,19 +38,29 @@ struct MirrorInfo {
     uint64_t queries = 0;
     bool vectors = false;  // holds the exact vectors (re-ranks on the device)
     bool filter_keys = false;  // holds filter keys (filters on the device)
+    uint32_t placement = 0;    // Placement: replicated (one copy per device) or sharded
+    uint32_t device_mask = 0;  // the devices (bit i: the set's device i) holding a part
 };
 
 class MirrorStore {
 public:
-    explicit MirrorStore(ComputeDevice& device) : device_(device) {}
+    explicit MirrorStore(DeviceSet& devices) : devices_(devices) {}
+    // Over one device the caller keeps.
+    explicit MirrorStore(ComputeDevice& device);
 
-    void set_budget(size_t bytes) { budget_ = bytes; }
-    size_t budget() const { return budget_; }
+    // The budget of each device (DeviceSet::set_budget: 0 is a share of it).
+    void set_budget(size_t bytes) { devices_.set_budget(bytes); }
+    // The budgets of the working devices together.
+    size_t budget() const;
     size_t bytes() const;
+    size_t bytes_on(size_t device) const;
     size_t evictions() const { return evictions_; }
+    DeviceSet& devices() { return devices_; }
 
-    // The mirror of key, or null; a hit counts as a use for LRU.
-    Mirror* find(const MirrorKey& key);
+    // The mirror of key, or null; a hit counts as a use for LRU. A mirror
+    // that lost a shard's device is not found (drop_failed frees it; it
+    // reloads over the devices left).
+    PlacedMirror* find(const MirrorKey& key);
     // The dimension and code size the mirror of key was loaded with (false
     // without one): callers check requests against them, since Mirror reads
     // its own shape from the arrays it is given.
@@ -55,15 +68,18 @@ public:
 
     // Creates the mirror of key from n entries, replacing any mirror of an
     // older version of the same index, evicting the least recently used
-    // others to stay within the budget. With spec.vectors, vectors holds n
-    // x d floats; when the mirror with vectors cannot fit the budget even
-    // alone, it is made without them (codes only: the backends re-rank from
-    // the heap; MirrorInfo::vectors says which). With spec.filter_keys, keys
+    // others to stay within each device's budget. Placement: Replicate puts
+    // a copy on every working device, Shard spreads the lists over them,
+    // Auto replicates when a copy fits one device's budget, else shards.
+    // With spec.vectors, vectors holds n x d floats; when the mirror with
+    // vectors cannot fit (the placement asked for, or under Auto either),
+    // it is made without them (codes only: the backends re-rank from the
+    // heap; MirrorInfo::vectors says which). With spec.filter_keys, keys
     // holds n filter keys (always kept: 8 bytes an entry). Throws
     // Error(OutOfMemory) when even that cannot fit.
     Mirror* load(const MirrorKey& key, const MirrorSpec& spec, size_t n, const int32_t* list_ids,
                  const uint8_t* codes, const int64_t* labels, const float* vectors,
-                 const int64_t* keys);
+                 const int64_t* keys, Placement placement = Placement::Auto);
 
     // Forgets every mirror of (db, index), whatever its version.
     size_t drop_index(uint32_t db, uint32_t index);
@@ -71,21 +87,31 @@ public:
     // Evicts least recently used mirrors until bytes() <= budget().
     void enforce_budget();
 
+    // After a device failed: drops the mirrors that lost a shard, forgets
+    // replicas there (no search may run).
+    void drop_failed();
+
     void count_queries(const MirrorKey& key, size_t n);
     std::vector<MirrorInfo> list() const;
+    std::vector<DeviceInfo> device_info() const;
 
 private:
     struct Entry {
-        std::unique_ptr<Mirror> mirror;
+        std::unique_ptr<PlacedMirror> mirror;
         uint64_t last_used = 0;
         uint64_t queries = 0;
         size_t d = 0, m = 0;
     };
-    bool evict_one(const MirrorKey* keep);
+    struct Plan;
+    bool evict_one(const MirrorKey* keep, size_t device);
+    bool fits(const Plan& plan) const;
+    std::unique_ptr<PlacedMirror> build(const Plan& plan, const MirrorSpec& spec, size_t n,
+                                        const int32_t* list_ids, const uint8_t* codes, const int64_t* labels,
+                                        const float* vectors, const int64_t* keys);
 
-    ComputeDevice& device_;
+    std::unique_ptr<DeviceSet> own_;  // the one-device set of MirrorStore(ComputeDevice&)
+    DeviceSet& devices_;
     std::map<MirrorKey, Entry> mirrors_;
-    size_t budget_ = SIZE_MAX;
     uint64_t clock_ = 0;
     size_t evictions_ = 0;
 };
