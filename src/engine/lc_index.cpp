@@ -1,0 +1,186 @@
+// List of Clusters: the build by sum of distances, exact range and k-NN
+// queries with the early stop, and the insert rule that keeps them exact.
+#include "lc_index.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "error.h"
+#include "parallel.h"
+
+namespace gpuivfpq {
+
+namespace {
+
+// Below this many distances a parallel_for costs more than it saves.
+constexpr size_t kParallelMin = 2048;
+
+// The bucket size, refused when 0 (a list of clusters needs buckets).
+size_t checked_bucket(size_t bucket)
+{
+    require(bucket >= 1, "list of clusters: bucket size must be at least 1");
+    return bucket;
+}
+
+}  // namespace
+
+ListOfClusters::ListOfClusters(WordList words, size_t bucket, int threads)
+    : MetricIndex(std::move(words)), bucket_(checked_bucket(bucket))
+{
+    // rem: the remaining objects, ascending, so a first maximum or minimum
+    // found in order is the one with the smaller id.
+    std::vector<uint32_t> rem(size());
+    std::iota(rem.begin(), rem.end(), 0u);
+    std::vector<uint64_t> sum(size(), 0);
+    std::vector<uint32_t> dist, order;
+    std::vector<uint8_t> taken;
+    bool first = true;
+    while (!rem.empty()) {
+        size_t pick = 0;
+        if (!first) {
+            for (size_t i = 1; i < rem.size(); i++)
+                if (sum[rem[i]] > sum[rem[pick]])
+                    pick = i;
+        }
+        first = false;
+        const uint32_t c = rem[pick];
+        rem.erase(rem.begin() + long(pick));
+
+        const size_t nr = rem.size();
+        const EditPattern pattern(words_[c]);
+        dist.resize(nr);
+        parallel_for(nr, nr >= kParallelMin ? threads : 1, [&](size_t begin, size_t end) {
+            for (size_t j = begin; j < end; j++)
+                dist[j] = pattern.distance(words_[rem[j]]);
+        });
+        build_evaluations_ += nr;
+
+        // The bucket: the `bucket_` remaining objects nearest to c, by
+        // (distance, id); positions j index rem and dist.
+        const size_t take = std::min(bucket_, nr);
+        order.resize(nr);
+        std::iota(order.begin(), order.end(), 0u);
+        auto nearer = [&](uint32_t a, uint32_t b) {
+            return dist[a] < dist[b] || (dist[a] == dist[b] && rem[a] < rem[b]);
+        };
+        if (take < nr)
+            std::nth_element(order.begin(), order.begin() + long(take), order.end(), nearer);
+        Cluster cluster{c, 0, {}};
+        cluster.bucket.reserve(take);
+        taken.assign(nr, 0);
+        for (size_t t = 0; t < take; t++) {
+            cluster.bucket.push_back(rem[order[t]]);
+            cluster.radius = std::max(cluster.radius, dist[order[t]]);
+            taken[order[t]] = 1;
+        }
+        std::sort(cluster.bucket.begin(), cluster.bucket.end());
+        clusters_.push_back(std::move(cluster));
+
+        // The rest stays, each adding its distance to c to its sum.
+        size_t kept = 0;
+        for (size_t j = 0; j < nr; j++) {
+            if (taken[j])
+                continue;
+            sum[rem[j]] += dist[j];
+            rem[kept++] = rem[j];
+        }
+        rem.resize(kept);
+    }
+}
+
+void ListOfClusters::place(uint32_t id)
+{
+    const EditPattern pattern(words_[id]);
+    // Invariant (2) holds for every cluster passed over: the object is
+    // farther than its radius from each such centre.
+    for (Cluster& cluster : clusters_) {
+        if (pattern.within(words_[cluster.centre], cluster.radius) <= cluster.radius) {
+            cluster.bucket.push_back(id);
+            return;
+        }
+    }
+    // No later cluster exists to break (2) when the last radius grows.
+    if (!clusters_.empty() && clusters_.back().bucket.size() < bucket_) {
+        Cluster& last = clusters_.back();
+        last.bucket.push_back(id);
+        last.radius = std::max(last.radius, pattern.distance(words_[last.centre]));
+        return;
+    }
+    clusters_.push_back(Cluster{id, 0, {}});
+}
+
+std::vector<MetricHit> ListOfClusters::range(WordView q, uint32_t r, MetricStats* stats) const
+{
+    const EditPattern pattern(q);
+    std::vector<MetricHit> hits;
+    uint64_t evaluations = 0;
+    for (const Cluster& cluster : clusters_) {
+        // Exact up to radius + r, all the rules below need.
+        const uint32_t reach = detail::saturating_add(cluster.radius, r);
+        const uint32_t d = pattern.within(words_[cluster.centre], reach);
+        evaluations++;
+        if (d <= r && !removed_[cluster.centre])
+            hits.push_back({cluster.centre, d});
+        if (d <= reach) {
+            for (uint32_t x : cluster.bucket) {
+                if (removed_[x])
+                    continue;
+                const uint32_t dx = pattern.within(words_[x], r);
+                evaluations++;
+                if (dx <= r)
+                    hits.push_back({x, dx});
+            }
+        }
+        // d < radius - r: the query ball lies inside this cluster's ball,
+        // and every later object is at >= radius from the centre.
+        if (uint64_t(d) + r < cluster.radius)
+            break;
+    }
+    if (stats)
+        *stats = MetricStats{evaluations, live_};
+    detail::sort_hits(hits);
+    return hits;
+}
+
+std::vector<MetricHit> ListOfClusters::knn(WordView q, size_t k, MetricStats* stats) const
+{
+    if (k == 0) {
+        if (stats)
+            *stats = MetricStats{0, live_};
+        return {};
+    }
+    const EditPattern pattern(q);
+    TopK top(k);
+    uint64_t evaluations = 0;
+    for (const Cluster& cluster : clusters_) {
+        // The pruning radius is the current k-th distance: an object at
+        // exactly that distance may still win on its smaller id, so only
+        // objects known to be farther are skipped.
+        uint32_t r = detail::knn_radius(top);
+        const uint32_t d =
+            pattern.within(words_[cluster.centre], detail::saturating_add(cluster.radius, r));
+        evaluations++;
+        if (d <= r && !removed_[cluster.centre])
+            detail::knn_offer(top, cluster.centre, d);
+        r = detail::knn_radius(top);
+        if (d <= detail::saturating_add(cluster.radius, r)) {
+            for (uint32_t x : cluster.bucket) {
+                if (removed_[x])
+                    continue;
+                const uint32_t dx = pattern.within(words_[x], r);
+                evaluations++;
+                if (dx <= r) {
+                    detail::knn_offer(top, x, dx);
+                    r = detail::knn_radius(top);
+                }
+            }
+        }
+        if (uint64_t(d) + r < cluster.radius)
+            break;
+    }
+    if (stats)
+        *stats = MetricStats{evaluations, live_};
+    return detail::knn_hits(top);
+}
+
+}  // namespace gpuivfpq

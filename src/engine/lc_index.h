@@ -1,0 +1,63 @@
+// List of Clusters (Chávez & Navarro) over words under edit distance.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "metric_index.h"
+
+namespace gpuivfpq {
+
+// A list of clusters, each a centre, a covering radius and a bucket, in
+// creation order. Two invariants make queries exact (docs/metric-search.md):
+//  (1) every object of cluster c's bucket is within radius(c) of centre(c);
+//  (2) every object of a later cluster (its centre or bucket) is at distance
+//      >= radius(c) from centre(c).
+// Build: the first centre is object 0; each next centre is the remaining
+// object with the largest sum of distances to the centres so far (ties: the
+// smaller id); it takes the `bucket` remaining objects nearest to it (ties:
+// the smaller id) and its radius is the largest of their distances (0 when
+// it takes none).
+class ListOfClusters : public MetricIndex {
+public:
+    // Builds over words (ids 0..n-1); bucket >= 1, else Error(InvalidArgument).
+    // threads parallelise each centre's distances to the remaining objects;
+    // the index is the same for any thread count.
+    ListOfClusters(WordList words, size_t bucket, int threads = 1);
+
+    size_t bucket_size() const { return bucket_; }
+    size_t clusters() const { return clusters_.size(); }
+    uint32_t centre(size_t c) const { return clusters_[c].centre; }
+    uint32_t radius(size_t c) const { return clusters_[c].radius; }
+    // The ids of cluster c's bucket (the centre not included).
+    const std::vector<uint32_t>& members(size_t c) const { return clusters_[c].bucket; }
+    // Distance evaluations of the build (the inserts not included).
+    uint64_t build_evaluations() const { return build_evaluations_; }
+
+    // Scans the centres in creation order: reports a centre within r, scans
+    // its bucket only when d(q, c) <= radius + r, stops after a centre with
+    // d(q, c) < radius - r (no later object can be within r).
+    std::vector<MetricHit> range(WordView q, uint32_t r,
+                                 MetricStats* stats = nullptr) const override;
+    // The range search with r = the current k-th distance, shrinking.
+    std::vector<MetricHit> knn(WordView q, size_t k, MetricStats* stats = nullptr) const override;
+
+private:
+    // Insert rule: the bucket of the first centre c with d <= radius(c);
+    // else the last cluster's bucket (growing its radius) while it holds
+    // fewer than `bucket` objects; else a new last cluster, centred on it.
+    void place(uint32_t id) override;
+
+    struct Cluster {
+        uint32_t centre;
+        uint32_t radius;
+        std::vector<uint32_t> bucket;
+    };
+
+    size_t bucket_;
+    std::vector<Cluster> clusters_;
+    uint64_t build_evaluations_ = 0;
+};
+
+}  // namespace gpuivfpq

@@ -1,0 +1,213 @@
+// Sparse Spatial Selection: the estimate of M, pivot selection, the clamped
+// pivot table, and exact range and k-NN queries filtered by it.
+#include "sss_index.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <utility>
+
+#include "error.h"
+#include "parallel.h"
+
+namespace gpuivfpq {
+
+namespace {
+
+// Below this many distances a parallel_for costs more than it saves.
+constexpr size_t kParallelMin = 2048;
+
+// alpha, refused outside (0, 1] (NaN included).
+double checked_alpha(double alpha)
+{
+    if (!(alpha > 0.0 && alpha <= 1.0)) {
+        char msg[160];
+        std::snprintf(msg, sizeof msg,
+                      "sparse spatial selection: alpha must be in (0, 1], got %g (the paper's "
+                      "good values are 0.35 to 0.5)",
+                      alpha);
+        throw Error(ErrorKind::InvalidArgument, msg);
+    }
+    return alpha;
+}
+
+// A distance as the table stores it.
+inline uint8_t clamp_to_table(uint32_t d)
+{
+    return uint8_t(std::min(d, SparseSpatialSelection::kTableMax));
+}
+
+// Lower bound of d(q, x) from pivot p: |d(p, x) - d(q, p)|, where a stored
+// kTableMax only says d(p, x) >= kTableMax, so only d(p, x) - d(q, p) is known
+// to hold.
+inline uint32_t pivot_bound(uint8_t stored, uint32_t dqp)
+{
+    if (stored == SparseSpatialSelection::kTableMax)
+        return dqp < stored ? stored - dqp : 0;
+    return stored > dqp ? stored - dqp : dqp - stored;
+}
+
+}  // namespace
+
+uint32_t SparseSpatialSelection::estimate_max_distance(const WordList& words, int threads,
+                                                       uint64_t* evaluations)
+{
+    const size_t n = words.size();
+    std::vector<uint32_t> dist(n);
+    uint32_t best = 0;
+    size_t start = 0;
+    for (int sweep = 0; sweep < 4 && n > 1; sweep++) {
+        const EditPattern pattern(words[start]);
+        parallel_for(n, n >= kParallelMin ? threads : 1, [&](size_t begin, size_t end) {
+            for (size_t j = begin; j < end; j++)
+                dist[j] = pattern.distance(words[j]);
+        });
+        if (evaluations)
+            *evaluations += n;
+        const size_t far = size_t(std::max_element(dist.begin(), dist.end()) - dist.begin());
+        if (dist[far] <= best)
+            break;
+        best = dist[far];
+        start = far;
+    }
+    return best;
+}
+
+SparseSpatialSelection::SparseSpatialSelection(WordList words, double alpha, int threads,
+                                               uint32_t max_distance)
+    : MetricIndex(std::move(words)), alpha_(checked_alpha(alpha)), max_distance_(max_distance)
+{
+    const size_t n = size();
+    if (max_distance_ == 0)
+        max_distance_ = estimate_max_distance(words_, threads, &build_evaluations_);
+
+    // d >= alpha * M for integer d means d >= ceil(alpha * M); and at least
+    // 1, so that a copy of a pivot never becomes one.
+    const uint32_t need =
+        std::max<uint32_t>(1, uint32_t(std::ceil(alpha_ * double(max_distance_))));
+    std::vector<EditPattern> patterns;
+    pivot_flag_.assign(n, 0);
+    for (uint32_t x = 0; x < n; x++) {
+        bool far = true;
+        for (const EditPattern& p : patterns) {
+            build_evaluations_++;
+            if (p.within(words_[x], need - 1) < need) {
+                far = false;
+                break;
+            }
+        }
+        if (far) {
+            pivots_.push_back(x);
+            pivot_flag_[x] = 1;
+            patterns.emplace_back(words_[x]);
+        }
+    }
+
+    const size_t np = pivots_.size();
+    table_.resize(n * np);
+    parallel_for(n, n * np >= kParallelMin ? threads : 1, [&](size_t begin, size_t end) {
+        for (size_t x = begin; x < end; x++)
+            for (size_t p = 0; p < np; p++)
+                table_[x * np + p] = clamp_to_table(patterns[p].distance(words_[x]));
+    });
+    build_evaluations_ += uint64_t(n) * np;
+}
+
+void SparseSpatialSelection::place(uint32_t id)
+{
+    const EditPattern pattern(words_[id]);
+    const size_t np = pivots_.size();
+    std::vector<uint8_t> row(np);
+    for (size_t p = 0; p < np; p++)
+        row[p] = clamp_to_table(pattern.distance(words_[pivots_[p]]));
+    // Reserve first, so that the two appends below cannot fail halfway.
+    pivot_flag_.reserve(pivot_flag_.size() + 1);
+    table_.reserve(table_.size() + np);
+    pivot_flag_.push_back(0);
+    table_.insert(table_.end(), row.begin(), row.end());
+}
+
+std::vector<uint32_t> SparseSpatialSelection::pivot_distances(const EditPattern& q) const
+{
+    std::vector<uint32_t> dq(pivots_.size());
+    for (size_t p = 0; p < pivots_.size(); p++)
+        dq[p] = q.distance(words_[pivots_[p]]);
+    return dq;
+}
+
+std::vector<MetricHit> SparseSpatialSelection::range(WordView q, uint32_t r,
+                                                     MetricStats* stats) const
+{
+    const EditPattern pattern(q);
+    const std::vector<uint32_t> dq = pivot_distances(pattern);
+    const size_t np = pivots_.size();
+    uint64_t evaluations = np;
+    std::vector<MetricHit> hits;
+    for (size_t p = 0; p < np; p++)
+        if (dq[p] <= r && !removed_[pivots_[p]])
+            hits.push_back({pivots_[p], dq[p]});
+    for (uint32_t x = 0; x < size(); x++) {
+        if (removed_[x] || pivot_flag_[x])
+            continue;
+        const uint8_t* row = table_.data() + size_t(x) * np;
+        size_t p = 0;
+        while (p < np && pivot_bound(row[p], dq[p]) <= r)
+            p++;
+        if (p < np)
+            continue;  // some pivot proves d(q, x) > r
+        const uint32_t d = pattern.within(words_[x], r);
+        evaluations++;
+        if (d <= r)
+            hits.push_back({x, d});
+    }
+    if (stats)
+        *stats = MetricStats{evaluations, live_};
+    detail::sort_hits(hits);
+    return hits;
+}
+
+std::vector<MetricHit> SparseSpatialSelection::knn(WordView q, size_t k, MetricStats* stats) const
+{
+    if (k == 0) {
+        if (stats)
+            *stats = MetricStats{0, live_};
+        return {};
+    }
+    const EditPattern pattern(q);
+    const std::vector<uint32_t> dq = pivot_distances(pattern);
+    const size_t np = pivots_.size();
+    uint64_t evaluations = np;
+    TopK top(k);
+    for (size_t p = 0; p < np; p++)
+        if (!removed_[pivots_[p]])
+            detail::knn_offer(top, pivots_[p], dq[p]);
+
+    // (lower bound, id) of every other live object, nearest bound first.
+    std::vector<std::pair<uint32_t, uint32_t>> order;
+    order.reserve(live_);
+    for (uint32_t x = 0; x < size(); x++) {
+        if (removed_[x] || pivot_flag_[x])
+            continue;
+        const uint8_t* row = table_.data() + size_t(x) * np;
+        uint32_t bound = 0;
+        for (size_t p = 0; p < np; p++)
+            bound = std::max(bound, pivot_bound(row[p], dq[p]));
+        order.emplace_back(bound, x);
+    }
+    std::sort(order.begin(), order.end());
+    for (const auto& [bound, x] : order) {
+        // An object at exactly the k-th distance may still win on its id.
+        const uint32_t r = detail::knn_radius(top);
+        if (bound > r)
+            break;  // and so are all after it
+        const uint32_t d = pattern.within(words_[x], r);
+        evaluations++;
+        if (d <= r)
+            detail::knn_offer(top, x, d);
+    }
+    if (stats)
+        *stats = MetricStats{evaluations, live_};
+    return detail::knn_hits(top);
+}
+
+}  // namespace gpuivfpq

@@ -1,0 +1,76 @@
+// Sparse Spatial Selection (Brisaboa et al.): pivots chosen far apart, and
+// the table of object-to-pivot distances, over words under edit distance.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "metric_index.h"
+
+namespace gpuivfpq {
+
+// SSS: scanning the objects in id order, an object becomes a pivot when its
+// distance to every pivot so far is >= alpha * M (and > 0: a duplicate is
+// never a pivot), M being the largest distance in the set. Every object keeps
+// its distances to the pivots in a table of bytes, clamped at kTableMax; a
+// query discards x when |d(p, x) - d(q, p)| > r for some pivot p and computes
+// d(q, x) for the rest. Pivots are fixed once built: an insert adds a table
+// row, never a pivot (a rebuild chooses them again).
+class SparseSpatialSelection : public MetricIndex {
+public:
+    // Largest distance the table stores: a stored kTableMax means ">= 255",
+    // which the filter then uses only as a lower bound.
+    static constexpr uint32_t kTableMax = 255;
+
+    // Builds over words (ids 0..n-1). alpha in (0, 1], else
+    // Error(InvalidArgument). max_distance is M; 0 estimates it (see
+    // estimate_max_distance). threads parallelise the estimate and the table;
+    // the index is the same for any thread count.
+    SparseSpatialSelection(WordList words, double alpha, int threads = 1,
+                           uint32_t max_distance = 0);
+
+    double alpha() const { return alpha_; }
+    // M as used for the pivot threshold (given or estimated).
+    uint32_t max_distance() const { return max_distance_; }
+    size_t pivots() const { return pivots_.size(); }
+    uint32_t pivot(size_t p) const { return pivots_[p]; }
+    bool is_pivot(uint32_t id) const { return pivot_flag_[id] != 0; }
+    // size() rows of pivots() bytes, object-major (an insert appends a row):
+    // table()[id * pivots() + p] = min(d(pivot p, id), kTableMax).
+    const uint8_t* table() const { return table_.data(); }
+    // Distance evaluations of the build (the estimate of M included).
+    uint64_t build_evaluations() const { return build_evaluations_; }
+
+    // Reports the pivots within r, then filters the other objects by the
+    // table and computes the distance of the survivors.
+    std::vector<MetricHit> range(WordView q, uint32_t r,
+                                 MetricStats* stats = nullptr) const override;
+    // The pivots first, then the other objects by increasing lower bound
+    // (the largest |d(p, x) - d(q, p)|), stopping once the bound exceeds the
+    // current k-th distance.
+    std::vector<MetricHit> knn(WordView q, size_t k, MetricStats* stats = nullptr) const override;
+
+    // A lower estimate of the largest distance among words, deterministic:
+    // farthest-point sweeps, the first from object 0, each next from the
+    // object farthest from the previous start, while the largest distance
+    // found grows (at most 4 sweeps of n distances). The result is at least
+    // half the true maximum (triangle inequality) and usually equals it; it
+    // only steers the choice of pivots, never the exactness of queries.
+    static uint32_t estimate_max_distance(const WordList& words, int threads,
+                                          uint64_t* evaluations = nullptr);
+
+private:
+    void place(uint32_t id) override;
+    // d(q, p) for every pivot.
+    std::vector<uint32_t> pivot_distances(const EditPattern& q) const;
+
+    double alpha_;
+    uint32_t max_distance_ = 0;
+    std::vector<uint32_t> pivots_;
+    std::vector<uint8_t> pivot_flag_;
+    std::vector<uint8_t> table_;
+    uint64_t build_evaluations_ = 0;
+};
+
+}  // namespace gpuivfpq
