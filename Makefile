@@ -37,7 +37,8 @@ EXTENSION = gpu_ivfpq gpu_ivfpq_pgvector
 MODULE_big = gpu_ivfpq
 # Fresh installs run gpu_ivfpq--<version>.sql; older versions are updated by
 # the gpu_ivfpq--<from>--<to>.sql scripts (ALTER EXTENSION gpu_ivfpq UPDATE).
-DATA = sql/gpu_ivfpq--0.1.0.sql sql/gpu_ivfpq--0.2.0.sql sql/gpu_ivfpq--0.1.0--0.2.0.sql \
+DATA = sql/gpu_ivfpq--0.1.0.sql sql/gpu_ivfpq--0.2.0.sql sql/gpu_ivfpq--0.3.0.sql \
+	sql/gpu_ivfpq--0.1.0--0.2.0.sql sql/gpu_ivfpq--0.2.0--0.3.0.sql \
 	sql/gpu_ivfpq_pgvector--0.2.0.sql
 
 # The layers, one folder each: the access method, the SQL functions, the GPU
@@ -258,6 +259,8 @@ SERVICE_CONF = tmp_check/service.conf
 installcheck-service: tmp_check/.dir
 	@echo "shared_preload_libraries = 'gpu_ivfpq'" >$(SERVICE_CONF)
 	@echo "gpu_ivfpq.service_emulate_gpu = $(if $(filter 1,$(GPU_IVFPQ_EXPECT_GPU)),off,on)" >>$(SERVICE_CONF)
+	@# Two emulated GPUs: every scan of the suite goes through replicas (one GPU process, two devices).
+	@echo "gpu_ivfpq.service_emulate_devices = 2" >>$(SERVICE_CONF)
 	$(pg_regress_installcheck) $(filter-out --temp-instance=% --temp-config=%,$(REGRESS_OPTS)) \
 	    --temp-instance=tmp_check/service-instance $(TEMP_CONF) --temp-config=$(SERVICE_CONF) \
 	    --outputdir=tmp_check/service $(REGRESS) $(REGRESS_SERVICE)

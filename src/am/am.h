@@ -359,6 +359,7 @@ typedef struct GpuIvfpqOptions
 	int			m;				/* 0 = choose from the dimension */
 	int			nbits;
 	bool		store_vectors;	/* keep each row's exact vector in its entry */
+	int			placement;		/* GPU_IVFPQ_PLACEMENT_*: replicas or shards over several GPUs */
 } GpuIvfpqOptions;
 
 #define GPU_IVFPQ_DEFAULT_LISTS 100

@@ -14,7 +14,14 @@ PG_FUNCTION_INFO_V1(gpu_ivfpq_handler);
 
 static relopt_kind gpu_ivfpq_relopt_kind;
 
-/* Registers the index options (lists, m, nbits, store_vectors); called once from _PG_init. */
+static relopt_enum_elt_def placement_values[] = {
+	{"auto", GPU_IVFPQ_PLACEMENT_AUTO},
+	{"replicate", GPU_IVFPQ_PLACEMENT_REPLICATE},
+	{"shard", GPU_IVFPQ_PLACEMENT_SHARD},
+	{(const char *) NULL}
+};
+
+/* Registers the index options (lists, m, nbits, store_vectors, placement); called once from _PG_init. */
 void
 GpuIvfpqRegisterOptions(void)
 {
@@ -29,9 +36,14 @@ GpuIvfpqRegisterOptions(void)
 	add_bool_reloption(gpu_ivfpq_relopt_kind, "store_vectors",
 					   "Keep each row's exact vector in the index, for re-ranking on the GPU and without heap reads",
 					   true, AccessExclusiveLock);
+	/* Read when a mirror loads: changing it takes effect at the next load, no rebuild. */
+	add_enum_reloption(gpu_ivfpq_relopt_kind, "placement",
+					   "How the GPU service places the index over several GPUs: auto, replicate or shard",
+					   placement_values, GPU_IVFPQ_PLACEMENT_AUTO,
+					   "Valid values are \"auto\", \"replicate\" and \"shard\".", ShareUpdateExclusiveLock);
 }
 
-/* amoptions: parses WITH (lists, m, nbits, store_vectors). */
+/* amoptions: parses WITH (lists, m, nbits, store_vectors, placement). */
 bytea *
 gpuivfpqoptions(Datum reloptions, bool validate)
 {
@@ -40,6 +52,7 @@ gpuivfpqoptions(Datum reloptions, bool validate)
 		{"m", RELOPT_TYPE_INT, offsetof(GpuIvfpqOptions, m)},
 		{"nbits", RELOPT_TYPE_INT, offsetof(GpuIvfpqOptions, nbits)},
 		{"store_vectors", RELOPT_TYPE_BOOL, offsetof(GpuIvfpqOptions, store_vectors)},
+		{"placement", RELOPT_TYPE_ENUM, offsetof(GpuIvfpqOptions, placement)},
 	};
 
 	return (bytea *) build_reloptions(reloptions, validate, gpu_ivfpq_relopt_kind,

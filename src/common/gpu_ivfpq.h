@@ -24,6 +24,14 @@ extern int	gpu_ivfpq_batch_size;
 extern int	gpu_ivfpq_batch_wait_us;
 extern int	gpu_ivfpq_gpu_timeout_s;
 extern bool gpu_ivfpq_service_emulate_gpu;
+extern int	gpu_ivfpq_service_emulate_devices;
+extern char *gpu_ivfpq_device_list;	/* gpu_ivfpq.devices */
+extern int	gpu_ivfpq_placement;
+
+/* gpu_ivfpq.placement and the placement index option (values of gpuivfpq::Placement) */
+#define GPU_IVFPQ_PLACEMENT_AUTO		0
+#define GPU_IVFPQ_PLACEMENT_REPLICATE	1
+#define GPU_IVFPQ_PLACEMENT_SHARD		2
 
 /* gpu_ivfpq.device */
 #define GPU_IVFPQ_DEVICE_AUTO	0

@@ -19,6 +19,46 @@ int			gpu_ivfpq_batch_size = 256;
 int			gpu_ivfpq_batch_wait_us = 0;
 int			gpu_ivfpq_gpu_timeout_s = 60;
 bool		gpu_ivfpq_service_emulate_gpu = false;
+int			gpu_ivfpq_service_emulate_devices = 1;
+char	   *gpu_ivfpq_device_list = NULL;
+int			gpu_ivfpq_placement = GPU_IVFPQ_PLACEMENT_AUTO;
+
+/* gpu_ivfpq.devices: comma-separated device numbers, or empty. */
+static bool
+CheckDevicesList(char **newval, void **extra, GucSource source)
+{
+	const char *p = *newval;
+	int			count = 0;
+
+	if (p == NULL || *p == '\0')
+		return true;
+	while (*p != '\0')
+	{
+		int			digits = 0;
+
+		while (*p == ' ')
+			p++;
+		while (*p >= '0' && *p <= '9')
+			p++, digits++;
+		while (*p == ' ')
+			p++;
+		if (digits == 0 || digits > 4 || ++count > 16 || (*p != ',' && *p != '\0'))
+		{
+			GUC_check_errdetail("\"%s\" is not a list of up to 16 device numbers such as \"0,1\".", *newval);
+			return false;
+		}
+		if (*p == ',')
+			p++;
+	}
+	return true;
+}
+
+static const struct config_enum_entry placement_options[] = {
+	{"auto", GPU_IVFPQ_PLACEMENT_AUTO, false},
+	{"replicate", GPU_IVFPQ_PLACEMENT_REPLICATE, false},
+	{"shard", GPU_IVFPQ_PLACEMENT_SHARD, false},
+	{NULL, 0, false}
+};
 
 static const struct config_enum_entry device_options[] = {
 	{"auto", GPU_IVFPQ_DEVICE_AUTO, false},
@@ -57,8 +97,17 @@ _PG_init(void)
 							 "auto: the GPU service when it can serve, else the CPU engine; gpu: the GPU or an error; cpu: never the GPU.",
 							 &gpu_ivfpq_device, GPU_IVFPQ_DEVICE_AUTO, device_options, PGC_USERSET, 0,
 							 NULL, NULL, NULL);
+	DefineCustomStringVariable("gpu_ivfpq.devices",
+							   "The GPUs the service uses, as CUDA device numbers (\"0,1\"); empty: every visible GPU.",
+							   "CUDA_VISIBLE_DEVICES of the server decides which GPUs are visible and their numbers. A change restarts the GPU process; mirrors reload on the GPUs listed.",
+							   &gpu_ivfpq_device_list, "", PGC_SIGHUP, 0, CheckDevicesList, NULL, NULL);
+	DefineCustomEnumVariable("gpu_ivfpq.placement",
+							 "How a mirror loaded by this session is placed over several GPUs: auto, replicate or shard.",
+							 "auto: the index's placement option, else a copy per GPU when one fits a GPU's budget, else the lists spread over the GPUs.",
+							 &gpu_ivfpq_placement, GPU_IVFPQ_PLACEMENT_AUTO, placement_options, PGC_USERSET, 0,
+							 NULL, NULL, NULL);
 	DefineCustomIntVariable("gpu_ivfpq.gpu_memory_budget",
-							"GPU memory the service may use for index mirrors (0 = three quarters of the device).",
+							"GPU memory the service may use for index mirrors on each GPU (0 = three quarters of each GPU).",
 							"Least recently used mirrors are evicted to stay within it.",
 							&gpu_ivfpq_gpu_memory_budget_kb, 0, 0, INT_MAX, PGC_SIGHUP, GUC_UNIT_KB,
 							NULL, NULL, NULL);
@@ -82,6 +131,10 @@ _PG_init(void)
 								 "Testing only: the service serves requests with a CPU emulation of the GPU.",
 								 "Exercises the request path, batching and mirror coherence on machines without a GPU.",
 								 &gpu_ivfpq_service_emulate_gpu, false, PGC_POSTMASTER, 0, NULL, NULL, NULL);
+		DefineCustomIntVariable("gpu_ivfpq.service_emulate_devices",
+								"Testing only: how many emulated GPUs the service serves with (with service_emulate_gpu).",
+								"Exercises replicas, shards and the failure of one GPU on machines without a GPU.",
+								&gpu_ivfpq_service_emulate_devices, 1, 1, 16, PGC_POSTMASTER, 0, NULL, NULL, NULL);
 		GpuIvfpqServiceRegister();
 	}
 	/* Last: reserves the gpu_ivfpq. prefix once every setting is defined. */

@@ -13,6 +13,17 @@ extern "C" {
 PG_FUNCTION_INFO_V1(gpu_ivfpq_prewarm);
 }
 
+/* The placement a mirror loaded now gets: the session's setting, else the index's option. */
+static int
+GpuIvfpqPlacementOf(Relation index)
+{
+	if (gpu_ivfpq_placement != GPU_IVFPQ_PLACEMENT_AUTO)
+		return gpu_ivfpq_placement;
+	if (index->rd_options != NULL)
+		return ((GpuIvfpqOptions *) index->rd_options)->placement;
+	return GPU_IVFPQ_PLACEMENT_AUTO;
+}
+
 /*
  * Reads every entry of the index from its pages (with its vector, in an
  * index that keeps them) into a DSM segment and asks the service to mirror
@@ -105,6 +116,7 @@ LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
 	h.n = n;
 	h.vectors = vectors != NULL;
 	h.filter_keys = keys != NULL;
+	h.placement = GpuIvfpqPlacementOf(index);
 	l = GpuIvfpqDsmLayoutFor(REQ_LOAD, &h);
 	seg = GpuIvfpqCreateSegment(l.total, "loading the mirror");
 	if (seg == NULL)

@@ -142,7 +142,24 @@ typedef struct GpuIvfpqMirrorStatus
 	int64		queries;
 	bool		vectors;		/* keeps exact vectors: re-ranks on the device */
 	bool		filter_keys;	/* keeps filter keys: filters on the device */
+	int			placement;		/* GPU_IVFPQ_PLACEMENT_REPLICATE or _SHARD */
+	uint32		device_mask;	/* bit i: the GPU process's device i holds a part */
 } GpuIvfpqMirrorStatus;
+
+#define GPU_IVFPQ_STATUS_DEVICES 16 /* devices listed by gpu_ivfpq_devices() */
+
+/* One GPU of the GPU process, as gpu_ivfpq_devices() lists it. */
+typedef struct GpuIvfpqDeviceStatus
+{
+	int			device;			/* its CUDA device number */
+	bool		alive;			/* false once it failed: nothing goes to it */
+	char		description[96];
+	int64		memory_budget;
+	int64		memory_used;	/* by mirrors */
+	int64		queries;
+	int64		batches;
+	int64		busy_us;		/* time it ran calls */
+} GpuIvfpqDeviceStatus;
 
 typedef struct GpuIvfpqServiceShared
 {
@@ -160,6 +177,8 @@ typedef struct GpuIvfpqServiceShared
 	TimestampTz last_gpu_exit_at;
 	int			nmirrors;
 	GpuIvfpqMirrorStatus mirrors[GPU_IVFPQ_STATUS_MIRRORS];
+	int			ndevices;
+	GpuIvfpqDeviceStatus devices[GPU_IVFPQ_STATUS_DEVICES];
 	int64		memory_used;
 	int64		memory_budget;
 	int64		evictions;		/* over every GPU process */
@@ -215,6 +234,7 @@ typedef struct GpuIvfpqDsmHeader
 	uint64		seed;
 	int32		vectors;		/* LOAD: the entries' vectors follow (n x d floats) */
 	int32		filter_keys;	/* LOAD: the entries' filter keys follow (n int64) */
+	int32		placement;		/* LOAD: GPU_IVFPQ_PLACEMENT_* over the service's GPUs */
 } GpuIvfpqDsmHeader;
 
 /*

@@ -9,9 +9,11 @@ extern "C" {
 #include "miscadmin.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
+#include "catalog/pg_type.h"
 
 PG_FUNCTION_INFO_V1(gpu_ivfpq_status);
 PG_FUNCTION_INFO_V1(gpu_ivfpq_mirrors);
+PG_FUNCTION_INFO_V1(gpu_ivfpq_devices);
 }
 
 /* Whether the user may see the service's state for every database (as pg_stat_activity's details). */
@@ -136,7 +138,9 @@ gpu_ivfpq_mirrors(PG_FUNCTION_ARGS)
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
 	GpuIvfpqMirrorStatus mirrors[GPU_IVFPQ_STATUS_MIRRORS];
+	int			ordinals[GPU_IVFPQ_STATUS_DEVICES];
 	int			n = 0;
+	int			ndevices = 0;
 
 	InitMaterializedSRF(fcinfo, 0);
 	if (s == NULL)
@@ -144,14 +148,19 @@ gpu_ivfpq_mirrors(PG_FUNCTION_ARGS)
 	SpinLockAcquire(&s->mutex);
 	n = s->nmirrors;
 	memcpy(mirrors, s->mirrors, sizeof(GpuIvfpqMirrorStatus) * n);
+	ndevices = s->ndevices;
+	for (int i = 0; i < ndevices; i++)
+		ordinals[i] = s->devices[i].device;
 	SpinLockRelease(&s->mutex);
 	for (int i = 0; i < n; i++)
 	{
 		/* Other databases' mirrors: for pg_read_all_stats (pg_monitor) only. */
 		if (mirrors[i].key.db != MyDatabaseId && !SeesAllDatabases())
 			continue;
-		Datum		values[9];
-		bool		nulls[9];
+		Datum		values[11];
+		bool		nulls[11];
+		Datum		devs[GPU_IVFPQ_STATUS_DEVICES];
+		int			ndevs = 0;
 
 		memset(nulls, 0, sizeof(nulls));
 		values[0] = ObjectIdGetDatum(mirrors[i].key.db);
@@ -165,6 +174,58 @@ gpu_ivfpq_mirrors(PG_FUNCTION_ARGS)
 		values[7] = BoolGetDatum(mirrors[i].vectors);
 		/* The index has a filter column: the GPU applies its filters. */
 		values[8] = BoolGetDatum(mirrors[i].filter_keys);
+		/* Over several GPUs: a copy on each, or the lists spread over them. */
+		values[9] = CStringGetTextDatum(mirrors[i].placement == GPU_IVFPQ_PLACEMENT_SHARD ? "shard" : "replicate");
+		for (int j = 0; j < ndevices; j++)
+			if (mirrors[i].device_mask & (1u << j))
+				devs[ndevs++] = Int32GetDatum(ordinals[j]);
+		values[10] = PointerGetDatum(construct_array(devs, ndevs, INT4OID, sizeof(int32), true, TYPALIGN_INT));
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	PG_RETURN_VOID();
+}
+
+/*
+ * gpu_ivfpq_devices(): the GPUs of the GPU process (none while it is not
+ * running), with the memory mirrors hold on each and the calls each ran.
+ */
+Datum
+gpu_ivfpq_devices(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+	GpuIvfpqDeviceStatus devices[GPU_IVFPQ_STATUS_DEVICES];
+	GpuIvfpqMirrorStatus mirrors[GPU_IVFPQ_STATUS_MIRRORS];
+	int			n = 0;
+	int			nmirrors = 0;
+
+	InitMaterializedSRF(fcinfo, 0);
+	if (s == NULL)
+		PG_RETURN_VOID();
+	SpinLockAcquire(&s->mutex);
+	n = s->ndevices;
+	memcpy(devices, s->devices, sizeof(GpuIvfpqDeviceStatus) * n);
+	nmirrors = s->nmirrors;
+	memcpy(mirrors, s->mirrors, sizeof(GpuIvfpqMirrorStatus) * nmirrors);
+	SpinLockRelease(&s->mutex);
+	for (int i = 0; i < n; i++)
+	{
+		Datum		values[9];
+		bool		nulls[9];
+		int			held = 0;
+
+		for (int j = 0; j < nmirrors; j++)
+			held += (mirrors[j].device_mask & (1u << i)) != 0;
+		memset(nulls, 0, sizeof(nulls));
+		values[0] = Int32GetDatum(devices[i].device);
+		values[1] = CStringGetTextDatum(devices[i].description);
+		values[2] = BoolGetDatum(devices[i].alive);
+		values[3] = Float8GetDatum((double) devices[i].memory_budget / (1024.0 * 1024.0));
+		values[4] = Float8GetDatum((double) devices[i].memory_used / (1024.0 * 1024.0));
+		values[5] = Int32GetDatum(held);
+		values[6] = Int64GetDatum(devices[i].queries);
+		values[7] = Int64GetDatum(devices[i].batches);
+		values[8] = Float8GetDatum((double) devices[i].busy_us / 1000.0);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	PG_RETURN_VOID();

@@ -52,6 +52,7 @@ static bool gpu_expected = true;	/* false once the process said there is no devi
 static bool gpu_ever_served;	/* a process served since the service started */
 static TimestampTz gpu_restart_at;	/* when to start it again */
 static TimestampTz gpu_started_at;
+static std::vector<std::string> gpu_arguments;	/* the devices the process was started with */
 static int	gpu_backoff_ms;
 
 #define LOAD_CLAIM_MS 30000		/* how long others use the CPU while one loads */
@@ -183,8 +184,12 @@ PublishStatus(void)
 {
 	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
 	gpuivfpq::gpuproc::StoreStatus st;
+	std::vector<gpuivfpq::DeviceInfo> devs;
 	std::string err;
-	bool		known = GpuUp() && Engine([&] { st = GpuSync()->status(); }, err);
+	bool		known = GpuUp() && Engine([&] {
+		st = GpuSync()->status();
+		devs = GpuSync()->devices();
+	}, err);
 
 	/* Without an answer: no mirrors (none, or none reachable); the counts stand. */
 	SpinLockAcquire(&s->mutex);
@@ -205,6 +210,25 @@ PublishStatus(void)
 		m->queries = (int64) info.queries;
 		m->vectors = info.vectors;
 		m->filter_keys = info.filter_keys;
+		m->placement = (int) info.placement;
+		m->device_mask = info.device_mask;
+	}
+	s->ndevices = 0;
+	for (const auto &info : devs)
+	{
+		GpuIvfpqDeviceStatus *d;
+
+		if (s->ndevices >= GPU_IVFPQ_STATUS_DEVICES)
+			break;
+		d = &s->devices[s->ndevices++];
+		d->device = (int) info.ordinal;
+		d->alive = info.alive != 0;
+		strlcpy(d->description, info.description, sizeof(d->description));
+		d->memory_budget = (int64) info.budget;
+		d->memory_used = (int64) info.bytes;
+		d->queries = (int64) info.queries;
+		d->batches = (int64) info.batches;
+		d->busy_us = (int64) (info.busy_ns / 1000);
 	}
 	s->memory_used = (int64) st.bytes;
 	if (known)
@@ -216,14 +240,15 @@ PublishStatus(void)
 	SpinLockRelease(&s->mutex);
 }
 
-/* The mirror memory budget: the GUC, or a share of the device when 0. */
+/*
+ * The mirror memory budget of each GPU: the setting, or 0 for the GPU
+ * process's default, three quarters of each GPU (the rest is search
+ * scratch, builds and other processes).
+ */
 static size_t
 BudgetBytes(void)
 {
-	if (gpu_ivfpq_gpu_memory_budget_kb > 0)
-		return (size_t) gpu_ivfpq_gpu_memory_budget_kb * 1024;
-	/* Leave a quarter for search scratch, builds and other processes. */
-	return gpu->capacity() / 4 * 3;
+	return (size_t) gpu_ivfpq_gpu_memory_budget_kb * 1024;
 }
 
 /* Drops a mirror whose update failed: it reloads from the pages on next use. */
@@ -733,6 +758,19 @@ SendSearch(const std::vector<GpuIvfpqSlot *> &group)
 		FinishSearch();
 }
 
+static gpuivfpq::Placement
+PlacementOf(int32 placement)
+{
+	switch (placement)
+	{
+		case GPU_IVFPQ_PLACEMENT_REPLICATE:
+			return gpuivfpq::Placement::Replicate;
+		case GPU_IVFPQ_PLACEMENT_SHARD:
+			return gpuivfpq::Placement::Shard;
+	}
+	return gpuivfpq::Placement::Auto;
+}
+
 static gpuivfpq::MirrorSpec
 SpecFrom(const GpuIvfpqDsmHeader *h, const char *base, const GpuIvfpqDsmLayout &l)
 {
@@ -772,7 +810,8 @@ Load(GpuIvfpqSlot *slot, const char *base, std::string &err)
 			GpuSync()->load(key, spec, (size_t) h->n, (const int32_t *) (base + l.lists),
 					  (const uint8_t *) (base + l.codes), (const int64_t *) labels,
 					  spec.vectors ? (const float *) (base + l.vectors) : nullptr,
-					  spec.filter_keys ? (const int64_t *) (base + l.keys) : nullptr);
+					  spec.filter_keys ? (const int64_t *) (base + l.keys) : nullptr,
+					  PlacementOf(h->placement));
 		}, err, &oom))
 		return Failed(oom);
 
@@ -1103,8 +1142,29 @@ PublishState(ServiceState state, const char *device)
 }
 
 /*
- * Starts the GPU process (the emulation if asked for, else the first CUDA
- * device) and gives it the memory budget. No device at all leaves the
+ * The GPU process's device arguments: the GPUs gpu_ivfpq.devices lists
+ * (blanks dropped), among as many emulated ones as the test setting asks
+ * for when the GPU is emulated.
+ */
+static std::vector<std::string>
+DeviceArguments(void)
+{
+	std::vector<std::string> args;
+	std::string list;
+
+	if (gpu_ivfpq_service_emulate_gpu)
+		args = {"--emulated-devices", std::to_string(gpu_ivfpq_service_emulate_devices)};
+	for (const char *p = gpu_ivfpq_device_list; p != NULL && *p != '\0'; p++)
+		if (*p != ' ')
+			list += *p;
+	if (!list.empty())
+		args.insert(args.end(), {"--devices", list});
+	return args;
+}
+
+/*
+ * Starts the GPU process (the emulation if asked for, else every CUDA
+ * device it may use) and gives it the memory budget. No device at all leaves the
  * service CPU-only for good; any other failure is retried after a backoff.
  */
 static void
@@ -1119,8 +1179,9 @@ StartGpuProcess(void)
 	if (!Engine([&] {
 			try
 			{
+				gpu_arguments = DeviceArguments();
 				gpu = GpuProcess::start(program, "gpu_ivfpq: GPU process", gpu_ivfpq_service_emulate_gpu,
-										StopWaiting, GPU_START_TIMEOUT_S);
+										StopWaiting, GPU_START_TIMEOUT_S, gpu_arguments);
 			}
 			catch (const gpuivfpq::gpuproc::StartError &e)
 			{
@@ -1292,6 +1353,24 @@ gpu_ivfpq_service_main(Datum arg)
 		{
 			ConfigReloadPending = false;
 			ProcessConfigFile(PGC_SIGHUP);
+			/* Another list of GPUs: a new process opens them; mirrors reload there on demand. */
+			if (DeviceArguments() != gpu_arguments)
+			{
+				ereport(LOG, (errmsg("gpu_ivfpq service: gpu_ivfpq.devices changed, restarting the GPU process")));
+				if (gpu)
+				{
+					SettleInFlight();
+					gpu.reset();
+				}
+				mirror_from.clear();
+				load_claims.clear();
+				gpu_expected = true;
+				gpu_backoff_ms = GPU_BACKOFF_MIN_MS;
+				gpu_restart_at = GetCurrentTimestamp();
+				gpu_arguments = DeviceArguments();
+				PublishState(SERVICE_RESTARTING, NULL);
+				PublishStatus();
+			}
 			if (GpuUp())
 				(void) Engine([&] {
 					gpu->set_timeout(gpu_ivfpq_gpu_timeout_s, GPU_BULK_TIMEOUT_FACTOR);

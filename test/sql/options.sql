@@ -148,7 +148,7 @@ SHOW gpu_ivfpq.rerank;
 SHOW gpu_ivfpq.max_scan_tuples;
 SHOW gpu_ivfpq.table_memory;
 SELECT name, setting, unit, min_val, max_val, context FROM pg_settings
-WHERE name LIKE 'gpu_ivfpq.%' AND name <> 'gpu_ivfpq.service_emulate_gpu' ORDER BY name;
+WHERE name LIKE 'gpu_ivfpq.%' AND name NOT LIKE 'gpu_ivfpq.service_emulate%' ORDER BY name;
 SET gpu_ivfpq.probes = 0;
 SET gpu_ivfpq.probes = 65537;
 SET gpu_ivfpq.rerank = 0;
@@ -157,6 +157,11 @@ SET gpu_ivfpq.max_scan_tuples = 0;
 SET gpu_ivfpq.table_memory = -1;
 SET gpu_ivfpq.probes = 'all';
 SET gpu_ivfpq.no_such_setting = 1;
+SET gpu_ivfpq.placement = 'everywhere';
+SET gpu_ivfpq.placement = shard;
+SHOW gpu_ivfpq.placement;
+ALTER SYSTEM SET gpu_ivfpq.devices = '0,,1';
+ALTER SYSTEM SET gpu_ivfpq.devices = 'all';
 SET gpu_ivfpq.probes = 65536;
 SET gpu_ivfpq.rerank = 1000000;
 SET gpu_ivfpq.max_scan_tuples = 2147483647;
@@ -177,3 +182,12 @@ SELECT pg_index_column_has_property('prop_i'::regclass, 1, 'distance_orderable')
        pg_index_column_has_property('prop_i'::regclass, 1, 'orderable') AS orderable,
        pg_index_has_property('prop_i'::regclass, 'clusterable') AS clusterable;
 DROP TABLE prop_t;
+
+-- Placement over several GPUs: an index option, checked, read when a mirror loads.
+CREATE TABLE place_t (v real[]);
+CREATE INDEX place_bad ON place_t USING gpu_ivfpq (v) WITH (placement = everywhere);
+CREATE INDEX place_i ON place_t USING gpu_ivfpq (v) WITH (placement = shard);
+ALTER INDEX place_i SET (placement = replicate);
+SELECT reloptions FROM pg_class WHERE relname = 'place_i';
+ALTER INDEX place_i RESET (placement);
+DROP TABLE place_t;

@@ -22,6 +22,11 @@ FROM generate_series(1, 2000) i;
 CREATE INDEX svc_idx ON svc USING gpu_ivfpq (v) WITH (lists = 8, m = 2);
 SELECT gpu_ivfpq_prewarm('svc_idx');
 SELECT index, entries FROM gpu_ivfpq_mirrors WHERE index = 'svc_idx';
+-- A small index: a copy on every GPU the service uses (the devices view lists them).
+SELECT placement, array_length(devices, 1) = (SELECT count(*) FROM gpu_ivfpq_devices WHERE alive) AS on_every_gpu
+FROM gpu_ivfpq_mirrors WHERE index = 'svc_idx';
+SELECT count(*) > 0 AS gpus, bool_and(memory_used_mb > 0 AND mirrors >= 1 AND memory_used_mb <= memory_budget_mb) AS holding
+FROM gpu_ivfpq_devices;
 
 -- gpu_ivfpq.device = gpu: served by the GPU, same rows as the CPU engine.
 SET gpu_ivfpq.device = gpu;
