@@ -62,7 +62,14 @@ typedef struct GpuIvfpqMetaPageData
 	uint32		listdir_pages;
 	uint64		build_tuples;	/* rows indexed by the build */
 	uint32		features;		/* GPU_IVFPQ_FEATURE_* (0 in indexes built before them) */
+	uint32		flags;			/* GPU_IVFPQ_META_* state (0 in indexes built before them) */
 } GpuIvfpqMetaPageData;
+
+/*
+ * flags took what was the struct's tail padding: the metapage keeps its
+ * size (and a new build its pd_lower), and older indexes read 0 there.
+ */
+StaticAssertDecl(sizeof(GpuIvfpqMetaPageData) == 64, "the metapage struct changed size");
 
 /* The list directory keeps each list's maximum quantization error (range search). */
 #define GPU_IVFPQ_FEATURE_QERROR	0x1
@@ -75,6 +82,18 @@ typedef struct GpuIvfpqMetaPageData
 /* Every feature this version reads; an index with another bit set is refused. */
 #define GPU_IVFPQ_FEATURES_KNOWN \
 	(GPU_IVFPQ_FEATURE_QERROR | GPU_IVFPQ_FEATURE_VECTORS | GPU_IVFPQ_FEATURE_FILTER)
+
+/*
+ * The index was inserted into or vacuumed on a server that did not preload
+ * gpu_ivfpq, so no WAL record announced the change to standbys' GPU
+ * mirrors: a standby serves the index from its pages (CPU) until a build
+ * starts over without the flag, or a server that preloads gpu_ivfpq clears
+ * it (dropping the standbys' mirrors first). Unlike a feature bit it says
+ * nothing about the layout: builds that do not know it ignore it.
+ */
+#define GPU_IVFPQ_META_UNANNOUNCED	0x1
+/* Every state flag this version sets (the index checker reports others). */
+#define GPU_IVFPQ_META_FLAGS_KNOWN	GPU_IVFPQ_META_UNANNOUNCED
 typedef GpuIvfpqMetaPageData *GpuIvfpqMetaPage;
 
 #define GpuIvfpqPageGetMeta(page) ((GpuIvfpqMetaPage) PageGetContents(page))
@@ -389,6 +408,7 @@ extern void GpuIvfpqAppendEntries(Relation index, const GpuIvfpqMetaPageData *me
 								  const char *entries, int count, float radius, float qerror);
 extern void GpuIvfpqLowerInsertHint(Relation index, const GpuIvfpqMetaPageData *meta, int list, BlockNumber blk);
 extern void GpuIvfpqSetDimensions(Relation index, GpuIvfpqMetaPageData *meta, int dim);
+extern void GpuIvfpqSetMetaFlag(Relation index, GpuIvfpqMetaPageData *meta, uint32 flag, bool on);
 extern int	GpuIvfpqDefaultM(int dim);
 extern int	GpuIvfpqMetricOf(Relation index);
 extern GpuIvfpqEntryLayout GpuIvfpqLayoutOf(const GpuIvfpqMetaPageData *meta);

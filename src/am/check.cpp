@@ -142,6 +142,10 @@ CheckMetapage(CheckState *cs)
 	memcpy(meta, GpuIvfpqPageGetMeta(page), sizeof(*meta));
 	GpuIvfpqCheckMeta(cs->index, meta);
 	cs->owner[GPU_IVFPQ_METAPAGE_BLKNO] = OWNER_META;
+	/* Readers ignore state flags they do not know; the checker names them. */
+	if (meta->flags & ~(uint32) GPU_IVFPQ_META_FLAGS_KNOWN)
+		GpuIvfpqReportCorrupt(cs->index, GPU_IVFPQ_METAPAGE_BLKNO, "metapage flags 0x%x include bits 0x%x that this build does not know",
+							  meta->flags, meta->flags & ~(uint32) GPU_IVFPQ_META_FLAGS_KNOWN);
 
 	opclass_metric = GpuIvfpqMetricOf(cs->index);
 	if (meta->metric != opclass_metric)

@@ -1,6 +1,7 @@
 // aminsert: encode one new row and append it to its nearest list.
 #include "am/am.h"
 #include "service/service.h"
+#include "service/wal_announce.h"
 #include "common/guard.h"
 #include "engine/ivfpq.h"
 
@@ -62,6 +63,8 @@ gpuivfpqinsert(Relation index, Datum *values, bool *isnull, ItemPointer heap_tid
 			model->quantization_errors(v, 1, &list, code, &qerror);
 		});
 	}
+	/* Before the page: a standby learns first whether it will hear of the change. */
+	GpuIvfpqWalNoteChange(index, &meta);
 	GpuIvfpqAppendEntries(index, &meta, list, entry, 1, radius, qerror);
 	/* After the page: a mirror loaded from now on sees it in the pages or the log. */
 	if (meta.trained)

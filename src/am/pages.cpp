@@ -677,6 +677,43 @@ GpuIvfpqSetDimensions(Relation index, GpuIvfpqMetaPageData *meta, int dim)
 }
 
 /*
+ * Sets (on) or clears a GPU_IVFPQ_META_* flag in the metapage, WAL-logged
+ * unless it already is so; meta, the caller's copy, gets the page's flags.
+ */
+void
+GpuIvfpqSetMetaFlag(Relation index, GpuIvfpqMetaPageData *meta, uint32 flag, bool on)
+{
+	Buffer		buf = ReadBuffer(index, GPU_IVFPQ_METAPAGE_BLKNO);
+	GpuIvfpqMetaPage disk;
+
+	LockBuffer(buf, BUFFER_LOCK_EXCLUSIVE);
+	GpuIvfpqCheckPage(index, GPU_IVFPQ_METAPAGE_BLKNO, BufferGetPage(buf), GPU_IVFPQ_PAGE_META);
+	disk = GpuIvfpqPageGetMeta(BufferGetPage(buf));
+	if (((disk->flags & flag) != 0) != on)
+	{
+		GenericXLogState *state = GenericXLogStart(index);
+		Page		page = GenericXLogRegisterBuffer(state, buf, 0);
+		GpuIvfpqMetaPage wmeta = GpuIvfpqPageGetMeta(page);
+		LocationIndex end = (LocationIndex) ((char *) wmeta + sizeof(*wmeta) - (char *) page);
+
+		if (on)
+			wmeta->flags |= flag;
+		else
+			wmeta->flags &= ~flag;
+		/*
+		 * Metapages written before the features field end earlier, and
+		 * GenericXLog leaves out what lies past pd_lower: the flag would
+		 * not reach the standbys.
+		 */
+		if (((PageHeader) page)->pd_lower < end)
+			((PageHeader) page)->pd_lower = end;
+		GenericXLogFinish(state);
+	}
+	meta->flags = disk->flags;
+	UnlockReleaseBuffer(buf);
+}
+
+/*
  * The trained quantizers as the pages hold them, palloc'd in cxt: centroids
  * (lists x dim floats) and codebooks (m x 256 x dim/m floats).
  */

@@ -2,6 +2,7 @@
 // reuse the space) and report index statistics.
 #include "am/am.h"
 #include "service/service.h"
+#include "service/wal_announce.h"
 
 /*
  * What a bulk delete told the GPU mirror: the labels of the removed entries
@@ -77,9 +78,15 @@ WalkLists(IndexVacuumInfo *info, IndexBulkDeleteResult *stats,
 			}
 			if (removed > 0)
 			{
-				GenericXLogState *state = GenericXLogStart(index);
-				Page		wpage = GenericXLogRegisterBuffer(state, buf, 0);
-				char	   *wbase = (char *) PageGetContents(wpage);
+				GenericXLogState *state;
+				Page		wpage;
+				char	   *wbase;
+
+				/* Before the page: a standby learns first whether it will hear of the removal. */
+				GpuIvfpqWalNoteChange(index, &meta);
+				state = GenericXLogStart(index);
+				wpage = GenericXLogRegisterBuffer(state, buf, 0);
+				wbase = (char *) PageGetContents(wpage);
 
 				/* Compact in place (entries and vectors), keeping the order of the survivors. */
 				for (int i = 0; i < n; i++)

@@ -2,6 +2,7 @@
 // index options, and, when preloaded, the GPU service.
 #include "am/am.h"
 #include "service/service.h"
+#include "service/wal_announce.h"
 
 extern "C" {
 PG_MODULE_MAGIC;
@@ -136,6 +137,8 @@ _PG_init(void)
 								"Exercises replicas, shards and the failure of one GPU on machines without a GPU.",
 								&gpu_ivfpq_service_emulate_devices, 1, 1, 16, PGC_POSTMASTER, 0, NULL, NULL, NULL);
 		GpuIvfpqServiceRegister();
+		/* Also only now: WAL records that keep standbys' GPU mirrors coherent. */
+		GpuIvfpqWalRegister();
 	}
 	/* Last: reserves the gpu_ivfpq. prefix once every setting is defined. */
 	MarkGUCPrefixReserved("gpu_ivfpq");

@@ -1,7 +1,9 @@
 // The change log that keeps GPU mirrors coherent with the index pages:
 // inserts append their entries after writing the page; VACUUM, rebuilds
 // and DROP INDEX invalidate the mirror. The service applies the log before
-// serving any request sent after an entry was logged.
+// serving any request sent after an entry was logged. Each change is also
+// announced in WAL (wal_announce.cpp), whose replay pushes it here on
+// standbys.
 #include "service/shmem.h"
 
 extern "C" {
@@ -16,8 +18,8 @@ extern "C" {
 static object_access_hook_type prev_object_access_hook = NULL;
 
 /* Appends entry (and its vector of entry->vdim floats, if any) to the log. */
-static uint64
-LogPush(const GpuIvfpqLogEntry *entry, const float *vector)
+uint64
+GpuIvfpqLogPush(const GpuIvfpqLogEntry *entry, const float *vector)
 {
 	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
 	uint64		seq;
@@ -76,12 +78,58 @@ GpuIvfpqServiceLogAppend(Relation index, const GpuIvfpqMetaPageData *meta, int l
 	if (filter_key != NULL)
 		memcpy(&e.filter_key, filter_key, sizeof(int64));
 	memcpy(e.code, code, meta->m);
-	(void) LogPush(&e, vector);
+	(void) GpuIvfpqLogPush(&e, vector);
+	/*
+	 * Announced after the push: should the WAL insert fail, the row's
+	 * transaction aborts, and a mirror that took the entry only offers a TID
+	 * whose row no snapshot sees (as when any inserting transaction aborts).
+	 */
+	GpuIvfpqWalAnnounceAppend(index, &e, vector);
+}
+
+/*
+ * Logs VACUUM's removal of n labels from the mirror of key, in entries of
+ * GPU_IVFPQ_LOG_REMOVE_LABELS; returns the position after the last.
+ */
+uint64
+GpuIvfpqLogPushRemove(const GpuIvfpqKey *key, const int64 *labels, int n)
+{
+	GpuIvfpqLogEntry e;
+	uint64		pos = 0;
+
+	memset(&e, 0, sizeof(e));
+	e.key = *key;
+	e.kind = LOG_REMOVE;
+	for (int i = 0; i < n; i += GPU_IVFPQ_LOG_REMOVE_LABELS)
+	{
+		int			count = Min(GPU_IVFPQ_LOG_REMOVE_LABELS, n - i);
+
+		e.m = (uint8) count;
+		memcpy(e.code, labels + i, sizeof(int64) * count);
+		pos = GpuIvfpqLogPush(&e, NULL) + 1;
+	}
+	return pos;
+}
+
+/*
+ * Makes the service drop every mirror, as when writers lap it: the head
+ * jumps a whole log ahead, so every reader behind it (the service, a
+ * loading backend) finds itself lapped, and the slots skipped are never
+ * read. For changes that cannot be told index by index.
+ */
+void
+GpuIvfpqLogDropAll(void)
+{
+	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+
+	LWLockAcquire(s->log_lock, LW_EXCLUSIVE);
+	s->log_head += GPU_IVFPQ_LOG_SIZE + 1;
+	LWLockRelease(s->log_lock);
 }
 
 /* Wakes the service, so that it applies (and frees memory) now, not at the next request. */
-static void
-WakeService(void)
+void
+GpuIvfpqServiceWake(void)
 {
 	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
 	Latch	   *latch;
@@ -122,9 +170,12 @@ GpuIvfpqServiceWaitApplied(uint64 pos)
 	}
 }
 
-/* Logs an invalidation of every mirror of the index; returns the position after it. */
+/*
+ * Logs an invalidation of every mirror of the index, announced in WAL when
+ * logged (the index is WAL-logged); returns the position after it.
+ */
 static uint64
-LogInvalidate(Oid indexoid)
+LogInvalidate(Oid indexoid, bool logged)
 {
 	GpuIvfpqLogEntry e;
 	uint64		pos;
@@ -135,8 +186,9 @@ LogInvalidate(Oid indexoid)
 	e.key.db = MyDatabaseId;
 	e.key.index = indexoid;
 	e.kind = LOG_INVALIDATE;
-	pos = LogPush(&e, NULL) + 1;
-	WakeService();
+	pos = GpuIvfpqLogPush(&e, NULL) + 1;
+	GpuIvfpqWalAnnounceInvalidate(&e.key, logged);
+	GpuIvfpqServiceWake();
 	return pos;
 }
 
@@ -152,23 +204,15 @@ LogInvalidate(Oid indexoid)
 uint64
 GpuIvfpqServiceLogRemove(Relation index, const GpuIvfpqMetaPageData *meta, const int64 *labels, int n)
 {
-	GpuIvfpqLogEntry e;
-	uint64		pos = 0;
+	GpuIvfpqKey key;
+	uint64		pos;
 
 	if (gpu_ivfpq_service == NULL || n <= 0 || !meta->trained || meta->m > GPU_IVFPQ_SERVICE_MAX_M)
 		return 0;				/* no mirror can exist */
-	memset(&e, 0, sizeof(e));
-	GpuIvfpqFillKey(&e.key, index, meta);
-	e.kind = LOG_REMOVE;
-	for (int i = 0; i < n; i += GPU_IVFPQ_LOG_REMOVE_LABELS)
-	{
-		int			count = Min(GPU_IVFPQ_LOG_REMOVE_LABELS, n - i);
-
-		e.m = (uint8) count;
-		memcpy(e.code, labels + i, sizeof(int64) * count);
-		pos = LogPush(&e, NULL) + 1;
-	}
-	WakeService();
+	GpuIvfpqFillKey(&key, index, meta);
+	pos = GpuIvfpqLogPushRemove(&key, labels, n);
+	GpuIvfpqWalAnnounceRemove(index, &key, labels, n);
+	GpuIvfpqServiceWake();
 	return pos;
 }
 
@@ -176,7 +220,7 @@ GpuIvfpqServiceLogRemove(Relation index, const GpuIvfpqMetaPageData *meta, const
 uint64
 GpuIvfpqServiceLogInvalidate(Relation index)
 {
-	return LogInvalidate(RelationGetRelid(index));
+	return LogInvalidate(RelationGetRelid(index), RelationNeedsWAL(index));
 }
 
 /*
@@ -186,7 +230,7 @@ GpuIvfpqServiceLogInvalidate(Relation index)
 void
 GpuIvfpqServiceInvalidate(Relation index, bool wait)
 {
-	uint64		pos = LogInvalidate(RelationGetRelid(index));
+	uint64		pos = LogInvalidate(RelationGetRelid(index), RelationNeedsWAL(index));
 
 	if (wait)
 		GpuIvfpqServiceWaitApplied(pos);
@@ -208,10 +252,11 @@ ObjectAccess(ObjectAccessType access, Oid classId, Oid objectId, int subId, void
 			Form_pg_class rel = (Form_pg_class) GETSTRUCT(tup);
 			bool		ours = rel->relkind == RELKIND_INDEX &&
 				rel->relam == get_index_am_oid("gpu_ivfpq", true);
+			bool		logged = rel->relpersistence == RELPERSISTENCE_PERMANENT;
 
 			ReleaseSysCache(tup);
 			if (ours)
-				(void) LogInvalidate(objectId);
+				(void) LogInvalidate(objectId, logged);
 		}
 	}
 }

@@ -45,9 +45,10 @@ GpuIvfpqServiceServing(void)
 }
 
 /*
- * Why the GPU cannot serve this index, or NULL when it can. Indexes of a
- * standby are not mirrored: WAL replay changes their pages without the
- * change log.
+ * Why the GPU cannot serve this index, or NULL when it can. On a standby,
+ * WAL replay pushes the primary's announced changes into the change log
+ * (wal_announce.cpp), so mirrors follow the pages; an index whose
+ * metapage says that changes went unannounced is served from its pages.
  */
 const char *
 GpuIvfpqNotServableReason(const GpuIvfpqMetaPageData *meta)
@@ -56,10 +57,11 @@ GpuIvfpqNotServableReason(const GpuIvfpqMetaPageData *meta)
 		return "The extension gpu_ivfpq is not in shared_preload_libraries";
 	if (!GpuIvfpqServiceServing())
 		return "The gpu_ivfpq service has no GPU or is not running";
-	if (RecoveryInProgress())
-		return "Indexes are not mirrored on a standby";
 	if (!meta->trained)
 		return "The index has no trained quantizers";
+	if ((meta->flags & GPU_IVFPQ_META_UNANNOUNCED) && RecoveryInProgress())
+		return "The index was changed on a primary that did not preload gpu_ivfpq, so a GPU mirror on this standby could miss those changes; "
+			"REINDEX it on a primary that preloads gpu_ivfpq (or change it there: its next insert or VACUUM clears this)";
 	if ((int) meta->dimensions > GPU_IVFPQ_SERVICE_MAX_DIM)
 		return psprintf("The GPU path handles up to %d dimensions", GPU_IVFPQ_SERVICE_MAX_DIM);
 	if (meta->m > GPU_IVFPQ_SERVICE_MAX_M)

@@ -319,3 +319,24 @@ extern void GpuIvfpqGpuRequiredError(const char *what, const char *reason) pg_at
 extern GpuIvfpqSlot *GpuIvfpqAcquireSlot(void);
 extern RequestResult GpuIvfpqSubmitAndWait(GpuIvfpqSlot *slot);
 extern void GpuIvfpqFinishSlot(GpuIvfpqSlot *slot);
+
+/*
+ * change_log.cpp: pushing to the change log, also for the WAL replay of
+ * the records that announce its entries (wal_announce.cpp). Each returns
+ * the entry's position (GpuIvfpqLogPushRemove: the position after its
+ * last); GpuIvfpqLogDropAll makes the service drop every mirror, as when
+ * writers lap it.
+ */
+extern uint64 GpuIvfpqLogPush(const GpuIvfpqLogEntry *entry, const float *vector);
+extern uint64 GpuIvfpqLogPushRemove(const GpuIvfpqKey *key, const int64 *labels, int n);
+extern void GpuIvfpqLogDropAll(void);
+extern void GpuIvfpqServiceWake(void);
+
+/*
+ * wal_announce.cpp: the same changes as WAL records for standbys, written
+ * after the page's own record (nothing when gpu_ivfpq's resource manager
+ * is not registered or the index is not WAL-logged).
+ */
+extern void GpuIvfpqWalAnnounceAppend(Relation index, const GpuIvfpqLogEntry *entry, const float *vector);
+extern void GpuIvfpqWalAnnounceRemove(Relation index, const GpuIvfpqKey *key, const int64 *labels, int n);
+extern void GpuIvfpqWalAnnounceInvalidate(const GpuIvfpqKey *key, bool logged);
