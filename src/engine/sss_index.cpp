@@ -113,6 +113,45 @@ SparseSpatialSelection::SparseSpatialSelection(WordList words, double alpha, int
     build_evaluations_ += uint64_t(n) * np;
 }
 
+SparseSpatialSelection::SparseSpatialSelection(WordList words, std::vector<uint8_t> removed,
+                                               double alpha, uint32_t max_distance)
+    : MetricIndex(std::move(words), std::move(removed)),
+      alpha_(checked_alpha(alpha)),
+      max_distance_(max_distance)
+{
+}
+
+std::unique_ptr<SparseSpatialSelection> SparseSpatialSelection::restore(
+    WordList words, std::vector<uint8_t> removed, double alpha, uint32_t max_distance,
+    std::vector<uint32_t> pivots, std::vector<uint8_t> table)
+{
+    std::unique_ptr<SparseSpatialSelection> sss(new SparseSpatialSelection(
+        std::move(words), std::move(removed), alpha, max_distance));
+    const size_t n = sss->size();
+    const size_t np = pivots.size();
+    char msg[200];
+    if (table.size() != n * np || np > n || (n > 0 && np == 0 && !table.empty())) {
+        std::snprintf(msg, sizeof msg,
+                      "sparse spatial selection: cannot restore %zu pivots and a table of %zu "
+                      "bytes over %zu objects (the table holds objects x pivots bytes)",
+                      np, table.size(), n);
+        throw Error(ErrorKind::InvalidArgument, msg);
+    }
+    sss->pivot_flag_.assign(n, 0);
+    for (size_t p = 0; p < np; p++) {
+        const uint32_t x = pivots[p];
+        if (x >= n || sss->pivot_flag_[x]) {
+            std::snprintf(msg, sizeof msg, "sparse spatial selection: pivot %zu (object %u) is %s",
+                          p, x, x >= n ? "not an object of the index" : "a pivot twice");
+            throw Error(ErrorKind::InvalidArgument, msg);
+        }
+        sss->pivot_flag_[x] = 1;
+    }
+    sss->pivots_ = std::move(pivots);
+    sss->table_ = std::move(table);
+    return sss;
+}
+
 void SparseSpatialSelection::place(uint32_t id)
 {
     const EditPattern pattern(words_[id]);

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "metric_index.h"
@@ -42,6 +43,20 @@ public:
     // Distance evaluations of the build (the estimate of M included).
     uint64_t build_evaluations() const { return build_evaluations_; }
 
+    // An index restored from the state another one exposed: its words and
+    // removed flags (one per word, nonzero: removed), alpha(),
+    // max_distance(), the pivots in their order (pivot(p)) and the table
+    // (size() rows of pivots() bytes, as table() lays it out). It answers and
+    // takes inserts exactly as the original. Sizes that differ, a pivot out
+    // of range or given twice, or alpha outside (0, 1] throw
+    // Error(InvalidArgument); the table's distances are trusted, since
+    // checking them costs a build's distances.
+    static std::unique_ptr<SparseSpatialSelection> restore(WordList words,
+                                                           std::vector<uint8_t> removed,
+                                                           double alpha, uint32_t max_distance,
+                                                           std::vector<uint32_t> pivots,
+                                                           std::vector<uint8_t> table);
+
     // Reports the pivots within r, then filters the other objects by the
     // table and computes the distance of the survivors.
     std::vector<MetricHit> range(WordView q, uint32_t r,
@@ -61,6 +76,10 @@ public:
                                           uint64_t* evaluations = nullptr);
 
 private:
+    // An index with words and removed flags and no pivots yet (restore).
+    SparseSpatialSelection(WordList words, std::vector<uint8_t> removed, double alpha,
+                           uint32_t max_distance);
+
     void place(uint32_t id) override;
     // d(q, p) for every pivot.
     std::vector<uint32_t> pivot_distances(const EditPattern& q) const;
