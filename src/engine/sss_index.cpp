@@ -23,8 +23,8 @@ double checked_alpha(double alpha)
     if (!(alpha > 0.0 && alpha <= 1.0)) {
         char msg[160];
         std::snprintf(msg, sizeof msg,
-                      "sparse spatial selection: alpha must be in (0, 1], got %g (the paper's "
-                      "good values are 0.35 to 0.5)",
+                      "sparse spatial selection: alpha must be in (0, 1], got %g (a pivot is "
+                      "at least alpha times the largest distance from every other pivot)",
                       alpha);
         throw Error(ErrorKind::InvalidArgument, msg);
     }
@@ -37,14 +37,37 @@ inline uint8_t clamp_to_table(uint32_t d)
     return uint8_t(std::min(d, SparseSpatialSelection::kTableMax));
 }
 
-// Lower bound of d(q, x) from pivot p: |d(p, x) - d(q, p)|, where a stored
-// kTableMax only says d(p, x) >= kTableMax, so only d(p, x) - d(q, p) is known
-// to hold.
-inline uint32_t pivot_bound(uint8_t stored, uint32_t dqp)
+constexpr size_t kTile = SparseSpatialSelection::kTile;
+
+// |a - b| of two bytes.
+inline uint8_t byte_gap(uint8_t a, uint8_t b) { return uint8_t(std::max(a, b) - std::min(a, b)); }
+
+// The objects of a tile (bits of `alive`) that no pivot rules out at radius
+// r; bound[i] ends as the largest lower bound over all pivots for each
+// survivor. Each round takes kFilterChunk pivots for the whole tile (the
+// loops over its kTile objects are the ones the compiler vectorises) and the
+// tile is left as soon as no object survives.
+uint64_t tile_filter(const uint8_t* tile, size_t np, const uint8_t* dq, uint32_t r, uint64_t alive,
+                     uint8_t* bound_out)
 {
-    if (stored == SparseSpatialSelection::kTableMax)
-        return dqp < stored ? stored - dqp : 0;
-    return stored > dqp ? stored - dqp : dqp - stored;
+    // A local array, which no pointer argument can alias: the loops below
+    // vectorise only then.
+    uint8_t bound[kTile] = {};
+    for (size_t c = 0; c < np && alive != 0; c += SparseSpatialSelection::kFilterChunk) {
+        const size_t end = std::min(np, c + SparseSpatialSelection::kFilterChunk);
+        for (size_t p = c; p < end; p++) {
+            const uint8_t* column = tile + p * kTile;
+            const uint8_t q = dq[p];
+            for (size_t i = 0; i < kTile; i++)
+                bound[i] = std::max(bound[i], byte_gap(column[i], q));
+        }
+        uint64_t within = 0;
+        for (size_t i = 0; i < kTile; i++)
+            within |= uint64_t(bound[i] <= r) << i;
+        alive &= within;
+    }
+    std::copy(bound, bound + kTile, bound_out);
+    return alive;
 }
 
 }  // namespace
@@ -74,7 +97,7 @@ uint32_t SparseSpatialSelection::estimate_max_distance(const WordList& words, in
 }
 
 SparseSpatialSelection::SparseSpatialSelection(WordList words, double alpha, int threads,
-                                               uint32_t max_distance)
+                                               uint32_t max_distance, size_t max_pivots)
     : MetricIndex(std::move(words)), alpha_(checked_alpha(alpha)), max_distance_(max_distance)
 {
     const size_t n = size();
@@ -88,6 +111,8 @@ SparseSpatialSelection::SparseSpatialSelection(WordList words, double alpha, int
     std::vector<EditPattern> patterns;
     pivot_flag_.assign(n, 0);
     for (uint32_t x = 0; x < n; x++) {
+        if (max_pivots > 0 && pivots_.size() >= max_pivots)
+            break;
         bool far = true;
         for (const EditPattern& p : patterns) {
             build_evaluations_++;
@@ -104,100 +129,86 @@ SparseSpatialSelection::SparseSpatialSelection(WordList words, double alpha, int
     }
 
     const size_t np = pivots_.size();
-    table_.resize(n * np);
-    parallel_for(n, n * np >= kParallelMin ? threads : 1, [&](size_t begin, size_t end) {
-        for (size_t x = begin; x < end; x++)
-            for (size_t p = 0; p < np; p++)
-                table_[x * np + p] = clamp_to_table(patterns[p].distance(words_[x]));
+    const size_t tiles = (n + kTile - 1) / kTile;
+    table_.assign(tiles * np * kTile, 0);
+    parallel_for(tiles, n * np >= kParallelMin ? threads : 1, [&](size_t begin, size_t end) {
+        for (size_t t = begin; t < end; t++) {
+            uint8_t* tile = table_.data() + t * np * kTile;
+            for (size_t i = 0; i < kTile && t * kTile + i < n; i++)
+                for (size_t p = 0; p < np; p++)
+                    tile[p * kTile + i] =
+                        clamp_to_table(patterns[p].distance(words_[t * kTile + i]));
+        }
     });
     build_evaluations_ += uint64_t(n) * np;
-}
-
-SparseSpatialSelection::SparseSpatialSelection(WordList words, std::vector<uint8_t> removed,
-                                               double alpha, uint32_t max_distance)
-    : MetricIndex(std::move(words), std::move(removed)),
-      alpha_(checked_alpha(alpha)),
-      max_distance_(max_distance)
-{
-}
-
-std::unique_ptr<SparseSpatialSelection> SparseSpatialSelection::restore(
-    WordList words, std::vector<uint8_t> removed, double alpha, uint32_t max_distance,
-    std::vector<uint32_t> pivots, std::vector<uint8_t> table)
-{
-    std::unique_ptr<SparseSpatialSelection> sss(new SparseSpatialSelection(
-        std::move(words), std::move(removed), alpha, max_distance));
-    const size_t n = sss->size();
-    const size_t np = pivots.size();
-    char msg[200];
-    if (table.size() != n * np || np > n || (n > 0 && np == 0 && !table.empty())) {
-        std::snprintf(msg, sizeof msg,
-                      "sparse spatial selection: cannot restore %zu pivots and a table of %zu "
-                      "bytes over %zu objects (the table holds objects x pivots bytes)",
-                      np, table.size(), n);
-        throw Error(ErrorKind::InvalidArgument, msg);
-    }
-    sss->pivot_flag_.assign(n, 0);
-    for (size_t p = 0; p < np; p++) {
-        const uint32_t x = pivots[p];
-        if (x >= n || sss->pivot_flag_[x]) {
-            std::snprintf(msg, sizeof msg, "sparse spatial selection: pivot %zu (object %u) is %s",
-                          p, x, x >= n ? "not an object of the index" : "a pivot twice");
-            throw Error(ErrorKind::InvalidArgument, msg);
-        }
-        sss->pivot_flag_[x] = 1;
-    }
-    sss->pivots_ = std::move(pivots);
-    sss->table_ = std::move(table);
-    return sss;
 }
 
 void SparseSpatialSelection::place(uint32_t id)
 {
     const EditPattern pattern(words_[id]);
     const size_t np = pivots_.size();
-    std::vector<uint8_t> row(np);
+    std::vector<uint8_t> column(np);
     for (size_t p = 0; p < np; p++)
-        row[p] = clamp_to_table(pattern.distance(words_[pivots_[p]]));
-    // Reserve first, so that the two appends below cannot fail halfway.
+        column[p] = clamp_to_table(pattern.distance(words_[pivots_[p]]));
+    // Grow first, so that nothing is left half done if that fails.
     pivot_flag_.reserve(pivot_flag_.size() + 1);
-    table_.reserve(table_.size() + np);
+    if (id % kTile == 0)
+        table_.resize(table_.size() + np * kTile, 0);
     pivot_flag_.push_back(0);
-    table_.insert(table_.end(), row.begin(), row.end());
+    uint8_t* tile = table_.data() + (id / kTile) * np * kTile;
+    for (size_t p = 0; p < np; p++)
+        tile[p * kTile + id % kTile] = column[p];
 }
 
-std::vector<uint32_t> SparseSpatialSelection::pivot_distances(const EditPattern& q) const
+void SparseSpatialSelection::pivot_distances(const EditPattern& q, std::vector<uint32_t>& exact,
+                                             std::vector<uint8_t>& clamped) const
 {
-    std::vector<uint32_t> dq(pivots_.size());
-    for (size_t p = 0; p < pivots_.size(); p++)
-        dq[p] = q.distance(words_[pivots_[p]]);
-    return dq;
+    exact.resize(pivots_.size());
+    clamped.resize(pivots_.size());
+    for (size_t p = 0; p < pivots_.size(); p++) {
+        exact[p] = q.distance(words_[pivots_[p]]);
+        clamped[p] = clamp_to_table(exact[p]);
+    }
+}
+
+// Bit i set when object base + i exists, is live and is no pivot.
+uint64_t SparseSpatialSelection::candidates(size_t base) const
+{
+    uint64_t alive = 0;
+    const size_t count = std::min(kTile, size() - base);
+    for (size_t i = 0; i < count; i++)
+        if (!removed_[base + i] && !pivot_flag_[base + i])
+            alive |= uint64_t(1) << i;
+    return alive;
 }
 
 std::vector<MetricHit> SparseSpatialSelection::range(WordView q, uint32_t r,
                                                      MetricStats* stats) const
 {
     const EditPattern pattern(q);
-    const std::vector<uint32_t> dq = pivot_distances(pattern);
+    std::vector<uint32_t> dq;
+    std::vector<uint8_t> dqc;
+    pivot_distances(pattern, dq, dqc);
     const size_t np = pivots_.size();
     uint64_t evaluations = np;
     std::vector<MetricHit> hits;
     for (size_t p = 0; p < np; p++)
         if (dq[p] <= r && !removed_[pivots_[p]])
             hits.push_back({pivots_[p], dq[p]});
-    for (uint32_t x = 0; x < size(); x++) {
-        if (removed_[x] || pivot_flag_[x])
-            continue;
-        const uint8_t* row = table_.data() + size_t(x) * np;
-        size_t p = 0;
-        while (p < np && pivot_bound(row[p], dq[p]) <= r)
-            p++;
-        if (p < np)
-            continue;  // some pivot proves d(q, x) > r
-        const uint32_t d = pattern.within(words_[x], r);
-        evaluations++;
-        if (d <= r)
-            hits.push_back({x, d});
+    for (size_t base = 0; base < size(); base += kTile) {
+        const uint8_t* tile = table_.data() + (base / kTile) * np * kTile;
+        uint8_t bound[kTile];
+        // A byte bound never exceeds a radius of kTableMax or more.
+        uint64_t alive = candidates(base);
+        if (r < kTableMax)
+            alive = tile_filter(tile, np, dqc.data(), r, alive, bound);
+        for (; alive != 0; alive &= alive - 1) {
+            const uint32_t x = uint32_t(base + size_t(__builtin_ctzll(alive)));
+            const uint32_t d = pattern.within(words_[x], r);
+            evaluations++;
+            if (d <= r)
+                hits.push_back({x, d});
+        }
     }
     if (stats)
         *stats = MetricStats{evaluations, live_};
@@ -213,7 +224,9 @@ std::vector<MetricHit> SparseSpatialSelection::knn(WordView q, size_t k, MetricS
         return {};
     }
     const EditPattern pattern(q);
-    const std::vector<uint32_t> dq = pivot_distances(pattern);
+    std::vector<uint32_t> dq;
+    std::vector<uint8_t> dqc;
+    pivot_distances(pattern, dq, dqc);
     const size_t np = pivots_.size();
     uint64_t evaluations = np;
     TopK top(k);
@@ -221,28 +234,41 @@ std::vector<MetricHit> SparseSpatialSelection::knn(WordView q, size_t k, MetricS
         if (!removed_[pivots_[p]])
             detail::knn_offer(top, pivots_[p], dq[p]);
 
-    // (lower bound, id) of every other live object, nearest bound first.
-    std::vector<std::pair<uint32_t, uint32_t>> order;
-    order.reserve(live_);
-    for (uint32_t x = 0; x < size(); x++) {
-        if (removed_[x] || pivot_flag_[x])
-            continue;
-        const uint8_t* row = table_.data() + size_t(x) * np;
-        uint32_t bound = 0;
-        for (size_t p = 0; p < np; p++)
-            bound = std::max(bound, pivot_bound(row[p], dq[p]));
-        order.emplace_back(bound, x);
+    // The objects the filter keeps at the radius the pivots alone give (it
+    // only shrinks from there), by their lower bound: a counting sort on its
+    // byte, ids ascending within one bound.
+    const uint32_t r0 = detail::knn_radius(top);
+    std::vector<std::pair<uint8_t, uint32_t>> kept;
+    std::vector<uint32_t> start(kTableMax + 2, 0);
+    for (size_t base = 0; base < size(); base += kTile) {
+        const uint8_t* tile = table_.data() + (base / kTile) * np * kTile;
+        uint8_t bound[kTile];
+        uint64_t alive = tile_filter(tile, np, dqc.data(), r0, candidates(base), bound);
+        for (; alive != 0; alive &= alive - 1) {
+            const size_t i = size_t(__builtin_ctzll(alive));
+            kept.emplace_back(bound[i], uint32_t(base + i));
+            start[size_t(bound[i]) + 1]++;
+        }
     }
-    std::sort(order.begin(), order.end());
-    for (const auto& [bound, x] : order) {
-        // An object at exactly the k-th distance may still win on its id.
-        const uint32_t r = detail::knn_radius(top);
-        if (bound > r)
-            break;  // and so are all after it
-        const uint32_t d = pattern.within(words_[x], r);
-        evaluations++;
-        if (d <= r)
-            detail::knn_offer(top, x, d);
+    for (size_t b = 1; b < start.size(); b++)
+        start[b] += start[b - 1];
+    std::vector<uint32_t> order(kept.size());
+    for (const auto& [bound, x] : kept)
+        order[start[bound]++] = x;  // start[b] ends as the end of bound b
+
+    size_t next = 0;
+    for (uint32_t b = 0; b <= kTableMax && next < order.size(); b++) {
+        // Objects at exactly the k-th distance may still win on their id.
+        if (b > detail::knn_radius(top))
+            break;  // every later bound is larger still
+        for (; next < start[b]; next++) {
+            const uint32_t r = detail::knn_radius(top);
+            const uint32_t x = order[next];
+            const uint32_t d = pattern.within(words_[x], r);
+            evaluations++;
+            if (d <= r)
+                detail::knn_offer(top, x, d);
+        }
     }
     if (stats)
         *stats = MetricStats{evaluations, live_};

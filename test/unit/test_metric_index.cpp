@@ -491,9 +491,12 @@ TEST(SssIndex, PivotsAndTableFollowTheRules)
             size_t earlier_pivots = 0;
             for (size_t p = 0; p < sss.pivots(); p++) {
                 const uint32_t d = edit_distance_dp(view(words[sss.pivot(p)]), view(words[x]));
-                ASSERT_EQ(sss.table()[x * sss.pivots() + p],
-                          std::min(d, SparseSpatialSelection::kTableMax))
+                ASSERT_EQ(sss.table_entry(x, p), std::min(d, SparseSpatialSelection::kTableMax))
                     << "object " << x << " pivot " << p;
+                // The layout documented for mirrors: tiles of 64 objects,
+                // pivot-major inside.
+                ASSERT_EQ(sss.table()[x / 64 * sss.pivots() * 64 + p * 64 + x % 64],
+                          sss.table_entry(x, p));
                 if (sss.pivot(p) < x) {
                     nearest = std::min(nearest, double(d));
                     earlier_pivots++;
@@ -522,13 +525,27 @@ TEST(SssIndex, ClampedTableStaysExact)
     for (int i = 0; i < 30; i++)
         words.push_back(mutate(gen, long_a, gen() % 4));
     const SparseSpatialSelection sss(to_list(words), 0.9);
-    EXPECT_EQ(sss.table()[(words.size() - 1) * sss.pivots()], SparseSpatialSelection::kTableMax);
+    EXPECT_EQ(sss.table_entry(uint32_t(words.size() - 1), 0), SparseSpatialSelection::kTableMax);
     std::vector<Word> queries;
     for (int i = 0; i < 10; i++)
         queries.push_back(mutate(gen, long_a, gen() % 3));
     queries.push_back(Word(300, 'a'));
     const size_t hits = expect_matches_brute(sss, queries);
     EXPECT_GT(hits, 50u);
+}
+
+// A cap on the pivots ends the selection early; queries stay exact.
+TEST(SssIndex, MaxPivotsCapsTheSelection)
+{
+    const uint64_t seed = test_seed(413);
+    const auto words = make_words(2000, seed);
+    const SparseSpatialSelection free_choice(to_list(words), 0.3);
+    ASSERT_GT(free_choice.pivots(), 40u);
+    const SparseSpatialSelection capped(to_list(words), 0.3, 1, 0, 40);
+    ASSERT_EQ(capped.pivots(), 40u);
+    for (size_t p = 0; p < 40; p++)
+        EXPECT_EQ(capped.pivot(p), free_choice.pivot(p));
+    EXPECT_GT(expect_matches_brute(capped, make_queries(words, 30, seed + 1)), 50u);
 }
 
 TEST(SssIndex, ExactAfterInsertsAndDeletes)
@@ -546,7 +563,7 @@ TEST(SssIndex, ExactAfterInsertsAndDeletes)
         // Each inserted row holds its clamped pivot distances.
         for (uint32_t x = 2000; x < sss.size(); x += 37)
             for (size_t p = 0; p < sss.pivots(); p++)
-                ASSERT_EQ(sss.table()[x * sss.pivots() + p],
+                ASSERT_EQ(sss.table_entry(x, p),
                           std::min(edit_distance(sss.word(sss.pivot(p)), sss.word(x)),
                                    SparseSpatialSelection::kTableMax));
     }
@@ -598,7 +615,10 @@ TEST(MetricIndex, BuildIndependentOfThreads)
     EXPECT_EQ(s1.max_distance(), s4.max_distance());
     for (size_t p = 0; p < s1.pivots(); p++)
         ASSERT_EQ(s1.pivot(p), s4.pivot(p));
-    EXPECT_TRUE(std::equal(s1.table(), s1.table() + s1.size() * s1.pivots(), s4.table()));
+    const size_t table_bytes = (s1.size() + SparseSpatialSelection::kTile - 1) /
+                               SparseSpatialSelection::kTile * SparseSpatialSelection::kTile *
+                               s1.pivots();
+    EXPECT_TRUE(std::equal(s1.table(), s1.table() + table_bytes, s4.table()));
 }
 
 TEST(MetricIndex, BatchEqualsSingleQueries)
