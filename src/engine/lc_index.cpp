@@ -3,6 +3,7 @@
 #include "lc_index.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <numeric>
 
 #include "error.h"
@@ -86,6 +87,67 @@ ListOfClusters::ListOfClusters(WordList words, size_t bucket, int threads)
         }
         rem.resize(kept);
     }
+}
+
+ListOfClusters::ListOfClusters(WordList words, std::vector<uint8_t> removed, size_t bucket)
+    : MetricIndex(std::move(words), std::move(removed)), bucket_(checked_bucket(bucket))
+{
+}
+
+std::vector<uint32_t> ListOfClusters::cluster_assignment() const
+{
+    std::vector<uint32_t> cluster_of(size(), 0);
+    for (size_t c = 0; c < clusters_.size(); c++) {
+        cluster_of[clusters_[c].centre] = uint32_t(c);
+        for (uint32_t x : clusters_[c].bucket)
+            cluster_of[x] = uint32_t(c);
+    }
+    return cluster_of;
+}
+
+std::unique_ptr<ListOfClusters> ListOfClusters::restore(WordList words,
+                                                        std::vector<uint8_t> removed,
+                                                        size_t bucket,
+                                                        const std::vector<uint32_t>& centres,
+                                                        const std::vector<uint32_t>& radii,
+                                                        const std::vector<uint32_t>& cluster_of)
+{
+    std::unique_ptr<ListOfClusters> lc(
+        new ListOfClusters(std::move(words), std::move(removed), bucket));
+    const size_t n = lc->size();
+    const size_t nc = centres.size();
+    char msg[200];
+    if (radii.size() != nc || cluster_of.size() != n || (n == 0) != (nc == 0) || nc > n) {
+        std::snprintf(msg, sizeof msg,
+                      "list of clusters: cannot restore %zu centres, %zu radii and %zu cluster "
+                      "numbers over %zu objects",
+                      nc, radii.size(), cluster_of.size(), n);
+        throw Error(ErrorKind::InvalidArgument, msg);
+    }
+    lc->clusters_.resize(nc);
+    for (size_t c = 0; c < nc; c++) {
+        const uint32_t x = centres[c];
+        if (x >= n || cluster_of[x] != c) {
+            std::snprintf(msg, sizeof msg,
+                          "list of clusters: centre %u of cluster %zu is %s", x, c,
+                          x >= n ? "not an object of the index" : "assigned to another cluster");
+            throw Error(ErrorKind::InvalidArgument, msg);
+        }
+        lc->clusters_[c].centre = x;
+        lc->clusters_[c].radius = radii[c];
+    }
+    // Ascending ids: the order the build sorts buckets in and inserts append in.
+    for (uint32_t x = 0; x < n; x++) {
+        const uint32_t c = cluster_of[x];
+        if (c >= nc) {
+            std::snprintf(msg, sizeof msg,
+                          "list of clusters: object %u is in cluster %u of %zu", x, c, nc);
+            throw Error(ErrorKind::InvalidArgument, msg);
+        }
+        if (lc->clusters_[c].centre != x)
+            lc->clusters_[c].bucket.push_back(x);
+    }
+    return lc;
 }
 
 void ListOfClusters::place(uint32_t id)

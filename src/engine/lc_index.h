@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "metric_index.h"
@@ -35,6 +36,26 @@ public:
     // Distance evaluations of the build (the inserts not included).
     uint64_t build_evaluations() const { return build_evaluations_; }
 
+    // The cluster of every object, by id: its own for a centre, else the one
+    // whose bucket holds it. With bucket_size(), centre(c) and radius(c) it
+    // is all of the index's state besides the words (what restore takes).
+    std::vector<uint32_t> cluster_assignment() const;
+
+    // An index restored from the state another one exposed: its words and
+    // removed flags (one per word, nonzero: removed), its bucket size, the
+    // centres and radii in creation order, and cluster_assignment(). Buckets
+    // come back in ascending id order, as builds and inserts keep them, so
+    // the restored index answers and takes inserts exactly as the original.
+    // A state that is not a list of clusters (sizes that differ, an id or a
+    // cluster out of range, a centre assigned to another cluster or centring
+    // two) throws Error(InvalidArgument); invariants (1) and (2) are trusted,
+    // since checking them costs a build's distances.
+    static std::unique_ptr<ListOfClusters> restore(WordList words, std::vector<uint8_t> removed,
+                                                   size_t bucket,
+                                                   const std::vector<uint32_t>& centres,
+                                                   const std::vector<uint32_t>& radii,
+                                                   const std::vector<uint32_t>& cluster_of);
+
     // Scans the centres in creation order: reports a centre within r, scans
     // its bucket only when d(q, c) <= radius + r, stops after a centre with
     // d(q, c) < radius - r (no later object can be within r).
@@ -44,6 +65,9 @@ public:
     std::vector<MetricHit> knn(WordView q, size_t k, MetricStats* stats = nullptr) const override;
 
 private:
+    // An index with words and removed flags and no clusters yet (restore).
+    ListOfClusters(WordList words, std::vector<uint8_t> removed, size_t bucket);
+
     // Insert rule: the bucket of the first centre c with d <= radius(c);
     // else the last cluster's bucket (growing its radius) while it holds
     // fewer than `bucket` objects; else a new last cluster, centred on it.

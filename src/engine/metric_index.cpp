@@ -96,6 +96,22 @@ MetricIndex::MetricIndex(WordList words)
     require(words_.size() < UINT32_MAX, "metric index: more than 2^32 - 2 words");
 }
 
+MetricIndex::MetricIndex(WordList words, std::vector<uint8_t> removed)
+    : words_(std::move(words)), removed_(std::move(removed))
+{
+    require(words_.size() < UINT32_MAX, "metric index: more than 2^32 - 2 words");
+    if (removed_.size() != words_.size()) {
+        char msg[160];
+        std::snprintf(msg, sizeof msg,
+                      "metric index: %zu removed flags for %zu words; give one flag per word",
+                      removed_.size(), words_.size());
+        throw Error(ErrorKind::InvalidArgument, msg);
+    }
+    for (uint8_t& flag : removed_)
+        flag = flag != 0;
+    live_ = size_t(std::count(removed_.begin(), removed_.end(), uint8_t(0)));
+}
+
 uint32_t MetricIndex::insert(WordView w)
 {
     require(words_.size() + 1 < UINT32_MAX, "metric index: more than 2^32 - 2 words");

@@ -103,6 +103,10 @@ public:
 
 protected:
     explicit MetricIndex(WordList words);
+    // A stored index's words with their removed flags (one per word, nonzero:
+    // removed); a count that differs from the words' throws
+    // Error(InvalidArgument). For the restore functions of the indexes.
+    MetricIndex(WordList words, std::vector<uint8_t> removed);
     // Adds the object just appended (id = size() - 1) to the index's structure.
     virtual void place(uint32_t id) = 0;
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <utility>
 
 #include "error.h"
@@ -37,37 +38,23 @@ inline uint8_t clamp_to_table(uint32_t d)
     return uint8_t(std::min(d, SparseSpatialSelection::kTableMax));
 }
 
-constexpr size_t kTile = SparseSpatialSelection::kTile;
-
 // |a - b| of two bytes.
 inline uint8_t byte_gap(uint8_t a, uint8_t b) { return uint8_t(std::max(a, b) - std::min(a, b)); }
 
-// The objects of a tile (bits of `alive`) that no pivot rules out at radius
-// r; bound[i] ends as the largest lower bound over all pivots for each
-// survivor. Each round takes kFilterChunk pivots for the whole tile (the
-// loops over its kTile objects are the ones the compiler vectorises) and the
-// tile is left as soon as no object survives.
-uint64_t tile_filter(const uint8_t* tile, size_t np, const uint8_t* dq, uint32_t r, uint64_t alive,
-                     uint8_t* bound_out)
+// The largest lower bound |row[p] - dq[p]| over all pivots, or a value above
+// r as soon as one chunk of kFilterChunk pivots proves the object farther
+// than r. The loop over a chunk is the one the compiler vectorises.
+uint32_t row_bound(const uint8_t* row, const uint8_t* dq, size_t np, uint32_t r)
 {
-    // A local array, which no pointer argument can alias: the loops below
-    // vectorise only then.
-    uint8_t bound[kTile] = {};
-    for (size_t c = 0; c < np && alive != 0; c += SparseSpatialSelection::kFilterChunk) {
+    uint8_t bound = 0;
+    for (size_t c = 0; c < np; c += SparseSpatialSelection::kFilterChunk) {
         const size_t end = std::min(np, c + SparseSpatialSelection::kFilterChunk);
-        for (size_t p = c; p < end; p++) {
-            const uint8_t* column = tile + p * kTile;
-            const uint8_t q = dq[p];
-            for (size_t i = 0; i < kTile; i++)
-                bound[i] = std::max(bound[i], byte_gap(column[i], q));
-        }
-        uint64_t within = 0;
-        for (size_t i = 0; i < kTile; i++)
-            within |= uint64_t(bound[i] <= r) << i;
-        alive &= within;
+        for (size_t p = c; p < end; p++)
+            bound = std::max(bound, byte_gap(row[p], dq[p]));
+        if (bound > r)
+            break;
     }
-    std::copy(bound, bound + kTile, bound_out);
-    return alive;
+    return bound;
 }
 
 }  // namespace
@@ -129,35 +116,66 @@ SparseSpatialSelection::SparseSpatialSelection(WordList words, double alpha, int
     }
 
     const size_t np = pivots_.size();
-    const size_t tiles = (n + kTile - 1) / kTile;
-    table_.assign(tiles * np * kTile, 0);
-    parallel_for(tiles, n * np >= kParallelMin ? threads : 1, [&](size_t begin, size_t end) {
-        for (size_t t = begin; t < end; t++) {
-            uint8_t* tile = table_.data() + t * np * kTile;
-            for (size_t i = 0; i < kTile && t * kTile + i < n; i++)
-                for (size_t p = 0; p < np; p++)
-                    tile[p * kTile + i] =
-                        clamp_to_table(patterns[p].distance(words_[t * kTile + i]));
-        }
+    table_.resize(n * np);
+    parallel_for(n, n * np >= kParallelMin ? threads : 1, [&](size_t begin, size_t end) {
+        for (size_t x = begin; x < end; x++)
+            for (size_t p = 0; p < np; p++)
+                table_[x * np + p] = clamp_to_table(patterns[p].distance(words_[x]));
     });
     build_evaluations_ += uint64_t(n) * np;
+}
+
+SparseSpatialSelection::SparseSpatialSelection(WordList words, std::vector<uint8_t> removed,
+                                               double alpha, uint32_t max_distance)
+    : MetricIndex(std::move(words), std::move(removed)),
+      alpha_(checked_alpha(alpha)),
+      max_distance_(max_distance)
+{
+}
+
+std::unique_ptr<SparseSpatialSelection> SparseSpatialSelection::restore(
+    WordList words, std::vector<uint8_t> removed, double alpha, uint32_t max_distance,
+    std::vector<uint32_t> pivots, std::vector<uint8_t> table)
+{
+    std::unique_ptr<SparseSpatialSelection> sss(
+        new SparseSpatialSelection(std::move(words), std::move(removed), alpha, max_distance));
+    const size_t n = sss->size();
+    const size_t np = pivots.size();
+    char msg[200];
+    if (table.size() != n * np || np > n || (n > 0 && np == 0 && !table.empty())) {
+        std::snprintf(msg, sizeof msg,
+                      "sparse spatial selection: cannot restore %zu pivots and a table of %zu "
+                      "bytes over %zu objects (the table holds objects x pivots bytes)",
+                      np, table.size(), n);
+        throw Error(ErrorKind::InvalidArgument, msg);
+    }
+    sss->pivot_flag_.assign(n, 0);
+    for (size_t p = 0; p < np; p++) {
+        const uint32_t x = pivots[p];
+        if (x >= n || sss->pivot_flag_[x]) {
+            std::snprintf(msg, sizeof msg, "sparse spatial selection: pivot %zu (object %u) is %s",
+                          p, x, x >= n ? "not an object of the index" : "a pivot twice");
+            throw Error(ErrorKind::InvalidArgument, msg);
+        }
+        sss->pivot_flag_[x] = 1;
+    }
+    sss->pivots_ = std::move(pivots);
+    sss->table_ = std::move(table);
+    return sss;
 }
 
 void SparseSpatialSelection::place(uint32_t id)
 {
     const EditPattern pattern(words_[id]);
     const size_t np = pivots_.size();
-    std::vector<uint8_t> column(np);
+    std::vector<uint8_t> row(np);
     for (size_t p = 0; p < np; p++)
-        column[p] = clamp_to_table(pattern.distance(words_[pivots_[p]]));
-    // Grow first, so that nothing is left half done if that fails.
+        row[p] = clamp_to_table(pattern.distance(words_[pivots_[p]]));
+    // Reserve first, so that the two appends below cannot fail halfway.
     pivot_flag_.reserve(pivot_flag_.size() + 1);
-    if (id % kTile == 0)
-        table_.resize(table_.size() + np * kTile, 0);
+    table_.reserve(table_.size() + np);
     pivot_flag_.push_back(0);
-    uint8_t* tile = table_.data() + (id / kTile) * np * kTile;
-    for (size_t p = 0; p < np; p++)
-        tile[p * kTile + id % kTile] = column[p];
+    table_.insert(table_.end(), row.begin(), row.end());
 }
 
 void SparseSpatialSelection::pivot_distances(const EditPattern& q, std::vector<uint32_t>& exact,
@@ -169,17 +187,6 @@ void SparseSpatialSelection::pivot_distances(const EditPattern& q, std::vector<u
         exact[p] = q.distance(words_[pivots_[p]]);
         clamped[p] = clamp_to_table(exact[p]);
     }
-}
-
-// Bit i set when object base + i exists, is live and is no pivot.
-uint64_t SparseSpatialSelection::candidates(size_t base) const
-{
-    uint64_t alive = 0;
-    const size_t count = std::min(kTile, size() - base);
-    for (size_t i = 0; i < count; i++)
-        if (!removed_[base + i] && !pivot_flag_[base + i])
-            alive |= uint64_t(1) << i;
-    return alive;
 }
 
 std::vector<MetricHit> SparseSpatialSelection::range(WordView q, uint32_t r,
@@ -195,20 +202,16 @@ std::vector<MetricHit> SparseSpatialSelection::range(WordView q, uint32_t r,
     for (size_t p = 0; p < np; p++)
         if (dq[p] <= r && !removed_[pivots_[p]])
             hits.push_back({pivots_[p], dq[p]});
-    for (size_t base = 0; base < size(); base += kTile) {
-        const uint8_t* tile = table_.data() + (base / kTile) * np * kTile;
-        uint8_t bound[kTile];
+    for (uint32_t x = 0; x < size(); x++) {
+        if (removed_[x] || pivot_flag_[x])
+            continue;
         // A byte bound never exceeds a radius of kTableMax or more.
-        uint64_t alive = candidates(base);
-        if (r < kTableMax)
-            alive = tile_filter(tile, np, dqc.data(), r, alive, bound);
-        for (; alive != 0; alive &= alive - 1) {
-            const uint32_t x = uint32_t(base + size_t(__builtin_ctzll(alive)));
-            const uint32_t d = pattern.within(words_[x], r);
-            evaluations++;
-            if (d <= r)
-                hits.push_back({x, d});
-        }
+        if (r < kTableMax && row_bound(table_.data() + size_t(x) * np, dqc.data(), np, r) > r)
+            continue;
+        const uint32_t d = pattern.within(words_[x], r);
+        evaluations++;
+        if (d <= r)
+            hits.push_back({x, d});
     }
     if (stats)
         *stats = MetricStats{evaluations, live_};
@@ -240,15 +243,14 @@ std::vector<MetricHit> SparseSpatialSelection::knn(WordView q, size_t k, MetricS
     const uint32_t r0 = detail::knn_radius(top);
     std::vector<std::pair<uint8_t, uint32_t>> kept;
     std::vector<uint32_t> start(kTableMax + 2, 0);
-    for (size_t base = 0; base < size(); base += kTile) {
-        const uint8_t* tile = table_.data() + (base / kTile) * np * kTile;
-        uint8_t bound[kTile];
-        uint64_t alive = tile_filter(tile, np, dqc.data(), r0, candidates(base), bound);
-        for (; alive != 0; alive &= alive - 1) {
-            const size_t i = size_t(__builtin_ctzll(alive));
-            kept.emplace_back(bound[i], uint32_t(base + i));
-            start[size_t(bound[i]) + 1]++;
-        }
+    for (uint32_t x = 0; x < size(); x++) {
+        if (removed_[x] || pivot_flag_[x])
+            continue;
+        const uint32_t bound = row_bound(table_.data() + size_t(x) * np, dqc.data(), np, r0);
+        if (bound > r0)
+            continue;
+        kept.emplace_back(uint8_t(bound), x);
+        start[bound + 1]++;
     }
     for (size_t b = 1; b < start.size(); b++)
         start[b] += start[b - 1];

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "metric_index.h"
@@ -18,17 +19,15 @@ namespace gpuivfpq {
 // d(q, x) for the rest. The filter compares bytes: d(q, p) is clamped at
 // kTableMax too, and |a - b| of two clamped values never exceeds the true
 // |d(p, x) - d(q, p)| (docs/metric-search.md), so it stays a lower bound.
-// Pivots are fixed once built: an insert adds a table entry per pivot, never
-// a pivot (a rebuild chooses them again).
+// Pivots are fixed once built: an insert adds a table row, never a pivot (a
+// rebuild chooses them again).
 class SparseSpatialSelection : public MetricIndex {
 public:
     // Largest distance the table stores: a stored kTableMax means ">= 255",
     // which the filter then uses only as a lower bound.
     static constexpr uint32_t kTableMax = 255;
-    // Objects per tile of the table (see table()).
-    static constexpr size_t kTile = 64;
     // Pivots the filter checks between two early exits.
-    static constexpr size_t kFilterChunk = 16;
+    static constexpr size_t kFilterChunk = 32;
 
     // Builds over words (ids 0..n-1). alpha in (0, 1], else
     // Error(InvalidArgument). max_distance is M; 0 estimates it (see
@@ -46,23 +45,34 @@ public:
     size_t pivots() const { return pivots_.size(); }
     uint32_t pivot(size_t p) const { return pivots_[p]; }
     bool is_pivot(uint32_t id) const { return pivot_flag_[id] != 0; }
-    // The table in tiles of kTile objects, each pivot-major: tile t holds
-    // pivots() columns of kTile bytes, for objects t * kTile + [0, kTile).
-    // A filter then reads one column of a tile as one vector (and a GPU warp
-    // reads it coalesced), and an insert fills the last tile or appends one.
+    // size() rows of pivots() bytes, object-major (an insert appends a row):
+    // table()[id * pivots() + p] = min(d(pivot p, id), kTableMax).
     const uint8_t* table() const { return table_.data(); }
-    // min(d(pivot p, id), kTableMax), as the table holds it.
     uint8_t table_entry(uint32_t id, size_t p) const
     {
-        return table_[(id / kTile) * pivots_.size() * kTile + p * kTile + id % kTile];
+        return table_[size_t(id) * pivots_.size() + p];
     }
     // Distance evaluations of the build (the estimate of M included).
     uint64_t build_evaluations() const { return build_evaluations_; }
 
+    // An index restored from the state another one exposed: its words and
+    // removed flags (one per word, nonzero: removed), alpha(),
+    // max_distance(), the pivots in their order (pivot(p)) and the table
+    // (size() rows of pivots() bytes, as table() lays it out). It answers and
+    // takes inserts exactly as the original. Sizes that differ, a pivot out
+    // of range or given twice, or alpha outside (0, 1] throw
+    // Error(InvalidArgument); the table's distances are trusted, since
+    // checking them costs a build's distances.
+    static std::unique_ptr<SparseSpatialSelection> restore(WordList words,
+                                                           std::vector<uint8_t> removed,
+                                                           double alpha, uint32_t max_distance,
+                                                           std::vector<uint32_t> pivots,
+                                                           std::vector<uint8_t> table);
+
     // Reports the pivots within r, then filters the other objects by the
-    // table, a tile at a time (kFilterChunk pivots for all of its objects,
-    // vectorised, until no object of the tile is left), and computes the
-    // distance of the survivors.
+    // table (kFilterChunk pivots at a time, vectorised, stopping at the first
+    // chunk that rules the object out) and computes the distance of the
+    // survivors.
     std::vector<MetricHit> range(WordView q, uint32_t r,
                                  MetricStats* stats = nullptr) const override;
     // The pivots first; then the objects the filter keeps at the radius the
@@ -80,9 +90,11 @@ public:
                                           uint64_t* evaluations = nullptr);
 
 private:
+    // An index with words and removed flags and no pivots yet (restore).
+    SparseSpatialSelection(WordList words, std::vector<uint8_t> removed, double alpha,
+                           uint32_t max_distance);
+
     void place(uint32_t id) override;
-    // The live non-pivot objects of the tile that starts at base, as bits.
-    uint64_t candidates(size_t base) const;
     // d(q, p) for every pivot, exact and clamped to a byte.
     void pivot_distances(const EditPattern& q, std::vector<uint32_t>& exact,
                          std::vector<uint8_t>& clamped) const;

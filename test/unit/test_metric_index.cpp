@@ -493,10 +493,8 @@ TEST(SssIndex, PivotsAndTableFollowTheRules)
                 const uint32_t d = edit_distance_dp(view(words[sss.pivot(p)]), view(words[x]));
                 ASSERT_EQ(sss.table_entry(x, p), std::min(d, SparseSpatialSelection::kTableMax))
                     << "object " << x << " pivot " << p;
-                // The layout documented for mirrors: tiles of 64 objects,
-                // pivot-major inside.
-                ASSERT_EQ(sss.table()[x / 64 * sss.pivots() * 64 + p * 64 + x % 64],
-                          sss.table_entry(x, p));
+                // The layout documented for mirrors: object-major rows.
+                ASSERT_EQ(sss.table()[x * sss.pivots() + p], sss.table_entry(x, p));
                 if (sss.pivot(p) < x) {
                     nearest = std::min(nearest, double(d));
                     earlier_pivots++;
@@ -615,9 +613,7 @@ TEST(MetricIndex, BuildIndependentOfThreads)
     EXPECT_EQ(s1.max_distance(), s4.max_distance());
     for (size_t p = 0; p < s1.pivots(); p++)
         ASSERT_EQ(s1.pivot(p), s4.pivot(p));
-    const size_t table_bytes = (s1.size() + SparseSpatialSelection::kTile - 1) /
-                               SparseSpatialSelection::kTile * SparseSpatialSelection::kTile *
-                               s1.pivots();
+    const size_t table_bytes = s1.size() * s1.pivots();
     EXPECT_TRUE(std::equal(s1.table(), s1.table() + table_bytes, s4.table()));
 }
 
