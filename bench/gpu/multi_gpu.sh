@@ -115,7 +115,8 @@ psql -qAtc "SELECT 'mean_round_us ' || round(mean_round_us::numeric, 1) || ', me
 
 say ""
 say "## 3. An index larger than one GPU's budget: sharded"
-size=$(psql -qAtc "SELECT ceil(size_mb)::int FROM gpu_ivfpq_mirrors")
+# One copy's size (a replicated mirror's size_mb counts every copy).
+size=$(psql -qAtc "SELECT ceil(size_mb / array_length(devices, 1))::int FROM gpu_ivfpq_mirrors")
 budget=$((size * 7 / 10))
 say "mirror on one GPU: $size MiB; budget per GPU set to $budget MiB"
 use_gpus "$all" "${budget}MB"

@@ -185,13 +185,10 @@ std::function<void()> prepare_search(const Request& q, Reply& rep, MirrorStore& 
                 rep.value[0] = 1;
             }
         } else if (mirror->has_vectors()) {
-            // A tile of a placed mirror's replicas is split over them at once.
-            for (uint64_t i = 0; i < n; i += tile) {
-                uint64_t nq = std::min(tile, n - i);
-                KeyRanges r;
-                mirror->search_exact(queries + i * d, nq, k, nprobe, exact + i * k, labels + i * k,
-                                     ranges_at(i, r));
-            }
+            // One call: the placed mirror splits the batch over its replicas
+            // (or shards) and runs each share in tiles of bounded scratch.
+            KeyRanges r;
+            mirror->search_exact(queries, n, k, nprobe, exact, labels, ranges_at(0, r));
             rep.value[0] = 1;
         } else {
             std::vector<float> dist(mul(std::min(tile, n), k));

@@ -71,8 +71,17 @@ void PlacedMirror::run_on(size_t j, const std::function<void(Mirror&)>& call)
     }
 }
 
-void PlacedMirror::on_replicas(size_t nq, const Call& call)
+void PlacedMirror::on_replicas(size_t nq, size_t tile, const Call& call)
 {
+    // A share of queries in tiles (bounded device scratch), on one replica.
+    auto run_share = [&](size_t j, size_t first, size_t count) {
+        run_on(j, [&](Mirror& m) {
+            size_t step = tile == 0 ? std::max<size_t>(count, 1) : tile;
+            for (size_t t = 0; t < count; t += step)
+                call(m, first + t, std::min(step, count - t));
+        });
+        set_.count_search(devices_[j], count);
+    };
     for (;;) {
         std::vector<size_t> live;
         for (size_t j = 0; j < parts_.size(); j++)
@@ -86,22 +95,18 @@ void PlacedMirror::on_replicas(size_t nq, const Call& call)
                 for (size_t j : live)
                     devs.push_back(devices_[j]);
                 size_t dev = set_.least_busy(devs);
-                size_t j = live[size_t(std::find(devs.begin(), devs.end(), dev) - devs.begin())];
-                run_on(j, [&](Mirror& m) { call(m, 0, nq); });
-                set_.count_search(devices_[j], nq);
+                run_share(live[size_t(std::find(devs.begin(), devs.end(), dev) - devs.begin())], 0, nq);
                 return;
             }
-            // A large batch: contiguous shares, one per replica, at once.
+            // A large batch: one contiguous share per replica, all at once.
             size_t r = live.size();
             DeviceSet::in_parallel(r, [&](size_t i) {
                 size_t first = nq * i / r, last = nq * (i + 1) / r;
-                if (last > first) {
-                    run_on(live[i], [&](Mirror& m) { call(m, first, last - first); });
-                    set_.count_search(devices_[live[i]], last - first);
-                }
+                if (last > first)
+                    run_share(live[i], first, last - first);
             });
             return;
-        } catch (const Error& e) {
+        } catch (const Error&) {
             // A replica's device failed: the others answer (the call is idempotent).
             bool lost = false;
             for (size_t j : live)
@@ -176,13 +181,24 @@ void PlacedMirror::search(const float* queries, size_t nq, size_t k, size_t npro
                           int64_t* labels, const KeyRanges* ranges)
 {
     if (mode_ == Placement::Replicate) {
-        on_replicas(nq, [&](Mirror& m, size_t first, size_t count) {
+        on_replicas(nq, kTile, [&](Mirror& m, size_t first, size_t count) {
             KeyRanges r;
             m.search(queries + first * d_, count, k, nprobe, dist + first * k, labels + first * k,
                      sub_ranges(ranges, first, r));
         });
         return;
     }
+    for (size_t t = 0; t < nq; t += kTile) {
+        KeyRanges r;
+        shard_search(queries + t * d_, std::min(kTile, nq - t), k, nprobe, dist + t * k, labels + t * k,
+                     sub_ranges(ranges, t, r));
+    }
+}
+
+// One tile of a sharded search: every shard at once, merged by ADC distance.
+void PlacedMirror::shard_search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist,
+                                int64_t* labels, const KeyRanges* ranges)
+{
     size_t s = parts_.size();
     std::vector<float> pd(s * nq * k);
     std::vector<int64_t> pl(s * nq * k), matched(ranges != nullptr ? s * nq : 0);
@@ -211,13 +227,24 @@ void PlacedMirror::search_exact(const float* queries, size_t nq, size_t k, size_
                                 int64_t* labels, const KeyRanges* ranges)
 {
     if (mode_ == Placement::Replicate) {
-        on_replicas(nq, [&](Mirror& m, size_t first, size_t count) {
+        on_replicas(nq, kTile, [&](Mirror& m, size_t first, size_t count) {
             KeyRanges r;
             m.search_exact(queries + first * d_, count, k, nprobe, dist + first * k, labels + first * k,
                            sub_ranges(ranges, first, r));
         });
         return;
     }
+    for (size_t t = 0; t < nq; t += kTile) {
+        KeyRanges r;
+        shard_search_exact(queries + t * d_, std::min(kTile, nq - t), k, nprobe, dist + t * k, labels + t * k,
+                           sub_ranges(ranges, t, r));
+    }
+}
+
+// One tile of a sharded re-ranked search.
+void PlacedMirror::shard_search_exact(const float* queries, size_t nq, size_t k, size_t nprobe, double* dist,
+                                      int64_t* labels, const KeyRanges* ranges)
+{
     // Each shard's ADC top-k and the same candidates re-ranked: the merge
     // takes the k best by ADC over all shards (the candidates one device
     // would re-rank), then orders them by exact distance.
@@ -252,7 +279,8 @@ void PlacedMirror::search_exact(const float* queries, size_t nq, size_t k, size_
 void PlacedMirror::brute_force(const float* queries, size_t nq, size_t k, double* dist, int64_t* labels)
 {
     if (mode_ == Placement::Replicate) {
-        on_replicas(nq, [&](Mirror& m, size_t first, size_t count) {
+        // Untiled: the device gathers the stored vectors once and tiles the queries itself.
+        on_replicas(nq, 0, [&](Mirror& m, size_t first, size_t count) {
             m.brute_force(queries + first * d_, count, k, dist + first * k, labels + first * k);
         });
         return;

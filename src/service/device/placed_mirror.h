@@ -57,12 +57,21 @@ public:
 
     // Batches of at least this many queries are split over the replicas.
     static constexpr size_t kSplitQueries = 256;
+    // Queries per device call of a large batch (bounds the device's scratch
+    // space); each replica runs its whole share in such tiles.
+    static constexpr size_t kTile = 4096;
 
 private:
     using Call = std::function<void(Mirror&, size_t first, size_t count)>;
-    void on_replicas(size_t nq, const Call& call);
+    // call(mirror, first, count) over [0, nq): one replica, or a share each;
+    // within a share in tiles of tile queries (0: one call).
+    void on_replicas(size_t nq, size_t tile, const Call& call);
     void on_shards(const std::function<void(Mirror&, size_t shard)>& call);
     void run_on(size_t part, const std::function<void(Mirror&)>& call);
+    void shard_search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist, int64_t* labels,
+                      const KeyRanges* ranges);
+    void shard_search_exact(const float* queries, size_t nq, size_t k, size_t nprobe, double* dist,
+                            int64_t* labels, const KeyRanges* ranges);
 
     DeviceSet& set_;
     Placement mode_;

@@ -2,12 +2,16 @@
 #include "service/device/shard_merge.h"
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <limits>
+#include <thread>
 #include <numeric>
 #include <utility>
 
 #include "engine/error.h"
 #include "engine/exact_distance.h"
+#include "engine/parallel.h"
 
 namespace gpuivfpq {
 
@@ -69,25 +73,38 @@ bool exact_pair_less(const std::pair<double, int64_t>& a, const std::pair<double
     return exact_less(a.first, a.second, b.first, b.second);
 }
 
+// Runs body(first, last) over query ranges, on several threads for large
+// batches (a k-NN graph merges millions of rows).
+void over_queries(size_t nq, size_t k, const std::function<void(size_t, size_t)>& body)
+{
+    const size_t work = nq * k;
+    int threads = work < (size_t(1) << 16) ? 1 : int(std::min<unsigned>(8, std::max(1u, std::thread::hardware_concurrency())));
+    parallel_for(nq, threads, body);
+}
+
 }  // namespace
 
 void merge_adc(size_t nq, size_t k, const std::vector<ShardRows<float>>& parts, float* dist, int64_t* labels)
 {
-    std::vector<std::pair<float, int64_t>> c;
-    for (size_t q = 0; q < nq; q++) {
-        gather(q, k, parts, c);
-        write_best(q, k, c, adc_less, dist, labels);
-    }
+    over_queries(nq, k, [&](size_t first, size_t last) {
+        std::vector<std::pair<float, int64_t>> c;
+        for (size_t q = first; q < last; q++) {
+            gather(q, k, parts, c);
+            write_best(q, k, c, adc_less, dist, labels);
+        }
+    });
 }
 
 void merge_exact(size_t nq, size_t k, const std::vector<ShardRows<double>>& parts, double* dist,
                  int64_t* labels)
 {
-    std::vector<std::pair<double, int64_t>> c;
-    for (size_t q = 0; q < nq; q++) {
-        gather(q, k, parts, c);
-        write_best(q, k, c, exact_pair_less, dist, labels);
-    }
+    over_queries(nq, k, [&](size_t first, size_t last) {
+        std::vector<std::pair<double, int64_t>> c;
+        for (size_t q = first; q < last; q++) {
+            gather(q, k, parts, c);
+            write_best(q, k, c, exact_pair_less, dist, labels);
+        }
+    });
 }
 
 void merge_reranked(size_t nq, size_t k, const std::vector<ShardRows<float>>& adc,
@@ -100,30 +117,38 @@ void merge_reranked(size_t nq, size_t k, const std::vector<ShardRows<float>>& ad
         int64_t label;
         double exact;
     };
-    std::vector<Cand> c;
-    std::vector<std::pair<double, int64_t>> chosen;
-    for (size_t q = 0; q < nq; q++) {
-        c.clear();
-        for (size_t s = 0; s < adc.size(); s++)
-            for (size_t j = 0; j < k; j++) {
-                int64_t l = adc[s].labels[q * k + j];
-                if (l < 0)
-                    continue;
-                // The same shard's re-ranked row holds the same candidates (k is small: a scan).
-                const int64_t* row = exact[s].labels + q * k;
-                const int64_t* at = std::find(row, row + k, l);
-                if (at != row + k)
-                    c.push_back({adc[s].dist[q * k + j], l, exact[s].dist[q * k + size_t(at - row)]});
+    over_queries(nq, k, [&](size_t first, size_t last) {
+        std::vector<Cand> c;
+        std::vector<std::pair<int64_t, double>> by_label;
+        std::vector<std::pair<double, int64_t>> chosen;
+        for (size_t q = first; q < last; q++) {
+            c.clear();
+            for (size_t s = 0; s < adc.size(); s++) {
+                // The same shard's re-ranked row holds the same candidates: by label, for lookup.
+                by_label.clear();
+                for (size_t j = 0; j < k; j++)
+                    if (exact[s].labels[q * k + j] >= 0)
+                        by_label.emplace_back(exact[s].labels[q * k + j], exact[s].dist[q * k + j]);
+                std::sort(by_label.begin(), by_label.end());
+                for (size_t j = 0; j < k; j++) {
+                    int64_t l = adc[s].labels[q * k + j];
+                    if (l < 0)
+                        continue;
+                    auto at = std::lower_bound(by_label.begin(), by_label.end(), std::make_pair(l, -HUGE_VAL));
+                    if (at != by_label.end() && at->first == l)
+                        c.push_back({adc[s].dist[q * k + j], l, at->second});
+                }
             }
-        size_t n = std::min(k, c.size());
-        std::partial_sort(c.begin(), c.begin() + n, c.end(), [](const Cand& a, const Cand& b) {
-            return a.adc != b.adc ? a.adc < b.adc : a.label < b.label;
-        });
-        chosen.clear();
-        for (size_t j = 0; j < n; j++)
-            chosen.emplace_back(c[j].exact, c[j].label);
-        write_best(q, k, chosen, exact_pair_less, dist, labels);
-    }
+            size_t n = std::min(k, c.size());
+            std::partial_sort(c.begin(), c.begin() + n, c.end(), [](const Cand& a, const Cand& b) {
+                return a.adc != b.adc ? a.adc < b.adc : a.label < b.label;
+            });
+            chosen.clear();
+            for (size_t j = 0; j < n; j++)
+                chosen.emplace_back(c[j].exact, c[j].label);
+            write_best(q, k, chosen, exact_pair_less, dist, labels);
+        }
+    });
 }
 
 }  // namespace gpuivfpq
