@@ -150,25 +150,64 @@ std::unique_ptr<ListOfClusters> ListOfClusters::restore(WordList words,
     return lc;
 }
 
-void ListOfClusters::place(uint32_t id)
+LcPlacement ListOfClusters::placement(WordView w) const
 {
-    const EditPattern pattern(words_[id]);
+    const EditPattern pattern(w);
     // Invariant (2) holds for every cluster passed over: the object is
     // farther than its radius from each such centre.
-    for (Cluster& cluster : clusters_) {
-        if (pattern.within(words_[cluster.centre], cluster.radius) <= cluster.radius) {
-            cluster.bucket.push_back(id);
-            return;
-        }
+    for (size_t c = 0; c < clusters_.size(); c++) {
+        const Cluster& cluster = clusters_[c];
+        if (pattern.within(words_[cluster.centre], cluster.radius) <= cluster.radius)
+            return LcPlacement{uint32_t(c), cluster.radius};
     }
     // No later cluster exists to break (2) when the last radius grows.
     if (!clusters_.empty() && clusters_.back().bucket.size() < bucket_) {
-        Cluster& last = clusters_.back();
-        last.bucket.push_back(id);
-        last.radius = std::max(last.radius, pattern.distance(words_[last.centre]));
+        const Cluster& last = clusters_.back();
+        return LcPlacement{uint32_t(clusters_.size() - 1),
+                           std::max(last.radius, pattern.distance(words_[last.centre]))};
+    }
+    return LcPlacement{uint32_t(clusters_.size()), 0};
+}
+
+void ListOfClusters::place(uint32_t id) { place_at(id, placement(words_[id])); }
+
+void ListOfClusters::place_at(uint32_t id, LcPlacement p)
+{
+    if (p.cluster == clusters_.size()) {
+        clusters_.push_back(Cluster{id, 0, {}});
         return;
     }
-    clusters_.push_back(Cluster{id, 0, {}});
+    Cluster& cluster = clusters_[p.cluster];
+    cluster.bucket.push_back(id);
+    cluster.radius = p.radius;
+}
+
+void check_lc_placement(size_t clusters, LcPlacement p, uint32_t radius)
+{
+    const char* why = nullptr;
+    if (p.cluster > clusters)
+        why = "there is no such cluster";
+    else if (p.cluster == clusters && p.radius != 0)
+        why = "a new cluster starts with radius 0";
+    else if (p.cluster < clusters && p.radius < radius)
+        why = "a radius never shrinks (its bucket must stay covered)";
+    else if (size_t(p.cluster) + 1 < clusters && p.radius != radius)
+        why = "only the last cluster's radius grows (invariant 2 of the later clusters)";
+    if (why == nullptr)
+        return;
+    char msg[240];
+    std::snprintf(msg, sizeof msg,
+                  "list of clusters: cannot insert into cluster %u with radius %u (%zu clusters): "
+                  "%s",
+                  p.cluster, p.radius, clusters, why);
+    throw Error(ErrorKind::InvalidArgument, msg);
+}
+
+uint32_t ListOfClusters::insert_at(WordView w, LcPlacement p)
+{
+    const size_t nc = clusters_.size();
+    check_lc_placement(nc, p, p.cluster < nc ? clusters_[p.cluster].radius : 0);
+    return insert_with(w, [this, p](uint32_t id) { place_at(id, p); });
 }
 
 std::vector<MetricHit> ListOfClusters::range(WordView q, uint32_t r, MetricStats* stats) const

@@ -10,6 +10,21 @@
 
 namespace gpuivfpq {
 
+// Where an insert puts an object: the cluster whose bucket takes it
+// (clusters() for a new last cluster centred on it) and that cluster's
+// radius after the insert. A copy of the index elsewhere (a GPU mirror)
+// takes the object at the same placement without computing a distance.
+struct LcPlacement {
+    uint32_t cluster = 0;
+    uint32_t radius = 0;
+};
+
+// Throws Error(InvalidArgument) unless p is a placement the insert rule can
+// make in a list of `clusters` clusters whose cluster p.cluster has radius
+// `radius` (ignored for a new cluster): what ListOfClusters::insert_at and
+// a mirror of the index check before they take p.
+void check_lc_placement(size_t clusters, LcPlacement p, uint32_t radius);
+
 // A list of clusters, each a centre, a covering radius and a bucket, in
 // creation order. Two invariants make queries exact (docs/metric-search.md):
 //  (1) every object of cluster c's bucket is within radius(c) of centre(c);
@@ -64,6 +79,17 @@ public:
     // The range search with r = the current k-th distance, shrinking.
     std::vector<MetricHit> knn(WordView q, size_t k, MetricStats* stats = nullptr) const override;
 
+    // Where insert(w) would put w now (the insert rule below), without
+    // inserting it.
+    LcPlacement placement(WordView w) const;
+    // Inserts w at p, a placement the insert rule chose for w on an index in
+    // this state (placement(), on this index or a copy of it); returns its
+    // id. The distances behind p are trusted; a placement no insert makes
+    // throws Error(InvalidArgument): a cluster past clusters(), a new
+    // cluster with a radius other than 0, a radius that shrinks, or one
+    // that grows on a cluster other than the last (invariant 2).
+    uint32_t insert_at(WordView w, LcPlacement p);
+
 private:
     // An index with words and removed flags and no clusters yet (restore).
     ListOfClusters(WordList words, std::vector<uint8_t> removed, size_t bucket);
@@ -72,6 +98,8 @@ private:
     // else the last cluster's bucket (growing its radius) while it holds
     // fewer than `bucket` objects; else a new last cluster, centred on it.
     void place(uint32_t id) override;
+    // Puts object id where p says (p checked by insert_at).
+    void place_at(uint32_t id, LcPlacement p);
 
     struct Cluster {
         uint32_t centre;

@@ -114,13 +114,18 @@ MetricIndex::MetricIndex(WordList words, std::vector<uint8_t> removed)
 
 uint32_t MetricIndex::insert(WordView w)
 {
+    return insert_with(w, [this](uint32_t id) { place(id); });
+}
+
+uint32_t MetricIndex::insert_with(WordView w, const std::function<void(uint32_t)>& place_fn)
+{
     require(words_.size() + 1 < UINT32_MAX, "metric index: more than 2^32 - 2 words");
     words_.push_back(w);
     removed_.push_back(0);
     live_++;
     const uint32_t id = uint32_t(words_.size() - 1);
     try {
-        place(id);
+        place_fn(id);
     } catch (...) {
         words_.pop_back();
         removed_.pop_back();

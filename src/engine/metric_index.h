@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string_view>
 #include <vector>
 
@@ -109,6 +110,10 @@ protected:
     MetricIndex(WordList words, std::vector<uint8_t> removed);
     // Adds the object just appended (id = size() - 1) to the index's structure.
     virtual void place(uint32_t id) = 0;
+    // Appends w and has place_fn(id) add it to the structure, undoing the
+    // append when place_fn throws: insert() with the index's own rule, and
+    // the inserts at a placement the caller decided (insert_at), share it.
+    uint32_t insert_with(WordView w, const std::function<void(uint32_t)>& place_fn);
 
     WordList words_;
     std::vector<uint8_t> removed_;

@@ -164,18 +164,33 @@ std::unique_ptr<SparseSpatialSelection> SparseSpatialSelection::restore(
     return sss;
 }
 
-void SparseSpatialSelection::place(uint32_t id)
+std::vector<uint8_t> SparseSpatialSelection::table_row(WordView w) const
 {
-    const EditPattern pattern(words_[id]);
+    const EditPattern pattern(w);
     const size_t np = pivots_.size();
     std::vector<uint8_t> row(np);
     for (size_t p = 0; p < np; p++)
         row[p] = clamp_to_table(pattern.distance(words_[pivots_[p]]));
+    return row;
+}
+
+void SparseSpatialSelection::place(uint32_t id) { append_row(table_row(words_[id]).data()); }
+
+void SparseSpatialSelection::append_row(const uint8_t* row)
+{
+    const size_t np = pivots_.size();
     // Reserve first, so that the two appends below cannot fail halfway.
     pivot_flag_.reserve(pivot_flag_.size() + 1);
     table_.reserve(table_.size() + np);
     pivot_flag_.push_back(0);
-    table_.insert(table_.end(), row.begin(), row.end());
+    table_.insert(table_.end(), row, row + np);
+}
+
+uint32_t SparseSpatialSelection::insert_at(WordView w, const uint8_t* row)
+{
+    require(row != nullptr || pivots_.empty(),
+            "sparse spatial selection: an insert needs its table row (one byte per pivot)");
+    return insert_with(w, [this, row](uint32_t) { append_row(row); });
 }
 
 void SparseSpatialSelection::pivot_distances(const EditPattern& q, std::vector<uint32_t>& exact,

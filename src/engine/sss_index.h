@@ -80,6 +80,13 @@ public:
     // bytes), stopping once the bound exceeds the current k-th distance.
     std::vector<MetricHit> knn(WordView q, size_t k, MetricStats* stats = nullptr) const override;
 
+    // The table row insert(w) would append for w: min(d(pivot p, w),
+    // kTableMax) for every pivot, without inserting it.
+    std::vector<uint8_t> table_row(WordView w) const;
+    // Inserts w with row (pivots() bytes, table_row() of w on an index in
+    // this state, trusted) as its table row; returns its id.
+    uint32_t insert_at(WordView w, const uint8_t* row);
+
     // A lower estimate of the largest distance among words, deterministic:
     // farthest-point sweeps, the first from object 0, each next from the
     // object farthest from the previous start, while the largest distance
@@ -95,6 +102,8 @@ private:
                            uint32_t max_distance);
 
     void place(uint32_t id) override;
+    // Appends object id's table row (pivots() bytes).
+    void append_row(const uint8_t* row);
     // d(q, p) for every pivot, exact and clamped to a byte.
     void pivot_distances(const EditPattern& q, std::vector<uint32_t>& exact,
                          std::vector<uint8_t>& clamped) const;
