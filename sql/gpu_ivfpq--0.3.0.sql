@@ -1,4 +1,5 @@
--- gpu_ivfpq 0.3.0: distance operators on real[] and the gpu_ivfpq index access method.
+-- gpu_ivfpq 0.3.0: distance operators on real[] and the gpu_ivfpq index access method;
+-- edit distance on text and the gpu_metric index access method (fuzzy string search).
 -- pgvector's vector and halfvec columns: the companion extension gpu_ivfpq_pgvector.
 
 \echo Use "CREATE EXTENSION gpu_ivfpq" to load this file. \quit
@@ -260,3 +261,68 @@ COMMENT ON FUNCTION gpu_ivfpq_knn_graph(regclass, int) IS
 	'the k nearest other rows of every row of the index''s table';
 COMMENT ON FUNCTION gpu_ivfpq_exact_knn(regclass, name, real[], int, text) IS
 	'exact brute-force k nearest rows of each query over a vector column, no index needed';
+
+-- Fuzzy string search: the edit distance between texts, and gpu_metric,
+-- an index access method for exact range and k-NN search under it (the
+-- engine's List of Clusters or Sparse Spatial Selection). The distance is
+-- Levenshtein's, on Unicode code points: 'cañón' <~> 'canon' is 2.
+CREATE FUNCTION gpu_metric_edit_distance(text, text) RETURNS int4
+	AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE COST 10;
+CREATE OPERATOR <~> (
+	LEFTARG = text, RIGHTARG = text, FUNCTION = gpu_metric_edit_distance,
+	COMMUTATOR = '<~>'
+);
+
+-- A range of words: those within radius edits of word (word <% edit_range('cassa', 2)).
+CREATE TYPE edit_range AS (word text, radius int4);
+CREATE FUNCTION edit_range(word text, radius int4) RETURNS edit_range
+	AS 'MODULE_PATHNAME', 'gpu_metric_edit_range' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+CREATE FUNCTION gpu_metric_within(text, edit_range) RETURNS bool
+	AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE COST 10;
+-- matchingsel applies the operator to the column's statistics, as pg_trgm's % does.
+CREATE OPERATOR <% (
+	LEFTARG = text, RIGHTARG = edit_range, FUNCTION = gpu_metric_within,
+	RESTRICT = matchingsel, JOIN = matchingjoinsel
+);
+
+CREATE FUNCTION gpu_metric_handler(internal) RETURNS index_am_handler
+	AS 'MODULE_PATHNAME' LANGUAGE C;
+CREATE ACCESS METHOD gpu_metric TYPE INDEX HANDLER gpu_metric_handler;
+
+-- Strategy 1: the range predicate; strategy 2: ORDER BY the distance.
+CREATE OPERATOR CLASS text_edit_ops
+	DEFAULT FOR TYPE text USING gpu_metric AS
+	OPERATOR 1 <% (text, edit_range),
+	OPERATOR 2 <~> (text, text) FOR ORDER BY integer_ops;
+
+-- Many queries in one call, searched in parallel: the rows of the index's
+-- table (visible to the caller, by distance then heap TID) within radius of
+-- each query, or its k nearest. query numbers the array's elements from 1;
+-- word is the indexed value. They read the table outside the executor: they
+-- check SELECT on it and refuse tables whose row-level security applies.
+CREATE FUNCTION gpu_metric_range_batch(index regclass, queries text[], radius int)
+	RETURNS TABLE (query int, tid tid, word text, distance int)
+	AS 'MODULE_PATHNAME' LANGUAGE C STRICT VOLATILE;
+CREATE FUNCTION gpu_metric_knn_batch(index regclass, queries text[], k int)
+	RETURNS TABLE (query int, rank int, tid tid, word text, distance int)
+	AS 'MODULE_PATHNAME' LANGUAGE C STRICT VOLATILE;
+
+COMMENT ON FUNCTION gpu_metric_edit_distance(text, text) IS
+	'Levenshtein distance between two texts, counted on Unicode code points (operator <~>)';
+COMMENT ON OPERATOR <~> (text, text) IS 'edit distance (Levenshtein, on code points)';
+COMMENT ON TYPE edit_range IS 'the words within radius edits of word (operator <%)';
+COMMENT ON FUNCTION edit_range(text, int4) IS 'the range of the words within radius edits of word';
+COMMENT ON FUNCTION gpu_metric_within(text, edit_range) IS
+	'whether a text is within the range''s radius of its word (operator <%)';
+COMMENT ON OPERATOR <% (text, edit_range) IS 'within an edit distance range';
+COMMENT ON FUNCTION gpu_metric_handler(internal) IS 'handler of the gpu_metric index access method';
+COMMENT ON ACCESS METHOD gpu_metric IS
+	'exact range and nearest-neighbour search of text under edit distance (List of Clusters, SSS)';
+COMMENT ON OPERATOR FAMILY text_edit_ops USING gpu_metric IS
+	'text by edit distance: ranges (<%) and ORDER BY <~>';
+COMMENT ON OPERATOR CLASS text_edit_ops USING gpu_metric IS
+	'text by edit distance: ranges (<%) and ORDER BY <~>';
+COMMENT ON FUNCTION gpu_metric_range_batch(regclass, text[], int) IS
+	'the rows within radius edits of each query, by distance';
+COMMENT ON FUNCTION gpu_metric_knn_batch(regclass, text[], int) IS
+	'the k rows nearest each query by edit distance';

@@ -1,6 +1,7 @@
 // The module's entry point: _PG_init defines the settings (GUCs), the
 // index options, and, when preloaded, the GPU service.
 #include "am/am.h"
+#include "am/metric_am.h"
 #include "service/service.h"
 #include "service/wal_announce.h"
 
@@ -73,6 +74,7 @@ void
 _PG_init(void)
 {
 	GpuIvfpqRegisterOptions();
+	GpuMetricRegisterOptions();
 
 	DefineCustomIntVariable("gpu_ivfpq.probes", "Number of inverted lists probed by a scan.",
 							"More probes: higher recall, slower queries.",
