@@ -228,14 +228,17 @@ typedef struct GpuMetricHits
 
 extern void GpuMetricSearch(Relation index, GpuMetricCached *entry, const GpuMetricMetaPageData *meta,
 							bool knn, const uint32 *cps, const uint64 *offsets, int64 nq,
-							uint32 param, int threads, GpuMetricHits *out);
+							uint32 param, const uint32 *radii, int threads, GpuMetricHits *out);
 extern bool GpuMetricServiceSearch(Relation index, const GpuMetricMetaPageData *meta, bool knn,
 								   const uint32 *cps, const uint64 *offsets, int64 nq, uint32 param,
+								   const uint32 *radii, GpuMetricHits *out);
+extern void GpuMetricSearchNearest(Relation index, GpuMetricCached *entry,
+								   const GpuMetricMetaPageData *meta, const uint32 *cps,
+								   const uint64 *offsets, int64 nq, uint32 k, int threads,
 								   GpuMetricHits *out);
 extern bool GpuMetricHitTidLess(const ItemPointerData *tids, const gpuivfpq::MetricHit &a,
 								const gpuivfpq::MetricHit &b);
 extern void GpuMetricSortByTid(const ItemPointerData *tids, gpuivfpq::MetricHit *hits, int64 n);
-extern int64 GpuMetricCompleteGroups(const gpuivfpq::MetricHit *hits, int64 n, int64 k, bool *exhausted);
 
 /* ---- metric_build.cpp ---- */
 extern IndexBuildResult *gpumetricbuild(Relation heap, Relation index, IndexInfo *indexInfo);

@@ -78,44 +78,38 @@ GpuMetricEngine::~GpuMetricEngine() = default;
 void
 GpuMetricEngine::insert(const uint32_t *cps, size_t n, GpuMetricPlacement *placement)
 {
-	size_t		clusters = lc_ ? lc_->clusters() : 0;
-	uint32_t	last_radius = clusters > 0 ? lc_->radius(clusters - 1) : 0;
-	uint32_t	id = index_->insert(WordView{cps, n});
+	const WordView word{cps, n};
 
 	*placement = GpuMetricPlacement{};
-	placement->id = id;
 	if (lc_)
 	{
 		/*
-		 * The engine's rule put the object in the first cluster that covers
-		 * it (appended to its bucket), in the last one (its radius maybe
-		 * grown), or in a new last cluster that it centres.
+		 * The engine's rule decides where the word goes: the first cluster
+		 * that covers it, the last one (its radius maybe grown) or a new
+		 * last cluster it centres. The pages record that placement, which
+		 * is also what a mirror of the index takes.
 		 */
-		if (lc_->clusters() > clusters)
-		{
-			placement->cluster = uint32_t(clusters);
-			placement->new_cluster = true;
-			placement->radius = lc_->radius(clusters);
-		}
-		else
-		{
-			size_t		c = 0;
+		const size_t clusters = lc_->clusters();
+		const uint32_t last_radius = clusters > 0 ? lc_->radius(clusters - 1) : 0;
+		const gpuivfpq::LcPlacement p = lc_->placement(word);
 
-			while (c < clusters && (lc_->members(c).empty() || lc_->members(c).back() != id))
-				c++;
-			if (c == clusters)
-				throw Error(ErrorKind::Internal, "list of clusters: an inserted object is in no cluster");
-			placement->cluster = uint32_t(c);
-			placement->radius = lc_->radius(c);
-			placement->radius_grew = c + 1 == clusters && lc_->radius(c) != last_radius;
-		}
+		placement->id = lc_->insert_at(word, p);
+		placement->cluster = p.cluster;
+		placement->new_cluster = p.cluster == clusters;
+		placement->radius = lc_->radius(p.cluster);
+		placement->radius_grew = !placement->new_cluster && p.cluster + 1 == clusters &&
+			placement->radius != last_radius;
 	}
 	else
-		placement->row = sss_->table() + size_t(id) * sss_->pivots();
+	{
+		placement->id = index_->insert(word);
+		placement->row = sss_->table() + size_t(placement->id) * sss_->pivots();
+	}
 }
 
 GpuMetricResult::GpuMetricResult(const gpuivfpq::MetricIndex &index, bool knn, const uint32_t *cps,
-								 const uint64_t *offsets, size_t nq, uint32_t param, int threads)
+								 const uint64_t *offsets, size_t nq, uint32_t param, const uint32_t *radii,
+								 int threads)
 {
 	WordList	queries;
 
@@ -123,6 +117,9 @@ GpuMetricResult::GpuMetricResult(const gpuivfpq::MetricIndex &index, bool knn, c
 		queries.push_back(WordView{cps + offsets[i], size_t(offsets[i + 1] - offsets[i])});
 	if (knn)
 		result_ = gpuivfpq::knn_search_batch(index, queries, param, threads);
+	else if (radii != nullptr)
+		result_ = gpuivfpq::range_search_batch(index, queries, std::vector<uint32_t>(radii, radii + nq),
+											   threads);
 	else
 		result_ = gpuivfpq::range_search_batch(index, queries, std::vector<uint32_t>{param}, threads);
 	for (const auto &s : result_.stats)

@@ -95,14 +95,16 @@ private:
 /*
  * The answers of nq queries (code points back to back, query i being
  * cps[offsets[i], offsets[i + 1])) searched as one batch on `threads`
- * threads: every object within radius, or the k nearest. Query i's hits are
+ * threads: the param nearest objects (knn), or every object within radius
+ * radii[i] (param for all when radii is null). Query i's hits are
  * hits()[offsets()[i], offsets()[i + 1]), sorted by (distance, id).
  */
 class GpuMetricResult
 {
 public:
 	GpuMetricResult(const gpuivfpq::MetricIndex &index, bool knn, const uint32_t *cps,
-					const uint64_t *offsets, size_t nq, uint32_t param, int threads);
+					const uint64_t *offsets, size_t nq, uint32_t param, const uint32_t *radii,
+					int threads);
 
 	const uint64_t *offsets() const { return result_.offsets.data(); }
 	const gpuivfpq::MetricHit *hits() const { return result_.hits.data(); }

@@ -128,18 +128,71 @@ ConstRadius(Expr *clause)
 }
 
 /*
- * The share of brute force's distances a search computes, as measured on
- * the words of wspanish (bench/metric, README): range searches by radius;
- * a k-NN search's first round costs about what radius 2 does.
+ * The share of brute force's distances a range search of the given radius
+ * computes, by method, as measured on the words of wspanish with 300
+ * queries (dictionary words with 1 to 3 edits, English words; see
+ * bench/metric): radii 0 to 5, all of them past that.
  */
-static double
-SearchFraction(int32 radius)
+static const double lc_fraction[] = {0.027, 0.051, 0.122, 0.286, 0.531, 0.758};
+static const double sss_fraction[] = {0.001, 0.001, 0.010, 0.186, 0.549, 0.789};
+
+/*
+ * A k-NN search for the 10 or so rows of a LIMIT, completed by the range of
+ * its farthest distance, computes about as many distances as brute force
+ * on words: the 10th nearest word usually lies 3 to 5 edits away.
+ */
+#define KNN_FRACTION 1.0
+
+/*
+ * The engine's distances are bounded and read decoded words: one costs
+ * about half of what the operator's function costs a sequential scan per
+ * row (measured: 40 ns against 110 ns for <% on 86,016 words).
+ */
+#define ENGINE_DISTANCE_SHARE 0.5
+
+/*
+ * An SSS search also reads every live object's row of pivot distances: a
+ * fraction of an operator per object.
+ */
+#define SSS_FILTER_COST_SHARE 0.5
+
+/* The index's method, from its metapage (its options when the page cannot be read). */
+static int
+IndexMethod(Relation index)
 {
-	static const double fraction[] = {0.02, 0.08, 0.25, 0.55};
+	int			method = GPU_METRIC_METHOD_LC;
+	int			bucket;
+	double		alpha;
+
+	GpuMetricIndexOptions(index, &method, &bucket, &alpha);
+	if (RelationGetNumberOfBlocks(index) > 0)
+	{
+		Buffer		buf = ReadBuffer(index, GPU_METRIC_METAPAGE_BLKNO);
+		Page		page;
+
+		LockBuffer(buf, BUFFER_LOCK_SHARE);
+		page = BufferGetPage(buf);
+		/* A damaged page is reported by the scan that reads it, not by the planner. */
+		if (!PageIsNew(page) && ((PageHeader) page)->pd_special == GPU_METRIC_SPECIAL_OFFSET &&
+			GpuMetricPageGetOpaque(page)->page_id == GPU_METRIC_PAGE_ID &&
+			GpuMetricPageGetMeta(page)->magic == GPU_METRIC_MAGIC &&
+			(GpuMetricPageGetMeta(page)->method == GPU_METRIC_METHOD_LC ||
+			 GpuMetricPageGetMeta(page)->method == GPU_METRIC_METHOD_SSS))
+			method = (int) GpuMetricPageGetMeta(page)->method;
+		UnlockReleaseBuffer(buf);
+	}
+	return method;
+}
+
+/* The share of brute force's distances a range search of radius computes (-1: unknown, 2 assumed). */
+static double
+SearchFraction(int method, int32 radius)
+{
+	const double *fraction = method == GPU_METRIC_METHOD_SSS ? sss_fraction : lc_fraction;
 
 	if (radius < 0)
 		radius = 2;
-	return radius < (int32) lengthof(fraction) ? fraction[radius] : 1.0;
+	return radius < (int32) lengthof(lc_fraction) ? fraction[radius] : 1.0;
 }
 
 /* The cost of one distance: the operator's function cost, as a sequential scan pays it. */
@@ -158,11 +211,12 @@ DistanceCost(PlannerInfo *root, Expr *expr)
 
 /*
  * amcostestimate: an exact search computes a share of the distances a
- * sequential scan does (SearchFraction), all before its first row; rows
- * then cost what an index tuple does. An ORDER BY alone continues with
- * wider k-NN rounds, so returning every row costs about twice a sequential
- * scan's distances: the index serves ORDER BY ... LIMIT and range
- * predicates, and never a query with neither.
+ * sequential scan does (by method and radius, as measured), each cheaper
+ * than the operator's call, all before its first row; rows then cost what
+ * an index tuple does. An ORDER BY alone continues with wider k-NN rounds,
+ * so returning every row costs about twice a sequential scan's distances:
+ * the index serves ORDER BY ... LIMIT and range predicates of small radii,
+ * and never a query with neither.
  */
 static void
 gpumetriccostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
@@ -176,6 +230,8 @@ gpumetriccostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
 	double		per_distance = cpu_operator_cost;
 	double		spc_random;
 	double		spc_seq;
+	int			method;
+	Relation	index;
 	ListCell   *lc;
 
 	if (path->indexclauses == NIL && path->indexorderbys == NIL)
@@ -191,6 +247,9 @@ gpumetriccostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
 	MemSet(&costs, 0, sizeof(costs));
 	genericcostestimate(root, path, loop_count, &costs);
 	get_tablespace_page_costs(path->indexinfo->reltablespace, &spc_random, &spc_seq);
+	index = index_open(path->indexinfo->indexoid, NoLock);
+	method = IndexMethod(index);
+	index_close(index, NoLock);
 
 	/* The engine searches with the most selective range clause. */
 	foreach(lc, path->indexclauses)
@@ -202,17 +261,20 @@ gpumetriccostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
 		{
 			RestrictInfo *rinfo = lfirst_node(RestrictInfo, lc2);
 
-			fraction = Min(fraction, SearchFraction(ConstRadius(rinfo->clause)));
+			fraction = Min(fraction, SearchFraction(method, ConstRadius(rinfo->clause)));
 			per_distance = DistanceCost(root, rinfo->clause);
 		}
 	}
 	if (path->indexclauses == NIL)
 	{
-		fraction = SearchFraction(-1);
+		fraction = KNN_FRACTION;
 		per_distance = DistanceCost(root, (Expr *) linitial(path->indexorderbys));
 	}
+	per_distance *= ENGINE_DISTANCE_SHARE;
 
 	*indexStartupCost = n * fraction * per_distance;
+	if (method == GPU_METRIC_METHOD_SSS)
+		*indexStartupCost += n * SSS_FILTER_COST_SHARE * cpu_operator_cost;
 	*indexTotalCost = *indexStartupCost + costs.numIndexTuples * cpu_index_tuple_cost +
 		costs.numIndexPages * spc_seq;
 	if (path->indexclauses == NIL)

@@ -196,7 +196,7 @@ RangeBatch(IndexScanDesc scan)
 	entry = GpuMetricGetCached(index, &meta);
 	offsets[0] = 0;
 	offsets[1] = first->ncp;
-	GpuMetricSearch(index, entry, &meta, false, first->cps, offsets, 1, (uint32) first->radius, 1, &found);
+	GpuMetricSearch(index, entry, &meta, false, first->cps, offsets, 1, (uint32) first->radius, NULL, 1, &found);
 	so->evaluations += found.evaluations;
 	so->live = found.live;
 	so->rounds++;
@@ -241,57 +241,49 @@ RangeBatch(IndexScanDesc scan)
 }
 
 /*
- * One or more k-NN rounds, until one returns rows or none are left: the k
- * nearest by the engine (ties: smaller object id), of which the complete
- * distance groups not returned before are returned, in heap order within a
- * distance; the next round asks for twice k.
+ * The next k-NN round: the k nearest with their whole distance group
+ * (GpuMetricSearchNearest), of which those not returned before (at or past
+ * floor) are returned, by distance, then heap order. The next round asks
+ * for twice k, and for more than the rows found so far, so that it reaches
+ * past them.
  */
 static void
-KnnRounds(IndexScanDesc scan)
+KnnRound(IndexScanDesc scan)
 {
 	GpuMetricScanOpaque so = (GpuMetricScanOpaque) scan->opaque;
 	Relation	index = scan->indexRelation;
+	GpuMetricMetaPageData meta;
+	GpuMetricCached *entry = GpuMetricGetCached(index, &meta);
+	GpuMetricHits found;
+	uint64		offsets[2] = {0, (uint64) so->order_ncp};
+	uint32		k = (uint32) Min(so->k, (int64) PG_UINT32_MAX);
+	int64		n;
+	int64		from = 0;
 
-	while (!so->done)
+	CHECK_FOR_INTERRUPTS();
+	GpuMetricSearchNearest(index, entry, &meta, so->order_cps, offsets, 1, k, 1, &found);
+	so->evaluations += found.evaluations;
+	so->live = found.live;
+	so->rounds++;
+	n = (int64) found.offsets[1];
+	/* Objects nearer than floor came in earlier rounds. */
+	while (from < n && found.hits[from].dist < so->floor)
+		from++;
+	GpuMetricSortByTid(entry->tids, found.hits + from, n - from);
+	AllocResults(so, n - from);
+	for (int64 i = from; i < n; i++)
 	{
-		GpuMetricMetaPageData meta;
-		GpuMetricCached *entry = GpuMetricGetCached(index, &meta);
-		GpuMetricHits found;
-		uint64		offsets[2] = {0, (uint64) so->order_ncp};
-		uint32		k = (uint32) Min(so->k, (int64) PG_UINT32_MAX);
-		int64		n;
-		int64		complete;
-		int64		from;
-		bool		exhausted;
-
-		CHECK_FOR_INTERRUPTS();
-		GpuMetricSearch(index, entry, &meta, true, so->order_cps, offsets, 1, k, 1, &found);
-		so->evaluations += found.evaluations;
-		so->live = found.live;
-		so->rounds++;
-		n = (int64) found.offsets[1];
-		complete = GpuMetricCompleteGroups(found.hits, n, (int64) k, &exhausted);
-		/* Objects nearer than floor came in earlier rounds. */
-		from = 0;
-		while (from < complete && found.hits[from].dist < so->floor)
-			from++;
-		GpuMetricSortByTid(entry->tids, found.hits + from, complete - from);
-		AllocResults(so, complete - from);
-		for (int64 i = from; i < complete; i++)
-		{
-			so->tids[so->nresults] = entry->tids[found.hits[i].id];
-			so->dists[so->nresults] = (int32) found.hits[i].dist;
-			so->nresults++;
-		}
-		if (exhausted)
-			so->done = true;
-		else
-		{
-			so->floor = found.hits[n - 1].dist;
-			so->k *= 2;
-		}
-		if (so->nresults > 0)
-			return;
+		so->tids[so->nresults] = entry->tids[found.hits[i].id];
+		so->dists[so->nresults] = (int32) found.hits[i].dist;
+		so->nresults++;
+	}
+	/* Fewer than k: every live object was ranked. */
+	if (n < (int64) k)
+		so->done = true;
+	else
+	{
+		so->floor = found.hits[n - 1].dist + 1;
+		so->k = Max(so->k * 2, n + 1);
 	}
 }
 
@@ -344,7 +336,11 @@ NextBatch(IndexScanDesc scan)
 	if (so->nranges > 0)
 		RangeBatch(scan);
 	else if (so->ordered && !so->null_order)
-		KnnRounds(scan);
+	{
+		/* A round returns rows unless none are left (the next reaches past the last). */
+		while (so->nresults == 0 && !so->done)
+			KnnRound(scan);
+	}
 	else
 		AllLive(scan);
 	MemoryContextSwitchTo(old);

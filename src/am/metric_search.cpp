@@ -15,8 +15,9 @@
  *
  * The contract, for the service that will: the queries are nq words as
  * code points back to back (query i is cps[offsets[i], offsets[i + 1])),
- * each with radius param (range) or the param nearest live objects (k-NN,
- * ties by the smaller object id). Objects are numbered as the index's
+ * each with the param nearest live objects (k-NN, ties by the smaller
+ * object id) or every live object within radius radii[i] (param for all
+ * when radii is NULL). Objects are numbered as the index's
  * object pages hold them (the n-th record along the chain from
  * meta->object_head is object n), which is how the engine numbers them too;
  * removed records (GPU_METRIC_OBJ_REMOVED) are never answers. A mirror is
@@ -30,22 +31,23 @@
  */
 bool
 GpuMetricServiceSearch(Relation index, const GpuMetricMetaPageData *meta, bool knn, const uint32 *cps,
-					   const uint64 *offsets, int64 nq, uint32 param, GpuMetricHits *out)
+					   const uint64 *offsets, int64 nq, uint32 param, const uint32 *radii,
+					   GpuMetricHits *out)
 {
 	return false;
 }
 
 /*
  * Searches nq queries (code points back to back: query i is
- * cps[offsets[i], offsets[i + 1])): every live object within radius param,
- * or the param nearest ones. entry is the backend's current copy of index
+ * cps[offsets[i], offsets[i + 1])): the param nearest live objects (knn),
+ * or every one within radius radii[i] (param when radii is NULL). entry is the backend's current copy of index
  * and meta the metapage it is current for. The answers are palloc'd in the
  * current memory context.
  */
 void
 GpuMetricSearch(Relation index, GpuMetricCached *entry, const GpuMetricMetaPageData *meta, bool knn,
-				const uint32 *cps, const uint64 *offsets, int64 nq, uint32 param, int threads,
-				GpuMetricHits *out)
+				const uint32 *cps, const uint64 *offsets, int64 nq, uint32 param, const uint32 *radii,
+				int threads, GpuMetricHits *out)
 {
 	MemoryContext cxt;
 	GpuMetricResult *result;
@@ -53,14 +55,15 @@ GpuMetricSearch(Relation index, GpuMetricCached *entry, const GpuMetricMetaPageD
 
 	memset(out, 0, sizeof(*out));
 	out->nq = nq;
-	if (GpuMetricServiceSearch(index, meta, knn, cps, offsets, nq, param, out))
+	if (GpuMetricServiceSearch(index, meta, knn, cps, offsets, nq, param, radii, out))
 		return;
 
 	/* The engine's answers live in a context of their own, copied out, then freed. */
 	cxt = AllocSetContextCreate(CurrentMemoryContext, "gpu_metric search", ALLOCSET_SMALL_SIZES);
 	result = GpuIvfpqMakeOwned<GpuMetricResult>(cxt, "search", entry->engine->index(), knn,
 												(const uint32_t *) cps, (const uint64_t *) offsets,
-												(size_t) nq, (uint32_t) param, threads);
+												(size_t) nq, (uint32_t) param, (const uint32_t *) radii,
+												threads);
 	nhits = result->offsets()[nq];
 	out->offsets = (uint64 *) palloc_extended(sizeof(uint64) * (nq + 1), MCXT_ALLOC_HUGE);
 	memcpy(out->offsets, result->offsets(), sizeof(uint64) * (nq + 1));
@@ -92,22 +95,36 @@ GpuMetricSortByTid(const ItemPointerData *tids, gpuivfpq::MetricHit *hits, int64
 }
 
 /*
- * Of the n hits of a k-NN search for k (sorted by distance, then object
- * id): how many form complete distance groups. Fewer than k hits: every
- * live object was ranked (*exhausted), all n. Else the group at the k-th
- * distance may go on past the k-th hit (the search kept its smaller ids),
- * so only the hits nearer than it count: every object nearer than the k-th
- * distance is among them, whatever its id, hence in any order by TID too.
+ * The k nearest live objects of each of nq queries with their whole
+ * distance group: every object within the k-th nearest one's distance
+ * (all of them when fewer than k are live), sorted by (distance, id). The
+ * engine's k-NN breaks ties at the k-th distance by the smaller object id,
+ * which is neither heap order nor complete; a range search at that distance
+ * then gives the whole group, so that callers can order ties by heap TID.
+ * Cheaper than a k-NN asked for more: a group of equal distances can hold
+ * hundreds of words. out holds at least k hits per query unless fewer are
+ * live.
  */
-int64
-GpuMetricCompleteGroups(const gpuivfpq::MetricHit *hits, int64 n, int64 k, bool *exhausted)
+void
+GpuMetricSearchNearest(Relation index, GpuMetricCached *entry, const GpuMetricMetaPageData *meta,
+					   const uint32 *cps, const uint64 *offsets, int64 nq, uint32 k, int threads,
+					   GpuMetricHits *out)
 {
-	int64		complete = n;
+	GpuMetricHits nearest;
+	uint32	   *radii = (uint32 *) palloc(sizeof(uint32) * Max(nq, 1));
 
-	*exhausted = n < k;
-	if (*exhausted)
-		return n;
-	while (complete > 0 && hits[complete - 1].dist == hits[n - 1].dist)
-		complete--;
-	return complete;
+	GpuMetricSearch(index, entry, meta, true, cps, offsets, nq, k, NULL, threads, &nearest);
+	for (int64 i = 0; i < nq; i++)
+	{
+		uint64		n = nearest.offsets[i + 1] - nearest.offsets[i];
+
+		/* Fewer than k: every live object, all within the farthest one's distance. */
+		radii[i] = n > 0 ? nearest.hits[nearest.offsets[i + 1] - 1].dist : 0;
+	}
+	GpuMetricSearch(index, entry, meta, false, cps, offsets, nq, 0, radii, threads, out);
+	out->evaluations += nearest.evaluations;
+	out->on_gpu &= nearest.on_gpu;
+	pfree(nearest.offsets);
+	pfree(nearest.hits);
+	pfree(radii);
 }

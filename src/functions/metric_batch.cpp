@@ -153,9 +153,10 @@ BatchEnd(MetricBatch *b)
 
 /*
  * Searches n of the batch's queries (which: their numbers among the
- * searched ones) in one call, range or k-NN with param, on the engine's
- * threads, into found (query j of found is which[j]). Returns the cached
- * index it searched: its object ids stay valid for the whole call.
+ * searched ones) in one call, on the engine's threads, into found (query j
+ * of found is which[j]): within radius param (range), or the param nearest
+ * with their whole distance group (knn, GpuMetricSearchNearest). Returns
+ * the cached index it searched: object ids stay valid for the whole call.
  */
 static GpuMetricCached *
 SearchQueries(MetricBatch *b, const int64 *which, int64 n, bool knn, uint32 param, GpuMetricHits *found)
@@ -171,7 +172,11 @@ SearchQueries(MetricBatch *b, const int64 *which, int64 n, bool knn, uint32 para
 	cps = (uint32 *) palloc_extended(sizeof(uint32) * Max(offsets[n], 1), MCXT_ALLOC_HUGE);
 	for (int64 j = 0; j < n; j++)
 		memcpy(cps + offsets[j], b->cps + b->offsets[which[j]], sizeof(uint32) * (offsets[j + 1] - offsets[j]));
-	GpuMetricSearch(b->index, entry, &meta, knn, cps, offsets, n, param, GpuMetricSearchThreads(), found);
+	if (knn)
+		GpuMetricSearchNearest(b->index, entry, &meta, cps, offsets, n, param, GpuMetricSearchThreads(), found);
+	else
+		GpuMetricSearch(b->index, entry, &meta, false, cps, offsets, n, param, NULL, GpuMetricSearchThreads(),
+						found);
 	b->evaluations += found->evaluations;
 	b->live = found->live;
 	b->on_gpu |= found->on_gpu;
@@ -229,8 +234,8 @@ gpu_metric_range_batch(PG_FUNCTION_ARGS)
  * gpu_metric_knn_batch(index, queries, k): for each query, the k nearest
  * visible rows, by (distance, heap TID), rank from 1. The engine ranks
  * live objects; rows not visible to the snapshot (deleted, or not yet
- * committed) are skipped, so a query whose k nearest are not all visible
- * is searched again for twice as many, until k are found or none are left.
+ * committed) are skipped, so a query whose nearest are not all visible is
+ * searched again for more, until k are found or none are left.
  */
 Datum
 gpu_metric_knn_batch(PG_FUNCTION_ARGS)
@@ -259,14 +264,16 @@ gpu_metric_knn_batch(PG_FUNCTION_ARGS)
 		int		   *kept = (int *) palloc0(sizeof(int) * n);
 		int64	   *which = (int64 *) palloc(sizeof(int64) * n);
 		int64		npending = n;
+		int64		want = k;
 		GpuMetricCached *entry = NULL;
 
 		for (int64 j = 0; j < n; j++)
 			which[j] = q0 + j;
-		for (int64 want = k; npending > 0; want *= 2)
+		while (npending > 0)
 		{
 			GpuMetricHits found;
 			int64		still = 0;
+			int64		next_want = want * 2;
 
 			MemoryContextSwitchTo(roundctx);
 			entry = SearchQueries(&b, which, npending, true, (uint32) Min(want, (int64) PG_UINT32_MAX), &found);
@@ -275,12 +282,10 @@ gpu_metric_knn_batch(PG_FUNCTION_ARGS)
 				int64		i = which[j] - q0;
 				gpuivfpq::MetricHit *hits = found.hits + found.offsets[j];
 				int64		nh = (int64) (found.offsets[j + 1] - found.offsets[j]);
-				bool		exhausted;
-				int64		complete = GpuMetricCompleteGroups(hits, nh, want, &exhausted);
 
-				GpuMetricSortByTid(entry->tids, hits, complete);
+				GpuMetricSortByTid(entry->tids, hits, nh);
 				kept[i] = 0;
-				for (int64 h = 0; h < complete && kept[i] < k; h++)
+				for (int64 h = 0; h < nh && kept[i] < k; h++)
 				{
 					ItemPointerData tid = entry->tids[hits[h].id];
 
@@ -292,12 +297,20 @@ gpu_metric_knn_batch(PG_FUNCTION_ARGS)
 						kept[i]++;
 					}
 				}
-				/* Done with k rows, or with every live object ranked; else a wider round. */
-				if (kept[i] < k && !exhausted)
+				/*
+				 * Done with k rows, or with every live object ranked (fewer
+				 * than asked for); else the next round reaches past the
+				 * rows ranked here, for as many as are missing.
+				 */
+				if (kept[i] < k && nh >= want)
+				{
 					which[still++] = which[j];
+					next_want = Max(next_want, nh + (k - kept[i]));
+				}
 				CHECK_FOR_INTERRUPTS();
 			}
 			npending = still;
+			want = next_want;
 			MemoryContextSwitchTo(chunkctx);
 			MemoryContextReset(roundctx);
 		}
