@@ -24,6 +24,9 @@ $node->init;
 $node->append_conf(
 	'postgresql.conf', qq{shared_preload_libraries = 'gpu_ivfpq'
 gpu_ivfpq.service_emulate_gpu = } . ($gpu ? 'off' : 'on') . qq{
+# One GPU: the budget checks below count one copy per mirror (several GPUs:
+# 014_multi_gpu.pl).
+gpu_ivfpq.devices = '0'
 maintenance_work_mem = '128MB'
 restart_after_crash = on
 });
