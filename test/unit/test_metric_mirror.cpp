@@ -1,8 +1,11 @@
-// Metric mirrors and what they rely on in the engine: an insert at the
-// placement the engine's rule chose (ListOfClusters::placement / insert_at,
-// SparseSpatialSelection::table_row / insert_at) leaves a copy of an index
-// exactly as insert() leaves the original, and a placement no insert makes
-// is refused.
+// Metric mirrors (service/device/metric_mirror.h) on the CPU emulation
+// against the engine's indexes built directly: the same answers as labels,
+// through inserts at the engine's placements and removals by label; the
+// refusals of broken states and bad changes. And what the mirrors rely on
+// in the engine: an insert at the placement the engine's rule chose
+// (ListOfClusters::placement / insert_at, SparseSpatialSelection::table_row
+// / insert_at) leaves a copy of an index exactly as insert() leaves the
+// original, and a placement no insert makes is refused.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +17,8 @@
 #include "engine/metric_index.h"
 #include "engine/sss_index.h"
 #include "metric_words.h"
+#include "service/device/compute_device.h"
+#include "service/device/metric_mirror.h"
 #include "test_util.h"
 
 using namespace gpuivfpq;
@@ -156,4 +161,320 @@ TEST(MetricPlacement, SssInsertAtFollowsInsert)
     const Word w = {'a'};
     expect_invalid([&] { sss.insert_at(view(w), nullptr); });
     EXPECT_EQ(sss.size(), words.size());
+}
+
+namespace {
+
+// A label per object that is not its id, so that a mix-up shows.
+int64_t label_of(uint32_t id) { return 1000003 + int64_t(id) * 7; }
+
+// An engine index's state as a MetricSpec, with the arrays it points to.
+struct SpecStore {
+    MetricSpec spec;
+    std::vector<uint32_t> cps;
+    std::vector<uint64_t> offsets;
+    std::vector<int64_t> labels;
+    std::vector<uint8_t> removed;
+    std::vector<uint32_t> centres, radii, cluster_of, pivots;
+    std::vector<uint8_t> table;
+
+    explicit SpecStore(const MetricIndex& index)
+    {
+        const size_t n = index.size();
+        cps.assign(index.words().code_points(), index.words().code_points() + index.words().offsets()[n]);
+        offsets.assign(index.words().offsets(), index.words().offsets() + n + 1);
+        for (uint32_t id = 0; id < n; id++)
+            labels.push_back(label_of(id));
+        removed = removed_flags(index);
+        spec.words = MetricWords{n, cps.data(), offsets.data()};
+        spec.labels = labels.data();
+        spec.removed = removed.data();
+    }
+    explicit SpecStore(const ListOfClusters& lc) : SpecStore(static_cast<const MetricIndex&>(lc))
+    {
+        for (size_t c = 0; c < lc.clusters(); c++) {
+            centres.push_back(lc.centre(c));
+            radii.push_back(lc.radius(c));
+        }
+        cluster_of = lc.cluster_assignment();
+        spec.method = MetricMethod::ListOfClusters;
+        spec.bucket = lc.bucket_size();
+        spec.clusters = centres.size();
+        spec.centres = centres.data();
+        spec.radii = radii.data();
+        spec.cluster_of = cluster_of.data();
+    }
+    explicit SpecStore(const SparseSpatialSelection& sss)
+        : SpecStore(static_cast<const MetricIndex&>(sss))
+    {
+        for (size_t p = 0; p < sss.pivots(); p++)
+            pivots.push_back(sss.pivot(p));
+        table.assign(sss.table(), sss.table() + sss.size() * sss.pivots());
+        spec.method = MetricMethod::SparseSpatialSelection;
+        spec.alpha = sss.alpha();
+        spec.max_distance = sss.max_distance();
+        spec.pivots = pivots.size();
+        spec.pivot_ids = pivots.data();
+        spec.table = table.data();
+    }
+};
+
+// Words as MetricWords over a WordList that outlives the call.
+MetricWords words_of(const WordList& list)
+{
+    return MetricWords{list.size(), list.code_points(), list.offsets()};
+}
+
+// The mirror's answers equal the engine's, ids and labels mapped.
+void expect_same_hits(const MetricHits& got, const MetricBatchResult& want, const std::string& what)
+{
+    ASSERT_EQ(got.offsets, want.offsets) << what;
+    ASSERT_EQ(got.ids.size(), want.hits.size()) << what;
+    for (size_t i = 0; i < want.hits.size(); i++) {
+        ASSERT_EQ(got.ids[i], want.hits[i].id) << what << " hit " << i;
+        ASSERT_EQ(got.labels[i], label_of(want.hits[i].id)) << what << " hit " << i;
+        ASSERT_EQ(got.distances[i], want.hits[i].dist) << what << " hit " << i;
+    }
+}
+
+size_t expect_mirror_matches(MetricMirror& mirror, const MetricIndex& engine,
+                             const std::vector<Word>& queries, const std::string& what)
+{
+    const WordList q = to_list(queries);
+    size_t hits = 0;
+    MetricHits got;
+    for (uint32_t r = 0; r <= 3; r++) {
+        const MetricBatchResult want = range_search_batch(engine, q, {r}, 2);
+        mirror.range_batch(words_of(q), &r, 1, got);
+        expect_same_hits(got, want, what + " r=" + std::to_string(r));
+        hits += want.hits.size();
+    }
+    std::vector<uint32_t> radii(queries.size());
+    for (size_t i = 0; i < radii.size(); i++)
+        radii[i] = uint32_t(i % 5);
+    mirror.range_batch(words_of(q), radii.data(), radii.size(), got);
+    expect_same_hits(got, range_search_batch(engine, q, radii, 2), what + " radii 0..4");
+    for (size_t k : {1, 5, 20}) {
+        mirror.knn_batch(words_of(q), k, got);
+        expect_same_hits(got, knn_search_batch(engine, q, k, 2), what + " k=" + std::to_string(k));
+    }
+    EXPECT_EQ(mirror.entries(), engine.live());
+    EXPECT_EQ(mirror.objects(), engine.size());
+    return hits;
+}
+
+// Inserts into the engine by its rule and into the mirror at the same
+// placements, in batches of 40; then removals by label (low ids: centres
+// and pivots).
+template <class Index, class Placement>
+void change_both(MetricMirror& mirror, Index& engine, const std::vector<Word>& extra, uint64_t seed,
+                 const Placement& placement)
+{
+    for (size_t first = 0; first < extra.size(); first += 40) {
+        WordList batch;
+        std::vector<int64_t> labels;
+        using P = decltype(placement(view(extra[0])));
+        std::vector<P> where;
+        for (size_t i = first; i < std::min(extra.size(), first + 40); i++) {
+            where.push_back(placement(view(extra[i])));
+            labels.push_back(label_of(uint32_t(engine.size())));
+            engine.insert(view(extra[i]));
+            batch.push_back(view(extra[i]));
+        }
+        MetricPlacements placements;
+        std::vector<uint8_t> rows;
+        if constexpr (std::is_same_v<P, LcPlacement>) {
+            placements.clusters = where.data();
+        } else {
+            for (const auto& row : where)
+                rows.insert(rows.end(), row.begin(), row.end());
+            placements.table_rows = rows.data();
+        }
+        mirror.add(words_of(batch), labels.data(), placements);
+    }
+    std::mt19937_64 gen(seed);
+    std::vector<int64_t> gone;
+    size_t newly = 0;
+    for (int i = 0; i < 80; i++) {
+        const uint32_t id = uint32_t(i % 3 == 0 ? gen() % 20 : gen() % engine.size());
+        newly += engine.remove(id);
+        gone.push_back(label_of(id));
+    }
+    gone.push_back(-5);  // unknown: ignored
+    EXPECT_EQ(mirror.remove(gone.size(), gone.data()), newly);
+    EXPECT_EQ(mirror.remove(gone.size(), gone.data()), 0u);
+}
+
+}  // namespace
+
+TEST(MetricMirror, EmulationEqualsEngine)
+{
+    const uint64_t seed = test_seed(961);
+    const auto device = make_cpu_emulation_device();
+    for (const auto* alphabet : {&metricwords::ascii_alphabet(), &metricwords::spanish_alphabet()}) {
+        const auto words = metricwords::make_words(800, seed, *alphabet);
+        const auto queries = metricwords::make_queries(words, 50, seed + 1, *alphabet);
+        const auto extra = metricwords::make_words(200, seed + 2, *alphabet);
+        for (size_t bucket : {1, 8, 32}) {
+            const std::string what = "seed=" + std::to_string(seed) + " lc bucket=" +
+                                     std::to_string(bucket);
+            SCOPED_TRACE(what);
+            ListOfClusters lc(to_list(words), bucket);
+            for (uint32_t id = 0; id < lc.size(); id += 9)
+                lc.remove(id);
+            const SpecStore store(lc);
+            auto mirror = device->create_metric_mirror(store.spec);
+            EXPECT_EQ(mirror->method(), MetricMethod::ListOfClusters);
+            EXPECT_EQ(mirror->clusters(), lc.clusters());
+            EXPECT_GT(expect_mirror_matches(*mirror, lc, queries, what), 50u);
+            change_both(*mirror, lc, extra, seed + 3,
+                        [&](WordView w) { return lc.placement(w); });
+            expect_mirror_matches(*mirror, lc, queries, what + " after changes");
+            EXPECT_GT(mirror->bytes(), 0u);
+        }
+        for (double alpha : {0.3, 0.5, 0.7}) {
+            const std::string what = "seed=" + std::to_string(seed) + " sss alpha=" +
+                                     std::to_string(alpha);
+            SCOPED_TRACE(what);
+            SparseSpatialSelection sss(to_list(words), alpha);
+            const SpecStore store(sss);
+            auto mirror = device->create_metric_mirror(store.spec);
+            EXPECT_EQ(mirror->pivots(), sss.pivots());
+            EXPECT_GT(expect_mirror_matches(*mirror, sss, queries, what), 50u);
+            change_both(*mirror, sss, extra, seed + 3,
+                        [&](WordView w) { return sss.table_row(w); });
+            expect_mirror_matches(*mirror, sss, queries, what + " after changes");
+        }
+    }
+}
+
+TEST(MetricMirror, RefusesBrokenStatesAndChanges)
+{
+    const auto words = metricwords::make_words(100, test_seed(962), metricwords::ascii_alphabet());
+    const auto device = make_cpu_emulation_device();
+    const ListOfClusters lc(to_list(words), 5);
+    const SparseSpatialSelection sss(to_list(words), 0.5);
+    auto expect_refused = [&](const MetricSpec& spec) {
+        expect_invalid([&] { device->create_metric_mirror(spec); });
+    };
+    {
+        SpecStore s(lc);
+        s.spec.bucket = 0;
+        expect_refused(s.spec);
+    }
+    {
+        SpecStore s(lc);
+        s.cluster_of.back() = uint32_t(s.centres.size());
+        expect_refused(s.spec);
+    }
+    {
+        SpecStore s(lc);
+        s.spec.cluster_of = nullptr;
+        expect_refused(s.spec);
+    }
+    {
+        SpecStore s(lc);
+        s.spec.labels = nullptr;
+        expect_refused(s.spec);
+    }
+    {
+        SpecStore s(lc);
+        const std::vector<uint32_t> ids(words.size(), 4);  // not increasing
+        s.spec.ids = ids.data();
+        expect_refused(s.spec);
+    }
+    {
+        SpecStore s(sss);
+        s.spec.alpha = 0;
+        expect_refused(s.spec);
+    }
+    {
+        SpecStore s(sss);
+        s.pivots[1] = s.pivots[0];
+        expect_refused(s.spec);
+    }
+    {
+        SpecStore s(sss);
+        s.spec.table = nullptr;
+        expect_refused(s.spec);
+    }
+    {
+        SpecStore s(lc);
+        s.spec.method = MetricMethod(7);
+        expect_refused(s.spec);
+    }
+    {
+        SpecStore s(lc);
+        s.offsets[3] = s.offsets[4] + 1;  // offsets that decrease
+        expect_refused(s.spec);
+    }
+
+    // Changes: a bad placement, a missing row, ids out of order, bad radii.
+    const SpecStore store(lc);
+    auto mirror = device->create_metric_mirror(store.spec);
+    const WordList two = to_list({words[0], words[1]});
+    const int64_t labels[2] = {1, 2};
+    const LcPlacement bad[2] = {{0, lc.radius(0)}, {uint32_t(lc.clusters() + 3), 0}};
+    expect_invalid([&] { mirror->add(words_of(two), labels, MetricPlacements{bad, nullptr}); });
+    expect_invalid([&] { mirror->add(words_of(two), labels, MetricPlacements{}); });
+    const LcPlacement good[2] = {{0, lc.radius(0)}, {0, lc.radius(0)}};
+    const uint32_t backwards[2] = {500, 400};
+    expect_invalid(
+        [&] { mirror->add(words_of(two), labels, MetricPlacements{good, nullptr}, backwards); });
+    EXPECT_EQ(mirror->objects(), words.size());
+    const uint32_t radii[3] = {1, 2, 3};
+    MetricHits out;
+    expect_invalid([&] { mirror->range_batch(words_of(two), radii, 3, out); });
+    // The real placements, found on a copy of the engine index.
+    ListOfClusters copy(to_list(words), 5);
+    LcPlacement real[2];
+    real[0] = copy.placement(view(words[0]));
+    copy.insert_at(view(words[0]), real[0]);
+    real[1] = copy.placement(view(words[1]));
+    const uint32_t forwards[2] = {500, 600};
+    mirror->add(words_of(two), labels, MetricPlacements{real, nullptr}, forwards);
+    EXPECT_EQ(mirror->next_id(), 601u);
+    const uint32_t zero = 0;
+    mirror->range_batch(words_of(two), &zero, 1, out);
+    ASSERT_EQ(out.offsets.size(), 3u);
+    // Each query finds itself: its first copy (id 0 or 1) before the one
+    // added as 500 or 600.
+    EXPECT_EQ(out.ids[out.offsets[1] - 1], 500u);
+    EXPECT_EQ(out.ids[out.offsets[2] - 1], 600u);
+    EXPECT_EQ(out.labels[out.offsets[2] - 1], 2);
+
+    SpecStore sss_store(sss);
+    auto sss_mirror = device->create_metric_mirror(sss_store.spec);
+    expect_invalid([&] { sss_mirror->add(words_of(two), labels, MetricPlacements{}); });
+    EXPECT_EQ(sss_mirror->entries(), words.size());
+}
+
+// A device that keeps no metric mirrors says so.
+TEST(MetricMirror, UnsupportedWithoutMirrors)
+{
+    class Plain final : public ComputeDevice {
+    public:
+        std::string description() const override { return "plain"; }
+        size_t memory_capacity() const override { return 0; }
+        size_t mirror_bytes(const MirrorSpec&, size_t) const override { return 0; }
+        std::unique_ptr<Mirror> create_mirror(const MirrorSpec&) override { return nullptr; }
+        void train(const float*, size_t, size_t, size_t, size_t, Metric, const IvfPqTrainParams&,
+                   float*, float*) override
+        {
+        }
+        void exact_knn(const float*, size_t, const float*, size_t, size_t, Metric, size_t, float*,
+                       int64_t*) override
+        {
+        }
+        void encode(const MirrorSpec&, const float*, size_t, int32_t*, uint8_t*) override {}
+    } plain;
+    const auto words = metricwords::make_words(20, 5, metricwords::ascii_alphabet());
+    const SpecStore store(ListOfClusters(to_list(words), 3));
+    try {
+        plain.create_metric_mirror(store.spec);
+        ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::Unsupported) << e.what();
+    }
+    EXPECT_GT(metric_mirror_bytes(store.spec), store.cps.size() * sizeof(uint32_t));
 }

@@ -17,6 +17,7 @@
 #include "engine/distances.h"
 #include "engine/ivfpq.h"
 #include "engine/search_limits.h"
+#include "service/device/metric_mirror.h"
 
 namespace gpuivfpq {
 
@@ -110,6 +111,10 @@ public:
     // Encodes n vectors with the model of spec: list_ids[i], codes[i*m..].
     virtual void encode(const MirrorSpec& spec, const float* x, size_t n, int32_t* list_ids,
                         uint8_t* codes) = 0;
+    // A metric index's mirror (metric_mirror.h) restored from its stored
+    // state: Error(InvalidArgument) for a state that is no index,
+    // Error(Unsupported) on a device that keeps none (the default).
+    virtual std::unique_ptr<MetricMirror> create_metric_mirror(const MetricSpec& spec);
     // Page-locks host memory that stays mapped (the GPU process's exchange
     // with the service), so that copies between it and the device need no
     // staging; false where the device does not (the CPU emulation) or the

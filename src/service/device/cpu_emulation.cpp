@@ -299,6 +299,11 @@ public:
         model.set_codebooks(spec.codebooks);
         model.encode(x, n, list_ids, codes);
     }
+    std::unique_ptr<MetricMirror> create_metric_mirror(const MetricSpec& spec) override
+    {
+        // The engine's own index, restored from the state (metric_mirror.cpp).
+        return make_engine_metric_mirror(spec);
+    }
 };
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "gpu_ivfpq/exact_search.h"
 #include "gpu_ivfpq/gpu_context.h"
 #include "gpu_ivfpq/ivfpq_index.h"
+#include "gpu_ivfpq/metric_index.h"
 
 namespace gpuivfpq {
 namespace {
@@ -111,6 +112,66 @@ private:
     bool vectors_, keys_;
 };
 
+// A metric index's mirror on the GPU: MetricMirror's labels, ids and
+// checks over a gpu::GpuMetricIndex (metric_search.h's kernels).
+class CudaMetricMirror final : public MetricMirror {
+public:
+    CudaMetricMirror(GpuContext& ctx, const MetricSpec& s) : MetricMirror(s), ctx_(ctx)
+    {
+        ctx_.make_current();
+        const WordList words = to_word_list(s.words);
+        const size_t n = s.words.n;
+        if (method() == MetricMethod::ListOfClusters)
+            index_ = gpu::GpuMetricIndex::list_of_clusters(
+                ctx_, words, s.removed, std::vector<uint32_t>(s.centres, s.centres + s.clusters),
+                std::vector<uint32_t>(s.radii, s.radii + s.clusters),
+                std::vector<uint32_t>(s.cluster_of, s.cluster_of + n));
+        else
+            index_ = gpu::GpuMetricIndex::sparse_spatial_selection(
+                ctx_, words, s.removed,
+                std::vector<uint32_t>(s.pivot_ids, s.pivot_ids + s.pivots), s.table);
+    }
+    ~CudaMetricMirror() override
+    {
+        // The index frees its memory next, on this device.
+        try {
+            ctx_.make_current();
+        } catch (const Error&) {
+        }
+    }
+    size_t bytes() const override { return index_->bytes(); }
+
+protected:
+    void append(const WordList& words, const MetricPlacements& placements) override
+    {
+        ctx_.make_current();
+        if (method() == MetricMethod::ListOfClusters)
+            index_->add(words, placements.clusters);
+        else
+            index_->add(words, placements.table_rows);
+    }
+    void mark_removed(const std::vector<uint32_t>& positions) override
+    {
+        ctx_.make_current();
+        index_->remove(positions);
+    }
+    MetricBatchResult search_range(const WordList& queries,
+                                   const std::vector<uint32_t>& radii) override
+    {
+        ctx_.make_current();
+        return index_->range(queries, radii);
+    }
+    MetricBatchResult search_knn(const WordList& queries, size_t k) override
+    {
+        ctx_.make_current();
+        return index_->knn(queries, k);
+    }
+
+private:
+    GpuContext& ctx_;
+    std::unique_ptr<gpu::GpuMetricIndex> index_;
+};
+
 class CudaDevice final : public ComputeDevice {
 public:
     CudaDevice(int device, size_t budget) : ctx_(device, budget), device_(device) {}
@@ -182,6 +243,10 @@ public:
             enc_codebooks_.assign(s.codebooks, s.codebooks + s.d * kPqCentroids);
         }
         encoder_->encode(x, n, list_ids, codes);
+    }
+    std::unique_ptr<MetricMirror> create_metric_mirror(const MetricSpec& spec) override
+    {
+        return std::make_unique<CudaMetricMirror>(ctx_, spec);
     }
     bool pin_host(void* p, size_t bytes) override { return gpu::pin_host(p, bytes); }
     void unpin_host(void* p) override { gpu::unpin_host(p); }
