@@ -545,8 +545,8 @@ CountBatch(int n)
 
 /*
  * A search group sent to the GPU process and not yet answered. The service
- * keeps one in flight while it collects and answers (the process works on
- * one group while the service answers the one before), two at most; they
+ * keeps one per GPU in flight while it collects and answers (the GPUs work
+ * on them while the service answers the one before), one more at most; they
  * are answered in the order sent. Static: a group outlives the round that
  * sent it, and an ERROR (the loop answers what is in flight).
  */
@@ -564,9 +564,16 @@ struct InFlight
 	uint64		sent_at = 0;
 	GpuProcess::SearchCall call;
 };
-static InFlight in_flight[2];
+#define IN_FLIGHT_MAX GpuProcess::kMaxSearchesInFlight
+static InFlight in_flight[IN_FLIGHT_MAX];	/* a ring, answered oldest first */
 static int	in_flight_first;	/* the oldest in flight */
 static int	in_flight_count;
+/*
+ * How many stay in flight while the service collects and answers: one per
+ * GPU of the process (a GPU works on each), so that several GPUs run
+ * batches at once; at most one fewer than the ring holds.
+ */
+static int	in_flight_keep = 1;
 
 /* A failed search call's answer to its group: the CPU engine if the GPU process died. */
 static void
@@ -593,7 +600,7 @@ FinishSearch(void)
 	bool		found = false;
 	bool		is_exact = false;
 
-	in_flight_first ^= 1;
+	in_flight_first = (in_flight_first + 1) % IN_FLIGHT_MAX;
 	in_flight_count--;
 	if (!gpu)
 	{
@@ -700,9 +707,9 @@ SendSearch(const std::vector<GpuIvfpqSlot *> &group)
 	std::string err;
 	bool		oom = false;
 
-	if (in_flight_count == 2)
+	if (in_flight_count == IN_FLIGHT_MAX)
 		FinishSearch();
-	InFlight   &f = in_flight[(in_flight_first + in_flight_count) % 2];
+	InFlight   &f = in_flight[(in_flight_first + in_flight_count) % IN_FLIGHT_MAX];
 
 	for (GpuIvfpqSlot *slot : group)
 	{
@@ -741,7 +748,7 @@ SendSearch(const std::vector<GpuIvfpqSlot *> &group)
 	}
 	if (!sent)
 	{
-		/* Too large to go beside the one in flight: that one first. */
+		/* Too large to go beside those in flight (or no part free): they first. */
 		FinishSearches();
 		f.sent_at = NowNs();
 		if (!Engine([&] { sent = send(); }, err, &oom) || !sent)
@@ -753,8 +760,8 @@ SendSearch(const std::vector<GpuIvfpqSlot *> &group)
 	if (in_flight_count == 0)
 		in_flight_first = (int) (&f - in_flight);
 	in_flight_count++;
-	/* One stays in flight: the process works on it while the service answers the one before. */
-	if (in_flight_count == 2)
+	/* in_flight_keep stay in flight: the GPUs work on them while the service answers the one before. */
+	if (in_flight_count > in_flight_keep)
 		FinishSearch();
 }
 
@@ -1190,6 +1197,7 @@ StartGpuProcess(void)
 			}
 			gpu->set_timeout(gpu_ivfpq_gpu_timeout_s, GPU_BULK_TIMEOUT_FACTOR);
 			GpuSync()->set_budget(BudgetBytes());
+			in_flight_keep = (int) Max((size_t) 1, Min(GpuSync()->devices().size(), (size_t) IN_FLIGHT_MAX - 1));
 		}, err))
 	{
 		gpu.reset();

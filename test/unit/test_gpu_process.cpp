@@ -522,13 +522,14 @@ TEST(GpuProcess, LoadWithVectorsSearchesExact)
     EXPECT_TRUE(gp->alive());
 }
 
-// Two searches in flight (send_search, receive_search): each answered as
-// the same search sent alone, in the order sent, each from its own half of
-// the exchange, also when the second is larger than the first and with key
-// ranges; a third, or any other call, while two are in flight is refused; a
-// search too large to go beside the one in flight is not sent (false), and
-// goes once that one is received (the exchange then grows).
-TEST(GpuProcess, TwoSearchesInFlightAnswerInOrder)
+// Searches in flight (send_search, receive_search), as many as the
+// exchange has parts: each answered as the same search sent alone, in the
+// order sent, each from its own part of the exchange, also when one is
+// larger than another and with key ranges; one more, or any other call,
+// while they are in flight is refused; a search too large to go beside one
+// in flight is not sent (false), and goes once that one is received (the
+// exchange then grows).
+TEST(GpuProcess, SearchesInFlightAnswerInOrder)
 {
     Channel ch(emulated_server);
     auto gp = ch.connect();
@@ -552,35 +553,40 @@ TEST(GpuProcess, TwoSearchesInFlightAnswerInOrder)
     alone(qb, lb, eb);
 
     for (int round = 0; round < 3; round++) {
-        GpuProcess::SearchCall a, b, c;
-        ASSERT_TRUE(gp->send_search(a, key, f.d, qa.data(), 3, k, nprobe, nullptr, nullptr));
-        ASSERT_TRUE(gp->send_search(b, key, f.d, qb.data(), 40, k, nprobe, nullptr, nullptr));
-        EXPECT_EQ(gp->searches_in_flight(), 2);
-        EXPECT_THROW(gp->send_search(c, key, f.d, qa.data(), 3, k, nprobe, nullptr, nullptr), Error);
+        // As many in flight as the exchange has parts; one more is refused.
+        const int parts = GpuProcess::kMaxSearchesInFlight;
+        std::vector<GpuProcess::SearchCall> calls(parts);
+        for (int i = 0; i < parts; i++) {
+            const bool small = i % 2 == 0;
+            ASSERT_TRUE(gp->send_search(calls[i], key, f.d, (small ? qa : qb).data(), small ? 3 : 40, k, nprobe,
+                                        nullptr, nullptr));
+        }
+        EXPECT_EQ(gp->searches_in_flight(), parts);
+        GpuProcess::SearchCall extra;
+        EXPECT_THROW(gp->send_search(extra, key, f.d, qa.data(), 3, k, nprobe, nullptr, nullptr), Error);
         EXPECT_THROW(gp->status(), Error);
-        std::vector<int64_t> ga(3 * k), gb(40 * k);
-        std::vector<double> xa(3 * k), xb(40 * k);
-        bool ea_exact = false, eb_exact = false;
-        ASSERT_TRUE(gp->receive_search(a, nullptr, ga.data(), xa.data(), &ea_exact));
-        // The next search goes into the half the first one left.
+        auto check = [&](GpuProcess::SearchCall& c, bool small) {
+            const size_t nq = small ? 3 : 40;
+            std::vector<int64_t> g(nq * k);
+            std::vector<double> x(nq * k);
+            bool is_exact = false;
+            ASSERT_TRUE(gp->receive_search(c, nullptr, g.data(), x.data(), &is_exact));
+            EXPECT_TRUE(is_exact);
+            EXPECT_EQ(g, small ? la : lb);
+            EXPECT_EQ(x, small ? ea : eb);
+        };
+        check(calls[0], true);
+        // The next search goes into the part the first one left.
         GpuProcess::SearchCall d;
         ASSERT_TRUE(gp->send_search(d, key, f.d, qa.data(), 3, k, nprobe, nullptr, nullptr));
-        ASSERT_TRUE(gp->receive_search(b, nullptr, gb.data(), xb.data(), &eb_exact));
-        std::vector<int64_t> gd(3 * k);
-        std::vector<double> xd(3 * k);
-        bool ed_exact = false;
-        ASSERT_TRUE(gp->receive_search(d, nullptr, gd.data(), xd.data(), &ed_exact));
-        EXPECT_TRUE(ea_exact && eb_exact && ed_exact);
-        EXPECT_EQ(ga, la);
-        EXPECT_EQ(xa, ea);
-        EXPECT_EQ(gb, lb);
-        EXPECT_EQ(xb, eb);
-        EXPECT_EQ(gd, la);
+        for (int i = 1; i < parts; i++)
+            check(calls[i], i % 2 == 0);
+        check(d, true);
         EXPECT_EQ(gp->searches_in_flight(), 0);
     }
-    // Larger than half of the exchange beside one in flight: not sent; sent
-    // once that one is received (the exchange then grows).
-    const size_t big = 6000;  // 6000 x (d floats + 10 answers): more than the 1 MiB half 40 queries left
+    // Larger than a part of the exchange beside one in flight: not sent;
+    // sent once that one is received (the exchange then grows).
+    const size_t big = 6000;  // 6000 x (d floats + 10 answers): more than a 1 MiB part
     const std::vector<float> qbig = testutil::gaussian_vectors(big, f.d, 23);
     {
         GpuProcess::SearchCall a, b;

@@ -500,8 +500,8 @@ bool GpuProcess::search(const MirrorKey& key, size_t d, const float* queries, si
 bool GpuProcess::send_search(SearchCall& c, const MirrorKey& key, size_t d, const float* queries, size_t nq,
                              size_t k, size_t nprobe, const int64_t* key_lo, const int64_t* key_hi, bool brute)
 {
-    if (inflight_ >= 2 || (c.open && inflight_ > 0))
-        throw Error(ErrorKind::Internal, "GPU process: more than two searches in flight");
+    if (inflight_ >= kMaxSearchesInFlight || (c.open && inflight_ > 0))
+        throw Error(ErrorKind::Internal, "GPU process: more searches in flight than the exchange has parts");
     c.open = false;  // left open by a caller that gave its searches up (nothing is in flight)
     Request& q = c.q;
     q = Request();
@@ -524,25 +524,29 @@ bool GpuProcess::send_search(SearchCall& c, const MirrorKey& key, size_t d, cons
         q.region[4] = l.take(nq * sizeof(int64_t));
         q.region[5] = l.take(nq * sizeof(int64_t));
     }
-    // Two halves, so that a second search can be written while the process
-    // reads the first. The exchange is sized (grown, or given back as for
-    // any call) only with nothing in flight, since the process maps it at
-    // the size each request states: room for two such searches up to the
-    // size the exchange keeps anyway, beyond it room for this one alone.
-    int half = 0;
+    // Parts, so that more searches can be written while the process reads
+    // the first (and, with several GPUs, runs them at once). The exchange
+    // is sized (grown, or given back as for any call) only with nothing in
+    // flight, since the process maps it at the size each request states:
+    // room for a part per search in flight up to the size the exchange
+    // keeps anyway, beyond it room for this one alone (it spills over all).
+    const uint64_t parts = kMaxSearchesInFlight;
+    int part = 0;
     if (inflight_ == 0) {
         const uint64_t one = round_up(l.total, kExchangeStep);
         Layout want;
-        want.total = 2 * one <= kExchangeKeep ? 2 * one : one;
+        want.total = parts * one <= kExchangeKeep ? parts * one : one;
         (void)exchange(want);
-        c.spill = l.total > size_ / 2;
+        c.spill = l.total > size_ / parts;
     } else {
-        half = half_busy_[0] ? 1 : 0;
-        if (half_busy_[half] || l.total > size_ / 2)
+        while (part < int(parts) && part_busy_[part])
+            part++;
+        if (part == int(parts) || l.total > size_ / parts)
             return false;
         c.spill = false;
     }
-    const uint64_t base = static_cast<uint64_t>(half) * (size_ / 2);
+    // size_ is a multiple of kExchangeStep: each part starts aligned.
+    const uint64_t base = static_cast<uint64_t>(part) * (size_ / parts);
     for (Region& r : q.region)
         if (r.bytes != 0)
             r.offset += base;
@@ -554,10 +558,10 @@ bool GpuProcess::send_search(SearchCall& c, const MirrorKey& key, size_t d, cons
     }
     send(q);
     c.open = true;
-    c.half = half;
-    half_busy_[half] = true;
-    if (c.spill)
-        half_busy_[1] = true;
+    c.part = part;
+    for (uint64_t p = 0; p < parts; p++)
+        if (int(p) == part || c.spill)
+            part_busy_[p] = true;
     inflight_++;
     return true;
 }
@@ -568,9 +572,9 @@ bool GpuProcess::receive_search(SearchCall& c, int64_t* matched, int64_t* labels
         throw Error(ErrorKind::Internal, "GPU process: receiving a search that was not sent");
     c.open = false;
     inflight_--;
-    half_busy_[c.half] = false;
-    if (c.spill)
-        half_busy_[1] = false;
+    for (int p = 0; p < kMaxSearchesInFlight; p++)
+        if (p == c.part || c.spill)
+            part_busy_[p] = false;
     if (!alive_)
         throw Error(ErrorKind::Internal, "the GPU process " + cause_);
     const Request& q = c.q;

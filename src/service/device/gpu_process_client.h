@@ -108,15 +108,17 @@ public:
     // answer other requests while the process works: send_search queues it
     // and returns at once; receive_search waits for its answer and copies it
     // out (the arguments and result as search's). Searches are answered in
-    // the order sent; at most two are in flight, each in its own half of
-    // the exchange, and no other call may be made while one is. send_search
-    // returns false, sending nothing, when this one would not fit beside the
-    // one in flight: receive that one first.
+    // the order sent; at most kMaxSearchesInFlight are in flight, each in
+    // its own part of the exchange, and no other call may be made while one
+    // is. send_search returns false, sending nothing, when this one would
+    // not fit beside those in flight (no part free, or too large for one):
+    // receive the oldest first.
+    static constexpr int kMaxSearchesInFlight = 4;
     struct SearchCall {
         Request q;
         bool open = false;
-        int half = 0;        // the exchange half it was written to
-        bool spill = false;  // larger than a half: it took the whole exchange
+        int part = 0;        // the exchange part it was written to
+        bool spill = false;  // larger than a part: it took the whole exchange
     };
     bool send_search(SearchCall& c, const MirrorKey& key, size_t d, const float* queries, size_t nq,
                      size_t k, size_t nprobe, const int64_t* key_lo, const int64_t* key_hi,
@@ -156,7 +158,7 @@ private:
     double timeout_s_ = 0, bulk_factor_ = 1;
     uint64_t seq_ = 0;
     int inflight_ = 0;             // searches sent and not yet received
-    bool half_busy_[2] = {false, false};  // exchange halves holding a search in flight
+    bool part_busy_[kMaxSearchesInFlight] = {};  // exchange parts holding a search in flight
     uint64_t last_busy_ns_ = 0;
     char* base_ = nullptr;
     uint64_t size_ = 0;
