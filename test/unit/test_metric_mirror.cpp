@@ -1,7 +1,8 @@
 // Metric mirrors (service/device/metric_mirror.h) on the CPU emulation
 // against the engine's indexes built directly: the same answers as labels,
-// through inserts at the engine's placements and removals by label; the
-// refusals of broken states and bad changes. And what the mirrors rely on
+// through inserts at the engine's placements and removals by label, on one
+// device and spread over several (placed_metric_mirror.h); the refusals of
+// broken states and bad changes. And what the mirrors rely on
 // in the engine: an insert at the placement the engine's rule chose
 // (ListOfClusters::placement / insert_at, SparseSpatialSelection::table_row
 // / insert_at) leaves a copy of an index exactly as insert() leaves the
@@ -9,7 +10,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/error.h"
@@ -18,7 +21,9 @@
 #include "engine/sss_index.h"
 #include "metric_words.h"
 #include "service/device/compute_device.h"
+#include "service/device/device_set.h"
 #include "service/device/metric_mirror.h"
+#include "service/device/placed_metric_mirror.h"
 #include "test_util.h"
 
 using namespace gpuivfpq;
@@ -477,4 +482,63 @@ TEST(MetricMirror, UnsupportedWithoutMirrors)
         EXPECT_EQ(e.kind(), ErrorKind::Unsupported) << e.what();
     }
     EXPECT_GT(metric_mirror_bytes(store.spec), store.cps.size() * sizeof(uint32_t));
+}
+
+// Spread over 1, 2 and 3 emulated devices (LC clusters or SSS objects,
+// every part searching every query), the merged answers are one index's,
+// through inserts (new clusters landing on parts that had none) and
+// removals; a failed device makes the mirror refuse to answer.
+TEST(MetricMirror, PlacedOverDevicesEqualsEngine)
+{
+    const uint64_t seed = test_seed(963);
+    const auto& alphabet = metricwords::spanish_alphabet();
+    std::vector<std::unique_ptr<ComputeDevice>> devices;
+    for (int i = 0; i < 3; i++)
+        devices.push_back(make_cpu_emulation_device());
+    DeviceSet set(std::move(devices), {0, 1, 2});
+    const auto words = metricwords::make_words(600, seed, alphabet);
+    const auto queries = metricwords::make_queries(words, 40, seed + 1, alphabet);
+    const auto extra = metricwords::make_words(160, seed + 2, alphabet);
+    for (size_t parts : {1, 2, 3}) {
+        std::vector<size_t> on(parts);
+        std::iota(on.begin(), on.end(), size_t(0));
+        for (size_t n : {size_t(2), words.size()}) {
+            const std::vector<Word> some(words.begin(), words.begin() + long(n));
+            const std::string what = "seed=" + std::to_string(seed) + " parts=" +
+                                     std::to_string(parts) + " n=" + std::to_string(n);
+            SCOPED_TRACE(what);
+            ListOfClusters lc(to_list(some), 6);
+            lc.remove(1);
+            PlacedMetricMirror lcm(set, on, SpecStore(lc).spec);
+            EXPECT_EQ(lcm.clusters(), lc.clusters());
+            expect_mirror_matches(lcm, lc, queries, what + " lc");
+            change_both(lcm, lc, extra, seed + 3, [&](WordView w) { return lc.placement(w); });
+            expect_mirror_matches(lcm, lc, queries, what + " lc after changes");
+
+            SparseSpatialSelection sss(to_list(some), 0.5);
+            PlacedMetricMirror sm(set, on, SpecStore(sss).spec);
+            expect_mirror_matches(sm, sss, queries, what + " sss");
+            change_both(sm, sss, extra, seed + 3, [&](WordView w) { return sss.table_row(w); });
+            expect_mirror_matches(sm, sss, queries, what + " sss after changes");
+            size_t spread = 0;
+            for (size_t d = 0; d < 3; d++)
+                spread += sm.bytes_on(d);
+            EXPECT_EQ(spread, sm.bytes());
+            EXPECT_EQ(sm.bytes_on(2) > 0, parts == 3);
+        }
+    }
+    ListOfClusters lc(to_list(words), 6);
+    PlacedMetricMirror lcm(set, {0, 2}, SpecStore(lc).spec);
+    EXPECT_TRUE(lcm.whole());
+    set.mark_failed(2);
+    EXPECT_FALSE(lcm.whole());
+    const WordList q = to_list(queries);
+    MetricHits out;
+    const uint32_t r = 1;
+    try {
+        lcm.range_batch(words_of(q), &r, 1, out);
+        ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::Internal) << e.what();
+    }
 }

@@ -142,7 +142,7 @@ public:
     size_t bytes() const override { return index_->bytes(); }
 
 protected:
-    void append(const WordList& words, const MetricPlacements& placements) override
+    void append(const WordList& words, const int64_t*, const MetricPlacements& placements) override
     {
         ctx_.make_current();
         if (method() == MetricMethod::ListOfClusters)

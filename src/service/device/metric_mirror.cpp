@@ -145,7 +145,7 @@ void MetricMirror::add(const MetricWords& words, const int64_t* labels,
         invalid("metric mirror: inserts into an SSS index need their table rows");
     }
     try {
-        append(list, placements);
+        append(list, labels, placements);
     } catch (...) {
         broken_ = true;
         throw;
@@ -265,7 +265,7 @@ public:
     }
 
 protected:
-    void append(const WordList& words, const MetricPlacements& placements) override
+    void append(const WordList& words, const int64_t*, const MetricPlacements& placements) override
     {
         for (size_t i = 0; i < words.size(); i++) {
             if (lc_)

@@ -123,13 +123,18 @@ protected:
     // structure itself.
     explicit MetricMirror(const MetricSpec& spec);
 
-    // The device's part. Objects are numbered 0..objects()-1 there; the
-    // placements were checked, and the removed ids are live.
-    virtual void append(const WordList& words, const MetricPlacements& placements) = 0;
+    // The device's part. Objects are numbered 0..objects()-1 there (the
+    // appended ones from objects() on, counted before the append); the
+    // placements were checked, and the removed positions are live.
+    virtual void append(const WordList& words, const int64_t* labels,
+                        const MetricPlacements& placements) = 0;
     virtual void mark_removed(const std::vector<uint32_t>& positions) = 0;
     virtual MetricBatchResult search_range(const WordList& queries,
                                            const std::vector<uint32_t>& radii) = 0;
     virtual MetricBatchResult search_knn(const WordList& queries, size_t k) = 0;
+
+    // The label of the object at a position.
+    int64_t label_at(uint32_t position) const { return labels_[position]; }
 
 private:
     void check_usable() const;
