@@ -12,6 +12,8 @@ PACKAGES=(
   libopenblas-serial-dev
   zlib1g-dev
   dataset-fashion-mnist
+  # Words for fuzzy string search (gpu_metric): the indexed set and other queries
+  wspanish wamerican
   # Citus's build from source, for the Citus test (run-tests.sh)
   liblz4-dev libzstd-dev libkrb5-dev
 )

@@ -214,9 +214,9 @@ DistanceCost(PlannerInfo *root, Expr *expr)
  * sequential scan does (by method and radius, as measured), each cheaper
  * than the operator's call, all before its first row; rows then cost what
  * an index tuple does. An ORDER BY alone continues with wider k-NN rounds,
- * so returning every row costs about twice a sequential scan's distances:
- * the index serves ORDER BY ... LIMIT and range predicates of small radii,
- * and never a query with neither.
+ * so returning every row costs several sequential scans' distances: the
+ * index serves ORDER BY ... LIMIT and range predicates of small radii, and
+ * never a query with neither.
  */
 static void
 gpumetriccostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
@@ -277,8 +277,12 @@ gpumetriccostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
 		*indexStartupCost += n * SSS_FILTER_COST_SHARE * cpu_operator_cost;
 	*indexTotalCost = *indexStartupCost + costs.numIndexTuples * cpu_index_tuple_cost +
 		costs.numIndexPages * spc_seq;
+	/*
+	 * Every row: k-NN rounds that grow k fourfold from 16, each about two
+	 * sequential scans' worth of (cheaper) distances once k is large.
+	 */
 	if (path->indexclauses == NIL)
-		*indexTotalCost += 2 * n * per_distance;
+		*indexTotalCost += 2 * n * per_distance * Max(1.0, ceil(log(n / 16.0) / log(4.0)));
 	*indexSelectivity = costs.indexSelectivity;
 	*indexCorrelation = 0;
 	*indexPages = costs.numIndexPages;

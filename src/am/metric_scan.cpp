@@ -14,6 +14,8 @@ extern "C" {
 
 /* Neighbours the first k-NN round asks for: a LIMIT of 10 or so in one round. */
 #define GPU_METRIC_FIRST_K	16
+/* How much each next k-NN round asks for more. */
+#define GPU_METRIC_K_GROWTH	4
 
 /* A range predicate of the scan. */
 typedef struct MetricRange
@@ -244,7 +246,7 @@ RangeBatch(IndexScanDesc scan)
  * The next k-NN round: the k nearest with their whole distance group
  * (GpuMetricSearchNearest), of which those not returned before (at or past
  * floor) are returned, by distance, then heap order. The next round asks
- * for twice k, and for more than the rows found so far, so that it reaches
+ * for more, and for more than the rows found so far, so that it reaches
  * past them.
  */
 static void
@@ -283,7 +285,14 @@ KnnRound(IndexScanDesc scan)
 	else
 	{
 		so->floor = found.hits[n - 1].dist + 1;
-		so->k = Max(so->k * 2, n + 1);
+		/*
+		 * Four times k, and past the rows found: an ORDER BY that reads on
+		 * (no LIMIT, or a filter above the scan) takes few rounds, and once
+		 * a round would rank a quarter of the index the next ranks it all.
+		 */
+		so->k = Max(so->k * GPU_METRIC_K_GROWTH, n + 1);
+		if (so->k * GPU_METRIC_K_GROWTH >= (int64) found.live)
+			so->k = Max(so->k, (int64) found.live + 1);
 	}
 }
 
