@@ -93,19 +93,27 @@ devices_now() {
 
 say ""
 say "## 2. SQL throughput, probes 32 (pgbench, $SECS s each)"
-say "| GPUs | placement | clients | queries/s | mean batch | per GPU |"
-say "|---|---|---|---|---|---|"
+say "| GPUs | placement | batches in flight | clients | queries/s | mean batch | mean call us | per GPU |"
+say "|---|---|---|---|---|---|---|---|"
 all=$(seq -s, 0 $((gpus - 1)))
 for list in 0 "$all"; do
   use_gpus "$list"
   placement=$(psql -qAtc "SELECT placement || ' on ' || devices::text FROM gpu_ivfpq_mirrors")
   [ "$list" = 0 ] && answers /tmp/answers-one.txt
-  for c in 64 128; do
-    q0=$(stat queries_gpu); b0=$(stat batches)
-    qps=$(bench "$c")
-    q1=$(stat queries_gpu); b1=$(stat batches)
-    say "| $list | $placement | $c | $qps | $(awk -v q=$((q1 - q0)) -v b=$((b1 - b0)) 'BEGIN { printf "%.1f", b ? q / b : 0 }') | $(devices_now) |"
+  # gpu_ivfpq.batches_in_flight: 0 is one per GPU.
+  for keep in $([ "$list" = 0 ] && echo 0 || echo 1 2 3); do
+    psql -qc "ALTER SYSTEM SET gpu_ivfpq.batches_in_flight = $keep" -c "SELECT pg_reload_conf()" >/dev/null
+    sleep 0.5
+    for c in 64 128; do
+      q0=$(stat queries_gpu); b0=$(stat batches)
+      c0=$(psql -qAtc "SELECT coalesce(mean_call_us * search_rounds, 0) FROM gpu_ivfpq_status")
+      qps=$(bench "$c")
+      q1=$(stat queries_gpu); b1=$(stat batches)
+      c1=$(psql -qAtc "SELECT coalesce(mean_call_us * search_rounds, 0) FROM gpu_ivfpq_status")
+      say "| $list | $placement | $([ "$keep" = 0 ] && echo "1 (one per GPU)" || echo "$keep") | $c | $qps | $(awk -v q=$((q1 - q0)) -v b=$((b1 - b0)) 'BEGIN { printf "%.1f", b ? q / b : 0 }') | $(awk -v a="$c0" -v z="$c1" -v b=$((b1 - b0)) 'BEGIN { printf "%.0f", b ? (z - a) / b : 0 }') | $(devices_now) |"
+    done
   done
+  psql -qc "ALTER SYSTEM RESET gpu_ivfpq.batches_in_flight" -c "SELECT pg_reload_conf()" >/dev/null
 done
 say ""
 say "What limits: the service's round (collecting, answering) and the channel, see gpu_ivfpq_status:"

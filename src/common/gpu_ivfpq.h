@@ -27,6 +27,7 @@ extern bool gpu_ivfpq_service_emulate_gpu;
 extern int	gpu_ivfpq_service_emulate_devices;
 extern char *gpu_ivfpq_device_list;	/* gpu_ivfpq.devices */
 extern int	gpu_ivfpq_placement;
+extern int	gpu_ivfpq_batches_in_flight;
 
 /* gpu_ivfpq.placement and the placement index option (values of gpuivfpq::Placement) */
 #define GPU_IVFPQ_PLACEMENT_AUTO		0

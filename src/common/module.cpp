@@ -24,6 +24,7 @@ bool		gpu_ivfpq_service_emulate_gpu = false;
 int			gpu_ivfpq_service_emulate_devices = 1;
 char	   *gpu_ivfpq_device_list = NULL;
 int			gpu_ivfpq_placement = GPU_IVFPQ_PLACEMENT_AUTO;
+int			gpu_ivfpq_batches_in_flight = 0;
 
 /* gpu_ivfpq.devices: comma-separated device numbers, or empty. */
 static bool
@@ -121,6 +122,10 @@ _PG_init(void)
 							"0: a batch holds what arrived while the previous one ran.",
 							&gpu_ivfpq_batch_wait_us, 0, 0, 100000, PGC_SIGHUP, 0,
 							NULL, NULL, NULL);
+	DefineCustomIntVariable("gpu_ivfpq.batches_in_flight",
+							"How many search batches the GPU service keeps in flight while it collects the next (0 = one per GPU).",
+							"More lets several GPUs work at once; each batch in flight also waits longer for its answer.",
+							&gpu_ivfpq_batches_in_flight, 0, 0, 3, PGC_SIGHUP, 0, NULL, NULL, NULL);
 	DefineCustomIntVariable("gpu_ivfpq.gpu_timeout",
 							"How long the GPU service waits for one GPU call before it restarts the GPU process (0 = no limit).",
 							"A hung GPU or driver costs at most this long; scans use the CPU until the process is back.",

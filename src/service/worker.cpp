@@ -574,6 +574,16 @@ static int	in_flight_count;
  * batches at once; at most one fewer than the ring holds.
  */
 static int	in_flight_keep = 1;
+static int	gpu_devices = 1;	/* of the GPU process running */
+
+/* gpu_ivfpq.batches_in_flight, or one per GPU (0). */
+static void
+SetInFlightKeep(void)
+{
+	int			want = gpu_ivfpq_batches_in_flight > 0 ? gpu_ivfpq_batches_in_flight : gpu_devices;
+
+	in_flight_keep = Max(1, Min(want, IN_FLIGHT_MAX - 1));
+}
 
 /* A failed search call's answer to its group: the CPU engine if the GPU process died. */
 static void
@@ -1197,7 +1207,8 @@ StartGpuProcess(void)
 			}
 			gpu->set_timeout(gpu_ivfpq_gpu_timeout_s, GPU_BULK_TIMEOUT_FACTOR);
 			GpuSync()->set_budget(BudgetBytes());
-			in_flight_keep = (int) Max((size_t) 1, Min(GpuSync()->devices().size(), (size_t) IN_FLIGHT_MAX - 1));
+			gpu_devices = (int) GpuSync()->devices().size();
+			SetInFlightKeep();
 		}, err))
 	{
 		gpu.reset();
@@ -1379,6 +1390,7 @@ gpu_ivfpq_service_main(Datum arg)
 				PublishState(SERVICE_RESTARTING, NULL);
 				PublishStatus();
 			}
+			SetInFlightKeep();
 			if (GpuUp())
 				(void) Engine([&] {
 					gpu->set_timeout(gpu_ivfpq_gpu_timeout_s, GPU_BULK_TIMEOUT_FACTOR);
