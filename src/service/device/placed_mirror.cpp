@@ -164,6 +164,21 @@ void PlacedMirror::add(size_t n, const int32_t* list_ids, const uint8_t* codes, 
 
 namespace {
 
+// Each query's count of in-range entries over the shards (shard j's counts at
+// matched[j * nq ..]): the shards' lists partition the probed lists'
+// entries, so their counts add up.
+void add_matched(const std::vector<int64_t>& matched, size_t shards, size_t nq, const KeyRanges* ranges)
+{
+    if (ranges == nullptr || ranges->matched == nullptr)
+        return;
+    for (size_t q = 0; q < nq; q++) {
+        int64_t sum = 0;
+        for (size_t j = 0; j < shards; j++)
+            sum += matched[j * nq + q];
+        ranges->matched[q] = sum;
+    }
+}
+
 // The per-query key ranges of queries [first, first + count).
 const KeyRanges* sub_ranges(const KeyRanges* r, size_t first, KeyRanges& out)
 {
@@ -213,14 +228,7 @@ void PlacedMirror::shard_search(const float* queries, size_t nq, size_t k, size_
     for (size_t j = 0; j < s; j++)
         rows.push_back({pd.data() + j * nq * k, pl.data() + j * nq * k});
     merge_adc(nq, k, rows, dist, labels);
-    // The shards' lists partition the probed lists' entries: their counts add up.
-    if (ranges != nullptr && ranges->matched != nullptr)
-        for (size_t q = 0; q < nq; q++) {
-            int64_t sum = 0;
-            for (size_t j = 0; j < s; j++)
-                sum += matched[j * nq + q];
-            ranges->matched[q] = sum;
-        }
+    add_matched(matched, s, nq, ranges);
 }
 
 void PlacedMirror::search_exact(const float* queries, size_t nq, size_t k, size_t nprobe, double* dist,
@@ -267,13 +275,7 @@ void PlacedMirror::shard_search_exact(const float* queries, size_t nq, size_t k,
         exact.push_back({ed.data() + j * nq * k, el.data() + j * nq * k});
     }
     merge_reranked(nq, k, adc, exact, dist, labels);
-    if (ranges != nullptr && ranges->matched != nullptr)
-        for (size_t q = 0; q < nq; q++) {
-            int64_t sum = 0;
-            for (size_t j = 0; j < s; j++)
-                sum += matched[j * nq + q];
-            ranges->matched[q] = sum;
-        }
+    add_matched(matched, s, nq, ranges);
 }
 
 void PlacedMirror::brute_force(const float* queries, size_t nq, size_t k, double* dist, int64_t* labels)
