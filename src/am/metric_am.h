@@ -47,7 +47,9 @@ typedef GpuMetricPageOpaqueData *GpuMetricPageOpaque;
  * Metapage contents. change_count changes with every insert and with every
  * page VACUUM changes, in the same WAL record as the pages: a backend's
  * restored copy of the index is current while its count and build_id match
- * (metric_cache.cpp), on a primary and on a standby alike.
+ * (metric_cache.cpp), on a primary and on a standby alike. A copy behind
+ * by inserts alone (vacuum_count unchanged) catches up by reading the
+ * object records appended since.
  */
 typedef struct GpuMetricMetaPageData
 {
@@ -56,6 +58,7 @@ typedef struct GpuMetricMetaPageData
 	uint32		method;			/* GPU_METRIC_METHOD_* */
 	uint32		build_id;		/* random per build: with the relfilenode, the cache key */
 	uint64		change_count;
+	uint64		vacuum_count;	/* +1 for every page VACUUM changes (inserts only append) */
 	uint64		objects;		/* object records (ids 0..objects-1), removed ones included */
 	uint64		live;			/* objects not removed */
 	uint64		build_tuples;	/* rows indexed by the build */
@@ -162,12 +165,12 @@ extern int	GpuMetricObjectPageUsed(Relation index, BlockNumber blk, Page page);
 extern int	GpuMetricNextObject(Relation index, const GpuMetricMetaPageData *meta, BlockNumber blk,
 								const char *base, int used, int off, GpuMetricObjectHeader *hdr);
 extern GpuMetricStoredState *GpuMetricReadState(Relation index, const GpuMetricMetaPageData *meta,
-												ItemPointerData **tids);
+												ItemPointerData **tids, BlockNumber *end_blk, int *end_off);
 extern void GpuMetricWriteMeta(Relation index, Buffer metabuf, const GpuMetricMetaPageData *meta,
 							   bool full_image);
 extern void GpuMetricEnsureRoom(Relation index, Buffer metabuf, GpuMetricMetaPageData *meta,
 								uint16 kind, int bytes);
-extern void GpuMetricAppend(Relation index, Buffer metabuf, GpuMetricMetaPageData *meta,
+extern int	GpuMetricAppend(Relation index, Buffer metabuf, GpuMetricMetaPageData *meta,
 							const char *record, int reclen, const GpuMetricClusterEntry *cluster,
 							bool new_cluster);
 
@@ -195,6 +198,9 @@ typedef struct GpuMetricCached
 	RelFileNode node;
 	uint32		build_id;
 	uint64		change_count;
+	uint64		vacuum_count;
+	BlockNumber end_blk;		/* the object page it read last (Invalid: none) */
+	int			end_off;		/* and the end of the records it read there */
 	bool		valid;			/* false while an insert changes it */
 	uint64		last_used;
 	MemoryContext cxt;			/* owns all below, the engine included */

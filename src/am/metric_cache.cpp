@@ -3,8 +3,10 @@
 // instead of reading its pages each time. An entry is current while the
 // metapage's change count, build id and the relation's file match what it
 // was restored from (every insert and VACUUM advances the count in the same
-// WAL record as its pages, so this holds on standbys too). Each entry lives
-// in a memory context of its own that owns the engine object.
+// WAL record as its pages, so this holds on standbys too). An entry behind
+// by other backends' inserts only reads the records they appended; after a
+// VACUUM it is restored in full. Each entry lives in a memory context of
+// its own that owns the engine object.
 #include "am/metric_am.h"
 #include "common/guard.h"
 
@@ -47,7 +49,8 @@ Restore(Relation index, const GpuMetricMetaPageData *meta)
 	entry->cxt = cxt;
 	/* The structure's arrays are needed only until the engine has copied them. */
 	MemoryContextSwitchTo(tmp);
-	state = GpuMetricReadState(index, meta, &tids);
+	state = GpuMetricReadState(index, meta, &tids, &entry->end_blk, &entry->end_off);
+	entry->vacuum_count = meta->vacuum_count;
 	entry->engine = GpuIvfpqMakeOwned<GpuMetricEngine>(cxt, "restoring the index", *state);
 
 	/* Kept for the batch functions (TIDs, and the words they return). */
@@ -69,6 +72,101 @@ Restore(Relation index, const GpuMetricMetaPageData *meta)
 }
 
 /*
+ * Brings entry up to meta when only inserts happened since it was current:
+ * reads the object records appended after the ones it holds and inserts
+ * each into the engine's copy where the record says (no VACUUM since, so
+ * the copy holds every earlier record with its flags). false when it
+ * cannot (a VACUUM, a rebuild, records that do not follow): the caller
+ * restores the index in full. The caller holds the metapage's lock.
+ */
+static bool
+CatchUp(Relation index, GpuMetricCached *entry, const GpuMetricMetaPageData *meta)
+{
+	MemoryContext cxt;
+	MemoryContext old;
+	uint32	   *cps;
+	BlockNumber blk = entry->end_blk;
+	int			off = entry->end_off;
+	int			extra = GpuMetricObjectExtra(meta);
+	BlockNumber nblocks = RelationGetNumberOfBlocks(index);
+	BlockNumber pages = 0;
+	bool		ok = true;
+
+	if (entry->vacuum_count != meta->vacuum_count || meta->objects < entry->objects ||
+		entry->engine->index().size() != entry->objects)
+		return false;
+	if (blk == InvalidBlockNumber)
+	{
+		blk = meta->object_head;
+		off = 0;
+	}
+	cxt = AllocSetContextCreate(CurrentMemoryContext, "gpu_metric catch-up", ALLOCSET_SMALL_SIZES);
+	old = MemoryContextSwitchTo(cxt);
+	cps = (uint32 *) palloc(sizeof(uint32) * GPU_METRIC_MAX_WORD_BYTES);
+	/* Ahead of the pages until done: an error on the way leaves it to a full restore. */
+	entry->valid = false;
+	while (ok && blk != InvalidBlockNumber)
+	{
+		Buffer		buf;
+		Page		page;
+		const char *base;
+		int			used;
+
+		if (blk >= nblocks || ++pages > nblocks)
+		{
+			ok = false;
+			break;
+		}
+		buf = ReadBuffer(index, blk);
+		LockBuffer(buf, BUFFER_LOCK_SHARE);
+		page = BufferGetPage(buf);
+		used = GpuMetricObjectPageUsed(index, blk, page);
+		base = (const char *) PageGetContents(page);
+		ok = off <= used;
+		while (ok && off < used)
+		{
+			GpuMetricObjectHeader hdr;
+			int			next = GpuMetricNextObject(index, meta, blk, base, used, off, &hdr);
+			const char *part = base + off + GPU_METRIC_OBJ_HEADER;
+			const char *word = part + extra;
+			uint32		cluster = 0;
+			size_t		ncp = 0;
+			GpuIvfpqCaught caught;
+
+			if (meta->method == GPU_METRIC_METHOD_LC)
+				memcpy(&cluster, part, sizeof(uint32));
+			/* A record appended since holds its flags from its insert: none (or a later VACUUM's). */
+			ok = entry->objects < meta->objects && hdr.flags == 0;
+			if (ok)
+				ok = GpuIvfpqTry([&] {
+					ncp = GpuMetricDecode(word, hdr.nbytes, cps);
+					entry->engine->insert_stored(cps, ncp, cluster, (const uint8_t *) part);
+				}, &caught);
+			if (ok)
+			{
+				GpuMetricCacheReserve(entry, hdr.nbytes);
+				GpuMetricCacheAppend(entry, &hdr.tid, word, hdr.nbytes);
+				entry->end_blk = blk;
+				entry->end_off = next;
+			}
+			off = next;
+		}
+		blk = GpuMetricPageGetOpaque(page)->next;
+		UnlockReleaseBuffer(buf);
+		off = 0;
+	}
+	MemoryContextSwitchTo(old);
+	MemoryContextDelete(cxt);
+	if (!ok || entry->objects != meta->objects || entry->engine->index().size() != entry->objects)
+		return false;
+	elog(DEBUG2, "gpu_metric: index \"%s\" caught up to %llu objects", RelationGetRelationName(index),
+		 (unsigned long long) meta->objects);
+	entry->change_count = meta->change_count;
+	entry->valid = true;
+	return true;
+}
+
+/*
  * The current restored copy of index, meta being its metapage as read under
  * the metapage's lock, which the caller still holds (share to search,
  * exclusive to insert). Valid until the next call of this file's functions.
@@ -85,7 +183,7 @@ GpuMetricGetCachedLocked(Relation index, const GpuMetricMetaPageData *meta)
 		if (entry != NULL && entry->indexrelid == RelationGetRelid(index))
 		{
 			if (entry->valid && EntryMatches(entry, index, meta) &&
-				entry->change_count == meta->change_count)
+				(entry->change_count == meta->change_count || CatchUp(index, entry, meta)))
 			{
 				entry->last_used = ++cache_clock;
 				return entry;
@@ -116,7 +214,14 @@ GpuMetricGetCachedLocked(Relation index, const GpuMetricMetaPageData *meta)
 		cache_entries[slot] = NULL;
 		MemoryContextDelete(gone);
 	}
-	entry = Restore(index, meta);
+	{
+		TimestampTz start = GetCurrentTimestamp();
+
+		entry = Restore(index, meta);
+		elog(DEBUG1, "gpu_metric: restored index \"%s\" (%llu objects) from its pages in %.3f ms",
+			 RelationGetRelationName(index), (unsigned long long) meta->objects,
+			 (double) (GetCurrentTimestamp() - start) / 1000.0);
+	}
 	MemoryContextSetParent(entry->cxt, TopMemoryContext);
 	entry->last_used = ++cache_clock;
 	cache_entries[slot] = entry;

@@ -107,6 +107,29 @@ GpuMetricEngine::insert(const uint32_t *cps, size_t n, GpuMetricPlacement *place
 	}
 }
 
+uint32_t
+GpuMetricEngine::insert_stored(const uint32_t *cps, size_t n, uint32_t cluster, const uint8_t *row)
+{
+	const WordView word{cps, n};
+
+	if (lc_)
+	{
+		gpuivfpq::LcPlacement p;
+
+		p.cluster = cluster;
+		p.radius = 0;
+		if (cluster < lc_->clusters())
+		{
+			/* Only the last cluster's radius grows (to the word, if farther). */
+			p.radius = lc_->radius(cluster);
+			if (size_t(cluster) + 1 == lc_->clusters())
+				p.radius = std::max(p.radius, gpuivfpq::edit_distance(lc_->word(lc_->centre(cluster)), word));
+		}
+		return lc_->insert_at(word, p);
+	}
+	return sss_->insert_at(word, row);
+}
+
 GpuMetricResult::GpuMetricResult(const gpuivfpq::MetricIndex &index, bool knn, const uint32_t *cps,
 								 const uint64_t *offsets, size_t nq, uint32_t param, const uint32_t *radii,
 								 int threads)

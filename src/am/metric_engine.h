@@ -81,6 +81,14 @@ public:
 
 	/* Inserts a word by the engine's rule and says where it went. */
 	void		insert(const uint32_t *cps, size_t n, GpuMetricPlacement *placement);
+	/*
+	 * Inserts a word as an object record of the pages says another insert
+	 * placed it (LC: its cluster; SSS: its pivot distances), on a copy in
+	 * the state that insert found: the copy becomes the index's state after
+	 * it, without the insert rule's distances (one at most). A placement no
+	 * insert makes throws InvalidArgument. Returns the id.
+	 */
+	uint32_t	insert_stored(const uint32_t *cps, size_t n, uint32_t cluster, const uint8_t *row);
 	/* Marks an object removed. */
 	void		remove(uint32_t id) { index_->remove(id); }
 

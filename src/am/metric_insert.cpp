@@ -28,6 +28,7 @@ gpumetricinsert(Relation index, Datum *values, bool *isnull, ItemPointer heap_ti
 	int			ncp;
 	int			extra;
 	int			reclen;
+	int			end_off;
 
 	if (isnull[0])
 		return false;
@@ -85,11 +86,13 @@ gpumetricinsert(Relation index, Datum *values, bool *isnull, ItemPointer heap_ti
 	meta.objects++;
 	meta.live++;
 	meta.change_count++;
-	GpuMetricAppend(index, metabuf, &meta, record, reclen, has_cluster ? &cluster : NULL,
-					placement.new_cluster);
+	end_off = GpuMetricAppend(index, metabuf, &meta, record, reclen, has_cluster ? &cluster : NULL,
+							  placement.new_cluster);
 
 	GpuMetricCacheAppend(entry, heap_tid, utf8, len);
 	entry->change_count = meta.change_count;
+	entry->end_blk = meta.object_tail;
+	entry->end_off = end_off;
 	entry->valid = true;
 	UnlockReleaseBuffer(metabuf);
 

@@ -200,12 +200,15 @@ GpuMetricNextObject(Relation index, const GpuMetricMetaPageData *meta, BlockNumb
 
 /*
  * The index's whole state, for the engine to restore (palloc'd in the
- * current memory context), and each object's heap TID in *tids. The caller
- * holds the metapage's lock (share or exclusive) and read meta under it, so
- * no insert or VACUUM changes the pages meanwhile.
+ * current memory context), each object's heap TID in *tids, and where the
+ * object records end (the last object page and its bytes of records, for a
+ * later catch-up). The caller holds the metapage's lock (share or
+ * exclusive) and read meta under it, so no insert or VACUUM changes the
+ * pages meanwhile.
  */
 GpuMetricStoredState *
-GpuMetricReadState(Relation index, const GpuMetricMetaPageData *meta, ItemPointerData **tids)
+GpuMetricReadState(Relation index, const GpuMetricMetaPageData *meta, ItemPointerData **tids,
+				   BlockNumber *end_blk, int *end_off)
 {
 	GpuMetricStoredState *s = (GpuMetricStoredState *) palloc0(sizeof(GpuMetricStoredState));
 	uint64		n = meta->objects;
@@ -235,6 +238,8 @@ GpuMetricReadState(Relation index, const GpuMetricMetaPageData *meta, ItemPointe
 		pivot_ids = (uint32 *) palloc(sizeof(uint32) * Max(meta->pivots, 1));
 	}
 	offsets[0] = 0;
+	*end_blk = InvalidBlockNumber;
+	*end_off = 0;
 	for (BlockNumber blk = meta->object_head; blk != InvalidBlockNumber;)
 	{
 		Buffer		buf;
@@ -288,6 +293,8 @@ GpuMetricReadState(Relation index, const GpuMetricMetaPageData *meta, ItemPointe
 			offsets[++id] = nbytes;
 			off = next;
 		}
+		*end_blk = blk;
+		*end_off = used;
 		from = blk;
 		blk = GpuMetricPageGetOpaque(page)->next;
 		UnlockReleaseBuffer(buf);
@@ -335,6 +342,11 @@ GpuMetricReadState(Relation index, const GpuMetricMetaPageData *meta, ItemPointe
 				GpuMetricClusterEntry e;
 
 				memcpy(&e, (const char *) PageGetContents(page) + i * sizeof(e), sizeof(e));
+				/* A centre is an object of its own cluster (so no object centres two). */
+				if (e.centre >= n || cluster_of[e.centre] != c)
+					GpuMetricReportCorrupt(index, blk, "cluster %u is centred on object %u, %s", c, e.centre,
+										   e.centre >= n ? "which the index does not hold" :
+										   "which belongs to another cluster");
 				centres[c] = e.centre;
 				radii[c] = e.radius;
 				c++;
@@ -346,6 +358,7 @@ GpuMetricReadState(Relation index, const GpuMetricMetaPageData *meta, ItemPointe
 		if (c != meta->clusters)
 			GpuMetricReportCorrupt(index, GPU_METRIC_METAPAGE_BLKNO,
 								   "cluster pages hold %u clusters, the metapage counts %u", c, meta->clusters);
+
 		s->bucket = meta->bucket;
 		s->clusters = meta->clusters;
 		s->centres = centres;
@@ -436,9 +449,10 @@ GpuMetricEnsureRoom(Relation index, Buffer metabuf, GpuMetricMetaPageData *meta,
  * made room) and, for a List of Clusters, records its cluster: a new last
  * cluster (new_cluster), or the last cluster's grown radius; with meta (its
  * counts already advanced by the caller), in one WAL record. The caller
- * holds metabuf exclusively.
+ * holds metabuf exclusively. Returns where the records of meta->object_tail
+ * now end.
  */
-void
+int
 GpuMetricAppend(Relation index, Buffer metabuf, GpuMetricMetaPageData *meta, const char *record,
 				int reclen, const GpuMetricClusterEntry *cluster, bool new_cluster)
 {
@@ -523,6 +537,7 @@ GpuMetricAppend(Relation index, Buffer metabuf, GpuMetricMetaPageData *meta, con
 		UnlockReleaseBuffer(cbuf);
 	if (BufferIsValid(nbuf))
 		UnlockReleaseBuffer(nbuf);
+	return used + reclen;
 }
 
 /* Starts writing a chain of pages of one kind into new pages (builds). */

@@ -73,6 +73,7 @@ WalkObjects(IndexVacuumInfo *info, IndexBulkDeleteResult *stats, IndexBulkDelete
 				wbase[offsets[i] + GPU_METRIC_OBJ_FLAGS_OFFSET] |= GPU_METRIC_OBJ_REMOVED;
 			meta.live -= dead;
 			meta.change_count++;
+			meta.vacuum_count++;
 			memcpy(GpuMetricPageGetMeta(mpage), &meta, sizeof(meta));
 			GenericXLogFinish(state);
 			stats->tuples_removed += dead;

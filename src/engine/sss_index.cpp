@@ -179,9 +179,13 @@ void SparseSpatialSelection::place(uint32_t id) { append_row(table_row(words_[id
 void SparseSpatialSelection::append_row(const uint8_t* row)
 {
     const size_t np = pivots_.size();
-    // Reserve first, so that the two appends below cannot fail halfway.
-    pivot_flag_.reserve(pivot_flag_.size() + 1);
-    table_.reserve(table_.size() + np);
+    // Reserve first, so that the two appends below cannot fail halfway;
+    // geometrically, since reserving the exact size copies the whole table
+    // on every insert.
+    if (pivot_flag_.capacity() < pivot_flag_.size() + 1)
+        pivot_flag_.reserve(std::max(pivot_flag_.size() + 1, pivot_flag_.capacity() * 2));
+    if (table_.capacity() < table_.size() + np)
+        table_.reserve(std::max(table_.size() + np, table_.capacity() * 2));
     pivot_flag_.push_back(0);
     table_.insert(table_.end(), row, row + np);
 }

@@ -4,8 +4,8 @@
 # missing) for 300 seeded queries (dictionary words with 1 to 3 edits, words
 # of another dictionary) at radii 1, 2 and 3, through index scans and the
 # batch functions, and in k-NN order; they stay exact through inserts,
-# deletes, updates and VACUUM; after a crash (immediate shutdown) WAL replay
-# brings back the same answers; a streaming standby answers like the
+# deletes, updates and VACUUM, also concurrent ones beside readers; after a
+# crash (immediate shutdown) WAL replay brings back the same answers; a streaming standby answers like the
 # primary. Also: databases in LATIN1 and SQL_ASCII, pg_trgm's operators
 # beside ours, and the planner's choices on real data. Skipped without the
 # dictionary (Debian package wspanish).
@@ -256,6 +256,57 @@ $primary->wait_for_catchup($standby);
 my $digest = answers_digest($primary);
 is(answers_digest($standby), $digest, 'the standby answers like the primary (batch functions, both indexes)');
 exact_ok(scan_check($standby, ''), 'the standby: index scans equal the reference');
+
+# ---------------------------------------------------------------- concurrency
+# Writers insert, delete and VACUUM while readers check, each in one
+# statement (one snapshot), that index scans return what a sequential scan
+# computes: a mismatch divides by zero and aborts the client. Readers keep
+# their restored copies current through other backends' inserts (reading
+# only the records appended) and VACUUMs (restoring in full).
+my $dir = PostgreSQL::Test::Utils::tempdir;
+PostgreSQL::Test::Utils::append_to_file(
+	"$dir/insert.sql", q{
+\set q random(1, 300)
+INSERT INTO words (word) SELECT query || chr(97 + :q % 26) FROM queries WHERE id = :q;
+});
+PostgreSQL::Test::Utils::append_to_file(
+	"$dir/delete.sql", q{
+\set d random(1, 90000)
+DELETE FROM words WHERE id = :d;
+});
+PostgreSQL::Test::Utils::append_to_file("$dir/vacuum.sql", "VACUUM words;\n");
+PostgreSQL::Test::Utils::append_to_file(
+	"$dir/range.sql", q{
+\set q random(1, 300)
+SET enable_seqscan = off;
+SELECT 1 / ((SELECT count(*) FROM words WHERE word <% edit_range(q.query, 2)) =
+			(SELECT count(*) FROM words WHERE word <~> q.query <= 2))::int
+FROM queries q WHERE q.id = :q;
+});
+PostgreSQL::Test::Utils::append_to_file(
+	"$dir/knn.sql", q{
+\set q random(1, 300)
+SET enable_seqscan = off;
+SELECT 1 / (ARRAY(SELECT word <~> q.query FROM words ORDER BY word <~> q.query LIMIT 5) =
+			ARRAY(SELECT word <~> q.query FROM words ORDER BY (word <~> q.query) + 0 LIMIT 5))::int
+FROM queries q WHERE q.id = :q;
+});
+my ($pgb_out, $pgb_err) = ('', '');
+my $pgb_ok = IPC::Run::run(
+	[
+		'pgbench', '-n', '-c', '4', '-j', '2', '-T', '20',
+		'-f', "$dir/insert.sql\@10", '-f', "$dir/delete.sql\@4", '-f', "$dir/vacuum.sql\@1",
+		'-f', "$dir/range.sql\@6", '-f', "$dir/knn.sql\@2",
+		'-h', $primary->host, '-p', $primary->port, 'postgres'
+	],
+	'<', \undef, '>', \$pgb_out, '2>', \$pgb_err);
+ok($pgb_ok && $pgb_out =~ /number of failed transactions: 0 / && $pgb_err !~ /aborted|ERROR/,
+	'concurrent inserts, deletes and VACUUM: every index scan equals a sequential scan')
+  or diag("pgbench:\n$pgb_out\n$pgb_err");
+note(join("\n", grep { /transactions actually processed|tps =/ } split /\n/, $pgb_out));
+make_reference();
+exact_ok(scan_check($primary, $only_lc), 'after the concurrent load: List of Clusters index scans');
+exact_ok(scan_check($primary, $only_sss), 'after the concurrent load: SSS index scans');
 
 # ---------------------------------------------------------------- crash recovery
 # Changes after a checkpoint live only in the WAL when the server dies.
