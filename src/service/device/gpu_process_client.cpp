@@ -629,6 +629,111 @@ void GpuProcess::drop_all()
     raise_for(call(q));
 }
 
+size_t GpuProcess::metric_load(const MirrorKey& key, const MetricSpec& spec)
+{
+    const size_t n = spec.words.n;
+    const bool lc = spec.method == MetricMethod::ListOfClusters;
+    const size_t structure = lc ? spec.clusters : spec.pivots;
+    if (spec.ids != nullptr || spec.words.offsets == nullptr || spec.labels == nullptr ||
+        (lc && (spec.cluster_of == nullptr || (structure > 0 && (spec.centres == nullptr || spec.radii == nullptr)))) ||
+        (!lc && ((structure > 0 && spec.pivot_ids == nullptr) || (n > 0 && structure > 0 && spec.table == nullptr))))
+        throw Error(ErrorKind::InvalidArgument, "GPU process metric load: the index state is incomplete");
+    const uint64_t cps = spec.words.offsets[n];
+    Request q;
+    Layout l;
+    q.op = Op::MetricLoad;
+    q.key = key;
+    q.method = static_cast<uint64_t>(spec.method);
+    q.n = n;
+    q.cps = cps;
+    q.clusters = structure;
+    q.bucket = spec.bucket;
+    q.alpha = spec.alpha;
+    q.max_distance = spec.max_distance;
+    q.region[0] = l.take(cps * sizeof(uint32_t));
+    q.region[1] = l.take((n + 1) * sizeof(uint64_t));
+    q.region[2] = l.take(n * sizeof(int64_t));
+    q.region[3] = l.take(n);
+    q.region[4] = l.take((lc ? 2 : 1) * structure * sizeof(uint32_t));
+    q.region[5] = l.take(lc ? n * sizeof(uint32_t) : n * structure);
+    char* x = exchange(l);
+    std::memcpy(x + q.region[0].offset, spec.words.code_points, q.region[0].bytes);
+    std::memcpy(x + q.region[1].offset, spec.words.offsets, q.region[1].bytes);
+    std::memcpy(x + q.region[2].offset, spec.labels, q.region[2].bytes);
+    if (spec.removed != nullptr)
+        std::memcpy(x + q.region[3].offset, spec.removed, n);
+    else
+        std::memset(x + q.region[3].offset, 0, n);
+    if (lc) {
+        std::memcpy(x + q.region[4].offset, spec.centres, structure * sizeof(uint32_t));
+        std::memcpy(x + q.region[4].offset + structure * sizeof(uint32_t), spec.radii, structure * sizeof(uint32_t));
+        std::memcpy(x + q.region[5].offset, spec.cluster_of, q.region[5].bytes);
+    } else {
+        std::memcpy(x + q.region[4].offset, spec.pivot_ids, q.region[4].bytes);
+        std::memcpy(x + q.region[5].offset, spec.table, q.region[5].bytes);
+    }
+    Reply rep = call(q, true);
+    raise_for(rep);
+    return rep.value[0];
+}
+
+bool GpuProcess::metric_search(const MirrorKey& key, const MetricWords& queries, size_t k, const uint32_t* radii,
+                               size_t nradii, MetricHits& out, size_t* live)
+{
+    const size_t nq = queries.n;
+    const uint64_t cps = nq > 0 ? queries.offsets[nq] : 0;
+    // Room for k hits a query (k-NN: always enough), a range search's guess otherwise.
+    uint64_t room = k > 0 ? uint64_t(nq) * k : std::max<uint64_t>(uint64_t(nq) * 64, 4096);
+    for (int attempt = 0; attempt < 2; attempt++) {
+        Request q;
+        Layout l;
+        q.op = Op::MetricSearch;
+        q.key = key;
+        q.nq = nq;
+        q.k = k;
+        q.nradii = k > 0 ? 0 : nradii;
+        q.cps = cps;
+        q.n = room;
+        q.region[0] = l.take(cps * sizeof(uint32_t));
+        q.region[1] = l.take((nq + 1) * sizeof(uint64_t));
+        q.region[2] = l.take(q.nradii * sizeof(uint32_t));
+        q.region[3] = l.take((nq + 1) * sizeof(uint64_t));
+        q.region[4] = l.take(room * sizeof(uint32_t));
+        q.region[5] = l.take(room * sizeof(uint32_t));
+        q.region[6] = l.take(room * sizeof(int64_t));
+        char* x = exchange(l);
+        if (cps > 0)
+            std::memcpy(x + q.region[0].offset, queries.code_points, q.region[0].bytes);
+        if (nq > 0)
+            std::memcpy(x + q.region[1].offset, queries.offsets, q.region[1].bytes);
+        else
+            std::memset(x + q.region[1].offset, 0, sizeof(uint64_t));
+        if (q.nradii > 0)
+            std::memcpy(x + q.region[2].offset, radii, q.region[2].bytes);
+        Reply rep = call(q);
+        raise_for(rep);
+        if (rep.status == Status::NotFound)
+            return false;
+        if (live != nullptr)
+            *live = rep.value[2];
+        if (rep.value[1] != 0) {
+            room = rep.value[0];  // the mirror cannot change between the two calls
+            continue;
+        }
+        const uint64_t total = rep.value[0];
+        const uint64_t* offsets = reinterpret_cast<const uint64_t*>(x + q.region[3].offset);
+        const uint32_t* ids = reinterpret_cast<const uint32_t*>(x + q.region[4].offset);
+        const uint32_t* dists = reinterpret_cast<const uint32_t*>(x + q.region[5].offset);
+        const int64_t* labels = reinterpret_cast<const int64_t*>(x + q.region[6].offset);
+        out.offsets.assign(offsets, offsets + nq + 1);
+        out.ids.assign(ids, ids + total);
+        out.distances.assign(dists, dists + total);
+        out.labels.assign(labels, labels + total);
+        return true;
+    }
+    throw Error(ErrorKind::Internal, "GPU process metric search: the answer grew between two calls");
+}
+
 void GpuProcess::train(const float* x_in, size_t n, size_t d, size_t lists, size_t m, Metric metric,
                        const IvfPqTrainParams& params, float* centroids, float* codebooks)
 {

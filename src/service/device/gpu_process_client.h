@@ -129,6 +129,17 @@ public:
     bool remove(const MirrorKey& key, size_t n, const int64_t* labels, size_t* removed = nullptr);
     size_t drop_index(uint32_t db, uint32_t index);
     void drop_all();
+    // A gpu_metric index's mirror (key with its change count) from its
+    // state (spec.ids must be null: the whole index); returns its live
+    // objects. Replaces any other version of the index.
+    size_t metric_load(const MirrorKey& key, const MetricSpec& spec);
+    // Range search (k 0: radii holds nradii radii, 1 for all) or k-NN of
+    // queries on the metric mirror of key, into out (per query sorted by
+    // (distance, id)); false when the process holds no such mirror. A range
+    // answer larger than the room guessed is asked for again with room for
+    // it (the search runs twice). *live: the mirror's live objects.
+    bool metric_search(const MirrorKey& key, const MetricWords& queries, size_t k, const uint32_t* radii,
+                       size_t nradii, MetricHits& out, size_t* live = nullptr);
     void train(const float* x, size_t n, size_t d, size_t lists, size_t m, Metric metric,
                const IvfPqTrainParams& params, float* centroids, float* codebooks);
     void encode(const MirrorSpec& spec, const float* x, size_t n, int32_t* list_ids, uint8_t* codes);

@@ -23,7 +23,7 @@ constexpr uint32_t kMagic = 0x47495650;  // "GIVP"
 // Raised with every change of Request or Reply. The program is installed
 // apart from the extension's library: after an upgrade, a server still
 // running the old library may start the new program (or the reverse).
-constexpr uint64_t kVersion = 8;
+constexpr uint64_t kVersion = 9;
 constexpr int kRegions = 7;
 constexpr size_t kAlign = 64;
 constexpr size_t kMaxStatusMirrors = 64;  // mirrors a Status reply lists
@@ -68,6 +68,19 @@ enum class Op : uint32_t {
     Encode,         // d, lists, m, metric, n; r0 centroids, r1 codebooks, r2 rows, r3 list ids out, r4 codes out
     Exact,          // d, metric, nq, n, k; r0 queries, r1 base, r2 dist out, r3 labels out
     Devices,        // r0 out: DeviceInfo[kMaxDevices]; value: count
+    // gpu_metric indexes (MetricMirror). A mirror's key carries the index's
+    // change count: any insert or VACUUM makes a new version, loaded anew
+    // (the service keeps no change log for them, so there is no add or remove).
+    MetricLoad,     // key, method, n, clusters (LC clusters or SSS pivots), bucket, alpha, max_distance,
+                    // cps; r0 code points (cps uint32), r1 offsets (n + 1 uint64), r2 labels (n int64),
+                    // r3 removed flags (n bytes), r4 LC centres then radii (2 x clusters uint32) or SSS
+                    // pivot ids (clusters uint32), r5 LC each object's cluster (n uint32) or SSS table
+                    // (n x clusters bytes) -> value[0] live objects
+    MetricSearch,   // key, nq, k (0: range), nradii (range: 1 or nq), cps, n (room for hits); r0 query
+                    // code points, r1 offsets (nq + 1), r2 radii (nradii uint32); out r3 hit offsets
+                    // (nq + 1 uint64), r4 object ids (n uint32), r5 distances (n uint32), r6 labels
+                    // (n int64) -> value[0] hits, value[1] 1 when they exceed n (nothing written: ask
+                    // again with room for value[0]), value[2] live objects; NotFound without the mirror
 };
 
 enum class Kind : uint64_t { Gpu = 1, Emulated = 2 };
@@ -99,6 +112,14 @@ struct Request {
     uint64_t keys = 0;     // Load: keep filter keys; Add: region 6 holds them; Search: ranges
     uint64_t brute = 0;    // Search: exact k-NN over every stored vector (no probing)
     uint64_t placement = 0;  // Load: a Placement (replicas or shards over the process's devices)
+    // MetricLoad / MetricSearch
+    uint64_t method = 0;        // a MetricMethod
+    uint64_t clusters = 0;      // LC clusters or SSS pivots
+    uint64_t bucket = 0;        // LC bucket size
+    uint64_t max_distance = 0;  // SSS M
+    uint64_t nradii = 0;        // range search: radii given (1: one for all)
+    uint64_t cps = 0;           // code points in region 0
+    double alpha = 0;           // SSS alpha
     Region region[kRegions];
 };
 

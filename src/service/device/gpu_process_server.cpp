@@ -200,6 +200,80 @@ std::function<void()> prepare_search(const Request& q, Reply& rep, MirrorStore& 
         }
     };
 }
+// Words of a request: n of them, offsets (n + 1) nondecreasing from 0 and
+// within the cps code points of the code points region.
+MetricWords words_of(const Exchange& x, const Region& cps_region, const Region& offsets_region, uint64_t n,
+                     uint64_t cps)
+{
+    MetricWords w;
+    w.n = n;
+    w.code_points = x.at<uint32_t>(cps_region, cps);
+    w.offsets = x.at<uint64_t>(offsets_region, n + 1);
+    if (w.offsets[0] != 0 || w.offsets[n] > cps)
+        throw Error(ErrorKind::InvalidArgument, "GPU process: a request's word offsets lie outside its code points");
+    for (uint64_t i = 0; i < n; i++)
+        if (w.offsets[i + 1] < w.offsets[i])
+            throw Error(ErrorKind::InvalidArgument, "GPU process: a request's word offsets decrease");
+    return w;
+}
+
+// A MetricLoad's index state, over the exchange's regions (checked).
+MetricSpec metric_spec_of(const Request& q, const Exchange& x)
+{
+    MetricSpec s;
+    if (q.method != static_cast<uint64_t>(MetricMethod::ListOfClusters) &&
+        q.method != static_cast<uint64_t>(MetricMethod::SparseSpatialSelection))
+        throw Error(ErrorKind::InvalidArgument, "GPU process: unknown metric index method");
+    s.method = static_cast<MetricMethod>(q.method);
+    s.words = words_of(x, q.region[0], q.region[1], q.n, q.cps);
+    s.labels = x.at<int64_t>(q.region[2], q.n);
+    s.removed = x.at<uint8_t>(q.region[3], q.n);
+    if (s.method == MetricMethod::ListOfClusters) {
+        s.bucket = q.bucket;
+        s.clusters = q.clusters;
+        const uint32_t* cr = x.at<uint32_t>(q.region[4], mul(2, q.clusters));
+        s.centres = cr;
+        s.radii = cr + q.clusters;
+        s.cluster_of = x.at<uint32_t>(q.region[5], q.n);
+    } else {
+        s.alpha = q.alpha;
+        s.max_distance = static_cast<uint32_t>(q.max_distance);
+        s.pivots = q.clusters;
+        s.pivot_ids = x.at<uint32_t>(q.region[4], q.clusters);
+        s.table = x.at<uint8_t>(q.region[5], mul(q.n, q.clusters));
+    }
+    return s;
+}
+
+// A MetricSearch: range (k 0) or k-NN of the request's queries on the
+// mirror of its key, the hits written when they fit the room it gave.
+void metric_search(const Request& q, Reply& rep, MirrorStore& store, const Exchange& x)
+{
+    PlacedMetricMirror* mirror = store.find_metric(q.key);
+    if (mirror == nullptr) {
+        rep.status = Status::NotFound;
+        return;
+    }
+    MetricWords queries = words_of(x, q.region[0], q.region[1], q.nq, q.cps);
+    MetricHits hits;
+    if (q.k == 0)
+        mirror->range_batch(queries, x.at<uint32_t>(q.region[2], q.nradii), q.nradii, hits);
+    else
+        mirror->knn_batch(queries, q.k, hits);
+    store.count_queries(q.key, q.nq);
+    const uint64_t total = hits.ids.size();
+    rep.value[0] = total;
+    rep.value[2] = mirror->entries();
+    if (total > q.n) {
+        rep.value[1] = 1;
+        return;
+    }
+    std::copy(hits.offsets.begin(), hits.offsets.end(), x.at<uint64_t>(q.region[3], q.nq + 1));
+    std::copy(hits.ids.begin(), hits.ids.end(), x.at<uint32_t>(q.region[4], total));
+    std::copy(hits.distances.begin(), hits.distances.end(), x.at<uint32_t>(q.region[5], total));
+    std::copy(hits.labels.begin(), hits.labels.end(), x.at<int64_t>(q.region[6], total));
+}
+
 // Splits [0, n) into one contiguous share per working device when n is at
 // least `least` and there are several, and runs fn(device, first, count)
 // on each at once; else on the least busy device alone.
@@ -298,6 +372,12 @@ void handle(const Request& q, Reply& rep, DeviceSet& devices, MirrorStore& store
         rep.value[0] = mirror->remove(q.n, x.at<int64_t>(q.region[4], q.n));
         return;
     }
+    case Op::MetricLoad:
+        rep.value[0] = store.load_metric(q.key, metric_spec_of(q, x))->entries();
+        return;
+    case Op::MetricSearch:
+        metric_search(q, rep, store, x);
+        return;
     case Op::DropIndex:
         rep.value[0] = store.drop_index(q.key.db, q.key.index);
         return;

@@ -36,6 +36,8 @@ size_t MirrorStore::bytes() const
     size_t total = 0;
     for (const auto& kv : mirrors_)
         total += kv.second.mirror->bytes();
+    for (const auto& kv : metrics_)
+        total += kv.second.mirror->bytes();
     return total;
 }
 
@@ -43,6 +45,8 @@ size_t MirrorStore::bytes_on(size_t device) const
 {
     size_t total = 0;
     for (const auto& kv : mirrors_)
+        total += kv.second.mirror->bytes_on(device);
+    for (const auto& kv : metrics_)
         total += kv.second.mirror->bytes_on(device);
     return total;
 }
@@ -69,22 +73,48 @@ bool MirrorStore::shape(const MirrorKey& key, size_t* d, size_t* m) const
     return true;
 }
 
-// Evicts the least recently used mirror holding memory on device (any
-// device: SIZE_MAX), never keep.
+PlacedMetricMirror* MirrorStore::find_metric(const MirrorKey& key)
+{
+    auto it = metrics_.find(key);
+    if (it == metrics_.end() || !it->second.mirror->whole())
+        return nullptr;
+    it->second.last_used = ++clock_;
+    return it->second.mirror.get();
+}
+
+// Evicts the least recently used mirror of either kind holding memory on
+// device (any device: SIZE_MAX), never keep.
 bool MirrorStore::evict_one(const MirrorKey* keep, size_t device)
 {
     auto victim = mirrors_.end();
+    auto metric_victim = metrics_.end();
+    uint64_t oldest = UINT64_MAX;
     for (auto it = mirrors_.begin(); it != mirrors_.end(); ++it) {
         if (keep != nullptr && it->first == *keep)
             continue;
         if (device != SIZE_MAX && it->second.mirror->bytes_on(device) == 0)
             continue;
-        if (victim == mirrors_.end() || it->second.last_used < victim->second.last_used)
+        if (it->second.last_used < oldest) {
             victim = it;
+            oldest = it->second.last_used;
+        }
     }
-    if (victim == mirrors_.end())
+    for (auto it = metrics_.begin(); it != metrics_.end(); ++it) {
+        if (keep != nullptr && it->first == *keep)
+            continue;
+        if (device != SIZE_MAX && it->second.mirror->bytes_on(device) == 0)
+            continue;
+        if (it->second.last_used < oldest) {
+            metric_victim = it;
+            oldest = it->second.last_used;
+        }
+    }
+    if (metric_victim != metrics_.end())
+        metrics_.erase(metric_victim);
+    else if (victim != mirrors_.end())
+        mirrors_.erase(victim);
+    else
         return false;
-    mirrors_.erase(victim);
     evictions_++;
     return true;
 }
@@ -205,6 +235,40 @@ Mirror* MirrorStore::load(const MirrorKey& key, const MirrorSpec& spec, size_t n
     }
 }
 
+PlacedMetricMirror* MirrorStore::load_metric(const MirrorKey& key, const MetricSpec& spec)
+{
+    std::vector<size_t> alive = devices_.alive_devices();
+    if (alive.empty())
+        throw Error(ErrorKind::Internal, "no working GPU is left in this process");
+    drop_index(key.db, key.index);
+
+    // Each device holds about its share of the index (SSS parts also keep the pivots: few).
+    const size_t need = metric_mirror_bytes(spec) / alive.size() + 1;
+    for (size_t dev : alive)
+        if (need > devices_.budget(dev))
+            throw Error(ErrorKind::OutOfMemory,
+                        "the metric index mirror needs " + std::to_string(need >> 20) + " MiB on a GPU, more than the " +
+                            "GPU memory budget of " + std::to_string(devices_.budget(dev) >> 20) + " MiB" +
+                            (alive.size() > 1 ? " per GPU" : ""));
+    for (size_t dev : alive)
+        while (bytes_on(dev) + need > devices_.budget(dev) && evict_one(nullptr, dev)) {
+        }
+    for (;;) {
+        try {
+            auto mirror = std::make_unique<PlacedMetricMirror>(devices_, alive, spec);
+            MetricEntry& e = metrics_[key];
+            e.mirror = std::move(mirror);
+            e.last_used = ++clock_;
+            e.queries = 0;
+            return e.mirror.get();
+        } catch (const Error& err) {
+            // As for load(): the device ran out before the budget did.
+            if (err.kind() != ErrorKind::OutOfMemory || !evict_one(&key, SIZE_MAX))
+                throw;
+        }
+    }
+}
+
 size_t MirrorStore::drop_index(uint32_t db, uint32_t index)
 {
     size_t dropped = 0;
@@ -216,13 +280,32 @@ size_t MirrorStore::drop_index(uint32_t db, uint32_t index)
             ++it;
         }
     }
+    for (auto it = metrics_.begin(); it != metrics_.end();) {
+        if (it->first.db == db && it->first.index == index) {
+            it = metrics_.erase(it);
+            dropped++;
+        } else {
+            ++it;
+        }
+    }
     return dropped;
 }
 
-void MirrorStore::drop_all() { mirrors_.clear(); }
+void MirrorStore::drop_all()
+{
+    mirrors_.clear();
+    metrics_.clear();
+}
 
 void MirrorStore::drop_failed()
 {
+    // A metric mirror that lost a part loses answers: it reloads over the devices left.
+    for (auto it = metrics_.begin(); it != metrics_.end();) {
+        if (!it->second.mirror->whole())
+            it = metrics_.erase(it);
+        else
+            ++it;
+    }
     for (auto it = mirrors_.begin(); it != mirrors_.end();) {
         if (!it->second.mirror->whole()) {
             it = mirrors_.erase(it);
@@ -238,6 +321,9 @@ void MirrorStore::count_queries(const MirrorKey& key, size_t n)
     auto it = mirrors_.find(key);
     if (it != mirrors_.end())
         it->second.queries += n;
+    auto mt = metrics_.find(key);
+    if (mt != metrics_.end())
+        mt->second.queries += n;
 }
 
 std::vector<MirrorInfo> MirrorStore::list() const
@@ -253,6 +339,21 @@ std::vector<MirrorInfo> MirrorStore::list() const
         info.vectors = m.has_vectors();
         info.filter_keys = m.has_keys();
         info.placement = static_cast<uint32_t>(m.placement());
+        for (size_t dev : m.devices())
+            if (dev < 32)
+                info.device_mask |= 1u << dev;
+        out.push_back(info);
+    }
+    for (const auto& kv : metrics_) {
+        const PlacedMetricMirror& m = *kv.second.mirror;
+        MirrorInfo info;
+        info.key = kv.first;
+        info.entries = m.entries();
+        info.bytes = m.bytes();
+        info.queries = kv.second.queries;
+        info.kind = static_cast<uint32_t>(MirrorKind::Metric);
+        // Every part searches every query over its share of the objects: shards.
+        info.placement = static_cast<uint32_t>(m.devices().size() > 1 ? Placement::Shard : Placement::Replicate);
         for (size_t dev : m.devices())
             if (dev < 32)
                 info.device_mask |= 1u << dev;

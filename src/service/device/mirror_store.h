@@ -1,7 +1,9 @@
 // The service's set of index mirrors: lookup by index identity, placement
 // over the GPU process's devices (replicas or shards, shard_merge.h), a
 // memory budget per device with least-recently-used eviction, and what the
-// status view lists about each mirror and device.
+// status view lists about each mirror and device. gpu_metric indexes have
+// mirrors of their own kind (MetricMirror, spread over every device by
+// PlacedMetricMirror) in the same budget and LRU order.
 #pragma once
 
 #include <cstddef>
@@ -13,24 +15,32 @@
 
 #include "service/device/compute_device.h"
 #include "service/device/device_set.h"
+#include "service/device/placed_metric_mirror.h"
 #include "service/device/placed_mirror.h"
 
 namespace gpuivfpq {
 
 // An index version: database, index, its storage (relfilenode) and build.
 // REINDEX, TRUNCATE and VACUUM FULL change relnode or build, so a mirror of
-// an older version is never found for a newer one.
+// an older version is never found for a newer one. change: a gpu_metric
+// index's metapage change count (every insert and VACUUM advances it, so
+// its mirror is of one state of the pages); 0 for IVFPQ indexes, whose
+// mirrors follow the change log instead.
 struct MirrorKey {
     uint32_t db = 0, index = 0, relnode = 0, build = 0;
+    uint64_t change = 0;
     bool operator<(const MirrorKey& o) const
     {
-        return std::tie(db, index, relnode, build) < std::tie(o.db, o.index, o.relnode, o.build);
+        return std::tie(db, index, relnode, build, change) < std::tie(o.db, o.index, o.relnode, o.build, o.change);
     }
     bool operator==(const MirrorKey& o) const
     {
-        return db == o.db && index == o.index && relnode == o.relnode && build == o.build;
+        return db == o.db && index == o.index && relnode == o.relnode && build == o.build && change == o.change;
     }
 };
+
+// What a mirror mirrors: an IVFPQ index (Mirror) or a gpu_metric one (MetricMirror).
+enum class MirrorKind : uint32_t { Ivfpq = 0, Metric = 1 };
 
 struct MirrorInfo {
     MirrorKey key;
@@ -40,6 +50,7 @@ struct MirrorInfo {
     bool filter_keys = false;  // holds filter keys (filters on the device)
     uint32_t placement = 0;    // Placement: replicated (one copy per device) or sharded
     uint32_t device_mask = 0;  // the devices (bit i: the set's device i) holding a part
+    uint32_t kind = 0;         // MirrorKind
 };
 
 class MirrorStore {
@@ -81,7 +92,18 @@ public:
                  const uint8_t* codes, const int64_t* labels, const float* vectors,
                  const int64_t* keys, Placement placement = Placement::Auto);
 
-    // Forgets every mirror of (db, index), whatever its version.
+    // The metric mirror of key, or null (a hit counts as a use for LRU); a
+    // mirror that lost a part's device is not found.
+    PlacedMetricMirror* find_metric(const MirrorKey& key);
+    // Creates the metric mirror of key from spec, spread over every working
+    // device (PlacedMetricMirror), replacing any mirror of another version
+    // of the same index and evicting the least recently used mirrors of
+    // either kind to stay within each device's budget (metric_mirror_bytes
+    // shared out over the parts). Throws Error(OutOfMemory) when it cannot
+    // fit, Error(InvalidArgument) for a state that is no index.
+    PlacedMetricMirror* load_metric(const MirrorKey& key, const MetricSpec& spec);
+
+    // Forgets every mirror of (db, index), whatever its version or kind.
     size_t drop_index(uint32_t db, uint32_t index);
     void drop_all();
     // Evicts least recently used mirrors until bytes() <= budget().
@@ -102,6 +124,11 @@ private:
         uint64_t queries = 0;
         size_t d = 0, m = 0;
     };
+    struct MetricEntry {
+        std::unique_ptr<PlacedMetricMirror> mirror;
+        uint64_t last_used = 0;
+        uint64_t queries = 0;
+    };
     struct Plan;
     bool evict_one(const MirrorKey* keep, size_t device);
     bool fits(const Plan& plan) const;
@@ -112,6 +139,7 @@ private:
     std::unique_ptr<DeviceSet> own_;  // the one-device set of MirrorStore(ComputeDevice&)
     DeviceSet& devices_;
     std::map<MirrorKey, Entry> mirrors_;
+    std::map<MirrorKey, MetricEntry> metrics_;
     uint64_t clock_ = 0;
     size_t evictions_ = 0;
 };
