@@ -139,14 +139,14 @@ CREATE VIEW gpu_ivfpq_status AS SELECT * FROM gpu_ivfpq_status();
 CREATE FUNCTION gpu_ivfpq_mirrors(
 	OUT datid oid, OUT indexrelid oid, OUT relfilenode oid, OUT build_id int8,
 	OUT entries int8, OUT size_mb float8, OUT queries int8, OUT vectors bool, OUT filter_keys bool,
-	OUT placement text, OUT devices int4[])
+	OUT placement text, OUT devices int4[], OUT kind text)
 	RETURNS SETOF record AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
 CREATE VIEW gpu_ivfpq_mirrors AS
 	SELECT m.datid, d.datname, m.indexrelid,
 		   CASE WHEN m.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
 				THEN m.indexrelid::regclass::text END AS index,
 		   m.relfilenode, m.build_id, m.entries, m.size_mb, m.queries, m.vectors, m.filter_keys,
-		   m.placement, m.devices
+		   m.placement, m.devices, m.kind
 	FROM gpu_ivfpq_mirrors() m LEFT JOIN pg_database d ON d.oid = m.datid;
 
 -- The GPUs of the GPU process: memory, work and health of each.
@@ -307,6 +307,11 @@ CREATE FUNCTION gpu_metric_knn_batch(index regclass, queries text[], k int)
 	RETURNS TABLE (query int, rank int, tid tid, word text, distance int)
 	AS 'MODULE_PATHNAME' LANGUAGE C STRICT VOLATILE;
 
+-- Loads a gpu_metric index into the GPU service's memory now instead of on
+-- its first search (needs SELECT on its table, as pg_prewarm does).
+CREATE FUNCTION gpu_metric_prewarm(index regclass) RETURNS int8
+	AS 'MODULE_PATHNAME' LANGUAGE C STRICT VOLATILE;
+
 COMMENT ON FUNCTION gpu_metric_edit_distance(text, text) IS
 	'Levenshtein distance between two texts, counted on Unicode code points (operator <~>)';
 COMMENT ON OPERATOR <~> (text, text) IS 'edit distance (Levenshtein, on code points)';
@@ -326,3 +331,5 @@ COMMENT ON FUNCTION gpu_metric_range_batch(regclass, text[], int) IS
 	'the rows within radius edits of each query, by distance';
 COMMENT ON FUNCTION gpu_metric_knn_batch(regclass, text[], int) IS
 	'the k rows nearest each query by edit distance';
+COMMENT ON FUNCTION gpu_metric_prewarm(regclass) IS
+	'loads a gpu_metric index into GPU memory now instead of at its first search; returns its live words';

@@ -7,11 +7,14 @@
 
 #include "am/metric_am.h"
 #include "common/guard.h"
+#include "service/metric_client.h"
 
 /*
  * The hook where a GPU service answers a batch of searches of a gpu_metric
- * index; false: not served, and the CPU engine answers. Nothing serves
- * gpu_metric indexes on the GPU yet.
+ * index; false: not served, and the CPU engine answers. The GPU service
+ * answers (service/metric_client.cpp) where it runs with a GPU; this entry
+ * without the backend's copy of the index only uses a mirror already
+ * loaded (GpuMetricSearch passes the copy, to load one).
  *
  * The contract, for the service that will: the queries are nq words as
  * code points back to back (query i is cps[offsets[i], offsets[i + 1])),
@@ -34,7 +37,7 @@ GpuMetricServiceSearch(Relation index, const GpuMetricMetaPageData *meta, bool k
 					   const uint64 *offsets, int64 nq, uint32 param, const uint32 *radii,
 					   GpuMetricHits *out)
 {
-	return false;
+	return GpuMetricServiceAnswer(index, NULL, meta, knn, cps, offsets, nq, param, radii, out);
 }
 
 /*
@@ -55,7 +58,7 @@ GpuMetricSearch(Relation index, GpuMetricCached *entry, const GpuMetricMetaPageD
 
 	memset(out, 0, sizeof(*out));
 	out->nq = nq;
-	if (GpuMetricServiceSearch(index, meta, knn, cps, offsets, nq, param, radii, out))
+	if (GpuMetricServiceAnswer(index, entry, meta, knn, cps, offsets, nq, param, radii, out))
 		return;
 
 	/* The engine's answers live in a context of their own, copied out, then freed. */

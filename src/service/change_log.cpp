@@ -236,7 +236,7 @@ GpuIvfpqServiceInvalidate(Relation index, bool wait)
 		GpuIvfpqServiceWaitApplied(pos);
 }
 
-/* DROP INDEX: the mirror of a dropped gpu_ivfpq index is freed. */
+/* DROP INDEX: the mirror of a dropped gpu_ivfpq or gpu_metric index is freed. */
 static void
 ObjectAccess(ObjectAccessType access, Oid classId, Oid objectId, int subId, void *arg)
 {
@@ -251,7 +251,8 @@ ObjectAccess(ObjectAccessType access, Oid classId, Oid objectId, int subId, void
 		{
 			Form_pg_class rel = (Form_pg_class) GETSTRUCT(tup);
 			bool		ours = rel->relkind == RELKIND_INDEX &&
-				rel->relam == get_index_am_oid("gpu_ivfpq", true);
+				(rel->relam == get_index_am_oid("gpu_ivfpq", true) ||
+				 rel->relam == get_index_am_oid("gpu_metric", true));
 			bool		logged = rel->relpersistence == RELPERSISTENCE_PERMANENT;
 
 			ReleaseSysCache(tup);

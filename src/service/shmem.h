@@ -49,7 +49,9 @@ typedef enum RequestKind
 	REQ_TRAIN,					/* train quantizers on a sample (index build) */
 	REQ_ENCODE,					/* assign and encode rows (index build) */
 	REQ_SEARCH_BATCH,			/* many queries in a DSM segment (batch search) */
-	REQ_EXACT					/* exact k-NN of queries among base rows in a DSM segment */
+	REQ_EXACT,					/* exact k-NN of queries among base rows in a DSM segment */
+	REQ_METRIC_LOAD,			/* mirror a gpu_metric index from its state in a DSM segment */
+	REQ_METRIC_SEARCH			/* gpu_metric range or k-NN queries, in the payload or a DSM segment */
 } RequestKind;
 
 typedef enum RequestResult
@@ -91,12 +93,20 @@ typedef struct GpuIvfpqSlot
 	int64		n;				/* LOAD: entries, TRAIN: sample rows, ENCODE: rows */
 	uint64		log_start;		/* LOAD: change-log position before the pages were read */
 	dsm_handle	dsm;
+	/* METRIC_*: the index's metapage change count (part of the mirror's key) */
+	uint64		change_count;
+	/* METRIC_SEARCH: code points of the queries (n of them), radii (0: k-NN), bytes of the request */
+	int64		ncps;
+	int			nradii;
+	Size		capacity;
 
 	/* answer, written by the service before DONE */
 	RequestResult result;
 	int			batch;			/* SEARCH: queries in the GPU batch that served it */
 	int64		matched;		/* SEARCH, filtered: entries of the probed lists in its range */
 	bool		exact;			/* SEARCH, SEARCH_BATCH: re-ranked (exact distances, exact order) */
+	Size		needed;			/* METRIC_SEARCH: bytes its answer needs when they exceed capacity, else 0 */
+	int64		live;			/* METRIC_SEARCH: live objects of the mirror */
 	char		error[256];
 
 	/*
@@ -144,6 +154,8 @@ typedef struct GpuIvfpqMirrorStatus
 	bool		filter_keys;	/* keeps filter keys: filters on the device */
 	int			placement;		/* GPU_IVFPQ_PLACEMENT_REPLICATE or _SHARD */
 	uint32		device_mask;	/* bit i: the GPU process's device i holds a part */
+	bool		metric;			/* a gpu_metric index's mirror (else gpu_ivfpq) */
+	uint64		change_count;	/* metric: the metapage change count it mirrors */
 } GpuIvfpqMirrorStatus;
 
 #define GPU_IVFPQ_STATUS_DEVICES 16 /* devices listed by gpu_ivfpq_devices() */
@@ -307,6 +319,79 @@ static inline Size
 GpuIvfpqBatchSegmentBytes(int64 nq, int dim, int k)
 {
 	return GpuIvfpqBatchExactOffset(nq, dim, k) + MAXALIGN((Size) nq * k * sizeof(double));
+}
+
+/*
+ * REQ_METRIC_LOAD segment: this header, then (each MAXALIGNed) the words'
+ * code points (ncps uint32), offsets (n + 1 uint64), removed flags (n
+ * bytes), the structure (LC: centres then radii, 2 x clusters uint32; SSS:
+ * pivot ids, clusters uint32) and each object's part of it (LC: its cluster,
+ * n uint32; SSS: its table row, n x clusters bytes). Object i is the
+ * index's object i; the mirror labels it i.
+ */
+typedef struct GpuMetricLoadHeader
+{
+	int32		method;			/* GPU_METRIC_METHOD_* */
+	int32		bucket;			/* LC */
+	int64		n;
+	int64		ncps;
+	int64		clusters;		/* LC clusters or SSS pivots */
+	double		alpha;			/* SSS */
+	uint32		max_distance;	/* SSS */
+} GpuMetricLoadHeader;
+
+typedef struct GpuMetricLoadLayout
+{
+	Size		cps;
+	Size		offsets;
+	Size		removed;
+	Size		structure;
+	Size		parts;
+	Size		total;
+} GpuMetricLoadLayout;
+
+static inline GpuMetricLoadLayout
+GpuMetricLoadLayoutFor(const GpuMetricLoadHeader *h)
+{
+	GpuMetricLoadLayout l;
+	bool		lc = h->method == 1;	/* GPU_METRIC_METHOD_LC */
+
+	l.cps = MAXALIGN(sizeof(GpuMetricLoadHeader));
+	l.offsets = l.cps + MAXALIGN((Size) h->ncps * sizeof(uint32));
+	l.removed = l.offsets + MAXALIGN((Size) (h->n + 1) * sizeof(uint64));
+	l.structure = l.removed + MAXALIGN((Size) h->n);
+	l.parts = l.structure + MAXALIGN((Size) h->clusters * (lc ? 2 : 1) * sizeof(uint32));
+	l.total = l.parts + MAXALIGN(lc ? (Size) h->n * sizeof(uint32) : (Size) h->n * h->clusters);
+	return l;
+}
+
+/*
+ * REQ_METRIC_SEARCH request, in the slot's payload or (larger) a DSM
+ * segment of slot->capacity bytes: the queries' code points (slot->ncps
+ * uint32), offsets (slot->n + 1 uint64) and radii (slot->nradii uint32),
+ * then the answer: hit offsets (n + 1 uint64) and the hits as (object id,
+ * distance) uint32 pairs, as many as the rest holds.
+ */
+typedef struct GpuMetricSearchLayout
+{
+	Size		cps;
+	Size		offsets;
+	Size		radii;
+	Size		hit_offsets;
+	Size		hits;			/* the hits start here; the room is the rest */
+} GpuMetricSearchLayout;
+
+static inline GpuMetricSearchLayout
+GpuMetricSearchLayoutFor(int64 nq, int64 ncps, int nradii)
+{
+	GpuMetricSearchLayout l;
+
+	l.cps = 0;
+	l.offsets = MAXALIGN((Size) ncps * sizeof(uint32));
+	l.radii = l.offsets + MAXALIGN((Size) (nq + 1) * sizeof(uint64));
+	l.hit_offsets = l.radii + MAXALIGN((Size) nradii * sizeof(uint32));
+	l.hits = l.hit_offsets + MAXALIGN((Size) (nq + 1) * sizeof(uint64));
+	return l;
 }
 
 /* request.cpp: the request protocol, shared by the service's clients. */

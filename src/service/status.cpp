@@ -157,8 +157,8 @@ gpu_ivfpq_mirrors(PG_FUNCTION_ARGS)
 		/* Other databases' mirrors: for pg_read_all_stats (pg_monitor) only. */
 		if (mirrors[i].key.db != MyDatabaseId && !SeesAllDatabases())
 			continue;
-		Datum		values[11];
-		bool		nulls[11];
+		Datum		values[12];
+		bool		nulls[12];
 		Datum		devs[GPU_IVFPQ_STATUS_DEVICES];
 		int			ndevs = 0;
 
@@ -180,6 +180,8 @@ gpu_ivfpq_mirrors(PG_FUNCTION_ARGS)
 			if (mirrors[i].device_mask & (1u << j))
 				devs[ndevs++] = Int32GetDatum(ordinals[j]);
 		values[10] = PointerGetDatum(construct_array(devs, ndevs, INT4OID, sizeof(int32), true, TYPALIGN_INT));
+		/* A gpu_metric mirror is of one change count of its index: a new one loads after a change. */
+		values[11] = CStringGetTextDatum(mirrors[i].metric ? "gpu_metric" : "gpu_ivfpq");
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	PG_RETURN_VOID();

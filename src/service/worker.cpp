@@ -212,6 +212,8 @@ PublishStatus(void)
 		m->filter_keys = info.filter_keys;
 		m->placement = (int) info.placement;
 		m->device_mask = info.device_mask;
+		m->metric = info.kind == (uint32_t) gpuivfpq::MirrorKind::Metric;
+		m->change_count = info.key.change;
 	}
 	s->ndevices = 0;
 	for (const auto &info : devs)
@@ -974,6 +976,149 @@ Exact(GpuIvfpqSlot *slot, char *base, std::string &err)
 	return RES_OK;
 }
 
+/* A gpu_metric mirror's key: the index version and its metapage change count. */
+static MirrorKey
+MetricKey(const GpuIvfpqSlot *slot)
+{
+	MirrorKey	key = ToKey(slot->key);
+
+	key.change = slot->change_count;
+	return key;
+}
+
+/*
+ * Mirrors a gpu_metric index from the state a backend read (its restored
+ * copy, current for the change count in the key) into a DSM segment. No
+ * change log: a later change makes another key, loaded anew.
+ */
+static RequestResult
+MetricLoad(GpuIvfpqSlot *slot, const char *base, Size size, std::string &err)
+{
+	const GpuMetricLoadHeader *h = (const GpuMetricLoadHeader *) base;
+	MirrorKey	key = MetricKey(slot);
+	GpuMetricLoadLayout l;
+	bool		oom = false;
+
+	/* Checked before any size is computed from them: the layout must not overflow. */
+	if (size < sizeof(*h) || h->n < 0 || h->ncps < 0 || h->clusters < 0 || (Size) h->n > size ||
+		(Size) h->ncps > size || (Size) h->clusters > size ||
+		(l = GpuMetricLoadLayoutFor(h)).total > size)
+	{
+		err = "a malformed gpu_metric mirror load";
+		return RES_ERROR;
+	}
+	if (!Engine([&] {
+			const bool	lc = h->method == 1;	/* GPU_METRIC_METHOD_LC */
+			std::vector<int64_t> labels((size_t) h->n);
+			gpuivfpq::MetricSpec spec;
+
+			/* Labels are the object ids: the backend maps them to heap TIDs itself. */
+			for (size_t i = 0; i < labels.size(); i++)
+				labels[i] = (int64_t) i;
+			spec.method = lc ? gpuivfpq::MetricMethod::ListOfClusters : gpuivfpq::MetricMethod::SparseSpatialSelection;
+			spec.words.n = (size_t) h->n;
+			spec.words.code_points = (const uint32_t *) (base + l.cps);
+			spec.words.offsets = (const uint64_t *) (base + l.offsets);
+			if (spec.words.offsets[h->n] > (uint64) h->ncps)
+				throw gpuivfpq::Error(gpuivfpq::ErrorKind::InvalidArgument,
+									  "a gpu_metric mirror load's offsets lie outside its code points");
+			spec.labels = labels.data();
+			spec.removed = (const uint8_t *) (base + l.removed);
+			if (lc)
+			{
+				spec.bucket = (size_t) h->bucket;
+				spec.clusters = (size_t) h->clusters;
+				spec.centres = (const uint32_t *) (base + l.structure);
+				spec.radii = spec.centres + h->clusters;
+				spec.cluster_of = (const uint32_t *) (base + l.parts);
+			}
+			else
+			{
+				spec.alpha = h->alpha;
+				spec.max_distance = h->max_distance;
+				spec.pivots = (size_t) h->clusters;
+				spec.pivot_ids = (const uint32_t *) (base + l.structure);
+				spec.table = (const uint8_t *) (base + l.parts);
+			}
+			(void) GpuSync()->metric_load(key, spec);
+		}, err, &oom))
+		return Failed(oom);
+	load_claims.erase(key);
+	PublishStatus();			/* before the answer, so the loader sees its mirror listed */
+	return RES_OK;
+}
+
+/*
+ * Searches a gpu_metric mirror (range, or k-NN with slot->k > 0) with the
+ * queries of a request of capacity bytes at base, writing the answer after
+ * them; slot->needed says how many bytes it needs when they do not fit. No
+ * mirror: the first asker loads it (RES_NOT_LOADED), the others use the
+ * CPU meanwhile (RES_LOADING).
+ */
+static RequestResult
+MetricSearch(GpuIvfpqSlot *slot, char *base, Size capacity, std::string &err)
+{
+	MirrorKey	key = MetricKey(slot);
+	int64		nq = slot->n;
+	GpuMetricSearchLayout l;
+	bool		found = false;
+	bool		oom = false;
+	size_t		live = 0;
+
+	slot->needed = 0;
+	if (nq < 0 || slot->ncps < 0 || slot->nradii < 0 || slot->k < 0 || (Size) nq > capacity ||
+		(Size) slot->ncps > capacity || (Size) slot->nradii > capacity ||
+		(l = GpuMetricSearchLayoutFor(nq, slot->ncps, slot->nradii)).hits > capacity ||
+		((const uint64 *) (base + l.offsets))[nq] > (uint64) slot->ncps)
+	{
+		err = "a malformed gpu_metric search request";
+		return RES_ERROR;
+	}
+	if (!Engine([&] {
+			gpuivfpq::MetricHits hits;
+			gpuivfpq::MetricWords words;
+
+			words.n = (size_t) nq;
+			words.code_points = (const uint32_t *) (base + l.cps);
+			words.offsets = (const uint64_t *) (base + l.offsets);
+			found = GpuSync()->metric_search(key, words, (size_t) slot->k, (const uint32_t *) (base + l.radii),
+											 (size_t) slot->nradii, hits, &live);
+			if (!found)
+				return;
+
+			size_t		total = hits.ids.size();
+			Size		need = l.hits + total * 2 * sizeof(uint32);
+			uint32	   *out = (uint32 *) (base + l.hits);
+
+			if (need > capacity)
+			{
+				slot->needed = need;
+				return;
+			}
+			memcpy(base + l.hit_offsets, hits.offsets.data(), sizeof(uint64) * (nq + 1));
+			for (size_t i = 0; i < total; i++)
+			{
+				out[2 * i] = hits.ids[i];
+				out[2 * i + 1] = hits.distances[i];
+			}
+		}, err, &oom))
+		return Failed(oom);
+	if (!found)
+	{
+		TimestampTz now = GetCurrentTimestamp();
+		auto		claim = load_claims.find(key);
+
+		if (claim != load_claims.end() && !TimestampDifferenceExceeds(claim->second, now, LOAD_CLAIM_MS))
+			return RES_LOADING;
+		load_claims[key] = now;
+		return RES_NOT_LOADED;
+	}
+	slot->live = (int64) live;
+	if (slot->needed == 0)
+		CountBatch((int) Min(nq, (int64) PG_INT32_MAX));
+	return RES_OK;
+}
+
 /* Serves a request that carries a DSM segment (load, train, encode, batch search, exact). */
 static void
 ServeSegmentRequest(GpuIvfpqSlot *slot)
@@ -982,6 +1127,17 @@ ServeSegmentRequest(GpuIvfpqSlot *slot)
 	RequestResult result = RES_ERROR;
 	std::string err;
 	GpuIvfpqCaught caught;
+
+	/* A small gpu_metric search comes in the slot's payload. */
+	if (slot->kind == REQ_METRIC_SEARCH && slot->dsm == DSM_HANDLE_INVALID)
+	{
+		result = MetricSearch(slot, slot->payload.bytes, sizeof(slot->payload.bytes), err);
+		if (result != RES_OK && result != RES_SERVICE_GONE && result != RES_LOADING &&
+			result != RES_NOT_LOADED && !err.empty())
+			RecordError(err);
+		Answer(slot, result, err.c_str());
+		return;
+	}
 
 	/* dsm_attach can ERROR (the requester gave up and destroyed it): the reverse guard. */
 	if (!GpuIvfpqTry([&] { GpuIvfpqPgCall([&] { seg = dsm_attach(slot->dsm); }); }, &caught) ||
@@ -1018,6 +1174,12 @@ ServeSegmentRequest(GpuIvfpqSlot *slot)
 			break;
 		case REQ_EXACT:
 			result = Exact(slot, (char *) dsm_segment_address(seg), err);
+			break;
+		case REQ_METRIC_LOAD:
+			result = MetricLoad(slot, (const char *) dsm_segment_address(seg), dsm_segment_map_length(seg), err);
+			break;
+		case REQ_METRIC_SEARCH:
+			result = MetricSearch(slot, (char *) dsm_segment_address(seg), dsm_segment_map_length(seg), err);
 			break;
 		case REQ_SEARCH:
 			/* Single searches carry no segment; Serve batches them. */

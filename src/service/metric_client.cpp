@@ -1,0 +1,336 @@
+// The gpu_metric access method's searches on the GPU service: a batch of
+// range or k-NN queries as one request (in the backend's slot when it fits,
+// else in a DSM segment, grown when a range answer needs more room), and
+// loading an index's mirror from the backend's restored copy of it (also
+// gpu_metric_prewarm). A mirror is of one change count of its index: after
+// any insert or VACUUM the next search loads a new one (docs/gpu-service.md).
+// Every path returns "not served" so the caller runs the CPU engine, unless
+// gpu_ivfpq.device = gpu asks for an error.
+#include "service/metric_client.h"
+
+#include "common/guard.h"
+#include "engine/lc_index.h"
+#include "engine/sss_index.h"
+#include "service/shmem.h"
+
+extern "C" {
+#include "access/relation.h"
+#include "access/table.h"
+#include "miscadmin.h"
+
+PG_FUNCTION_INFO_V1(gpu_metric_prewarm);
+}
+
+static_assert(sizeof(gpuivfpq::MetricHit) == 2 * sizeof(uint32), "hits travel as (id, distance) pairs");
+
+/* Why the service cannot serve gpu_metric indexes now, or NULL. */
+static const char *
+MetricNotServableReason(void)
+{
+	if (gpu_ivfpq_service == NULL)
+		return "The extension gpu_ivfpq is not in shared_preload_libraries";
+	if (!GpuIvfpqServiceServing())
+		return "The gpu_ivfpq service has no GPU or is not running";
+	return NULL;
+}
+
+/* The mirror's identity: the index version and the change count its pages are at. */
+static void
+FillMetricKey(GpuIvfpqSlot *slot, Relation index, const GpuMetricMetaPageData *meta)
+{
+	slot->key.db = MyDatabaseId;
+	slot->key.index = RelationGetRelid(index);
+	slot->key.relnode = index->rd_node.relNode;
+	slot->key.build = meta->build_id;
+	slot->change_count = meta->change_count;
+}
+
+/*
+ * Copies entry's index (current for meta) into a DSM segment and asks the
+ * service to mirror it; *live gets its live objects.
+ */
+static RequestResult
+LoadMetricMirror(GpuIvfpqSlot *slot, Relation index, GpuMetricCached *entry, const GpuMetricMetaPageData *meta,
+				 int64 *live, char *error, Size errlen)
+{
+	const gpuivfpq::MetricIndex &mi = entry->engine->index();
+	const gpuivfpq::ListOfClusters *lc = entry->engine->lc();
+	const gpuivfpq::SparseSpatialSelection *sss = entry->engine->sss();
+	GpuMetricLoadHeader h;
+	GpuMetricLoadLayout l;
+	dsm_segment *seg;
+	char	   *base;
+	RequestResult result;
+
+	*live = (int64) mi.live();
+	if ((uint64) mi.size() != meta->objects)
+	{
+		strlcpy(error, "the backend's copy of the index is not current", errlen);
+		return RES_ERROR;
+	}
+	memset(&h, 0, sizeof(h));
+	h.method = entry->engine->method();
+	h.n = (int64) mi.size();
+	h.ncps = (int64) mi.words().offsets()[h.n];
+	if (lc != NULL)
+	{
+		h.clusters = (int64) lc->clusters();
+		h.bucket = (int32) lc->bucket_size();
+	}
+	else
+	{
+		h.clusters = (int64) sss->pivots();
+		h.alpha = sss->alpha();
+		h.max_distance = sss->max_distance();
+	}
+	l = GpuMetricLoadLayoutFor(&h);
+	seg = GpuIvfpqCreateSegment(l.total, "loading the gpu_metric mirror");
+	if (seg == NULL)
+	{
+		strlcpy(error, "no shared memory for the mirror's words", errlen);
+		return RES_ERROR;
+	}
+	base = (char *) dsm_segment_address(seg);
+	/* The engine's accessors allocate (cluster_assignment): inside the guard. */
+	GpuIvfpqGuard("reading a gpu_metric index for its GPU mirror", [&] {
+		uint8	   *removed = (uint8 *) (base + l.removed);
+		uint32	   *structure = (uint32 *) (base + l.structure);
+
+		memcpy(base, &h, sizeof(h));
+		memcpy(base + l.cps, mi.words().code_points(), sizeof(uint32) * h.ncps);
+		memcpy(base + l.offsets, mi.words().offsets(), sizeof(uint64) * (h.n + 1));
+		for (int64 i = 0; i < h.n; i++)
+			removed[i] = mi.is_removed((uint32_t) i) ? 1 : 0;
+		if (lc != NULL)
+		{
+			std::vector<uint32_t> cluster_of = lc->cluster_assignment();
+
+			for (int64 c = 0; c < h.clusters; c++)
+			{
+				structure[c] = lc->centre(c);
+				structure[h.clusters + c] = lc->radius(c);
+			}
+			memcpy(base + l.parts, cluster_of.data(), sizeof(uint32) * h.n);
+		}
+		else
+		{
+			for (int64 p = 0; p < h.clusters; p++)
+				structure[p] = sss->pivot(p);
+			memcpy(base + l.parts, sss->table(), (Size) h.n * h.clusters);
+		}
+	});
+
+	slot->kind = REQ_METRIC_LOAD;
+	FillMetricKey(slot, index, meta);
+	slot->n = h.n;
+	slot->dsm = dsm_segment_handle(seg);
+	result = GpuIvfpqSubmitAndWait(slot);
+	strlcpy(error, slot->error, errlen);
+	GpuIvfpqFinishSlot(slot);
+	dsm_detach(seg);
+	return result;
+}
+
+/*
+ * The GPU service's answer to nq queries of a gpu_metric index (the
+ * contract of GpuMetricServiceSearch in am/metric_search.cpp): true with
+ * out filled, or false when the GPU did not serve them (the caller runs the
+ * CPU engine; with gpu_ivfpq.device = gpu that is an error instead). entry
+ * is the backend's copy of the index, current for meta: the mirror is
+ * loaded from it when the service has none of this change count (NULL:
+ * no load).
+ */
+bool
+GpuMetricServiceAnswer(Relation index, GpuMetricCached *entry, const GpuMetricMetaPageData *meta, bool knn,
+					   const uint32 *cps, const uint64 *offsets, int64 nq, uint32 param, const uint32 *radii,
+					   GpuMetricHits *out)
+{
+	bool		required = gpu_ivfpq_device == GPU_IVFPQ_DEVICE_GPU;
+	const char *reason;
+	GpuIvfpqSlot *slot = NULL;
+	int			nradii = knn ? 0 : (radii != NULL ? (int) nq : 1);
+	int64		ncps = (int64) offsets[nq];
+	GpuMetricSearchLayout l;
+	dsm_segment *seg = NULL;
+	Size		capacity;
+	char		error[256];
+	RequestResult result = RES_ERROR;
+	bool		loaded = false;
+	bool		answered = false;
+
+	if (!GpuIvfpqServiceWanted())
+		return false;
+	reason = MetricNotServableReason();
+	if (reason == NULL && (nq > PG_INT32_MAX || (knn && param == 0)))
+		reason = "The GPU path takes at most 2^31 queries a call, and k-NN at least one neighbour";
+	if (reason == NULL && (slot = GpuIvfpqAcquireSlot()) == NULL)
+		reason = "No request slot is free";
+	if (reason != NULL)
+	{
+		if (required)
+			GpuIvfpqGpuRequiredError("gpu_metric search", reason);
+		return false;
+	}
+
+	l = GpuMetricSearchLayoutFor(nq, ncps, nradii);
+	/* Room for k hits a query (k-NN needs no more), for 64 a query (range) at first. */
+	capacity = l.hits + sizeof(gpuivfpq::MetricHit) * (knn ? (Size) nq * param : (Size) Max(nq * 64, 1024));
+	error[0] = '\0';
+	for (int attempt = 0; attempt < 4 && !answered; attempt++)
+	{
+		char	   *base;
+		Size		needed;
+
+		if (seg == NULL && capacity <= sizeof(slot->payload.bytes))
+		{
+			base = slot->payload.bytes;
+			capacity = sizeof(slot->payload.bytes);
+		}
+		else
+		{
+			if (seg != NULL && dsm_segment_map_length(seg) < capacity)
+			{
+				dsm_detach(seg);
+				seg = NULL;
+			}
+			if (seg == NULL)
+				seg = GpuIvfpqCreateSegment(capacity, "a gpu_metric search");
+			if (seg == NULL)
+			{
+				strlcpy(error, "no shared memory for the request", sizeof(error));
+				result = RES_ERROR;
+				break;
+			}
+			base = (char *) dsm_segment_address(seg);
+			capacity = dsm_segment_map_length(seg);
+		}
+		memcpy(base + l.cps, cps, sizeof(uint32) * ncps);
+		memcpy(base + l.offsets, offsets, sizeof(uint64) * (nq + 1));
+		if (nradii == 1 && radii == NULL)
+			memcpy(base + l.radii, &param, sizeof(uint32));
+		else if (nradii > 0)
+			memcpy(base + l.radii, radii, sizeof(uint32) * nradii);
+
+		slot->kind = REQ_METRIC_SEARCH;
+		FillMetricKey(slot, index, meta);
+		slot->n = nq;
+		slot->k = knn ? (int) param : 0;
+		slot->ncps = ncps;
+		slot->nradii = nradii;
+		slot->capacity = capacity;
+		slot->dsm = seg != NULL ? dsm_segment_handle(seg) : DSM_HANDLE_INVALID;
+		result = GpuIvfpqSubmitAndWait(slot);
+		strlcpy(error, slot->error, sizeof(error));
+		needed = slot->needed;
+		if (result == RES_OK && needed == 0)
+		{
+			uint64		total;
+
+			out->offsets = (uint64 *) palloc_extended(sizeof(uint64) * (nq + 1), MCXT_ALLOC_HUGE);
+			memcpy(out->offsets, base + l.hit_offsets, sizeof(uint64) * (nq + 1));
+			total = out->offsets[nq];
+			out->hits = (gpuivfpq::MetricHit *) palloc_extended(sizeof(gpuivfpq::MetricHit) * Max(total, 1),
+																 MCXT_ALLOC_HUGE);
+			memcpy(out->hits, base + l.hits, sizeof(gpuivfpq::MetricHit) * total);
+			out->live = (uint64) slot->live;
+			out->evaluations = 0;	/* the GPU does not count them */
+			out->on_gpu = true;
+			answered = true;
+		}
+		GpuIvfpqFinishSlot(slot);
+		if (answered)
+			break;
+		if (result == RES_OK)
+		{
+			/* A range answer larger than the room: again, with room for it. */
+			capacity = needed;
+			continue;
+		}
+		if (!loaded && entry != NULL && (result == RES_NOT_LOADED || (result == RES_LOADING && required)))
+		{
+			int64		live;
+
+			loaded = true;
+			result = LoadMetricMirror(slot, index, entry, meta, &live, error, sizeof(error));
+			if (result == RES_OK)
+			{
+				elog(DEBUG1, "gpu_metric: index \"%s\" mirrored to the GPU (%lld live words)",
+					 RelationGetRelationName(index), (long long) live);
+				continue;
+			}
+		}
+		break;
+	}
+	if (seg != NULL)
+		dsm_detach(seg);
+	if (answered)
+		return true;
+
+	if (result == RES_LOADING)
+		reason = "The index's GPU mirror is being loaded by another session";
+	else if (result == RES_SERVICE_GONE)
+		reason = "The GPU process is restarting";
+	else if (result == RES_NOT_LOADED)
+		reason = "The index could not be mirrored";
+	else if (result == RES_NO_MEMORY)
+	{
+		ereport(WARNING,
+				(errmsg("gpu_metric: index \"%s\" does not fit in GPU memory, using the CPU",
+						RelationGetRelationName(index)),
+				 errdetail("%s", error),
+				 errhint("Raise gpu_ivfpq.gpu_memory_budget or drop unused indexes.")));
+		reason = "The index does not fit in GPU memory";
+	}
+	else
+	{
+		ereport(WARNING,
+				(errmsg("gpu_metric: the GPU failed to serve a search of \"%s\", using the CPU",
+						RelationGetRelationName(index)),
+				 errdetail("%s", error[0] ? error : "the service exited")));
+		reason = "The GPU service failed";
+	}
+	GpuIvfpqCountFallback();
+	if (required)
+		GpuIvfpqGpuRequiredError("gpu_metric search", reason);
+	return false;
+}
+
+/* gpu_metric_prewarm(index regclass): mirrors a gpu_metric index now; returns its live words. */
+Datum
+gpu_metric_prewarm(PG_FUNCTION_ARGS)
+{
+	Relation	index = GpuMetricOpenIndex(PG_GETARG_OID(0), "gpu_metric_prewarm");
+	Relation	heap;
+	GpuMetricMetaPageData meta;
+	GpuMetricCached *entry;
+	const char *reason;
+	GpuIvfpqSlot *slot = NULL;
+	int64		live = 0;
+	char		error[256];
+	RequestResult result;
+
+	/* As pg_prewarm: reading a relation into memory takes SELECT on it (here its table). */
+	heap = table_open(index->rd_index->indrelid, AccessShareLock);
+	GpuIvfpqCheckSelect(heap);
+	table_close(heap, AccessShareLock);
+	reason = MetricNotServableReason();
+	if (reason == NULL && (slot = GpuIvfpqAcquireSlot()) == NULL)
+		reason = "No request slot is free";
+	if (reason != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("cannot mirror \"%s\" to the GPU", RelationGetRelationName(index)),
+				 errdetail("%s.", reason),
+				 errhint("Preload gpu_ivfpq (shared_preload_libraries) on a server whose service has a GPU.")));
+	entry = GpuMetricGetCached(index, &meta);
+	error[0] = '\0';
+	result = LoadMetricMirror(slot, index, entry, &meta, &live, error, sizeof(error));
+	if (result != RES_OK)
+		ereport(ERROR,
+				(errcode(result == RES_NO_MEMORY ? ERRCODE_OUT_OF_MEMORY : ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not mirror \"%s\" to the GPU", RelationGetRelationName(index)),
+				 errdetail("%s", error[0] ? error : "the service exited"),
+				 result == RES_NO_MEMORY ? errhint("Raise gpu_ivfpq.gpu_memory_budget or drop unused indexes.") : 0));
+	relation_close(index, AccessShareLock);
+	PG_RETURN_INT64(live);
+}
