@@ -278,17 +278,23 @@ gpumetricbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 	pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_BUILD);
 	engine = GpuIvfpqMakeOwned<GpuMetricEngine>(bs.buildctx, "build", method, (const char *) bs.bytes,
 												(const uint64_t *) bs.offsets, (size_t) bs.n,
-												(uint32_t) bucket, alpha, threads);
+												(uint32_t) bucket, alpha, (size_t) GPU_METRIC_MAX_PIVOTS,
+												threads);
 	if (engine->sss() != NULL)
 	{
 		const gpuivfpq::SparseSpatialSelection *sss = engine->sss();
 
+		/* The engine stops choosing there: the index stays exact, its table large. */
 		if (sss->pivots() > GPU_METRIC_MAX_PIVOTS)
-			ereport(ERROR,
-					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-					 errmsg("alpha = %g chose %zu pivots for gpu_metric index \"%s\", more than the %d an index keeps",
-							alpha, sss->pivots(), RelationGetRelationName(index), GPU_METRIC_MAX_PIVOTS),
-					 errhint("Use a larger alpha (0.35 to 0.5 usually work best), or method = lc.")));
+			elog(ERROR, "gpu_metric: the engine chose %zu pivots, more than the %d asked for",
+				 sss->pivots(), GPU_METRIC_MAX_PIVOTS);
+		if (sss->pivots() == GPU_METRIC_MAX_PIVOTS)
+			ereport(NOTICE,
+					(errmsg("gpu_metric index \"%s\" keeps %d pivots, the most an index keeps (alpha = %g may choose more)",
+							RelationGetRelationName(index), GPU_METRIC_MAX_PIVOTS, alpha),
+					 errdetail("Each word keeps a byte per pivot; the pivots after the first %d were not chosen.",
+							   GPU_METRIC_MAX_PIVOTS),
+					 errhint("A larger alpha (0.35 to 0.5 usually work best) chooses fewer pivots.")));
 		meta.pivots = (uint32) sss->pivots();
 		meta.max_distance = sss->max_distance();
 		if (bs.n == 0)

@@ -19,7 +19,7 @@ using gpuivfpq::WordList;
 using gpuivfpq::WordView;
 
 GpuMetricEngine::GpuMetricEngine(int method, const char *bytes, const uint64_t *offsets, size_t n,
-								 uint32_t bucket, double alpha, int threads)
+								 uint32_t bucket, double alpha, size_t max_pivots, int threads)
 	: method_(method)
 {
 	WordList	words = WordList::from_utf8(bytes, offsets, n);
@@ -34,7 +34,8 @@ GpuMetricEngine::GpuMetricEngine(int method, const char *bytes, const uint64_t *
 	}
 	else if (method == GPU_METRIC_METHOD_SSS)
 	{
-		auto		sss = std::make_unique<SparseSpatialSelection>(std::move(words), alpha, threads);
+		auto		sss = std::make_unique<SparseSpatialSelection>(std::move(words), alpha, threads, 0,
+																   max_pivots);
 
 		sss_ = sss.get();
 		index_ = std::move(sss);

@@ -64,9 +64,9 @@ struct GpuMetricPlacement
 class GpuMetricEngine
 {
 public:
-	/* Builds over n words (ids in the order given). */
+	/* Builds over n words (ids in the order given); SSS: at most max_pivots pivots. */
 	GpuMetricEngine(int method, const char *bytes, const uint64_t *offsets, size_t n,
-					uint32_t bucket, double alpha, int threads);
+					uint32_t bucket, double alpha, size_t max_pivots, int threads);
 	/* Restores a stored index (an inconsistent state throws InvalidArgument). */
 	explicit GpuMetricEngine(const GpuMetricStoredState &state);
 	~GpuMetricEngine();
