@@ -2,9 +2,17 @@
 // queries with the early stop, and the insert rule that keeps them exact.
 #include "lc_index.h"
 
+#include <pthread.h>
+#include <signal.h>
+
 #include <algorithm>
+#include <condition_variable>
 #include <cstdio>
+#include <exception>
+#include <functional>
+#include <mutex>
 #include <numeric>
+#include <thread>
 
 #include "error.h"
 #include "parallel.h"
@@ -13,7 +21,8 @@ namespace gpuivfpq {
 
 namespace {
 
-// Below this many distances a parallel_for costs more than it saves.
+// Below this many remaining objects a step runs on the calling thread alone:
+// waking the workers costs more than it saves.
 constexpr size_t kParallelMin = 2048;
 
 // The bucket size, refused when 0 (a list of clusters needs buckets).
@@ -23,69 +32,276 @@ size_t checked_bucket(size_t bucket)
     return bucket;
 }
 
+// A remaining object seen by a step: its position in the compact arrays, its
+// id and a key (its distance to the new centre, or its updated sum).
+struct Seen {
+    uint64_t key;
+    uint32_t id;
+    uint32_t pos;
+};
+
+// (distance, id) ascending: the bucket takes the smallest.
+inline bool nearer(const Seen& a, const Seen& b)
+{
+    return a.key < b.key || (a.key == b.key && a.id < b.id);
+}
+
+// (sum descending, id ascending): the next centre is the first.
+inline bool better(const Seen& a, const Seen& b)
+{
+    return a.key > b.key || (a.key == b.key && a.id < b.id);
+}
+
+// Offers s to a heap keeping the `keep` first elements under `first`
+// (the heap's top is the last of them, the one a newcomer must beat).
+template <typename First>
+inline void offer(std::vector<Seen>& heap, size_t keep, const Seen& s, First first)
+{
+    if (heap.size() < keep) {
+        heap.push_back(s);
+        std::push_heap(heap.begin(), heap.end(), first);
+    } else if (first(s, heap.front())) {
+        std::pop_heap(heap.begin(), heap.end(), first);
+        heap.back() = s;
+        std::push_heap(heap.begin(), heap.end(), first);
+    }
+}
+
+// Workers kept for a whole build: each step wakes them once (a thread per
+// step per worker costs more than a small step's distances). Threads start
+// with every signal blocked, as parallel_for's, so a host process's signal
+// handlers (PostgreSQL's) only run on the caller's thread. run(job) calls
+// job(t) for t in [0, threads()) (0 on the caller's thread) and returns when
+// all are done, rethrowing the first exception. A worker that cannot start
+// only lowers threads(); the result never depends on it.
+class StepPool {
+public:
+    explicit StepPool(int threads)
+    {
+        const size_t want = size_t(std::max(threads, 1)) - 1;
+        sigset_t all, saved;
+        sigfillset(&all);
+        const bool blocked = pthread_sigmask(SIG_SETMASK, &all, &saved) == 0;
+        try {
+            for (size_t w = 0; w < want; w++)
+                workers_.emplace_back([this, w] { loop(w + 1); });
+        } catch (...) {
+            // Resource limits: fewer workers.
+        }
+        if (blocked)
+            pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+    }
+    ~StepPool()
+    {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            stop_ = true;
+        }
+        wake_.notify_all();
+        for (auto& w : workers_)
+            w.join();
+    }
+    StepPool(const StepPool&) = delete;
+    StepPool& operator=(const StepPool&) = delete;
+
+    size_t threads() const { return workers_.size() + 1; }
+
+    void run(const std::function<void(size_t)>& job)
+    {
+        if (workers_.empty()) {
+            job(0);
+            return;
+        }
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            job_ = &job;
+            pending_ = workers_.size();
+            generation_++;
+        }
+        wake_.notify_all();
+        std::exception_ptr mine;
+        try {
+            job(0);
+        } catch (...) {
+            mine = std::current_exception();
+        }
+        std::unique_lock<std::mutex> lock(mu_);
+        done_.wait(lock, [this] { return pending_ == 0; });
+        job_ = nullptr;
+        if (!mine)
+            mine = first_;
+        first_ = nullptr;
+        if (mine)
+            std::rethrow_exception(mine);
+    }
+
+private:
+    void loop(size_t t)
+    {
+        uint64_t seen = 0;
+        for (;;) {
+            const std::function<void(size_t)>* job;
+            {
+                std::unique_lock<std::mutex> lock(mu_);
+                wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+                if (stop_)
+                    return;
+                seen = generation_;
+                job = job_;
+            }
+            std::exception_ptr err;
+            try {
+                (*job)(t);
+            } catch (...) {
+                err = std::current_exception();
+            }
+            bool last;
+            {
+                std::lock_guard<std::mutex> lock(mu_);
+                if (err && !first_)
+                    first_ = err;
+                last = --pending_ == 0;
+            }
+            if (last)
+                done_.notify_one();
+        }
+    }
+
+    std::vector<std::thread> workers_;
+    std::mutex mu_;
+    std::condition_variable wake_, done_;
+    const std::function<void(size_t)>* job_ = nullptr;
+    uint64_t generation_ = 0;
+    size_t pending_ = 0;
+    bool stop_ = false;
+    std::exception_ptr first_;
+};
+
 }  // namespace
 
+// Each step: the remaining objects sit in compact arrays (ids, sums), in no
+// particular order; every choice is by a total order with the id as the
+// tie-break, so the order (and the thread count) never shows in the result.
+// One pass over them, split among the threads, computes each distance to
+// the new centre, adds it to the object's sum, and keeps per thread the
+// `bucket` nearest (distance, id) and the bucket + 1 best (sum, id). The
+// bucket is the `bucket` nearest of the threads' candidates; the next centre
+// is the best of the threads' sum candidates not taken (a thread's best
+// untaken object is among its bucket + 1 best, since at most `bucket` of its
+// objects are taken). The bucket and the next centre then leave the arrays
+// by swap-removal, so a step touches only the remaining objects. The sums of
+// taken objects are updated too, harmlessly: they leave.
 ListOfClusters::ListOfClusters(WordList words, size_t bucket, int threads)
     : MetricIndex(std::move(words)), bucket_(checked_bucket(bucket))
 {
-    // rem: the remaining objects, ascending, so a first maximum or minimum
-    // found in order is the one with the smaller id.
-    std::vector<uint32_t> rem(size());
-    std::iota(rem.begin(), rem.end(), 0u);
-    std::vector<uint64_t> sum(size(), 0);
-    std::vector<uint32_t> dist, order;
-    std::vector<uint8_t> taken;
-    bool first = true;
-    while (!rem.empty()) {
-        size_t pick = 0;
-        if (!first) {
-            for (size_t i = 1; i < rem.size(); i++)
-                if (sum[rem[i]] > sum[rem[pick]])
-                    pick = i;
-        }
-        first = false;
-        const uint32_t c = rem[pick];
-        rem.erase(rem.begin() + long(pick));
+    const size_t n = size();
+    if (n == 0)
+        return;
+    std::vector<uint32_t> rem_id(n);
+    std::iota(rem_id.begin(), rem_id.end(), 0u);
+    std::vector<uint64_t> rem_sum(n, 0);
+    const size_t k = bucket_;
 
-        const size_t nr = rem.size();
-        const EditPattern pattern(words_[c]);
-        dist.resize(nr);
-        parallel_for(nr, nr >= kParallelMin ? threads : 1, [&](size_t begin, size_t end) {
-            for (size_t j = begin; j < end; j++)
-                dist[j] = pattern.distance(words_[rem[j]]);
-        });
+    // Workers only when the first step is large enough to use them.
+    const int nthreads = n > kParallelMin ? std::max(threads, 1) : 1;
+    StepPool pool(nthreads);
+    const size_t nt = pool.threads();
+    std::vector<std::vector<Seen>> near(nt), best(nt);
+    for (size_t t = 0; t < nt; t++) {
+        near[t].reserve(std::min(k, n));
+        best[t].reserve(std::min(k + 1, n));
+    }
+    std::vector<Seen> cand_near, cand_best;
+    cand_near.reserve(nt * std::min(k, n));
+    cand_best.reserve(nt * std::min(k + 1, n));
+    std::vector<uint8_t> taken(n, 0);    // by position, cleared after each step
+    std::vector<uint32_t> leave;         // positions leaving, then swap-removed
+    leave.reserve(std::min(k + 1, n));
+
+    // The first centre is object 0 (all sums are 0: the smallest id).
+    uint32_t c = 0;
+    size_t c_pos = 0;
+    size_t nr = n;
+    const EditPattern* pattern = nullptr;
+    std::function<void(size_t)> pass = [&](size_t t) {
+        const size_t parts = nr >= kParallelMin ? nt : 1;
+        if (t >= parts)
+            return;
+        const size_t begin = nr * t / parts, end = nr * (t + 1) / parts;
+        std::vector<Seen>& nh = near[t];
+        std::vector<Seen>& bh = best[t];
+        nh.clear();
+        bh.clear();
+        const uint32_t* ids = rem_id.data();
+        uint64_t* sums = rem_sum.data();
+        for (size_t j = begin; j < end; j++) {
+            const uint32_t id = ids[j];
+            const uint32_t d = pattern->distance(words_[id]);
+            const uint64_t s = sums[j] + d;
+            sums[j] = s;
+            offer(nh, k, Seen{d, id, uint32_t(j)}, nearer);
+            offer(bh, k + 1, Seen{s, id, uint32_t(j)}, better);
+        }
+    };
+
+    for (;;) {
+        // c leaves: the last remaining object takes its position.
+        nr--;
+        rem_id[c_pos] = rem_id[nr];
+        rem_sum[c_pos] = rem_sum[nr];
+        const EditPattern pat(words_[c]);
+        pattern = &pat;
+        if (nr >= kParallelMin)
+            pool.run(pass);
+        else
+            pass(0);
         build_evaluations_ += nr;
 
-        // The bucket: the `bucket_` remaining objects nearest to c, by
-        // (distance, id); positions j index rem and dist.
-        const size_t take = std::min(bucket_, nr);
-        order.resize(nr);
-        std::iota(order.begin(), order.end(), 0u);
-        auto nearer = [&](uint32_t a, uint32_t b) {
-            return dist[a] < dist[b] || (dist[a] == dist[b] && rem[a] < rem[b]);
-        };
-        if (take < nr)
-            std::nth_element(order.begin(), order.begin() + long(take), order.end(), nearer);
+        // The bucket: the k nearest of the threads' candidates.
+        const size_t parts = nr >= kParallelMin ? nt : 1;
+        cand_near.clear();
+        for (size_t t = 0; t < parts; t++)
+            cand_near.insert(cand_near.end(), near[t].begin(), near[t].end());
+        const size_t take = std::min(k, cand_near.size());
+        if (take < cand_near.size())
+            std::nth_element(cand_near.begin(), cand_near.begin() + long(take), cand_near.end(),
+                             nearer);
         Cluster cluster{c, 0, {}};
         cluster.bucket.reserve(take);
-        taken.assign(nr, 0);
-        for (size_t t = 0; t < take; t++) {
-            cluster.bucket.push_back(rem[order[t]]);
-            cluster.radius = std::max(cluster.radius, dist[order[t]]);
-            taken[order[t]] = 1;
+        leave.clear();
+        for (size_t i = 0; i < take; i++) {
+            cluster.bucket.push_back(cand_near[i].id);
+            cluster.radius = std::max(cluster.radius, uint32_t(cand_near[i].key));
+            taken[cand_near[i].pos] = 1;
+            leave.push_back(cand_near[i].pos);
         }
         std::sort(cluster.bucket.begin(), cluster.bucket.end());
         clusters_.push_back(std::move(cluster));
 
-        // The rest stays, each adding its distance to c to its sum.
-        size_t kept = 0;
-        for (size_t j = 0; j < nr; j++) {
-            if (taken[j])
-                continue;
-            sum[rem[j]] += dist[j];
-            rem[kept++] = rem[j];
+        // The next centre: the best untaken sum candidate.
+        const Seen* next = nullptr;
+        for (size_t t = 0; t < parts; t++)
+            for (const Seen& s : best[t])
+                if (!taken[s.pos] && (next == nullptr || better(s, *next)))
+                    next = &s;
+        for (uint32_t p : leave)
+            taken[p] = 0;
+        if (next == nullptr)
+            break;    // nothing remains
+        c = next->id;
+
+        // The bucket leaves, by positions descending: each position's
+        // replacement (the current last) is never a taken one.
+        // The next centre (never taken) follows its object when it moves.
+        c_pos = next->pos;
+        std::sort(leave.begin(), leave.end(), std::greater<uint32_t>());
+        for (uint32_t p : leave) {
+            nr--;
+            if (c_pos == nr)
+                c_pos = p;
+            rem_id[p] = rem_id[nr];
+            rem_sum[p] = rem_sum[nr];
         }
-        rem.resize(kept);
     }
 }
 
