@@ -179,9 +179,10 @@ private:
 
 }  // namespace
 
-// Each step: the remaining objects sit in compact arrays (ids, sums), in no
-// particular order; every choice is by a total order with the id as the
-// tie-break, so the order (and the thread count) never shows in the result.
+// Each step: the remaining objects sit in compact arrays (ids, sums) in
+// ascending id order (for the memory access only: every choice is by a total
+// order with the id as the tie-break, so neither the order nor the thread
+// count shows in the result).
 // One pass over them, split among the threads, computes each distance to
 // the new centre, adds it to the object's sum, and keeps per thread the
 // `bucket` nearest (distance, id) and the bucket + 1 best (sum, id). The
@@ -189,7 +190,7 @@ private:
 // is the best of the threads' sum candidates not taken (a thread's best
 // untaken object is among its bucket + 1 best, since at most `bucket` of its
 // objects are taken). The bucket and the next centre then leave the arrays
-// by swap-removal, so a step touches only the remaining objects. The sums of
+// by a stable compaction, so a step touches only the remaining objects. The sums of
 // taken objects are updated too, harmlessly: they leave.
 ListOfClusters::ListOfClusters(WordList words, size_t bucket, int threads)
     : MetricIndex(std::move(words)), bucket_(checked_bucket(bucket))
@@ -197,9 +198,10 @@ ListOfClusters::ListOfClusters(WordList words, size_t bucket, int threads)
     const size_t n = size();
     if (n == 0)
         return;
-    std::vector<uint32_t> rem_id(n);
-    std::iota(rem_id.begin(), rem_id.end(), 0u);
-    std::vector<uint64_t> rem_sum(n, 0);
+    // Object 0, the first centre, is not among them.
+    std::vector<uint32_t> rem_id(n - 1);
+    std::iota(rem_id.begin(), rem_id.end(), 1u);
+    std::vector<uint64_t> rem_sum(n - 1, 0);
     const size_t k = bucket_;
 
     // Workers only when the first step is large enough to use them.
@@ -220,8 +222,7 @@ ListOfClusters::ListOfClusters(WordList words, size_t bucket, int threads)
 
     // The first centre is object 0 (all sums are 0: the smallest id).
     uint32_t c = 0;
-    size_t c_pos = 0;
-    size_t nr = n;
+    size_t nr = n - 1;
     const EditPattern* pattern = nullptr;
     std::function<void(size_t)> pass = [&](size_t t) {
         const size_t parts = nr >= kParallelMin ? nt : 1;
@@ -245,10 +246,6 @@ ListOfClusters::ListOfClusters(WordList words, size_t bucket, int threads)
     };
 
     for (;;) {
-        // c leaves: the last remaining object takes its position.
-        nr--;
-        rem_id[c_pos] = rem_id[nr];
-        rem_sum[c_pos] = rem_sum[nr];
         const EditPattern pat(words_[c]);
         pattern = &pat;
         if (nr >= kParallelMin)
@@ -284,24 +281,28 @@ ListOfClusters::ListOfClusters(WordList words, size_t bucket, int threads)
             for (const Seen& s : best[t])
                 if (!taken[s.pos] && (next == nullptr || better(s, *next)))
                     next = &s;
-        for (uint32_t p : leave)
-            taken[p] = 0;
         if (next == nullptr)
-            break;    // nothing remains
+            break;    // nothing remains (and nothing was taken)
         c = next->id;
+        taken[next->pos] = 1;
+        leave.push_back(next->pos);
 
         // The bucket leaves, by positions descending: each position's
         // replacement (the current last) is never a taken one.
-        // The next centre (never taken) follows its object when it moves.
-        c_pos = next->pos;
-        std::sort(leave.begin(), leave.end(), std::greater<uint32_t>());
-        for (uint32_t p : leave) {
-            nr--;
-            if (c_pos == nr)
-                c_pos = p;
-            rem_id[p] = rem_id[nr];
-            rem_sum[p] = rem_sum[nr];
+        // The bucket and the next centre leave by a stable compaction from
+        // the first position leaving: the rest keep ascending ids, so the
+        // words are read in storage order (swap-removal scatters them).
+        size_t kept = *std::min_element(leave.begin(), leave.end());
+        for (size_t j = kept; j < nr; j++) {
+            if (taken[j]) {
+                taken[j] = 0;
+                continue;
+            }
+            rem_id[kept] = rem_id[j];
+            rem_sum[kept] = rem_sum[j];
+            kept++;
         }
+        nr = kept;
     }
 }
 
