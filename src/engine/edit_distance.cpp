@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "error.h"
+#include "myers.h"
 
 namespace gpuivfpq {
 
@@ -189,138 +190,56 @@ uint32_t EditPattern::slot(uint32_t c) const
     }
 }
 
-// One 64-bit word of column state (Hyyrö's formulation of Myers' algorithm
-// for the global distance: the top row grows by one per text symbol, hence
-// the 1 shifted into Ph). Vertical deltas D[i+1][j] - D[i][j] are bit i of
-// Pv (+1) and Mv (-1); horizontal ones of row i+1 are bit i of Ph and Mh.
-template <bool Bounded>
-uint32_t EditPattern::single_block(const uint32_t* text, size_t n, uint32_t k) const
+namespace {
+
+// A text code point's Peq slot, as the shared loops (myers.h) ask for it.
+struct SlotOf {
+    const EditPattern* pattern;
+    uint32_t operator()(uint32_t c) const { return pattern->slot(c); }
+};
+
+uint32_t text_length(size_t n)
 {
-    const uint64_t* peq = peq_.data();
-    const uint64_t high = uint64_t(1) << (m_ - 1);
-    uint64_t pv = ~uint64_t(0), mv = 0;
-    uint32_t score = uint32_t(m_);
-    // The diagonal that ends in D[m][n] enters the table at row i = m - n
-    // (column 0) or at column n - m (row 0), with value |m - n|.
-    const size_t first = n > m_ ? n - m_ : 0;
-    size_t i = m_ > n ? m_ - n : 0;
-    uint32_t diag = uint32_t(m_ > n ? m_ - n : n - m_);
-    for (size_t j = 0; j < n; j++) {
-        const uint64_t eq = peq[size_t(slot(text[j]))];
-        const uint64_t xv = eq | mv;
-        const uint64_t xh = (((eq & pv) + pv) ^ pv) | eq;
-        uint64_t ph = mv | ~(xh | pv);
-        uint64_t mh = pv & xh;
-        if (!Bounded) {
-            score += (ph & high) ? 1 : 0;
-            score -= (mh & high) ? 1 : 0;
-        }
-        ph = (ph << 1) | 1;
-        mh <<= 1;
-        pv = mh | ~(xv | ph);
-        mv = ph & xv;
-        if (Bounded && j >= first) {
-            // D[i+1][j+1] = D[i][j] + (horizontal delta of row i) + (vertical
-            // delta of row i+1), both read from the new column.
-            diag += uint32_t((ph >> i) & 1) + uint32_t((pv >> i) & 1);
-            diag -= uint32_t((mh >> i) & 1) + uint32_t((mv >> i) & 1);
-            i++;
-            if (diag > k)
-                return k + 1;
-        }
-    }
-    return Bounded ? diag : score;
+    if (n > UINT32_MAX)
+        throw Error(ErrorKind::InvalidArgument, "edit distance: a text of more than 2^32 code points");
+    return uint32_t(n);
 }
 
-template <bool Bounded>
-uint32_t EditPattern::multi_block(const uint32_t* text, size_t n, uint32_t k) const
+}  // namespace
+
+// The column state the blocked form needs: on the stack up to
+// kStackBlocks blocks, else allocated for the call.
+template <typename F>
+uint32_t EditPattern::with_state(F&& f) const
 {
     if (blocks_ <= kStackBlocks) {
         uint64_t pv[kStackBlocks], mv[kStackBlocks];
-        return multi_block<Bounded>(text, n, k, pv, mv);
+        return f(pv, mv);
     }
     std::vector<uint64_t> state(2 * blocks_);
-    return multi_block<Bounded>(text, n, k, state.data(), state.data() + blocks_);
-}
-
-// Myers' blocked algorithm: the blocks of a column are advanced from the top,
-// each passing the horizontal delta of its last row (-1, 0, +1) to the next.
-template <bool Bounded>
-uint32_t EditPattern::multi_block(const uint32_t* text, size_t n, uint32_t k, uint64_t* pv,
-                                  uint64_t* mv) const
-{
-    const size_t nb = blocks_;
-    const uint64_t last_high = uint64_t(1) << ((m_ - 1) % 64);
-    for (size_t b = 0; b < nb; b++) {
-        pv[b] = ~uint64_t(0);
-        mv[b] = 0;
-    }
-    uint32_t score = uint32_t(m_);
-    const size_t first = n > m_ ? n - m_ : 0;
-    size_t i = m_ > n ? m_ - n : 0;
-    uint32_t diag = uint32_t(m_ > n ? m_ - n : n - m_);
-    for (size_t j = 0; j < n; j++) {
-        const uint64_t* eqrow = peq_.data() + size_t(slot(text[j])) * nb;
-        const size_t diag_block = i / 64;
-        uint64_t diag_ph = 0, diag_mh = 0;
-        int hin = 1;  // row 0 grows by one per column
-        for (size_t b = 0; b < nb; b++) {
-            uint64_t eq = eqrow[b];
-            const uint64_t pvb = pv[b], mvb = mv[b];
-            const uint64_t xv = eq | mvb;
-            if (hin < 0)
-                eq |= 1;
-            const uint64_t xh = (((eq & pvb) + pvb) ^ pvb) | eq;
-            uint64_t ph = mvb | ~(xh | pvb);
-            uint64_t mh = pvb & xh;
-            const uint64_t high = b + 1 < nb ? uint64_t(1) << 63 : last_high;
-            const int hout = (ph & high) ? 1 : ((mh & high) ? -1 : 0);
-            ph <<= 1;
-            mh <<= 1;
-            if (hin < 0)
-                mh |= 1;
-            else if (hin > 0)
-                ph |= 1;
-            pv[b] = mh | ~(xv | ph);
-            mv[b] = ph & xv;
-            if (Bounded && b == diag_block) {
-                diag_ph = ph;
-                diag_mh = mh;
-            }
-            hin = hout;
-        }
-        score += uint32_t(hin);  // the last block's hout: the bottom row's delta
-        if (Bounded && j >= first) {
-            const size_t bit = i % 64;
-            diag += uint32_t((diag_ph >> bit) & 1) + uint32_t((pv[diag_block] >> bit) & 1);
-            diag -= uint32_t((diag_mh >> bit) & 1) + uint32_t((mv[diag_block] >> bit) & 1);
-            i++;
-            if (diag > k)
-                return k + 1;
-        }
-    }
-    return score;
+    return f(state.data(), state.data() + blocks_);
 }
 
 uint32_t EditPattern::distance(const uint32_t* text, size_t n) const
 {
-    if (m_ == 0)
-        return uint32_t(n);
-    if (n == 0)
-        return uint32_t(m_);
-    return blocks_ == 1 ? single_block<false>(text, n, 0) : multi_block<false>(text, n, 0);
+    const uint32_t len = text_length(n);
+    if (blocks_ == 1 || m_ == 0 || n == 0)
+        return myers::distance(peq_.data(), uint32_t(blocks_), SlotOf{this}, uint32_t(m_), text, len, nullptr,
+                               nullptr, 1);
+    return with_state([&](uint64_t* pv, uint64_t* mv) {
+        return myers::distance(peq_.data(), uint32_t(blocks_), SlotOf{this}, uint32_t(m_), text, len, pv, mv, 1);
+    });
 }
 
 uint32_t EditPattern::within(const uint32_t* text, size_t n, uint32_t k) const
 {
-    // Past max(m, n) the bound cannot bite (and k + 1 could overflow).
-    if (size_t(k) >= std::max(m_, n))
-        return distance(text, n);
-    const size_t gap = m_ > n ? m_ - n : n - m_;
-    if (gap > k)
-        return k + 1;
-    // Here m and n are both at least 1: an empty side makes gap = max(m, n).
-    return blocks_ == 1 ? single_block<true>(text, n, k) : multi_block<true>(text, n, k);
+    const uint32_t len = text_length(n);
+    if (blocks_ == 1 || m_ == 0 || n == 0)
+        return myers::within(peq_.data(), uint32_t(blocks_), SlotOf{this}, uint32_t(m_), text, len, k, nullptr,
+                             nullptr, 1);
+    return with_state([&](uint64_t* pv, uint64_t* mv) {
+        return myers::within(peq_.data(), uint32_t(blocks_), SlotOf{this}, uint32_t(m_), text, len, k, pv, mv, 1);
+    });
 }
 
 uint32_t edit_distance(WordView a, WordView b)

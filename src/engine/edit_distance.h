@@ -81,17 +81,9 @@ public:
     static constexpr uint32_t kDirectSymbols = 256;
 
 private:
-    // The two forms of the algorithm (one 64-bit word, several); Bounded
-    // tracks the diagonal cut-off at k, else k is ignored.
-    template <bool Bounded>
-    uint32_t single_block(const uint32_t* text, size_t n, uint32_t k) const;
-    template <bool Bounded>
-    uint32_t multi_block(const uint32_t* text, size_t n, uint32_t k) const;
-    template <bool Bounded>
-    uint32_t multi_block(const uint32_t* text, size_t n, uint32_t k, uint64_t* pv,
-                         uint64_t* mv) const;
-    // The Peq row of a text code point.
-    const uint64_t* row(uint32_t c) const { return peq_.data() + size_t(slot(c)) * blocks_; }
+    // Runs f(pv, mv) with the blocked form's column state (myers.h).
+    template <typename F>
+    uint32_t with_state(F&& f) const;
 
     size_t m_ = 0;
     size_t blocks_ = 1;
