@@ -475,4 +475,6 @@ extern void gpuivfpqcostestimate(PlannerInfo *root, IndexPath *path, double loop
 								 double *indexPages);
 extern bytea *gpuivfpqoptions(Datum reloptions, bool validate);
 extern bool gpuivfpqvalidate(Oid opclassoid);
+extern bool GpuIvfpqDistanceOrderableProperty(Oid index_oid, int attno, IndexAMProperty prop,
+											  const char *propname, bool *res, bool *isnull);
 extern void GpuIvfpqRegisterOptions(void);

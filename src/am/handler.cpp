@@ -286,12 +286,13 @@ gpuivfpqvalidate(Oid opclassoid)
 }
 
 /*
- * amproperty: the indexed column can be ordered by distance (core leaves this
- * property to the AM, as only ordering-by-operator AMs know it).
+ * amproperty of both access methods: the indexed (first) column can be
+ * ordered by distance (core leaves this property to the AM, as only
+ * ordering-by-operator AMs know it).
  */
-static bool
-gpuivfpqproperty(Oid index_oid, int attno, IndexAMProperty prop, const char *propname,
-				 bool *res, bool *isnull)
+bool
+GpuIvfpqDistanceOrderableProperty(Oid index_oid, int attno, IndexAMProperty prop, const char *propname,
+								  bool *res, bool *isnull)
 {
 	if (attno == 1 && prop == AMPROP_DISTANCE_ORDERABLE)
 	{
@@ -336,7 +337,7 @@ gpu_ivfpq_handler(PG_FUNCTION_ARGS)
 	am->amcanreturn = NULL;
 	am->amcostestimate = gpuivfpqcostestimate;
 	am->amoptions = gpuivfpqoptions;
-	am->amproperty = gpuivfpqproperty;
+	am->amproperty = GpuIvfpqDistanceOrderableProperty;
 	am->ambuildphasename = gpuivfpqbuildphasename;
 	am->amvalidate = gpuivfpqvalidate;
 	am->amadjustmembers = NULL;

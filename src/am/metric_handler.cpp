@@ -345,20 +345,6 @@ gpumetricvalidate(Oid opclassoid)
 	return result;
 }
 
-/* amproperty: the indexed column can be ordered by distance. */
-static bool
-gpumetricproperty(Oid index_oid, int attno, IndexAMProperty prop, const char *propname,
-				  bool *res, bool *isnull)
-{
-	if (attno == 1 && prop == AMPROP_DISTANCE_ORDERABLE)
-	{
-		*res = true;
-		*isnull = false;
-		return true;
-	}
-	return false;
-}
-
 /* The access method handler: every IndexAmRoutine field is set. */
 Datum
 gpu_metric_handler(PG_FUNCTION_ARGS)
@@ -393,7 +379,7 @@ gpu_metric_handler(PG_FUNCTION_ARGS)
 	am->amcanreturn = NULL;
 	am->amcostestimate = gpumetriccostestimate;
 	am->amoptions = gpumetricoptions;
-	am->amproperty = gpumetricproperty;
+	am->amproperty = GpuIvfpqDistanceOrderableProperty;
 	am->ambuildphasename = gpumetricbuildphasename;
 	am->amvalidate = gpumetricvalidate;
 	am->amadjustmembers = NULL;

@@ -396,8 +396,10 @@ DROP POLICY short_words ON words;
 REVOKE SELECT ON words FROM gpu_metric_nobody;
 DROP ROLE gpu_metric_nobody;
 
--- The operator class is valid.
+-- The operator class is valid; the indexed column is distance-orderable.
 SELECT opcname, amvalidate(oid) FROM pg_opclass WHERE opcname = 'text_edit_ops';
+SELECT pg_index_column_has_property('words_lc'::regclass, 1, 'distance_orderable') AS distance_orderable,
+       pg_index_column_has_property('words_lc'::regclass, 1, 'orderable') AS orderable;
 
 DROP TABLE words CASCADE;
 DROP TABLE queries, ref;
