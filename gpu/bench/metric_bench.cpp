@@ -41,17 +41,13 @@
 #include "service/device/device_set.h"
 #include "service/device/metric_mirror.h"
 #include "service/device/placed_metric_mirror.h"
+#include "device_layer_bench.h"
 
 using namespace gpuivfpq;
+using bench::open_gpus;
+using bench::seconds;
 
 namespace {
-
-double seconds(const std::function<void()>& f)
-{
-    auto t0 = std::chrono::steady_clock::now();
-    f();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // One word a line; keep_empty: an empty line is the empty word (a query
 // that lost its only letter to an edit), else it is skipped.
@@ -294,13 +290,7 @@ int main(int argc, char** argv)
         if (gpus == 0) {
             std::printf("no CUDA device: GPU columns skipped\n");
         } else {
-            std::vector<std::unique_ptr<ComputeDevice>> devs;
-            std::vector<uint32_t> ordinals;
-            for (size_t i = 0; i < gpus; i++) {
-                devs.push_back(make_cuda_device(int(i), 0));
-                ordinals.push_back(uint32_t(i));
-            }
-            set = std::make_unique<DeviceSet>(std::move(devs), ordinals);
+            set = open_gpus(gpus);
             std::printf("GPUs: %d visible, using %zu: %s\n", visible, gpus, set->description().c_str());
         }
         std::printf("\n");

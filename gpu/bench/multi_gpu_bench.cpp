@@ -20,38 +20,14 @@
 #include "service/device/device_set.h"
 #include "service/device/mirror_store.h"
 #include "../../tools/common.h"
+#include "device_layer_bench.h"
 
 using namespace gpuivfpq;
+using bench::best_of;
+using bench::open_gpus;
+using bench::seconds;
 
 namespace {
-
-double seconds(const std::function<void()>& f)
-{
-    auto t0 = std::chrono::steady_clock::now();
-    f();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// The best of reps runs (after one warm-up), seconds.
-double best_of(int reps, const std::function<void()>& f)
-{
-    f();
-    double best = 1e30;
-    for (int i = 0; i < reps; i++)
-        best = std::min(best, seconds(f));
-    return best;
-}
-
-std::unique_ptr<DeviceSet> open_gpus(size_t count)
-{
-    std::vector<std::unique_ptr<ComputeDevice>> devs;
-    std::vector<uint32_t> ordinals;
-    for (size_t i = 0; i < count; i++) {
-        devs.push_back(make_cuda_device(int(i), 0));
-        ordinals.push_back(uint32_t(i));
-    }
-    return std::make_unique<DeviceSet>(std::move(devs), ordinals);
-}
 
 // search_exact over nq queries in one call, as the GPU process makes it
 // (the placed mirror splits and tiles).
