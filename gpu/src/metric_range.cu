@@ -154,6 +154,38 @@ __global__ void __launch_bounds__(kMetricThreads)
     }
 }
 
+// counts[q] += the candidates of tile query q among pairs[0, n) whose
+// object is live: the distances its bucket scans or table filter left to
+// compute (launch_pair_hits skips removed objects). A thread
+// takes kCountRun consecutive pairs and adds once per run of one query
+// (the rules emit a query's candidates together), which keeps the atomics
+// on one query's counter few.
+constexpr uint32_t kCountRun = 32;
+__global__ void __launch_bounds__(kMetricThreads)
+    count_pairs_kernel(const MetricPair* pairs, uint64_t n, const uint8_t* removed,
+                       unsigned long long* counts)
+{
+    const uint64_t threads = uint64_t(gridDim.x) * blockDim.x;
+    for (uint64_t t = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; t * kCountRun < n;
+         t += threads) {
+        const uint64_t end = min(n, (t + 1) * kCountRun);
+        uint32_t q = pairs[t * kCountRun].q;
+        unsigned long long run = 0;
+        for (uint64_t i = t * kCountRun; i < end; i++) {
+            const uint32_t qi = pairs[i].q;
+            if (qi != q) {
+                if (run > 0)
+                    atomicAdd(counts + q, run);
+                q = qi;
+                run = 0;
+            }
+            run += removed[pairs[i].x] ? 0 : 1;
+        }
+        if (run > 0)
+            atomicAdd(counts + q, run);
+    }
+}
+
 // Buffers of one search call, reused by its tiles and rounds and grown on
 // demand (device memory from the context, within its budget).
 struct SearchBuffers {
@@ -166,6 +198,7 @@ struct SearchBuffers {
     DeviceBuffer radius;     // k-NN: per tile query, the round's radius
     DeviceBuffer active;     // k-NN: the round's queries
     DeviceBuffer counters;   // candidates, hits
+    DeviceBuffer evaluated;  // per tile query: candidates' distances computed
     DeviceBuffer pairs, keys, sorted, sort_temp, long_scratch;
     uint64_t pair_capacity = kFirstCapacity, hit_capacity = kFirstCapacity;
 
@@ -193,7 +226,8 @@ uint64_t grown(uint64_t needed) { return needed + needed / 4 + 1024; }
 // Runs emit(hits, pairs) (a method's rule kernels for the current queries),
 // then the candidates' bounded distances, until neither buffer overflowed
 // (each overflow grows the buffer to what it needed and runs both again);
-// returns the number of hits left in b.keys.
+// adds each query's candidates to b.evaluated and returns the number of
+// hits left in b.keys.
 template <class Emit>
 uint64_t collect_hits(SearchBuffers& b, const DevPatterns& pats, const DevWords& words,
                       const uint8_t* removed, const uint32_t* radius, uint32_t key_shift,
@@ -222,6 +256,12 @@ uint64_t collect_hits(SearchBuffers& b, const DevPatterns& pats, const DevWords&
         if (count[1] > b.hit_capacity) {
             b.hit_capacity = grown(count[1]);
             continue;
+        }
+        if (count[0] > 0) {
+            count_pairs_kernel<<<plain_grid(b.ctx, (count[0] + kCountRun - 1) / kCountRun),
+                                 kMetricThreads, 0, st>>>(
+                b.pairs.as<MetricPair>(), count[0], removed, b.evaluated.as<unsigned long long>());
+            GPU_KERNEL_CHECK();
         }
         return count[1];
     }
@@ -385,6 +425,25 @@ void prepare_tile_buffers(SearchBuffers& b, uint32_t tq, size_t targets)
     reserve(b.ctx, b.unbounded, size_t(tq) * sizeof(uint32_t));
     GPU_CUDA_CHECK(cudaMemsetAsync(b.unbounded.data(), 0xFF, b.unbounded.bytes(), stream_of(b.ctx)));
     reserve(b.ctx, b.stop, size_t(tq) * sizeof(uint32_t));
+    reserve(b.ctx, b.evaluated, size_t(tq) * sizeof(uint64_t));
+}
+
+// Starts a tile's evaluation counts at zero.
+void clear_evaluated(SearchBuffers& b)
+{
+    GPU_CUDA_CHECK(cudaMemsetAsync(b.evaluated.data(), 0, b.evaluated.bytes(), stream_of(b.ctx)));
+}
+
+// The distance evaluations of a tile's count queries from `first` on: the
+// distances to every pivot or centre (the GPU computes them all, where the
+// engine's List of Clusters stops at its stop cluster) and the candidates'.
+void add_tile_stats(SearchBuffers& b, size_t targets, size_t first, uint32_t count,
+                    MetricBatchResult& out)
+{
+    std::vector<uint64_t> candidates(count, 0);
+    copy_to_host(b.ctx, candidates.data(), b.evaluated.data(), count * sizeof(uint64_t));
+    for (uint32_t q = 0; q < count; q++)
+        out.stats[first + q].distance_evaluations = targets + candidates[q];
 }
 
 // Empty answers for nq queries.
@@ -392,6 +451,7 @@ MetricBatchResult no_hits(size_t nq)
 {
     MetricBatchResult out;
     out.offsets.assign(nq + 1, 0);
+    out.stats.resize(nq);
     return out;
 }
 
@@ -417,10 +477,12 @@ MetricBatchResult range_search(GpuContext& ctx, const Method& method, const Word
     MetricBatchResult out;
     out.offsets.reserve(nq + 1);
     out.offsets.push_back(0);
+    out.stats.resize(nq);
     for (size_t first = 0; first < nq; first += tq) {
         const uint32_t count = uint32_t(std::min<size_t>(tq, nq - first));
         const DevPatterns pats = dev_patterns(patterns, first);
         const uint32_t* tile_radius = radius.as<uint32_t>() + first;
+        clear_evaluated(b);
         const Grid grid = distance_grid(ctx, uint64_t(count) * method.targets(),
                                         patterns.max_blocks(), b.long_scratch);
         method.distances(b, pats, count, tile_radius, grid);
@@ -436,6 +498,7 @@ MetricBatchResult range_search(GpuContext& ctx, const Method& method, const Word
                 out.hits.push_back(keys.hit(sorted[at]));
             out.offsets.push_back(out.hits.size());
         }
+        add_tile_stats(b, method.targets(), first, count, out);
     }
     return out;
 }
@@ -468,6 +531,7 @@ MetricBatchResult knn_search(GpuContext& ctx, const Method& method, const WordLi
     MetricBatchResult out;
     out.offsets.reserve(nq + 1);
     out.offsets.push_back(0);
+    out.stats.resize(nq);
     std::vector<std::vector<MetricHit>> answer(tq);
     std::vector<uint32_t> radius(tq), last(tq), active, still;
     for (size_t first = 0; first < nq; first += tq) {
@@ -477,6 +541,7 @@ MetricBatchResult knn_search(GpuContext& ctx, const Method& method, const WordLi
         const Grid grid = distance_grid(ctx, uint64_t(count) * method.targets(),
                                         patterns.max_blocks(), b.long_scratch);
         method.distances(b, pats, count, nullptr, grid);
+        clear_evaluated(b);
         active.clear();
         for (uint32_t q = 0; q < count; q++) {
             // No distance exceeds the longer word's length: at that radius
@@ -521,6 +586,7 @@ MetricBatchResult knn_search(GpuContext& ctx, const Method& method, const WordLi
             out.hits.insert(out.hits.end(), answer[q].begin(), answer[q].end());
             out.offsets.push_back(out.hits.size());
         }
+        add_tile_stats(b, method.targets(), first, count, out);
     }
     return out;
 }

@@ -97,6 +97,26 @@ void expect_same(const MetricBatchResult& got, const MetricBatchResult& want,
     EXPECT_EQ(got.hits.size(), want.hits.size()) << what;
 }
 
+// The device's distance evaluations per query of a range search: with SSS
+// the engine's (every pivot, then the candidates the table leaves); a List
+// of Clusters computes every centre where the engine stops at its stop
+// cluster, so between the engine's count and that plus the clusters.
+void expect_evaluations(const GpuMetricIndex& gpu, const MetricBatchResult& got,
+                        const MetricBatchResult& want, const std::string& what)
+{
+    ASSERT_EQ(got.stats.size(), want.stats.size()) << what;
+    const bool lc = gpu.is_list_of_clusters();
+    for (size_t q = 0; q < want.stats.size(); q++) {
+        const uint64_t g = got.stats[q].distance_evaluations, w = want.stats[q].distance_evaluations;
+        if (lc) {
+            ASSERT_GE(g, w) << what << " query " << q;
+            ASSERT_LE(g, w + gpu.clusters()) << what << " query " << q;
+        } else {
+            ASSERT_EQ(g, w) << what << " query " << q;
+        }
+    }
+}
+
 // Range (radii 0..3, one for all and one per query) and k-NN of the GPU
 // copy equal the engine's; returns the range hits (so that a test can see
 // it checked something).
@@ -107,15 +127,24 @@ size_t expect_matches_engine(GpuMetricIndex& gpu, const MetricIndex& engine,
     size_t hits = 0;
     for (uint32_t r = 0; r <= 3; r++) {
         const MetricBatchResult want = range_search_batch(engine, q, {r}, 2);
-        expect_same(gpu.range(q, {r}), want, what + " r=" + std::to_string(r));
+        const MetricBatchResult got = gpu.range(q, {r});
+        expect_same(got, want, what + " r=" + std::to_string(r));
+        expect_evaluations(gpu, got, want, what + " evaluations r=" + std::to_string(r));
         hits += want.hits.size();
     }
     std::vector<uint32_t> radii(queries.size());
     for (size_t i = 0; i < radii.size(); i++)
         radii[i] = uint32_t(i % 5);
     expect_same(gpu.range(q, radii), range_search_batch(engine, q, radii, 2), what + " radii 0..4");
-    for (size_t k : {1, 5, 20})
-        expect_same(gpu.knn(q, k), knn_search_batch(engine, q, k, 2), what + " k=" + std::to_string(k));
+    for (size_t k : {1, 5, 20}) {
+        const MetricBatchResult got = gpu.knn(q, k);
+        expect_same(got, knn_search_batch(engine, q, k, 2), what + " k=" + std::to_string(k));
+        // Every pivot or centre, then each round's candidates.
+        const size_t targets = gpu.is_list_of_clusters() ? gpu.clusters() : gpu.pivots();
+        EXPECT_EQ(got.stats.size(), queries.size()) << what;
+        for (const gpuivfpq::MetricStats& st : got.stats)
+            EXPECT_GE(st.distance_evaluations, targets) << what << " k=" << k;
+    }
     return hits;
 }
 

@@ -233,7 +233,7 @@ GpuMetricServiceAnswer(Relation index, GpuMetricCached *entry, const GpuMetricMe
 																 MCXT_ALLOC_HUGE);
 			memcpy(out->hits, base + l.hits, sizeof(gpuivfpq::MetricHit) * total);
 			out->live = (uint64) slot->live;
-			out->evaluations = 0;	/* the GPU does not count them */
+			out->evaluations = slot->evaluations;
 			out->on_gpu = true;
 			answered = true;
 		}

@@ -107,6 +107,7 @@ typedef struct GpuIvfpqSlot
 	bool		exact;			/* SEARCH, SEARCH_BATCH: re-ranked (exact distances, exact order) */
 	Size		needed;			/* METRIC_SEARCH: bytes its answer needs when they exceed capacity, else 0 */
 	int64		live;			/* METRIC_SEARCH: live objects of the mirror */
+	uint64		evaluations;	/* METRIC_SEARCH: distances the GPU computed for its queries */
 	char		error[256];
 
 	/*

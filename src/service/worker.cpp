@@ -1083,8 +1083,9 @@ MetricNotLoaded(const MirrorKey &key)
 
 /*
  * Writes queries [first, first + nq) of hits as the answer of a request of
- * capacity bytes at base (its hit offsets from 0); false, with
- * slot->needed set, when they do not fit.
+ * capacity bytes at base (its hit offsets from 0) and their distance
+ * evaluations into slot->evaluations; false, with slot->needed set, when
+ * they do not fit.
  */
 static bool
 MetricWriteAnswer(GpuIvfpqSlot *slot, char *base, Size capacity, const GpuMetricSearchLayout &l,
@@ -1103,6 +1104,9 @@ MetricWriteAnswer(GpuIvfpqSlot *slot, char *base, Size capacity, const GpuMetric
 	}
 	for (size_t q = 0; q <= nq; q++)
 		offsets[q] = hits.offsets[first + q] - from;
+	slot->evaluations = 0;
+	for (size_t q = first; q < first + nq && q < hits.evaluations.size(); q++)
+		slot->evaluations += hits.evaluations[q];
 	for (size_t i = 0; i < total; i++)
 	{
 		out[2 * i] = hits.ids[from + i];

@@ -57,6 +57,12 @@ void expect_same(const MetricHits& got, const MetricBatchResult& want, const std
         ASSERT_EQ(got.distances[i], want.hits[i].dist) << what << " hit " << i;
         ASSERT_EQ(got.labels[i], label_of(want.hits[i].id)) << what << " hit " << i;
     }
+    // The distance evaluations come back through the channel, one a query
+    // (the parts' counts added up: the engine's own on one device).
+    ASSERT_EQ(got.evaluations.size(), want.stats.size()) << what;
+    for (size_t q = 0; q < want.stats.size(); q++)
+        if (want.stats[q].distance_evaluations > 0)
+            EXPECT_GT(got.evaluations[q], 0u) << what << " query " << q;
 }
 
 // Range searches at radii 0..3, per-query radii, everything (larger than the

@@ -105,8 +105,10 @@ struct LcDeviceView {
 
 // Range search: for every query, the live objects within its radius (radii:
 // one per query, or one for all), each query's hits sorted by (distance,
-// id) as MetricIndex::range gives them; result.stats is left empty (the
-// device counts no evaluations). Too many hits or candidates for the
+// id) as MetricIndex::range gives them; result.stats holds each query's
+// distance evaluations (live_objects left 0): every pivot or centre (the
+// device computes all, where the engine's List of Clusters stops early)
+// plus the candidates the rules left; k-NN adds each round's candidates. Too many hits or candidates for the
 // buffers grows them and reruns the step; device memory beyond the
 // context's budget is Error(OutOfMemory).
 MetricBatchResult sss_range(GpuContext& ctx, const SssDeviceView& index, const WordList& queries,

@@ -701,6 +701,7 @@ bool GpuProcess::metric_search(const MirrorKey& key, const MetricWords& queries,
         q.region[4] = l.take(room * sizeof(uint32_t));
         q.region[5] = l.take(room * sizeof(uint32_t));
         q.region[6] = l.take(room * sizeof(int64_t));
+        q.region[7] = l.take(nq * sizeof(uint64_t));
         char* x = exchange(l);
         if (cps > 0)
             std::memcpy(x + q.region[0].offset, queries.code_points, q.region[0].bytes);
@@ -729,6 +730,8 @@ bool GpuProcess::metric_search(const MirrorKey& key, const MetricWords& queries,
         out.ids.assign(ids, ids + total);
         out.distances.assign(dists, dists + total);
         out.labels.assign(labels, labels + total);
+        const uint64_t* evaluations = reinterpret_cast<const uint64_t*>(x + q.region[7].offset);
+        out.evaluations.assign(evaluations, evaluations + nq);
         return true;
     }
     throw Error(ErrorKind::Internal, "GPU process metric search: the answer grew between two calls");

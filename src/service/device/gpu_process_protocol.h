@@ -23,8 +23,8 @@ constexpr uint32_t kMagic = 0x47495650;  // "GIVP"
 // Raised with every change of Request or Reply. The program is installed
 // apart from the extension's library: after an upgrade, a server still
 // running the old library may start the new program (or the reverse).
-constexpr uint64_t kVersion = 9;
-constexpr int kRegions = 7;
+constexpr uint64_t kVersion = 10;
+constexpr int kRegions = 8;
 constexpr size_t kAlign = 64;
 constexpr size_t kMaxStatusMirrors = 64;  // mirrors a Status reply lists
 constexpr size_t kMaxDevices = 16;        // devices one process serves (a Devices reply lists)
@@ -79,7 +79,7 @@ enum class Op : uint32_t {
     MetricSearch,   // key, nq, k (0: range), nradii (range: 1 or nq), cps, n (room for hits); r0 query
                     // code points, r1 offsets (nq + 1), r2 radii (nradii uint32); out r3 hit offsets
                     // (nq + 1 uint64), r4 object ids (n uint32), r5 distances (n uint32), r6 labels
-                    // (n int64) -> value[0] hits, value[1] 1 when they exceed n (nothing written: ask
+                    // (n int64), r7 each query's distance evaluations (nq uint64) -> value[0] hits, value[1] 1 when they exceed n (nothing written: ask
                     // again with room for value[0]), value[2] live objects; NotFound without the mirror
 };
 

@@ -272,6 +272,9 @@ void metric_search(const Request& q, Reply& rep, MirrorStore& store, const Excha
     std::copy(hits.ids.begin(), hits.ids.end(), x.at<uint32_t>(q.region[4], total));
     std::copy(hits.distances.begin(), hits.distances.end(), x.at<uint32_t>(q.region[5], total));
     std::copy(hits.labels.begin(), hits.labels.end(), x.at<int64_t>(q.region[6], total));
+    uint64_t* evaluations = x.at<uint64_t>(q.region[7], q.nq);
+    for (uint64_t i = 0; i < q.nq; i++)
+        evaluations[i] = i < hits.evaluations.size() ? hits.evaluations[i] : 0;
 }
 
 // Splits [0, n) into one contiguous share per working device when n is at

@@ -209,6 +209,10 @@ void MetricMirror::knn_batch(const MetricWords& queries, size_t k, MetricHits& o
 void MetricMirror::to_hits(const MetricBatchResult& result, MetricHits& out) const
 {
     out.offsets = result.offsets;
+    const size_t nq = result.offsets.empty() ? 0 : result.offsets.size() - 1;
+    out.evaluations.assign(nq, 0);
+    for (size_t q = 0; q < nq && q < result.stats.size(); q++)
+        out.evaluations[q] = result.stats[q].distance_evaluations;
     const size_t n = result.hits.size();
     out.ids.resize(n);
     out.labels.resize(n);

@@ -77,6 +77,9 @@ struct MetricHits {
     std::vector<uint32_t> ids;
     std::vector<int64_t> labels;
     std::vector<uint32_t> distances;
+    // Per query: the distances the search computed (the device's count,
+    // see gpu::lc_range; 0 where a search does not count).
+    std::vector<uint64_t> evaluations;
 };
 
 class MetricMirror {

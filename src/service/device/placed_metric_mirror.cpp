@@ -260,12 +260,17 @@ MetricBatchResult PlacedMetricMirror::merge(const std::vector<MetricHits>& answe
 {
     MetricBatchResult out;
     out.offsets.assign(1, 0);
+    out.stats.resize(nq);
     std::vector<MetricHit> row;
     for (size_t q = 0; q < nq; q++) {
         row.clear();
-        for (const MetricHits& a : answers)
+        for (const MetricHits& a : answers) {
             for (uint64_t i = a.offsets[q]; i < a.offsets[q + 1]; i++)
                 row.push_back(MetricHit{a.ids[i], a.distances[i]});
+            // Every part searched every query: the distances add up.
+            if (q < a.evaluations.size())
+                out.stats[q].distance_evaluations += a.evaluations[q];
+        }
         std::sort(row.begin(), row.end(), metric_hit_less);
         if (row.size() > keep)
             row.resize(keep);
