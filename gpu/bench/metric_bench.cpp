@@ -190,6 +190,18 @@ std::string grouped(double v)
     return s;
 }
 
+// The mean of a mirror's per-query counts, with its fraction of brute force.
+std::string mean_evaluations(const MetricHits& h, size_t live)
+{
+    double s = 0;
+    for (uint64_t e : h.evaluations)
+        s += double(e);
+    if (h.evaluations.empty())
+        return "-";
+    s /= double(h.evaluations.size());
+    return grouped(s) + " (" + fmt("%.3f", s / double(std::max<size_t>(live, 1))) + ")";
+}
+
 std::string equal_cell(size_t diff, size_t n)
 {
     return diff == 0 ? "yes (" + grouped(double(n)) + " q)" : std::to_string(diff) + " of " + grouped(double(n)) + " differ";
@@ -197,7 +209,7 @@ std::string equal_cell(size_t diff, size_t n)
 
 struct Row {
     uint32_t radius;
-    std::string method, build, evals, cpu, gpu_batch, gpu_single, equal;
+    std::string method, build, evals, cpu, gpu_evals, gpu_batch, gpu_single, equal;
 };
 
 }  // namespace
@@ -342,7 +354,7 @@ int main(int argc, char** argv)
             const double bf_s = seconds([&] { bf = range_search_batch(*brute, brute_q, radius, threads); });
             double hits = double(bf.hits.size()) / double(nb);
             rows.push_back({r, "brute force", "-", grouped(double(n)) + " (1.000)",
-                            grouped(double(nb) / bf_s) + " (" + cpu_label + ")", "-", "-", "-"});
+                            grouped(double(nb) / bf_s) + " (" + cpu_label + ")", "-", "-", "-", "-"});
             std::printf("r = %u: brute force %.2f s for %zu queries, %.2f answers per query\n", r, bf_s, nb, hits);
             std::fflush(stdout);
             for (Method& m : methods) {
@@ -362,11 +374,13 @@ int main(int argc, char** argv)
                         grouped(double(nc) / cpu_s) + " (" + cpu_label + ")",
                         "-",
                         "-",
+                        "-",
                         "-"};
                 if (m.one) {
                     MetricHits out;
                     m.one->range_batch(all_q, &r, 1, out);  // warm-up, and the answers compared
                     const size_t diff = count_differing(cpu, out, nc);
+                    row.gpu_evals = mean_evaluations(out, m.index->live());
                     double best = 1e30;
                     for (int rep = 0; rep < 2; rep++) {
                         MetricHits o;
@@ -403,6 +417,7 @@ int main(int argc, char** argv)
                         best = std::min(best, seconds([&] { m.many->range_batch(all_q, &r, 1, o); }));
                     }
                     Row mr{r, std::string(m.label) + ", " + std::to_string(gpus) + " GPUs (1-stage)", "-", "-", "-",
+                           mean_evaluations(out, m.index->live()),
                            grouped(double(nq) / best) + " (" + fmt("%.2f", best * 1e6 / double(nq)) + " µs/q)", "-",
                            equal_cell(diff, nc)};
                     std::printf("r = %u: %s %zu GPUs: batch of %zu %.3f s; answers = engine: %s\n", r, m.label, gpus,
@@ -417,14 +432,18 @@ int main(int argc, char** argv)
         std::printf("CPU: the engine's range_search_batch over %d threads on the first %zu queries (brute force on the "
                     "first %zu); GPU: all %zu queries in one call through the device layer's metric mirror, and "
                     "single queries one call each (%zu queries; p50, p99 in brackets). Evaluations: distances "
-                    "computed per query (the fraction of brute force's %zu). equal: the GPU's answers (ids and "
+                    "computed per query (the fraction of brute force's %zu); the GPU computes every centre or "
+                    "pivot (the engine's List of Clusters stops at its stop cluster), and over several GPUs each "
+                    "GPU its share of the centres or its objects with every pivot. equal: the GPU's answers (ids and "
                     "distances) against the CPU engine's on the queries both ran.\n\n",
                     threads, nc, nb, nq, std::min(single, nq), n);
-        std::printf("| radius | method | build s | evals/query (fraction of brute force) | CPU q/s (threads) | GPU "
-                    "batched q/s | GPU single-query p50 ms | equal |\n|---|---|---|---|---|---|---|---|\n");
+        std::printf("| radius | method | build s | CPU evals/query (fraction of brute force) | CPU q/s (threads) | "
+                    "GPU evals/query (fraction) | GPU batched q/s | GPU single-query p50 ms | equal |\n"
+                    "|---|---|---|---|---|---|---|---|---|\n");
         for (const Row& r : rows)
-            std::printf("| %u | %s | %s | %s | %s | %s | %s | %s |\n", r.radius, r.method.c_str(), r.build.c_str(),
-                        r.evals.c_str(), r.cpu.c_str(), r.gpu_batch.c_str(), r.gpu_single.c_str(), r.equal.c_str());
+            std::printf("| %u | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.radius, r.method.c_str(),
+                        r.build.c_str(), r.evals.c_str(), r.cpu.c_str(), r.gpu_evals.c_str(), r.gpu_batch.c_str(),
+                        r.gpu_single.c_str(), r.equal.c_str());
         bool all_equal = true;
         for (const Row& r : rows)
             all_equal = all_equal && (r.equal == "-" || r.equal.rfind("yes", 0) == 0);
