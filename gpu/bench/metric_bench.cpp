@@ -190,15 +190,17 @@ std::string grouped(double v)
     return s;
 }
 
-// The mean of a mirror's per-query counts, with its fraction of brute force.
-std::string mean_evaluations(const MetricHits& h, size_t live)
+// The mean of a mirror's per-query counts over its first nq queries (those
+// the engine ran too), with its fraction of brute force.
+std::string mean_evaluations(const MetricHits& h, size_t live, size_t nq)
 {
-    double s = 0;
-    for (uint64_t e : h.evaluations)
-        s += double(e);
-    if (h.evaluations.empty())
+    nq = std::min(nq, h.evaluations.size());
+    if (nq == 0)
         return "-";
-    s /= double(h.evaluations.size());
+    double s = 0;
+    for (size_t q = 0; q < nq; q++)
+        s += double(h.evaluations[q]);
+    s /= double(nq);
     return grouped(s) + " (" + fmt("%.3f", s / double(std::max<size_t>(live, 1))) + ")";
 }
 
@@ -380,7 +382,7 @@ int main(int argc, char** argv)
                     MetricHits out;
                     m.one->range_batch(all_q, &r, 1, out);  // warm-up, and the answers compared
                     const size_t diff = count_differing(cpu, out, nc);
-                    row.gpu_evals = mean_evaluations(out, m.index->live());
+                    row.gpu_evals = mean_evaluations(out, m.index->live(), nc);
                     double best = 1e30;
                     for (int rep = 0; rep < 2; rep++) {
                         MetricHits o;
@@ -417,7 +419,7 @@ int main(int argc, char** argv)
                         best = std::min(best, seconds([&] { m.many->range_batch(all_q, &r, 1, o); }));
                     }
                     Row mr{r, std::string(m.label) + ", " + std::to_string(gpus) + " GPUs (1-stage)", "-", "-", "-",
-                           mean_evaluations(out, m.index->live()),
+                           mean_evaluations(out, m.index->live(), nc),
                            grouped(double(nq) / best) + " (" + fmt("%.2f", best * 1e6 / double(nq)) + " µs/q)", "-",
                            equal_cell(diff, nc)};
                     std::printf("r = %u: %s %zu GPUs: batch of %zu %.3f s; answers = engine: %s\n", r, m.label, gpus,
@@ -432,7 +434,7 @@ int main(int argc, char** argv)
         std::printf("CPU: the engine's range_search_batch over %d threads on the first %zu queries (brute force on the "
                     "first %zu); GPU: all %zu queries in one call through the device layer's metric mirror, and "
                     "single queries one call each (%zu queries; p50, p99 in brackets). Evaluations: distances "
-                    "computed per query (the fraction of brute force's %zu); the GPU computes every centre or "
+                    "computed per query, over the queries the engine ran (the fraction of brute force's %zu); the GPU computes every centre or "
                     "pivot (the engine's List of Clusters stops at its stop cluster), and over several GPUs each "
                     "GPU its share of the centres or its objects with every pivot. equal: the GPU's answers (ids and "
                     "distances) against the CPU engine's on the queries both ran.\n\n",
