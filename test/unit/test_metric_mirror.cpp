@@ -493,6 +493,20 @@ TEST(MetricMirror, PlacedOverDevicesEqualsEngine)
     }
     ListOfClusters lc(to_list(words), 6);
     PlacedMetricMirror lcm(set, {0, 2}, SpecStore(lc).spec);
+    {
+        // An answer large enough for the merge to split its queries over
+        // threads (every word for each of 160 queries: 96,000 hits).
+        std::vector<Word> many;
+        while (many.size() < 160)
+            many.insert(many.end(), queries.begin(), queries.end());
+        many.resize(160);
+        const WordList mq = to_list(many);
+        const uint32_t all = 1000;
+        MetricHits got;
+        lcm.range_batch(words_of(mq), &all, 1, got);
+        expect_same_hits(got, range_search_batch(lc, mq, {all}, 2), "every word, 160 queries");
+        EXPECT_EQ(got.ids.size(), 160 * words.size());
+    }
     EXPECT_TRUE(lcm.whole());
     set.mark_failed(2);
     EXPECT_FALSE(lcm.whole());

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "engine/error.h"
+#include "service/device/shard_merge.h"
 
 namespace gpuivfpq {
 
@@ -258,25 +259,37 @@ void PlacedMetricMirror::mark_removed(const std::vector<uint32_t>& positions)
 MetricBatchResult PlacedMetricMirror::merge(const std::vector<MetricHits>& answers, size_t nq,
                                             size_t keep) const
 {
+    // Each query's place in the answer first, then the queries merged on
+    // several threads for large answers (a range at radius 3 over a million
+    // words holds hundreds of hits a query).
     MetricBatchResult out;
-    out.offsets.assign(1, 0);
+    out.offsets.assign(nq + 1, 0);
     out.stats.resize(nq);
-    std::vector<MetricHit> row;
+    size_t rows = 0;
     for (size_t q = 0; q < nq; q++) {
-        row.clear();
-        for (const MetricHits& a : answers) {
-            for (uint64_t i = a.offsets[q]; i < a.offsets[q + 1]; i++)
-                row.push_back(MetricHit{a.ids[i], a.distances[i]});
-            // Every part searched every query: the distances add up.
-            if (q < a.evaluations.size())
-                out.stats[q].distance_evaluations += a.evaluations[q];
-        }
-        std::sort(row.begin(), row.end(), metric_hit_less);
-        if (row.size() > keep)
-            row.resize(keep);
-        out.hits.insert(out.hits.end(), row.begin(), row.end());
-        out.offsets.push_back(out.hits.size());
+        uint64_t n = 0;
+        for (const MetricHits& a : answers)
+            n += a.offsets[q + 1] - a.offsets[q];
+        rows += n;
+        out.offsets[q + 1] = out.offsets[q] + std::min<uint64_t>(n, keep);
     }
+    out.hits.resize(out.offsets[nq]);
+    over_queries(nq, rows, [&](size_t first, size_t last) {
+        std::vector<MetricHit> row;
+        for (size_t q = first; q < last; q++) {
+            row.clear();
+            for (const MetricHits& a : answers) {
+                for (uint64_t i = a.offsets[q]; i < a.offsets[q + 1]; i++)
+                    row.push_back(MetricHit{a.ids[i], a.distances[i]});
+                // Every part searched every query: the distances add up.
+                if (q < a.evaluations.size())
+                    out.stats[q].distance_evaluations += a.evaluations[q];
+            }
+            const size_t n = size_t(out.offsets[q + 1] - out.offsets[q]);
+            std::partial_sort(row.begin(), row.begin() + long(n), row.end(), metric_hit_less);
+            std::copy(row.begin(), row.begin() + long(n), out.hits.begin() + long(out.offsets[q]));
+        }
+    });
     return out;
 }
 

@@ -73,20 +73,17 @@ bool exact_pair_less(const std::pair<double, int64_t>& a, const std::pair<double
     return exact_less(a.first, a.second, b.first, b.second);
 }
 
-// Runs body(first, last) over query ranges, on several threads for large
-// batches (a k-NN graph merges millions of rows).
-void over_queries(size_t nq, size_t k, const std::function<void(size_t, size_t)>& body)
+}  // namespace
+
+void over_queries(size_t nq, size_t rows, const std::function<void(size_t, size_t)>& body)
 {
-    const size_t work = nq * k;
-    int threads = work < (size_t(1) << 16) ? 1 : int(std::min<unsigned>(8, std::max(1u, std::thread::hardware_concurrency())));
+    int threads = rows < (size_t(1) << 16) ? 1 : int(std::min<unsigned>(8, std::max(1u, std::thread::hardware_concurrency())));
     parallel_for(nq, threads, body);
 }
 
-}  // namespace
-
 void merge_adc(size_t nq, size_t k, const std::vector<ShardRows<float>>& parts, float* dist, int64_t* labels)
 {
-    over_queries(nq, k, [&](size_t first, size_t last) {
+    over_queries(nq, nq * k, [&](size_t first, size_t last) {
         std::vector<std::pair<float, int64_t>> c;
         for (size_t q = first; q < last; q++) {
             gather(q, k, parts, c);
@@ -98,7 +95,7 @@ void merge_adc(size_t nq, size_t k, const std::vector<ShardRows<float>>& parts, 
 void merge_exact(size_t nq, size_t k, const std::vector<ShardRows<double>>& parts, double* dist,
                  int64_t* labels)
 {
-    over_queries(nq, k, [&](size_t first, size_t last) {
+    over_queries(nq, nq * k, [&](size_t first, size_t last) {
         std::vector<std::pair<double, int64_t>> c;
         for (size_t q = first; q < last; q++) {
             gather(q, k, parts, c);
@@ -117,7 +114,7 @@ void merge_reranked(size_t nq, size_t k, const std::vector<ShardRows<float>>& ad
         int64_t label;
         double exact;
     };
-    over_queries(nq, k, [&](size_t first, size_t last) {
+    over_queries(nq, nq * k, [&](size_t first, size_t last) {
         std::vector<Cand> c;
         std::vector<std::pair<int64_t, double>> by_label;
         std::vector<std::pair<double, int64_t>> chosen;

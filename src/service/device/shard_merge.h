@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace gpuivfpq {
@@ -27,6 +28,11 @@ struct ShardRows {
     const D* dist = nullptr;
     const int64_t* labels = nullptr;
 };
+
+// Runs body(first, last) over ranges of nq queries whose merge handles
+// `rows` rows in all: on several threads for large batches (a k-NN graph
+// merges millions of rows), on the caller's alone for small ones.
+void over_queries(size_t nq, size_t rows, const std::function<void(size_t, size_t)>& body);
 
 // The k best of the shards' rows per query by (ADC distance, label).
 void merge_adc(size_t nq, size_t k, const std::vector<ShardRows<float>>& parts, float* dist, int64_t* labels);
