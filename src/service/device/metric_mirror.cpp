@@ -157,6 +157,98 @@ void MetricMirror::add(const MetricWords& words, const int64_t* labels,
     radii_.swap(radii);
 }
 
+bool MetricMirror::catch_up(const MetricSpec& newer)
+{
+    check_usable();
+    const size_t old = objects(), n = newer.words.n;
+    if (newer.method != method_ || newer.ids != nullptr || n < old || (n > 0 && newer.labels == nullptr))
+        return false;
+    if (ids_.size() != old || (old > 0 && ids_.back() != old - 1))
+        return false;  // a part of a placed mirror: its ids are not 0..n-1
+    if (!std::equal(labels_.begin(), labels_.end(), newer.labels))
+        return false;
+    std::vector<uint32_t> gone;
+    for (size_t x = 0; x < old; x++) {
+        const bool now = newer.removed != nullptr && newer.removed[x] != 0;
+        if (removed_[x] && !now)
+            return false;  // removed objects stay removed
+        if (now && !removed_[x])
+            gone.push_back(uint32_t(x));
+    }
+    for (size_t x = old; x < n; x++)
+        if (newer.removed != nullptr && newer.removed[x] != 0)
+            return false;  // appended and removed between the states: load afresh
+    std::vector<LcPlacement> where;
+    if (is_lc(method_)) {
+        if (newer.clusters < radii_.size() || (n > old && newer.cluster_of == nullptr) ||
+            (newer.clusters > 0 && (newer.centres == nullptr || newer.radii == nullptr)))
+            return false;
+        // Clusters before the last never change radius; the last may grow.
+        for (size_t c = 0; c < radii_.size(); c++)
+            if (c + 1 < radii_.size() ? newer.radii[c] != radii_[c] : newer.radii[c] < radii_[c])
+                return false;
+        size_t clusters = radii_.size();
+        for (size_t x = old; x < n; x++) {
+            const uint32_t c = newer.cluster_of[x];
+            if (c > clusters || c >= newer.clusters)
+                return false;
+            if (c == clusters) {
+                // A new cluster is opened by its centre, the object that made it.
+                if (newer.centres[c] != x)
+                    return false;
+                where.push_back(LcPlacement{c, 0});
+                clusters++;
+            } else {
+                where.push_back(LcPlacement{c, newer.radii[c]});
+            }
+        }
+        if (clusters != newer.clusters)
+            return false;
+        // The placements the insert rule can make, in order (add() would
+        // refuse any other, after the removals below).
+        std::vector<uint32_t> radii = radii_;
+        for (const LcPlacement& p : where) {
+            try {
+                check_lc_placement(radii.size(), p, p.cluster < radii.size() ? radii[p.cluster] : 0);
+            } catch (const Error&) {
+                return false;
+            }
+            if (p.cluster == radii.size())
+                radii.push_back(0);
+            else
+                radii[p.cluster] = p.radius;
+        }
+        if (!std::equal(radii.begin(), radii.end(), newer.radii))
+            return false;
+    } else if (newer.pivots != pivots_ || (pivots_ > 0 && n > old && newer.table == nullptr)) {
+        return false;
+    }
+
+    if (!gone.empty()) {
+        try {
+            mark_removed(gone);
+        } catch (...) {
+            broken_ = true;
+            throw;
+        }
+        for (uint32_t x : gone)
+            removed_[x] = 1;
+        live_ -= gone.size();
+    }
+    if (n > old) {
+        const uint64_t first = newer.words.offsets[old];
+        std::vector<uint64_t> offsets(n - old + 1);
+        for (size_t x = old; x <= n; x++)
+            offsets[x - old] = newer.words.offsets[x] - first;
+        const MetricWords added{n - old, newer.words.code_points + first, offsets.data()};
+        MetricPlacements placements;
+        placements.clusters = where.empty() ? nullptr : where.data();
+        placements.table_rows = pivots_ > 0 ? newer.table + old * pivots_ : nullptr;
+        add(added, newer.labels + old, placements);
+    }
+    return true;
+}
+
 size_t MetricMirror::remove(size_t n, const int64_t* labels)
 {
     check_usable();

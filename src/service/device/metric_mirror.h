@@ -110,6 +110,19 @@ public:
     // (unknown labels and duplicates allowed); returns how many.
     size_t remove(size_t n, const int64_t* labels);
 
+    // Brings the mirror to `newer`, a later state of the same index (its
+    // first objects() objects the same, in order, with the same labels):
+    // marks removed the objects newer removes, then appends newer's further
+    // objects at the placements newer's structure gives them (LC: their
+    // clusters and radii, a new cluster's centre opening it; SSS: their
+    // table rows), and checks that the structure then equals newer's.
+    // Returns false, changing nothing, when newer is not such a state (fewer
+    // objects, other labels, an object no longer removed, other pivots, a
+    // cluster newer's order cannot have made): the caller loads newer
+    // afresh. A failure while changing leaves the mirror unusable, as add()
+    // does. Top-level mirrors only (newer.ids null).
+    bool catch_up(const MetricSpec& newer);
+
     // Range search: radii holds one radius per query, or one for all
     // (nradii = 1); else Error(InvalidArgument).
     void range_batch(const MetricWords& queries, const uint32_t* radii, size_t nradii,

@@ -235,11 +235,18 @@ Mirror* MirrorStore::load(const MirrorKey& key, const MirrorSpec& spec, size_t n
     }
 }
 
-PlacedMetricMirror* MirrorStore::load_metric(const MirrorKey& key, const MetricSpec& spec)
+PlacedMetricMirror* MirrorStore::load_metric(const MirrorKey& key, const MetricSpec& spec, bool* updated)
 {
     std::vector<size_t> alive = devices_.alive_devices();
     if (alive.empty())
         throw Error(ErrorKind::Internal, "no working GPU is left in this process");
+    if (updated != nullptr)
+        *updated = false;
+    if (PlacedMetricMirror* m = catch_up_metric(key, spec)) {
+        if (updated != nullptr)
+            *updated = true;
+        return m;
+    }
     drop_index(key.db, key.index);
 
     // Each device holds about its share of the index (SSS parts also keep the pivots: few).
@@ -267,6 +274,44 @@ PlacedMetricMirror* MirrorStore::load_metric(const MirrorKey& key, const MetricS
                 throw;
         }
     }
+}
+
+// The mirror of an earlier change of key's index version brought to spec
+// and filed under key, or null (none, or spec does not extend it).
+PlacedMetricMirror* MirrorStore::catch_up_metric(const MirrorKey& key, const MetricSpec& spec)
+{
+    auto it = metrics_.begin();
+    for (; it != metrics_.end(); ++it) {
+        const MirrorKey& k = it->first;
+        if (k.db == key.db && k.index == key.index && k.relnode == key.relnode && k.build == key.build &&
+            k.change < key.change && it->second.mirror->whole())
+            break;
+    }
+    if (it == metrics_.end())
+        return nullptr;
+    bool done = false;
+    try {
+        done = it->second.mirror->catch_up(spec);
+    } catch (const Error& e) {
+        // A refused change adds nothing, but the device's part of a failed
+        // one is unknown: the caller drops the mirror and loads afresh.
+        if (e.kind() == ErrorKind::OutOfMemory || e.kind() == ErrorKind::InvalidArgument ||
+            e.kind() == ErrorKind::Internal)
+            return nullptr;
+        throw;
+    }
+    if (!done)
+        return nullptr;
+    MetricEntry entry = std::move(it->second);
+    metrics_.erase(it);
+    entry.last_used = ++clock_;
+    MetricEntry& e = metrics_[key];
+    e = std::move(entry);
+    // The appended objects may push a device past its budget: others go first.
+    for (size_t dev : e.mirror->devices())
+        while (bytes_on(dev) > devices_.budget(dev) && evict_one(&key, dev)) {
+        }
+    return e.mirror.get();
 }
 
 size_t MirrorStore::drop_index(uint32_t db, uint32_t index)

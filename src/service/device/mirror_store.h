@@ -100,8 +100,12 @@ public:
     // of the same index and evicting the least recently used mirrors of
     // either kind to stay within each device's budget (metric_mirror_bytes
     // shared out over the parts). Throws Error(OutOfMemory) when it cannot
-    // fit, Error(InvalidArgument) for a state that is no index.
-    PlacedMetricMirror* load_metric(const MirrorKey& key, const MetricSpec& spec);
+    // fit, Error(InvalidArgument) for a state that is no index. A mirror of
+    // an earlier change of the same index version (db, index, relnode,
+    // build) whose state spec extends (MetricMirror::catch_up: appended
+    // objects, newly removed ones) is brought up to date in place instead,
+    // sending the GPUs only what changed; *updated (when given) says which.
+    PlacedMetricMirror* load_metric(const MirrorKey& key, const MetricSpec& spec, bool* updated = nullptr);
 
     // Forgets every mirror of (db, index), whatever its version or kind.
     size_t drop_index(uint32_t db, uint32_t index);
@@ -131,6 +135,7 @@ private:
     };
     struct Plan;
     bool evict_one(const MirrorKey* keep, size_t device);
+    PlacedMetricMirror* catch_up_metric(const MirrorKey& key, const MetricSpec& spec);
     bool fits(const Plan& plan) const;
     std::unique_ptr<PlacedMirror> build(const Plan& plan, const MirrorSpec& spec, size_t n,
                                         const int32_t* list_ids, const uint8_t* codes, const int64_t* labels,
