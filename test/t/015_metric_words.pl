@@ -6,7 +6,8 @@
 # batch functions, and in k-NN order; they stay exact through inserts,
 # deletes, updates and VACUUM, also concurrent ones beside readers; after a
 # crash (immediate shutdown) WAL replay brings back the same answers; a streaming standby answers like the
-# primary. Also: databases in LATIN1 and SQL_ASCII, pg_trgm's operators
+# primary; the same answers from the GPU service (emulated without a GPU).
+# Also: databases in LATIN1 and SQL_ASCII, pg_trgm's operators
 # beside ours, and the planner's choices on real data. Skipped without the
 # dictionary (Debian package wspanish).
 use strict;
@@ -118,12 +119,16 @@ sub scan_check
 	});
 }
 
-# The same through gpu_metric_range_batch on $index, by (query, tid, distance).
+# The same through gpu_metric_range_batch on $index, by (query, tid, distance);
+# $prefix runs first in the same transaction.
 sub batch_check
 {
-	my ($node, $index) = @_;
+	my ($node, $index, $prefix) = @_;
+	$prefix //= '';
 	return $node->safe_psql(
 		'postgres', qq{
+		BEGIN;
+		$prefix
 		WITH got AS (SELECT b.query AS qid, r.radius, b.tid, b.distance AS d
 					 FROM generate_series(1, 3) r(radius),
 						  LATERAL gpu_metric_range_batch('$index', (SELECT array_agg(query ORDER BY id) FROM queries),
@@ -137,6 +142,7 @@ sub batch_check
 				   (SELECT count(*) FROM (SELECT * FROM got WHERE got.radius = r.radius
 										  EXCEPT SELECT * FROM want WHERE want.radius = r.radius) e) AS x
 			FROM generate_series(1, 3) r(radius)) s;
+		COMMIT;
 	});
 }
 
@@ -333,6 +339,43 @@ is( $primary->safe_psql(
 	'zzqxn,zzqxñ', 'the index takes inserts after the crash');
 $primary->wait_for_catchup($standby);
 is(answers_digest($standby), answers_digest($primary), 'the standby follows the primary through its crash');
+
+# ---------------------------------------------------------------- on the GPU
+# The same checks answered by the GPU service (gpu_ivfpq.device = gpu: a
+# search the GPU does not answer is an error): on the GPU machine
+# (GPU_IVFPQ_EXPECT_GPU=1) by its GPU, elsewhere by the service's CPU
+# emulation of one.
+# The standby preloads the library first: a primary that preloads it logs
+# the service's WAL records (a standby without the library cannot replay
+# them).
+my $expect_gpu = $ENV{GPU_IVFPQ_EXPECT_GPU} ? 1 : 0;
+my $service_conf = "shared_preload_libraries = 'gpu_ivfpq'\n" . ($expect_gpu ? '' : "gpu_ivfpq.service_emulate_gpu = on\n");
+$standby->append_conf('postgresql.conf', $service_conf);
+$standby->restart;
+$primary->append_conf('postgresql.conf', $service_conf);
+$primary->restart;
+$primary->poll_query_until('postgres',
+	$expect_gpu
+	? q{SELECT state = 'running (GPU)' FROM gpu_ivfpq_status}
+	: q{SELECT state LIKE '%emulated%' FROM gpu_ivfpq_status})
+  or die 'the GPU service did not start';
+make_reference();
+my $on_gpu = 'SET LOCAL gpu_ivfpq.device = gpu;';
+exact_ok(scan_check($primary, "$only_lc $on_gpu"), 'on the GPU: List of Clusters index scans equal the reference');
+exact_ok(scan_check($primary, "$only_sss $on_gpu"), 'on the GPU: SSS index scans equal the reference');
+exact_ok(batch_check($primary, 'words_lc', $on_gpu), 'on the GPU: List of Clusters gpu_metric_range_batch');
+exact_ok(batch_check($primary, 'words_sss', $on_gpu), 'on the GPU: SSS gpu_metric_range_batch');
+is(knn_mismatches($primary, "$only_lc $on_gpu", 40), '0', 'on the GPU: List of Clusters k-NN');
+is(knn_mismatches($primary, "$only_sss $on_gpu", 40), '0', 'on the GPU: SSS k-NN');
+# (A DROP INDEX frees the index's mirror even when it rolls back, as the
+# checks above did: both are searched once more first.)
+is( $primary->safe_psql(
+		'postgres', q{
+		SET gpu_ivfpq.device = gpu;
+		SELECT count(*) >= 0 FROM gpu_metric_range_batch('words_lc', ARRAY['casa'], 1);
+		SELECT count(*) >= 0 FROM gpu_metric_range_batch('words_sss', ARRAY['casa'], 1);
+		SELECT count(*) FROM gpu_ivfpq_mirrors WHERE kind = 'gpu_metric' AND index IN ('words_lc', 'words_sss')}),
+	"t\nt\n2", 'both indexes are mirrored');
 
 # ---------------------------------------------------------------- encodings
 # Code points whatever the database's encoding: LATIN1 text is converted.
