@@ -10,12 +10,21 @@
 # PostgreSQL kit, ../shared/device). The extension's `make` compiles the
 # kernels there with nvcc; GPU_IVFPQ_CUDA_LIB names a prebuilt kernel archive
 # instead (e.g. CMake's build-gpu/gpu/libgpu_ivfpq_gpu.a, carried along).
+# Test/t/015 needs the word lists wspanish and wamerican: carry their .debs
+# among the kit's packages.
 # Logs go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-tests}
 mkdir -p "$OUT"
 bash .device/pg-up.sh >/tmp/pgup.log 2>&1 || { cat /tmp/pgup.log; exit 1; }
 . /opt/pg/env.sh
+# Word lists carried as kit packages (wspanish, wamerican: 015 reads them),
+# where the machine's /usr/share/dict exists without them.
+for f in "${PGKIT_ROOT:-/opt/pg}"/usr/share/dict/*; do
+  [ -e "$f" ] || continue
+  mkdir -p /usr/share/dict
+  [ -e "/usr/share/dict/$(basename "$f")" ] || ln -s "$f" /usr/share/dict/
+done
 # TAP tests drive psql and pgbench through IPC::Run.
 dpkg -x "$(ls .device/libipc-run-perl_*.deb .device/debs/libipc-run-perl_*.deb 2>/dev/null | head -1)" /
 # The kit's server package has no LLVM: every test instance runs with jit = off.
