@@ -224,17 +224,8 @@ bool MetricMirror::catch_up(const MetricSpec& newer)
         return false;
     }
 
-    if (!gone.empty()) {
-        try {
-            mark_removed(gone);
-        } catch (...) {
-            broken_ = true;
-            throw;
-        }
-        for (uint32_t x : gone)
-            removed_[x] = 1;
-        live_ -= gone.size();
-    }
+    if (!gone.empty())
+        remove_positions(gone);
     if (n > old) {
         const uint64_t first = newer.words.offsets[old];
         std::vector<uint64_t> offsets(n - old + 1);
@@ -264,6 +255,12 @@ size_t MetricMirror::remove(size_t n, const int64_t* labels)
             positions.push_back(x);
     if (positions.empty())
         return 0;
+    remove_positions(positions);
+    return positions.size();
+}
+
+void MetricMirror::remove_positions(const std::vector<uint32_t>& positions)
+{
     try {
         mark_removed(positions);
     } catch (...) {
@@ -273,7 +270,6 @@ size_t MetricMirror::remove(size_t n, const int64_t* labels)
     for (uint32_t x : positions)
         removed_[x] = 1;
     live_ -= positions.size();
-    return positions.size();
 }
 
 void MetricMirror::range_batch(const MetricWords& queries, const uint32_t* radii, size_t nradii,

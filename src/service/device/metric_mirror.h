@@ -154,6 +154,9 @@ protected:
 
 private:
     void check_usable() const;
+    // Marks live positions removed on the device, then here (a failure on
+    // the device leaves the mirror unusable).
+    void remove_positions(const std::vector<uint32_t>& positions);
     // The answers with the positions mapped to ids and labels.
     void to_hits(const MetricBatchResult& result, MetricHits& out) const;
 
