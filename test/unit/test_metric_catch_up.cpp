@@ -92,6 +92,17 @@ struct Devices {
     }
 };
 
+// Words to index, queries near them and words to insert later.
+struct Data {
+    std::vector<Word> words, queries, extra;
+    Data(uint64_t seed, const std::vector<uint32_t>& alphabet, size_t n, size_t nq, size_t nextra)
+        : words(metricwords::make_words(n, seed, alphabet)),
+          queries(metricwords::make_queries(words, nq, seed + 1, alphabet)),
+          extra(metricwords::make_words(nextra, seed + 2, alphabet))
+    {
+    }
+};
+
 template <class Index>
 void catch_up_rounds(Index& engine, DeviceSet& set, size_t parts, const std::vector<Word>& queries,
                      const std::vector<Word>& extra, uint64_t seed, const std::string& what)
@@ -120,10 +131,10 @@ void catch_up_rounds(Index& engine, DeviceSet& set, size_t parts, const std::vec
 TEST(MetricCatchUp, ListOfClustersAndSssEqualTheEngineOverDevices)
 {
     const uint64_t seed = test_seed(981);
-    const auto& alphabet = metricwords::spanish_alphabet();
-    const auto words = metricwords::make_words(700, seed, alphabet);
-    const auto queries = metricwords::make_queries(words, 40, seed + 1, alphabet);
-    const auto extra = metricwords::make_words(240, seed + 2, alphabet);
+    const Data d(seed, metricwords::spanish_alphabet(), 700, 40, 240);
+    const auto& words = d.words;
+    const auto& queries = d.queries;
+    const auto& extra = d.extra;
     Devices devices(3);
     for (size_t parts : {1, 2, 3}) {
         for (size_t bucket : {4, 32}) {
@@ -145,11 +156,10 @@ TEST(MetricCatchUp, ListOfClustersAndSssEqualTheEngineOverDevices)
 
 TEST(MetricCatchUp, RefusesStatesThatDoNotExtendTheMirror)
 {
-    const uint64_t seed = test_seed(982);
-    const auto& alphabet = metricwords::ascii_alphabet();
-    const auto words = metricwords::make_words(300, seed, alphabet);
-    const auto queries = metricwords::make_queries(words, 20, seed + 1, alphabet);
-    const auto extra = metricwords::make_words(60, seed + 2, alphabet);
+    const Data d(test_seed(982), metricwords::ascii_alphabet(), 300, 20, 60);
+    const auto& words = d.words;
+    const auto& queries = d.queries;
+    const auto& extra = d.extra;
     const auto device = make_cpu_emulation_device();
 
     ListOfClusters lc(to_list(words), 8);
@@ -210,10 +220,10 @@ TEST(MetricCatchUp, RefusesStatesThatDoNotExtendTheMirror)
 TEST(MetricCatchUp, StoreBringsAnEarlierChangeUpToDate)
 {
     const uint64_t seed = test_seed(983);
-    const auto& alphabet = metricwords::spanish_alphabet();
-    const auto words = metricwords::make_words(400, seed, alphabet);
-    const auto queries = metricwords::make_queries(words, 20, seed + 1, alphabet);
-    const auto extra = metricwords::make_words(90, seed + 2, alphabet);
+    const Data d(seed, metricwords::spanish_alphabet(), 400, 20, 90);
+    const auto& words = d.words;
+    const auto& queries = d.queries;
+    const auto& extra = d.extra;
     Devices devices(2);
     MirrorStore store(*devices.set);
     ListOfClusters lc(to_list(words), 16);
