@@ -1,21 +1,39 @@
 // The change log that keeps GPU mirrors coherent with the index pages:
 // inserts append their entries after writing the page; VACUUM, rebuilds
-// and DROP INDEX invalidate the mirror. The service applies the log before
+// and DROP INDEX (when its transaction commits) invalidate the mirror. The service applies the log before
 // serving any request sent after an entry was logged. Each change is also
 // announced in WAL (wal_announce.cpp), whose replay pushes it here on
 // standbys.
 #include "service/shmem.h"
 
 extern "C" {
+#include "access/xact.h"
 #include "catalog/objectaccess.h"
 #include "catalog/pg_class.h"
 #include "commands/defrem.h"
 #include "miscadmin.h"
+#include "nodes/pg_list.h"
+#include "utils/memutils.h"
 #include "utils/syscache.h"
 #include "utils/wait_event.h"
 }
 
 static object_access_hook_type prev_object_access_hook = NULL;
+
+/*
+ * Indexes of ours dropped by the current transaction, invalidated when it
+ * commits or prepares: a DROP INDEX that rolls back (or whose
+ * subtransaction does) keeps its mirror. Kept in TopTransactionContext;
+ * level: the (sub)transaction nesting level that dropped it.
+ */
+typedef struct PendingDrop
+{
+	Oid			index;
+	bool		logged;
+	int			level;
+} PendingDrop;
+
+static List *pending_drops = NIL;
 
 /* Appends entry (and its vector of entry->vdim floats, if any) to the log. */
 uint64
@@ -236,7 +254,7 @@ GpuIvfpqServiceInvalidate(Relation index, bool wait)
 		GpuIvfpqServiceWaitApplied(pos);
 }
 
-/* DROP INDEX: the mirror of a dropped gpu_ivfpq or gpu_metric index is freed. */
+/* DROP INDEX: the mirror of a dropped gpu_ivfpq or gpu_metric index is freed at commit. */
 static void
 ObjectAccess(ObjectAccessType access, Oid classId, Oid objectId, int subId, void *arg)
 {
@@ -257,7 +275,83 @@ ObjectAccess(ObjectAccessType access, Oid classId, Oid objectId, int subId, void
 
 			ReleaseSysCache(tup);
 			if (ours)
-				(void) LogInvalidate(objectId, logged);
+			{
+				MemoryContext old = MemoryContextSwitchTo(TopTransactionContext);
+				PendingDrop *p = (PendingDrop *) palloc(sizeof(PendingDrop));
+
+				p->index = objectId;
+				p->logged = logged;
+				p->level = GetCurrentTransactionNestLevel();
+				pending_drops = lappend(pending_drops, p);
+				MemoryContextSwitchTo(old);
+			}
+		}
+	}
+}
+
+/* The drops of a committing (or preparing) transaction invalidate their mirrors. */
+static void
+DropsAtXactEnd(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_PRE_COMMIT:
+		case XACT_EVENT_PRE_PREPARE:
+			{
+				List	   *drops = pending_drops;
+				ListCell   *lc;
+
+				/* Cleared first: an error below aborts, and the abort must not see them. */
+				pending_drops = NIL;
+				foreach(lc, drops)
+				{
+					PendingDrop *p = (PendingDrop *) lfirst(lc);
+
+					(void) LogInvalidate(p->index, p->logged);
+				}
+				break;
+			}
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+		case XACT_EVENT_PREPARE:
+			/* The list lived in TopTransactionContext, which goes now. */
+			pending_drops = NIL;
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * A subtransaction that aborts takes its drops back; one that commits hands
+ * them to its parent.
+ */
+static void
+DropsAtSubXactEnd(SubXactEvent event, SubTransactionId mySubid, SubTransactionId parentSubid, void *arg)
+{
+	int			level = GetCurrentTransactionNestLevel();
+	ListCell   *lc;
+
+	if (event == SUBXACT_EVENT_ABORT_SUB)
+	{
+		foreach(lc, pending_drops)
+		{
+			PendingDrop *p = (PendingDrop *) lfirst(lc);
+
+			if (p->level >= level)
+				pending_drops = foreach_delete_current(pending_drops, lc);
+		}
+	}
+	else if (event == SUBXACT_EVENT_COMMIT_SUB)
+	{
+		foreach(lc, pending_drops)
+		{
+			PendingDrop *p = (PendingDrop *) lfirst(lc);
+
+			if (p->level >= level)
+				p->level = level - 1;
 		}
 	}
 }
@@ -267,5 +361,7 @@ GpuIvfpqServiceInstallHooks(void)
 {
 	prev_object_access_hook = object_access_hook;
 	object_access_hook = ObjectAccess;
+	RegisterXactCallback(DropsAtXactEnd, NULL);
+	RegisterSubXactCallback(DropsAtSubXactEnd, NULL);
 }
 

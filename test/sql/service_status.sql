@@ -155,8 +155,25 @@ SET gpu_ivfpq.device = auto;
 SELECT v[1] FROM wide ORDER BY v <-> array_fill(3::real, ARRAY[8200]) LIMIT 1;
 SELECT gpu_ivfpq_prewarm('svc');
 
--- DROP frees the mirror.
+-- A DROP INDEX that rolls back, or whose savepoint does, keeps the mirror.
+SELECT count(*) AS mirrors_before FROM gpu_ivfpq_mirrors WHERE index = 'svc_idx';
+BEGIN;
 DROP INDEX svc_idx;
+ROLLBACK;
+BEGIN;
+SAVEPOINT s;
+DROP INDEX svc_idx;
+ROLLBACK TO SAVEPOINT s;
+COMMIT;
+SELECT pg_sleep(0.5);
+SELECT count(*) AS mirrors_kept FROM gpu_ivfpq_mirrors WHERE index = 'svc_idx';
+
+-- DROP frees the mirror (once committed; here inside a released savepoint).
+BEGIN;
+SAVEPOINT s;
+DROP INDEX svc_idx;
+RELEASE SAVEPOINT s;
+COMMIT;
 SELECT pg_sleep(0.5);
 SELECT count(*) AS mirrors_after_drop FROM gpu_ivfpq_mirrors WHERE indexrelid NOT IN (SELECT oid FROM pg_class);
 DROP TABLE svc, wide;
