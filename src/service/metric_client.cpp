@@ -266,32 +266,7 @@ GpuMetricServiceAnswer(Relation index, GpuMetricCached *entry, const GpuMetricMe
 	if (answered)
 		return true;
 
-	if (result == RES_LOADING)
-		reason = "The index's GPU mirror is being loaded by another session";
-	else if (result == RES_SERVICE_GONE)
-		reason = "The GPU process is restarting";
-	else if (result == RES_NOT_LOADED)
-		reason = "The index could not be mirrored";
-	else if (result == RES_NO_MEMORY)
-	{
-		ereport(WARNING,
-				(errmsg("gpu_metric: index \"%s\" does not fit in GPU memory, using the CPU",
-						RelationGetRelationName(index)),
-				 errdetail("%s", error),
-				 errhint("Raise gpu_ivfpq.gpu_memory_budget or drop unused indexes.")));
-		reason = "The index does not fit in GPU memory";
-	}
-	else
-	{
-		ereport(WARNING,
-				(errmsg("gpu_metric: the GPU failed to serve a search of \"%s\", using the CPU",
-						RelationGetRelationName(index)),
-				 errdetail("%s", error[0] ? error : "the service exited")));
-		reason = "The GPU service failed";
-	}
-	GpuIvfpqCountFallback();
-	if (required)
-		GpuIvfpqGpuRequiredError("gpu_metric search", reason);
+	GpuIvfpqSearchFellBack(index, result, error, "gpu_metric", "search", "gpu_metric search", required);
 	return false;
 }
 

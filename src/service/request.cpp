@@ -97,6 +97,47 @@ GpuIvfpqGpuRequiredError(const char *what, const char *reason)
 			 errhint("Set gpu_ivfpq.device to \"auto\" to fall back to the CPU engine.")));
 }
 
+/*
+ * A search of index that the GPU did not serve after the service answered
+ * result (error: its message): says why where it is worth a WARNING (out of
+ * GPU memory, a failure), counts the fallback to the CPU and, when the GPU
+ * is required, raises GpuIvfpqGpuRequiredError for what. am and noun name
+ * the index's kind and the search in the warnings ("gpu_ivfpq", "scan").
+ */
+void
+GpuIvfpqSearchFellBack(Relation index, RequestResult result, const char *error, const char *am,
+					   const char *noun, const char *what, bool required)
+{
+	const char *reason;
+
+	if (result == RES_LOADING)
+		reason = "The index's GPU mirror is being loaded by another session";
+	else if (result == RES_SERVICE_GONE)
+		reason = "The GPU process is restarting";	/* counted and logged by the service */
+	else if (result == RES_NOT_LOADED)
+		reason = "The index could not be mirrored";
+	else if (result == RES_NO_MEMORY)
+	{
+		ereport(WARNING,
+				(errmsg("%s: index \"%s\" does not fit in GPU memory, using the CPU",
+						am, RelationGetRelationName(index)),
+				 errdetail("%s", error),
+				 errhint("Raise gpu_ivfpq.gpu_memory_budget or drop unused indexes.")));
+		reason = "The index does not fit in GPU memory";
+	}
+	else
+	{
+		ereport(WARNING,
+				(errmsg("%s: the GPU failed to serve a %s of \"%s\", using the CPU",
+						am, noun, RelationGetRelationName(index)),
+				 errdetail("%s", error[0] ? error : "the service exited")));
+		reason = "The GPU service failed";
+	}
+	GpuIvfpqCountFallback();
+	if (required)
+		GpuIvfpqGpuRequiredError(what, reason);
+}
+
 /* ---- slots ---- */
 
 static void

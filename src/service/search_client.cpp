@@ -205,10 +205,10 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
 		return -1;
 	}
 
+	RequestResult result = RES_ERROR;
+
 	for (int attempt = 0; attempt < 2; attempt++)
 	{
-		RequestResult result;
-
 		slot->kind = REQ_SEARCH;
 		GpuIvfpqFillKey(&slot->key, index, meta);
 		slot->dim = meta->dimensions;
@@ -252,34 +252,9 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
 				continue;
 			}
 		}
-		if (result == RES_LOADING)
-			reason = "The index's GPU mirror is being loaded by another session";
-		else if (result == RES_SERVICE_GONE)
-			reason = "The GPU process is restarting";	/* counted and logged by the service */
-		else if (result == RES_NO_MEMORY)
-		{
-			ereport(WARNING,
-					(errmsg("gpu_ivfpq: index \"%s\" does not fit in GPU memory, using the CPU",
-							RelationGetRelationName(index)),
-					 errdetail("%s", error),
-					 errhint("Raise gpu_ivfpq.gpu_memory_budget or drop unused indexes.")));
-			reason = "The index does not fit in GPU memory";
-		}
-		else if (result != RES_NOT_LOADED)
-		{
-			ereport(WARNING,
-					(errmsg("gpu_ivfpq: the GPU failed to serve a scan of \"%s\", using the CPU",
-							RelationGetRelationName(index)),
-					 errdetail("%s", error[0] ? error : "the service exited")));
-			reason = "The GPU service failed";
-		}
-		else
-			reason = "The index could not be mirrored";
 		break;
 	}
-	GpuIvfpqCountFallback();
-	if (required)
-		GpuIvfpqGpuRequiredError("scan", reason);
+	GpuIvfpqSearchFellBack(index, result, error, "gpu_ivfpq", "scan", "scan", required);
 	return -1;
 }
 
