@@ -140,6 +140,45 @@ FROM (SELECT tenant FROM svcw WHERE tenant = 1 ORDER BY v <-> '{0.5,0.5,0.1,0.2}
 RESET gpu_ivfpq.probes;
 DROP TABLE svcw;
 
+-- Parallel plans: a scan in the leader of a Gather, or in a parallel worker
+-- (force_parallel_mode), runs in parallel mode, where no subtransaction may
+-- start; it still loads the mirror (a DSM segment) and answers on the GPU
+-- (device = gpu errors otherwise), the same rows as the CPU engine.
+CREATE TABLE svcq (qid int, qv real[]);
+INSERT INTO svcq SELECT i, ARRAY[cos(i), sin(i), cos(2 * i), sin(3 * i)]::real[]
+FROM generate_series(1, 2000) i;
+ANALYZE svcq;
+SET enable_seqscan = on;
+SET parallel_setup_cost = 0;
+SET parallel_tuple_cost = 0;
+SET min_parallel_table_scan_size = 0;
+SET max_parallel_workers_per_gather = 2;
+SET gpu_ivfpq.device = gpu;
+REINDEX INDEX svc_idx;  -- no mirror: the first scan loads one
+EXPLAIN (COSTS OFF)
+SELECT array_agg(n.id ORDER BY q.qid) FROM svcq q
+CROSS JOIN LATERAL (SELECT id FROM svc ORDER BY svc.v <-> q.qv LIMIT 1) n WHERE q.qid % 100 = 0;
+SELECT array_agg(n.id ORDER BY q.qid) AS gpu FROM svcq q
+CROSS JOIN LATERAL (SELECT id FROM svc ORDER BY svc.v <-> q.qv LIMIT 1) n WHERE q.qid % 100 = 0;
+SET gpu_ivfpq.device = cpu;
+SELECT array_agg(n.id ORDER BY q.qid) AS cpu FROM svcq q
+CROSS JOIN LATERAL (SELECT id FROM svc ORDER BY svc.v <-> q.qv LIMIT 1) n WHERE q.qid % 100 = 0;
+SET gpu_ivfpq.device = gpu;
+SET force_parallel_mode = on;
+REINDEX INDEX svc_idx;
+EXPLAIN (COSTS OFF) SELECT id FROM svc ORDER BY v <-> '{0.3,0.6,0.2,0.1}' LIMIT 4;
+SELECT id AS gpu FROM svc ORDER BY v <-> '{0.3,0.6,0.2,0.1}' LIMIT 4;
+SET gpu_ivfpq.device = cpu;
+SELECT id AS cpu FROM svc ORDER BY v <-> '{0.3,0.6,0.2,0.1}' LIMIT 4;
+SET gpu_ivfpq.device = gpu;
+RESET force_parallel_mode;
+RESET max_parallel_workers_per_gather;
+RESET min_parallel_table_scan_size;
+RESET parallel_tuple_cost;
+RESET parallel_setup_cost;
+SET enable_seqscan = off;
+DROP TABLE svcq;
+
 -- What the GPU cannot serve is an error with gpu_ivfpq.device = gpu ...
 CREATE TABLE wide (v real[]);
 INSERT INTO wide SELECT array_fill(i::real, ARRAY[8200]) FROM generate_series(1, 20) i;
