@@ -216,3 +216,31 @@ COMMIT;
 SELECT pg_sleep(0.5);
 SELECT count(*) AS mirrors_after_drop FROM gpu_ivfpq_mirrors WHERE indexrelid NOT IN (SELECT oid FROM pg_class);
 DROP TABLE svc, wide;
+
+-- DROP DATABASE frees the mirrors of its indexes, of both access methods:
+-- the service finds the database gone from pg_database.
+SELECT current_database() AS regress_db \gset
+CREATE DATABASE svc_dropped_db;
+\c svc_dropped_db
+SET client_min_messages = warning;
+CREATE EXTENSION gpu_ivfpq;
+CREATE TABLE t (id int, v real[], w text);
+INSERT INTO t SELECT i, ARRAY[sin(i), cos(i), sin(2 * i), cos(3 * i)]::real[], 'w' || i
+FROM generate_series(1, 500) i;
+CREATE INDEX t_v ON t USING gpu_ivfpq (v) WITH (lists = 4, m = 2);
+CREATE INDEX t_w ON t USING gpu_metric (w);
+SELECT gpu_ivfpq_prewarm('t_v') AS entries, gpu_metric_prewarm('t_w') AS words;
+\c :regress_db
+SELECT datid AS dropped_datid FROM gpu_ivfpq_mirrors WHERE datname = 'svc_dropped_db' LIMIT 1 \gset
+SELECT kind, count(*) FROM gpu_ivfpq_mirrors WHERE datid = :dropped_datid GROUP BY kind ORDER BY kind;
+DROP DATABASE svc_dropped_db;
+CREATE FUNCTION svc_mirrors_gone(db oid) RETURNS bool LANGUAGE plpgsql AS $$
+BEGIN
+  FOR i IN 1..300 LOOP
+    IF NOT EXISTS (SELECT 1 FROM gpu_ivfpq_mirrors WHERE datid = db) THEN RETURN true; END IF;
+    PERFORM pg_sleep(0.1);
+  END LOOP;
+  RETURN false;
+END $$;
+SELECT svc_mirrors_gone(:dropped_datid) AS mirrors_freed;
+DROP FUNCTION svc_mirrors_gone(oid);
