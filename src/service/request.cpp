@@ -1,12 +1,15 @@
 // The request protocol between backends and the GPU service: one slot per
 // backend in shared memory, a latch each way; whether the service can serve
 // an index at all; and the query counters.
+#include <sys/statvfs.h>
+
 #include "service/shmem.h"
 
 extern "C" {
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "miscadmin.h"
+#include "storage/dsm_impl.h"
 #include "storage/ipc.h"
 #include "utils/wait_event.h"
 }
@@ -284,11 +287,76 @@ GpuIvfpqFillKey(GpuIvfpqKey *key, Relation index, const GpuIvfpqMetaPageData *me
 }
 
 
+/* A segment made in parallel mode leaves this share (1/n) of its file system free. */
+#define GPU_IVFPQ_SHM_KEEP_FREE 8
+
+/* The WARNING of a request that runs on the CPU for want of a segment (hint: NULL for none). */
+static void
+NoSegmentWarning(const char *what, const char *detail, const char *hint)
+{
+	ereport(WARNING,
+			(errmsg("gpu_ivfpq: %s on the CPU: no shared memory for the GPU request", what),
+			 errdetail("%s", detail),
+			 hint != NULL ? errhint("%s", hint) : 0));
+}
+
+/*
+ * Why the OS would likely refuse a segment of bytes now, or NULL (*dir:
+ * where segments go). Where segments are files (dynamic_shared_memory_type
+ * posix: /dev/shm on Linux; mmap: pg_dynshmem in the data directory), a
+ * segment that would leave less than 1/GPU_IVFPQ_SHM_KEEP_FREE of their
+ * file system free is refused: room for what others (parallel queries,
+ * other loads) may be taking meanwhile. sysv segments and a file system
+ * that cannot be asked are not checked; nor is the region of
+ * min_dynamic_shared_memory, which dsm_create tries first and whose free
+ * room cannot be asked.
+ */
+static const char *
+SegmentSpaceShortage(Size bytes, const char **dir)
+{
+	struct statvfs fs;
+	double		size;
+	double		avail;
+
+	if (dynamic_shared_memory_type == DSM_IMPL_POSIX)
+		*dir = "/dev/shm";
+	else if (dynamic_shared_memory_type == DSM_IMPL_MMAP)
+		*dir = PG_DYNSHMEM_DIR;
+	else
+		return NULL;
+	if (statvfs(*dir, &fs) != 0)
+		return NULL;
+	size = (double) fs.f_blocks * fs.f_frsize;
+	avail = (double) fs.f_bavail * fs.f_frsize;
+	if (avail - (double) bytes >= size / GPU_IVFPQ_SHM_KEEP_FREE)
+		return NULL;
+	return psprintf("The request needs %.1f MB of shared memory; %s has %.1f MB of %.1f MB free, "
+					"and a segment made during a parallel query must leave 1/%d of it free.",
+					bytes / 1048576.0, *dir, avail / 1048576.0, size / 1048576.0, GPU_IVFPQ_SHM_KEEP_FREE);
+}
+
 /*
  * dsm_create for a request, or NULL with a WARNING when shared memory is
- * short (the caller then runs on the CPU). The attempt runs in a
- * subtransaction, as PL/pgSQL's exception blocks do, so a failed create
- * releases what it had registered instead of leaking it to commit.
+ * short (the caller then runs on the CPU).
+ *
+ * Outside parallel mode the attempt runs in a subtransaction, as
+ * PL/pgSQL's exception blocks do, so a failed create releases what it had
+ * registered instead of leaking it to commit.
+ *
+ * In parallel mode (a scan in a parallel worker, or in the leader while a
+ * parallel plan runs) PostgreSQL 15 starts no subtransaction, so a failed
+ * create cannot be caught and undone, and would end the query. There it is
+ * done as core does for the segment of a parallel query
+ * (InitializeParallelDSM): dsm_create answers NULL when the server's
+ * segment slots are all taken, and the request then runs on the CPU, as a
+ * parallel query then runs without workers. The other refusal, the OS's
+ * (a full /dev/shm, the usual one in containers), is checked before
+ * (SegmentSpaceShortage) and also answered on the CPU. That check cannot
+ * hold the space: a segment taken by another process between the check
+ * and the create still ends the query with the OS's error, as it would end
+ * a parallel query whose own segment came at that moment. Answering every
+ * parallel-mode request on the CPU instead would never load a mirror for
+ * the parallel plans that large tables get by default.
  */
 dsm_segment *
 GpuIvfpqCreateSegment(Size bytes, const char *what)
@@ -296,6 +364,24 @@ GpuIvfpqCreateSegment(Size bytes, const char *what)
 	MemoryContext cxt = CurrentMemoryContext;
 	ResourceOwner owner = CurrentResourceOwner;
 	dsm_segment *volatile seg = NULL;
+
+	if (IsInParallelMode())
+	{
+		const char *dir;
+		const char *shortage = SegmentSpaceShortage(bytes, &dir);
+
+		if (shortage != NULL)
+		{
+			NoSegmentWarning(what, shortage,
+							 psprintf("Give %s more room. Outside parallel queries a request may use more of it: "
+									  "gpu_ivfpq_prewarm and gpu_metric_prewarm load a mirror there.", dir));
+			return NULL;
+		}
+		seg = dsm_create(bytes, DSM_CREATE_NULL_IF_MAXSEGMENTS);
+		if (seg == NULL)
+			NoSegmentWarning(what, "Too many dynamic shared memory segments are in use.", NULL);
+		return seg;
+	}
 
 	BeginInternalSubTransaction(NULL);
 	MemoryContextSwitchTo(cxt);
@@ -320,10 +406,8 @@ GpuIvfpqCreateSegment(Size bytes, const char *what)
 		RollbackAndReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(cxt);
 		CurrentResourceOwner = owner;
-		ereport(WARNING,
-				(errmsg("gpu_ivfpq: %s on the CPU: no shared memory for the GPU request", what),
-				 errdetail("%s", edata->message),
-				 errhint("Check the size of /dev/shm, or set dynamic_shared_memory_type = mmap.")));
+		NoSegmentWarning(what, edata->message,
+						 "Check the size of /dev/shm, or set dynamic_shared_memory_type = mmap.");
 		FreeErrorData(edata);
 		seg = NULL;
 	}

@@ -24,14 +24,19 @@
 #include "service/shmem.h"
 
 extern "C" {
+#include "access/heapam.h"
+#include "access/xact.h"
+#include "catalog/pg_database.h"
 #include "miscadmin.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
 #include "storage/pmsignal.h"
 #include "storage/ipc.h"
+#include "storage/lmgr.h"
 #include "tcop/tcopprot.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
+#include "utils/snapmgr.h"
 #include "utils/wait_event.h"
 
 PGDLLEXPORT void gpu_ivfpq_service_main(Datum arg);
@@ -46,6 +51,8 @@ static std::map<MirrorKey, uint64> mirror_from;		/* log entries from here apply 
 static std::map<MirrorKey, TimestampTz> load_claims;	/* a backend was told to load */
 static uint64 log_cursor;
 static char *log_vectors;		/* CopyLog's copies of logged vectors (the ring's size) */
+static std::vector<MirrorKey> held_keys;	/* MirrorKeysHeld's answer */
+static TimestampTz db_check_at;	/* when to look for mirrors of dropped databases */
 
 /* Supervision of the GPU process. */
 static bool gpu_expected = true;	/* false once the process said there is no device */
@@ -56,6 +63,7 @@ static std::vector<std::string> gpu_arguments;	/* the devices the process was st
 static int	gpu_backoff_ms;
 
 #define LOAD_CLAIM_MS 30000		/* how long others use the CPU while one loads */
+#define DB_CHECK_MS 1000		/* how often mirrors of dropped databases are looked for */
 #define GPU_BACKOFF_MIN_MS 1000 /* first restart after a death */
 #define GPU_BACKOFF_MAX_MS 60000	/* doubling while it dies young */
 #define GPU_STABLE_MS 60000		/* a process that lived this long resets the backoff */
@@ -488,6 +496,123 @@ DrainLog(void)
 	}
 	log_cursor = head;
 	pg_atomic_write_u64(&s->log_applied, head);
+}
+
+/*
+ * ---- mirrors of dropped databases ----
+ *
+ * DROP DATABASE drops no index one by one, so no change log entry tells the
+ * service; the mirrors of its indexes would stay until evicted. Instead of
+ * hooking the drop (which a standby replaying it, or a primary without the
+ * preload, never runs), the service compares its mirrors' databases with
+ * pg_database, a shared catalog that it reads without a database of its
+ * own, every DB_CHECK_MS: whoever dropped the database and whenever, its
+ * mirrors go within that time. (While the service is down no mirror
+ * exists: they live in its GPU process, which dies with it.)
+ */
+
+/* The keys of the mirrors the GPU process holds, into held_keys; false if it cannot tell. */
+static bool
+MirrorKeysHeld(void)
+{
+	std::string err;
+
+	held_keys.clear();
+	return GpuUp() && Engine([&] {
+		for (const auto &info : GpuSync()->status().mirrors)
+			held_keys.push_back(info.key);
+	}, err);
+}
+
+/*
+ * The OIDs of the databases pg_database holds now (*n of them, palloc'd in
+ * the caller's memory context), or NULL when another session holds a lock
+ * on pg_database that a read waits for (VACUUM FULL): the service never
+ * waits for a lock, it looks again next time. A seqscan of the catalog, as
+ * autovacuum lists the databases: no index, whose lock could be a wait.
+ * Errors go to the loop's handler, which aborts the transaction.
+ */
+static Oid *
+ExistingDatabases(int *n)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	Oid		   *oids = NULL;
+	int			cap = 16;
+	Relation	rel;
+	TableScanDesc scan;
+	HeapTuple	tup;
+
+	*n = 0;
+	StartTransactionCommand();
+	if (ConditionalLockRelationOid(DatabaseRelationId, AccessShareLock))
+	{
+		/* Sets the horizon that pruning of the pages read respects. */
+		(void) GetTransactionSnapshot();
+		oids = (Oid *) MemoryContextAlloc(cxt, sizeof(Oid) * cap);
+		rel = table_open(DatabaseRelationId, NoLock);
+		scan = table_beginscan_catalog(rel, 0, NULL);
+		while ((tup = heap_getnext(scan, ForwardScanDirection)) != NULL)
+		{
+			CHECK_FOR_INTERRUPTS();
+			if (*n == cap)
+			{
+				cap *= 2;
+				oids = (Oid *) repalloc(oids, sizeof(Oid) * cap);
+			}
+			oids[(*n)++] = ((Form_pg_database) GETSTRUCT(tup))->oid;
+		}
+		table_endscan(scan);
+		table_close(rel, AccessShareLock);
+	}
+	CommitTransactionCommand();
+	MemoryContextSwitchTo(cxt);
+	return oids;
+}
+
+/* Drops the mirrors in held_keys of databases not among the n in dbs; how many went. */
+static int
+DropMirrorsOfGone(const Oid *dbs, int n)
+{
+	int			dropped = 0;
+
+	for (const MirrorKey &key : held_keys)
+	{
+		std::string err;
+
+		if (std::find(dbs, dbs + n, (Oid) key.db) != dbs + n || !GpuUp())
+			continue;
+		/* Every version of the index goes at once: a later key of it finds none. */
+		(void) Engine([&] { dropped += (int) GpuSync()->drop_index(key.db, key.index); }, err);
+		mirror_from.erase(key);
+		load_claims.erase(key);
+	}
+	return dropped;
+}
+
+/* Every DB_CHECK_MS: the mirrors of databases dropped since go (see above). */
+static void
+CheckDroppedDatabases(void)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	Oid		   *dbs;
+	int			n;
+	int			dropped;
+
+	if (now < db_check_at)
+		return;
+	db_check_at = TimestampTzPlusMilliseconds(now, DB_CHECK_MS);
+	if (!MirrorKeysHeld() || held_keys.empty())
+		return;
+	dbs = ExistingDatabases(&n);
+	if (dbs == NULL)
+		return;
+	dropped = DropMirrorsOfGone(dbs, n);
+	pfree(dbs);
+	if (dropped > 0)
+	{
+		ereport(LOG, (errmsg("gpu_ivfpq service: %d mirrors of dropped databases freed", dropped)));
+		PublishStatus();
+	}
 }
 
 /* The requests taken by the current round (a plain array: it outlives an ERROR). */
@@ -1680,6 +1805,8 @@ gpu_ivfpq_service_main(Datum arg)
 		error_context_stack = NULL;
 		pgstat_report_wait_end();
 		LWLockReleaseAll();
+		/* The check of pg_database runs in a transaction (CheckDroppedDatabases). */
+		AbortCurrentTransaction();
 		MemoryContextSwitchTo(loopctx);
 		edata = CopyErrorData();
 		FlushErrorState();
@@ -1741,6 +1868,7 @@ gpu_ivfpq_service_main(Datum arg)
 		}
 		if (!gpu && gpu_expected && GetCurrentTimestamp() >= gpu_restart_at)
 			StartGpuProcess();
+		CheckDroppedDatabases();
 		ResetLatch(MyLatch);
 		ntaken = 0;
 		searches = Collect(gpu_ivfpq_batch_size);

@@ -73,6 +73,57 @@ FROM gpu_ivfpq_mirrors WHERE index = 'svc_idx';
 INSERT INTO svc_words (word) VALUES ('casa'), ('caso');
 SELECT * FROM svc_compare();
 
+-- Parallel plans: a scan in a parallel worker (force_parallel_mode) or in
+-- the leader of a Gather runs in parallel mode, where no subtransaction may
+-- start; it still loads its mirror (a DSM segment) and answers on the GPU
+-- (device = gpu errors otherwise), answers larger than the request slot
+-- too (in a segment of their own), the same rows as the CPU engine.
+INSERT INTO svc_words (word) VALUES ('paralelo');  -- the next search loads a new mirror
+SET gpu_ivfpq.device = gpu;
+SET force_parallel_mode = on;
+EXPLAIN (COSTS OFF) SELECT array_agg(id ORDER BY id) FROM svc_words WHERE word <% edit_range('casa', 1);
+SELECT array_agg(id ORDER BY id) AS gpu FROM svc_words WHERE word <% edit_range('casa', 1);
+EXPLAIN (COSTS OFF) SELECT id FROM svc_words ORDER BY word <~> 'cañon' LIMIT 4;
+SELECT id AS gpu FROM svc_words ORDER BY word <~> 'cañon' LIMIT 4;
+SET gpu_ivfpq.device = cpu;
+SELECT array_agg(id ORDER BY id) AS cpu FROM svc_words WHERE word <% edit_range('casa', 1);
+SELECT id AS cpu FROM svc_words ORDER BY word <~> 'cañon' LIMIT 4;
+-- 10,000 words of 4 letters, all within 4 edits of 'abcd': 80 kB of hits.
+CREATE TABLE svc_many (id int, word text);
+INSERT INTO svc_many SELECT i, translate(lpad(i::text, 4, '0'), '0123456789', 'abcdefghij')
+FROM generate_series(0, 9999) i;
+CREATE INDEX svc_many_idx ON svc_many USING gpu_metric (word) WITH (method = lc, bucket = 64);
+SET gpu_ivfpq.device = gpu;
+SELECT count(*) AS gpu, sum(id) AS ids FROM svc_many WHERE word <% edit_range('abcd', 4);
+SELECT count(*) AS gpu, sum(id) AS ids FROM svc_many WHERE word <% edit_range('abcd', 2);
+SET gpu_ivfpq.device = cpu;
+SELECT count(*) AS cpu, sum(id) AS ids FROM svc_many WHERE word <% edit_range('abcd', 2);
+-- Beside a Gather (the scans in the leader, in parallel mode).
+RESET force_parallel_mode;
+SET parallel_setup_cost = 0;
+SET parallel_tuple_cost = 0;
+SET min_parallel_table_scan_size = 0;
+SET max_parallel_workers_per_gather = 2;
+INSERT INTO svc_words (word) VALUES ('paralela');
+SET gpu_ivfpq.device = gpu;
+EXPLAIN (COSTS OFF)
+SELECT q.qid, n.ids FROM svc_queries q
+CROSS JOIN LATERAL (SELECT array_agg(id) AS ids FROM (SELECT id FROM svc_words w ORDER BY w.word <~> q.q LIMIT 3) s) n
+ORDER BY q.qid;
+SELECT q.qid, n.ids AS gpu FROM svc_queries q
+CROSS JOIN LATERAL (SELECT array_agg(id) AS ids FROM (SELECT id FROM svc_words w ORDER BY w.word <~> q.q LIMIT 3) s) n
+ORDER BY q.qid;
+SET gpu_ivfpq.device = cpu;
+SELECT q.qid, n.ids AS cpu FROM svc_queries q
+CROSS JOIN LATERAL (SELECT array_agg(id) AS ids FROM (SELECT id FROM svc_words w ORDER BY w.word <~> q.q LIMIT 3) s) n
+ORDER BY q.qid;
+RESET max_parallel_workers_per_gather;
+RESET min_parallel_table_scan_size;
+RESET parallel_tuple_cost;
+RESET parallel_setup_cost;
+RESET gpu_ivfpq.device;
+DROP TABLE svc_many;
+
 -- SSS.
 DROP INDEX svc_idx;
 CREATE INDEX svc_idx ON svc_words USING gpu_metric (word) WITH (method = sss, alpha = 0.4);

@@ -140,6 +140,45 @@ FROM (SELECT tenant FROM svcw WHERE tenant = 1 ORDER BY v <-> '{0.5,0.5,0.1,0.2}
 RESET gpu_ivfpq.probes;
 DROP TABLE svcw;
 
+-- Parallel plans: a scan in the leader of a Gather, or in a parallel worker
+-- (force_parallel_mode), runs in parallel mode, where no subtransaction may
+-- start; it still loads the mirror (a DSM segment) and answers on the GPU
+-- (device = gpu errors otherwise), the same rows as the CPU engine.
+CREATE TABLE svcq (qid int, qv real[]);
+INSERT INTO svcq SELECT i, ARRAY[cos(i), sin(i), cos(2 * i), sin(3 * i)]::real[]
+FROM generate_series(1, 2000) i;
+ANALYZE svcq;
+SET enable_seqscan = on;
+SET parallel_setup_cost = 0;
+SET parallel_tuple_cost = 0;
+SET min_parallel_table_scan_size = 0;
+SET max_parallel_workers_per_gather = 2;
+SET gpu_ivfpq.device = gpu;
+REINDEX INDEX svc_idx;  -- no mirror: the first scan loads one
+EXPLAIN (COSTS OFF)
+SELECT array_agg(n.id ORDER BY q.qid) FROM svcq q
+CROSS JOIN LATERAL (SELECT id FROM svc ORDER BY svc.v <-> q.qv LIMIT 1) n WHERE q.qid % 100 = 0;
+SELECT array_agg(n.id ORDER BY q.qid) AS gpu FROM svcq q
+CROSS JOIN LATERAL (SELECT id FROM svc ORDER BY svc.v <-> q.qv LIMIT 1) n WHERE q.qid % 100 = 0;
+SET gpu_ivfpq.device = cpu;
+SELECT array_agg(n.id ORDER BY q.qid) AS cpu FROM svcq q
+CROSS JOIN LATERAL (SELECT id FROM svc ORDER BY svc.v <-> q.qv LIMIT 1) n WHERE q.qid % 100 = 0;
+SET gpu_ivfpq.device = gpu;
+SET force_parallel_mode = on;
+REINDEX INDEX svc_idx;
+EXPLAIN (COSTS OFF) SELECT id FROM svc ORDER BY v <-> '{0.3,0.6,0.2,0.1}' LIMIT 4;
+SELECT id AS gpu FROM svc ORDER BY v <-> '{0.3,0.6,0.2,0.1}' LIMIT 4;
+SET gpu_ivfpq.device = cpu;
+SELECT id AS cpu FROM svc ORDER BY v <-> '{0.3,0.6,0.2,0.1}' LIMIT 4;
+SET gpu_ivfpq.device = gpu;
+RESET force_parallel_mode;
+RESET max_parallel_workers_per_gather;
+RESET min_parallel_table_scan_size;
+RESET parallel_tuple_cost;
+RESET parallel_setup_cost;
+SET enable_seqscan = off;
+DROP TABLE svcq;
+
 -- What the GPU cannot serve is an error with gpu_ivfpq.device = gpu ...
 CREATE TABLE wide (v real[]);
 INSERT INTO wide SELECT array_fill(i::real, ARRAY[8200]) FROM generate_series(1, 20) i;
@@ -177,3 +216,31 @@ COMMIT;
 SELECT pg_sleep(0.5);
 SELECT count(*) AS mirrors_after_drop FROM gpu_ivfpq_mirrors WHERE indexrelid NOT IN (SELECT oid FROM pg_class);
 DROP TABLE svc, wide;
+
+-- DROP DATABASE frees the mirrors of its indexes, of both access methods:
+-- the service finds the database gone from pg_database.
+SELECT current_database() AS regress_db \gset
+CREATE DATABASE svc_dropped_db;
+\c svc_dropped_db
+SET client_min_messages = warning;
+CREATE EXTENSION gpu_ivfpq;
+CREATE TABLE t (id int, v real[], w text);
+INSERT INTO t SELECT i, ARRAY[sin(i), cos(i), sin(2 * i), cos(3 * i)]::real[], 'w' || i
+FROM generate_series(1, 500) i;
+CREATE INDEX t_v ON t USING gpu_ivfpq (v) WITH (lists = 4, m = 2);
+CREATE INDEX t_w ON t USING gpu_metric (w);
+SELECT gpu_ivfpq_prewarm('t_v') AS entries, gpu_metric_prewarm('t_w') AS words;
+\c :regress_db
+SELECT datid AS dropped_datid FROM gpu_ivfpq_mirrors WHERE datname = 'svc_dropped_db' LIMIT 1 \gset
+SELECT kind, count(*) FROM gpu_ivfpq_mirrors WHERE datid = :dropped_datid GROUP BY kind ORDER BY kind;
+DROP DATABASE svc_dropped_db;
+CREATE FUNCTION svc_mirrors_gone(db oid) RETURNS bool LANGUAGE plpgsql AS $$
+BEGIN
+  FOR i IN 1..300 LOOP
+    IF NOT EXISTS (SELECT 1 FROM gpu_ivfpq_mirrors WHERE datid = db) THEN RETURN true; END IF;
+    PERFORM pg_sleep(0.1);
+  END LOOP;
+  RETURN false;
+END $$;
+SELECT svc_mirrors_gone(:dropped_datid) AS mirrors_freed;
+DROP FUNCTION svc_mirrors_gone(oid);
