@@ -445,7 +445,6 @@ typedef struct GpuIvfpqAdcBound
 extern int64 GpuIvfpqCollectList(Relation index, const GpuIvfpqMetaPageData *meta, BlockNumber head,
 								 const GpuIvfpqAdcBound *bound, const GpuIvfpqKeyRange *range,
 								 GpuIvfpqLabels *out);
-extern Relation GpuIvfpqOpenIndex(Oid relid);
 
 /* ---- build.cpp ---- */
 extern IndexBuildResult *gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo);
