@@ -450,6 +450,7 @@ extern int64 GpuIvfpqCollectList(Relation index, const GpuIvfpqMetaPageData *met
 extern IndexBuildResult *gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo);
 extern void gpuivfpqbuildempty(Relation index);
 extern char *gpuivfpqbuildphasename(int64 phase);
+extern int	GpuIvfpqChooseM(Relation index, int dim, bool existing);
 
 /* ---- insert.cpp ---- */
 extern bool gpuivfpqinsert(Relation index, Datum *values, bool *isnull, ItemPointer heap_tid,
