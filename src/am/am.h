@@ -445,12 +445,12 @@ typedef struct GpuIvfpqAdcBound
 extern int64 GpuIvfpqCollectList(Relation index, const GpuIvfpqMetaPageData *meta, BlockNumber head,
 								 const GpuIvfpqAdcBound *bound, const GpuIvfpqKeyRange *range,
 								 GpuIvfpqLabels *out);
-extern Relation GpuIvfpqOpenIndex(Oid relid);
 
 /* ---- build.cpp ---- */
 extern IndexBuildResult *gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo);
 extern void gpuivfpqbuildempty(Relation index);
 extern char *gpuivfpqbuildphasename(int64 phase);
+extern int	GpuIvfpqChooseM(Relation index, int dim, bool existing);
 
 /* ---- insert.cpp ---- */
 extern bool gpuivfpqinsert(Relation index, Datum *values, bool *isnull, ItemPointer heap_tid,

@@ -40,7 +40,9 @@ typedef struct BuildState
 	double		sample_seen;	/* non-NULL rows offered to the reservoir */
 	double		vectors_estimate;	/* non-NULL rows of the table (exact after a full scan) */
 	float	   *sample;
-	int			sample_cap;
+	int			sample_cap;		/* rows it may hold: enough to train, what memory allows */
+	int			sample_floor;	/* rows it must hold when the table has more (0: no row yet) */
+	int			sample_alloc;	/* rows allocated: it grows with the rows */
 	int			sample_n;
 	pg_prng_state prng;
 
@@ -50,7 +52,7 @@ typedef struct BuildState
 	ItemPointerData *batch_tids;
 	int64	   *batch_keys;		/* filter keys (keyed) */
 	int			batch_n;
-	int			batch_cap;		/* ENCODE_BATCH, or the GPU encoder's segment */
+	int			batch_cap;		/* rows, up to ENCODE_BATCH, or the GPU encoder's segment */
 	GpuIvfpqRemoteEncoder *gpu_encoder; /* encodes on the service's GPU when set */
 	int32	   *batch_lists;
 	uint8	   *batch_codes;
@@ -98,6 +100,23 @@ CheckBuildMemory(Size needed, const char *what)
 				 errhint("Increase maintenance_work_mem, or use fewer lists.")));
 }
 
+/*
+ * A pgvector column declares its dimension (vector(n), halfvec(n)): it is
+ * checked, and m against it, at CREATE INDEX, before any row and even on
+ * an empty table (whose index would otherwise fail at its REINDEX).
+ */
+static void
+CheckDeclaredDim(Relation index, GpuIvfpqVectorFormat format)
+{
+	int32		typmod = TupleDescAttr(RelationGetDescr(index), 0)->atttypmod;
+
+	if ((format == GPU_IVFPQ_FORMAT_VECTOR || format == GPU_IVFPQ_FORMAT_HALFVEC) && typmod > 0)
+	{
+		GpuIvfpqCheckIndexableDim(typmod);
+		(void) GpuIvfpqChooseM(index, typmod, false);
+	}
+}
+
 /* Validates one indexed value and returns its elements (in tmpctx). */
 static const float *
 RowVector(BuildState *bs, Datum value)
@@ -107,7 +126,9 @@ RowVector(BuildState *bs, Datum value)
 
 	if (bs->dim == 0)
 	{
+		/* The first row: the dimension is known, m is checked before reading on. */
 		GpuIvfpqCheckIndexableDim(dim);
+		(void) GpuIvfpqChooseM(bs->index, dim, false);
 		bs->dim = dim;
 	}
 	else if (dim != bs->dim)
@@ -126,6 +147,7 @@ SampleCallback(Relation index, ItemPointer tid, Datum *values, bool *isnull,
 	BuildState *bs = (BuildState *) state;
 	MemoryContext old;
 	const float *v;
+	Size		row;
 	int			slot = -1;
 
 	bs->heap_tuples++;
@@ -134,26 +156,40 @@ SampleCallback(Relation index, ItemPointer tid, Datum *values, bool *isnull,
 	old = MemoryContextSwitchTo(bs->tmpctx);
 	v = RowVector(bs, values[0]);
 	MemoryContextSwitchTo(old);
+	row = (Size) bs->dim * sizeof(float);
 
-	if (bs->sample == NULL)
+	if (bs->sample_floor == 0)
 	{
-		/* First row: the dimension is known, size the sample to the memory limit. */
-		Size		row = (Size) bs->dim * sizeof(float);
+		/*
+		 * First row: the dimension is known. The sample may take half of
+		 * maintenance_work_mem (training copies it once more).
+		 */
 		int			want = Max(bs->lists * SAMPLES_PER_LIST, MIN_SAMPLE);
-		int			fits = (int) Min((Size) INT_MAX, MaintenanceBytes() / 2 / row);
 
-		if (fits < Min(want, bs->lists * MIN_SAMPLES_PER_LIST))
-			CheckBuildMemory((Size) bs->lists * MIN_SAMPLES_PER_LIST * row * 2,
-							 "the training sample");
-		bs->sample_cap = Min(want, fits);
-		bs->sample = (float *) palloc_extended((Size) bs->sample_cap * row, MCXT_ALLOC_HUGE);
+		bs->sample_cap = (int) Min((Size) want, MaintenanceBytes() / 2 / row);
+		bs->sample_floor = Min(want, bs->lists * MIN_SAMPLES_PER_LIST);
 	}
 
 	if (bs->sample_n < bs->sample_cap)
+	{
+		/* It grows with the rows: a small table's sample takes what its rows do. */
+		if (bs->sample_n == bs->sample_alloc)
+		{
+			bs->sample_alloc = Min(bs->sample_cap, Max(64, bs->sample_alloc * 2));
+			bs->sample = bs->sample == NULL
+				? (float *) palloc_extended((Size) bs->sample_alloc * row, MCXT_ALLOC_HUGE)
+				: (float *) repalloc_huge(bs->sample, (Size) bs->sample_alloc * row);
+		}
 		slot = bs->sample_n++;
+	}
 	else
 	{
-		uint64		j = pg_prng_uint64_range(&bs->prng, 0, (uint64) bs->sample_seen);
+		uint64		j;
+
+		/* More rows than memory holds: enough of them to train every list, still. */
+		if (bs->sample_cap < bs->sample_floor)
+			CheckBuildMemory((Size) bs->sample_floor * row * 2, "the training sample");
+		j = pg_prng_uint64_range(&bs->prng, 0, (uint64) bs->sample_seen);
 
 		if (j < (uint64) bs->sample_cap)
 			slot = (int) j;
@@ -447,19 +483,26 @@ WriteEmptyListDir(Relation index, int lists, uint32 *npages)
 
 /* The options of an index, with defaults when it has none. */
 static void
-IndexOptions(Relation index, int *lists, int *m, bool *store_vectors)
+IndexOptions(Relation index, int *lists, bool *store_vectors)
 {
 	GpuIvfpqOptions *opts = (GpuIvfpqOptions *) index->rd_options;
 
 	*lists = opts ? opts->lists : GPU_IVFPQ_DEFAULT_LISTS;
-	*m = opts ? opts->m : 0;
 	*store_vectors = opts ? opts->store_vectors : true;
 }
 
-/* Checks m against the dimension, naming the values that would work. */
-static int
-ChooseM(int requested, int dim)
+/*
+ * The m an index of dim dimensions gets: its option m, checked against the
+ * dimension as soon as that is known (the column's type at CREATE INDEX,
+ * else the first row: of the build, or of the first insert into an index
+ * built on an empty table, existing then, which ALTER INDEX fixes), naming
+ * the values that would work; else the default for dim.
+ */
+int
+GpuIvfpqChooseM(Relation index, int dim, bool existing)
 {
+	GpuIvfpqOptions *opts = (GpuIvfpqOptions *) index->rd_options;
+	int			requested = opts ? opts->m : 0;
 	StringInfoData valid;
 
 	if (requested == 0)
@@ -470,9 +513,18 @@ ChooseM(int requested, int dim)
 	for (int m = 1; m <= Min(dim, GPU_IVFPQ_MAX_M); m++)
 		if (dim % m == 0)
 			appendStringInfo(&valid, "%s%d", valid.len ? ", " : "", m);
+	if (existing)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("m = %d of index \"%s\" does not divide the dimension %d of its first vector",
+						requested, RelationGetRelationName(index), dim),
+				 errdetail("The index was built on an empty table; its first vector sets its dimension."),
+				 errhint("ALTER INDEX %s SET (m = ...) with one of: %s; or RESET (m) to have it chosen.",
+						 quote_identifier(RelationGetRelationName(index)), valid.data)));
 	ereport(ERROR,
 			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-			 errmsg("m = %d does not divide the dimension %d", requested, dim),
+			 errmsg("m = %d of index \"%s\" does not divide the dimension %d",
+					requested, RelationGetRelationName(index), dim),
 			 errhint("m must divide the number of dimensions; for %d dimensions use one of: %s.",
 					 dim, valid.data)));
 	return 0;
@@ -483,14 +535,14 @@ ChooseM(int requested, int dim)
  * can, else the CPU engine) and writes them to the index; fills meta.
  */
 static void
-TrainQuantizers(BuildState *bs, int requested_m, GpuIvfpqMetaPageData *meta, TimestampTz *phase_start)
+TrainQuantizers(BuildState *bs, GpuIvfpqMetaPageData *meta, TimestampTz *phase_start)
 {
 	gpuivfpq::IvfPqTrainParams params;
 	float	   *centroids;
 	float	   *codebooks;
 	bool		on_gpu;
 
-	bs->m = ChooseM(requested_m, bs->dim);
+	bs->m = GpuIvfpqChooseM(bs->index, bs->dim, false);
 	pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_TRAIN);
 	params.threads = Max(1, max_parallel_maintenance_workers + 1);
 	params.max_points_per_centroid = SAMPLES_PER_LIST;
@@ -545,22 +597,24 @@ TrainQuantizers(BuildState *bs, int requested_m, GpuIvfpqMetaPageData *meta, Tim
 static void
 EncodeAndWrite(BuildState *bs, Relation heap, IndexInfo *indexInfo, TimestampTz *phase_start)
 {
-	Size		batch_bytes = (Size) ENCODE_BATCH * (bs->dim * sizeof(float) + sizeof(ItemPointerData) +
-													 sizeof(int64) + sizeof(int32) + bs->m + 2 * sizeof(float));
+	double		estimate = Max((double) heap->rd_rel->reltuples, bs->vectors_estimate);
+	/* A batch of the rows there are, up to ENCODE_BATCH: a small table needs little. */
+	int			batch = (int) Min((double) ENCODE_BATCH, Max(ceil(estimate), 1.0));
+	Size		batch_bytes = (Size) batch * (bs->dim * sizeof(float) + sizeof(ItemPointerData) +
+											  sizeof(int64) + sizeof(int32) + bs->m + 2 * sizeof(float));
 	Size		entry_bytes = sizeof(int32) + sizeof(ItemPointerData) + sizeof(int64) + bs->m +
 		sizeof(float) * bs->vdim;
-	double		estimate = Max((double) heap->rd_rel->reltuples, bs->vectors_estimate);
 
-	CheckBuildMemory(batch_bytes + (Size) ENCODE_BATCH * entry_bytes, "encoding");
+	CheckBuildMemory(batch_bytes + (Size) batch * entry_bytes, "encoding");
 	bs->pend_cap = (int) Min((Size) INT_MAX / 2, (MaintenanceBytes() - batch_bytes) / entry_bytes);
-	bs->pend_cap = Min(bs->pend_cap, (int) Max(estimate, (double) ENCODE_BATCH));
-	bs->batch_cap = ENCODE_BATCH;
+	bs->pend_cap = (int) Min((double) bs->pend_cap, Max(ceil(estimate), (double) batch));
+	bs->batch_cap = batch;
 	bs->gpu_encoder = GpuIvfpqServiceEncoderBegin(bs->model->centroids().data(),
 												  bs->model->pq().codebooks().data(), bs->dim,
 												  bs->lists, bs->m, bs->metric, &bs->batch_cap);
 	/* Rows go straight into the GPU request's segment when there is one. */
 	bs->batch = bs->gpu_encoder != NULL ? GpuIvfpqServiceEncoderRows(bs->gpu_encoder)
-		: (float *) palloc_extended((Size) ENCODE_BATCH * bs->dim * sizeof(float), MCXT_ALLOC_HUGE);
+		: (float *) palloc_extended((Size) bs->batch_cap * bs->dim * sizeof(float), MCXT_ALLOC_HUGE);
 	bs->batch_tids = (ItemPointerData *) palloc(sizeof(ItemPointerData) * bs->batch_cap);
 	bs->batch_keys = (int64 *) palloc(sizeof(int64) * bs->batch_cap);
 	bs->batch_lists = (int32 *) palloc(sizeof(int32) * bs->batch_cap);
@@ -600,7 +654,6 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 	BuildState	bs;
 	GpuIvfpqMetaPageData meta;
 	Buffer		metabuf;
-	int			requested_m;
 	TimestampTz phase_start;
 
 	if (RelationGetNumberOfBlocks(index) != 0)
@@ -615,7 +668,8 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 	bs.metric = GpuIvfpqMetricOf(index);
 	bs.format = GpuIvfpqIndexFormat(index);
 	bs.keyed = GpuIvfpqHasFilterColumn(index);
-	IndexOptions(index, &bs.lists, &requested_m, &bs.store_vectors);
+	IndexOptions(index, &bs.lists, &bs.store_vectors);
+	CheckDeclaredDim(index, bs.format);
 	bs.tmpctx = AllocSetContextCreate(buildctx, "gpu_ivfpq build row", ALLOCSET_DEFAULT_SIZES);
 	pg_prng_seed(&bs.prng, BUILD_SEED);
 
@@ -668,7 +722,7 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 							RelationGetRelationName(index), bs.vectors_estimate, bs.lists),
 					 errdetail("Some centroids repeat and their lists stay empty; results remain correct."),
 					 errhint("Use lists of about sqrt(rows), or REINDEX once the table has grown.")));
-		TrainQuantizers(&bs, requested_m, &meta, &phase_start);
+		TrainQuantizers(&bs, &meta, &phase_start);
 	}
 	meta.listdir_start = WriteEmptyListDir(index, meta.lists, &meta.listdir_pages);
 	bs.meta = &meta;

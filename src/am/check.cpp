@@ -10,7 +10,6 @@
 extern "C" {
 #include "access/table.h"
 #include "catalog/index.h"
-#include "utils/acl.h"
 #include "utils/snapmgr.h"
 
 PG_FUNCTION_INFO_V1(gpu_ivfpq_check);
@@ -468,36 +467,16 @@ CheckHeapAllIndexed(CheckState *cs, Snapshot snapshot)
 }
 
 /*
- * Opens the index and its table, share-locked (the table first, as
- * everything else locks them), after checking that the caller may read the
- * table: the checker reads every row's TID and, with heapallindexed, every
- * row. Errors for anything but a valid gpu_ivfpq index.
+ * Opens the index and its table, share-locked, as every function taking an
+ * index does (GpuIvfpqOpenIndexChecked: the caller's SELECT privilege on the
+ * table checked before any lock, the table locked first): the checker reads
+ * every row's TID and, with heapallindexed, every row. Errors for anything
+ * but a valid gpu_ivfpq index.
  */
 static void
 OpenForCheck(Oid indexoid, Relation *index, Relation *heap)
 {
-	Oid			heapoid = IndexGetRelation(indexoid, true);
-	AclResult	acl;
-
-	if (!OidIsValid(heapoid))
-	{
-		/* Not an index at all: this errors, naming it. */
-		*index = GpuIvfpqOpenIndex(indexoid);
-		elog(ERROR, "could not find the table of index \"%s\"", RelationGetRelationName(*index));
-	}
-	/* Before any lock: a caller without the privilege must not block others. */
-	acl = pg_class_aclcheck(heapoid, GetUserId(), ACL_SELECT);
-	if (acl != ACLCHECK_OK)
-		aclcheck_error(acl, get_relkind_objtype(get_rel_relkind(heapoid)), get_rel_name(heapoid));
-	LockRelationOid(heapoid, AccessShareLock);
-	*index = GpuIvfpqOpenIndex(indexoid);
-	/* The index could have been dropped and its OID reused before we locked. */
-	if (IndexGetRelation(indexoid, false) != heapoid)
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_TABLE),
-				 errmsg("the table of index \"%s\" changed while it was opened",
-						RelationGetRelationName(*index))));
-	*heap = table_open(heapoid, NoLock);
+	GpuIvfpqOpenIndexChecked(indexoid, "gpu_ivfpq", "gpu_ivfpq_check", false, index, heap);
 	if (RELATION_IS_OTHER_TEMP(*index))
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),

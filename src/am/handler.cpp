@@ -28,9 +28,10 @@ GpuIvfpqRegisterOptions(void)
 	gpu_ivfpq_relopt_kind = add_reloption_kind();
 	add_int_reloption(gpu_ivfpq_relopt_kind, "lists", "Number of inverted lists (coarse centroids)",
 					  GPU_IVFPQ_DEFAULT_LISTS, 1, GPU_IVFPQ_MAX_LISTS, AccessExclusiveLock);
+	/* Given: 1 .. 256, a divisor of the dimension; not given (0): chosen from the dimension. */
 	add_int_reloption(gpu_ivfpq_relopt_kind, "m",
-					  "Number of PQ sub-quantizers, a divisor of the dimension (0 = chosen from it)",
-					  0, 0, GPU_IVFPQ_MAX_M, AccessExclusiveLock);
+					  "Number of PQ sub-quantizers, a divisor of the dimension (chosen from it when not given)",
+					  0, 1, GPU_IVFPQ_MAX_M, AccessExclusiveLock);
 	add_int_reloption(gpu_ivfpq_relopt_kind, "nbits", "Bits per PQ sub-quantizer code (8 only)",
 					  GPU_IVFPQ_NBITS, GPU_IVFPQ_NBITS, GPU_IVFPQ_NBITS, AccessExclusiveLock);
 	add_bool_reloption(gpu_ivfpq_relopt_kind, "store_vectors",

@@ -32,7 +32,9 @@ gpuivfpqinsert(Relation index, Datum *values, bool *isnull, ItemPointer heap_tid
 	GpuIvfpqReadMeta(index, &meta);
 	if (meta.dimensions == 0)
 	{
+		/* An index built on an empty table: its first vector sets the dimension m must divide. */
 		GpuIvfpqCheckIndexableDim(dim);
+		(void) GpuIvfpqChooseM(index, dim, true);
 		GpuIvfpqSetDimensions(index, &meta, dim);
 	}
 	if ((uint32) dim != meta.dimensions)

@@ -11,11 +11,6 @@
 #include "engine/ivfpq.h"
 #include "engine/topk.h"
 
-extern "C" {
-#include "access/relation.h"
-#include "commands/defrem.h"
-}
-
 /* A candidate's vector, copied when the k-selection took it (CpuExact). */
 typedef struct TakenVector
 {
@@ -243,24 +238,4 @@ GpuIvfpqCollectList(Relation index, const GpuIvfpqMetaPageData *meta, BlockNumbe
 	if (dists)
 		pfree(dists);
 	return entries;
-}
-
-/* Opens a gpu_ivfpq index (AccessShareLock), or errors for another kind of relation. */
-Relation
-GpuIvfpqOpenIndex(Oid relid)
-{
-	Relation	index = try_relation_open(relid, AccessShareLock);
-
-	/* An OID that names no relation (a dropped one, or a number): a user error. */
-	if (index == NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_TABLE),
-				 errmsg("relation with OID %u does not exist", relid)));
-	if (index->rd_rel->relkind != RELKIND_INDEX ||
-		index->rd_rel->relam != get_index_am_oid("gpu_ivfpq", false))
-		ereport(ERROR,
-				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
-				 errmsg("\"%s\" is not a gpu_ivfpq index", RelationGetRelationName(index)),
-				 errhint("Pass an index created with USING gpu_ivfpq.")));
-	return index;
 }

@@ -271,4 +271,3 @@ extern IndexBulkDeleteResult *gpumetricvacuumcleanup(IndexVacuumInfo *info, Inde
 
 /* ---- metric_handler.cpp ---- */
 extern void GpuMetricRegisterOptions(void);
-extern Relation GpuMetricOpenIndex(Oid relid, const char *function);

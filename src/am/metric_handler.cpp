@@ -5,8 +5,6 @@
 #include "am/metric_am.h"
 
 extern "C" {
-#include "access/relation.h"
-#include "commands/defrem.h"
 #include "nodes/nodeFuncs.h"
 #include "optimizer/plancat.h"
 #include "utils/spccache.h"
@@ -395,24 +393,4 @@ gpu_metric_handler(PG_FUNCTION_ARGS)
 	am->amparallelrescan = NULL;
 
 	PG_RETURN_POINTER(am);
-}
-
-/* Opens a gpu_metric index by OID for function (AccessShareLock), or errors. */
-Relation
-GpuMetricOpenIndex(Oid relid, const char *function)
-{
-	Relation	index = try_relation_open(relid, AccessShareLock);
-
-	/* An OID that names no relation (a dropped one, or a number): a user error. */
-	if (index == NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_TABLE),
-				 errmsg("relation with OID %u does not exist", relid)));
-	if (index->rd_rel->relkind != RELKIND_INDEX ||
-		index->rd_rel->relam != get_index_am_oid("gpu_metric", false))
-		ereport(ERROR,
-				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
-				 errmsg("%s: \"%s\" is not a gpu_metric index", function, RelationGetRelationName(index)),
-				 errhint("Pass an index created with USING gpu_metric.")));
-	return index;
 }

@@ -5,9 +5,25 @@
 #include "common/gpu_ivfpq.h"
 
 extern "C" {
+#include "access/relation.h"
+#include "access/table.h"
 #include "catalog/pg_class.h"
+#include "commands/defrem.h"
 #include "utils/acl.h"
 #include "utils/rls.h"
+}
+
+/*
+ * Errors unless the current user may SELECT from the relation relid, read
+ * from the catalogs by OID: callable before the relation is locked.
+ */
+static void
+CheckSelectByOid(Oid relid)
+{
+	AclResult	result = pg_class_aclcheck(relid, GetUserId(), ACL_SELECT);
+
+	if (result != ACLCHECK_OK)
+		aclcheck_error(result, get_relkind_objtype(get_rel_relkind(relid)), get_rel_name(relid));
 }
 
 /*
@@ -18,10 +34,7 @@ extern "C" {
 void
 GpuIvfpqCheckSelect(Relation heap)
 {
-	AclResult	result = pg_class_aclcheck(RelationGetRelid(heap), GetUserId(), ACL_SELECT);
-
-	if (result != ACLCHECK_OK)
-		aclcheck_error(result, get_relkind_objtype(heap->rd_rel->relkind), RelationGetRelationName(heap));
+	CheckSelectByOid(RelationGetRelid(heap));
 }
 
 /*
@@ -41,4 +54,112 @@ GpuIvfpqCheckReadable(Relation heap, const char *function)
 						function, RelationGetRelationName(heap)),
 				 errdetail("The gpu_ivfpq functions read rows outside the executor and cannot apply the table's policies."),
 				 errhint("Query the table with ORDER BY ... LIMIT (the index scan applies the policies), or run the function as a role that bypasses row-level security.")));
+}
+
+static void ReportMissing(Oid relid) pg_attribute_noreturn();
+
+/* Errors for an OID that names no relation (a dropped one, or a number): a user error. */
+static void
+ReportMissing(Oid relid)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_UNDEFINED_TABLE),
+			 errmsg("relation with OID %u does not exist", relid)));
+}
+
+/* Errors for a relation that is not an index of access method amname (named, with relkind and relam). */
+static void
+CheckIndexOfAm(const char *relname, char relkind, Oid relam, const char *amname)
+{
+	if (relkind != RELKIND_INDEX || relam != get_index_am_oid(amname, false))
+		ereport(ERROR,
+				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
+				 errmsg("\"%s\" is not a %s index", relname, amname),
+				 errhint("Pass an index created with USING %s.", amname)));
+}
+
+/*
+ * Opens the index indexoid, which must be an index of access method amname,
+ * and its table, both AccessShareLock, for the SQL function function (an
+ * index regclass argument). In core's order (as amcheck and index_open's
+ * callers do): what the catalogs say is checked before any lock (the kind
+ * of relation, and the caller's SELECT privilege on the table, so that a
+ * caller who may not read it never queues for a lock, let alone holds one
+ * on the index while it waits), then the table is locked before the index,
+ * as DDL locks them (the index first would deadlock with a DROP INDEX by a
+ * session holding the table), and the index is checked again once locked:
+ * it could have been dropped, and its OID reused, in between. rows: the
+ * function returns the table's rows or distances (GpuIvfpqCheckReadable);
+ * else it only loads the index, which takes SELECT as pg_prewarm does.
+ */
+void
+GpuIvfpqOpenIndexChecked(Oid indexoid, const char *amname, const char *function, bool rows,
+						 Relation *index, Relation *heap)
+{
+	HeapTuple	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(indexoid));
+	Form_pg_class form;
+	Oid			heapoid;
+
+	if (!HeapTupleIsValid(tuple))
+		ReportMissing(indexoid);
+	form = (Form_pg_class) GETSTRUCT(tuple);
+	CheckIndexOfAm(NameStr(form->relname), form->relkind, form->relam, amname);
+	ReleaseSysCache(tuple);
+	heapoid = IndexGetRelation(indexoid, true);
+	if (!OidIsValid(heapoid))
+		ReportMissing(indexoid);
+	CheckSelectByOid(heapoid);
+
+	LockRelationOid(heapoid, AccessShareLock);
+	*index = try_relation_open(indexoid, AccessShareLock);
+	if (*index == NULL)
+		ReportMissing(indexoid);
+	CheckIndexOfAm(RelationGetRelationName(*index), (*index)->rd_rel->relkind, (*index)->rd_rel->relam,
+				   amname);
+	if ((*index)->rd_index->indrelid != heapoid)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_TABLE),
+				 errmsg("the table of index \"%s\" changed while %s opened it",
+						RelationGetRelationName(*index), function),
+				 errhint("Call %s again.", function)));
+	*heap = table_open(heapoid, NoLock);
+	if (rows)
+		GpuIvfpqCheckReadable(*heap, function);
+}
+
+/* Errors unless a relation of relkind (named relname) has rows to scan: a table or a materialized view. */
+static void
+CheckScannable(const char *relname, char relkind)
+{
+	/* Views, partitioned and foreign tables have no table AM to scan. */
+	if (relkind != RELKIND_RELATION && relkind != RELKIND_MATVIEW)
+		ereport(ERROR,
+				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
+				 errmsg("\"%s\" is not a table or materialized view", relname),
+				 errhint("Pass a table or a materialized view; for a partitioned table, search its partitions.")));
+}
+
+/*
+ * Opens the table relid for function (a table regclass argument),
+ * AccessShareLock, with GpuIvfpqOpenIndexChecked's order: its kind (a table
+ * or a materialized view) and the caller's SELECT privilege checked before
+ * the lock, the kind again once locked, then GpuIvfpqCheckReadable.
+ */
+Relation
+GpuIvfpqOpenTableChecked(Oid relid, const char *function)
+{
+	char		relkind = get_rel_relkind(relid);
+	char	   *relname = get_rel_name(relid);
+	Relation	heap;
+
+	if (relkind == '\0' || relname == NULL)
+		ReportMissing(relid);
+	CheckScannable(relname, relkind);
+	CheckSelectByOid(relid);
+	heap = try_relation_open(relid, AccessShareLock);
+	if (heap == NULL)
+		ReportMissing(relid);
+	CheckScannable(RelationGetRelationName(heap), heap->rd_rel->relkind);
+	GpuIvfpqCheckReadable(heap, function);
+	return heap;
 }

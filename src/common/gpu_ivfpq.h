@@ -78,6 +78,9 @@ extern const float *GpuIvfpqPgvectorElements(Datum value, GpuIvfpqVectorFormat f
 /* ---- who may read what (common/access.cpp) ---- */
 extern void GpuIvfpqCheckSelect(Relation heap);
 extern void GpuIvfpqCheckReadable(Relation heap, const char *function);
+extern void GpuIvfpqOpenIndexChecked(Oid indexoid, const char *amname, const char *function, bool rows,
+									 Relation *index, Relation *heap);
+extern Relation GpuIvfpqOpenTableChecked(Oid relid, const char *function);
 
 /* ---- Citus, found by name when installed (common/citus.cpp) ---- */
 extern bool GpuIvfpqIsCitusShell(Oid relid);

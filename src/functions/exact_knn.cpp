@@ -267,18 +267,7 @@ gpu_ivfpq_exact_knn(PG_FUNCTION_ARGS)
 	GpuIvfpqCheckBatchK(k);
 	queries = GpuIvfpqQueryVectors(fcinfo, 2, &nq, &d);
 	InitMaterializedSRF(fcinfo, 0);
-	heap = try_relation_open(relid, AccessShareLock);
-	if (heap == NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_TABLE),
-				 errmsg("relation with OID %u does not exist", relid)));
-	/* Views, partitioned and foreign tables have no table AM to scan. */
-	if (heap->rd_rel->relkind != RELKIND_RELATION && heap->rd_rel->relkind != RELKIND_MATVIEW)
-		ereport(ERROR,
-				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
-				 errmsg("\"%s\" is not a table or materialized view", RelationGetRelationName(heap)),
-				 errhint("Pass a table or a materialized view; for a partitioned table, search its partitions.")));
-	GpuIvfpqCheckReadable(heap, "gpu_ivfpq_exact_knn");
+	heap = GpuIvfpqOpenTableChecked(relid, "gpu_ivfpq_exact_knn");
 	attnum = get_attnum(relid, col);
 	if (attnum == InvalidAttrNumber || attnum < 0)
 		ereport(ERROR,

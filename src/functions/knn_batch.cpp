@@ -63,9 +63,7 @@ gpu_ivfpq_knn_batch(PG_FUNCTION_ARGS)
 	GpuIvfpqCheckBatchK(k);
 	queries = GpuIvfpqQueryVectors(fcinfo, 1, &nq, &dim);
 	InitMaterializedSRF(fcinfo, 0);
-	index = GpuIvfpqOpenIndex(indexoid);
-	heap = table_open(index->rd_index->indrelid, AccessShareLock);
-	GpuIvfpqCheckReadable(heap, "gpu_ivfpq_knn_batch");
+	GpuIvfpqOpenIndexChecked(indexoid, "gpu_ivfpq", "gpu_ivfpq_knn_batch", true, &index, &heap);
 	GpuIvfpqBatchBegin(&bs, index, heap, dim, k, Max(k, gpu_ivfpq_rerank));
 	out.store = rsinfo->setResult;
 	out.desc = rsinfo->setDesc;

@@ -79,9 +79,7 @@ gpu_ivfpq_knn_graph(PG_FUNCTION_ARGS)
 
 	GpuIvfpqCheckBatchK(k);
 	InitMaterializedSRF(fcinfo, 0);
-	index = GpuIvfpqOpenIndex(indexoid);
-	heap = table_open(index->rd_index->indrelid, AccessShareLock);
-	GpuIvfpqCheckReadable(heap, "gpu_ivfpq_knn_graph");
+	GpuIvfpqOpenIndexChecked(indexoid, "gpu_ivfpq", "gpu_ivfpq_knn_graph", true, &index, &heap);
 	format = GpuIvfpqIndexFormat(index);
 	GpuIvfpqReadMeta(index, &meta);
 	total = Max(heap->rd_rel->reltuples, 1.0);

@@ -57,9 +57,7 @@ BatchBegin(MetricBatch *b, FunctionCallInfo fcinfo, const char *function)
 	InitMaterializedSRF(fcinfo, 0);
 	b->store = rsinfo->setResult;
 	b->desc = rsinfo->setDesc;
-	b->index = GpuMetricOpenIndex(PG_GETARG_OID(0), function);
-	b->heap = table_open(b->index->rd_index->indrelid, AccessShareLock);
-	GpuIvfpqCheckReadable(b->heap, function);
+	GpuIvfpqOpenIndexChecked(PG_GETARG_OID(0), "gpu_metric", function, true, &b->index, &b->heap);
 
 	deconstruct_array(queries, TEXTOID, -1, false, TYPALIGN_INT, &elems, &nulls, &nelems);
 	b->nq = nelems;

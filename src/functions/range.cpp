@@ -185,9 +185,7 @@ gpu_ivfpq_range(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("max_rows must be 0 (no limit) or positive, not %d", max_rows)));
 	InitMaterializedSRF(fcinfo, 0);
-	index = GpuIvfpqOpenIndex(indexoid);
-	heap = table_open(index->rd_index->indrelid, AccessShareLock);
-	GpuIvfpqCheckReadable(heap, "gpu_ivfpq_range");
+	GpuIvfpqOpenIndexChecked(indexoid, "gpu_ivfpq", "gpu_ivfpq_range", true, &index, &heap);
 	metric = GpuIvfpqMetricOf(index);
 	/* Negative inner products make negative <#> values: only metrics need r >= 0. */
 	if (radius < 0 && metric != (int) gpuivfpq::Metric::InnerProduct)

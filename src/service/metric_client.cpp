@@ -274,7 +274,7 @@ GpuMetricServiceAnswer(Relation index, GpuMetricCached *entry, const GpuMetricMe
 Datum
 gpu_metric_prewarm(PG_FUNCTION_ARGS)
 {
-	Relation	index = GpuMetricOpenIndex(PG_GETARG_OID(0), "gpu_metric_prewarm");
+	Relation	index;
 	Relation	heap;
 	GpuMetricMetaPageData meta;
 	GpuMetricCached *entry;
@@ -285,8 +285,7 @@ gpu_metric_prewarm(PG_FUNCTION_ARGS)
 	RequestResult result;
 
 	/* As pg_prewarm: reading a relation into memory takes SELECT on it (here its table). */
-	heap = table_open(index->rd_index->indrelid, AccessShareLock);
-	GpuIvfpqCheckSelect(heap);
+	GpuIvfpqOpenIndexChecked(PG_GETARG_OID(0), "gpu_metric", "gpu_metric_prewarm", false, &index, &heap);
 	table_close(heap, AccessShareLock);
 	reason = MetricNotServableReason();
 	if (reason == NULL && (slot = GpuIvfpqAcquireSlot()) == NULL)

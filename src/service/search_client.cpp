@@ -358,7 +358,7 @@ GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta, con
 Datum
 gpu_ivfpq_prewarm(PG_FUNCTION_ARGS)
 {
-	Relation	index = GpuIvfpqOpenIndex(PG_GETARG_OID(0));
+	Relation	index;
 	Relation	heap;
 	GpuIvfpqMetaPageData meta;
 	const char *reason;
@@ -368,8 +368,7 @@ gpu_ivfpq_prewarm(PG_FUNCTION_ARGS)
 	RequestResult result;
 
 	/* As pg_prewarm: reading a relation into memory takes SELECT on it (here its table). */
-	heap = table_open(index->rd_index->indrelid, AccessShareLock);
-	GpuIvfpqCheckSelect(heap);
+	GpuIvfpqOpenIndexChecked(PG_GETARG_OID(0), "gpu_ivfpq", "gpu_ivfpq_prewarm", false, &index, &heap);
 	table_close(heap, AccessShareLock);
 	GpuIvfpqReadMeta(index, &meta);
 	reason = GpuIvfpqNotServableReason(&meta);

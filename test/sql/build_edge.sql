@@ -360,12 +360,31 @@ DROP TABLE expr, part;
 --
 -- maintenance_work_mem bounds the build's memory.
 --
+-- What a build needs comes from the rows there are: a few rows of many
+-- dimensions build in little memory (the training sample is no larger than
+-- the rows, the encoding buffers no larger than a batch of them); a table
+-- with more rows than the sample may hold in memory, too few to train the
+-- lists, is refused, with the figures.
+SET gpu_ivfpq.rerank = 10;
 CREATE TABLE big_dim (v real[]);
 INSERT INTO big_dim SELECT array_fill(i::real, ARRAY[784]) FROM generate_series(1, 10) i;
 SET maintenance_work_mem = '1MB';
-CREATE INDEX ON big_dim USING gpu_ivfpq (v) WITH (lists = 1);
+CREATE INDEX big_dim_small ON big_dim USING gpu_ivfpq (v) WITH (lists = 1);
+SELECT count(*) FROM gpu_ivfpq_knn_batch('big_dim_small', ARRAY[array_fill(3::real, ARRAY[784])], 3);
+DROP INDEX big_dim_small;
+INSERT INTO big_dim SELECT array_fill(i::real, ARRAY[784]) FROM generate_series(11, 300) i;
+CREATE INDEX ON big_dim USING gpu_ivfpq (v) WITH (lists = 30);
 RESET maintenance_work_mem;
-CREATE INDEX big_dim_idx ON big_dim USING gpu_ivfpq (v) WITH (lists = 1);
+CREATE INDEX big_dim_idx ON big_dim USING gpu_ivfpq (v) WITH (lists = 30);
 DROP TABLE big_dim;
+-- One row of 2000 dimensions at 5MB, with the default 100 lists.
+CREATE TABLE one_row (v real[]);
+INSERT INTO one_row SELECT array_fill(1::real, ARRAY[2000]);
+SET maintenance_work_mem = '5MB';
+CREATE INDEX one_row_idx ON one_row USING gpu_ivfpq (v);
+RESET maintenance_work_mem;
+SELECT query, rank, distance FROM gpu_ivfpq_knn_batch('one_row_idx', ARRAY[array_fill(1::real, ARRAY[2000])], 1);
+DROP TABLE one_row;
+RESET gpu_ivfpq.rerank;
 
 DROP FUNCTION knn(text, bool);

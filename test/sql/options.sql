@@ -34,8 +34,9 @@ CREATE INDEX ON opt USING gpu_ivfpq (v) WITH (lists = 0);
 CREATE INDEX ON opt USING gpu_ivfpq (v) WITH (lists = -5);
 CREATE INDEX ON opt USING gpu_ivfpq (v) WITH (lists = 65537);
 CREATE INDEX ON opt USING gpu_ivfpq (v) WITH (lists = 'many');
--- m: 0 .. 256, and a divisor of the dimension; the error lists the divisors.
+-- m: 1 .. 256, and a divisor of the dimension; the error lists the divisors.
 CREATE INDEX ON opt USING gpu_ivfpq (v) WITH (m = -1);
+CREATE INDEX ON opt USING gpu_ivfpq (v) WITH (m = 0);
 CREATE INDEX ON opt USING gpu_ivfpq (v) WITH (m = 257);
 CREATE INDEX ON opt USING gpu_ivfpq (v) WITH (lists = 4, m = 3);
 CREATE INDEX ON opt USING gpu_ivfpq (v) WITH (lists = 4, m = 32);
@@ -66,8 +67,8 @@ DROP INDEX opt_m_dim;
 CREATE INDEX opt_m1 ON opt USING gpu_ivfpq (v) WITH (lists = 1, m = 1);
 SELECT lists, m FROM ivfpq_meta('opt_m1');
 DROP INDEX opt_m1;
--- m = 0 means "choose", like no m at all.
-CREATE INDEX opt_m0 ON opt USING gpu_ivfpq (v) WITH (lists = 2, m = 0);
+-- No m: chosen from the dimension (m = 0 is refused above).
+CREATE INDEX opt_m0 ON opt USING gpu_ivfpq (v) WITH (lists = 2);
 SELECT lists, m FROM ivfpq_meta('opt_m0');
 DROP INDEX opt_m0;
 
@@ -105,22 +106,36 @@ CREATE INDEX ON dm12 USING gpu_ivfpq (v) WITH (lists = 1, m = 5);
 DROP TABLE dm, dm12, opt_dims;
 DROP FUNCTION default_m(int);
 
--- An index built on an empty table keeps the options for its REINDEX; m is
--- only checked against the dimension once there are rows.
+-- An index built on an empty real[] table keeps the options for its
+-- REINDEX; its first vector sets the dimension, and m is checked against it
+-- then, not at the REINDEX: the insert fails, naming the index and what to
+-- set, until the option divides the dimension.
 CREATE TABLE opt_empty (v real[]);
 CREATE INDEX opt_empty_idx ON opt_empty USING gpu_ivfpq (v) WITH (lists = 3, m = 5);
 SELECT * FROM ivfpq_meta('opt_empty_idx');
 INSERT INTO opt_empty SELECT v FROM opt;
 SELECT * FROM ivfpq_meta('opt_empty_idx');
-REINDEX INDEX opt_empty_idx;
 ALTER INDEX opt_empty_idx SET (m = 8);
+INSERT INTO opt_empty SELECT v FROM opt;
+SELECT * FROM ivfpq_meta('opt_empty_idx');
 REINDEX INDEX opt_empty_idx;
 SELECT * FROM ivfpq_meta('opt_empty_idx');
+-- The same with RESET (m): chosen from the first vector's dimension.
+TRUNCATE opt_empty;
+ALTER INDEX opt_empty_idx SET (m = 3);
+INSERT INTO opt_empty VALUES ('{1,2,3,4}');
+ALTER INDEX opt_empty_idx RESET (m);
+INSERT INTO opt_empty VALUES ('{1,2,3,4}');
+REINDEX INDEX opt_empty_idx;
+SELECT dimensions, lists, m, trained FROM ivfpq_meta('opt_empty_idx');
 DROP TABLE opt_empty;
+-- A table with rows: m is checked at its first row.
+CREATE INDEX ON opt USING gpu_ivfpq (v) WITH (lists = 1, m = 6);
 
 -- ALTER INDEX SET/RESET validates the options; they apply at the next build.
 CREATE INDEX opt_alter ON opt USING gpu_ivfpq (v) WITH (lists = 5);
 ALTER INDEX opt_alter SET (lists = 0);
+ALTER INDEX opt_alter SET (m = 0);
 ALTER INDEX opt_alter SET (nbits = 7);
 ALTER INDEX opt_alter SET (bogus = 1);
 ALTER INDEX opt_alter SET (lists = 7, m = 8);

@@ -219,6 +219,18 @@ CREATE INDEX ON pz USING gpu_ivfpq (v vector_cosine_ops) WITH (lists = 1);
 SELECT knn($$SELECT id FROM pz ORDER BY v <=> '[1,0.1,0]' LIMIT 5$$, true) AS index_scan,
        knn($$SELECT id FROM pz ORDER BY v <=> '[1,0.1,0]', id LIMIT 5$$, false) AS seq_scan;
 
+-- A vector(n) or halfvec(n) column declares its dimension: m is checked
+-- against it at CREATE INDEX, on an empty table too (not at its REINDEX).
+CREATE TABLE pdim (v vector(3), h halfvec(6));
+CREATE INDEX ON pdim USING gpu_ivfpq (v) WITH (m = 2);
+CREATE INDEX ON pdim USING gpu_ivfpq (h halfvec_l2_ops) WITH (m = 4);
+CREATE INDEX pdim_v ON pdim USING gpu_ivfpq (v) WITH (m = 3);
+CREATE INDEX pdim_h ON pdim USING gpu_ivfpq (h halfvec_l2_ops) WITH (m = 2);
+CREATE INDEX ON pdim USING gpu_ivfpq (((v::real[])::vector(4))) WITH (m = 3);
+INSERT INTO pdim VALUES ('[1,2,3]', '[1,2,3,4,5,6]');
+REINDEX TABLE pdim;
+DROP TABLE pdim;
+
 -- Where the GPU service runs (the preloaded pass of the suite), it served
 -- these scans; elsewhere there is nothing to check.
 SELECT state NOT LIKE 'running (GPU%' OR queries_gpu > :gpu_queries_before AS served_by_the_service_if_running
