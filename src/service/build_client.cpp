@@ -4,6 +4,7 @@
 // brute-force search. Whenever the service cannot, the caller goes on with
 // the CPU engine.
 #include "common/guard.h"
+#include "service/device/reply_checks.h"
 #include "service/shmem.h"
 
 extern "C" {
@@ -159,6 +160,14 @@ GpuIvfpqServiceEncode(GpuIvfpqRemoteEncoder *enc, int n, int32 *lists, uint8 *co
 		return false;
 	memcpy(lists, enc->base + enc->l.lists, sizeof(int32) * n);
 	memcpy(codes, enc->base + enc->l.codes, (Size) n * enc->h.m);
+	/* The build indexes its lists by them. */
+	if (!gpuivfpq::replycheck::all_within<int32_t>(lists, (size_t) n, 0, enc->h.lists))
+	{
+		ereport(WARNING,
+				(errmsg("gpu_ivfpq: encoding failed on the GPU, continuing on the CPU"),
+				 errdetail("The GPU service assigned rows to lists the model does not have.")));
+		return false;
+	}
 	return true;
 }
 
@@ -215,6 +224,12 @@ GpuIvfpqServiceExact(const float *queries, int64 nq, const float *base, int64 n,
 	{
 		memcpy(dist, addr + l.dist, sizeof(float) * nq * k);
 		memcpy(labels, addr + l.labels, sizeof(int64) * nq * k);
+		/* The caller indexes the base rows by them (-1: none). */
+		ok = gpuivfpq::replycheck::all_within<int64_t>(labels, (size_t) nq * k, -1, n);
+		if (!ok)
+			ereport(WARNING,
+					(errmsg("gpu_ivfpq: exact search failed on the GPU, continuing on the CPU"),
+					 errdetail("The GPU service answered rows that are not among the rows sent.")));
 	}
 	dsm_detach(seg);
 	return ok;

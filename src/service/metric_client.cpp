@@ -8,9 +8,12 @@
 // gpu_ivfpq.device = gpu asks for an error.
 #include "service/metric_client.h"
 
+#include <cstddef>
+
 #include "common/guard.h"
 #include "engine/lc_index.h"
 #include "engine/sss_index.h"
+#include "service/device/reply_checks.h"
 #include "service/shmem.h"
 
 extern "C" {
@@ -21,7 +24,8 @@ extern "C" {
 PG_FUNCTION_INFO_V1(gpu_metric_prewarm);
 }
 
-static_assert(sizeof(gpuivfpq::MetricHit) == 2 * sizeof(uint32), "hits travel as (id, distance) pairs");
+static_assert(sizeof(gpuivfpq::MetricHit) == 2 * sizeof(uint32) && offsetof(gpuivfpq::MetricHit, id) == 0,
+			  "hits travel as (id, distance) pairs");
 
 /* Why the service cannot serve gpu_metric indexes now, or NULL. */
 static const char *
@@ -224,18 +228,41 @@ GpuMetricServiceAnswer(Relation index, GpuMetricCached *entry, const GpuMetricMe
 		needed = slot->needed;
 		if (result == RES_OK && needed == 0)
 		{
-			uint64		total;
+			uint64	   *hit_offsets = (uint64 *) palloc_extended(sizeof(uint64) * (nq + 1), MCXT_ALLOC_HUGE);
+			gpuivfpq::MetricHit *hits = NULL;
+			Size		room = capacity > l.hits ? (capacity - l.hits) / sizeof(gpuivfpq::MetricHit) : 0;
 
-			out->offsets = (uint64 *) palloc_extended(sizeof(uint64) * (nq + 1), MCXT_ALLOC_HUGE);
-			memcpy(out->offsets, base + l.hit_offsets, sizeof(uint64) * (nq + 1));
-			total = out->offsets[nq];
-			out->hits = (gpuivfpq::MetricHit *) palloc_extended(sizeof(gpuivfpq::MetricHit) * Max(total, 1),
-																 MCXT_ALLOC_HUGE);
-			memcpy(out->hits, base + l.hits, sizeof(gpuivfpq::MetricHit) * total);
-			out->live = (uint64) slot->live;
-			out->evaluations = slot->evaluations;
-			out->on_gpu = true;
-			answered = true;
+			/*
+			 * Checked before use: the hits must lie in the room the request
+			 * gave, and their ids index the index's objects.
+			 */
+			memcpy(hit_offsets, base + l.hit_offsets, sizeof(uint64) * (nq + 1));
+			if (gpuivfpq::replycheck::hit_offsets_sound(hit_offsets, (size_t) nq, room))
+			{
+				uint64		total = hit_offsets[nq];
+
+				hits = (gpuivfpq::MetricHit *) palloc_extended(sizeof(gpuivfpq::MetricHit) * Max(total, 1),
+																MCXT_ALLOC_HUGE);
+				memcpy(hits, base + l.hits, sizeof(gpuivfpq::MetricHit) * total);
+				answered = gpuivfpq::replycheck::ids_below(&hits[0].id, total, 2, meta->objects);
+			}
+			if (answered)
+			{
+				out->offsets = hit_offsets;
+				out->hits = hits;
+				out->live = (uint64) slot->live;
+				out->evaluations = slot->evaluations;
+				out->on_gpu = true;
+			}
+			else
+			{
+				result = RES_ERROR;
+				strlcpy(error, "the GPU service answered hits outside the answer's room or the index's objects",
+						sizeof(error));
+				pfree(hit_offsets);
+				if (hits != NULL)
+					pfree(hits);
+			}
 		}
 		GpuIvfpqFinishSlot(slot);
 		if (answered)

@@ -2,6 +2,7 @@
 // queries, and loading an index's mirror from its pages (also
 // gpu_ivfpq_prewarm). Every path returns "not served" so the caller can run
 // the CPU engine, unless gpu_ivfpq.device = gpu asks for an error.
+#include "service/device/reply_checks.h"
 #include "service/shmem.h"
 
 extern "C" {
@@ -12,6 +13,11 @@ extern "C" {
 
 PG_FUNCTION_INFO_V1(gpu_ivfpq_prewarm);
 }
+
+/* The labels the service answers become heap TIDs (GpuIvfpqLabelToTid): checked as such first. */
+StaticAssertDecl(InvalidBlockNumber == 0xFFFFFFFF && FirstOffsetNumber == 1,
+				 "replycheck::tid_label knows the TIDs that labels encode");
+#define GPU_IVFPQ_NOT_TIDS "the GPU service answered labels that are no heap TIDs"
 
 /* The placement a mirror loaded now gets: the session's setting, else the index's option. */
 static int
@@ -229,6 +235,13 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
 				labels[n] = out[n];
 				n++;
 			}
+			if (!gpuivfpq::replycheck::tid_labels_sound(labels, (size_t) n))
+			{
+				result = RES_ERROR;
+				strlcpy(error, GPU_IVFPQ_NOT_TIDS, sizeof(error));
+				GpuIvfpqFinishSlot(slot);
+				break;
+			}
 			*is_exact = slot->exact;
 			if (slot->exact)
 				memcpy(exact, slot->payload.bytes + sizeof(int64) * k, sizeof(double) * n);
@@ -335,6 +348,11 @@ GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta, con
 		if (*is_exact)
 			memcpy(exact, base + GpuIvfpqBatchExactOffset(nq, meta->dimensions, k),
 				   (Size) nq * k * sizeof(double));
+		if (!gpuivfpq::replycheck::tid_labels_sound(labels, (size_t) nq * k))
+		{
+			result = RES_ERROR;
+			strlcpy(error, GPU_IVFPQ_NOT_TIDS, sizeof(error));
+		}
 	}
 	dsm_detach(seg);
 	if (result == RES_OK)

@@ -20,6 +20,7 @@
 
 #include "engine/error.h"
 #include "service/device/gpu_process_client.h"
+#include "service/device/reply_checks.h"
 #include "common/guard.h"
 #include "service/shmem.h"
 
@@ -1665,6 +1666,8 @@ StartGpuProcess(void)
 				throw;
 			}
 			gpu->set_timeout(gpu_ivfpq_gpu_timeout_s, GPU_BULK_TIMEOUT_FACTOR);
+			/* Mirrors hold heap TIDs: a search answering anything else is malformed. */
+			gpu->set_label_check(gpuivfpq::replycheck::tid_label);
 			GpuSync()->set_budget(BudgetBytes());
 			gpu_devices = (int) GpuSync()->devices().size();
 			SetInFlightKeep();

@@ -14,9 +14,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include "engine/error.h"
+#include "service/device/reply_checks.h"
 
 extern char** environ;
 
@@ -59,6 +61,120 @@ void raise_for(const Reply& rep)
 {
     if (rep.status != Status::Ok && rep.status != Status::NotFound)
         throw Error(kind_of(rep.status), message_of(rep));
+}
+
+// The readers of the replies that carry more than a status: each copies
+// the answer out of the exchange (the process cannot change it after the
+// check), checks every count, offset and id in it against the request, and
+// returns why the reply is malformed, or null when it is an answer.
+
+uint64_t saturating_mul(uint64_t a, uint64_t b)
+{
+    return a != 0 && b > std::numeric_limits<uint64_t>::max() / a ? std::numeric_limits<uint64_t>::max() : a * b;
+}
+
+// A byte of a struct copied from the exchange, read as a byte (a bool
+// member holding another value than 0 or 1 must not be read as a bool).
+uint8_t byte_at(const void* p)
+{
+    uint8_t b;
+    std::memcpy(&b, p, 1);
+    return b;
+}
+
+// Status: value[0] mirrors listed in region 0.
+const char* read_status(const Reply& rep, const char* region, StoreStatus& out)
+{
+    if (rep.value[0] > kMaxStatusMirrors)
+        return "a Status reply lists more mirrors than the room given";
+    out.mirrors.resize(rep.value[0]);
+    std::memcpy(static_cast<void*>(out.mirrors.data()), region, out.mirrors.size() * sizeof(MirrorInfo));
+    for (const MirrorInfo& m : out.mirrors)
+        if (byte_at(&m.vectors) > 1 || byte_at(&m.filter_keys) > 1 ||
+            m.placement > static_cast<uint32_t>(Placement::Shard) ||
+            m.kind > static_cast<uint32_t>(MirrorKind::Metric))
+            return "a Status reply lists a mirror with an unknown flag, placement or kind";
+    out.bytes = rep.value[1];
+    out.budget = rep.value[2];
+    out.evictions = rep.value[3];
+    return nullptr;
+}
+
+// Devices: value[0] devices (at least the one it announced) listed in region 0.
+const char* read_devices(const Reply& rep, const char* region, std::vector<DeviceInfo>& out)
+{
+    if (rep.value[0] < 1 || rep.value[0] > kMaxDevices)
+        return "a Devices reply lists no device, or more than the room given";
+    out.resize(rep.value[0]);
+    std::memcpy(static_cast<void*>(out.data()), region, out.size() * sizeof(DeviceInfo));
+    for (const DeviceInfo& d : out)
+        if (d.alive > 1 || std::memchr(d.description, '\0', sizeof(d.description)) == nullptr)
+            return "a Devices reply lists a device with an unknown state or an unterminated description";
+    return nullptr;
+}
+
+// Search (q, answered Ok and searched): nq x k labels, each -1 or a label
+// check passes, and nq counts of matched entries (with key ranges), none
+// negative; copied to labels, matched (or null) and exact (when re-ranked).
+const char* read_search(const Request& q, const Reply& rep, const char* x, GpuProcess::LabelCheck check,
+                        int64_t* labels, int64_t* matched, double* exact)
+{
+    if (rep.value[0] > 1)
+        return "a Search reply's re-rank flag is neither 0 nor 1";
+    const size_t n = q.region[1].bytes / sizeof(int64_t);
+    std::memcpy(labels, x + q.region[1].offset, q.region[1].bytes);
+    if (q.keys && matched != nullptr)
+        std::memcpy(matched, x + q.region[5].offset, q.region[5].bytes);
+    if (rep.value[0] != 0)
+        std::memcpy(exact, x + q.region[2].offset, q.region[2].bytes);
+    for (size_t i = 0; i < n; i++)
+        if (labels[i] < -1 || (labels[i] >= 0 && check != nullptr && !check(labels[i])))
+            return "a Search reply answers a label that is no mirror's";
+    if (q.keys && matched != nullptr &&
+        !replycheck::all_within<int64_t>(matched, q.n, 0, std::numeric_limits<int64_t>::max()))
+        return "a Search reply counts a negative number of matched entries";
+    return nullptr;
+}
+
+// MetricSearch (q, answered Ok) on a mirror of objects objects: value[0]
+// hits, value[1] 1 when they exceed the room q.n (then out is null: nothing
+// is read), value[2] live objects; else the hits, copied to out: offsets
+// from 0 to value[0], each query's hits at most the live objects (k-NN: and
+// k), every object id below objects. (A k-NN answer always fits: its room
+// is k a query.)
+const char* read_metric_hits(const Request& q, const Reply& rep, const char* x, uint64_t objects, MetricHits* out)
+{
+    const uint64_t total = rep.value[0], live = rep.value[2];
+    const uint64_t per_query = q.k > 0 ? std::min<uint64_t>(q.k, live) : live;
+    if (rep.value[1] > 1)
+        return "a MetricSearch reply's flag of too little room is neither 0 nor 1";
+    if (live > objects)
+        return "a MetricSearch reply counts more live objects than the mirror holds";
+    // Bounded so that the room asked for next cannot overflow the exchange's layout.
+    if (total > saturating_mul(q.nq, per_query) || total > std::numeric_limits<uint64_t>::max() / 64)
+        return "a MetricSearch reply counts more hits than its queries can have";
+    if (rep.value[1] != 0)
+        return total > q.n ? nullptr : "a MetricSearch reply asks for room it was given";
+    if (total > q.n)
+        return "a MetricSearch reply counts more hits than the room given";
+    const uint64_t* offsets = reinterpret_cast<const uint64_t*>(x + q.region[3].offset);
+    const uint32_t* ids = reinterpret_cast<const uint32_t*>(x + q.region[4].offset);
+    const uint32_t* dists = reinterpret_cast<const uint32_t*>(x + q.region[5].offset);
+    const int64_t* labels = reinterpret_cast<const int64_t*>(x + q.region[6].offset);
+    const uint64_t* evaluations = reinterpret_cast<const uint64_t*>(x + q.region[7].offset);
+    out->offsets.assign(offsets, offsets + q.nq + 1);
+    out->ids.assign(ids, ids + total);
+    out->distances.assign(dists, dists + total);
+    out->labels.assign(labels, labels + total);
+    out->evaluations.assign(evaluations, evaluations + q.nq);
+    if (!replycheck::hit_offsets_sound(out->offsets.data(), q.nq, total) || out->offsets[q.nq] != total)
+        return "a MetricSearch reply's hit offsets are not its hits";
+    for (uint64_t i = 0; i < q.nq; i++)
+        if (out->offsets[i + 1] - out->offsets[i] > per_query)
+            return "a MetricSearch reply answers a query with more hits than it can have";
+    if (!replycheck::ids_below(out->ids.data(), total, 1, objects))
+        return "a MetricSearch reply answers an object id past the mirror's objects";
+    return nullptr;
 }
 
 // A descriptor above the ones the process expects, close-on-exec.
@@ -210,6 +326,12 @@ void GpuProcess::read_announcement(double timeout_s)
         cause_ = why + (pid_ > 0 ? " (the process " + reap(false) + ")" : "");
         throw StartError(rep.status == Status::Unsupported, why);
     }
+    if (rep.value[1] != static_cast<uint64_t>(Kind::Gpu) && rep.value[1] != static_cast<uint64_t>(Kind::Emulated)) {
+        alive_ = false;
+        std::string why = "the GPU process sent a malformed announcement: an unknown device kind";
+        cause_ = why + (pid_ > 0 ? " (the process " + reap(true) + ")" : "");
+        throw StartError(false, why);
+    }
     capacity_ = rep.value[0];
     kind_ = static_cast<Kind>(rep.value[1]);
     description_ = message_of(rep);
@@ -251,6 +373,12 @@ std::string GpuProcess::reap(bool kill_it)
     else
         cause_ = what + " (" + how + ")";
     throw Error(ErrorKind::Internal, "the GPU process " + cause_);
+}
+
+void GpuProcess::check_reply(const char* why)
+{
+    if (why != nullptr)
+        lost(std::string("sent a malformed reply (") + why + ")", true);
 }
 
 bool GpuProcess::check_exit()
@@ -320,6 +448,8 @@ Reply GpuProcess::receive(const Request& q, bool bulk)
     Reply rep;
     (void)wait_reply(rep, q.seq, bulk ? timeout_s_ * bulk_factor_ : timeout_s_);
     last_busy_ns_ = rep.busy_ns;
+    if (static_cast<uint32_t>(rep.status) > static_cast<uint32_t>(Status::DeviceFailed))
+        check_reply("an unknown status");
     if (rep.status == Status::DeviceFailed)
         lost("reported that its device failed: " + message_of(rep), false);
     return rep;
@@ -399,11 +529,7 @@ StoreStatus GpuProcess::status()
     Reply rep = call(q);
     raise_for(rep);
     StoreStatus s;
-    const MirrorInfo* infos = reinterpret_cast<const MirrorInfo*>(x + q.region[0].offset);
-    s.mirrors.assign(infos, infos + std::min<uint64_t>(rep.value[0], kMaxStatusMirrors));
-    s.bytes = rep.value[1];
-    s.budget = rep.value[2];
-    s.evictions = rep.value[3];
+    check_reply(read_status(rep, x + q.region[0].offset, s));
     return s;
 }
 
@@ -416,8 +542,9 @@ std::vector<DeviceInfo> GpuProcess::devices()
     char* x = exchange(l);
     Reply rep = call(q);
     raise_for(rep);
-    const DeviceInfo* infos = reinterpret_cast<const DeviceInfo*>(x + q.region[0].offset);
-    return std::vector<DeviceInfo>(infos, infos + std::min<uint64_t>(rep.value[0], kMaxDevices));
+    std::vector<DeviceInfo> devs;
+    check_reply(read_devices(rep, x + q.region[0].offset, devs));
+    return devs;
 }
 
 void GpuProcess::load(const MirrorKey& key, const MirrorSpec& spec, size_t n, const int32_t* list_ids,
@@ -582,15 +709,12 @@ bool GpuProcess::receive_search(SearchCall& c, int64_t* matched, int64_t* labels
     raise_for(rep);
     if (rep.status != Status::Ok)
         return false;
-    *is_exact = rep.value[0] != 0;
-    if (q.brute && !*is_exact)
+    if (q.brute && rep.value[0] == 0) {
+        *is_exact = false;
         return true;  // the mirror keeps no vectors: nothing was searched
-    const char* x = base_;
-    std::memcpy(labels, x + q.region[1].offset, q.region[1].bytes);
-    if (q.keys && matched != nullptr)
-        std::memcpy(matched, x + q.region[5].offset, q.region[5].bytes);
-    if (*is_exact)
-        std::memcpy(exact, x + q.region[2].offset, q.region[2].bytes);
+    }
+    check_reply(read_search(q, rep, base_, label_check_, labels, matched, exact));
+    *is_exact = rep.value[0] != 0;
     return true;
 }
 
@@ -606,6 +730,8 @@ bool GpuProcess::remove(const MirrorKey& key, size_t n, const int64_t* labels, s
     std::memcpy(x + q.region[4].offset, labels, q.region[4].bytes);
     Reply rep = call(q);
     raise_for(rep);
+    if (rep.status == Status::Ok && rep.value[0] > n)
+        check_reply("a Remove reply counts more entries removed than labels given");
     if (removed != nullptr)
         *removed = rep.status == Status::Ok ? rep.value[0] : 0;
     return rep.status == Status::Ok;
@@ -619,6 +745,7 @@ size_t GpuProcess::drop_index(uint32_t db, uint32_t index)
     q.key.index = index;
     Reply rep = call(q);
     raise_for(rep);
+    metric_objects_.erase({db, index});
     return rep.value[0];
 }
 
@@ -627,6 +754,7 @@ void GpuProcess::drop_all()
     Request q;
     q.op = Op::DropAll;
     raise_for(call(q));
+    metric_objects_.clear();
 }
 
 size_t GpuProcess::metric_load(const MirrorKey& key, const MetricSpec& spec)
@@ -674,6 +802,11 @@ size_t GpuProcess::metric_load(const MirrorKey& key, const MetricSpec& spec)
     }
     Reply rep = call(q, true);
     raise_for(rep);
+    if (rep.value[0] > n)
+        check_reply("a MetricLoad reply counts more live objects than were loaded");
+    // Loaded, it replaced the index's other versions (a failed load may
+    // leave them: kept here too).
+    metric_objects_[{key.db, key.index}] = {key, n};
     return rep.value[0];
 }
 
@@ -715,26 +848,21 @@ bool GpuProcess::metric_search(const MirrorKey& key, const MetricWords& queries,
         raise_for(rep);
         if (rep.status == Status::NotFound)
             return false;
-        if (live != nullptr)
-            *live = rep.value[2];
+        auto loaded = metric_objects_.find({key.db, key.index});
+        if (loaded == metric_objects_.end() || !(loaded->second.first == key))
+            check_reply("a MetricSearch reply answers for a mirror it was never given");
         if (rep.value[1] != 0) {
+            check_reply(read_metric_hits(q, rep, x, loaded->second.second, nullptr));
             room = rep.value[0];  // the mirror cannot change between the two calls
             continue;
         }
-        const uint64_t total = rep.value[0];
-        const uint64_t* offsets = reinterpret_cast<const uint64_t*>(x + q.region[3].offset);
-        const uint32_t* ids = reinterpret_cast<const uint32_t*>(x + q.region[4].offset);
-        const uint32_t* dists = reinterpret_cast<const uint32_t*>(x + q.region[5].offset);
-        const int64_t* labels = reinterpret_cast<const int64_t*>(x + q.region[6].offset);
-        out.offsets.assign(offsets, offsets + nq + 1);
-        out.ids.assign(ids, ids + total);
-        out.distances.assign(dists, dists + total);
-        out.labels.assign(labels, labels + total);
-        const uint64_t* evaluations = reinterpret_cast<const uint64_t*>(x + q.region[7].offset);
-        out.evaluations.assign(evaluations, evaluations + nq);
+        check_reply(read_metric_hits(q, rep, x, loaded->second.second, &out));
+        if (live != nullptr)
+            *live = rep.value[2];
         return true;
     }
-    throw Error(ErrorKind::Internal, "GPU process metric search: the answer grew between two calls");
+    check_reply("a MetricSearch reply asks for more room than it asked for before");
+    return false;  // not reached
 }
 
 void GpuProcess::train(const float* x_in, size_t n, size_t d, size_t lists, size_t m, Metric metric,
@@ -779,6 +907,8 @@ void GpuProcess::encode(const MirrorSpec& spec, const float* rows, size_t n, int
     raise_for(call(q, true));
     std::memcpy(list_ids, x + q.region[3].offset, q.region[3].bytes);
     std::memcpy(codes, x + q.region[4].offset, q.region[4].bytes);
+    if (!replycheck::all_within<int32_t>(list_ids, n, 0, static_cast<int32_t>(spec.lists)))
+        check_reply("an Encode reply assigns a row to a list the model does not have");
 }
 
 void GpuProcess::exact_knn(const float* queries, size_t nq, const float* base, size_t n, size_t d,
@@ -802,6 +932,8 @@ void GpuProcess::exact_knn(const float* queries, size_t nq, const float* base, s
     raise_for(call(q, true));
     std::memcpy(dist, x + q.region[2].offset, q.region[2].bytes);
     std::memcpy(labels, x + q.region[3].offset, q.region[3].bytes);
+    if (!replycheck::all_within<int64_t>(labels, nq * k, -1, static_cast<int64_t>(n)))
+        check_reply("an Exact reply answers a row that is not among the rows given");
 }
 
 }  // namespace gpuproc

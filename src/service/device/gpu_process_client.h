@@ -2,7 +2,11 @@
 // process, calls it, and notices its death. Every call either returns the
 // device's answer, throws the device's Error (the process lives on), or
 // finds the process gone: then alive() turns false, cause() says why, and
-// the call throws Error(Internal). PostgreSQL-free: the service passes a
+// the call throws Error(Internal). A reply is checked against what was
+// asked before anything of it is passed on (reply_checks.h): one whose
+// counts, offsets or ids do not fit the request, or whose status is no
+// status, is a failure of the process, which is killed as a process that
+// stopped answering is. PostgreSQL-free: the service passes a
 // stop check, called while a call waits, that abandons the wait (and the
 // process) when the service must stop.
 #pragma once
@@ -11,8 +15,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/error.h"
@@ -42,6 +48,9 @@ private:
 class GpuProcess {
 public:
     using StopCheck = bool (*)();
+    // Whether a label (not -1) a search answers can be one of a mirror's:
+    // the service's labels are heap TIDs (replycheck::tid_label).
+    using LabelCheck = bool (*)(int64_t);
 
     // Starts program (argv[0] shown as title) with --emulate or --cuda and
     // the extra arguments (the devices to open), and waits for its
@@ -75,6 +84,9 @@ public:
     }
     // Without blocking: has the process died while idle? (Reaps it.)
     bool check_exit();
+    // Search answers whose labels fail check are malformed (null: any
+    // label from 0 on passes).
+    void set_label_check(LabelCheck check) { label_check_ = check; }
 
     void set_budget(size_t bytes);
     void enforce_budget();
@@ -156,6 +168,8 @@ private:
     Reply receive(const Request& q, bool bulk);
     char* exchange(const Layout& layout);
     [[noreturn]] void lost(const std::string& what, bool kill_it);
+    // A reply that is no answer to its request (why, or null: returns).
+    void check_reply(const char* why);
     std::string reap(bool kill_it);
 
     int sock_ = -1, exchange_fd_ = -1;
@@ -173,6 +187,12 @@ private:
     uint64_t last_busy_ns_ = 0;
     char* base_ = nullptr;
     uint64_t size_ = 0;
+    LabelCheck label_check_ = nullptr;
+    // Each gpu_metric index's mirror loaded (by db and index: a load
+    // replaces the index's other versions) and its objects, which bound the
+    // object ids and live counts of its answers. A version absent here was
+    // never loaded, so the process cannot answer for it.
+    std::map<std::pair<uint32_t, uint32_t>, std::pair<MirrorKey, uint64_t>> metric_objects_;
 };
 
 }  // namespace gpuproc

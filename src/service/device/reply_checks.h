@@ -1,0 +1,67 @@
+// Checks of the numbers in an answer from the GPU process that index
+// arrays: hit offsets, object ids, row labels, list ids. The GPU process is
+// outside the fault boundary (it may die or misbehave), so the service's
+// client (gpu_process_client.cpp) checks every reply with these before it
+// passes anything on, and the backends check with the same routines what
+// they read from the service before they index with it. PostgreSQL-free,
+// allocation-free and non-throwing, so that PostgreSQL code calls them too.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace gpuivfpq {
+namespace replycheck {
+
+// Every v[i] (n of them) lies in [lo, hi).
+template <typename T>
+inline bool all_within(const T* v, size_t n, T lo, T hi)
+{
+    for (size_t i = 0; i < n; i++)
+        if (v[i] < lo || v[i] >= hi)
+            return false;
+    return true;
+}
+
+// The hit offsets of nq queries (nq + 1: query i's hits are [offsets[i],
+// offsets[i + 1])) start at 0, never decrease, and end within room hits.
+inline bool hit_offsets_sound(const uint64_t* offsets, size_t nq, uint64_t room)
+{
+    if (offsets[0] != 0)
+        return false;
+    for (size_t i = 0; i < nq; i++)
+        if (offsets[i + 1] < offsets[i])
+            return false;
+    return offsets[nq] <= room;
+}
+
+// n object ids, one every stride uint32 values from ids, each below objects.
+inline bool ids_below(const uint32_t* ids, size_t n, size_t stride, uint64_t objects)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ids[i * stride] >= objects)
+            return false;
+    return true;
+}
+
+// The labels of a gpu_ivfpq mirror are heap TIDs as am.h encodes them
+// (GpuIvfpqTidToLabel: block << 16 | offset): a block below
+// InvalidBlockNumber (0xFFFFFFFF) and an offset from FirstOffsetNumber (1).
+constexpr int64_t kTidLabelEnd = int64_t(0xFFFFFFFF) << 16;
+inline bool tid_label(int64_t label)
+{
+    return label >= 0 && label < kTidLabelEnd && (label & 0xFFFF) != 0;
+}
+
+// Candidate labels (n) as a search answers them: each a TID label or -1
+// (no candidate).
+inline bool tid_labels_sound(const int64_t* labels, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (labels[i] != -1 && !tid_label(labels[i]))
+            return false;
+    return true;
+}
+
+}  // namespace replycheck
+}  // namespace gpuivfpq
