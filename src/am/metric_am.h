@@ -151,6 +151,7 @@ typedef struct GpuMetricOptions
 /* ---- metric_text.cpp ---- */
 extern char *GpuMetricUtf8(text *t, int *len);
 extern char *GpuMetricDatumUtf8(Datum value, int *len);
+extern void GpuMetricCheckLength(const char *utf8, int len);
 extern uint32 *GpuMetricCodePoints(const char *utf8, int len, int *ncp);
 extern void GpuMetricCheckWordBytes(Relation index, int len);
 extern bool GpuMetricRangeArg(Datum range, Datum *word, int32 *radius);

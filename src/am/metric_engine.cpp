@@ -3,7 +3,6 @@
 #include "am/metric_engine.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <string>
 
 #include "engine/error.h"
@@ -166,14 +165,7 @@ DecodeScratch(const char *utf8, size_t len)
 
 	scratch.clear();
 	gpuivfpq::utf8_decode(utf8, len, scratch);
-	if (scratch.size() > gpuivfpq::kMaxWordCodePoints)
-	{
-		char		msg[160];
-
-		std::snprintf(msg, sizeof msg, "a word has %zu code points; edit distances take words of at most %zu",
-					  scratch.size(), gpuivfpq::kMaxWordCodePoints);
-		throw Error(ErrorKind::InvalidArgument, msg);
-	}
+	gpuivfpq::check_word_length(scratch.size());
 	return scratch;
 }
 

@@ -35,13 +35,46 @@ GpuMetricDatumUtf8(Datum value, int *len)
 	return GpuMetricUtf8(DatumGetTextPP(value), len);
 }
 
+/* Every word an index stores is a word an edit distance takes. */
+static_assert(GPU_METRIC_MAX_WORD_BYTES <= gpuivfpq::kMaxWordCodePoints,
+			  "gpu_metric stores words that edit distances refuse");
+
+/*
+ * Errors unless the UTF-8 text utf8[0, len) fits an edit distance: at most
+ * gpuivfpq::kMaxWordCodePoints code points (characters), the bound on the
+ * memory of a query's pattern and the time of one distance whatever the
+ * text's alphabet. Every text gpu_metric measures is checked here: both
+ * sides of the operators, edit_range's word, scan and batch queries.
+ */
+void
+GpuMetricCheckLength(const char *utf8, int len)
+{
+	int64		ncp = 0;
+
+	/* A code point takes at least one byte. */
+	if ((Size) len <= gpuivfpq::kMaxWordCodePoints)
+		return;
+	for (int i = 0; i < len; i++)
+		ncp += ((unsigned char) utf8[i] & 0xC0) != 0x80;
+	if (ncp > (int64) gpuivfpq::kMaxWordCodePoints)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("a text of %lld characters is too long for an edit distance", (long long) ncp),
+				 errdetail("Edit distances (<~>, <%%, edit_range and the gpu_metric search functions) take texts of at most %zu characters.",
+						   gpuivfpq::kMaxWordCodePoints),
+				 errhint("Compare a part of the text, for example left(t, %zu), or leave longer texts out.",
+						 gpuivfpq::kMaxWordCodePoints)));
+}
+
 /* The code points of UTF-8 text, palloc'd (the engine decodes and checks them). */
 uint32 *
 GpuMetricCodePoints(const char *utf8, int len, int *ncp)
 {
-	uint32	   *cps = (uint32 *) palloc(sizeof(uint32) * Max(len, 1));
+	uint32	   *cps;
 	size_t		n = 0;
 
+	GpuMetricCheckLength(utf8, len);
+	cps = (uint32 *) palloc(sizeof(uint32) * Max(len, 1));
 	GpuIvfpqGuard("decoding", [&] { n = GpuMetricDecode(utf8, (size_t) len, cps); });
 	*ncp = (int) n;
 	return cps;

@@ -129,6 +129,16 @@ inline uint32_t hash_symbol(uint32_t c, uint32_t shift)
 
 }  // namespace
 
+void check_word_length(size_t n, const char* what)
+{
+    if (n <= kMaxWordCodePoints)
+        return;
+    char msg[200];
+    std::snprintf(msg, sizeof msg, "%s has %zu code points; edit distances take words of at most %zu",
+                  what, n, kMaxWordCodePoints);
+    throw Error(ErrorKind::InvalidArgument, msg);
+}
+
 EditPattern::EditPattern() : peq_(1, 0)
 {
     std::fill(std::begin(direct_slot_), std::end(direct_slot_), 0u);
@@ -136,6 +146,7 @@ EditPattern::EditPattern() : peq_(1, 0)
 
 EditPattern::EditPattern(const uint32_t* pattern, size_t m) : m_(m)
 {
+    check_word_length(m);
     blocks_ = std::max<size_t>(1, (m + 63) / 64);
     std::fill(std::begin(direct_slot_), std::end(direct_slot_), 0u);
 
@@ -200,8 +211,7 @@ struct SlotOf {
 
 uint32_t text_length(size_t n)
 {
-    if (n > UINT32_MAX)
-        throw Error(ErrorKind::InvalidArgument, "edit distance: a text of more than 2^32 code points");
+    check_word_length(n);
     return uint32_t(n);
 }
 

@@ -21,6 +21,19 @@ struct WordView {
 // Largest Unicode code point; decoding refuses anything above it.
 constexpr uint32_t kMaxCodePoint = 0x10FFFF;
 
+// Longest word an edit distance takes, in code points, on either side (and
+// so the longest word a metric index stores, and the longest query). A
+// pattern of m code points of s distinct symbols takes (s + 1) * ceil(m / 64)
+// 64-bit words, and one distance ceil(m / 64) steps per code point of the
+// other word: this bound keeps the worst case (every symbol distinct) near
+// 8 MB and a few milliseconds, whatever the alphabet. Distances then stay
+// far below 2^24, so they are exact as the floats that TopK ranks.
+constexpr size_t kMaxWordCodePoints = 8192;
+
+// Throws Error(InvalidArgument) unless a word of n code points fits
+// kMaxWordCodePoints; the message calls the word `what` ("a word", "word 7").
+void check_word_length(size_t n, const char* what = "a word");
+
 // Appends the code points of the UTF-8 text s[0, len) to out. Invalid UTF-8
 // (a stray continuation byte, a truncated sequence, an overlong form, a
 // surrogate, a value past U+10FFFF) throws Error(InvalidArgument) naming the
@@ -49,7 +62,8 @@ class EditPattern {
 public:
     // The empty pattern (distance = the text's length).
     EditPattern();
-    // Preprocesses pattern[0, m) (code points; any value, valid or not).
+    // Preprocesses pattern[0, m) (code points; any value, valid or not);
+    // m past kMaxWordCodePoints throws Error(InvalidArgument).
     EditPattern(const uint32_t* pattern, size_t m);
     explicit EditPattern(WordView pattern) : EditPattern(pattern.data, pattern.size) {}
 
@@ -62,8 +76,9 @@ public:
     // The slot of code point c (0 when the pattern does not contain c).
     uint32_t slot(uint32_t c) const;
 
-    // Exact Levenshtein distance between the pattern and text[0, n).
-    // Allocation-free for patterns of up to kStackBlocks * 64 code points.
+    // Exact Levenshtein distance between the pattern and text[0, n); n past
+    // kMaxWordCodePoints throws Error(InvalidArgument). Allocation-free for
+    // patterns of up to kStackBlocks * 64 code points.
     uint32_t distance(const uint32_t* text, size_t n) const;
     uint32_t distance(WordView text) const { return distance(text.data, text.size); }
 

@@ -14,16 +14,13 @@ namespace gpuivfpq {
 
 namespace {
 
-// Throws unless a word of len code points fits kMaxWordCodePoints.
-void check_word_length(size_t index, size_t len)
+// Throws unless word `index` of len code points fits kMaxWordCodePoints.
+void check_list_word(size_t index, size_t len)
 {
     if (len <= kMaxWordCodePoints)
         return;
-    char msg[200];
-    std::snprintf(msg, sizeof msg,
-                  "word %zu has %zu code points; a metric index stores words of at most %zu", index,
-                  len, kMaxWordCodePoints);
-    throw Error(ErrorKind::InvalidArgument, msg);
+    const std::string what = "word " + std::to_string(index);
+    check_word_length(len, what.c_str());
 }
 
 }  // namespace
@@ -48,7 +45,7 @@ WordList WordList::from_utf8(const char* bytes, const uint64_t* offsets, size_t 
         } catch (const Error& e) {
             throw Error(e.kind(), "word " + std::to_string(i) + ": " + e.what());
         }
-        check_word_length(i, list.cps_.size() - list.offsets_.back());
+        check_list_word(i, list.cps_.size() - list.offsets_.back());
         list.offsets_.push_back(list.cps_.size());
     }
     return list;
@@ -56,7 +53,7 @@ WordList WordList::from_utf8(const char* bytes, const uint64_t* offsets, size_t 
 
 void WordList::push_back(WordView w)
 {
-    check_word_length(size(), w.size);
+    check_list_word(size(), w.size);
     const bool aliases =
         !cps_.empty() && w.data >= cps_.data() && w.data < cps_.data() + cps_.size();
     if (aliases) {
@@ -74,7 +71,7 @@ void WordList::push_back_utf8(std::string_view text)
     const size_t before = cps_.size();
     utf8_decode(text.data(), text.size(), cps_);
     try {
-        check_word_length(size(), cps_.size() - before);
+        check_list_word(size(), cps_.size() - before);
         offsets_.push_back(cps_.size());
     } catch (...) {
         cps_.resize(before);

@@ -14,10 +14,6 @@
 
 namespace gpuivfpq {
 
-// Longest word an index stores, in code points. Distances then stay far
-// below 2^24, so they are exact as the floats that TopK ranks.
-constexpr size_t kMaxWordCodePoints = size_t(1) << 20;
-
 // Words as code points, back to back: word i is
 // code_points()[offsets()[i], offsets()[i + 1]). Two flat arrays, decoded and
 // validated once, which a page format or a GPU mirror copies as they are.

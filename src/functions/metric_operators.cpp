@@ -82,6 +82,7 @@ gpu_metric_edit_distance(PG_FUNCTION_ARGS)
 	char	   *b = GpuMetricUtf8(PG_GETARG_TEXT_PP(1), &blen);
 	uint32		d = 0;
 
+	GpuMetricCheckLength(a, alen);
 	/* The right side is the query of an ORDER BY or a comparison with a constant. */
 	if (!CacheHolds(cache, b, blen))
 		CacheSet(cache, b, blen, b, blen);
@@ -99,6 +100,7 @@ gpu_metric_within(PG_FUNCTION_ARGS)
 	struct varlena *range = PG_GETARG_VARLENA_P(1);
 	uint32		d = 0;
 
+	GpuMetricCheckLength(a, len);
 	if (!CacheHolds(cache, (const char *) range, VARSIZE(range)))
 	{
 		Datum		word;
@@ -136,7 +138,11 @@ gpu_metric_edit_range(PG_FUNCTION_ARGS)
 	TupleDesc	desc;
 	Datum		values[2];
 	bool		nulls[2] = {false, false};
+	int			len;
+	char	   *word = GpuMetricDatumUtf8(PG_GETARG_DATUM(0), &len);
 
+	/* A range no search could take is refused where it is written. */
+	GpuMetricCheckLength(word, len);
 	GpuMetricCheckRadius(radius);
 	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "edit_range must return a composite type");

@@ -368,6 +368,28 @@ SELECT count(*) FROM gpu_metric_range_batch('words_lc', NULL, 1);
 SET enable_seqscan = off;
 SELECT count(*) FROM words WHERE word <% ('casa', -1)::edit_range;
 RESET enable_seqscan;
+-- Texts past the longest an edit distance takes (8192 characters) are
+-- refused at once, whatever their alphabet: on either side of the
+-- operators, in edit_range, as scan and batch queries.
+SET statement_timeout = '10s';
+SELECT repeat('ab', 200000) <~> repeat('ba', 200000);
+SELECT 'casa' <~> repeat('ñb', 4097);
+SELECT (SELECT string_agg(chr(i), '') FROM generate_series(65536, 65536 + 9999) i) <~> 'casa';
+SELECT repeat('a', 8193) <% edit_range('casa', 1);
+SELECT edit_range(repeat('a', 8193), 1);
+SELECT 'casa' <% (repeat('a', 8193), 1)::edit_range;
+SET enable_seqscan = off;
+SELECT count(*) FROM words WHERE word <% (repeat('a', 8193), 1)::edit_range;
+SELECT word FROM words ORDER BY word <~> repeat('a', 8193) LIMIT 1;
+RESET enable_seqscan;
+SELECT * FROM gpu_metric_range_batch('words_lc', ARRAY['casa', repeat('a', 8193)], 1);
+SELECT * FROM gpu_metric_knn_batch('words_lc', ARRAY[repeat('a', 8193)], 1);
+-- The longest texts are measured, the one of 8192 distinct characters too.
+SELECT repeat('ab', 4096) <~> repeat('ba', 4096) AS longest_ab,
+       t <~> t AS same, t <~> (substr(t, 2) || 'a') AS shifted,
+       repeat('a', 8192) <% edit_range(t, 8192) AS within
+FROM (SELECT string_agg(chr(i), '') t FROM generate_series(65536, 65536 + 8191) i) s;
+RESET statement_timeout;
 
 --
 -- Who may call the batch functions: SELECT on the table, no row-level security.

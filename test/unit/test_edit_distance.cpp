@@ -307,6 +307,35 @@ TEST(EditDistance, VeryLongPattern)
     EXPECT_EQ(p.within(view(b), 5), 6u);
 }
 
+// Words of kMaxWordCodePoints code points are measured, one more is refused
+// as a pattern and as a text: the bound on a pattern's memory and a
+// distance's time, whatever the alphabet.
+TEST(EditDistance, LongestWord)
+{
+    std::vector<uint32_t> longest(kMaxWordCodePoints);
+    for (size_t i = 0; i < longest.size(); i++)
+        longest[i] = uint32_t(0x10000 + i);  // every symbol distinct: the largest pattern
+    std::vector<uint32_t> shifted(longest.begin() + 1, longest.end());
+    shifted.push_back(0x41);
+    const EditPattern p(view(longest));
+    EXPECT_EQ(p.symbols(), kMaxWordCodePoints);
+    EXPECT_EQ(p.distance(view(shifted)), 2u);
+    EXPECT_EQ(p.within(view(shifted), 1), 2u);
+    const std::vector<uint32_t> too_long(kMaxWordCodePoints + 1, 'a');
+    try {
+        EditPattern refused(view(too_long));
+        ADD_FAILURE() << "accepted a pattern past the limit";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
+        EXPECT_NE(std::string(e.what()).find(std::to_string(kMaxWordCodePoints)), std::string::npos)
+            << e.what();
+    }
+    EXPECT_THROW(p.distance(view(too_long)), Error);
+    EXPECT_THROW(p.within(view(too_long), 3), Error);
+    EXPECT_THROW(edit_distance(view(too_long), view(shifted)), Error);
+    EXPECT_THROW(edit_distance(view(shifted), view(too_long)), Error);
+}
+
 // ns per distance for 8-12 letter words: DP, bit-parallel, bounded (k = 2),
 // over ASCII and Spanish words held back to back as an index holds them.
 // Disabled: run with --gtest_also_run_disabled_tests --gtest_filter='*Bench*'.
