@@ -272,8 +272,9 @@ gpumetricbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 
 	/*
 	 * The engine builds (its threads: the maintenance workers a parallel
-	 * build would use, and this backend); it cannot be interrupted until it
-	 * is done.
+	 * build would use, and this backend). Every thread polls for a cancel,
+	 * timeout or shutdown (GpuIvfpqInstallInterruptPoll): the build stops
+	 * within a few distances and the guard raises it.
 	 */
 	pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_BUILD);
 	engine = GpuIvfpqMakeOwned<GpuMetricEngine>(bs.buildctx, "build", method, (const char *) bs.bytes,

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "engine/error.h"
+#include "engine/interrupt.h"
 #include "engine/lc_index.h"
 #include "engine/sss_index.h"
 
@@ -190,8 +191,11 @@ GpuMetricPattern::objects(const gpuivfpq::MetricIndex &index, const uint32_t *id
 						  uint32_t bound, uint32_t *out) const
 {
 	for (size_t i = 0; i < n; i++)
+	{
+		gpuivfpq::check_interrupt_every(i);
 		out[i] = bound == UINT32_MAX ? pattern_.distance(index.word(ids[i]))
 			: pattern_.within(index.word(ids[i]), bound);
+	}
 }
 
 size_t

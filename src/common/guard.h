@@ -11,6 +11,10 @@
 //       so destructors run and the guard above reports it with its errcode.
 //   GpuIvfpqMakeOwned  engine objects owned by a memory context: deleted
 //       when the context is reset or deleted, on success or error alike.
+// Cancels reach the engine the other way, as a poll (engine/interrupt.h)
+// that GpuIvfpqInstallInterruptPoll installs: the engine's loops stop with
+// gpuivfpq::Interrupted once CHECK_FOR_INTERRUPTS() would end the statement,
+// and the guard then lets CHECK_FOR_INTERRUPTS() raise it.
 // Frames that can ereport hold no std:: containers (a longjmp would skip
 // their destructors); they hold palloc'd memory or owned engine objects.
 #pragma once
@@ -27,6 +31,7 @@ typedef struct GpuIvfpqCaught
 	int			sqlerrcode;
 	bool		out_of_memory;	/* device or host memory: callers may fall back */
 	bool		from_postgres;	/* a PostgreSQL ERROR carried by GpuIvfpqPgCall */
+	bool		interrupted;	/* the engine stopped for a pending cancel or shutdown */
 	char		message[512];
 } GpuIvfpqCaught;
 
@@ -46,8 +51,14 @@ private:
 /* The one catch ladder; call only from inside a catch block. */
 extern void GpuIvfpqCatchCurrent(GpuIvfpqCaught *caught) noexcept;
 
-/* ereport(ERROR) for a caught exception ("gpu_ivfpq <what> failed: ..."). */
+/*
+ * ereport(ERROR) for a caught exception ("gpu_ivfpq <what> failed: ..."); an
+ * interrupted engine raises the pending cancel or shutdown itself.
+ */
 extern void GpuIvfpqReportCaught(const char *what, const GpuIvfpqCaught *caught) pg_attribute_noreturn();
+
+/* Makes the engine's loops stop for this process's cancels and shutdowns (_PG_init). */
+extern void GpuIvfpqInstallInterruptPoll(void);
 
 /* Runs fn; false (and caught filled) when it threw. Never ereports. */
 template <typename Fn>

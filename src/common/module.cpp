@@ -2,6 +2,7 @@
 // index options, and, when preloaded, the GPU service.
 #include "am/am.h"
 #include "am/metric_am.h"
+#include "common/guard.h"
 #include "service/service.h"
 #include "service/wal_announce.h"
 
@@ -76,6 +77,7 @@ _PG_init(void)
 {
 	GpuIvfpqRegisterOptions();
 	GpuMetricRegisterOptions();
+	GpuIvfpqInstallInterruptPoll();
 
 	DefineCustomIntVariable("gpu_ivfpq.probes", "Number of inverted lists probed by a scan.",
 							"More probes: higher recall, slower queries.",

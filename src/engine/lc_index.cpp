@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "error.h"
+#include "interrupt.h"
 #include "parallel.h"
 
 namespace gpuivfpq {
@@ -237,6 +238,7 @@ ListOfClusters::ListOfClusters(WordList words, size_t bucket, int threads)
         uint64_t* sums = rem_sum.data();
         const uint8_t* gone = taken.data();
         for (size_t j = begin; j < end; j++) {
+            check_interrupt_every(j - begin);
             if (gone[j])
                 continue;
             const uint32_t id = ids[j];
@@ -375,6 +377,7 @@ LcPlacement ListOfClusters::placement(WordView w) const
     // Invariant (2) holds for every cluster passed over: the object is
     // farther than its radius from each such centre.
     for (size_t c = 0; c < clusters_.size(); c++) {
+        check_interrupt_every(c);
         const Cluster& cluster = clusters_[c];
         if (pattern.within(words_[cluster.centre], cluster.radius) <= cluster.radius)
             return LcPlacement{uint32_t(c), cluster.radius};
@@ -438,7 +441,7 @@ std::vector<MetricHit> ListOfClusters::range(WordView q, uint32_t r, MetricStats
         // Exact up to radius + r, all the rules below need.
         const uint32_t reach = detail::saturating_add(cluster.radius, r);
         const uint32_t d = pattern.within(words_[cluster.centre], reach);
-        evaluations++;
+        check_interrupt_every(++evaluations);
         if (d <= r && !removed_[cluster.centre])
             hits.push_back({cluster.centre, d});
         if (d <= reach) {
@@ -446,7 +449,7 @@ std::vector<MetricHit> ListOfClusters::range(WordView q, uint32_t r, MetricStats
                 if (removed_[x])
                     continue;
                 const uint32_t dx = pattern.within(words_[x], r);
-                evaluations++;
+                check_interrupt_every(++evaluations);
                 if (dx <= r)
                     hits.push_back({x, dx});
             }
@@ -479,7 +482,7 @@ std::vector<MetricHit> ListOfClusters::knn(WordView q, size_t k, MetricStats* st
         uint32_t r = detail::knn_radius(top);
         const uint32_t d =
             pattern.within(words_[cluster.centre], detail::saturating_add(cluster.radius, r));
-        evaluations++;
+        check_interrupt_every(++evaluations);
         if (d <= r && !removed_[cluster.centre])
             detail::knn_offer(top, cluster.centre, d);
         r = detail::knn_radius(top);
@@ -488,7 +491,7 @@ std::vector<MetricHit> ListOfClusters::knn(WordView q, size_t k, MetricStats* st
                 if (removed_[x])
                     continue;
                 const uint32_t dx = pattern.within(words_[x], r);
-                evaluations++;
+                check_interrupt_every(++evaluations);
                 if (dx <= r) {
                     detail::knn_offer(top, x, dx);
                     r = detail::knn_radius(top);

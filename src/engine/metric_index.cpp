@@ -8,6 +8,7 @@
 #include <string>
 
 #include "error.h"
+#include "interrupt.h"
 #include "parallel.h"
 
 namespace gpuivfpq {
@@ -153,6 +154,7 @@ std::vector<MetricHit> BruteForceIndex::range(WordView q, uint32_t r, MetricStat
     const EditPattern pattern(q);
     std::vector<MetricHit> hits;
     for (uint32_t id = 0; id < size(); id++) {
+        check_interrupt_every(id);
         if (removed_[id])
             continue;
         const uint32_t d = pattern.distance(words_[id]);
@@ -173,9 +175,11 @@ std::vector<MetricHit> BruteForceIndex::knn(WordView q, size_t k, MetricStats* s
         return {};
     const EditPattern pattern(q);
     TopK top(k);
-    for (uint32_t id = 0; id < size(); id++)
+    for (uint32_t id = 0; id < size(); id++) {
+        check_interrupt_every(id);
         if (!removed_[id])
             detail::knn_offer(top, id, pattern.distance(words_[id]));
+    }
     return detail::knn_hits(top);
 }
 

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "error.h"
+#include "interrupt.h"
 #include "parallel.h"
 
 namespace gpuivfpq {
@@ -69,8 +70,10 @@ uint32_t SparseSpatialSelection::estimate_max_distance(const WordList& words, in
     for (int sweep = 0; sweep < 4 && n > 1; sweep++) {
         const EditPattern pattern(words[start]);
         parallel_for(n, n >= kParallelMin ? threads : 1, [&](size_t begin, size_t end) {
-            for (size_t j = begin; j < end; j++)
+            for (size_t j = begin; j < end; j++) {
+                check_interrupt_every(j - begin);
                 dist[j] = pattern.distance(words[j]);
+            }
         });
         if (evaluations)
             *evaluations += n;
@@ -100,9 +103,10 @@ SparseSpatialSelection::SparseSpatialSelection(WordList words, double alpha, int
     for (uint32_t x = 0; x < n; x++) {
         if (max_pivots > 0 && pivots_.size() >= max_pivots)
             break;
+        check_interrupt_every(x);
         bool far = true;
         for (const EditPattern& p : patterns) {
-            build_evaluations_++;
+            check_interrupt_every(++build_evaluations_);
             if (p.within(words_[x], need - 1) < need) {
                 far = false;
                 break;
@@ -118,9 +122,12 @@ SparseSpatialSelection::SparseSpatialSelection(WordList words, double alpha, int
     const size_t np = pivots_.size();
     table_.resize(n * np);
     parallel_for(n, n * np >= kParallelMin ? threads : 1, [&](size_t begin, size_t end) {
-        for (size_t x = begin; x < end; x++)
-            for (size_t p = 0; p < np; p++)
+        for (size_t x = begin; x < end; x++) {
+            for (size_t p = 0; p < np; p++) {
+                check_interrupt_every((x - begin) * np + p);
                 table_[x * np + p] = clamp_to_table(patterns[p].distance(words_[x]));
+            }
+        }
     });
     build_evaluations_ += uint64_t(n) * np;
 }
@@ -169,8 +176,10 @@ std::vector<uint8_t> SparseSpatialSelection::table_row(WordView w) const
     const EditPattern pattern(w);
     const size_t np = pivots_.size();
     std::vector<uint8_t> row(np);
-    for (size_t p = 0; p < np; p++)
+    for (size_t p = 0; p < np; p++) {
+        check_interrupt_every(p);
         row[p] = clamp_to_table(pattern.distance(words_[pivots_[p]]));
+    }
     return row;
 }
 
@@ -203,6 +212,7 @@ void SparseSpatialSelection::pivot_distances(const EditPattern& q, std::vector<u
     exact.resize(pivots_.size());
     clamped.resize(pivots_.size());
     for (size_t p = 0; p < pivots_.size(); p++) {
+        check_interrupt_every(p);
         exact[p] = q.distance(words_[pivots_[p]]);
         clamped[p] = clamp_to_table(exact[p]);
     }
@@ -222,13 +232,14 @@ std::vector<MetricHit> SparseSpatialSelection::range(WordView q, uint32_t r,
         if (dq[p] <= r && !removed_[pivots_[p]])
             hits.push_back({pivots_[p], dq[p]});
     for (uint32_t x = 0; x < size(); x++) {
+        check_interrupt_every(x);
         if (removed_[x] || pivot_flag_[x])
             continue;
         // A byte bound never exceeds a radius of kTableMax or more.
         if (r < kTableMax && row_bound(table_.data() + size_t(x) * np, dqc.data(), np, r) > r)
             continue;
         const uint32_t d = pattern.within(words_[x], r);
-        evaluations++;
+        check_interrupt_every(++evaluations);
         if (d <= r)
             hits.push_back({x, d});
     }
@@ -263,6 +274,7 @@ std::vector<MetricHit> SparseSpatialSelection::knn(WordView q, size_t k, MetricS
     std::vector<std::pair<uint8_t, uint32_t>> kept;
     std::vector<uint32_t> start(kTableMax + 2, 0);
     for (uint32_t x = 0; x < size(); x++) {
+        check_interrupt_every(x);
         if (removed_[x] || pivot_flag_[x])
             continue;
         const uint32_t bound = row_bound(table_.data() + size_t(x) * np, dqc.data(), np, r0);
@@ -286,7 +298,7 @@ std::vector<MetricHit> SparseSpatialSelection::knn(WordView q, size_t k, MetricS
             const uint32_t r = detail::knn_radius(top);
             const uint32_t x = order[next];
             const uint32_t d = pattern.within(words_[x], r);
-            evaluations++;
+            check_interrupt_every(++evaluations);
             if (d <= r)
                 detail::knn_offer(top, x, d);
         }
