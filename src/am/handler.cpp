@@ -5,6 +5,7 @@
 #include "am/am.h"
 
 extern "C" {
+#include "optimizer/plancat.h"
 #include "utils/spccache.h"
 }
 
@@ -92,6 +93,24 @@ PeekMeta(Relation index, GpuIvfpqMetaPageData *meta)
 	memcpy(&trained, &meta->trained, 1);
 	return meta->magic == GPU_IVFPQ_MAGIC && meta->version == GPU_IVFPQ_VERSION &&
 		meta->lists >= 1 && trained <= 1;
+}
+
+/*
+ * What one exact distance costs, as a sequential scan is charged for it:
+ * the operator's function cost (cpu_operator_cost for an expression that is
+ * not an operator call).
+ */
+double
+GpuIvfpqOperatorCost(PlannerInfo *root, Expr *expr)
+{
+	QualCost	cost;
+
+	if (!IsA(expr, OpExpr))
+		return cpu_operator_cost;
+	cost.startup = 0;
+	cost.per_tuple = 0;
+	add_function_cost(root, get_opcode(((OpExpr *) expr)->opno), (Node *) expr, &cost);
+	return Max(cost.per_tuple, cpu_operator_cost);
 }
 
 /*
