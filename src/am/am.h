@@ -477,4 +477,5 @@ extern bytea *gpuivfpqoptions(Datum reloptions, bool validate);
 extern bool gpuivfpqvalidate(Oid opclassoid);
 extern bool GpuIvfpqDistanceOrderableProperty(Oid index_oid, int attno, IndexAMProperty prop,
 											  const char *propname, bool *res, bool *isnull);
+extern double GpuIvfpqOperatorCost(PlannerInfo *root, Expr *expr);
 extern void GpuIvfpqRegisterOptions(void);

@@ -5,6 +5,9 @@
 #include "am/am.h"
 
 extern "C" {
+#include "access/detoast.h"
+#include "access/heaptoast.h"
+#include "optimizer/plancat.h"
 #include "utils/spccache.h"
 }
 
@@ -96,9 +99,131 @@ PeekMeta(Relation index, GpuIvfpqMetaPageData *meta)
 }
 
 /*
- * amcostestimate: the index only serves ORDER BY <op> LIMIT; without an
- * ORDER BY it must never be chosen. All work happens before the first row,
- * so startup cost equals total cost.
+ * What one exact distance costs, as a sequential scan is charged for it:
+ * the operator's function cost (cpu_operator_cost for an expression that is
+ * not an operator call).
+ */
+double
+GpuIvfpqOperatorCost(PlannerInfo *root, Expr *expr)
+{
+	QualCost	cost;
+
+	if (!IsA(expr, OpExpr))
+		return cpu_operator_cost;
+	cost.startup = 0;
+	cost.per_tuple = 0;
+	add_function_cost(root, get_opcode(((OpExpr *) expr)->opno), (Node *) expr, &cost);
+	return Max(cost.per_tuple, cpu_operator_cost);
+}
+
+/*
+ * The bytes of a vector copy that count as read: no more than the indexed
+ * column takes in the table's pages. The planner charges a sequential scan
+ * for those pages alone, and a vector of more than about 500 dimensions is
+ * TOASTed out of them: the scan detoasts every row's vector (most of its
+ * time from 768 dimensions on) and is charged for a pointer. The copies
+ * are the index's own out-of-line vectors (a list scan reads the entries,
+ * and only its candidates' copies); charged page by page (one page per
+ * entry at 1536 dimensions) they made the index look dearer than a
+ * sequential scan ten times slower. The column's width is its average
+ * stored width (ANALYZE counts a TOASTed value as its pointer); without
+ * statistics, a pointer for a vector too large to stay in its row.
+ */
+static double
+CountedCopyBytes(Oid heapoid, AttrNumber attnum, int dim)
+{
+	double		bytes = (double) dim * sizeof(float);
+	int32		width = attnum > 0 ? get_attavgwidth(heapoid, attnum) : 0;
+
+	if (width > 0)
+		return Min(bytes, (double) width);
+	return bytes > TOAST_TUPLE_THRESHOLD ? TOAST_POINTER_SIZE : bytes;
+}
+
+/*
+ * Fetching n rows by TID with an exact distance each, as a re-rank from the
+ * table does: GpuIvfpqRerank fetches them in heap order, so their pages are
+ * charged as PostgreSQL charges a bitmap heap scan's (cost_bitmap_heap_scan:
+ * the pages fetched out of the table's, from random towards sequential
+ * reads as they cover more of it). Detoasting their vectors is not
+ * charged, as it is not for a sequential scan (CountedCopyBytes).
+ */
+static Cost
+HeapFetchCost(RelOptInfo *rel, double n, double per_distance)
+{
+	double		spc_random;
+	double		spc_seq;
+	double		table_pages = Max((double) rel->pages, 1.0);
+	double		pages = 2.0 * table_pages * n / (2.0 * table_pages + n);
+	double		per_page;
+
+	get_tablespace_page_costs(rel->reltablespace, &spc_random, &spc_seq);
+	pages = pages >= table_pages ? table_pages : ceil(pages);
+	per_page = pages >= 2.0 ? spc_random - (spc_random - spc_seq) * sqrt(pages / table_pages) : spc_random;
+	return pages * per_page + n * (cpu_tuple_cost + per_distance);
+}
+
+/* Sorting n rows by distance, at cost_sort's price of a comparison. */
+static Cost
+SortCost(double n)
+{
+	return n > 1 ? 2.0 * cpu_operator_cost * n * log2(n) : 0;
+}
+
+/* What a scan's rounds share: the index, the table and the prices of their parts. */
+typedef struct GpuIvfpqScanShape
+{
+	RelOptInfo *rel;
+	double		lists;
+	double		entries;		/* of every list */
+	double		list_pages;		/* of every list, as counted (see below) */
+	double		other_pages;	/* the metapage and the list directory */
+	double		spc_seq;
+	double		per_key;		/* comparing an entry's filter key with the conditions */
+	double		per_ranked;		/* ranking an entry that passes them: an ADC distance */
+	double		selectivity;	/* of the conditions on the filter column (1 without) */
+	double		per_distance;	/* an exact distance */
+	bool		copies;			/* candidates are re-ranked from vector copies */
+} GpuIvfpqScanShape;
+
+/*
+ * One round of a scan: the pages and entries of the probed lists (each
+ * entry's filter key compared, the entries that pass ranked), and the
+ * re-rank and sort of n candidates, of which fetched are fetched from the
+ * table (an index without copies fetches only the rows no earlier round
+ * did).
+ */
+static Cost
+RoundCost(const GpuIvfpqScanShape *shape, double probes, double n, double fetched)
+{
+	double		share = Min(1.0, probes / shape->lists);
+	Cost		cost;
+
+	cost = (shape->other_pages + shape->list_pages * share) * shape->spc_seq +
+		shape->entries * share * (shape->per_key + shape->selectivity * shape->per_ranked) + SortCost(n);
+	if (shape->copies)
+		return cost + n * (cpu_index_tuple_cost + shape->per_distance);
+	return cost + HeapFetchCost(shape->rel, fetched, shape->per_distance);
+}
+
+/*
+ * amcostestimate: the index only serves ORDER BY <op>; without an ORDER BY
+ * it must never be chosen. The work is priced as the planner prices a
+ * sequential scan's: the pages of the probed lists (below) and an ADC
+ * distance per entry (genericcostestimate's tuple and operator costs; an
+ * entry that fails a filter column's conditions costs their comparison
+ * only); the query's distances to the centroids and its lookup tables (256 x
+ * dimension products, as 256 distances); the re-rank of the candidates,
+ * each an exact distance from its vector copy or from its row, which is
+ * fetched (HeapFetchCost); their sort. The first round comes before the
+ * first row (startup), run again wider for a filter column's conditions;
+ * the rounds that follow (NextBatch: twice the lists and the candidates
+ * each, until a round ranked every entry that passes the filter in every
+ * list or gpu_ivfpq.max_scan_tuples rows were re-ranked) are what
+ * returning every row costs, of which a LIMIT pays its share: without one,
+ * a sequential scan and a sort are cheaper. An untrained index re-ranks
+ * every row from the heap and sorts them all at once, which a sequential
+ * scan with a top-k sort beats. Each rescan probes its lists again.
  */
 void
 gpuivfpqcostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
@@ -107,11 +232,20 @@ gpuivfpqcostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
 					 double *indexPages)
 {
 	GenericCosts costs;
+	GpuIvfpqScanShape shape;
 	int			lists = GPU_IVFPQ_DEFAULT_LISTS;
 	bool		copies = true;	/* store_vectors: the re-rank reads no heap row */
 	bool		trained = true;
-	double		ratio;
-	double		rerank;
+	bool		known = false;
+	Oid			heapoid;
+	double		probes;
+	double		candidates;
+	double		n;
+	double		reranked;
+	Cost		startup;
+	Cost		total;
+	int			nquals = 0;
+	ListCell   *lc;
 	Relation	index;
 	GpuIvfpqMetaPageData meta;
 
@@ -126,8 +260,10 @@ gpuivfpqcostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
 	}
 
 	index = index_open(path->indexinfo->indexoid, NoLock);
+	heapoid = index->rd_index->indrelid;
 	if (PeekMeta(index, &meta))
 	{
+		known = true;
 		lists = (int) meta.lists;
 		trained = meta.trained;
 		copies = trained && (meta.features & GPU_IVFPQ_FEATURE_VECTORS) != 0;
@@ -139,43 +275,101 @@ gpuivfpqcostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
 	}
 	index_close(index, NoLock);
 
-	ratio = Min(1.0, (double) gpu_ivfpq_probes / Max(lists, 1));
+	/*
+	 * genericcostestimate for every entry, for the selectivity and the
+	 * price of an entry; its pages are replaced (below), and a rescan
+	 * costs what the first scan does.
+	 */
 	MemSet(&costs, 0, sizeof(costs));
-	costs.numIndexTuples = path->indexinfo->tuples * ratio;
-	genericcostestimate(root, path, loop_count, &costs);
+	costs.numIndexTuples = path->indexinfo->tuples;
+	genericcostestimate(root, path, 1.0, &costs);
+
+	shape.rel = path->indexinfo->rel;
+	shape.lists = Max(lists, 1);
+	shape.entries = costs.numIndexTuples;
+	/* genericcostestimate's entry: a tuple, an operator per condition and ORDER BY */
+	foreach(lc, path->indexclauses)
+		nquals += list_length(lfirst_node(IndexClause, lc)->indexquals);
+	shape.per_key = nquals * cpu_operator_cost;
+	shape.per_ranked = (costs.indexTotalCost - costs.numIndexPages * costs.spc_random_page_cost -
+						costs.indexStartupCost) / costs.numIndexTuples - shape.per_key;
+	shape.selectivity = costs.indexSelectivity;
+	shape.per_distance = GpuIvfpqOperatorCost(root, (Expr *) linitial(path->indexorderbys));
+	shape.copies = copies;
+	get_tablespace_page_costs(path->indexinfo->reltablespace, NULL, &shape.spc_seq);
 
 	/*
-	 * genericcostestimate charges each index page a random read; a list's
-	 * pages are read in chain order and lie mostly together (a build writes
-	 * each list at once), so they cost sequential reads. Random reads made
-	 * the probed share of an index with vector copies (14 times the pages
-	 * of one without) look dearer than a parallel sequential scan that is
-	 * a hundred times slower.
+	 * The pages a round reads: the metapage, the list directory and the
+	 * probed share of the list pages, of which the vector copies count as
+	 * CountedCopyBytes says. genericcostestimate charges a share of every
+	 * page a random read; but a list's pages are read in chain order and
+	 * lie mostly together (a build writes each list at once), so they cost
+	 * sequential reads, and the quantizers are read once per backend (the
+	 * model cache), not per scan: 200 pages at 1536 dimensions.
 	 */
+	shape.other_pages = 0;
+	shape.list_pages = costs.numIndexPages;
+	if (known)
 	{
-		double		spc_random;
-		double		spc_seq;
+		GpuIvfpqEntryLayout el = GpuIvfpqLayoutOf(&meta);
+		double		list_pages = (double) path->indexinfo->pages - 1 - meta.listdir_pages;
+		double		counted = 1.0;
 
-		get_tablespace_page_costs(path->indexinfo->reltablespace, &spc_random, &spc_seq);
-		costs.indexTotalCost -= costs.numIndexPages * Max(spc_random - spc_seq, 0.0);
+		if (trained)
+			list_pages -= GpuIvfpqBlobPages(GpuIvfpqCentroidBytes(&meta)) +
+				GpuIvfpqBlobPages(GpuIvfpqCodebookBytes(&meta));
+		if (el.vdim > 0)
+			counted = (el.size + CountedCopyBytes(heapoid, path->indexinfo->indexkeys[0], el.vdim)) /
+				(el.size + (double) el.vdim * sizeof(float));
+		shape.other_pages = 1 + meta.listdir_pages;
+		shape.list_pages = Max(list_pages, 0.0) * counted;
 	}
 
-	/*
-	 * Each re-ranked candidate costs an exact distance from the vector copy
-	 * in its entry or, in an index without copies, a heap fetch as well
-	 * (the executor's fetch of the rows returned is the planner's own). An
-	 * untrained index re-ranks every row from the heap: a sequential scan
-	 * does the same work without the fetches by TID, and should win.
-	 */
-	rerank = trained ? Min((double) gpu_ivfpq_rerank, path->indexinfo->rel->tuples)
-		: path->indexinfo->rel->tuples;
-	costs.indexTotalCost += rerank * (copies ? cpu_operator_cost + cpu_index_tuple_cost
-									  : random_page_cost / 4 + cpu_tuple_cost);
-	*indexStartupCost = costs.indexTotalCost;
-	*indexTotalCost = costs.indexTotalCost;
+	startup = costs.indexStartupCost;
+	if (!trained)
+	{
+		n = Max(shape.rel->tuples, 1.0);
+		startup += RoundCost(&shape, shape.lists, n, n);
+		total = startup;
+	}
+	else
+	{
+		double		matching = shape.entries * shape.selectivity;
+
+		probes = Min(gpu_ivfpq_probes, lists);
+		candidates = gpu_ivfpq_rerank;
+		startup += (lists + 256.0) * shape.per_distance;
+		if (shape.selectivity < 1.0 && probes < lists)
+		{
+			/*
+			 * A filtered scan's first round finds the filter's selectivity s
+			 * and is run again over 1 / s times the lists, rounded up to a
+			 * power of two (FilteredProbes).
+			 */
+			startup += RoundCost(&shape, probes, 0, 0);
+			probes = Min(probes * pow(2.0, ceil(log2(1.0 / shape.selectivity) - 1e-9)),
+						 (double) lists);
+		}
+		n = Min(candidates, Max(matching * probes / shape.lists, 1.0));
+		startup += RoundCost(&shape, probes, n, n);
+		total = startup;
+		reranked = n;
+		for (int round = 1; round < 64 && reranked < gpu_ivfpq_max_scan_tuples &&
+			 (probes < lists || n < matching); round++)
+		{
+			probes = Min(probes * 2, lists);
+			candidates *= 2;
+			n = Min(copies ? candidates : candidates + reranked, Max(matching * probes / shape.lists, 1.0));
+			total += RoundCost(&shape, probes, n, Max(n - reranked, 0.0));
+			reranked = Max(reranked, n);
+		}
+	}
+
+	*indexStartupCost = startup;
+	*indexTotalCost = total;
 	*indexSelectivity = costs.indexSelectivity;
 	*indexCorrelation = 0;
-	*indexPages = costs.numIndexPages;
+	*indexPages = shape.other_pages + shape.list_pages * Min(1.0, gpu_ivfpq_probes / shape.lists);
 }
 
 /*

@@ -6,7 +6,6 @@
 
 extern "C" {
 #include "nodes/nodeFuncs.h"
-#include "optimizer/plancat.h"
 #include "utils/spccache.h"
 #include "utils/typcache.h"
 
@@ -193,20 +192,6 @@ SearchFraction(int method, int32 radius)
 	return radius < (int32) lengthof(lc_fraction) ? fraction[radius] : 1.0;
 }
 
-/* The cost of one distance: the operator's function cost, as a sequential scan pays it. */
-static double
-DistanceCost(PlannerInfo *root, Expr *expr)
-{
-	QualCost	cost;
-
-	if (!IsA(expr, OpExpr))
-		return cpu_operator_cost;
-	cost.startup = 0;
-	cost.per_tuple = 0;
-	add_function_cost(root, get_opcode(((OpExpr *) expr)->opno), (Node *) expr, &cost);
-	return Max(cost.per_tuple, cpu_operator_cost);
-}
-
 /*
  * amcostestimate: an exact search computes a share of the distances a
  * sequential scan does (by method and radius, as measured), each cheaper
@@ -260,13 +245,13 @@ gpumetriccostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
 			RestrictInfo *rinfo = lfirst_node(RestrictInfo, lc2);
 
 			fraction = Min(fraction, SearchFraction(method, ConstRadius(rinfo->clause)));
-			per_distance = DistanceCost(root, rinfo->clause);
+			per_distance = GpuIvfpqOperatorCost(root, rinfo->clause);
 		}
 	}
 	if (path->indexclauses == NIL)
 	{
 		fraction = KNN_FRACTION;
-		per_distance = DistanceCost(root, (Expr *) linitial(path->indexorderbys));
+		per_distance = GpuIvfpqOperatorCost(root, (Expr *) linitial(path->indexorderbys));
 	}
 	per_distance *= ENGINE_DISTANCE_SHARE;
 
