@@ -25,7 +25,7 @@
 # The engine's GoogleTest tests and the kernels' tests and benchmark are
 # built with CMake (CMakeLists.txt); scripts/run-tests.sh runs every suite.
 #
-# Code style: PostgreSQL-side C++ (src/am, src/common, src/functions,
+# Code style: PostgreSQL-side C++ (src/am, src/metric, src/common, src/functions,
 # src/service) follows pgindent with the typedefs in src/typedefs.list
 # (`make pgindent`); src/engine, src/service/device and gpu/ follow
 # .clang-format.
@@ -43,13 +43,13 @@ DATA = sql/gpu_ivfpq--0.1.0.sql sql/gpu_ivfpq--0.2.0.sql sql/gpu_ivfpq--0.3.0.sq
 
 # The layers, one folder each: the access method, the SQL functions, the GPU
 # service and its PostgreSQL-free device layer, the engine.
-ENGINE_SRCS = $(sort $(wildcard src/engine/*.cpp))
+ENGINE_SRCS = $(sort $(wildcard src/engine/*.cpp src/engine/metric/*.cpp))
 # cuda_device.cpp needs the kernels' headers (only with GPU_IVFPQ_CUDA_LIB);
 # gpu_process_main.cpp is the GPU process's main(): both go into the GPU
 # process program only.
 GPU_PROCESS_ONLY = src/service/device/cuda_device.cpp src/service/device/gpu_process_main.cpp
 DEVICE_SRCS = $(sort $(filter-out $(GPU_PROCESS_ONLY),$(wildcard src/service/device/*.cpp)))
-PG_SRCS = $(sort $(wildcard src/common/*.cpp src/am/*.cpp src/functions/*.cpp src/service/*.cpp))
+PG_SRCS = $(sort $(wildcard src/common/*.cpp src/am/*.cpp src/metric/*.cpp src/functions/*.cpp src/service/*.cpp))
 
 # Core objects: the PostgreSQL-free engine and device layer. The extension
 # links these objects, and `make core` archives the same files into
@@ -62,9 +62,9 @@ CORE_LIB = src/libgpu_ivfpq_core.a
 OBJS = $(PG_OBJS) $(CORE_OBJS)
 
 # pg_regress: test/sql/NAME.sql against test/expected/NAME.out, in this order.
-REGRESS = operators options build_edge scan_basic filter_pushdown dml_vacuum search_functions zero_vectors index_stats privileges index_check model_cache settings metric extension_update
+REGRESS = operators options build_edge scan_basic filter_pushdown dml_vacuum search_functions zero_vectors index_stats privileges index_check model_cache settings gpu_metric extension_update
 # Run last, on the preloaded instance only (installcheck-service).
-REGRESS_SERVICE = service_status metric_service
+REGRESS_SERVICE = service_status gpu_metric_service
 REGRESS_OPTS = --inputdir=test
 # Made before pg_regress runs (PGXS reads it when it defines installcheck).
 REGRESS_PREP = tmp_check/.dir
@@ -183,19 +183,19 @@ uninstall-gpu-process:
 # The same sources and flags as gpu/CMakeLists.txt's library: every .cu and
 # .cpp of gpu/src through nvcc, host code without fused multiply-add (as the
 # rest of the host code), register spills reported.
-GPU_CUDA_SRCS = $(sort $(wildcard gpu/src/*.cu gpu/src/*.cpp))
+GPU_CUDA_SRCS = $(sort $(wildcard gpu/src/*.cu gpu/src/*.cpp gpu/src/*/*.cu gpu/src/*/*.cpp))
 GPU_CUDA_OBJS = $(patsubst gpu/src/%,gpu/obj/%.o,$(GPU_CUDA_SRCS))
 NVCCFLAGS = -std=c++17 -O3 -lineinfo --expt-relaxed-constexpr -Xptxas=-warn-spills \
 	-Xcompiler=-ffp-contract=off -Xcompiler=-fmacro-prefix-map=$(abspath $(srcdir))/= \
 	$(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
 	-gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS)) \
-	-ccbin $(CXX) -I$(srcdir)/gpu/include
+	-ccbin $(CXX) -I$(srcdir)/gpu/include -I$(srcdir)/src
 # The last architecture's PTX is kept too, so newer GPUs can compile it when
 # the program loads; older ones need their own entry in CUDA_ARCHS.
 gpu/obj/%.o: gpu/src/% gpu/.flags-cuda
-	@mkdir -p gpu/obj
+	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
-$(GPU_CUDA_OBJS): $(wildcard gpu/src/*.h gpu/src/*.cuh gpu/include/*/*.h src/engine/*.h)
+$(GPU_CUDA_OBJS): $(wildcard gpu/src/*.h gpu/src/*.cuh gpu/src/*/*.h gpu/src/*/*.cuh gpu/include/*/*.h src/engine/*.h src/engine/*/*.h)
 $(GPU_CUDA_OWN_LIB): $(GPU_CUDA_OBJS)
 	rm -f $@
 	$(AR) crs $@ $^
@@ -283,14 +283,14 @@ PG_PROVE_FLAGS += -I $(srcdir)/test/t
 # pgindent over the PostgreSQL-side sources (PGINDENT: PostgreSQL's
 # src/tools/pgindent/pgindent, with pg_bsd_indent on PATH). Its typedefs are
 # PostgreSQL's own list (PG_TYPEDEFS, beside pgindent by default) plus ours,
-# src/typedefs.list: the structs and typedefs of src/am, src/common,
+# src/typedefs.list: the structs and typedefs of src/am, src/metric, src/common,
 # src/functions and src/service, one name a line; add a type there when you
 # add one. pgindent is a C indenter: check what it does to the C++ parts
 # (namespaces, templates, lambdas) before committing. The engine, the device
 # layer and gpu/ follow .clang-format instead. CI applies neither.
 PGINDENT ?= pgindent
 PG_TYPEDEFS ?= $(dir $(shell command -v $(PGINDENT) 2>/dev/null))typedefs.list
-PGINDENT_SRCS = $(sort $(wildcard src/am/*.cpp src/am/*.h src/common/*.cpp src/common/*.h \
+PGINDENT_SRCS = $(sort $(wildcard src/am/*.cpp src/am/*.h src/metric/*.cpp src/metric/*.h src/common/*.cpp src/common/*.h \
 	src/functions/*.cpp src/functions/*.h src/service/*.cpp src/service/*.h))
 .PHONY: pgindent
 pgindent: tmp_check/.dir

@@ -28,9 +28,9 @@ pack() {
   [ -f "$data/merged.txt.xz" ] || bash bench/metric/gpu_bench_data.sh "$data"
   local tmp
   tmp=$(mktemp -d)
-  cp build-gpu/gpu/metric_bench "$tmp/"
+  cp build-gpu/bench/device/metric_bench "$tmp/"
   strip "$tmp/metric_bench"
-  for lib in $(ldd build-gpu/gpu/metric_bench | awk '/openblas|gfortran|quadmath/ {print $3}'); do
+  for lib in $(ldd build-gpu/bench/device/metric_bench | awk '/openblas|gfortran|quadmath/ {print $3}'); do
     cp -L "$lib" "$tmp/"
   done
   cp "$data"/spanish.txt.xz "$data"/spanish-queries.txt.xz "$data"/merged.txt.xz "$data"/merged-queries.txt.xz "$tmp/"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Data for the GPU metric benchmark (gpu/bench/metric_bench.cpp,
+# Data for the GPU metric benchmark (bench/device/metric_bench.cpp,
 # bench/metric/gpu_bench.sh), from the Debian dictionaries installed here:
 #
 #   bench/metric/gpu_bench_data.sh DIR [WORDS] [QUERIES]

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "../../src/engine/error.h"
+#include "engine/error.h"
 #include "gpu_ivfpq/device_buffer.h"
 #include "gpu_ivfpq/exact_search.h"
 #include "gpu_ivfpq/gpu_context.h"

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "../../src/engine/error.h"
-#include "../../src/engine/search_limits.h"
+#include "engine/error.h"
+#include "engine/search_limits.h"
 #include "gpu_ivfpq/device_buffer.h"
 #include "gpu_ivfpq/exact_search.h"
 #include "gpu_ivfpq/gpu_context.h"

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "../../src/engine/error.h"
+#include "engine/error.h"
 
 namespace gpuivfpq::gpu {
 

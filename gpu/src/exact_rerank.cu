@@ -9,8 +9,8 @@
 #include <algorithm>
 #include <sstream>
 
-#include "../../src/engine/exact_distance.h"
-#include "../../src/engine/search_limits.h"
+#include "engine/exact_distance.h"
+#include "engine/search_limits.h"
 #include "cuda_check.h"
 
 namespace gpuivfpq::gpu {

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "../../src/engine/distances.h"
+#include "engine/distances.h"
 
 namespace gpuivfpq::gpu {
 

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "../../src/engine/search_limits.h"
+#include "engine/search_limits.h"
 #include "cuda_check.h"
 #include "warp_select.cuh"
 

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "../../src/engine/search_limits.h"
+#include "engine/search_limits.h"
 
 namespace gpuivfpq::gpu {
 

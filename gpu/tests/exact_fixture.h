@@ -15,7 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "../../src/engine/exact_distance.h"
+#include "engine/exact_distance.h"
 #include "gpu_ivfpq/ivfpq_index.h"
 #include "gpu_test_util.h"
 

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "../../src/engine/error.h"
-#include "../../src/engine/ivfpq.h"
-#include "../../src/engine/topk.h"
+#include "engine/error.h"
+#include "engine/ivfpq.h"
+#include "engine/topk.h"
 #include "gpu_ivfpq/device_buffer.h"
 #include "gpu_ivfpq/gpu_context.h"
 

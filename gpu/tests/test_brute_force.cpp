@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "../../src/engine/exact_distance.h"
-#include "../../src/engine/search_limits.h"
+#include "engine/exact_distance.h"
+#include "engine/search_limits.h"
 #include "exact_fixture.h"
 #include "gpu_ivfpq/ivfpq_index.h"
 #include "gpu_test_util.h"

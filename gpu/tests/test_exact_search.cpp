@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "../../src/engine/distances.h"
+#include "engine/distances.h"
 #include "gpu_ivfpq/exact_search.h"
 #include "gpu_test_util.h"
 

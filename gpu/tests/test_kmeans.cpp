@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "../../src/engine/kmeans.h"
+#include "engine/kmeans.h"
 #include "gpu_ivfpq/ivfpq_index.h"
 #include "gpu_ivfpq/kmeans_gpu.h"
 #include "gpu_test_util.h"

@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "../../src/engine/edit_distance.h"
-#include "../../src/engine/lc_index.h"
-#include "../../src/engine/metric_index.h"
-#include "../../src/engine/sss_index.h"
+#include "engine/metric/edit_distance.h"
+#include "engine/metric/lc_index.h"
+#include "engine/metric/metric_index.h"
+#include "engine/metric/sss_index.h"
 #include "../../test/unit/metric_words.h"
 #include "gpu_ivfpq/metric_index.h"
 #include "gpu_ivfpq/metric_search.h"

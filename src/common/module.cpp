@@ -1,7 +1,7 @@
 // The module's entry point: _PG_init defines the settings (GUCs), the
 // index options, and, when preloaded, the GPU service.
 #include "am/am.h"
-#include "am/metric_am.h"
+#include "metric/am.h"
 #include "common/guard.h"
 #include "service/service.h"
 #include "service/wal_announce.h"

@@ -11,8 +11,8 @@
 #include <cstddef>
 
 #include "common/guard.h"
-#include "engine/lc_index.h"
-#include "engine/sss_index.h"
+#include "engine/metric/lc_index.h"
+#include "engine/metric/sss_index.h"
 #include "service/device/reply_checks.h"
 #include "service/shmem.h"
 

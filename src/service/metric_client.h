@@ -2,7 +2,7 @@
 // the access method's one search call (am/metric_search.cpp).
 #pragma once
 
-#include "am/metric_am.h"
+#include "metric/am.h"
 
 extern bool GpuMetricServiceAnswer(Relation index, GpuMetricCached *entry, const GpuMetricMetaPageData *meta,
 								   bool knn, const uint32 *cps, const uint64 *offsets, int64 nq, uint32 param,

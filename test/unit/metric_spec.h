@@ -5,9 +5,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/lc_index.h"
-#include "engine/metric_index.h"
-#include "engine/sss_index.h"
+#include "engine/metric/lc_index.h"
+#include "engine/metric/metric_index.h"
+#include "engine/metric/sss_index.h"
 #include "service/device/metric_mirror.h"
 
 namespace metricspec {

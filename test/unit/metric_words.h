@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/metric_index.h"
+#include "engine/metric/metric_index.h"
 
 namespace metricwords {
 

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <string>
 
-#include "engine/edit_distance.h"
+#include "engine/metric/edit_distance.h"
 #include "test_util.h"
 
 using namespace gpuivfpq;

@@ -7,8 +7,8 @@
 #include <numeric>
 #include <vector>
 
-#include "engine/edit_distance.h"
-#include "engine/lc_index.h"
+#include "engine/metric/edit_distance.h"
+#include "engine/metric/lc_index.h"
 #include "metric_words.h"
 #include "test_util.h"
 

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/lc_index.h"
-#include "engine/metric_index.h"
-#include "engine/sss_index.h"
+#include "engine/metric/lc_index.h"
+#include "engine/metric/metric_index.h"
+#include "engine/metric/sss_index.h"
 #include "metric_spec.h"
 #include "metric_words.h"
 #include "service/device/compute_device.h"

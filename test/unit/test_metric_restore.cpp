@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "engine/error.h"
-#include "engine/lc_index.h"
-#include "engine/metric_index.h"
-#include "engine/sss_index.h"
+#include "engine/metric/lc_index.h"
+#include "engine/metric/metric_index.h"
+#include "engine/metric/sss_index.h"
 #include "test_util.h"
 
 using namespace gpuivfpq;

@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../../../src/engine/distances.h"
+#include "engine/distances.h"
 
 namespace gpuivfpq::gpu {
 

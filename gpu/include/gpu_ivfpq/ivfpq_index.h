@@ -8,10 +8,10 @@
 #include <memory>
 #include <vector>
 
-#include "../../../src/engine/distances.h"
-#include "../../../src/engine/ivfpq.h"
-#include "../../../src/engine/kmeans.h"
-#include "../../../src/engine/search_limits.h"
+#include "engine/distances.h"
+#include "engine/ivfpq.h"
+#include "engine/kmeans.h"
+#include "engine/search_limits.h"
 
 namespace gpuivfpq::gpu {
 

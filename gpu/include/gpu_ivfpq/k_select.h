@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../../../src/engine/search_limits.h"
+#include "engine/search_limits.h"
 
 namespace gpuivfpq::gpu {
 

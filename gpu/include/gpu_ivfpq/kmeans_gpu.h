@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../../../src/engine/kmeans.h"
+#include "engine/kmeans.h"
 
 namespace gpuivfpq::gpu {
 

@@ -9,8 +9,8 @@
 #include <memory>
 #include <vector>
 
-#include "../../../src/engine/lc_index.h"
-#include "../../../src/engine/metric_index.h"
+#include "engine/metric/lc_index.h"
+#include "engine/metric/metric_index.h"
 
 namespace gpuivfpq::gpu {
 

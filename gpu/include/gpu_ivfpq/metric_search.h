@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "../../../src/engine/metric_index.h"
+#include "engine/metric/metric_index.h"
 #include "gpu_ivfpq/device_buffer.h"
 
 namespace gpuivfpq::gpu {
@@ -45,7 +45,7 @@ public:
     uint32_t max_length() const { return max_length_; }
     // The most 64-bit words of column state any query needs.
     uint32_t max_blocks() const { return max_blocks_; }
-    // Device arrays in the kernels' layout (gpu/src/edit_distance.cuh).
+    // Device arrays in the kernels' layout (gpu/src/metric/edit_distance.cuh).
     const void* info() const { return info_.data(); }
     const uint64_t* peq() const { return peq_.as<uint64_t>(); }
     const void* table() const { return table_.data(); }

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "engine/error.h"
-#include "engine/sss_index.h"
+#include "engine/metric/sss_index.h"
 #include "service/device/compute_device.h"
 
 namespace gpuivfpq {

@@ -16,8 +16,8 @@
 #include <memory>
 #include <vector>
 
-#include "engine/lc_index.h"
-#include "engine/metric_index.h"
+#include "engine/metric/lc_index.h"
+#include "engine/metric/metric_index.h"
 
 namespace gpuivfpq {
 

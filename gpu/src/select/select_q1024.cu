@@ -1,0 +1,19 @@
+// WarpSelect / BlockSelect and the fused IVF scan for warp queues of 1024 (k <= 1024).
+#include "../ivf_scan.cuh"
+#include "../select_kernel.cuh"
+
+namespace gpuivfpq::gpu {
+
+template <>
+void launch_select_bucket<1024>(const SelectArgs& a, bool block_per_row, cudaStream_t stream)
+{
+    launch_select_impl<1024>(a, block_per_row, stream);
+}
+
+template <>
+void launch_ivf_fused_bucket<1024>(const IvfScanArgs& a, bool half, cudaStream_t stream)
+{
+    launch_ivf_fused_impl<1024>(a, half, stream);
+}
+
+}  // namespace gpuivfpq::gpu
