@@ -1,6 +1,6 @@
 // The gpu_metric access method (exact range and k-NN search over text under
 // edit distance, with the engine's List of Clusters or SSS index): its
-// on-disk format (known only to the metric_*.cpp files of src/am), options,
+// on-disk format (known only to the files of src/metric), options,
 // the per-backend cache of restored indexes, and the prototypes of each file.
 #pragma once
 
@@ -47,7 +47,7 @@ typedef GpuMetricPageOpaqueData *GpuMetricPageOpaque;
  * Metapage contents. change_count changes with every insert and with every
  * page VACUUM changes, in the same WAL record as the pages: a backend's
  * restored copy of the index is current while its count and build_id match
- * (metric_cache.cpp), on a primary and on a standby alike. A copy behind
+ * (cache.cpp), on a primary and on a standby alike. A copy behind
  * by inserts alone (vacuum_count unchanged) catches up by reading the
  * object records appended since.
  */
@@ -148,7 +148,7 @@ typedef struct GpuMetricOptions
 					(unsigned int) (blk), __VA_ARGS__), \
 			 errhint("REINDEX the index to rebuild it from its table.")))
 
-/* ---- metric_text.cpp ---- */
+/* ---- text.cpp ---- */
 extern char *GpuMetricUtf8(text *t, int *len);
 extern char *GpuMetricDatumUtf8(Datum value, int *len);
 extern void GpuMetricCheckLength(const char *utf8, int len);
@@ -158,7 +158,7 @@ extern bool GpuMetricRangeArg(Datum range, Datum *word, int32 *radius);
 extern void GpuMetricCheckRadius(int32 radius);
 extern int	GpuMetricSearchThreads(void);
 
-/* ---- metric_pages.cpp ---- */
+/* ---- pages.cpp ---- */
 extern void GpuMetricInitPage(Page page, uint16 kind);
 extern void GpuMetricCheckMeta(Relation index, const GpuMetricMetaPageData *meta);
 extern void GpuMetricReadMeta(Relation index, Buffer metabuf, GpuMetricMetaPageData *meta);
@@ -191,7 +191,7 @@ extern void GpuMetricWriterBegin(GpuMetricPageWriter *w, Relation index, uint16 
 extern void GpuMetricWriterAdd(GpuMetricPageWriter *w, const void *data, int len);
 extern void GpuMetricWriterEnd(GpuMetricPageWriter *w);
 
-/* ---- metric_cache.cpp ---- */
+/* ---- cache.cpp ---- */
 /* A backend's restored copy of one index, current as of a change count. */
 typedef struct GpuMetricCached
 {
@@ -221,7 +221,7 @@ extern void GpuMetricCacheReserve(GpuMetricCached *entry, int len);
 extern void GpuMetricCacheAppend(GpuMetricCached *entry, const ItemPointerData *tid, const char *utf8,
 								 int len);
 
-/* ---- metric_search.cpp ---- */
+/* ---- search.cpp ---- */
 /* The answers of a batch of queries: query i's hits are hits[offsets[i], offsets[i + 1]). */
 typedef struct GpuMetricHits
 {
@@ -247,28 +247,28 @@ extern bool GpuMetricHitTidLess(const ItemPointerData *tids, const gpuivfpq::Met
 								const gpuivfpq::MetricHit &b);
 extern void GpuMetricSortByTid(const ItemPointerData *tids, gpuivfpq::MetricHit *hits, int64 n);
 
-/* ---- metric_build.cpp ---- */
+/* ---- build.cpp ---- */
 extern IndexBuildResult *gpumetricbuild(Relation heap, Relation index, IndexInfo *indexInfo);
 extern void gpumetricbuildempty(Relation index);
 extern char *gpumetricbuildphasename(int64 phase);
 extern void GpuMetricIndexOptions(Relation index, int *method, int *bucket, double *alpha);
 
-/* ---- metric_insert.cpp ---- */
+/* ---- insert.cpp ---- */
 extern bool gpumetricinsert(Relation index, Datum *values, bool *isnull, ItemPointer heap_tid,
 							Relation heap, IndexUniqueCheck checkUnique,
 							bool indexUnchanged, IndexInfo *indexInfo);
 
-/* ---- metric_scan.cpp ---- */
+/* ---- scan.cpp ---- */
 extern IndexScanDesc gpumetricbeginscan(Relation index, int nkeys, int norderbys);
 extern void gpumetricrescan(IndexScanDesc scan, ScanKey keys, int nkeys, ScanKey orderbys, int norderbys);
 extern bool gpumetricgettuple(IndexScanDesc scan, ScanDirection dir);
 extern int64 gpumetricgetbitmap(IndexScanDesc scan, TIDBitmap *tbm);
 extern void gpumetricendscan(IndexScanDesc scan);
 
-/* ---- metric_vacuum.cpp ---- */
+/* ---- vacuum.cpp ---- */
 extern IndexBulkDeleteResult *gpumetricbulkdelete(IndexVacuumInfo *info, IndexBulkDeleteResult *stats,
 												  IndexBulkDeleteCallback callback, void *callback_state);
 extern IndexBulkDeleteResult *gpumetricvacuumcleanup(IndexVacuumInfo *info, IndexBulkDeleteResult *stats);
 
-/* ---- metric_handler.cpp ---- */
+/* ---- handler.cpp ---- */
 extern void GpuMetricRegisterOptions(void);

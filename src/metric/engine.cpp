@@ -1,4 +1,4 @@
-// The gpu_metric access method's C++ side (metric_engine.h): engine indexes
+// The gpu_metric access method's C++ side (engine.h): engine indexes
 // built and restored from plain arrays, inserts, batches and patterns.
 #include "metric/engine.h"
 

@@ -24,7 +24,7 @@ class SparseSpatialSelection;
 #define GPU_METRIC_METHOD_SSS	2
 
 /*
- * An index's state as its pages hold it (metric_pages.cpp reads it): the
+ * An index's state as its pages hold it (pages.cpp reads it): the
  * words with their removed flags, and the List of Clusters' or the SSS's
  * structure. Object ids are positions in these arrays.
  */
