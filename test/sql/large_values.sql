@@ -50,6 +50,21 @@ SELECT 'ip' AS class, * FROM same_as_seqscan('<#>');
 SELECT 'cosine' AS class, * FROM same_as_seqscan('<=>');
 RESET gpu_ivfpq.device;
 
+-- A filter column, pushed down: the rows that pass, in the sequential
+-- scan's order, from the service and from the CPU engine.
+CREATE INDEX lv_l2_id ON lv USING gpu_ivfpq (r, id) WITH (lists = 8, m = 2);
+CREATE FUNCTION same_filtered() RETURNS TABLE (same bigint, queries bigint) LANGUAGE sql AS $$
+	SELECT count(*) FILTER (WHERE
+	         knn(format('SELECT id FROM lv WHERE id > 590 ORDER BY r <-> %L::real[] LIMIT 100', v), true) =
+	         knn(format('SELECT id FROM lv WHERE id > 590 ORDER BY r <-> %L::real[], ctid LIMIT 100', v), false)),
+	       count(*) FROM lq $$;
+SELECT * FROM same_filtered();
+SET gpu_ivfpq.device = cpu;
+SELECT * FROM same_filtered();
+RESET gpu_ivfpq.device;
+DROP INDEX lv_l2_id;
+DROP FUNCTION same_filtered();
+
 -- Batch k-NN over every row: the sequential scan's order.
 CREATE TABLE lref AS
 SELECT lq.q, row_number() OVER (PARTITION BY lq.q ORDER BY lv.r <-> lq.v, lv.ctid) AS rank, lv.ctid AS tid
