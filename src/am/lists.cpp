@@ -200,9 +200,8 @@ GpuIvfpqRankLists(Relation index, const GpuIvfpqMetaPageData *meta, const GpuIvf
 /*
  * Appends the labels of the list starting at head to out: every entry, or
  * with a bound only those whose ADC distance is within it (or overflowed),
- * and with range
- * only those whose filter key lies in it. Returns how many entries the list
- * holds (within range).
+ * and with range only those whose filter key lies in it. Returns how many
+ * entries the list holds (within range).
  */
 int64
 GpuIvfpqCollectList(Relation index, const GpuIvfpqMetaPageData *meta, BlockNumber head,

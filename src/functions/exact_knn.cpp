@@ -46,7 +46,7 @@ ParseMetric(const char *name)
 	return 0;
 }
 
-/* Enters h into a query's running best b (k at most, counts[q] held), in order. */
+/* Enters h into a query's running best b (at most k, *held of them), in order. */
 static void
 KeepBest(GpuIvfpqHit *b, int *held, int k, const GpuIvfpqHit *h)
 {
