@@ -9,9 +9,10 @@ namespace gpuivfpq::gpu {
 namespace {
 
 // Bench: pass 0 of the two-pass scan (ScanAlgo::TwoPass): block = (query,
-// probe); every candidate's distance goes to all_dist[q][prefix[q][p] + i],
-// +inf for an entry out of the query's key range (filtered search), which
-// the selection pass never returns.
+// probe); every candidate's distance goes to all_dist[q][prefix[q][p] + i]
+// (rank_distance: one that overflowed still competes), +inf for an entry out
+// of the query's key range (filtered search), which the selection pass
+// never returns.
 template <typename LutT>
 __global__ void __launch_bounds__(kScanThreads) ivf_distances_kernel(IvfScanArgs a)
 {
@@ -40,8 +41,8 @@ __global__ void __launch_bounds__(kScanThreads) ivf_distances_kernel(IvfScanArgs
     for (int i = threadIdx.x; i < len; i += blockDim.x) {
         const bool in_range = !keys || win.passes(keys, i);
         matched += keys && in_range;
-        out[i] = in_range ? base + code_distance(codes + static_cast<int64_t>(i) * a.m, a.m, table) +
-                                (vt ? __ldg(vt + i) : 0.0f)
+        out[i] = in_range ? rank_distance(base + code_distance(codes + static_cast<int64_t>(i) * a.m, a.m, table) +
+                                          (vt ? __ldg(vt + i) : 0.0f))
                           : INFINITY;
     }
     if (filtered)

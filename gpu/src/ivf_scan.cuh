@@ -239,10 +239,13 @@ __global__ void __launch_bounds__(kScanThreads) ivf_fused_kernel(IvfScanArgs a)
             // WarpSelect takes only keys below its bar, which starts at +inf.
             const bool in_range = i < len && (!keys || win.passes(keys, i));
             matched += keys && in_range;
+            // An in-range entry whose distance overflowed still competes
+            // (rank_distance, as the CPU engine's adc_scan gives it).
             if (in_range) {
                 key = base + code_distance(codes + static_cast<int64_t>(i) * a.m, a.m, table);
                 if (vt)
                     key += __ldg(vt + i);
+                key = rank_distance(key);
             }
             ws.add(key, label0 + i);
         }

@@ -12,18 +12,22 @@ namespace gpuivfpq::gpu {
 
 constexpr int kSelectThreads = 128;
 
-// The transform as key = max(alpha * x + rn + cn, lo), uniform per kernel
-// and branch-free per element (cosine aside).
+// The transform as key = max(min(alpha * x + rn + cn, hi), lo), uniform
+// per kernel and branch-free per element (cosine aside). hi is
+// kOverflowDistance for the metric transforms, where min(v, hi) is
+// rank_distance(v) (fminf drops a NaN): a distance that overflowed still
+// competes, as the CPU engine ranks it. The plain transforms have hi = +inf
+// and keep +inf, the padding.
 struct KeyFn {
-    float alpha, lo, rn;
+    float alpha, lo, hi, rn;
     bool cosine;
     __device__ __forceinline__ float operator()(float x, float cn) const
     {
         if (cosine) {
             const float nn = rn * cn;
-            return nn > 0.0f ? 1.0f - x * rsqrtf(nn) : 1.0f;
+            return rank_distance(nn > 0.0f ? 1.0f - x * rsqrtf(nn) : 1.0f);
         }
-        return fmaxf(fmaf(alpha, x, rn + cn), lo);
+        return fmaxf(fminf(fmaf(alpha, x, rn + cn), hi), lo);
     }
 };
 
@@ -52,6 +56,7 @@ __device__ __forceinline__ void for_each_candidate(const SelectArgs& a, int64_t 
                                                                                        : 1.0f;
     key_of.lo = a.transform == kTransformL2 ? 0.0f : -INFINITY;
     key_of.rn = rn;
+    key_of.hi = norms || a.transform == kTransformIP ? kOverflowDistance : INFINITY;
     key_of.cosine = a.transform == kTransformCosine;
     // 16-byte loads, two per thread per step, the next step's two in flight
     // while the current eight values are offered (memory-level parallelism

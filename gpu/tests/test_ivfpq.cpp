@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "../../src/engine/exact_distance.h"
 #include "gpu_ivfpq/exact_search.h"
 #include "gpu_ivfpq/ivfpq_index.h"
 #include "gpu_test_util.h"
@@ -244,6 +245,69 @@ TEST(IvfPqSearch, SameNeighboursAsCpu)
                                                     {"per_vector", double(per_vector)},
                                                     {"k", double(k)}, {"nprobe", double(nprobe)}},
                                          s + c.m));
+        }
+    }
+}
+
+// Rows and a query past the float range, whose coarse and ADC distances
+// overflow: with every list probed and k = every entry, the GPU selects
+// every entry, as the CPU engine does (an overflowed distance is
+// kOverflowDistance, after every finite one, never the +inf of padding),
+// in the fused and the two-pass scan; search_exact re-ranks all of them by
+// exact distance, the huge query's own row first; the GPU's encoding gives
+// every such row a list.
+TEST(IvfPqSearch, OverflowedEntriesStillCompete)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(1101);
+    const size_t d = 16, lists = 8, m = 4, n = 1000;
+    for (Metric metric : {Metric::L2, Metric::InnerProduct, Metric::Cosine}) {
+        SCOPED_TRACE("metric " + std::to_string(int(metric)));
+        Fixture f(d, lists, m, n, 2, metric, s);
+        for (size_t i = 0; i < 10; ++i)
+            for (size_t t = 0; t < d; ++t)
+                f.x[i * 97 * d + t] = (t + i) % 2 ? -3e38f : 1e20f * float(t + 1);
+        std::copy(f.x.begin() + 97 * d, f.x.begin() + 98 * d, f.q.begin() + d);
+        f.cpu.build(*f.model, f.x.data(), n, f.ids.data());
+        std::vector<int64_t> all(f.ids);
+        std::sort(all.begin(), all.end());
+        for (ScanAlgo algo : {ScanAlgo::Fused, ScanAlgo::TwoPass}) {
+            SCOPED_TRACE(algo == ScanAlgo::Fused ? "fused" : "two-pass");
+            GpuIvfPqOptions opt;
+            opt.scan = algo;
+            opt.store_vectors = true;
+            GpuIvfPqIndex idx(ctx(), d, lists, m, metric, f.model->centroids().data(),
+                              f.model->pq().codebooks().data(), opt);
+            idx.add_encoded(n, f.cpu.all_lists.data(), f.cpu.all_codes.data(), f.ids.data(), f.x.data());
+            const size_t k = n;
+            std::vector<float> gd(f.nq * k);
+            std::vector<int64_t> gl(f.nq * k), el(f.nq * k);
+            std::vector<double> ed(f.nq * k);
+            idx.search(f.q.data(), f.nq, k, lists, gd.data(), gl.data());
+            idx.search_exact(f.q.data(), f.nq, k, lists, ed.data(), el.data());
+            for (size_t i = 0; i < f.nq; ++i) {
+                SCOPED_TRACE("query " + std::to_string(i));
+                std::vector<int64_t> got(gl.begin() + i * k, gl.begin() + (i + 1) * k);
+                std::sort(got.begin(), got.end());
+                EXPECT_EQ(got, all);
+                for (size_t j = 0; j < k; ++j)
+                    ASSERT_TRUE(gd[i * k + j] <= gpuivfpq::kOverflowDistance) << "rank " << j << ": " << gd[i * k + j];
+                std::vector<int64_t> exact(el.begin() + i * k, el.begin() + (i + 1) * k);
+                std::sort(exact.begin(), exact.end());
+                EXPECT_EQ(exact, all);
+                for (size_t j = 1; j < k; ++j)
+                    EXPECT_TRUE(gpuivfpq::exact_less(ed[i * k + j - 1], el[i * k + j - 1], ed[i * k + j],
+                                                     el[i * k + j]))
+                        << "rank " << j;
+            }
+            if (metric == Metric::L2) {
+                EXPECT_EQ(el[k], f.ids[97]);
+            }
+            std::vector<int32_t> enc_lists(n);
+            std::vector<uint8_t> enc_codes(n * m);
+            idx.encode(f.x.data(), n, enc_lists.data(), enc_codes.data());
+            for (size_t i = 0; i < n; ++i)
+                ASSERT_TRUE(enc_lists[i] >= 0 && size_t(enc_lists[i]) < lists) << "row " << i;
         }
     }
 }

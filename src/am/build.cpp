@@ -531,6 +531,33 @@ GpuIvfpqChooseM(Relation index, int dim, bool existing)
 }
 
 /*
+ * Leaves out of the training sample the rows too long for the quantizers to
+ * rank (gpuivfpq::ivfpq_ranks_query: components of about 5e18 and more),
+ * unless no other row is there. Such a row would pull its list's centroid
+ * past the range where float distances to the rows near it are finite, and
+ * with it the approximate ranking of every row of that list. The rows are
+ * still indexed, in their nearest list; scans rank them by exact distance.
+ */
+static void
+DropUnrankedSample(BuildState *bs)
+{
+	int			kept = 0;
+
+	for (int i = 0; i < bs->sample_n; i++)
+	{
+		const float *v = bs->sample + (Size) i * bs->dim;
+
+		if (!gpuivfpq::ivfpq_ranks_query(v, (size_t) bs->dim))
+			continue;
+		if (kept != i)
+			memmove(bs->sample + (Size) kept * bs->dim, v, sizeof(float) * bs->dim);
+		kept++;
+	}
+	if (kept > 0)
+		bs->sample_n = kept;
+}
+
+/*
  * Phase 2: trains the quantizers on the sample (on the service's GPU when it
  * can, else the CPU engine) and writes them to the index; fills meta.
  */
@@ -544,6 +571,7 @@ TrainQuantizers(BuildState *bs, GpuIvfpqMetaPageData *meta, TimestampTz *phase_s
 
 	bs->m = GpuIvfpqChooseM(bs->index, bs->dim, false);
 	pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_TRAIN);
+	DropUnrankedSample(bs);
 	params.threads = Max(1, max_parallel_maintenance_workers + 1);
 	params.max_points_per_centroid = SAMPLES_PER_LIST;
 	centroids = (float *) palloc_extended(sizeof(float) * bs->lists * bs->dim, MCXT_ALLOC_HUGE);
@@ -557,6 +585,9 @@ TrainQuantizers(BuildState *bs, GpuIvfpqMetaPageData *meta, TimestampTz *phase_s
 	GpuIvfpqGuard("training", [&] {
 		if (on_gpu)
 		{
+			/* The GPU's float sums may overflow with values near the float range. */
+			gpuivfpq::clamp_to_finite(centroids, (size_t) bs->lists * bs->dim);
+			gpuivfpq::clamp_to_finite(codebooks, (size_t) 256 * bs->dim);
 			bs->model->set_centroids(centroids);
 			bs->model->set_codebooks(codebooks);
 		}

@@ -148,9 +148,9 @@ GpuIvfpqRankLists(Relation index, const GpuIvfpqMetaPageData *meta, const GpuIvf
 	{
 		gpuivfpq::Metric metric = (gpuivfpq::Metric) meta->metric;
 		int			n = *nlabels;
-		int		   *order = (int *) palloc(sizeof(int) * Max(n, 1));
-		int64	   *sorted_labels = (int64 *) palloc(sizeof(int64) * Max(n, 1));
-		double	   *sorted_exact = (double *) palloc(sizeof(double) * Max(n, 1));
+		int		   *order = (int *) palloc_extended(sizeof(int) * Max(n, 1), MCXT_ALLOC_HUGE);
+		int64	   *sorted_labels = (int64 *) palloc_extended(sizeof(int64) * Max(n, 1), MCXT_ALLOC_HUGE);
+		double	   *sorted_exact = (double *) palloc_extended(sizeof(double) * Max(n, 1), MCXT_ALLOC_HUGE);
 
 		/* By label, the latest copy last: a label taken twice keeps its last vector. */
 		std::sort(taken, taken + ntaken, [](const TakenVector &a, const TakenVector &b) {
@@ -194,9 +194,9 @@ GpuIvfpqRankLists(Relation index, const GpuIvfpqMetaPageData *meta, const GpuIvf
 
 /*
  * Appends the labels of the list starting at head to out: every entry, or
- * with a bound only those whose ADC distance is within it, and with range
- * only those whose filter key lies in it. Returns how many entries the list
- * holds (within range).
+ * with a bound only those whose ADC distance is within it (or overflowed),
+ * and with range only those whose filter key lies in it. Returns how many
+ * entries the list holds (within range).
  */
 int64
 GpuIvfpqCollectList(Relation index, const GpuIvfpqMetaPageData *meta, BlockNumber head,
@@ -231,7 +231,12 @@ GpuIvfpqCollectList(Relation index, const GpuIvfpqMetaPageData *meta, BlockNumbe
 					continue;
 			}
 			entries++;
-			if (bound == NULL || dists[i] <= bound->limit)
+
+			/*
+			 * An ADC distance that overflowed bounds nothing (the true
+			 * distance may be anything): the entry stays a candidate.
+			 */
+			if (bound == NULL || dists[i] <= bound->limit || dists[i] >= gpuivfpq::kOverflowDistance)
 				out->labels[out->n++] = GpuIvfpqEntryLabel(ent, i, &el);
 		}
 	});

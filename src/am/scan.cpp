@@ -27,6 +27,7 @@ typedef struct GpuIvfpqScanOpaqueData
 
 	/* the query of the current rescan */
 	bool		null_query;
+	bool		unranked;		/* past what the quantizers rank: one exact pass */
 	float	   *query;
 	gpuivfpq::IvfPqModel *model;	/* the backend cache's: valid during one round only */
 	gpuivfpq::IvfPqQuery *prepared; /* owned by scanctx */
@@ -47,6 +48,7 @@ typedef struct GpuIvfpqScanOpaqueData
 	bool		returned_any;	/* last is set */
 	bool		final_round;	/* the current round ranked every entry */
 	int			round_want;		/* candidates the current round asked for */
+	int			round_probes;	/* lists the current round probed */
 	int			widen_to;		/* > 0: the next round only probes this many lists (a filter) */
 	bool		filter_sized;	/* the probes were scaled to the filter's selectivity */
 	GpuIvfpqHit last;			/* the last row returned: later rows sort after it */
@@ -232,6 +234,7 @@ gpuivfpqrescan(IndexScanDesc scan, ScanKey keys, int nkeys, ScanKey orderbys, in
 	so->returned_any = false;
 	so->final_round = false;
 	so->round_want = 0;
+	so->round_probes = 0;
 	so->widen_to = 0;
 	so->filter_sized = false;
 	so->results = NULL;
@@ -239,6 +242,7 @@ gpuivfpqrescan(IndexScanDesc scan, ScanKey keys, int nkeys, ScanKey orderbys, in
 	so->next = 0;
 	so->query = NULL;
 	so->null_query = true;
+	so->unranked = false;
 	so->query_prepared = false;
 
 	if (orderbys && scan->numberOfOrderBys > 0)
@@ -269,6 +273,7 @@ gpuivfpqrescan(IndexScanDesc scan, ScanKey keys, int nkeys, ScanKey orderbys, in
 		so->query = (float *) palloc(sizeof(float) * Max(dim, 1));
 		memcpy(so->query, q, sizeof(float) * dim);
 		so->null_query = false;
+		so->unranked = !gpuivfpq::ivfpq_ranks_query(so->query, (size_t) dim);
 	}
 	MemoryContextSwitchTo(old);
 }
@@ -423,7 +428,7 @@ CpuRound(IndexScanDesc scan, int want, int64 **labels, double *exact, int *nlabe
 	/* The k-selection heap lives for this round only. */
 	roundctx = AllocSetContextCreate(CurrentMemoryContext, "gpu_ivfpq scan round", ALLOCSET_SMALL_SIZES);
 	topk = GpuIvfpqMakeOwned<gpuivfpq::TopK>(roundctx, "k-selection", (size_t) want);
-	*labels = (int64 *) palloc(sizeof(int64) * Max(want, 1));
+	*labels = (int64 *) palloc_extended(sizeof(int64) * Max(want, 1), MCXT_ALLOC_HUGE);
 	so->entries_seen = GpuIvfpqRankLists(scan->indexRelation, &so->meta, so->dir, so->model,
 										 so->prepared, so->probes, so->filtered ? &so->range : NULL, topk,
 										 so->query, *labels, exact, nlabels);
@@ -472,11 +477,31 @@ FilteredProbes(IndexScanDesc scan, int64 matched)
 }
 
 /*
+ * The most entries the index can hold now: every block of it a full list
+ * page. No round asks for more candidates than that, so a round's arrays
+ * stay within the index's size however its candidates grew.
+ */
+static int64
+EntriesBound(IndexScanDesc scan)
+{
+	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
+	GpuIvfpqEntryLayout el = GpuIvfpqLayoutOf(&so->meta);
+	int64		entries = (int64) RelationGetNumberOfBlocks(scan->indexRelation) * GpuIvfpqEntriesPerPage(&el);
+
+	/* Candidate counts are ints: keep clear of their range too. */
+	return Max(Min(entries, (int64) INT_MAX / 4), (int64) 1);
+}
+
+/*
  * Produces the next batch of results. Round 1 probes gpu_ivfpq.probes lists
  * and re-ranks the gpu_ivfpq.rerank best ADC candidates. Each later round
- * doubles the probed lists and the candidates, until gpu_ivfpq.max_scan_tuples
+ * doubles the probed lists and the candidates (never past the entries the
+ * index can hold: EntriesBound), until gpu_ivfpq.max_scan_tuples
  * candidates were re-ranked or a round ranked every entry of every list.
- * What a round returns: ChooseReturned. Returns false when nothing is left.
+ * Every entry of the probed lists is a candidate, its ADC distance finite
+ * or not (gpuivfpq::rank_distance), so a round asks for no more than what
+ * is there and the rounds end. What a round returns: ChooseReturned.
+ * Returns false when nothing is left.
  */
 static bool
 NextBatch(IndexScanDesc scan)
@@ -498,9 +523,12 @@ NextBatch(IndexScanDesc scan)
 		int			nlabels = 0;
 		int64		matched = 0;	/* a filtered round: entries of its lists in range */
 
-		if (!so->meta.trained || so->null_query || so->meta.dimensions == 0)
+		if (!so->meta.trained || so->null_query || so->meta.dimensions == 0 || so->unranked)
 		{
-			/* No quantizers (or no distances): one exact pass over every entry. */
+			/*
+			 * No quantizers, no distances, or a query too long for the
+			 * quantizers to rank: one exact pass over every entry.
+			 */
 			GpuIvfpqLabels all = {NULL, 0, 0};
 
 			so->probes = so->meta.lists;
@@ -512,6 +540,7 @@ NextBatch(IndexScanDesc scan)
 		else
 		{
 			int			lists = (int) so->meta.lists;
+			int64		bound = EntriesBound(scan);
 			int			want;
 			instr_time	start,
 						end;
@@ -519,7 +548,7 @@ NextBatch(IndexScanDesc scan)
 			if (!so->started)
 			{
 				so->probes = Min(gpu_ivfpq_probes, lists);
-				so->candidates = gpu_ivfpq_rerank;
+				so->candidates = (int) Min((int64) gpu_ivfpq_rerank, bound);
 			}
 			else if (so->widen_to > 0)
 			{
@@ -553,10 +582,11 @@ NextBatch(IndexScanDesc scan)
 						wider = GPU_IVFPQ_SERVICE_MAX_K;
 					so->probes = wider;
 				}
-				so->candidates = (int) Min((int64) so->candidates * 2, (int64) INT_MAX / 4);
+				so->candidates = (int) Min((int64) so->candidates * 2, bound);
 			}
-			want = (int) Min((int64) so->candidates + (vectors ? 0 : so->reranked),
-							 (int64) gpu_ivfpq_max_scan_tuples + so->candidates);
+			want = (int) Min(Min((int64) so->candidates + (vectors ? 0 : so->reranked),
+								 (int64) gpu_ivfpq_max_scan_tuples + so->candidates),
+							 bound);
 			/*
 			 * The GPU's k-selection bound: a continued round that would pass
 			 * it first asks for the bound (partial, ChooseReturned); a round
@@ -566,17 +596,21 @@ NextBatch(IndexScanDesc scan)
 			if (GpuIvfpqServiceWanted() && vectors && so->started && want > GPU_IVFPQ_SERVICE_MAX_K &&
 				so->round_want < GPU_IVFPQ_SERVICE_MAX_K)
 				want = GPU_IVFPQ_SERVICE_MAX_K;
-			/* No progress is possible (never expected: a guard against looping). */
-			if (so->started && want <= so->round_want && so->probes >= lists)
+			/*
+			 * No progress is possible: the round would repeat the last one
+			 * (never expected: a guard against looping).
+			 */
+			if (so->started && want <= so->round_want && so->probes <= so->round_probes)
 			{
 				so->exhausted = true;
 				MemoryContextSwitchTo(old);
 				break;
 			}
 			so->round_want = want;
+			so->round_probes = so->probes;
 			INSTR_TIME_SET_CURRENT(start);
-			labels = (int64 *) palloc(sizeof(int64) * want);
-			exact = (double *) palloc(sizeof(double) * want);
+			labels = (int64 *) palloc_extended(sizeof(int64) * want, MCXT_ALLOC_HUGE);
+			exact = (double *) palloc_extended(sizeof(double) * want, MCXT_ALLOC_HUGE);
 			nlabels = -1;
 			if (GpuIvfpqServiceWanted())
 			{

@@ -12,10 +12,12 @@
 
 #include "distances.h"
 
+#ifndef GPU_IVFPQ_HOST_DEVICE
 #ifdef __CUDACC__
 #define GPU_IVFPQ_HOST_DEVICE __host__ __device__
 #else
 #define GPU_IVFPQ_HOST_DEVICE
+#endif
 #endif
 
 namespace gpuivfpq {

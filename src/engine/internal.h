@@ -98,6 +98,17 @@ SmallCodebook make_small_codebook(const float* centroids, size_t k, size_t d);
 // rows of d floats at stride ldx.
 void nearest_small(const float* x, size_t n, size_t ldx, const SmallCodebook& cb, int32_t* out);
 
+// Nearest centroids past the float range. The float form norms - 2<x, c>
+// ranks nothing once it overflows (every centroid +inf or NaN): the nearest
+// of x (d floats) is then found in double precision over all k centroids
+// (k x d; first on ties). nearest_or_exact returns chosen, the float
+// argmin whose value (its norm minus twice the inner product) is value,
+// unless that could be wrong: x past gpuivfpq::kMaxRankedNormSqr or value
+// not finite.
+size_t exact_nearest(const float* x, const float* centroids, size_t k, size_t d);
+size_t nearest_or_exact(const float* x, const float* centroids, size_t k, size_t d, size_t chosen,
+                        float value);
+
 // a * b, throwing Error(InvalidArgument) with what on size_t overflow.
 inline size_t checked_mul(size_t a, size_t b, const char* what)
 {

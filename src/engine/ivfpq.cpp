@@ -12,6 +12,7 @@
 #include "internal.h"
 #include "parallel.h"
 #include "sampling.h"
+#include "search_limits.h"
 #include "topk.h"
 
 namespace gpuivfpq {
@@ -32,6 +33,14 @@ std::vector<float> gather_rows(const float* x, const std::vector<size_t>& idx, s
 }
 
 }  // namespace
+
+bool ivfpq_ranks_query(const float* q, size_t d)
+{
+    double s = 0.0;
+    for (size_t t = 0; t < d; t++)
+        s += double(q[t]) * double(q[t]);
+    return s <= kMaxRankedNormSqr;
+}
 
 IvfPqModel::IvfPqModel(size_t d, size_t lists, size_t m, Metric metric)
     : d_(d), lists_(lists), metric_(metric), pq_(d, m)
@@ -127,6 +136,9 @@ void IvfPqModel::train(const float* x, size_t n, const IvfPqTrainParams& params)
         for (size_t t = 0; t < d_; t++)
             res[i * d_ + t] -= c[t];
     }
+    // A residual past the float range (a value and its centroid of about
+    // 2e38 and opposite signs) would make the codebook's sums inf - inf.
+    clamp_to_finite(res.data(), res.size());
     pq_.train(res.data(), np, ivfpq_pq_params(params, np));
     term1_.clear();
 }
@@ -246,8 +258,10 @@ void IvfPqModel::prepare_query(const float* q, size_t nprobe, IvfPqQuery& out) c
     std::vector<float> dist(lists_);
     detail::gemm_nt(1, lists_, d_, qq, d_, centroids_.data(), d_, dist.data(), lists_);
     const float qn = norm_sqr(qq, d_);
+    // A list whose distance overflowed is still probed, after the others
+    // (the GPU's coarse selection ranks it alike).
     for (size_t l = 0; l < lists_; l++)
-        dist[l] = ip_metric ? -dist[l] : qn + centroid_norms_[l] - 2.0f * dist[l];
+        dist[l] = rank_distance(ip_metric ? -dist[l] : qn + centroid_norms_[l] - 2.0f * dist[l]);
     TopK top(nprobe);
     top.push_range(dist.data(), lists_, 0);
     std::vector<Neighbor> probes = top.take_sorted();
@@ -258,7 +272,11 @@ void IvfPqModel::prepare_query(const float* q, size_t nprobe, IvfPqQuery& out) c
         const float* c = centroids_.data() + size_t(p.label) * d_;
         p.dist = ip_metric ? -inner_product(qq, c, d_) : l2_sqr(qq, c, d_);
     }
-    std::sort(probes.begin(), probes.end(), neighbor_less);
+    // Ordered as ranked (a NaN, inf - inf of an inner product, would break
+    // the sort); the base distances stay as computed, as the GPU's do.
+    std::sort(probes.begin(), probes.end(), [](const Neighbor& a, const Neighbor& b) {
+        return neighbor_less({rank_distance(a.dist), a.label}, {rank_distance(b.dist), b.label});
+    });
     out.lists.resize(probes.size());
     out.coarse.resize(probes.size());
     for (size_t i = 0; i < probes.size(); i++) {

@@ -20,6 +20,10 @@ struct IvfPqTrainParams {
     int threads = 1;
 };
 
+// Whether the quantizers can rank distances from query q (d floats): its
+// squared norm, in double, is at most kMaxRankedNormSqr (search_limits.h).
+bool ivfpq_ranks_query(const float* q, size_t d);
+
 // ---- How IVFPQ training draws and seeds, shared by IvfPqModel::train and
 // the GPU training (gpu/ train_ivfpq_gpu), so that one seed gives both the
 // same samples and initial centroids. ----

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "distances.h"
@@ -12,8 +13,43 @@
 #include "internal.h"
 #include "parallel.h"
 #include "sampling.h"
+#include "search_limits.h"
 
 namespace gpuivfpq {
+
+namespace detail {
+
+size_t exact_nearest(const float* x, const float* centroids, size_t k, size_t d)
+{
+    size_t best = 0;
+    double bv = 0.0;
+    for (size_t j = 0; j < k; j++) {
+        const float* c = centroids + j * d;
+        double s = 0.0;
+        for (size_t t = 0; t < d; t++) {
+            const double diff = double(x[t]) - double(c[t]);
+            s += diff * diff;
+        }
+        if (j == 0 || s < bv) {
+            bv = s;
+            best = j;
+        }
+    }
+    return best;
+}
+
+size_t nearest_or_exact(const float* x, const float* centroids, size_t k, size_t d, size_t chosen,
+                        float value)
+{
+    double nx = 0.0;
+    for (size_t t = 0; t < d; t++)
+        nx += double(x[t]) * double(x[t]);
+    if (nx <= kMaxRankedNormSqr && std::isfinite(value))
+        return chosen;
+    return exact_nearest(x, centroids, k, d);
+}
+
+}  // namespace detail
 
 void assign_nearest(const float* x, size_t n, const float* centroids, size_t k, size_t d,
                      int32_t* assign, float* dist, int threads)
@@ -41,6 +77,12 @@ void assign_nearest(const float* x, size_t n, const float* centroids, size_t k, 
             for (size_t t = t0; t < t1; t++) {
                 const size_t r0 = t * kRows, nr = std::min(kRows, n - r0);
                 detail::nearest_small(x + r0 * d, nr, d, cb, assign + r0);
+                for (size_t i = r0; i < r0 + nr; i++) {
+                    const size_t j = size_t(assign[i]);
+                    assign[i] = int32_t(detail::nearest_or_exact(
+                        x + i * d, centroids, k, d, j,
+                        cb.norms[j] - 2.0f * inner_product(x + i * d, centroids + j * d, d)));
+                }
                 fill_dist(r0, nr);
             }
         });
@@ -75,6 +117,9 @@ void assign_nearest(const float* x, size_t n, const float* centroids, size_t k, 
                     }
                 }
             }
+            for (size_t i = 0; i < nr; i++)
+                assign[r0 + i] = int32_t(detail::nearest_or_exact(xt + i * d, centroids, k, d,
+                                                                  size_t(assign[r0 + i]), best[i]));
             fill_dist(r0, nr);
         }
     });
@@ -183,8 +228,22 @@ std::vector<size_t> kmeans_initial_rows(size_t ns, size_t k, Rng& rng, const See
             break;
         update(pick, c == 0, mind.data());
         double total = 0.0;
-        for (size_t i = 0; i < ns; i++)
+        size_t overflowed = 0;
+        for (size_t i = 0; i < ns; i++) {
             total += double(mind[i]);
+            overflowed += !(mind[i] <= std::numeric_limits<float>::max());
+        }
+        if (overflowed > 0) {
+            // Squared distances past the float range (values near it): those
+            // points outweigh every other, and the draw is uniform among them.
+            size_t r = rng.below(overflowed);
+            for (size_t i = 0; i < ns; i++)
+                if (!(mind[i] <= std::numeric_limits<float>::max()) && r-- == 0) {
+                    pick = i;
+                    break;
+                }
+            continue;
+        }
         if (!(total > 0.0)) {
             pick = rng.below(ns);  // every point already covered: any one will do
             continue;
@@ -212,6 +271,16 @@ void split_centroid(float* big, float* empty, size_t d, float scale, Rng& rng)
         empty[t] = big[t] + sgn * delta;
         big[t] = big[t] - sgn * delta;
     }
+    clamp_to_finite(big, d);
+    clamp_to_finite(empty, d);
+}
+
+void clamp_to_finite(float* x, size_t n)
+{
+    const float top = std::numeric_limits<float>::max();
+    for (size_t i = 0; i < n; i++)
+        if (!std::isfinite(x[i]))
+            x[i] = std::isnan(x[i]) ? 0.0f : std::copysign(top, x[i]);
 }
 
 void kmeans_train(const float* x, size_t n, size_t d, size_t k, const KMeansParams& params,

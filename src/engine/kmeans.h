@@ -58,12 +58,22 @@ using SeedingUpdate = std::function<void(size_t row, bool first, float* min_dist
 // The k rows of the ns training points (ns >= 1, k >= 1) that become the
 // initial centroids: with ns <= k every row, then seeded repeats; else
 // k-means++ when its k sequential passes are cheap (ns * k <= 2^22; update
-// supplies the distances), k distinct random rows otherwise.
+// supplies the distances), k distinct random rows otherwise. Points whose
+// seeding distance overflowed float outweigh all others: while there are
+// such, the next is drawn uniformly among them.
 std::vector<size_t> kmeans_initial_rows(size_t ns, size_t k, Rng& rng, const SeedingUpdate& update);
 
 // Re-seeds an empty cluster from a large one: both become big +- a
 // sign-randomised nudge of (|big_t| + scale) / 1024 per coordinate (one
-// rng.next() bit each), so they separate even where a coordinate is 0.
+// rng.next() bit each), so they separate even where a coordinate is 0; a
+// nudge past the float range stops at its end (clamp_to_finite).
 void split_centroid(float* big, float* empty, size_t d, float scale, Rng& rng);
+
+// Replaces each of the n values of x that is not finite: +-inf by the
+// largest float of that sign, NaN by 0. A model's centroids and codebooks
+// stay finite so (sums near the float range overflow on the GPU, residuals
+// of values far apart overflow anywhere): every vector is then nearest to
+// some centroid, and no lookup table is NaN throughout.
+void clamp_to_finite(float* x, size_t n);
 
 }  // namespace gpuivfpq

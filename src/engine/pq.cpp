@@ -9,6 +9,7 @@
 #include "error.h"
 #include "internal.h"
 #include "parallel.h"
+#include "search_limits.h"
 
 namespace gpuivfpq {
 
@@ -72,9 +73,15 @@ void ProductQuantizer::encode(const float* x, size_t n, uint8_t* codes, int thre
             for (size_t t = t0; t < t1; t++) {
                 const size_t r0 = t * kRows, nr = std::min(kRows, n - r0);
                 for (size_t j = 0; j < m_; j++) {
+                    const float* cb = codebooks_.data() + j * kPqCentroids * dsub_;
                     detail::nearest_small(x + r0 * d_ + j * dsub_, nr, d_, cbs[j], idx.data());
-                    for (size_t i = 0; i < nr; i++)
-                        codes[(r0 + i) * m_ + j] = uint8_t(idx[i]);
+                    for (size_t i = 0; i < nr; i++) {
+                        const float* xi = x + (r0 + i) * d_ + j * dsub_;
+                        const size_t c = size_t(idx[i]);
+                        codes[(r0 + i) * m_ + j] = uint8_t(detail::nearest_or_exact(
+                            xi, cb, kPqCentroids, dsub_, c,
+                            cbs[j].norms[c] - 2.0f * inner_product(xi, cb + c * dsub_, dsub_)));
+                    }
                 }
             }
         });
@@ -93,10 +100,14 @@ void ProductQuantizer::encode(const float* x, size_t n, uint8_t* codes, int thre
                 detail::gemm_nt(nr, kPqCentroids, dsub_, x + r0 * d_ + j * dsub_, d_,
                                 codebooks_.data() + j * kPqCentroids * dsub_, dsub_,
                                 block.data(), kPqCentroids);
-                for (size_t i = 0; i < nr; i++)
-                    codes[(r0 + i) * m_ + j] = uint8_t(detail::argmin_l2(
-                        block.data() + i * kPqCentroids, norms.data() + j * kPqCentroids,
-                        kPqCentroids));
+                for (size_t i = 0; i < nr; i++) {
+                    const float* row = block.data() + i * kPqCentroids;
+                    const float* nj = norms.data() + j * kPqCentroids;
+                    const size_t c = detail::argmin_l2(row, nj, kPqCentroids);
+                    codes[(r0 + i) * m_ + j] = uint8_t(detail::nearest_or_exact(
+                        x + (r0 + i) * d_ + j * dsub_, codebooks_.data() + j * kPqCentroids * dsub_,
+                        kPqCentroids, dsub_, c, nj[c] - 2.0f * row[c]));
+                }
             }
         }
     });
@@ -205,7 +216,7 @@ inline __attribute__((always_inline)) void adc_fixed(const uint8_t* codes, size_
             s0 += table[j * kPqCentroids + c[j]];
             s1 += table[(j + 1) * kPqCentroids + c[j + 1]];
         }
-        out[i] = base + (s0 + s1);
+        out[i] = rank_distance(base + (s0 + s1));
     }
 }
 
@@ -227,7 +238,7 @@ void adc_scan(const uint8_t* codes, size_t n, size_t stride, const float* table,
     case 64: adc_fixed<64>(codes, n, stride, table, base, out); return;
     default:
         for (size_t i = 0; i < n; i++)
-            out[i] = base + adc_lookup(codes + i * stride, table, m);
+            out[i] = rank_distance(base + adc_lookup(codes + i * stride, table, m));
     }
 }
 

@@ -61,7 +61,8 @@ inline float adc_lookup(const uint8_t* code, const float* table, size_t m)
 
 // ADC over n codes laid out with a byte stride between consecutive codes
 // (stride >= m, so codes may sit interleaved with other data):
-// out[i] = base + sum_j table[j*256 + codes[i*stride + j]].
+// out[i] = base + sum_j table[j*256 + codes[i*stride + j]], as
+// rank_distance gives it (a sum that overflowed: kOverflowDistance).
 void adc_scan(const uint8_t* codes, size_t n, size_t stride, const float* table, size_t m,
               float base, float* out);
 

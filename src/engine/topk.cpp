@@ -6,6 +6,7 @@
 
 #include "error.h"
 #include "internal.h"
+#include "search_limits.h"
 
 namespace gpuivfpq {
 
@@ -108,16 +109,18 @@ void brute_force_knn(const float* queries, size_t nq, const float* base, size_t 
             detail::gemm_nt(nqb, nbb, d, qp, d, bp, d, block.data(), nbb);
             for (size_t i = 0; i < nqb; i++) {
                 float* row = block.data() + i * nbb;
-                // Turn inner products into the metric's ranking distance.
+                // Turn inner products into the metric's ranking distance
+                // (one that overflowed still competes: rank_distance, as
+                // the GPU's selection ranks it).
                 if (metric == Metric::L2) {
                     for (size_t j = 0; j < nbb; j++)
-                        row[j] = std::max(0.0f, qnorm[i] + bnorm[j] - 2.0f * row[j]);
+                        row[j] = std::max(0.0f, rank_distance(qnorm[i] + bnorm[j] - 2.0f * row[j]));
                 } else if (metric == Metric::InnerProduct) {
                     for (size_t j = 0; j < nbb; j++)
-                        row[j] = -row[j];
+                        row[j] = rank_distance(-row[j]);
                 } else {
                     for (size_t j = 0; j < nbb; j++)
-                        row[j] = 1.0f - row[j];
+                        row[j] = rank_distance(1.0f - row[j]);
                 }
                 heaps[i].push_range(row, nbb, int64_t(b0));
             }

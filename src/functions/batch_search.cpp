@@ -22,6 +22,28 @@ extern "C" {
 #define BATCH_SEGMENT_BYTES (32 * 1024 * 1024)	/* GPU request size per chunk */
 
 /*
+ * Reads every entry of the index into bs->all (once), for the queries that
+ * re-rank them all: those of an untrained index, and those too long for
+ * the quantizers to rank (gpuivfpq::ivfpq_ranks_query).
+ */
+static void
+ReadAllEntries(GpuIvfpqBatchSearch *bs)
+{
+	if (bs->all_read)
+		return;
+	for (uint32 l = 0; l < bs->meta.lists; l++)
+		(void) GpuIvfpqCollectList(bs->index, &bs->meta, bs->dir[l].head, NULL, NULL, &bs->all);
+	/* Sorted once: re-ranking sorts its input in place, a no-op on sorted labels. */
+	std::sort(bs->all.labels, bs->all.labels + bs->all.n);
+	bs->all_read = true;
+	if (bs->all.n + 1 > bs->hits_cap)
+	{
+		bs->hits_cap = bs->all.n + 1;
+		bs->hits = (GpuIvfpqHit *) repalloc_huge(bs->hits, sizeof(GpuIvfpqHit) * bs->hits_cap);
+	}
+}
+
+/*
  * Prepares a batch search of index (opened by the caller, with its heap):
  * k results per query from want candidates (want >= k), through
  * gpu_ivfpq.probes lists. Engine memory is freed with the current context.
@@ -54,13 +76,7 @@ GpuIvfpqBatchBegin(GpuIvfpqBatchSearch *bs, Relation index, Relation heap, int d
 		bs->prepared = GpuIvfpqMakeOwned<gpuivfpq::IvfPqQuery>(CurrentMemoryContext, "query preparation");
 		bs->topk = GpuIvfpqMakeOwned<gpuivfpq::TopK>(CurrentMemoryContext, "k-selection", (size_t) want);
 	}
-	else
-	{
-		for (uint32 l = 0; l < bs->meta.lists; l++)
-			(void) GpuIvfpqCollectList(index, &bs->meta, bs->dir[l].head, NULL, NULL, &bs->all);
-		/* Sorted once: re-ranking sorts its input in place, a no-op on sorted labels. */
-		std::sort(bs->all.labels, bs->all.labels + bs->all.n);
-	}
+
 	/* Chunks of queries: one GPU request each, within a bounded segment. */
 	bs->chunk = Max((int64) 1, (int64) (BATCH_SEGMENT_BYTES /
 										 ((Size) dim * sizeof(float) +
@@ -69,8 +85,10 @@ GpuIvfpqBatchBegin(GpuIvfpqBatchSearch *bs, Relation index, Relation heap, int d
 	bs->labels = (int64 *) palloc_extended((Size) bs->chunk * want * sizeof(int64), MCXT_ALLOC_HUGE);
 	bs->exact = (double *) palloc_extended((Size) bs->chunk * want * sizeof(double), MCXT_ALLOC_HUGE);
 	bs->counts = (int *) palloc(sizeof(int) * bs->chunk);
-	bs->hits = (GpuIvfpqHit *) palloc_extended(sizeof(GpuIvfpqHit) * (Max((int64) want, bs->all.n) + 1),
-											   MCXT_ALLOC_HUGE);
+	bs->hits_cap = (int64) want + 1;
+	bs->hits = (GpuIvfpqHit *) palloc_extended(sizeof(GpuIvfpqHit) * bs->hits_cap, MCXT_ALLOC_HUGE);
+	if (!bs->meta.trained)
+		ReadAllEntries(bs);
 	GpuIvfpqHeapFetchBegin(&bs->hf, heap, index, GetActiveSnapshot());
 }
 
@@ -100,7 +118,10 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 			{
 				int			n = 0;
 
-				if (on_gpu)
+				/* Too long to rank: every entry is re-ranked below. */
+				if (!gpuivfpq::ivfpq_ranks_query(queries + (c0 + i) * dim, (size_t) dim))
+					ReadAllEntries(bs);
+				else if (on_gpu)
 					while (n < want && bs->labels[i * want + n] >= 0)
 						n++;
 				else
@@ -130,14 +151,14 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 			int64		nh;
 
 			spec.query = queries + (c0 + i) * dim;
-			/* Untrained: every query re-ranks every entry. */
-			if (is_exact)
+			/* Untrained, or a query too long to rank: it re-ranks every entry. */
+			if (!bs->meta.trained || !gpuivfpq::ivfpq_ranks_query(spec.query, (size_t) dim))
+				nh = GpuIvfpqRerank(&bs->hf, &spec, bs->all.labels, bs->all.n, bs->hits, NULL);
+			else if (is_exact)
 				nh = GpuIvfpqKeepVisible(&bs->hf, bs->visible, bs->labels + i * want, bs->exact + i * want,
 										 bs->counts[i], bs->k, bs->hits);
-			else if (bs->meta.trained)
-				nh = GpuIvfpqRerank(&bs->hf, &spec, bs->labels + i * want, bs->counts[i], bs->hits, NULL);
 			else
-				nh = GpuIvfpqRerank(&bs->hf, &spec, bs->all.labels, bs->all.n, bs->hits, NULL);
+				nh = GpuIvfpqRerank(&bs->hf, &spec, bs->labels + i * want, bs->counts[i], bs->hits, NULL);
 			for (int64 r = 0; r < Min(nh, (int64) bs->k); r++)
 				emit(arg, c0 + i, (int) r, &bs->hits[r].tid, bs->hits[r].dist);
 			CHECK_FOR_INTERRUPTS();

@@ -34,7 +34,9 @@ typedef struct GpuIvfpqBatchSearch
 	bool		vectors;		/* the index keeps vector copies */
 	int		   *counts;
 	GpuIvfpqHit *hits;
-	GpuIvfpqLabels all;			/* untrained index: every entry */
+	int64		hits_cap;
+	GpuIvfpqLabels all;			/* every entry, sorted, once all_read */
+	bool		all_read;		/* for an untrained index, or a query too long to rank */
 	int64		gpu_queries;
 	int64		cpu_queries;
 } GpuIvfpqBatchSearch;

@@ -6,6 +6,7 @@
 #include "functions/batch_search.h"
 #include "service/service.h"
 #include "common/guard.h"
+#include "engine/ivfpq.h"
 #include "engine/topk.h"
 
 extern "C" {
@@ -45,9 +46,35 @@ ParseMetric(const char *name)
 	return 0;
 }
 
+/* Enters h into a query's running best b (at most k, *held of them), in order. */
+static void
+KeepBest(GpuIvfpqHit *b, int *held, int k, const GpuIvfpqHit *h)
+{
+	if (*held < k)
+		b[(*held)++] = *h;
+	else if (GpuIvfpqHitLess(*h, b[k - 1]))
+		b[k - 1] = *h;
+	else
+		return;
+	GpuIvfpqSortHits(b, *held);
+}
+
+/* Whether one of the n vectors (d floats each) is too long for float ranking. */
+static bool
+AnyUnranked(const float *x, int64 n, int d)
+{
+	for (int64 i = 0; i < n; i++)
+		if (!gpuivfpq::ivfpq_ranks_query(x + i * d, (size_t) d))
+			return true;
+	return false;
+}
+
 /*
  * Searches one chunk of base rows and merges its k best into each query's
- * running best (best: nq x k, counts: how many held).
+ * running best (best: nq x k, counts: how many held). A chunk whose rows
+ * or queries are too long for the float ranking of the kernels (their
+ * distances overflow it: gpuivfpq::kMaxRankedNormSqr) is searched with
+ * exact distances alone, every row of it.
  */
 static void
 SearchChunk(const float *queries, int64 nq, const float *base, const ItemPointerData *tids, int64 n,
@@ -56,6 +83,22 @@ SearchChunk(const float *queries, int64 nq, const float *base, const ItemPointer
 {
 	int			kk = (int) Min((int64) k, n);
 
+	if (AnyUnranked(queries, nq, d) || AnyUnranked(base, n, d))
+	{
+		for (int64 q = 0; q < nq; q++)
+		{
+			for (int64 row = 0; row < n; row++)
+			{
+				GpuIvfpqHit h;
+
+				h.dist = GpuIvfpqExactDistance(metric, queries + q * d, base + row * d, d);
+				h.tid = tids[row];
+				KeepBest(best + q * k, &counts[q], k, &h);
+			}
+			CHECK_FOR_INTERRUPTS();
+		}
+		return;
+	}
 	if (GpuIvfpqServiceExact(queries, nq, base, n, d, metric, kk, dist, labels))
 		(*gpu_chunks)++;
 	else
@@ -65,8 +108,6 @@ SearchChunk(const float *queries, int64 nq, const float *base, const ItemPointer
 		});
 	for (int64 q = 0; q < nq; q++)
 	{
-		GpuIvfpqHit   *b = best + q * k;
-
 		for (int j = 0; j < kk; j++)
 		{
 			int64		row = labels[q * kk + j];
@@ -77,13 +118,7 @@ SearchChunk(const float *queries, int64 nq, const float *base, const ItemPointer
 			/* The kernel ranks in float; the answer carries the exact distance. */
 			h.dist = GpuIvfpqExactDistance(metric, queries + q * d, base + row * d, d);
 			h.tid = tids[row];
-			if (counts[q] < k)
-				b[counts[q]++] = h;
-			else if (GpuIvfpqHitLess(h, b[k - 1]))
-				b[k - 1] = h;
-			else
-				continue;
-			GpuIvfpqSortHits(b, counts[q]);
+			KeepBest(best + q * k, &counts[q], k, &h);
 		}
 	}
 }
@@ -158,7 +193,8 @@ ExactFromMirror(Relation heap, AttrNumber attnum, const float *queries, int64 nq
 	GpuIvfpqVisibleRows *visible = NULL;
 	bool		served = true;
 
-	if (!GpuIvfpqServiceWanted() || want < k)
+	/* The mirror ranks in float: a query too long for that goes to the table path. */
+	if (!GpuIvfpqServiceWanted() || want < k || AnyUnranked(queries, nq, d))
 		return false;
 	index = MirrorIndexOf(heap, attnum, d, metric, &meta);
 	if (index == NULL)

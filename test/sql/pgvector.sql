@@ -230,6 +230,31 @@ CREATE INDEX ON pdim USING gpu_ivfpq (((v::real[])::vector(4))) WITH (m = 3);
 INSERT INTO pdim VALUES ('[1,2,3]', '[1,2,3,4,5,6]');
 REINDEX TABLE pdim;
 DROP TABLE pdim;
+-- Components near the float range: pgvector's operators sum in single
+-- precision and return Infinity where the squares overflow; gpu_ivfpq ranks
+-- by the double-precision distance (real[]'s <->), an order that refines
+-- pgvector's. With every list probed an index scan returns the rows in the
+-- order of a sequential scan by that distance; with the default settings a
+-- row is found by its own vector.
+CREATE TABLE pl (id int, v vector(4));
+INSERT INTO pl SELECT i, ARRAY[sin(i), cos(i), sin(i * 0.3), cos(i * 0.7)]::real[]::vector
+FROM generate_series(1, 200) i;
+INSERT INTO pl VALUES (201, '[2e19,0,0,0]'), (202, '[1e20,0,0,0]'), (203, '[3e38,0,0,0]'),
+	(204, '[-3e38,3e38,-3e38,3e38]');
+CREATE INDEX pl_l2 ON pl USING gpu_ivfpq (v vector_l2_ops) WITH (lists = 4, m = 2);
+SELECT v <-> '[1e20,0,0,0]' AS pgvector_distance, v::real[] <-> '{1e20,0,0,0}' AS gpu_ivfpq_distance
+FROM pl WHERE id = 201;
+SET gpu_ivfpq.probes = 4;
+SET gpu_ivfpq.rerank = 1000;
+SELECT q, knn(format('SELECT id FROM pl ORDER BY v <-> %L::vector LIMIT 300', q), true) =
+          knn(format('SELECT id FROM pl ORDER BY v::real[] <-> %L::real[], ctid LIMIT 300', q::vector::real[]), false)
+          AS same_as_seqscan
+FROM unnest(ARRAY['[1,0,0,0]', '[2e19,0,0,0]', '[1e20,0,0,0]', '[3e38,0,0,0]']) q;
+RESET gpu_ivfpq.probes;
+RESET gpu_ivfpq.rerank;
+SET enable_seqscan = off;
+SELECT id, (SELECT l.id FROM pl l ORDER BY l.v <-> pl.v LIMIT 1) = id AS found_first FROM pl WHERE id > 200 ORDER BY id;
+RESET enable_seqscan;
 
 -- Where the GPU service runs (the preloaded pass of the suite), it served
 -- these scans; elsewhere there is nothing to check.
@@ -315,7 +340,7 @@ DROP FUNCTION plan_of(text);
 
 -- Dropping the tables frees their indexes' GPU mirrors (those of a dropped
 -- database would stay until evicted).
-DROP TABLE pv, pq, pz, pbad;
+DROP TABLE pv, pq, pz, pl, pbad;
 \c :test_db
 SET client_min_messages = warning;
 DROP DATABASE gpu_ivfpq_pgvector;

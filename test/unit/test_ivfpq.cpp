@@ -1,5 +1,6 @@
 // IvfPqModel: three-term ADC tables vs reconstructions, probes, encoding, errors.
 #include <cmath>
+#include <limits>
 
 #include "engine/ivfpq.h"
 #include "test_util.h"
@@ -225,4 +226,51 @@ TEST(IvfPq, RejectsBadArguments)
     EXPECT_THROW(model.reconstruct(-1, code, out), Error);
     IvfPqModel other(16, 4, 2, Metric::L2);
     EXPECT_THROW(other.list_table(q, 0, table.data(), &base), Error);  // foreign query
+}
+
+// Rows and queries near the float range: training leaves every centroid
+// and codeword finite, every row gets a list, a query's lists are all
+// probed (those whose distance overflowed after the others), and the ADC
+// distances are numbers or the overflow mark, never NaN or +inf. Whether
+// a query is short enough to rank is decided by its squared norm.
+TEST(IvfPq, HugeValuesTrainAndRank)
+{
+    const uint64_t seed = test_seed(611);
+    const size_t d = 4, lists = 6, m = 2;
+    const float big = std::numeric_limits<float>::max();
+    std::vector<float> x = testutil::gaussian_vectors(300, d, seed);
+    const std::vector<float> far = {big, -big, 1, 1, 3e38f, 0, 0, 0, 1e20f, 1e20f, 1e20f, 1e20f,
+                                    -2e19f, 5, 5, 5, 0, 0, -big, big};
+    x.insert(x.end(), far.begin(), far.end());
+    const size_t n = x.size() / d;
+    for (Metric metric : kMetrics) {
+        SCOPED_TRACE(testing::Message() << "seed=" << seed << " metric=" << testutil::metric_name(metric));
+        IvfPqModel model = small_model(metric, d, lists, m, x, n, seed);
+        for (float v : model.centroids())
+            ASSERT_TRUE(std::isfinite(v));
+        for (float v : model.pq().codebooks())
+            ASSERT_TRUE(std::isfinite(v));
+        std::vector<int32_t> ids(n);
+        std::vector<uint8_t> codes(n * m);
+        model.encode(x.data(), n, ids.data(), codes.data());
+        for (int32_t l : ids)
+            ASSERT_TRUE(l >= 0 && size_t(l) < lists);
+        for (size_t qi : {size_t(0), n - 6, n - 5, n - 4, n - 1}) {
+            IvfPqQuery prepared;
+            model.prepare_query(x.data() + qi * d, lists, prepared);
+            ASSERT_EQ(prepared.lists.size(), lists);
+            std::vector<float> table(m * kPqCentroids), out(n);
+            for (size_t p = 0; p < lists; p++) {
+                float base = 0;
+                model.list_table(prepared, p, table.data(), &base);
+                adc_scan(codes.data(), n, m, table.data(), m, base, out.data());
+                for (float v : out)
+                    ASSERT_TRUE(!std::isnan(v) && v != std::numeric_limits<float>::infinity()) << v;
+            }
+        }
+    }
+    const float ranked[] = {1e18f, -1e18f, 1e18f, 0};
+    const float unranked[] = {2e19f, 0, 0, 0};
+    EXPECT_TRUE(ivfpq_ranks_query(ranked, d));
+    EXPECT_FALSE(ivfpq_ranks_query(unranked, d));
 }

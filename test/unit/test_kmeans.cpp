@@ -1,5 +1,7 @@
 // k-means: cluster recovery, degenerate inputs, determinism; assign_nearest vs naive.
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "engine/kmeans.h"
 #include "test_util.h"
@@ -228,4 +230,50 @@ TEST(KMeans, RejectsBadArguments)
     EXPECT_THROW(kmeans_train(x, 2, 2, 1, p, c), Error);
     EXPECT_THROW(assign_nearest(x, 2, c, 0, 2, a, nullptr), Error);
     EXPECT_THROW(assign_nearest(x, 2, c, 1, 0, a, nullptr), Error);
+}
+
+// Points near the float range: their squared distances overflow float, the
+// k-means++ weights with them; the seeding still starts from the far points
+// (each becomes a centroid of its own) and every centroid stays finite,
+// also where splitting an empty cluster would step past the range.
+TEST(KMeans, HugeValuesGiveFiniteCentroids)
+{
+    const size_t d = 4, small = 200, k = 12;
+    const float big = std::numeric_limits<float>::max();
+    std::vector<float> x;
+    std::mt19937_64 gen(test_seed(612));
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    for (size_t i = 0; i < small; i++)
+        for (size_t t = 0; t < d; t++)
+            x.push_back(g(gen));
+    const std::vector<std::vector<float>> far = {
+        {big, 0, 0, 0}, {-big, 0, 0, 0}, {0, big, -big, 0}, {3e38f, 3e38f, 3e38f, 3e38f}, {1e20f, 0, 0, 0}};
+    for (const auto& v : far)
+        x.insert(x.end(), v.begin(), v.end());
+    const size_t n = x.size() / d;
+    KMeansParams p;
+    p.iterations = 10;
+    std::vector<float> cent(k * d);
+    kmeans_train(x.data(), n, d, k, p, cent.data());
+    for (float v : cent)
+        ASSERT_TRUE(std::isfinite(v));
+    // Every far point is a centroid (nothing else is near it).
+    for (const auto& v : far) {
+        bool found = false;
+        for (size_t c = 0; c < k && !found; c++)
+            found = std::equal(v.begin(), v.end(), cent.begin() + c * d);
+        EXPECT_TRUE(found) << v[0] << "," << v[1] << "," << v[2] << "," << v[3];
+    }
+    // Splits at the edge of the range stop at it.
+    Rng rng(1);
+    std::vector<float> b = {big, -big, 1.0f, 0.0f}, e(d);
+    split_centroid(b.data(), e.data(), d, 1e38f, rng);
+    for (size_t t = 0; t < d; t++) {
+        EXPECT_TRUE(std::isfinite(b[t]));
+        EXPECT_TRUE(std::isfinite(e[t]));
+    }
+    std::vector<float> bad = {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                              std::nanf(""), 2.0f};
+    clamp_to_finite(bad.data(), bad.size());
+    EXPECT_EQ(bad, (std::vector<float>{big, -big, 0.0f, 2.0f}));
 }

@@ -134,6 +134,44 @@ TEST(MirrorVectors, SearchExactReranksTheAdcCandidates)
     }
 }
 
+// Rows past the float range, whose ADC distances overflow: with every list
+// probed and k = every entry, both searches return every entry (the
+// overflowed ones after all others, marked kOverflowDistance, in the ADC
+// search), and the re-ranked order is the exact one, for queries of every
+// size.
+TEST(MirrorVectors, OverflowedCandidatesStillCompete)
+{
+    auto dev = make_cpu_emulation_device();
+    for (Metric metric : kMetrics) {
+        SCOPED_TRACE(testutil::metric_name(metric));
+        Fixture f(metric);
+        for (size_t i = 0; i < 10; i++)
+            for (size_t t = 0; t < f.d; t++)
+                f.x[i * 150 * f.d + t] = (t + i) % 2 ? -3e38f : 1e20f * float(t + 1);
+        f.model.encode(f.x.data(), f.n, f.list_ids.data(), f.codes.data());
+        auto mirror = mirror_with_vectors(*dev, f, f.n);
+        const size_t k = f.n, nq = 2;
+        std::vector<float> queries = make_queries(f, nq, 43);
+        std::copy(f.x.begin() + 150 * f.d, f.x.begin() + 151 * f.d, queries.begin() + f.d);
+        std::vector<float> adc(nq * k);
+        std::vector<int64_t> adc_labels(nq * k), labels(nq * k);
+        std::vector<double> dist(nq * k);
+        mirror->search(queries.data(), nq, k, f.lists, adc.data(), adc_labels.data(), nullptr);
+        mirror->search_exact(queries.data(), nq, k, f.lists, dist.data(), labels.data(), nullptr);
+        for (size_t q = 0; q < nq; q++) {
+            SCOPED_TRACE("query " + std::to_string(q));
+            EXPECT_EQ(sorted(&adc_labels[q * k], &adc_labels[(q + 1) * k]), sorted(f.labels.data(), f.labels.data() + f.n));
+            size_t found = check_exact_row(metric, &queries[q * f.d], f.d, &dist[q * k], &labels[q * k], k,
+                                           [&](int64_t l) { return f.vector_of(l); });
+            EXPECT_EQ(found, k);
+            for (size_t i = 0; i < k; i++)
+                EXPECT_FALSE(std::isnan(adc[q * k + i]) || adc[q * k + i] == std::numeric_limits<float>::infinity());
+        }
+        if (metric == Metric::L2)
+            EXPECT_EQ(labels[k], f.labels[150]);  // the huge row found by its own vector
+    }
+}
+
 // k beyond the probed entries: both searches pad with the same count, the
 // exact one with (+inf, -1).
 TEST(MirrorVectors, SearchExactPadsPastTheCandidates)

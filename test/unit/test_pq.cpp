@@ -1,7 +1,9 @@
 // Product quantizer: encode/decode, error vs m, distance tables and adc_scan.
 #include <cmath>
+#include <limits>
 
 #include "engine/pq.h"
+#include "engine/search_limits.h"
 #include "test_util.h"
 
 using namespace gpuivfpq;
@@ -201,4 +203,45 @@ TEST(PQ, AdcScanRejectsShortStride)
     float out[2];
     EXPECT_THROW(adc_scan(codes, 2, 4, table.data(), 8, 0.0f, out), Error);
     EXPECT_THROW(adc_scan(codes, 2, 4, table.data(), 0, 0.0f, out), Error);
+}
+
+// A sum past the float range (+inf, or NaN from inf - inf) comes out as the
+// overflow mark, so that the entry still competes after every finite
+// distance (and never reads as +inf padding); -inf (an inner product past
+// the range: the nearest there is) stays.
+TEST(PQ, AdcScanMarksOverflow)
+{
+    const float big = std::numeric_limits<float>::max();
+    for (size_t m : {2, 4}) {  // the generic loop and a fixed-m kernel
+        SCOPED_TRACE(testing::Message() << "m=" << m);
+        std::vector<float> table(m * kPqCentroids, 1.0f);
+        table[0] = big;                      // code 0 of every sub-quantizer: big
+        table[1] = -std::numeric_limits<float>::infinity();
+        for (size_t j = 1; j < m; j++) {
+            table[j * kPqCentroids] = big;
+            table[j * kPqCentroids + 1] = std::numeric_limits<float>::infinity();
+        }
+        // Codes: all 0 (overflows to +inf), all 1 (-inf + inf: NaN), all 2 (finite).
+        std::vector<uint8_t> codes(3 * m);
+        for (size_t j = 0; j < m; j++) {
+            codes[j] = 0;
+            codes[m + j] = 1;
+            codes[2 * m + j] = 2;
+        }
+        std::vector<float> out(3);
+        adc_scan(codes.data(), 3, m, table.data(), m, 0.5f, out.data());
+        EXPECT_EQ(out[0], kOverflowDistance);
+        EXPECT_EQ(out[1], kOverflowDistance);
+        EXPECT_EQ(out[2], 0.5f + float(m));
+        // -inf alone stays -inf.
+        std::vector<float> neg(m * kPqCentroids, 0.0f);
+        neg[0] = -std::numeric_limits<float>::infinity();
+        std::vector<uint8_t> zero(m, 0);
+        float one = 0;
+        adc_scan(zero.data(), 1, m, neg.data(), m, 0.0f, &one);
+        EXPECT_EQ(one, -std::numeric_limits<float>::infinity());
+    }
+    EXPECT_EQ(rank_distance(std::nanf("")), kOverflowDistance);
+    EXPECT_EQ(rank_distance(std::numeric_limits<float>::infinity()), kOverflowDistance);
+    EXPECT_EQ(rank_distance(3.0f), 3.0f);
 }
