@@ -420,6 +420,7 @@ extern int64 GpuIvfpqFilterKeyOf(Relation index, Datum value, bool isnull);
 extern gpuivfpq::IvfPqModel *GpuIvfpqGetModel(Relation index, const GpuIvfpqMetaPageData *meta);
 
 /* ---- lists.cpp ---- */
+extern int64 GpuIvfpqEntriesBound(Relation index, const GpuIvfpqMetaPageData *meta);
 extern int64 GpuIvfpqRankLists(Relation index, const GpuIvfpqMetaPageData *meta,
 							   const GpuIvfpqListDirEntry *dir, gpuivfpq::IvfPqModel *model,
 							   const gpuivfpq::IvfPqQuery *prepared, int probes,

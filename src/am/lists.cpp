@@ -244,3 +244,18 @@ GpuIvfpqCollectList(Relation index, const GpuIvfpqMetaPageData *meta, BlockNumbe
 		pfree(dists);
 	return entries;
 }
+
+/*
+ * The most entries index can hold now: every block of it a full list page.
+ * No scan round and no batch search asks for more candidates than that, so
+ * their arrays stay within the index's size whatever gpu_ivfpq.rerank says.
+ */
+int64
+GpuIvfpqEntriesBound(Relation index, const GpuIvfpqMetaPageData *meta)
+{
+	GpuIvfpqEntryLayout el = GpuIvfpqLayoutOf(meta);
+	int64		entries = (int64) RelationGetNumberOfBlocks(index) * GpuIvfpqEntriesPerPage(&el);
+
+	/* Candidate counts are ints: keep clear of their range too. */
+	return Max(Min(entries, (int64) INT_MAX / 4), (int64) 1);
+}

@@ -477,26 +477,10 @@ FilteredProbes(IndexScanDesc scan, int64 matched)
 }
 
 /*
- * The most entries the index can hold now: every block of it a full list
- * page. No round asks for more candidates than that, so a round's arrays
- * stay within the index's size however its candidates grew.
- */
-static int64
-EntriesBound(IndexScanDesc scan)
-{
-	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
-	GpuIvfpqEntryLayout el = GpuIvfpqLayoutOf(&so->meta);
-	int64		entries = (int64) RelationGetNumberOfBlocks(scan->indexRelation) * GpuIvfpqEntriesPerPage(&el);
-
-	/* Candidate counts are ints: keep clear of their range too. */
-	return Max(Min(entries, (int64) INT_MAX / 4), (int64) 1);
-}
-
-/*
  * Produces the next batch of results. Round 1 probes gpu_ivfpq.probes lists
  * and re-ranks the gpu_ivfpq.rerank best ADC candidates. Each later round
  * doubles the probed lists and the candidates (never past the entries the
- * index can hold: EntriesBound), until gpu_ivfpq.max_scan_tuples
+ * index can hold: GpuIvfpqEntriesBound), until gpu_ivfpq.max_scan_tuples
  * candidates were re-ranked or a round ranked every entry of every list.
  * Every entry of the probed lists is a candidate, its ADC distance finite
  * or not (gpuivfpq::rank_distance), so a round asks for no more than what
@@ -540,7 +524,7 @@ NextBatch(IndexScanDesc scan)
 		else
 		{
 			int			lists = (int) so->meta.lists;
-			int64		bound = EntriesBound(scan);
+			int64		bound = GpuIvfpqEntriesBound(scan->indexRelation, &so->meta);
 			int			want;
 			instr_time	start,
 						end;

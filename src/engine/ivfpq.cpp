@@ -1,5 +1,6 @@
 // IVFADC model: training, residual encoding and the three-term ADC tables.
 #include "ivfpq.h"
+#include "interrupt.h"
 
 #include <algorithm>
 #include <cmath>
@@ -158,6 +159,7 @@ void IvfPqModel::encode(const float* x, size_t n, int32_t* list_ids, uint8_t* co
     parallel_for(ntiles, threads, [&](size_t t0, size_t t1) {
         std::vector<float> buf(kRows * d_), dist(kRows);
         for (size_t t = t0; t < t1; t++) {
+            check_interrupt();
             const size_t r0 = t * kRows, nr = std::min(kRows, n - r0);
             std::memcpy(buf.data(), x + r0 * d_, nr * d_ * sizeof(float));
             if (cosine)

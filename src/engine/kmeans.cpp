@@ -1,5 +1,6 @@
 // Lloyd k-means with GEMM assignment, seeded subsampling and empty-cluster splitting.
 #include "kmeans.h"
+#include "interrupt.h"
 
 #include <algorithm>
 #include <cmath>
@@ -75,6 +76,7 @@ void assign_nearest(const float* x, size_t n, const float* centroids, size_t k, 
         constexpr size_t kRows = 4096;
         parallel_for((n + kRows - 1) / kRows, threads, [&](size_t t0, size_t t1) {
             for (size_t t = t0; t < t1; t++) {
+                check_interrupt();
                 const size_t r0 = t * kRows, nr = std::min(kRows, n - r0);
                 detail::nearest_small(x + r0 * d, nr, d, cb, assign + r0);
                 for (size_t i = r0; i < r0 + nr; i++) {
@@ -102,6 +104,7 @@ void assign_nearest(const float* x, size_t n, const float* centroids, size_t k, 
     parallel_for(ntiles, threads, [&](size_t t0, size_t t1) {
         std::vector<float> block(rows * cb), best(rows);
         for (size_t t = t0; t < t1; t++) {
+            check_interrupt();
             const size_t r0 = t * rows, nr = std::min(rows, n - r0);
             const float* xt = x + r0 * d;
             for (size_t c0 = 0; c0 < k; c0 += cb) {
@@ -332,6 +335,7 @@ void kmeans_train(const float* x, size_t n, size_t d, size_t k, const KMeansPara
     std::vector<size_t> counts(k);
     bool perturbed = true;
     for (int it = 0; it < params.iterations; it++) {
+        check_interrupt();
         assign_nearest(data, ns, centroids, k, d, assign.data(), nullptr, params.threads);
         // Same assignment as last round and no split since: converged.
         if (!perturbed && assign == prev)

@@ -1,5 +1,6 @@
 // Product quantizer: per-slice k-means training, encoding, tables and ADC scans.
 #include "pq.h"
+#include "interrupt.h"
 
 #include <algorithm>
 #include <cstring>
@@ -71,6 +72,7 @@ void ProductQuantizer::encode(const float* x, size_t n, uint8_t* codes, int thre
         parallel_for(ntiles, threads, [&](size_t t0, size_t t1) {
             std::vector<int32_t> idx(kRows);
             for (size_t t = t0; t < t1; t++) {
+                check_interrupt();
                 const size_t r0 = t * kRows, nr = std::min(kRows, n - r0);
                 for (size_t j = 0; j < m_; j++) {
                     const float* cb = codebooks_.data() + j * kPqCentroids * dsub_;
@@ -95,6 +97,7 @@ void ProductQuantizer::encode(const float* x, size_t n, uint8_t* codes, int thre
     parallel_for(ntiles, threads, [&](size_t t0, size_t t1) {
         std::vector<float> block(kRows * kPqCentroids);
         for (size_t t = t0; t < t1; t++) {
+            check_interrupt();
             const size_t r0 = t * kRows, nr = std::min(kRows, n - r0);
             for (size_t j = 0; j < m_; j++) {
                 detail::gemm_nt(nr, kPqCentroids, dsub_, x + r0 * d_ + j * dsub_, d_,

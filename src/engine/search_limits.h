@@ -6,13 +6,7 @@
 #include <cfloat>
 #include <cstddef>
 
-#ifndef GPU_IVFPQ_HOST_DEVICE
-#ifdef __CUDACC__
-#define GPU_IVFPQ_HOST_DEVICE __host__ __device__
-#else
-#define GPU_IVFPQ_HOST_DEVICE
-#endif
-#endif
+#include "host_device.h"
 
 namespace gpuivfpq {
 

@@ -1,5 +1,6 @@
 // k-selection (bounded max-heap) and the exact brute-force k-NN built on it.
 #include "topk.h"
+#include "interrupt.h"
 
 #include <algorithm>
 #include <cmath>
@@ -96,6 +97,7 @@ void brute_force_knn(const float* queries, size_t nq, const float* base, size_t 
         std::vector<TopK> heaps(nqb, TopK(k));
 
         for (size_t b0 = 0; b0 < n; b0 += kB) {
+            check_interrupt();
             const size_t nbb = std::min(kB, n - b0);
             const float* bp = base + b0 * d;
             if (cosine) {

@@ -57,8 +57,10 @@ GpuIvfpqBatchBegin(GpuIvfpqBatchSearch *bs, Relation index, Relation heap, int d
 	bs->metric = GpuIvfpqMetricOf(index);
 	bs->dim = dim;
 	bs->k = k;
-	bs->want = want;
 	GpuIvfpqReadMeta(index, &bs->meta);
+	/* No more candidates than the index can hold, whatever gpu_ivfpq.rerank says. */
+	want = (int) Max((int64) k, Min((int64) want, GpuIvfpqEntriesBound(index, &bs->meta)));
+	bs->want = want;
 	if (bs->meta.dimensions != 0 && (uint32) dim != bs->meta.dimensions)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATA_EXCEPTION),

@@ -383,7 +383,16 @@ INSERT INTO one_row SELECT array_fill(1::real, ARRAY[2000]);
 SET maintenance_work_mem = '5MB';
 CREATE INDEX one_row_idx ON one_row USING gpu_ivfpq (v);
 RESET maintenance_work_mem;
+-- The largest rerank asks for no more candidates than the index can hold
+-- (no allocation of rerank x dimension floats).
+SET gpu_ivfpq.rerank = 1000000;
 SELECT query, rank, distance FROM gpu_ivfpq_knn_batch('one_row_idx', ARRAY[array_fill(1::real, ARRAY[2000])], 1);
+SET client_min_messages = warning;
+SELECT count(*) FROM gpu_ivfpq_knn_graph('one_row_idx', 1);
+RESET client_min_messages;
+SET enable_seqscan = off;
+SELECT v <-> array_fill(1::real, ARRAY[2000]) AS distance FROM one_row ORDER BY v <-> array_fill(1::real, ARRAY[2000]) LIMIT 1;
+RESET enable_seqscan;
 DROP TABLE one_row;
 RESET gpu_ivfpq.rerank;
 

@@ -317,23 +317,13 @@ SELECT sqlstate_of($$DROP EXTENSION vector$$) AS drop_vector;
 \i test/sql/plan_function.inc
 SELECT setseed(0.4);
 SET client_min_messages = warning;
-DO $$
-DECLARE
-	d int;
-BEGIN
-	FOREACH d IN ARRAY ARRAY[384, 768, 1536, 3072] LOOP
-		EXECUTE format('CREATE TABLE pcost_%1$s (id int, v vector(%1$s))', d);
-		EXECUTE format('INSERT INTO pcost_%1$s SELECT i, ARRAY(SELECT random()::real FROM generate_series(1, %1$s) WHERE i > 0) FROM generate_series(1, 5000) i', d);
-		EXECUTE format('CREATE INDEX pcost_%1$s_idx ON pcost_%1$s USING gpu_ivfpq (v vector_l2_ops) WITH (lists = 5)', d);
-		EXECUTE format('ANALYZE pcost_%s', d);
-	END LOOP;
-END $$;
+SELECT make_cost_tables('pcost', 'vector(%s)', 'v vector_l2_ops');
 RESET client_min_messages;
 SELECT d AS dimensions, plan_of(format('SELECT id FROM pcost_%s ORDER BY v <-> %L::vector LIMIT 10', d,
 	ARRAY(SELECT random()::real FROM generate_series(1, d))::vector)) AS plan
 FROM unnest(ARRAY[384, 768, 1536, 3072]) d;
 DROP TABLE pcost_384, pcost_768, pcost_1536, pcost_3072;
-DROP FUNCTION plan_of(text);
+DROP FUNCTION plan_of(text), make_cost_tables(text, text, text);
 
 -- The companion extension's objects.
 \dx+ gpu_ivfpq_pgvector

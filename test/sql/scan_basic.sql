@@ -374,17 +374,7 @@ DROP TABLE plan_t;
 \i test/sql/plan_function.inc
 SELECT setseed(0.4);
 SET client_min_messages = warning;
-DO $$
-DECLARE
-	d int;
-BEGIN
-	FOREACH d IN ARRAY ARRAY[384, 768, 1536, 3072] LOOP
-		EXECUTE format('CREATE TABLE cost_%s (id int, v real[])', d);
-		EXECUTE format('INSERT INTO cost_%1$s SELECT i, ARRAY(SELECT random()::real FROM generate_series(1, %1$s) WHERE i > 0) FROM generate_series(1, 5000) i', d);
-		EXECUTE format('CREATE INDEX cost_%1$s_idx ON cost_%1$s USING gpu_ivfpq (v) WITH (lists = 5)', d);
-		EXECUTE format('ANALYZE cost_%s', d);
-	END LOOP;
-END $$;
+SELECT make_cost_tables('cost', 'real[]', 'v');
 RESET client_min_messages;
 SELECT d AS dimensions, plan_of(format('SELECT id FROM cost_%s ORDER BY v <-> %L::real[] LIMIT 10', d,
 	ARRAY(SELECT random()::real FROM generate_series(1, d)))) AS plan
@@ -410,7 +400,7 @@ SELECT t AS "table", plan_of(format('SELECT id FROM %I ORDER BY v <-> %L::real[]
 	ARRAY(SELECT random()::real FROM generate_series(1, 16)))) AS plan
 FROM unnest(ARRAY['cost_small', 'cost_untrained']) t;
 DROP TABLE cost_small, cost_untrained;
-DROP FUNCTION plan_of(text);
+DROP FUNCTION plan_of(text), make_cost_tables(text, text, text);
 
 DROP FUNCTION in_order(text, real[]);
 DROP TABLE s, q;

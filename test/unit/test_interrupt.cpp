@@ -1,4 +1,4 @@
-// The host's interrupt poll (interrupt.h) stops the metric engine's loops:
+// The host's interrupt poll (interrupt.h) stops the engine's loops:
 // List of Clusters and SSS builds on several threads, their searches and
 // inserts, brute force and batches throw Interrupted soon after the poll
 // says so, on every thread, and leave an index as it was.
@@ -11,6 +11,8 @@
 
 #include "engine/error.h"
 #include "engine/interrupt.h"
+#include "engine/ivfpq.h"
+#include "engine/topk.h"
 #include "engine/metric/lc_index.h"
 #include "engine/metric/metric_index.h"
 #include "engine/metric/sss_index.h"
@@ -146,4 +148,54 @@ TEST(Interrupt, InsertsStopAndAddNothing)
     // Without the stop, the same inserts go in.
     EXPECT_EQ(lc.insert(metricwords::view(w)), list.size());
     EXPECT_EQ(sss.insert(metricwords::view(w)), list.size());
+}
+
+// The IVF-PQ engine's long loops poll too: training (k-means of the coarse
+// quantizer and of each sub-quantizer, on several threads), encoding and
+// brute force stop soon after the poll says so.
+namespace {
+
+std::vector<float> ivf_points(size_t n, size_t d)
+{
+    std::vector<float> x(n * d);
+    uint64_t s = 12345;
+    for (float& v : x) {
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        v = float((s >> 40) % 1000) / 1000.0f;
+    }
+    return x;
+}
+
+}  // namespace
+
+TEST(Interrupt, IvfPqTrainingEncodingAndBruteForceStop)
+{
+    const size_t n = 4000, d = 32, lists = 16, m = 8;
+    const std::vector<float> x = ivf_points(n, d);
+    IvfPqTrainParams params;
+    params.threads = 2;
+    for (uint64_t stop_at : {1, 5}) {
+        SCOPED_TRACE(stop_at);
+        expect_interrupted(
+            [&] {
+                IvfPqModel model(d, lists, m, Metric::L2);
+                model.train(x.data(), n, params);
+            },
+            stop_at, params.threads);
+    }
+
+    IvfPqModel model(d, lists, m, Metric::L2);
+    {
+        PollScope never(0);
+        model.train(x.data(), n, params);
+    }
+    std::vector<int32_t> ids(n);
+    std::vector<uint8_t> codes(n * m);
+    expect_interrupted([&] { model.encode(x.data(), n, ids.data(), codes.data(), nullptr, 2); }, 1, 2);
+
+    std::vector<float> dist(10);
+    std::vector<int64_t> labels(10);
+    expect_interrupted(
+        [&] { brute_force_knn(x.data(), 1, x.data(), n, d, Metric::L2, 10, dist.data(), labels.data()); }, 1,
+        1);
 }
