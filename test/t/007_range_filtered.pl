@@ -123,7 +123,7 @@ my %filters = ('50%' => 'label < 5', '5%' => 'label = 3 AND id % 2 = 0', '0.5%' 
 # here (20 queries): defaults 0.860 / 0.785 / 0.875 for 50% / 5% / 0.5%;
 # probes 16, rerank 400: 0.945 / 0.880 / 0.855. Filtered recall stays below
 # the unfiltered one because a continued scan orders rows within each round,
-# not across rounds (README, "How results are ordered").
+# not across rounds (docs/scans.md, "How results are ordered").
 my @settings = ([10, 100, 0.7], [16, 400, 0.8]);
 for my $sel ('50%', '5%', '0.5%')
 {
