@@ -27,7 +27,7 @@
 #
 # Code style: PostgreSQL-side C++ (src/am, src/metric, src/common, src/functions,
 # src/service) follows pgindent with the typedefs in src/typedefs.list
-# (`make pgindent`); src/engine, src/service/device and gpu/ follow
+# (`make pgindent`); src/engine, src/gpu_process and gpu/ follow
 # .clang-format.
 # gpu_ivfpq_pgvector: the operator classes and search function overloads
 # for pgvector's vector and halfvec types, a companion extension (it
@@ -47,8 +47,8 @@ ENGINE_SRCS = $(sort $(wildcard src/engine/*.cpp src/engine/metric/*.cpp))
 # cuda_device.cpp needs the kernels' headers (only with GPU_IVFPQ_CUDA_LIB);
 # gpu_process_main.cpp is the GPU process's main(): both go into the GPU
 # process program only.
-GPU_PROCESS_ONLY = src/service/device/cuda_device.cpp src/service/device/gpu_process_main.cpp
-DEVICE_SRCS = $(sort $(filter-out $(GPU_PROCESS_ONLY),$(wildcard src/service/device/*.cpp)))
+GPU_PROCESS_ONLY = src/gpu_process/cuda_device.cpp src/gpu_process/gpu_process_main.cpp
+DEVICE_SRCS = $(sort $(filter-out $(GPU_PROCESS_ONLY),$(wildcard src/gpu_process/*.cpp)))
 PG_SRCS = $(sort $(wildcard src/common/*.cpp src/am/*.cpp src/metric/*.cpp src/functions/*.cpp src/service/*.cpp))
 
 # Core objects: the PostgreSQL-free engine and device layer. The extension
@@ -80,9 +80,9 @@ PROVE_TESTS = test/t/*.pl
 # (installed beside the extension's library), so that a fault in CUDA code
 # or the driver never ends a process attached to PostgreSQL's shared memory.
 GPU_PROCESS = src/gpu_ivfpq_gpu_process
-GPU_PROCESS_OBJS = src/service/device/gpu_process_main.o
+GPU_PROCESS_OBJS = src/gpu_process/gpu_process_main.o
 
-EXTRA_CLEAN = $(CORE_LIB) $(GPU_PROCESS) $(GPU_PROCESS_OBJS) src/service/device/cuda_device.o \
+EXTRA_CLEAN = $(CORE_LIB) $(GPU_PROCESS) $(GPU_PROCESS_OBJS) src/gpu_process/cuda_device.o \
 	src/.flags-core src/.flags-pg gpu/.flags-cuda gpu/obj gpu/libgpu_ivfpq_gpu.a
 
 # Debian's PGXS expects clang for LLVM bitcode; the extension needs no JIT.
@@ -141,7 +141,7 @@ GPU_IVFPQ_CUDA_LIB = $(GPU_CUDA_OWN_LIB)
 endif
 endif
 ifneq ($(GPU_IVFPQ_CUDA_LIB),)
-GPU_PROCESS_OBJS += src/service/device/cuda_device.o
+GPU_PROCESS_OBJS += src/gpu_process/cuda_device.o
 GPU_PROCESS_LIBS = $(abspath $(GPU_IVFPQ_CUDA_LIB)) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart
 endif
 PG_CXXFLAGS = -Wno-register
@@ -209,7 +209,7 @@ cuda-info:
 # ------------------------------------------------------------------ rebuilds
 # Headers are few and shared: rebuild every object when one changes.
 $(OBJS) $(GPU_PROCESS_OBJS): $(wildcard src/*/*.h src/*/*/*.h)
-src/service/device/cuda_device.o: $(wildcard gpu/include/*/*.h)
+src/gpu_process/cuda_device.o: $(wildcard gpu/include/*/*.h)
 
 # Make does not notice changed flags (a build with GPU_IVFPQ_CUDA_LIB after
 # one without, another PG_CONFIG, CXXFLAGS on the command line): each group

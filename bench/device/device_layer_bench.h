@@ -10,8 +10,8 @@
 #include <memory>
 #include <vector>
 
-#include "service/device/cuda_device.h"
-#include "service/device/device_set.h"
+#include "gpu_process/cuda_device.h"
+#include "gpu_process/device_set.h"
 
 namespace gpuivfpq::bench {
 

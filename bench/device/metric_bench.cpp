@@ -37,10 +37,10 @@
 #include "engine/metric/lc_index.h"
 #include "engine/metric/metric_index.h"
 #include "engine/metric/sss_index.h"
-#include "service/device/cuda_device.h"
-#include "service/device/device_set.h"
-#include "service/device/metric_mirror.h"
-#include "service/device/placed_metric_mirror.h"
+#include "gpu_process/cuda_device.h"
+#include "gpu_process/device_set.h"
+#include "gpu_process/metric_mirror.h"
+#include "gpu_process/placed_metric_mirror.h"
 #include "device_layer_bench.h"
 
 using namespace gpuivfpq;

@@ -16,9 +16,9 @@
 
 #include "engine/error.h"
 #include "engine/exact_distance.h"
-#include "service/device/cuda_device.h"
-#include "service/device/device_set.h"
-#include "service/device/mirror_store.h"
+#include "gpu_process/cuda_device.h"
+#include "gpu_process/device_set.h"
+#include "gpu_process/mirror_store.h"
 #include "../../tools/common.h"
 #include "device_layer_bench.h"
 

@@ -4,7 +4,7 @@
 // brute-force search. Whenever the service cannot, the caller goes on with
 // the CPU engine.
 #include "common/guard.h"
-#include "service/device/reply_checks.h"
+#include "gpu_process/reply_checks.h"
 #include "service/shmem.h"
 
 extern "C" {

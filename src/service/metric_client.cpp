@@ -13,7 +13,7 @@
 #include "common/guard.h"
 #include "engine/metric/lc_index.h"
 #include "engine/metric/sss_index.h"
-#include "service/device/reply_checks.h"
+#include "gpu_process/reply_checks.h"
 #include "service/shmem.h"
 
 extern "C" {

@@ -2,7 +2,7 @@
 // queries, and loading an index's mirror from its pages (also
 // gpu_ivfpq_prewarm). Every path returns "not served" so the caller can run
 // the CPU engine, unless gpu_ivfpq.device = gpu asks for an error.
-#include "service/device/reply_checks.h"
+#include "gpu_process/reply_checks.h"
 #include "service/shmem.h"
 
 extern "C" {

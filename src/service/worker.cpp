@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "engine/error.h"
-#include "service/device/gpu_process_client.h"
-#include "service/device/reply_checks.h"
+#include "gpu_process/gpu_process_client.h"
+#include "gpu_process/reply_checks.h"
 #include "common/guard.h"
 #include "service/shmem.h"
 

@@ -18,10 +18,10 @@
 #include <string>
 #include <thread>
 
-#include "service/device/compute_device.h"
-#include "service/device/gpu_process_client.h"
-#include "service/device/gpu_process_protocol.h"
-#include "service/device/gpu_process_server.h"
+#include "gpu_process/compute_device.h"
+#include "gpu_process/gpu_process_client.h"
+#include "gpu_process/gpu_process_protocol.h"
+#include "gpu_process/gpu_process_server.h"
 
 namespace gpuivfpq {
 namespace gpuproc {

@@ -8,7 +8,7 @@
 #include "engine/metric/lc_index.h"
 #include "engine/metric/metric_index.h"
 #include "engine/metric/sss_index.h"
-#include "service/device/metric_mirror.h"
+#include "gpu_process/metric_mirror.h"
 
 namespace metricspec {
 

@@ -12,7 +12,7 @@
 
 #include "engine/error.h"
 #include "engine/ivfpq.h"
-#include "service/device/compute_device.h"
+#include "gpu_process/compute_device.h"
 #include "test_util.h"
 
 namespace testutil {

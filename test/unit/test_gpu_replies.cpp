@@ -37,9 +37,9 @@
 #include "metric_spec.h"
 #include "metric_words.h"
 #include "mirror_fixture.h"
-#include "service/device/gpu_process_client.h"
-#include "service/device/gpu_process_protocol.h"
-#include "service/device/reply_checks.h"
+#include "gpu_process/gpu_process_client.h"
+#include "gpu_process/gpu_process_protocol.h"
+#include "gpu_process/reply_checks.h"
 #include "test_util.h"
 
 namespace gpuivfpq {

@@ -16,11 +16,11 @@
 #include "engine/metric/sss_index.h"
 #include "metric_spec.h"
 #include "metric_words.h"
-#include "service/device/compute_device.h"
-#include "service/device/device_set.h"
-#include "service/device/metric_mirror.h"
-#include "service/device/mirror_store.h"
-#include "service/device/placed_metric_mirror.h"
+#include "gpu_process/compute_device.h"
+#include "gpu_process/device_set.h"
+#include "gpu_process/metric_mirror.h"
+#include "gpu_process/mirror_store.h"
+#include "gpu_process/placed_metric_mirror.h"
 #include "test_util.h"
 
 using namespace gpuivfpq;

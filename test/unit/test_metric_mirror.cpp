@@ -1,4 +1,4 @@
-// Metric mirrors (service/device/metric_mirror.h) on the CPU emulation
+// Metric mirrors (gpu_process/metric_mirror.h) on the CPU emulation
 // against the engine's indexes built directly: the same answers as labels,
 // through inserts at the engine's placements and removals by label, on one
 // device and spread over several (placed_metric_mirror.h); the refusals of
@@ -21,10 +21,10 @@
 #include "engine/metric/sss_index.h"
 #include "metric_spec.h"
 #include "metric_words.h"
-#include "service/device/compute_device.h"
-#include "service/device/device_set.h"
-#include "service/device/metric_mirror.h"
-#include "service/device/placed_metric_mirror.h"
+#include "gpu_process/compute_device.h"
+#include "gpu_process/device_set.h"
+#include "gpu_process/metric_mirror.h"
+#include "gpu_process/placed_metric_mirror.h"
 #include "test_util.h"
 
 using namespace gpuivfpq;

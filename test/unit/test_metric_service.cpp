@@ -18,7 +18,7 @@
 #include "gpu_process_channel.h"
 #include "metric_spec.h"
 #include "metric_words.h"
-#include "service/device/device_set.h"
+#include "gpu_process/device_set.h"
 #include "test_util.h"
 
 namespace gpuivfpq {

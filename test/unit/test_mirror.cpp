@@ -11,7 +11,7 @@
 #include "engine/ivfpq.h"
 #include "engine/search_limits.h"
 #include "engine/topk.h"
-#include "service/device/mirror_store.h"
+#include "gpu_process/mirror_store.h"
 #include "mirror_fixture.h"
 
 namespace gpuivfpq {

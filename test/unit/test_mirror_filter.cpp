@@ -34,11 +34,11 @@
 
 #include "engine/error.h"
 #include "engine/ivfpq.h"
-#include "service/device/compute_device.h"
-#include "service/device/gpu_process_client.h"
-#include "service/device/gpu_process_protocol.h"
-#include "service/device/gpu_process_server.h"
-#include "service/device/mirror_store.h"
+#include "gpu_process/compute_device.h"
+#include "gpu_process/gpu_process_client.h"
+#include "gpu_process/gpu_process_protocol.h"
+#include "gpu_process/gpu_process_server.h"
+#include "gpu_process/mirror_store.h"
 #include "mirror_fixture.h"
 #include "test_util.h"
 

@@ -24,8 +24,8 @@
 #include "engine/exact_distance.h"
 #include "engine/ivfpq.h"
 #include "engine/search_limits.h"
-#include "service/device/compute_device.h"
-#include "service/device/mirror_store.h"
+#include "gpu_process/compute_device.h"
+#include "gpu_process/mirror_store.h"
 #include "mirror_fixture.h"
 #include "test_util.h"
 

@@ -17,11 +17,11 @@
 #include <vector>
 
 #include "engine/error.h"
-#include "service/device/compute_device.h"
-#include "service/device/device_set.h"
-#include "service/device/mirror_store.h"
-#include "service/device/placed_mirror.h"
-#include "service/device/shard_merge.h"
+#include "gpu_process/compute_device.h"
+#include "gpu_process/device_set.h"
+#include "gpu_process/mirror_store.h"
+#include "gpu_process/placed_mirror.h"
+#include "gpu_process/shard_merge.h"
 #include "mirror_fixture.h"
 #include "test_util.h"
 

@@ -13,10 +13,10 @@
 #include <tuple>
 #include <vector>
 
-#include "service/device/compute_device.h"
-#include "service/device/device_set.h"
-#include "service/device/placed_metric_mirror.h"
-#include "service/device/placed_mirror.h"
+#include "gpu_process/compute_device.h"
+#include "gpu_process/device_set.h"
+#include "gpu_process/placed_metric_mirror.h"
+#include "gpu_process/placed_mirror.h"
 
 namespace gpuivfpq {
 

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "service/device/compute_device.h"
+#include "gpu_process/compute_device.h"
 
 namespace gpuivfpq {
 

@@ -1,5 +1,5 @@
 // Replicas and shards of one index's mirror.
-#include "service/device/placed_mirror.h"
+#include "gpu_process/placed_mirror.h"
 
 #include <algorithm>
 #include <functional>

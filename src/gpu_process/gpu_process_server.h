@@ -5,9 +5,9 @@
 
 #include <string>
 
-#include "service/device/compute_device.h"
-#include "service/device/device_set.h"
-#include "service/device/gpu_process_protocol.h"
+#include "gpu_process/compute_device.h"
+#include "gpu_process/device_set.h"
+#include "gpu_process/gpu_process_protocol.h"
 
 namespace gpuivfpq {
 namespace gpuproc {

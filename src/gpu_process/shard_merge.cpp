@@ -1,5 +1,5 @@
 // Shard assignment and the merge of shards' partial top-k.
-#include "service/device/shard_merge.h"
+#include "gpu_process/shard_merge.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,13 +1,13 @@
 // A metric index's mirror spread over several devices (1-stage: every part
 // searches every query) and the merge of the parts' answers.
-#include "service/device/placed_metric_mirror.h"
+#include "gpu_process/placed_metric_mirror.h"
 
 #include <algorithm>
 #include <functional>
 #include <string>
 
 #include "engine/error.h"
-#include "service/device/shard_merge.h"
+#include "gpu_process/shard_merge.h"
 
 namespace gpuivfpq {
 

@@ -1,5 +1,5 @@
 // The GPU process's devices: locks, budgets, counters, health.
-#include "service/device/device_set.h"
+#include "gpu_process/device_set.h"
 
 #include <algorithm>
 #include <chrono>

@@ -5,7 +5,7 @@
 #include <memory>
 #include <vector>
 
-#include "service/device/cuda_device.h"
+#include "gpu_process/cuda_device.h"
 #include "engine/error.h"
 #include "gpu_ivfpq/device_buffer.h"
 #include "gpu_ivfpq/exact_search.h"

@@ -16,9 +16,9 @@
 #include <memory>
 #include <vector>
 
-#include "service/device/compute_device.h"
-#include "service/device/device_set.h"
-#include "service/device/shard_merge.h"
+#include "gpu_process/compute_device.h"
+#include "gpu_process/device_set.h"
+#include "gpu_process/shard_merge.h"
 
 namespace gpuivfpq {
 

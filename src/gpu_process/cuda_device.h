@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "service/device/compute_device.h"
+#include "gpu_process/compute_device.h"
 
 namespace gpuivfpq {
 

@@ -12,7 +12,7 @@
 #include "engine/exact_distance.h"
 #include "engine/search_limits.h"
 #include "engine/topk.h"
-#include "service/device/compute_device.h"
+#include "gpu_process/compute_device.h"
 
 namespace gpuivfpq {
 namespace {

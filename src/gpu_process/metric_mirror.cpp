@@ -1,7 +1,7 @@
 // MetricMirror's common part (labels, ids, removed flags, the checks of
 // adds and removals) and the CPU emulation's mirror, an engine index
 // restored from the stored state.
-#include "service/device/metric_mirror.h"
+#include "gpu_process/metric_mirror.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -10,7 +10,7 @@
 
 #include "engine/error.h"
 #include "engine/metric/sss_index.h"
-#include "service/device/compute_device.h"
+#include "gpu_process/compute_device.h"
 
 namespace gpuivfpq {
 

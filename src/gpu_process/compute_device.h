@@ -17,7 +17,7 @@
 #include "engine/distances.h"
 #include "engine/ivfpq.h"
 #include "engine/search_limits.h"
-#include "service/device/metric_mirror.h"
+#include "gpu_process/metric_mirror.h"
 
 namespace gpuivfpq {
 

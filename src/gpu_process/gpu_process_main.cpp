@@ -22,10 +22,10 @@
 #include <memory>
 #include <vector>
 
-#include "service/device/compute_device.h"
-#include "service/device/gpu_process_server.h"
+#include "gpu_process/compute_device.h"
+#include "gpu_process/gpu_process_server.h"
 #ifdef GPU_IVFPQ_WITH_CUDA
-#include "service/device/cuda_device.h"
+#include "gpu_process/cuda_device.h"
 #endif
 
 using namespace gpuivfpq;

@@ -22,8 +22,8 @@
 #include <memory>
 #include <vector>
 
-#include "service/device/device_set.h"
-#include "service/device/metric_mirror.h"
+#include "gpu_process/device_set.h"
+#include "gpu_process/metric_mirror.h"
 
 namespace gpuivfpq {
 

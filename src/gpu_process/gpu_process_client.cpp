@@ -1,5 +1,5 @@
 // Starting, calling and supervising the GPU process (see the header).
-#include "service/device/gpu_process_client.h"
+#include "gpu_process/gpu_process_client.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "engine/error.h"
-#include "service/device/reply_checks.h"
+#include "gpu_process/reply_checks.h"
 
 extern char** environ;
 

@@ -2,7 +2,7 @@
 // size each request states, checks every region against it and against
 // the sizes the request's arguments imply, and answers every request with
 // a status (device errors never end the loop, except an unusable device).
-#include "service/device/gpu_process_server.h"
+#include "gpu_process/gpu_process_server.h"
 
 #include <poll.h>
 #include <pthread.h>

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "engine/error.h"
-#include "service/device/gpu_process_protocol.h"
+#include "gpu_process/gpu_process_protocol.h"
 
 namespace gpuivfpq {
 namespace gpuproc {

@@ -1,6 +1,6 @@
 // Mirror bookkeeping of the GPU service: placement, budgets, LRU eviction,
 // versions.
-#include "service/device/mirror_store.h"
+#include "gpu_process/mirror_store.h"
 
 #include <algorithm>
 

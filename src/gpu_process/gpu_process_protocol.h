@@ -14,7 +14,7 @@
 #include <cstdint>
 
 #include "engine/error.h"
-#include "service/device/mirror_store.h"
+#include "gpu_process/mirror_store.h"
 
 namespace gpuivfpq {
 namespace gpuproc {
