@@ -37,8 +37,8 @@ EXTENSION = gpu_ivfpq gpu_ivfpq_pgvector
 MODULE_big = gpu_ivfpq
 # Fresh installs run gpu_ivfpq--<version>.sql; older versions are updated by
 # the gpu_ivfpq--<from>--<to>.sql scripts (ALTER EXTENSION gpu_ivfpq UPDATE).
-DATA = sql/gpu_ivfpq--0.1.0.sql sql/gpu_ivfpq--0.2.0.sql sql/gpu_ivfpq--0.3.0.sql \
-	sql/gpu_ivfpq--0.1.0--0.2.0.sql sql/gpu_ivfpq--0.2.0--0.3.0.sql \
+DATA = sql/gpu_ivfpq--0.1.0.sql sql/gpu_ivfpq--0.2.0.sql sql/gpu_ivfpq--0.3.0.sql sql/gpu_ivfpq--0.4.0.sql \
+	sql/gpu_ivfpq--0.1.0--0.2.0.sql sql/gpu_ivfpq--0.2.0--0.3.0.sql sql/gpu_ivfpq--0.3.0--0.4.0.sql \
 	sql/gpu_ivfpq_pgvector--0.2.0.sql
 
 # The layers, one folder each: the access method, the SQL functions, the GPU

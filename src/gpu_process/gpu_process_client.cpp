@@ -1,5 +1,6 @@
 // Starting, calling and supervising the GPU process (see the header).
 #include "gpu_process/gpu_process_client.h"
+#include "gpu_process/query_queue.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -237,7 +238,7 @@ GpuProcess::GpuProcess(int sock, int exchange_fd, StopCheck stop) : GpuProcess(s
 
 std::unique_ptr<GpuProcess> GpuProcess::start(const std::string& program, const std::string& title,
                                               bool emulate, StopCheck stop, double start_timeout_s,
-                                              const std::vector<std::string>& extra)
+                                              const std::vector<std::string>& extra, int queue_fd)
 {
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
@@ -267,6 +268,8 @@ std::unique_ptr<GpuProcess> GpuProcess::start(const std::string& program, const 
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, theirs, kSocketFd);
     posix_spawn_file_actions_adddup2(&fa, mfd, kExchangeFd);
+    if (queue_fd >= 0)
+        posix_spawn_file_actions_adddup2(&fa, queue_fd, queue::kQueueFd);
     posix_spawnattr_init(&attr);
     posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSID);
     posix_spawnattr_setsigmask(&attr, &none);
@@ -379,6 +382,16 @@ void GpuProcess::check_reply(const char* why)
 {
     if (why != nullptr)
         lost(std::string("sent a malformed reply (") + why + ")", true);
+}
+
+void GpuProcess::kill_hung(const std::string& what)
+{
+    if (!alive_)
+        return;
+    alive_ = false;
+    bool had_process = pid_ > 0;
+    (void)reap(true);
+    cause_ = what + (had_process ? " and was killed" : "");
 }
 
 bool GpuProcess::check_exit()

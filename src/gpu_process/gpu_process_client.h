@@ -55,9 +55,11 @@ public:
     // Starts program (argv[0] shown as title) with --emulate or --cuda and
     // the extra arguments (the devices to open), and waits for its
     // announcement. Throws StartError.
+    // queue_fd (not -1): the direct path's segment, which the process finds
+    // on queue::kQueueFd.
     static std::unique_ptr<GpuProcess> start(const std::string& program, const std::string& title,
                                              bool emulate, StopCheck stop, double start_timeout_s,
-                                             const std::vector<std::string>& extra = {});
+                                             const std::vector<std::string>& extra = {}, int queue_fd = -1);
     // Over an existing channel whose server runs elsewhere (a thread in the
     // unit tests): no process to reap or kill. Reads the announcement.
     GpuProcess(int sock, int exchange_fd, StopCheck stop);
@@ -84,6 +86,9 @@ public:
     }
     // Without blocking: has the process died while idle? (Reaps it.)
     bool check_exit();
+    // Kills and reaps a process that stopped answering (what: how it
+    // failed, the start of cause()); afterwards alive() is false.
+    void kill_hung(const std::string& what);
     // Search answers whose labels fail check are malformed (null: any
     // label from 0 on passes).
     void set_label_check(LabelCheck check) { label_check_ = check; }

@@ -11,6 +11,7 @@
 // it sees), or those --devices names; devices that fail to open are left
 // out, logged on stderr, as long as one opens.
 #include <dirent.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -24,6 +25,7 @@
 
 #include "gpu_process/compute_device.h"
 #include "gpu_process/gpu_process_server.h"
+#include "gpu_process/query_queue.h"
 #ifdef GPU_IVFPQ_WITH_CUDA
 #include "gpu_process/cuda_device.h"
 #endif
@@ -33,15 +35,15 @@ using namespace gpuivfpq::gpuproc;
 
 namespace {
 
-// Closes every descriptor but the channel: the service's files, sockets
-// and pipes are none of this process's business.
+// Closes every descriptor but the channel and the direct path's segment:
+// the service's files, sockets and pipes are none of this process's business.
 void close_inherited_fds()
 {
     std::vector<int> fds;
     if (DIR* dir = opendir("/proc/self/fd")) {
         while (struct dirent* e = readdir(dir)) {
             int fd = std::atoi(e->d_name);
-            if (e->d_name[0] != '.' && fd > kExchangeFd && fd != dirfd(dir))
+            if (e->d_name[0] != '.' && fd > kExchangeFd && fd != queue::kQueueFd && fd != dirfd(dir))
                 fds.push_back(fd);
         }
         closedir(dir);
@@ -178,5 +180,8 @@ int main(int argc, char** argv)
         return 1;
     }
     announce(kSocketFd, *set, kind);
-    return serve(kSocketFd, kExchangeFd, *set);
+    // The direct path's segment, when the service passed one.
+    struct stat st;
+    int queue_fd = fstat(queue::kQueueFd, &st) == 0 ? queue::kQueueFd : -1;
+    return serve(kSocketFd, kExchangeFd, *set, queue_fd);
 }

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "gpu_process/query_server.h"
 
 namespace gpuivfpq {
 namespace gpuproc {
@@ -166,16 +167,6 @@ std::function<void()> prepare_search(const Request& q, Reply& rep, MirrorStore& 
     uint64_t n = q.n, d = q.d, k = q.k, nprobe = q.nprobe;
     bool brute = q.brute != 0;
     return [=, &rep]() {
-        // Tiles keep the device's scratch space bounded for batch searches.
-        const uint64_t tile = 4096;
-        auto ranges_at = [&](uint64_t i, KeyRanges& r) -> const KeyRanges* {
-            if (key_lo == nullptr)
-                return nullptr;
-            r.lo = key_lo + i;
-            r.hi = key_hi + i;
-            r.matched = matched + i;
-            return &r;
-        };
         if (brute) {
             // Brute force needs the vectors; a mirror without them says so
             // (value[0] 0). One call for all queries: the device gathers the
@@ -184,22 +175,45 @@ std::function<void()> prepare_search(const Request& q, Reply& rep, MirrorStore& 
                 mirror->brute_force(queries, n, k, exact, labels);
                 rep.value[0] = 1;
             }
-        } else if (mirror->has_vectors()) {
-            // One call: the placed mirror splits the batch over its replicas
-            // (or shards) and runs each share in tiles of bounded scratch.
-            KeyRanges r;
-            mirror->search_exact(queries, n, k, nprobe, exact, labels, ranges_at(0, r));
+        } else if (run_search(*mirror, queries, n, d, k, nprobe, key_lo, key_hi, matched, labels, exact)) {
             rep.value[0] = 1;
-        } else {
-            std::vector<float> dist(mul(std::min(tile, n), k));
-            for (uint64_t i = 0; i < n; i += tile) {
-                uint64_t nq = std::min(tile, n - i);
-                KeyRanges r;
-                mirror->search(queries + i * d, nq, k, nprobe, dist.data(), labels + i * k, ranges_at(i, r));
-            }
         }
     };
 }
+
+}  // namespace
+
+bool run_search(Mirror& mirror, const float* queries, uint64_t n, uint64_t d, uint64_t k, uint64_t nprobe,
+                const int64_t* key_lo, const int64_t* key_hi, int64_t* matched, int64_t* labels, double* exact)
+{
+    // Tiles keep the device's scratch space bounded for batch searches.
+    const uint64_t tile = 4096;
+    auto ranges_at = [&](uint64_t i, KeyRanges& r) -> const KeyRanges* {
+        if (key_lo == nullptr)
+            return nullptr;
+        r.lo = key_lo + i;
+        r.hi = key_hi + i;
+        r.matched = matched + i;
+        return &r;
+    };
+    if (mirror.has_vectors()) {
+        // One call: the placed mirror splits the batch over its replicas
+        // (or shards) and runs each share in tiles of bounded scratch.
+        KeyRanges r;
+        mirror.search_exact(queries, n, k, nprobe, exact, labels, ranges_at(0, r));
+        return true;
+    }
+    std::vector<float> dist(mul(std::min(tile, n), k));
+    for (uint64_t i = 0; i < n; i += tile) {
+        uint64_t nq = std::min(tile, n - i);
+        KeyRanges r;
+        mirror.search(queries + i * d, nq, k, nprobe, dist.data(), labels + i * k, ranges_at(i, r));
+    }
+    return false;
+}
+
+namespace {
+
 // Words of a request: n of them, offsets (n + 1) nondecreasing from 0 and
 // within the cps code points of the code points region.
 MetricWords words_of(const Exchange& x, const Region& cps_region, const Region& offsets_region, uint64_t n,
@@ -567,16 +581,63 @@ void announce(int sock, const DeviceSet& devices, Kind kind)
     (void)send_reply(sock, rep);
 }
 
-int serve(int sock, int exchange_fd, ComputeDevice& dev)
+int serve(int sock, int exchange_fd, ComputeDevice& dev, int queue_fd)
 {
     DeviceSet one(dev);
-    return serve(sock, exchange_fd, one);
+    return serve(sock, exchange_fd, one, queue_fd);
 }
 
-int serve(int sock, int exchange_fd, DeviceSet& devices)
+namespace {
+
+// The direct path's segment, mapped for the life of the process.
+class QueueMapping {
+public:
+    explicit QueueMapping(int fd)
+    {
+        struct stat st;
+        if (fd < 0 || fstat(fd, &st) != 0 || st.st_size <= 0)
+            return;
+        void* p = mmap(nullptr, size_t(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED)
+            return;
+        base_ = p;
+        bytes_ = size_t(st.st_size);
+        queue_ = queue::Queue::attach(base_, bytes_);
+    }
+    ~QueueMapping()
+    {
+        if (base_ != nullptr)
+            munmap(base_, bytes_);
+    }
+    const queue::Queue& queue() const { return queue_; }
+
+private:
+    void* base_ = nullptr;
+    size_t bytes_ = 0;
+    queue::Queue queue_;
+};
+
+[[noreturn]] void device_failed_exit()
+{
+    // No device works any more: the service restarts the process and
+    // answers the searches it leaves (the queue's Gone).
+    _exit(kExitDeviceFailed);
+}
+
+}  // namespace
+
+int serve(int sock, int exchange_fd, DeviceSet& devices, int queue_fd)
 {
     MirrorStore store(devices);
     Exchange exchange(exchange_fd, devices.device(0));
+    // Every use of the store and the devices holds it: the request loop,
+    // the pool's searches and the direct path's server take turns.
+    std::mutex device_mutex;
+    QueueMapping queue_mapping(queue_fd);
+    std::unique_ptr<QueryServer> queries;
+    if (queue_mapping.queue().ok())
+        queries = std::make_unique<QueryServer>(queue_mapping.queue(), store, devices, device_mutex,
+                                                device_failed_exit);
     // One device: every request in turn, on this thread. Several: searches
     // on the pool, answered in order (pool declared last: it ends first).
     std::unique_ptr<SearchPool> pool;
@@ -647,8 +708,15 @@ int serve(int sock, int exchange_fd, DeviceSet& devices)
         }
         if (pool && q.op == Op::Search && q.exchange_bytes == exchange.size()) {
             // Checked and bound here, run on the pool.
-            run_request(rep, [&] { job->work = prepare_search(q, rep, store, exchange); });
+            run_request(rep, [&] {
+                std::lock_guard<std::mutex> lock(device_mutex);
+                job->work = prepare_search(q, rep, store, exchange);
+            });
             if (job->work) {
+                job->work = [work = std::move(job->work), &device_mutex] {
+                    std::lock_guard<std::mutex> lock(device_mutex);
+                    work();
+                };
                 pool->submit(job);
                 continue;
             }
@@ -661,14 +729,17 @@ int serve(int sock, int exchange_fd, DeviceSet& devices)
         if ((code = flush(true)) >= 0)
             return code;
         fifo.push_back(job);
-        store.drop_failed();
-        run_request(rep, [&] {
-            exchange.map(q.exchange_bytes);
-            handle(q, rep, devices, store, exchange);
-        });
-        if (rep.status == Status::Internal)
-            for (size_t i : devices.alive_devices())
-                (void)devices.check_health(i);
+        {
+            std::lock_guard<std::mutex> lock(device_mutex);
+            store.drop_failed();
+            run_request(rep, [&] {
+                exchange.map(q.exchange_bytes);
+                handle(q, rep, devices, store, exchange);
+            });
+            if (rep.status == Status::Internal)
+                for (size_t i : devices.alive_devices())
+                    (void)devices.check_health(i);
+        }
         job->done = true;
     }
 }

@@ -21,13 +21,24 @@ void announce(int sock, const ComputeDevice* dev, Kind kind, Status status,
 // Ok, with the capacity of the set's smallest device and its description.
 void announce(int sock, const DeviceSet& devices, Kind kind);
 
+// Runs n queries (d floats each) on a mirror, k candidates each over nprobe
+// lists, with per-query filter key ranges when key_lo is given (matched out):
+// labels (n x k, -1 padded) and, when the mirror keeps vectors, their exact
+// distances in exact order (then it returns true; else the labels are in
+// ADC order and exact is untouched). The Search request and the direct
+// path's query server both run their searches here.
+bool run_search(Mirror& mirror, const float* queries, uint64_t n, uint64_t d, uint64_t k, uint64_t nprobe,
+                const int64_t* key_lo, const int64_t* key_hi, int64_t* matched, int64_t* labels, double* exact);
+
 // Serves requests on sock until the peer closes it (returns 0), the channel
 // fails (1) or no device is usable any more (kExitDeviceFailed, after the
 // reply that says so). With several devices, searches run at once on a
-// thread per device, answered in order.
-int serve(int sock, int exchange_fd, DeviceSet& devices);
+// thread per device, answered in order. With queue_fd (not -1), the direct
+// path's segment (query_queue.h): a thread of its own serves the searches
+// queued there, taking turns on the devices with the requests of sock.
+int serve(int sock, int exchange_fd, DeviceSet& devices, int queue_fd = -1);
 // Over one device.
-int serve(int sock, int exchange_fd, ComputeDevice& dev);
+int serve(int sock, int exchange_fd, ComputeDevice& dev, int queue_fd = -1);
 
 }  // namespace gpuproc
 }  // namespace gpuivfpq

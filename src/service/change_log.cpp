@@ -45,6 +45,7 @@ GpuIvfpqLogPush(const GpuIvfpqLogEntry *entry, const float *vector)
 
 	LWLockAcquire(s->log_lock, LW_EXCLUSIVE);
 	seq = s->log_head++;
+	pg_atomic_write_u64(&s->log_head_pub, s->log_head);
 	e = &s->log[seq % GPU_IVFPQ_LOG_SIZE];
 	*e = *entry;
 	e->seq = seq;
@@ -97,6 +98,8 @@ GpuIvfpqServiceLogAppend(Relation index, const GpuIvfpqMetaPageData *meta, int l
 		memcpy(&e.filter_key, filter_key, sizeof(int64));
 	memcpy(e.code, code, meta->m);
 	(void) GpuIvfpqLogPush(&e, vector);
+	/* Searches queued after this one wait until the service applied it: now. */
+	GpuIvfpqServiceWake();
 	/*
 	 * Announced after the push: should the WAL insert fail, the row's
 	 * transaction aborts, and a mirror that took the entry only offers a TID
@@ -142,7 +145,18 @@ GpuIvfpqLogDropAll(void)
 
 	LWLockAcquire(s->log_lock, LW_EXCLUSIVE);
 	s->log_head += GPU_IVFPQ_LOG_SIZE + 1;
+	pg_atomic_write_u64(&s->log_head_pub, s->log_head);
 	LWLockRelease(s->log_lock);
+}
+
+/*
+ * The log's head, without its lock: a search carries it as the position
+ * the mirrors must include before it is served (its own inserts among them).
+ */
+uint64
+GpuIvfpqLogHead(void)
+{
+	return pg_atomic_read_u64(&gpu_ivfpq_service->log_head_pub);
 }
 
 /* Wakes the service, so that it applies (and frees memory) now, not at the next request. */

@@ -196,6 +196,18 @@ GpuIvfpqAcquireSlot(void)
 }
 
 /*
+ * The index of this backend's request slot (claimed on first use), which
+ * is also its slot in the direct path's segment; -1 when none is free.
+ */
+int
+GpuIvfpqMySlotIndex(void)
+{
+	if (my_slot == NULL && GpuIvfpqAcquireSlot() == NULL && my_slot == NULL)
+		return -1;
+	return (int) (my_slot - gpu_ivfpq_service->slots);
+}
+
+/*
  * Submits the filled slot and sleeps on the latch until the service answers.
  * A cancel or statement_timeout while waiting leaves the request to the
  * service (which frees the slot) and raises the error; a service that exits

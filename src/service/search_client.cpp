@@ -195,68 +195,49 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
 {
 	bool		required = gpu_ivfpq_device == GPU_IVFPQ_DEVICE_GPU;
 	const char *reason = GpuIvfpqNotServableReason(meta);
-	GpuIvfpqSlot *slot;
+	GpuIvfpqKey key;
 	char		error[256];
+	RequestResult result = RES_ERROR;
 
 	if (reason == NULL && k > GPU_IVFPQ_SERVICE_MAX_K)
 		reason = psprintf("The GPU selects at most %d candidates per round", GPU_IVFPQ_SERVICE_MAX_K);
 	if (reason == NULL && nprobe > GPU_IVFPQ_SERVICE_MAX_K)
 		reason = psprintf("The GPU probes at most %d lists per round", GPU_IVFPQ_SERVICE_MAX_K);
-	if (reason == NULL && (slot = GpuIvfpqAcquireSlot()) == NULL)
-		reason = "No request slot is free";
+	if (reason == NULL)
+		reason = GpuIvfpqQueueUnavailable();
 	if (reason != NULL)
 	{
 		if (required)
 			GpuIvfpqGpuRequiredError("scan", reason);
 		return -1;
 	}
+	GpuIvfpqFillKey(&key, index, meta);
 
-	RequestResult result = RES_ERROR;
-
+	/* The round goes straight to the GPU process (direct_path.cpp); a load goes through the service. */
 	for (int attempt = 0; attempt < 2; attempt++)
 	{
-		slot->kind = REQ_SEARCH;
-		GpuIvfpqFillKey(&slot->key, index, meta);
-		slot->dim = meta->dimensions;
-		slot->k = k;
-		slot->nprobe = nprobe;
-		slot->filtered = range != NULL;
-		slot->key_lo = range != NULL ? range->lo : 0;
-		slot->key_hi = range != NULL ? range->hi : 0;
-		memcpy(slot->payload.bytes, query, sizeof(float) * meta->dimensions);
-		result = GpuIvfpqSubmitAndWait(slot);
+		int			n = 0;
+		int64		m = 0;
+
+		result = GpuIvfpqQueueSearch(&key, meta->dimensions, query, k, nprobe, range, labels, exact,
+									 &n, is_exact, batch, &m, error, sizeof(error));
 		if (result == RES_OK)
 		{
-			const int64 *out = (const int64 *) slot->payload.bytes;
-			int			n = 0;
-
-			while (n < k && out[n] >= 0)
-			{
-				labels[n] = out[n];
-				n++;
-			}
-			if (!gpuivfpq::replycheck::tid_labels_sound(labels, (size_t) n))
-			{
-				result = RES_ERROR;
-				strlcpy(error, GPU_IVFPQ_NOT_TIDS, sizeof(error));
-				GpuIvfpqFinishSlot(slot);
-				break;
-			}
-			*is_exact = slot->exact;
-			if (slot->exact)
-				memcpy(exact, slot->payload.bytes + sizeof(int64) * k, sizeof(double) * n);
-			*batch = slot->batch;
 			if (range != NULL)
-				*matched = slot->matched;
-			GpuIvfpqFinishSlot(slot);
+				*matched = m;
 			return n;
 		}
-		strlcpy(error, slot->error, sizeof(error));
-		GpuIvfpqFinishSlot(slot);
 		if (attempt == 0 && (result == RES_NOT_LOADED || (result == RES_LOADING && required)))
 		{
+			GpuIvfpqSlot *slot = GpuIvfpqAcquireSlot();
 			int64		entries;
 
+			if (slot == NULL)
+			{
+				strlcpy(error, "No request slot is free", sizeof(error));
+				result = RES_ERROR;
+				break;
+			}
 			result = LoadMirror(slot, index, meta, &entries, error, sizeof(error));
 			if (result == RES_OK)
 			{

@@ -54,6 +54,7 @@ ServiceShmemStartup(void)
 		for (int i = 0; i < GPU_IVFPQ_BATCH_BUCKETS; i++)
 			pg_atomic_init_u64(&s->batch_hist[i], 0);
 		pg_atomic_init_u64(&s->log_applied, 0);
+		pg_atomic_init_u64(&s->log_head_pub, 0);
 		pg_atomic_init_u64(&s->search_rounds, 0);
 		pg_atomic_init_u64(&s->time_round_ns, 0);
 		pg_atomic_init_u64(&s->time_log_ns, 0);

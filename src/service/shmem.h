@@ -203,6 +203,16 @@ typedef struct GpuIvfpqServiceShared
 	pg_atomic_uint64 batches;
 	pg_atomic_uint64 batch_hist[GPU_IVFPQ_BATCH_BUCKETS];
 	pg_atomic_uint64 log_applied;	/* the service has read the log up to here */
+	pg_atomic_uint64 log_head_pub;	/* log_head, for readers that take no lock */
+
+	/*
+	 * The direct path's segment (direct_path.cpp): its POSIX shared memory
+	 * name, size and generation (0: none; under mutex). A backend maps it
+	 * again when the generation changes.
+	 */
+	char		queue_name[64];
+	Size		queue_bytes;
+	uint64		queue_generation;
 
 	/* Where search rounds spend their time (nanoseconds, summed over rounds). */
 	pg_atomic_uint64 search_rounds;
@@ -405,6 +415,7 @@ extern void GpuIvfpqGpuRequiredError(const char *what, const char *reason) pg_at
 extern void GpuIvfpqSearchFellBack(Relation index, RequestResult result, const char *error, const char *am,
 								   const char *noun, const char *what, bool required);
 extern GpuIvfpqSlot *GpuIvfpqAcquireSlot(void);
+extern int	GpuIvfpqMySlotIndex(void);
 extern RequestResult GpuIvfpqSubmitAndWait(GpuIvfpqSlot *slot);
 extern void GpuIvfpqFinishSlot(GpuIvfpqSlot *slot);
 
@@ -416,6 +427,7 @@ extern void GpuIvfpqFinishSlot(GpuIvfpqSlot *slot);
  * writers lap it.
  */
 extern uint64 GpuIvfpqLogPush(const GpuIvfpqLogEntry *entry, const float *vector);
+extern uint64 GpuIvfpqLogHead(void);
 extern uint64 GpuIvfpqLogPushRemove(const GpuIvfpqKey *key, const int64 *labels, int n);
 extern void GpuIvfpqLogDropAll(void);
 extern void GpuIvfpqServiceWake(void);
@@ -428,3 +440,38 @@ extern void GpuIvfpqServiceWake(void);
 extern void GpuIvfpqWalAnnounceAppend(Relation index, const GpuIvfpqLogEntry *entry, const float *vector);
 extern void GpuIvfpqWalAnnounceRemove(Relation index, const GpuIvfpqKey *key, const int64 *labels, int n);
 extern void GpuIvfpqWalAnnounceInvalidate(const GpuIvfpqKey *key, bool logged);
+
+/*
+ * direct_path.cpp: the segment where backends and the GPU process meet
+ * (gpu_process/query_queue.h). The service creates it, hands it to each GPU
+ * process, publishes the change-log position the mirrors include, and
+ * answers what a dead GPU process leaves; backends queue scan rounds there.
+ */
+extern bool GpuIvfpqQueueCreate(char *error, Size errlen);
+extern void GpuIvfpqQueueDestroy(const char *message);
+extern int	GpuIvfpqQueueFd(void);
+extern void GpuIvfpqQueueSetApplied(uint64 pos);
+extern void GpuIvfpqQueueSettings(int batch_size, int batch_wait_us);
+extern void GpuIvfpqQueueFailAll(const char *message);
+extern uint64 GpuIvfpqQueueStalledSinceNs(void);
+extern uint64 GpuIvfpqQueueNowNs(void);
+extern const char *GpuIvfpqQueueUnavailable(void);
+extern RequestResult GpuIvfpqQueueSearch(const GpuIvfpqKey *key, int d, const float *query, int k, int nprobe,
+										 const GpuIvfpqKeyRange *range, int64 *labels, double *exact,
+										 int *nlabels, bool *is_exact, int *batch, int64 *matched,
+										 char *error, Size errlen);
+/* The stage counters of the direct path (NULL without a segment mapped). */
+typedef struct GpuIvfpqQueueStats
+{
+	uint64		batches;
+	uint64		queries;
+	uint64		hist[GPU_IVFPQ_BATCH_BUCKETS];
+	uint64		wait_ns;
+	uint64		catchup_ns;
+	uint64		catchup_searches;
+	uint64		gpu_ns;
+	uint64		deliver_ns;
+	uint64		failed;
+	uint64		not_found;
+} GpuIvfpqQueueStats;
+extern bool GpuIvfpqQueueReadStats(GpuIvfpqQueueStats *out);

@@ -65,15 +65,20 @@ gpu_ivfpq_status(PG_FUNCTION_ARGS)
 	else
 	{
 		GpuIvfpqServiceShared copy;
-		uint64		batches = pg_atomic_read_u64(&s->batches);
-		uint64		gpu = pg_atomic_read_u64(&s->queries_gpu);
+		GpuIvfpqQueueStats q;
+		uint64		batches;
+		uint64		gpu;
 		Datum		hist[GPU_IVFPQ_BATCH_BUCKETS];
 
+		/* Scans go through the direct path, batch calls and gpu_metric through the service. */
+		(void) GpuIvfpqQueueReadStats(&q);
+		batches = pg_atomic_read_u64(&s->batches) + q.batches;
+		gpu = pg_atomic_read_u64(&s->queries_gpu) + q.queries;
 		SpinLockAcquire(&s->mutex);
 		memcpy(&copy, s, offsetof(GpuIvfpqServiceShared, queries_gpu));
 		SpinLockRelease(&s->mutex);
 		for (int i = 0; i < GPU_IVFPQ_BATCH_BUCKETS; i++)
-			hist[i] = Int64GetDatum((int64) pg_atomic_read_u64(&s->batch_hist[i]));
+			hist[i] = Int64GetDatum((int64) (pg_atomic_read_u64(&s->batch_hist[i]) + q.hist[i]));
 
 		values[0] = CStringGetTextDatum(StateName(copy.state));
 		values[1] = Int32GetDatum(copy.pid);
@@ -105,18 +110,22 @@ gpu_ivfpq_status(PG_FUNCTION_ARGS)
 		nulls[17] = copy.last_gpu_exit[0] == '\0';
 		values[18] = TimestampTzGetDatum(copy.last_gpu_exit_at);
 		nulls[18] = copy.last_gpu_exit[0] == '\0';
-		/* Where a search round's time goes: means over the rounds, in microseconds. */
+		/*
+		 * The direct path's stages, in microseconds: per queued search its
+		 * wait from queueing to its batch's start, and of that the part it
+		 * waited for the change log; per batch the GPU's work and writing
+		 * the answers and waking their owners.
+		 */
 		{
-			uint64		rounds = pg_atomic_read_u64(&s->search_rounds);
-			pg_atomic_uint64 *parts[4] = {&s->time_round_ns, &s->time_log_ns, &s->time_call_ns,
-										  &s->time_device_ns};
+			uint64		searches = q.queries + q.failed + q.not_found;
 
-			values[19] = Int64GetDatum((int64) rounds);
-			for (int i = 0; i < 4; i++)
-			{
-				values[20 + i] = Float8GetDatum(rounds > 0 ? pg_atomic_read_u64(parts[i]) / 1000.0 / rounds : 0.0);
-				nulls[20 + i] = rounds == 0;
-			}
+			values[19] = Int64GetDatum((int64) searches);
+			values[20] = Float8GetDatum(searches > 0 ? q.wait_ns / 1000.0 / searches : 0.0);
+			values[21] = Float8GetDatum(searches > 0 ? q.catchup_ns / 1000.0 / searches : 0.0);
+			values[22] = Float8GetDatum(q.batches > 0 ? q.gpu_ns / 1000.0 / q.batches : 0.0);
+			values[23] = Float8GetDatum(q.batches > 0 ? q.deliver_ns / 1000.0 / q.batches : 0.0);
+			nulls[20] = nulls[21] = searches == 0;
+			nulls[22] = nulls[23] = q.batches == 0;
 		}
 		/* Appends of logged entries: means over the append calls, in microseconds. */
 		{

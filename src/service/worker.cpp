@@ -497,6 +497,8 @@ DrainLog(void)
 	}
 	log_cursor = head;
 	pg_atomic_write_u64(&s->log_applied, head);
+	/* Searches queued on the direct path that waited for these changes go now. */
+	GpuIvfpqQueueSetApplied(head);
 }
 
 /*
@@ -1595,6 +1597,7 @@ ServiceExit(int code, Datum arg)
 	}
 	/* Mirrors live in the GPU process's device memory: they go with it. */
 	gpu.reset();
+	GpuIvfpqQueueDestroy("the gpu_ivfpq service exited");
 }
 
 /* While a GPU call waits: give up (and end the GPU process) when the service must stop. */
@@ -1658,7 +1661,7 @@ StartGpuProcess(void)
 			{
 				gpu_arguments = DeviceArguments();
 				gpu = GpuProcess::start(program, "gpu_ivfpq: GPU process", gpu_ivfpq_service_emulate_gpu,
-										StopWaiting, GPU_START_TIMEOUT_S, gpu_arguments);
+										StopWaiting, GPU_START_TIMEOUT_S, gpu_arguments, GpuIvfpqQueueFd());
 			}
 			catch (const gpuivfpq::gpuproc::StartError &e)
 			{
@@ -1704,6 +1707,7 @@ StartGpuProcess(void)
 	mirror_from.clear();
 	load_claims.clear();
 	log_cursor = LogHead();
+	GpuIvfpqQueueSetApplied(log_cursor);
 	SpinLockAcquire(&gpu_ivfpq_service->mutex);
 	gpu_ivfpq_service->evictions_base = 0;
 	SpinLockRelease(&gpu_ivfpq_service->mutex);
@@ -1726,6 +1730,8 @@ GpuProcessLost(void)
 	std::string cause = gpu->cause();
 
 	gpu.reset();
+	/* What it held or was queued for it: the CPU engine answers. */
+	GpuIvfpqQueueFailAll("the GPU process is restarting");
 	mirror_from.clear();
 	load_claims.clear();
 	if (TimestampDifferenceExceeds(gpu_started_at, now, GPU_STABLE_MS))
@@ -1789,6 +1795,13 @@ gpu_ivfpq_service_main(Datum arg)
 	s->last_error[0] = '\0';
 	SpinLockRelease(&s->mutex);
 	gpu_backoff_ms = GPU_BACKOFF_MIN_MS;
+	{
+		char		qerr[256];
+
+		/* Without it scans use the CPU engine; builds, loads and batch functions still use the GPU. */
+		if (!GpuIvfpqQueueCreate(qerr, sizeof(qerr)))
+			ereport(LOG, (errmsg("gpu_ivfpq service: no direct path for scans: %s", qerr)));
+	}
 	StartGpuProcess();
 	PublishStatus();
 
@@ -1845,6 +1858,7 @@ gpu_ivfpq_service_main(Datum arg)
 					SettleInFlight();
 					gpu.reset();
 				}
+				GpuIvfpqQueueFailAll("the GPU process is restarting");
 				mirror_from.clear();
 				load_claims.clear();
 				gpu_expected = true;
@@ -1855,6 +1869,7 @@ gpu_ivfpq_service_main(Datum arg)
 				PublishStatus();
 			}
 			SetInFlightKeep();
+			GpuIvfpqQueueSettings(gpu_ivfpq_batch_size, gpu_ivfpq_batch_wait_us);
 			if (GpuUp())
 				(void) Engine([&] {
 					gpu->set_timeout(gpu_ivfpq_gpu_timeout_s, GPU_BULK_TIMEOUT_FACTOR);
@@ -1862,7 +1877,18 @@ gpu_ivfpq_service_main(Datum arg)
 					GpuSync()->enforce_budget();
 				}, err);
 		}
-		/* Supervision: notice a death while idle; restart when the backoff is over. */
+		/*
+		 * Supervision: a direct-path search queued, or a batch running,
+		 * longer than gpu_timeout means a hung GPU process.
+		 */
+		if (GpuUp() && gpu_ivfpq_gpu_timeout_s > 0)
+		{
+			uint64		since = GpuIvfpqQueueStalledSinceNs();
+
+			if (since != 0 && GpuIvfpqQueueNowNs() - since > (uint64) gpu_ivfpq_gpu_timeout_s * 1000000000)
+				gpu->kill_hung("did not answer within " + std::to_string(gpu_ivfpq_gpu_timeout_s) + " s");
+		}
+		/* Notice a death while idle; restart when the backoff is over. */
 		if (gpu && (gpu->check_exit() || !gpu->alive()))
 		{
 			SettleInFlight();	/* answered by the CPU engine */
@@ -1871,6 +1897,8 @@ gpu_ivfpq_service_main(Datum arg)
 		}
 		if (!gpu && gpu_expected && GetCurrentTimestamp() >= gpu_restart_at)
 			StartGpuProcess();
+		if (!gpu)
+			GpuIvfpqQueueFailAll("the GPU process is restarting");	/* queued as it went */
 		CheckDroppedDatabases();
 		ResetLatch(MyLatch);
 		ntaken = 0;

@@ -9,11 +9,11 @@ FROM gpu_ivfpq_status;
 SELECT queries_gpu > 0 AS gpu_served, batches > 0 AS batched, mean_batch >= 1 AS mean_ok,
        last_error IS NULL AS no_error
 FROM gpu_ivfpq_status;
--- The stage timings nest: a search batch's time from sending to its answer
--- holds the GPU process's work on it (a batch stays in flight across rounds,
--- so rounds and calls overlap rather than nest).
-SELECT search_rounds > 0 AS rounds_timed,
-       mean_call_us >= mean_device_us AND mean_log_us >= 0 AND mean_round_us > 0 AS stages_nest
+-- The direct path's stages: a queued search's wait holds its wait for the
+-- change log; a batch's GPU work and delivery were timed.
+SELECT queued_searches > 0 AS searches_timed,
+       mean_queue_wait_us >= mean_log_wait_us AND mean_log_wait_us >= 0
+       AND mean_gpu_us > 0 AND mean_deliver_us > 0 AS stages_nest
 FROM gpu_ivfpq_status;
 
 CREATE TABLE svc (id int PRIMARY KEY, v real[]);

@@ -1,0 +1,292 @@
+// The direct path's server in the GPU process: see query_server.h.
+#include "gpu_process/query_server.h"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+#include <tuple>
+
+#include "engine/error.h"
+#include "engine/search_limits.h"
+#include "gpu_process/gpu_process_server.h"
+
+namespace gpuivfpq {
+namespace gpuproc {
+
+namespace {
+
+// A search that found no mirror claims its load for this long: the others
+// use the CPU meanwhile, then one of them claims it again (the loader may
+// have failed).
+constexpr auto kLoadClaim = std::chrono::seconds(60);
+
+// Why a request read from the segment cannot be served, or null.
+const char* request_invalid(const queue::SearchRequest& r)
+{
+    if (r.d == 0 || size_t(r.d) * sizeof(float) > queue::kPayload)
+        return "GPU process: a queued search has a dimension outside the payload";
+    if (r.k == 0 || r.k > kMaxSelectK || 2 * sizeof(int64_t) * size_t(r.k) > queue::kPayload)
+        return "GPU process: a queued search asks for too many candidates";
+    if (r.nprobe == 0 || r.nprobe > kMaxSelectK)
+        return "GPU process: a queued search probes too many lists";
+    if (r.filtered > 1 || (r.filtered != 0 && r.key_lo > r.key_hi))
+        return "GPU process: a queued search has a malformed key range";
+    return nullptr;
+}
+
+int bucket_of(size_t n)
+{
+    int b = 0;
+    while (b < queue::kHistBuckets - 1 && (size_t(1) << (b + 1)) <= n)
+        b++;
+    return b;
+}
+
+}  // namespace
+
+QueryServer::QueryServer(queue::Queue q, MirrorStore& store, DeviceSet& devices, std::mutex& device_mutex,
+                         void (*on_device_failed)())
+    : q_(q), store_(store), devices_(devices), device_mutex_(device_mutex), on_device_failed_(on_device_failed)
+{
+    if (on_device_failed_ == nullptr)
+        return;  // driven by serve_once (tests)
+    // The thread takes no signals: the process's handlers run on the request loop's thread.
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    thread_ = std::thread([this] { loop(); });
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    q_.header().gpu_pid.store(uint32_t(getpid()), std::memory_order_release);
+}
+
+QueryServer::~QueryServer()
+{
+    if (thread_.joinable()) {
+        stop_.store(true);
+        q_.wake_server();
+        thread_.join();
+    }
+}
+
+void QueryServer::loop()
+{
+    while (!stop_.load(std::memory_order_relaxed)) {
+        uint32_t seen = q_.header().submit_seq.load(std::memory_order_acquire);
+        if (serve_once())
+            continue;
+        // Searches held for the change log are woken by the service's
+        // advance; the timeout is a backstop.
+        q_.wait_work(seen, held_.empty() ? 100 : 2);
+    }
+}
+
+void QueryServer::answer(uint32_t slot, queue::Result result, const char* error)
+{
+    queue::SearchAnswer& a = q_.slot(slot).ans;
+    a = queue::SearchAnswer();
+    a.result = int32_t(result);
+    if (error != nullptr)
+        std::strncpy(a.error, error, sizeof(a.error) - 1);
+    a.done_ns = queue::now_ns();
+    q_.complete(slot);
+}
+
+bool QueryServer::serve_once()
+{
+    queue::Header& h = q_.header();
+    size_t limit = std::max<uint32_t>(1, h.batch_size.load(std::memory_order_relaxed));
+    uint64_t now = queue::now_ns();
+    taken_.clear();
+    if (held_.size() < limit)
+        q_.take(taken_, limit - held_.size());
+    for (uint32_t i : taken_)
+        held_.push_back({i, now});
+    if (held_.empty())
+        return false;
+    uint32_t wait_us = h.batch_wait_us.load(std::memory_order_relaxed);
+    if (wait_us > 0 && held_.size() < limit && !taken_.empty()) {
+        // gpu_ivfpq.batch_wait: a moment for more searches to join.
+        std::this_thread::sleep_for(std::chrono::microseconds(wait_us));
+        taken_.clear();
+        q_.take(taken_, limit - held_.size());
+        now = queue::now_ns();
+        for (uint32_t i : taken_)
+            held_.push_back({i, now});
+    }
+
+    // Ready: the mirrors include the change-log position the search must see.
+    uint64_t applied = h.applied.load(std::memory_order_acquire);
+    std::vector<Held> ready;
+    size_t kept = 0;
+    for (Held& x : held_) {
+        if (q_.slot(x.slot).req.log_pos <= applied)
+            ready.push_back(x);
+        else
+            held_[kept++] = x;
+    }
+    held_.resize(kept);
+    if (ready.empty())
+        return false;
+    serve_batch(ready);
+    return true;
+}
+
+void QueryServer::serve_batch(std::vector<Held>& ready)
+{
+    queue::Stats& st = q_.header().stats;
+    uint64_t start = queue::now_ns();
+    q_.header().busy_since_ns.store(start, std::memory_order_release);
+
+    // A copy of each request: the owner may abandon it meanwhile, and the
+    // segment is no place to read twice.
+    struct Item {
+        uint32_t slot;
+        queue::SearchRequest req;
+    };
+    std::vector<Item> items;
+    items.reserve(ready.size());
+    for (const Held& x : ready) {
+        const queue::SearchRequest& r = q_.slot(x.slot).req;
+        uint64_t submitted = r.submitted_ns;
+        if (submitted != 0 && submitted <= start) {
+            st.wait_ns.fetch_add(start - submitted, std::memory_order_relaxed);
+            if (start - x.taken_ns > 1000 && x.taken_ns < start) {
+                st.catchup_ns.fetch_add(start - x.taken_ns, std::memory_order_relaxed);
+                st.catchup_searches.fetch_add(1, std::memory_order_relaxed);
+            }
+        }
+        items.push_back({x.slot, r});
+        if (const char* why = request_invalid(items.back().req)) {
+            answer(x.slot, queue::Result::Error, why);
+            st.failed.fetch_add(1, std::memory_order_relaxed);
+            items.pop_back();
+        }
+    }
+    // Groups: one mirror, probe count and k each (stable: oldest first).
+    std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+        return std::tie(a.req.key, a.req.nprobe, a.req.k, a.req.d) < std::tie(b.req.key, b.req.nprobe, b.req.k, b.req.d);
+    });
+    std::vector<float> queries;
+    std::vector<int64_t> labels, key_lo, key_hi, matched;
+    std::vector<double> exact;
+    for (size_t g = 0; g < items.size();) {
+        size_t e = g + 1;
+        while (e < items.size() && items[e].req.key == items[g].req.key &&
+               items[e].req.nprobe == items[g].req.nprobe && items[e].req.k == items[g].req.k &&
+               items[e].req.d == items[g].req.d)
+            e++;
+        const queue::SearchRequest& r0 = items[g].req;
+        size_t nq = e - g, d = r0.d, k = r0.k;
+        bool filtered = false;
+        for (size_t i = g; i < e; i++)
+            filtered |= items[i].req.filtered != 0;
+
+        queue::Result result = queue::Result::Ok;
+        std::string error;
+        bool found = false, is_exact = false;
+        uint64_t device_start = 0, device_end = 0;
+        try {
+            queries.resize(nq * d);
+            for (size_t i = 0; i < nq; i++)
+                std::memcpy(&queries[i * d], q_.slot(items[g + i].slot).payload, d * sizeof(float));
+            labels.assign(nq * k, -1);
+            exact.assign(nq * k, 0.0);
+            if (filtered) {
+                // Queries without a filter take every key (NULLs too).
+                key_lo.resize(nq);
+                key_hi.resize(nq);
+                matched.assign(nq, 0);
+                for (size_t i = 0; i < nq; i++) {
+                    const queue::SearchRequest& r = items[g + i].req;
+                    key_lo[i] = r.filtered ? r.key_lo : INT64_MIN;
+                    key_hi[i] = r.filtered ? r.key_hi : INT64_MAX;
+                }
+            }
+            std::lock_guard<std::mutex> lock(device_mutex_);
+            store_.drop_failed();
+            Mirror* mirror = store_.find(r0.key);
+            size_t md = 0, mm = 0;
+            if (mirror != nullptr && store_.shape(r0.key, &md, &mm) && md == d) {
+                found = true;
+                store_.count_queries(r0.key, nq);
+                device_start = queue::now_ns();
+                is_exact = run_search(*mirror, queries.data(), nq, d, k, r0.nprobe,
+                                      filtered ? key_lo.data() : nullptr, filtered ? key_hi.data() : nullptr,
+                                      filtered ? matched.data() : nullptr, labels.data(), exact.data());
+                device_end = queue::now_ns();
+            } else if (mirror != nullptr) {
+                result = queue::Result::Error;
+                error = "GPU process: a queued search's dimension is not its mirror's";
+            }
+        } catch (const Error& ex) {
+            result = ex.kind() == ErrorKind::OutOfMemory ? queue::Result::NoMemory : queue::Result::Error;
+            error = ex.what();
+        } catch (const std::bad_alloc&) {
+            result = queue::Result::NoMemory;
+            error = "GPU process: out of host memory";
+        } catch (const std::exception& ex) {
+            result = queue::Result::Error;
+            error = ex.what();
+        }
+
+        uint64_t deliver_start = queue::now_ns();
+        if (result != queue::Result::Ok) {
+            for (size_t i = g; i < e; i++)
+                answer(items[i].slot, result, error.c_str());
+            st.failed.fetch_add(nq, std::memory_order_relaxed);
+            if (result == queue::Result::Error) {
+                std::lock_guard<std::mutex> lock(device_mutex_);
+                for (size_t dev : devices_.alive_devices())
+                    (void)devices_.check_health(dev);
+                if (devices_.alive_devices().empty() && on_device_failed_ != nullptr)
+                    on_device_failed_();
+            }
+        } else if (!found) {
+            // The first asker loads the mirror; the others use the CPU meanwhile.
+            auto now = std::chrono::steady_clock::now();
+            auto claim = claims_.find(r0.key);
+            bool claimed = claim != claims_.end() && now - claim->second < kLoadClaim;
+            for (size_t i = g; i < e; i++)
+                answer(items[i].slot, (i == g && !claimed) ? queue::Result::NotLoaded : queue::Result::Loading,
+                       nullptr);
+            if (!claimed)
+                claims_[r0.key] = now;
+            st.not_found.fetch_add(nq, std::memory_order_relaxed);
+        } else {
+            claims_.erase(r0.key);
+            for (size_t i = 0; i < nq; i++) {
+                uint32_t s = items[g + i].slot;
+                queue::Slot& slot = q_.slot(s);
+                queue::SearchAnswer& a = slot.ans;
+                a = queue::SearchAnswer();
+                uint32_t n = 0;
+                while (n < k && labels[i * k + n] >= 0)
+                    n++;
+                std::memcpy(slot.payload, &labels[i * k], k * sizeof(int64_t));
+                if (is_exact)
+                    std::memcpy(slot.payload + k * sizeof(int64_t), &exact[i * k], k * sizeof(double));
+                a.result = int32_t(queue::Result::Ok);
+                a.n = n;
+                a.exact = is_exact ? 1 : 0;
+                a.batch = uint32_t(nq);
+                a.matched = filtered && items[g + i].req.filtered ? matched[i] : 0;
+                a.taken_ns = start;
+                a.done_ns = queue::now_ns();
+                q_.complete(s);
+            }
+            st.batches.fetch_add(1, std::memory_order_relaxed);
+            st.queries.fetch_add(nq, std::memory_order_relaxed);
+            st.hist[bucket_of(nq)].fetch_add(1, std::memory_order_relaxed);
+            st.gpu_ns.fetch_add(device_end - device_start, std::memory_order_relaxed);
+        }
+        st.deliver_ns.fetch_add(queue::now_ns() - deliver_start, std::memory_order_relaxed);
+        g = e;
+    }
+    q_.header().busy_since_ns.store(0, std::memory_order_release);
+}
+
+}  // namespace gpuproc
+}  // namespace gpuivfpq

@@ -1,0 +1,425 @@
+// The direct path between the backends and the GPU process: the segment of
+// gpu_process/query_queue.h, created by the service (a POSIX shared memory
+// object of its own, never PostgreSQL's main shared memory, which the GPU
+// process must not map) and mapped by every backend that searches.
+//
+// A scan round goes: the backend writes its search into its slot (the slot
+// index of its request slot in the main shared memory, so that no second
+// claim is needed), marks it pending and sleeps on the slot's state word; the
+// GPU process batches, searches and answers there. Nothing of it passes
+// through the service, which only creates the segment, publishes how far
+// the mirrors follow the change log, and answers what a dead GPU process
+// leaves. docs/gpu-service.md explains the choices.
+#include "gpu_process/query_queue.h"
+#include "service/shmem.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+extern "C" {
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "postmaster/postmaster.h"
+#include "storage/ipc.h"
+#include "storage/pmsignal.h"
+#include "utils/wait_event.h"
+}
+
+using gpuivfpq::queue::Queue;
+namespace queue = gpuivfpq::queue;
+
+/* The service's segment: its descriptor (handed to each GPU process) and mapping. */
+static int	service_fd = -1;
+static void *service_base = NULL;
+static Size service_bytes = 0;
+static Queue service_queue;
+
+/* A backend's mapping, of the generation it was made for. */
+static void *backend_base = NULL;
+static Size backend_bytes = 0;
+static uint64 backend_generation = 0;
+static Queue backend_queue;
+
+/* How long one sleep on a slot lasts before interrupts are looked at (ms). */
+#define QUEUE_POLL_MS 10
+
+/* ---- the service ---- */
+
+/*
+ * Creates the segment (replacing one a crashed service left under the same
+ * name), sized for one slot per request slot, and publishes it. Returns
+ * false with the reason when it cannot.
+ */
+bool
+GpuIvfpqQueueCreate(char *error, Size errlen)
+{
+	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+	char		name[64];
+	Size		bytes = Queue::bytes_for((uint32) s->nslots);
+	uint64		generation;
+	int			fd;
+	void	   *base;
+
+	/* One name per cluster: its port and data directory's inode tell it apart on the host. */
+	{
+		struct stat st;
+
+		if (stat(DataDir, &st) != 0)
+			st.st_ino = 0;
+		snprintf(name, sizeof(name), "/gpu_ivfpq.%d.%llu", PostPortNumber, (unsigned long long) st.st_ino);
+	}
+	(void) shm_unlink(name);
+	fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, S_IRUSR | S_IWUSR);
+	if (fd < 0)
+	{
+		snprintf(error, errlen, "could not create shared memory segment \"%s\": %m", name);
+		return false;
+	}
+	/* Out of the way of the descriptors the GPU process gets (3 to 5), and not inherited. */
+	{
+		int			high = fcntl(fd, F_DUPFD_CLOEXEC, 10);
+
+		if (high >= 0)
+		{
+			close(fd);
+			fd = high;
+		}
+	}
+	if (ftruncate(fd, (off_t) bytes) != 0)
+	{
+		snprintf(error, errlen, "could not size shared memory segment \"%s\" to %zu bytes: %m", name, bytes);
+		close(fd);
+		(void) shm_unlink(name);
+		return false;
+	}
+	base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (base == MAP_FAILED)
+	{
+		snprintf(error, errlen, "could not map shared memory segment \"%s\": %m", name);
+		close(fd);
+		(void) shm_unlink(name);
+		return false;
+	}
+	SpinLockAcquire(&s->mutex);
+	generation = s->queue_generation + 1;
+	SpinLockRelease(&s->mutex);
+	service_queue = Queue::create(base, bytes, (uint32) s->nslots, generation);
+	service_fd = fd;
+	service_base = base;
+	service_bytes = bytes;
+	service_queue.header().applied.store(pg_atomic_read_u64(&s->log_applied));
+	GpuIvfpqQueueSettings(gpu_ivfpq_batch_size, gpu_ivfpq_batch_wait_us);
+	SpinLockAcquire(&s->mutex);
+	strlcpy(s->queue_name, name, sizeof(s->queue_name));
+	s->queue_bytes = bytes;
+	s->queue_generation = generation;
+	SpinLockRelease(&s->mutex);
+	return true;
+}
+
+/* Unpublishes the segment, answers what it holds with message, and removes it. */
+void
+GpuIvfpqQueueDestroy(const char *message)
+{
+	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+	char		name[64];
+
+	if (service_base == NULL)
+		return;
+	SpinLockAcquire(&s->mutex);
+	strlcpy(name, s->queue_name, sizeof(name));
+	s->queue_name[0] = '\0';
+	s->queue_bytes = 0;
+	SpinLockRelease(&s->mutex);
+	(void) service_queue.fail_all(message);
+	(void) shm_unlink(name);
+	munmap(service_base, service_bytes);
+	close(service_fd);
+	service_base = NULL;
+	service_fd = -1;
+	service_queue = Queue();
+}
+
+int
+GpuIvfpqQueueFd(void)
+{
+	return service_fd;
+}
+
+/* The mirrors include the change log up to pos: searches that waited for it may go. */
+void
+GpuIvfpqQueueSetApplied(uint64 pos)
+{
+	if (!service_queue.ok())
+		return;
+	service_queue.header().applied.store(pos, std::memory_order_release);
+	service_queue.wake_server();
+}
+
+void
+GpuIvfpqQueueSettings(int batch_size, int batch_wait_us)
+{
+	if (!service_queue.ok())
+		return;
+	service_queue.header().batch_size.store((uint32) Max(1, batch_size));
+	service_queue.header().batch_wait_us.store((uint32) Max(0, batch_wait_us));
+}
+
+/* The GPU process died: whatever it held or was queued is answered "gone". */
+void
+GpuIvfpqQueueFailAll(const char *message)
+{
+	if (service_queue.ok())
+		(void) service_queue.fail_all(message);
+}
+
+/* Since when the GPU process owes the direct path progress (0: it owes none). */
+uint64
+GpuIvfpqQueueStalledSinceNs(void)
+{
+	return service_queue.ok() ? service_queue.stalled_since_ns() : 0;
+}
+
+uint64
+GpuIvfpqQueueNowNs(void)
+{
+	return queue::now_ns();
+}
+
+/* ---- the backends ---- */
+
+static void
+UnmapBackendQueue(void)
+{
+	if (backend_base != NULL)
+		munmap(backend_base, backend_bytes);
+	backend_base = NULL;
+	backend_bytes = 0;
+	backend_generation = 0;
+	backend_queue = Queue();
+}
+
+/* The segment of the current generation, mapped; NULL when there is none. */
+static const Queue *
+BackendQueue(void)
+{
+	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+	char		name[64];
+	Size		bytes;
+	uint64		generation;
+	int			fd;
+	void	   *base;
+
+	SpinLockAcquire(&s->mutex);
+	strlcpy(name, s->queue_name, sizeof(name));
+	bytes = s->queue_bytes;
+	generation = s->queue_generation;
+	SpinLockRelease(&s->mutex);
+	if (name[0] == '\0')
+		return NULL;
+	if (generation == backend_generation && backend_queue.ok())
+		return &backend_queue;
+	UnmapBackendQueue();
+	fd = shm_open(name, O_RDWR, 0);
+	if (fd < 0)
+		return NULL;
+	base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (base == MAP_FAILED)
+		return NULL;
+	backend_base = base;
+	backend_bytes = bytes;
+	backend_queue = Queue::attach(base, bytes);
+	if (!backend_queue.ok() || backend_queue.header().generation != generation ||
+		backend_queue.slots() != (uint32) s->nslots)
+	{
+		UnmapBackendQueue();
+		return NULL;
+	}
+	backend_generation = generation;
+	return &backend_queue;
+}
+
+static RequestResult
+ResultOf(int32 r)
+{
+	switch ((queue::Result) r)
+	{
+		case queue::Result::Ok:
+			return RES_OK;
+		case queue::Result::NotLoaded:
+			return RES_NOT_LOADED;
+		case queue::Result::Loading:
+			return RES_LOADING;
+		case queue::Result::NoMemory:
+			return RES_NO_MEMORY;
+		case queue::Result::Gone:
+			return RES_SERVICE_GONE;
+		case queue::Result::Error:
+			break;
+	}
+	return RES_ERROR;
+}
+
+/*
+ * Why this backend cannot queue a search now, or NULL: no segment (the
+ * service is starting or gone), or its slot is still held by a search it
+ * gave up (the GPU process frees it when done).
+ */
+const char *
+GpuIvfpqQueueUnavailable(void)
+{
+	const Queue *q = BackendQueue();
+	int			i;
+
+	if (q == NULL)
+		return "The GPU service's queue is not available";
+	i = GpuIvfpqMySlotIndex();
+	if (i < 0 || (uint32) i >= q->slots() ||
+		q->state((uint32) i).load(std::memory_order_acquire) != queue::Free)
+		return "No request slot is free";
+	return NULL;
+}
+
+/*
+ * One scan round through the direct path: k candidates of query over nprobe
+ * lists of the mirror of key. On RES_OK, labels (and, when *is_exact, their
+ * exact distances) hold *nlabels rows. Every answer is copied out of the
+ * segment and checked before use: the GPU process is outside the fault
+ * boundary. A cancel while waiting gives the request up and raises the
+ * error; the GPU process frees the slot when it is done with it.
+ */
+RequestResult
+GpuIvfpqQueueSearch(const GpuIvfpqKey *key, int d, const float *query, int k, int nprobe,
+					const GpuIvfpqKeyRange *range, int64 *labels, double *exact, int *nlabels,
+					bool *is_exact, int *batch, int64 *matched, char *error, Size errlen)
+{
+	const Queue *q = BackendQueue();
+	int			i = GpuIvfpqMySlotIndex();
+	queue::SearchAnswer ans;
+	queue::SearchRequest req;
+	volatile bool gone = false;
+
+	error[0] = '\0';
+	if (q == NULL)
+	{
+		strlcpy(error, "the direct path's segment is not available", errlen);
+		return RES_SERVICE_GONE;
+	}
+	if (i < 0 || (uint32) i >= q->slots() ||
+		q->state((uint32) i).load(std::memory_order_acquire) != queue::Free)
+	{
+		strlcpy(error, "No request slot is free", errlen);
+		return RES_ERROR;
+	}
+	if ((Size) d * sizeof(float) > queue::kPayload || (Size) k * 2 * sizeof(int64) > queue::kPayload)
+	{
+		strlcpy(error, "the search does not fit a slot", errlen);
+		return RES_ERROR;
+	}
+
+	queue::Slot &slot = q->slot((uint32) i);
+
+	req.d = (uint32) d;
+	req.k = (uint32) k;
+	req.nprobe = (uint32) nprobe;
+	req.filtered = range != NULL;
+	req.key.db = key->db;
+	req.key.index = key->index;
+	req.key.relnode = key->relnode;
+	req.key.build = key->build;
+	req.key.change = 0;
+	req.key_lo = range != NULL ? range->lo : 0;
+	req.key_hi = range != NULL ? range->hi : 0;
+	req.log_pos = GpuIvfpqLogHead();
+	req.owner_pid = (uint32) MyProcPid;
+	slot.req = req;
+	memcpy(slot.payload, query, sizeof(float) * d);
+	q->submit((uint32) i);
+
+	pgstat_report_wait_start(PG_WAIT_EXTENSION);
+	PG_TRY();
+	{
+		while (!q->wait_done((uint32) i, QUEUE_POLL_MS))
+		{
+			if (!PostmasterIsAlive())
+				proc_exit(1);	/* everything goes with the postmaster */
+			CHECK_FOR_INTERRUPTS();
+			/* No GPU process to answer (it died as this was queued): the CPU engine. */
+			if (!GpuIvfpqServiceServing() && q->abandon((uint32) i))
+			{
+				gone = true;
+				break;
+			}
+		}
+	}
+	PG_CATCH();
+	{
+		if (!q->abandon((uint32) i))
+			q->release((uint32) i);
+		pgstat_report_wait_end();
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	pgstat_report_wait_end();
+	if (gone)
+	{
+		strlcpy(error, "the GPU process is restarting", errlen);
+		return RES_SERVICE_GONE;
+	}
+
+	/* Copied out, then checked: the segment may change under a reader. */
+	ans = slot.ans;
+	ans.error[sizeof(ans.error) - 1] = '\0';
+	if (ans.result == (int32) queue::Result::Ok && ans.n <= (uint32) k)
+	{
+		memcpy(labels, slot.payload, sizeof(int64) * ans.n);
+		if (ans.exact == 1)
+			memcpy(exact, slot.payload + sizeof(int64) * k, sizeof(double) * ans.n);
+	}
+	q->release((uint32) i);
+	if (!queue::answer_sound(req, ans, ans.n <= (uint32) k ? labels : NULL, q->slots()) ||
+		(ans.result == (int32) queue::Result::Ok && ans.n > (uint32) k))
+	{
+		strlcpy(error, "the GPU process answered a malformed search result", errlen);
+		return RES_ERROR;
+	}
+	if (ans.result != (int32) queue::Result::Ok)
+	{
+		strlcpy(error, ans.error, errlen);
+		return ResultOf(ans.result);
+	}
+	*nlabels = (int) ans.n;
+	*is_exact = ans.exact == 1;
+	*batch = (int) ans.batch;
+	*matched = ans.matched;
+	return RES_OK;
+}
+
+/* The direct path's counters, from this backend's mapping; false without one. */
+bool
+GpuIvfpqQueueReadStats(GpuIvfpqQueueStats *out)
+{
+	const Queue *q = BackendQueue();
+
+	memset(out, 0, sizeof(*out));
+	if (q == NULL)
+		return false;
+
+	const queue::Stats &st = q->header().stats;
+
+	out->batches = st.batches.load();
+	out->queries = st.queries.load();
+	for (int i = 0; i < GPU_IVFPQ_BATCH_BUCKETS && i < queue::kHistBuckets; i++)
+		out->hist[i] = st.hist[i].load();
+	out->wait_ns = st.wait_ns.load();
+	out->catchup_ns = st.catchup_ns.load();
+	out->catchup_searches = st.catchup_searches.load();
+	out->gpu_ns = st.gpu_ns.load();
+	out->deliver_ns = st.deliver_ns.load();
+	out->failed = st.failed.load();
+	out->not_found = st.not_found.load();
+	return true;
+}
