@@ -125,9 +125,9 @@ _PG_init(void)
 							&gpu_ivfpq_batch_wait_us, 0, 0, 100000, PGC_SIGHUP, 0,
 							NULL, NULL, NULL);
 	DefineCustomIntVariable("gpu_ivfpq.batches_in_flight",
-							"How many search batches the GPU service keeps in flight while it collects the next (0 = one per GPU).",
-							"More lets several GPUs work at once; each batch in flight also waits longer for its answer.",
-							&gpu_ivfpq_batches_in_flight, 0, 0, 3, PGC_SIGHUP, 0, NULL, NULL, NULL);
+							"How many scan batches the GPU process runs at once (0 = one per GPU, at least two).",
+							"Each batch has a thread of the GPU process: on several GPUs they run side by side; on one, a thread gathers and answers while another's batch runs.",
+							&gpu_ivfpq_batches_in_flight, 0, 0, 8, PGC_SIGHUP, 0, NULL, NULL, NULL);
 	DefineCustomIntVariable("gpu_ivfpq.gpu_timeout",
 							"How long the GPU service waits for one GPU call before it restarts the GPU process (0 = no limit).",
 							"A hung GPU or driver costs at most this long; scans use the CPU until the process is back.",

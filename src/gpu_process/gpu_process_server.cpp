@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <new>
 #include <thread>
 #include <vector>
@@ -630,14 +631,16 @@ int serve(int sock, int exchange_fd, DeviceSet& devices, int queue_fd)
 {
     MirrorStore store(devices);
     Exchange exchange(exchange_fd, devices.device(0));
-    // Every use of the store and the devices holds it: the request loop,
-    // the pool's searches and the direct path's server take turns.
-    std::mutex device_mutex;
+    // Searches (the pool's and the direct path's) hold it shared, so that
+    // they run at once on different devices (each device takes one call at
+    // a time: DeviceSet::Lease); the request loop, which changes the store,
+    // holds it exclusive.
+    std::shared_mutex device_lock;
     QueueMapping queue_mapping(queue_fd);
     std::unique_ptr<QueryServer> queries;
     if (queue_mapping.queue().ok())
-        queries = std::make_unique<QueryServer>(queue_mapping.queue(), store, devices, device_mutex,
-                                                device_failed_exit);
+        queries = std::make_unique<QueryServer>(queue_mapping.queue(), store, devices, device_lock,
+                                                device_failed_exit, queue::kMaxServers);
     // One device: every request in turn, on this thread. Several: searches
     // on the pool, answered in order (pool declared last: it ends first).
     std::unique_ptr<SearchPool> pool;
@@ -709,12 +712,12 @@ int serve(int sock, int exchange_fd, DeviceSet& devices, int queue_fd)
         if (pool && q.op == Op::Search && q.exchange_bytes == exchange.size()) {
             // Checked and bound here, run on the pool.
             run_request(rep, [&] {
-                std::lock_guard<std::mutex> lock(device_mutex);
+                std::unique_lock<std::shared_mutex> lock(device_lock);
                 job->work = prepare_search(q, rep, store, exchange);
             });
             if (job->work) {
-                job->work = [work = std::move(job->work), &device_mutex] {
-                    std::lock_guard<std::mutex> lock(device_mutex);
+                job->work = [work = std::move(job->work), &device_lock] {
+                    std::shared_lock<std::shared_mutex> lock(device_lock);
                     work();
                 };
                 pool->submit(job);
@@ -730,7 +733,7 @@ int serve(int sock, int exchange_fd, DeviceSet& devices, int queue_fd)
             return code;
         fifo.push_back(job);
         {
-            std::lock_guard<std::mutex> lock(device_mutex);
+            std::unique_lock<std::shared_mutex> lock(device_lock);
             store.drop_failed();
             run_request(rep, [&] {
                 exchange.map(q.exchange_bytes);

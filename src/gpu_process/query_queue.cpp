@@ -156,10 +156,11 @@ void Queue::complete(uint32_t i) const
 
 void Queue::wait_work(uint32_t seen, int timeout_ms) const
 {
-    h_->gpu_waiting.store(1, std::memory_order_seq_cst);
+    // A count of sleepers, so that one waking does not hide the others.
+    h_->gpu_waiting.fetch_add(1, std::memory_order_seq_cst);
     if (h_->submit_seq.load(std::memory_order_seq_cst) == seen)
         futex_wait(&h_->submit_seq, seen, timeout_ms);
-    h_->gpu_waiting.store(0, std::memory_order_seq_cst);
+    h_->gpu_waiting.fetch_sub(1, std::memory_order_seq_cst);
 }
 
 size_t Queue::fail_all(const char* message) const
@@ -193,7 +194,12 @@ size_t Queue::fail_all(const char* message) const
 
 uint64_t Queue::stalled_since_ns() const
 {
-    uint64_t oldest = h_->busy_since_ns.load(std::memory_order_acquire);
+    uint64_t oldest = 0;
+    for (int t = 0; t < kMaxServers; t++) {
+        uint64_t b = h_->busy_since_ns[t].load(std::memory_order_acquire);
+        if (b != 0 && (oldest == 0 || b < oldest))
+            oldest = b;
+    }
     for (uint32_t i = 0; i < h_->nslots; i++) {
         if (state_[i].load(std::memory_order_acquire) != Pending)
             continue;

@@ -36,6 +36,7 @@ constexpr uint32_t kVersion = 1;
 constexpr size_t kPayload = 32 * 1024;  // a query in; labels and distances out
 constexpr int kHistBuckets = 8;         // batch sizes 1, 2-3, 4-7, ..., 128+
 constexpr int kQueueFd = 5;             // where the GPU process finds the segment
+constexpr int kMaxServers = 8;          // threads of the GPU process that serve the queue
 
 // A slot's state. Transitions: the owner Free -> Pending (filled); the GPU
 // process Pending -> Running -> Done; the owner Done -> Free. An owner that
@@ -106,8 +107,10 @@ struct alignas(64) Header {
     alignas(64) std::atomic<uint64_t> applied{0};     // change-log position the mirrors include
     std::atomic<uint32_t> batch_size{256};            // settings, written by the service
     std::atomic<uint32_t> batch_wait_us{0};
+    std::atomic<uint32_t> servers{0};                 // batches in flight at once (0: the process decides)
     std::atomic<uint32_t> gpu_pid{0};                 // the process serving the queue, 0: none
-    alignas(64) std::atomic<uint64_t> busy_since_ns{0};  // a batch runs since (0: none)
+    // Per serving thread: since when its batch runs (0: none).
+    alignas(64) std::atomic<uint64_t> busy_since_ns[kMaxServers];
     alignas(64) Stats stats;
 };
 

@@ -47,40 +47,66 @@ int bucket_of(size_t n)
 
 }  // namespace
 
-QueryServer::QueryServer(queue::Queue q, MirrorStore& store, DeviceSet& devices, std::mutex& device_mutex,
-                         void (*on_device_failed)())
-    : q_(q), store_(store), devices_(devices), device_mutex_(device_mutex), on_device_failed_(on_device_failed)
+QueryServer::QueryServer(queue::Queue q, MirrorStore& store, DeviceSet& devices, std::shared_mutex& device_lock,
+                         void (*on_device_failed)(), int threads)
+    : q_(q), store_(store), devices_(devices), device_lock_(device_lock), on_device_failed_(on_device_failed)
 {
-    if (on_device_failed_ == nullptr)
+    threads = std::min(threads, queue::kMaxServers);
+    if (threads <= 0)
         return;  // driven by serve_once (tests)
-    // The thread takes no signals: the process's handlers run on the request loop's thread.
+    // The threads take no signals: the process's handlers run on the request loop's thread.
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, &old);
-    thread_ = std::thread([this] { loop(); });
+    for (int t = 0; t < threads; t++)
+        threads_.emplace_back([this, t] { loop(t); });
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
     q_.header().gpu_pid.store(uint32_t(getpid()), std::memory_order_release);
 }
 
 QueryServer::~QueryServer()
 {
-    if (thread_.joinable()) {
-        stop_.store(true);
+    stop_.store(true);
+    for (size_t i = 0; i < threads_.size(); i++)
         q_.wake_server();
-        thread_.join();
+    for (auto& t : threads_) {
+        q_.wake_server();
+        t.join();
     }
 }
 
-void QueryServer::loop()
+void QueryServer::loop(int t)
 {
     while (!stop_.load(std::memory_order_relaxed)) {
         uint32_t seen = q_.header().submit_seq.load(std::memory_order_acquire);
-        if (serve_once())
+        uint32_t servers = q_.header().servers.load(std::memory_order_relaxed);
+        if (servers == 0)
+            servers = uint32_t(default_servers(devices_.size()));
+        if (uint32_t(t) >= servers && held_[t].empty()) {
+            // Not wanted now: look at the setting again later (not on the
+            // futex, whose wake-ups belong to the working threads).
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            continue;
+        }
+        if (serve_once(t))
             continue;
         // Searches held for the change log are woken by the service's
         // advance; the timeout is a backstop.
-        q_.wait_work(seen, held_.empty() ? 100 : 2);
+        q_.wait_work(seen, held_[t].empty() ? 100 : 2);
     }
+}
+
+queue::Result QueryServer::claim_or_wait(const MirrorKey& key, bool first)
+{
+    std::lock_guard<std::mutex> g(claims_mutex_);
+    auto now = std::chrono::steady_clock::now();
+    auto claim = claims_.find(key);
+    if (claim != claims_.end() && now - claim->second < kLoadClaim)
+        return queue::Result::Loading;
+    if (!first)
+        return queue::Result::Loading;
+    claims_[key] = now;
+    return queue::Result::NotLoaded;
 }
 
 void QueryServer::answer(uint32_t slot, queue::Result result, const char* error)
@@ -94,51 +120,52 @@ void QueryServer::answer(uint32_t slot, queue::Result result, const char* error)
     q_.complete(slot);
 }
 
-bool QueryServer::serve_once()
+bool QueryServer::serve_once(int t)
 {
+    std::vector<Held>& held = held_[t];
+    std::vector<uint32_t> taken;
     queue::Header& h = q_.header();
     size_t limit = std::max<uint32_t>(1, h.batch_size.load(std::memory_order_relaxed));
     uint64_t now = queue::now_ns();
-    taken_.clear();
-    if (held_.size() < limit)
-        q_.take(taken_, limit - held_.size());
-    for (uint32_t i : taken_)
-        held_.push_back({i, now});
-    if (held_.empty())
+    if (held.size() < limit)
+        q_.take(taken, limit - held.size());
+    for (uint32_t i : taken)
+        held.push_back({i, now});
+    if (held.empty())
         return false;
     uint32_t wait_us = h.batch_wait_us.load(std::memory_order_relaxed);
-    if (wait_us > 0 && held_.size() < limit && !taken_.empty()) {
+    if (wait_us > 0 && held.size() < limit && !taken.empty()) {
         // gpu_ivfpq.batch_wait: a moment for more searches to join.
         std::this_thread::sleep_for(std::chrono::microseconds(wait_us));
-        taken_.clear();
-        q_.take(taken_, limit - held_.size());
+        taken.clear();
+        q_.take(taken, limit - held.size());
         now = queue::now_ns();
-        for (uint32_t i : taken_)
-            held_.push_back({i, now});
+        for (uint32_t i : taken)
+            held.push_back({i, now});
     }
 
     // Ready: the mirrors include the change-log position the search must see.
     uint64_t applied = h.applied.load(std::memory_order_acquire);
     std::vector<Held> ready;
     size_t kept = 0;
-    for (Held& x : held_) {
+    for (Held& x : held) {
         if (q_.slot(x.slot).req.log_pos <= applied)
             ready.push_back(x);
         else
-            held_[kept++] = x;
+            held[kept++] = x;
     }
-    held_.resize(kept);
+    held.resize(kept);
     if (ready.empty())
         return false;
-    serve_batch(ready);
+    serve_batch(t, ready);
     return true;
 }
 
-void QueryServer::serve_batch(std::vector<Held>& ready)
+void QueryServer::serve_batch(int t, std::vector<Held>& ready)
 {
     queue::Stats& st = q_.header().stats;
     uint64_t start = queue::now_ns();
-    q_.header().busy_since_ns.store(start, std::memory_order_release);
+    q_.header().busy_since_ns[t].store(start, std::memory_order_release);
 
     // A copy of each request: the owner may abandon it meanwhile, and the
     // segment is no place to read twice.
@@ -205,13 +232,17 @@ void QueryServer::serve_batch(std::vector<Held>& ready)
                     key_hi[i] = r.filtered ? r.key_hi : INT64_MAX;
                 }
             }
-            std::lock_guard<std::mutex> lock(device_mutex_);
-            store_.drop_failed();
-            Mirror* mirror = store_.find(r0.key);
+            std::shared_lock<std::shared_mutex> lock(device_lock_);
+            Mirror* mirror = nullptr;
             size_t md = 0, mm = 0;
-            if (mirror != nullptr && store_.shape(r0.key, &md, &mm) && md == d) {
+            {
+                std::lock_guard<std::mutex> g(store_mutex_);
+                mirror = store_.find(r0.key);
+                if (mirror != nullptr && store_.shape(r0.key, &md, &mm) && md == d)
+                    store_.count_queries(r0.key, nq);
+            }
+            if (mirror != nullptr && md == d) {
                 found = true;
-                store_.count_queries(r0.key, nq);
                 device_start = queue::now_ns();
                 is_exact = run_search(*mirror, queries.data(), nq, d, k, r0.nprobe,
                                       filtered ? key_lo.data() : nullptr, filtered ? key_hi.data() : nullptr,
@@ -238,7 +269,7 @@ void QueryServer::serve_batch(std::vector<Held>& ready)
                 answer(items[i].slot, result, error.c_str());
             st.failed.fetch_add(nq, std::memory_order_relaxed);
             if (result == queue::Result::Error) {
-                std::lock_guard<std::mutex> lock(device_mutex_);
+                std::shared_lock<std::shared_mutex> lock(device_lock_);
                 for (size_t dev : devices_.alive_devices())
                     (void)devices_.check_health(dev);
                 if (devices_.alive_devices().empty() && on_device_failed_ != nullptr)
@@ -246,17 +277,14 @@ void QueryServer::serve_batch(std::vector<Held>& ready)
             }
         } else if (!found) {
             // The first asker loads the mirror; the others use the CPU meanwhile.
-            auto now = std::chrono::steady_clock::now();
-            auto claim = claims_.find(r0.key);
-            bool claimed = claim != claims_.end() && now - claim->second < kLoadClaim;
             for (size_t i = g; i < e; i++)
-                answer(items[i].slot, (i == g && !claimed) ? queue::Result::NotLoaded : queue::Result::Loading,
-                       nullptr);
-            if (!claimed)
-                claims_[r0.key] = now;
+                answer(items[i].slot, claim_or_wait(r0.key, i == g), nullptr);
             st.not_found.fetch_add(nq, std::memory_order_relaxed);
         } else {
-            claims_.erase(r0.key);
+            {
+                std::lock_guard<std::mutex> cg(claims_mutex_);
+                claims_.erase(r0.key);
+            }
             for (size_t i = 0; i < nq; i++) {
                 uint32_t s = items[g + i].slot;
                 queue::Slot& slot = q_.slot(s);
@@ -285,7 +313,7 @@ void QueryServer::serve_batch(std::vector<Held>& ready)
         st.deliver_ns.fetch_add(queue::now_ns() - deliver_start, std::memory_order_relaxed);
         g = e;
     }
-    q_.header().busy_since_ns.store(0, std::memory_order_release);
+    q_.header().busy_since_ns[t].store(0, std::memory_order_release);
 }
 
 }  // namespace gpuproc

@@ -1,13 +1,18 @@
-// The GPU process's side of the direct path (query_queue.h): a thread that
-// takes the searches backends queue, holds each until the mirrors include
-// the change-log position it carries, batches the ready ones per index,
-// probe count and k, searches, and answers each in its slot.
+// The GPU process's side of the direct path (query_queue.h): threads that
+// take the searches backends queue, hold each until the mirrors include the
+// change-log position it carries, batch the ready ones per index, probe
+// count and k, search, and answer each in its slot. Several threads keep
+// several batches in flight: on several GPUs each runs on the least busy
+// replica, and on one GPU one thread gathers and delivers while another's
+// batch runs on the device.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <shared_mutex>
 #include <thread>
 #include <vector>
 
@@ -20,40 +25,50 @@ namespace gpuproc {
 
 class QueryServer {
 public:
-    // device_mutex: held around every use of store and the devices (the
-    // request loop takes it too). on_device_failed: called (on this thread)
-    // when no device works any more; it does not return.
-    QueryServer(queue::Queue q, MirrorStore& store, DeviceSet& devices, std::mutex& device_mutex,
-                void (*on_device_failed)());
+    // device_lock: searches hold it shared, the request loop (which loads,
+    // appends and removes) exclusive. on_device_failed: called (on a
+    // serving thread) when no device works any more; it does not return.
+    // threads: serving threads to start (0: none, for tests that drive
+    // serve_once); the header's servers setting says how many of them work.
+    QueryServer(queue::Queue q, MirrorStore& store, DeviceSet& devices, std::shared_mutex& device_lock,
+                void (*on_device_failed)(), int threads);
     ~QueryServer();
     QueryServer(const QueryServer&) = delete;
     QueryServer& operator=(const QueryServer&) = delete;
 
-    // One pass: takes what is queued and serves what is ready; false when
-    // nothing was ready (the loop then sleeps until woken). Public for tests.
-    bool serve_once();
+    // How many threads serve when the setting says 0: one per GPU, at
+    // least two (one gathers and delivers while the other's batch runs).
+    static int default_servers(size_t devices) { return int(std::max<size_t>(2, devices)); }
+
+    // One pass of serving thread t: takes what is queued and serves what is
+    // ready; false when nothing was ready (the thread then sleeps until
+    // woken). Public for tests.
+    bool serve_once(int t);
 
 private:
     struct Held {
         uint32_t slot;
         uint64_t taken_ns;
     };
-    void loop();
-    void serve_batch(std::vector<Held>& ready);
+    void loop(int t);
+    void serve_batch(int t, std::vector<Held>& ready);
     void answer(uint32_t slot, queue::Result result, const char* error);
+    queue::Result claim_or_wait(const MirrorKey& key, bool first);
 
     queue::Queue q_;
     MirrorStore& store_;
     DeviceSet& devices_;
-    std::mutex& device_mutex_;
+    std::shared_mutex& device_lock_;
     void (*on_device_failed_)();
-    std::vector<Held> held_;  // taken, waiting for the change log
-    std::vector<uint32_t> taken_;
+    // The store is not shared: lookups by the serving threads take turns.
+    std::mutex store_mutex_;
+    std::vector<Held> held_[queue::kMaxServers];  // per thread: taken, waiting for the change log
     // First NotFound of a key: that requester loads it; the others get
     // Loading until the claim is this old.
+    std::mutex claims_mutex_;
     std::map<MirrorKey, std::chrono::steady_clock::time_point> claims_;
     std::atomic<bool> stop_{false};
-    std::thread thread_;
+    std::vector<std::thread> threads_;
 };
 
 }  // namespace gpuproc

@@ -110,7 +110,7 @@ GpuIvfpqQueueCreate(char *error, Size errlen)
 	service_base = base;
 	service_bytes = bytes;
 	service_queue.header().applied.store(pg_atomic_read_u64(&s->log_applied));
-	GpuIvfpqQueueSettings(gpu_ivfpq_batch_size, gpu_ivfpq_batch_wait_us);
+	GpuIvfpqQueueSettings(gpu_ivfpq_batch_size, gpu_ivfpq_batch_wait_us, gpu_ivfpq_batches_in_flight);
 	SpinLockAcquire(&s->mutex);
 	strlcpy(s->queue_name, name, sizeof(s->queue_name));
 	s->queue_bytes = bytes;
@@ -159,10 +159,11 @@ GpuIvfpqQueueSetApplied(uint64 pos)
 }
 
 void
-GpuIvfpqQueueSettings(int batch_size, int batch_wait_us)
+GpuIvfpqQueueSettings(int batch_size, int batch_wait_us, int batches_in_flight)
 {
 	if (!service_queue.ok())
 		return;
+	service_queue.header().servers.store((uint32) Max(0, batches_in_flight));
 	service_queue.header().batch_size.store((uint32) Max(1, batch_size));
 	service_queue.header().batch_wait_us.store((uint32) Max(0, batch_wait_us));
 }

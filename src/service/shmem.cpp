@@ -55,11 +55,6 @@ ServiceShmemStartup(void)
 			pg_atomic_init_u64(&s->batch_hist[i], 0);
 		pg_atomic_init_u64(&s->log_applied, 0);
 		pg_atomic_init_u64(&s->log_head_pub, 0);
-		pg_atomic_init_u64(&s->search_rounds, 0);
-		pg_atomic_init_u64(&s->time_round_ns, 0);
-		pg_atomic_init_u64(&s->time_log_ns, 0);
-		pg_atomic_init_u64(&s->time_call_ns, 0);
-		pg_atomic_init_u64(&s->time_device_ns, 0);
 		pg_atomic_init_u64(&s->append_calls, 0);
 		pg_atomic_init_u64(&s->time_append_ns, 0);
 		pg_atomic_init_u64(&s->time_append_device_ns, 0);

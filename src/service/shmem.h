@@ -214,12 +214,6 @@ typedef struct GpuIvfpqServiceShared
 	Size		queue_bytes;
 	uint64		queue_generation;
 
-	/* Where search rounds spend their time (nanoseconds, summed over rounds). */
-	pg_atomic_uint64 search_rounds;
-	pg_atomic_uint64 time_round_ns;	/* taking the requests to the last answer */
-	pg_atomic_uint64 time_log_ns;	/* applying the change log first */
-	pg_atomic_uint64 time_call_ns;	/* search calls to the GPU process, round trip */
-	pg_atomic_uint64 time_device_ns;	/* of which the GPU process worked */
 	/* Appends of logged entries to mirrors (within the log's time). */
 	pg_atomic_uint64 append_calls;
 	pg_atomic_uint64 time_append_ns;	/* append calls to the GPU process, round trip */
@@ -451,7 +445,7 @@ extern bool GpuIvfpqQueueCreate(char *error, Size errlen);
 extern void GpuIvfpqQueueDestroy(const char *message);
 extern int	GpuIvfpqQueueFd(void);
 extern void GpuIvfpqQueueSetApplied(uint64 pos);
-extern void GpuIvfpqQueueSettings(int batch_size, int batch_wait_us);
+extern void GpuIvfpqQueueSettings(int batch_size, int batch_wait_us, int batches_in_flight);
 extern void GpuIvfpqQueueFailAll(const char *message);
 extern uint64 GpuIvfpqQueueStalledSinceNs(void);
 extern uint64 GpuIvfpqQueueNowNs(void);

@@ -85,6 +85,10 @@ LogHead(void)
 	return head;
 }
 
+/* The views' figures (mirrors, memory) are refreshed at most this often under writes. */
+#define PUBLISH_EVERY_NS ((uint64) 100 * 1000 * 1000)
+static uint64 published_at = 0;
+
 /* A monotonic clock in nanoseconds, for the round's stage timings. */
 static uint64
 NowNs(void)
@@ -113,17 +117,12 @@ ToKey(const GpuIvfpqKey &k)
 	return key;
 }
 
-static void FinishSearches(void);
 static void GpuProcessLost(void);
 
-/*
- * The GPU process for a call other than a search in flight: the searches in
- * flight are answered first (their replies come before any other).
- */
+/* The GPU process, for a call (the service has at most one outstanding). */
 static GpuProcess *
 GpuSync(void)
 {
-	FinishSearches();
 	return gpu.get();
 }
 
@@ -622,12 +621,11 @@ CheckDroppedDatabases(void)
 static GpuIvfpqSlot **taken;
 static int	ntaken;
 
-/* Claims the pending requests (at most limit searches), marking them running. */
+/* Claims the pending requests, marking them running; returns how many. */
 static int
-Collect(int limit)
+Collect(void)
 {
 	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
-	int			searches = 0;
 
 	for (int i = 0; i < s->nslots; i++)
 	{
@@ -636,28 +634,14 @@ Collect(int limit)
 		if (slot->state != SLOT_PENDING)	/* unlocked peek; rechecked below */
 			continue;
 		SpinLockAcquire(&slot->mutex);
-		if (slot->state == SLOT_PENDING && (slot->kind != REQ_SEARCH || searches < limit))
+		if (slot->state == SLOT_PENDING)
 		{
 			slot->state = SLOT_RUNNING;
 			taken[ntaken++] = slot;
-			if (slot->kind == REQ_SEARCH)
-				searches++;
 		}
 		SpinLockRelease(&slot->mutex);
 	}
-	return searches;
-}
-
-/* Whether any request waits to be taken (an unlocked peek: a hint). */
-static bool
-AnyPending(void)
-{
-	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
-
-	for (int i = 0; i < s->nslots; i++)
-		if (s->slots[i].state == SLOT_PENDING)
-			return true;
-	return false;
+	return ntaken;
 }
 
 static void
@@ -671,238 +655,6 @@ CountBatch(int n)
 	pg_atomic_fetch_add_u64(&s->batches, 1);
 	pg_atomic_fetch_add_u64(&s->queries_gpu, n);
 	pg_atomic_fetch_add_u64(&s->batch_hist[bucket], 1);
-}
-
-/*
- * A search group sent to the GPU process and not yet answered. The service
- * keeps one per GPU in flight while it collects and answers (the GPUs work
- * on them while the service answers the one before), one more at most; they
- * are answered in the order sent. Static: a group outlives the round that
- * sent it, and an ERROR (the loop answers what is in flight).
- */
-struct InFlight
-{
-	std::vector<GpuIvfpqSlot *> group;
-	std::vector<float> queries;
-	std::vector<int64_t> labels;
-	std::vector<double> exact;
-	std::vector<int64_t> key_lo,
-				key_hi,
-				matched;
-	size_t		k = 0;
-	bool		filtered = false;
-	uint64		sent_at = 0;
-	GpuProcess::SearchCall call;
-};
-#define IN_FLIGHT_MAX GpuProcess::kMaxSearchesInFlight
-static InFlight in_flight[IN_FLIGHT_MAX];	/* a ring, answered oldest first */
-static int	in_flight_first;	/* the oldest in flight */
-static int	in_flight_count;
-/*
- * How many stay in flight while the service collects and answers: one per
- * GPU of the process (a GPU works on each), so that several GPUs run
- * batches at once; at most one fewer than the ring holds.
- */
-static int	in_flight_keep = 1;
-static int	gpu_devices = 1;	/* of the GPU process running */
-
-/* gpu_ivfpq.batches_in_flight, or one per GPU (0). */
-static void
-SetInFlightKeep(void)
-{
-	int			want = gpu_ivfpq_batches_in_flight > 0 ? gpu_ivfpq_batches_in_flight : gpu_devices;
-
-	in_flight_keep = Max(1, Min(want, IN_FLIGHT_MAX - 1));
-}
-
-/* A failed search call's answer to its group: the CPU engine if the GPU process died. */
-static void
-FailSearch(const std::vector<GpuIvfpqSlot *> &group, bool oom, const std::string &err)
-{
-	RequestResult result = Failed(oom);
-
-	if (result != RES_SERVICE_GONE)
-		RecordError("search failed: " + err);
-	for (GpuIvfpqSlot *slot : group)
-		Answer(slot, result, err.c_str());
-}
-
-/* The answers of the oldest group in flight, to its slots. */
-static void
-FinishSearch(void)
-{
-	InFlight   &f = in_flight[in_flight_first];
-	MirrorKey	key = ToKey(f.group.front()->key);
-	size_t		nq = f.group.size();
-	size_t		k = f.k;
-	std::string err;
-	bool		oom = false;
-	bool		found = false;
-	bool		is_exact = false;
-
-	in_flight_first = (in_flight_first + 1) % IN_FLIGHT_MAX;
-	in_flight_count--;
-	if (!gpu)
-	{
-		/* The process was lost meanwhile: the CPU engine answers. */
-		for (GpuIvfpqSlot *slot : f.group)
-			Answer(slot, RES_SERVICE_GONE, "the GPU process is restarting");
-		return;
-	}
-	if (!Engine([&] {
-			found = gpu->receive_search(f.call, f.filtered ? f.matched.data() : nullptr, f.labels.data(),
-										f.exact.data(), &is_exact);
-			pg_atomic_fetch_add_u64(&gpu_ivfpq_service->time_device_ns, gpu->last_busy_ns());
-		}, err, &oom))
-	{
-		FailSearch(f.group, oom, err);
-		return;
-	}
-	pg_atomic_fetch_add_u64(&gpu_ivfpq_service->time_call_ns, NowNs() - f.sent_at);
-	if (!found)
-	{
-		TimestampTz now = GetCurrentTimestamp();
-		auto		claim = load_claims.find(key);
-		bool		claimed = claim != load_claims.end() &&
-			!TimestampDifferenceExceeds(claim->second, now, LOAD_CLAIM_MS);
-
-		/* The first asker loads the mirror; the others use the CPU meanwhile. */
-		for (size_t i = 0; i < nq; i++)
-			Answer(f.group[i], (i == 0 && !claimed) ? RES_NOT_LOADED : RES_LOADING, NULL);
-		if (!claimed)
-			load_claims[key] = now;
-		return;
-	}
-	CountBatch((int) nq);
-	for (size_t i = 0; i < nq; i++)
-	{
-		GpuIvfpqSlot *slot = f.group[i];
-
-		/* A group shares k (Serve): each row is the slot's whole answer. */
-		memcpy(slot->payload.bytes, &f.labels[i * k], k * sizeof(int64));
-		if (is_exact)
-			memcpy(slot->payload.bytes + k * sizeof(int64), &f.exact[i * k], k * sizeof(double));
-		slot->exact = is_exact;
-		slot->batch = (int) nq;
-		slot->matched = f.filtered ? f.matched[i] : 0;
-		Answer(slot, RES_OK, NULL);
-	}
-}
-
-/* Answers every group in flight (before any other call to the GPU process). */
-static void
-FinishSearches(void)
-{
-	while (in_flight_count > 0)
-		FinishSearch();
-}
-
-/*
- * After an error: the searches in flight are answered as usual if their
- * replies can still be read; else their requesters get the error, and the
- * GPU process, whose replies the service no longer expects, is replaced
- * (mirrors reload on demand). Never leaves a search call marked open.
- */
-static void
-SettleInFlight(void)
-{
-	GpuIvfpqCaught caught;
-
-	if (in_flight_count > 0 && !GpuIvfpqTry([] { FinishSearches(); }, &caught))
-	{
-		/*
-		 * Both entries, in flight or not (one may have been taken off before
-		 * its answer failed): a slot still running is one the service owes
-		 * an answer, since this error path answers every taken slot anyway.
-		 */
-		for (InFlight &f : in_flight)
-			for (GpuIvfpqSlot *slot : f.group)
-				if (slot->state == SLOT_RUNNING || slot->state == SLOT_ABANDONED)
-					Answer(slot, RES_ERROR, "the gpu_ivfpq service failed");
-		in_flight_count = 0;
-		if (gpu)
-			GpuProcessLost();
-	}
-	for (InFlight &f : in_flight)
-	{
-		f.call = GpuProcess::SearchCall();
-		f.group.clear();
-	}
-}
-
-/*
- * Sends the searches of one index version and probe count as one device
- * call, answered later by FinishSearch (at once when two are in flight).
- */
-static void
-SendSearch(const std::vector<GpuIvfpqSlot *> &group)
-{
-	GpuIvfpqSlot *first = group.front();
-	MirrorKey	key = ToKey(first->key);
-	size_t		nq = group.size();
-	size_t		d = first->dim;
-	size_t		k = 0;
-	bool		filtered = false;
-	bool		sent = false;
-	std::string err;
-	bool		oom = false;
-
-	if (in_flight_count == IN_FLIGHT_MAX)
-		FinishSearch();
-	InFlight   &f = in_flight[(in_flight_first + in_flight_count) % IN_FLIGHT_MAX];
-
-	for (GpuIvfpqSlot *slot : group)
-	{
-		k = Max(k, (size_t) slot->k);
-		filtered |= slot->filtered;
-	}
-	f.group = group;
-	f.k = k;
-	f.filtered = filtered;
-	f.key_lo.clear();
-	f.key_hi.clear();
-	f.matched.clear();
-	/* Queries without a filter in a batch with filtered ones take every key (NULLs too). */
-	if (filtered)
-		for (GpuIvfpqSlot *slot : group)
-		{
-			f.key_lo.push_back(slot->filtered ? slot->key_lo : PG_INT64_MIN);
-			f.key_hi.push_back(slot->filtered ? slot->key_hi : PG_INT64_MAX);
-			f.matched.push_back(0);
-		}
-	f.queries.resize(nq * d);
-	for (size_t i = 0; i < nq; i++)
-		memcpy(&f.queries[i * d], group[i]->payload.bytes, d * sizeof(float));
-	f.labels.resize(nq * k);
-	f.exact.resize(nq * k);
-	f.sent_at = NowNs();
-	auto		send = [&] {
-		return gpu->send_search(f.call, key, d, f.queries.data(), nq, k, first->nprobe,
-								filtered ? f.key_lo.data() : nullptr, filtered ? f.key_hi.data() : nullptr);
-	};
-
-	if (!Engine([&] { sent = send(); }, err, &oom))
-	{
-		FailSearch(group, oom, err);
-		return;
-	}
-	if (!sent)
-	{
-		/* Too large to go beside those in flight (or no part free): they first. */
-		FinishSearches();
-		f.sent_at = NowNs();
-		if (!Engine([&] { sent = send(); }, err, &oom) || !sent)
-		{
-			FailSearch(group, oom, err.empty() ? std::string("no room in the exchange") : err);
-			return;
-		}
-	}
-	if (in_flight_count == 0)
-		in_flight_first = (int) (&f - in_flight);
-	in_flight_count++;
-	/* in_flight_keep stay in flight: the GPUs work on them while the service answers the one before. */
-	if (in_flight_count > in_flight_keep)
-		FinishSearch();
 }
 
 static gpuivfpq::Placement
@@ -1456,8 +1208,8 @@ ServeSegmentRequest(GpuIvfpqSlot *slot)
 			result = MetricSearch(slot, (char *) dsm_segment_address(seg), dsm_segment_map_length(seg), err);
 			break;
 		case REQ_SEARCH:
-			/* Single searches carry no segment; Serve batches them. */
-			err = "a search request carried a segment";
+			/* Scan rounds go through the direct path (direct_path.cpp), never here. */
+			err = "a scan round was sent to the service";
 			break;
 	}
 	GpuIvfpqPgCall([&] { dsm_detach(seg); });
@@ -1466,23 +1218,10 @@ ServeSegmentRequest(GpuIvfpqSlot *slot)
 	Answer(slot, result, err.c_str());
 }
 
-/* Groups the taken searches by (index version, probes, dim, k) and serves each group. */
+/* Serves the taken requests, merging slot-carried gpu_metric searches. */
 static void
 Serve(void)
 {
-	std::map<std::tuple<MirrorKey, int, int, int>, std::vector<GpuIvfpqSlot *>> groups;
-
-	for (int i = 0; i < ntaken; i++)
-	{
-		GpuIvfpqSlot *slot = taken[i];
-
-		if (slot->kind != REQ_SEARCH)
-			continue;
-		groups[std::make_tuple(ToKey(slot->key), slot->nprobe, slot->dim, slot->k)].push_back(slot);
-	}
-	for (auto &kv : groups)
-		SendSearch(kv.second);
-
 	/* Slot-carried gpu_metric searches of one mirror key and kind (k; 0 for range): one GPU call. */
 	std::map<std::pair<MirrorKey, int>, std::vector<GpuIvfpqSlot *>> metric_groups;
 	std::map<GpuIvfpqSlot *, const std::vector<GpuIvfpqSlot *> *> merged;
@@ -1495,7 +1234,6 @@ Serve(void)
 			for (GpuIvfpqSlot *slot : kv.second)
 				merged[slot] = &kv.second;
 	for (int i = 0; i < ntaken; i++)
-		if (taken[i]->kind != REQ_SEARCH)
 		{
 			auto		m = merged.find(taken[i]);
 
@@ -1521,21 +1259,20 @@ Serve(void)
  * round's requests still get an answer.
  */
 static void
-ServeRound(int searches)
+ServeRound(void)
 {
 	GpuIvfpqCaught caught;
 
 	if (!GpuIvfpqTry([&] {
-			/* Waiting a little lets more connections join the batch (measured in the benchmarks). */
+			/* Slot-carried gpu_metric searches merge (MetricSearchGroup): a moment lets more join. */
 			int			metric = 0;
 
-			/* Slot-carried gpu_metric searches merge too (MetricSearchGroup). */
 			for (int i = 0; i < ntaken; i++)
 				metric += taken[i]->kind == REQ_METRIC_SEARCH && taken[i]->dsm == DSM_HANDLE_INVALID;
-			if (gpu_ivfpq_batch_wait_us > 0 && searches + metric > 0 && searches + metric < gpu_ivfpq_batch_size)
+			if (gpu_ivfpq_batch_wait_us > 0 && metric > 0 && metric < gpu_ivfpq_batch_size)
 			{
 				pg_usleep(gpu_ivfpq_batch_wait_us);
-				(void) Collect(gpu_ivfpq_batch_size - searches);
+				(void) Collect();
 			}
 			if (!GpuUp())
 			{
@@ -1545,28 +1282,11 @@ ServeRound(int searches)
 				return;
 			}
 			/* After collecting: a change logged before a request was sent is applied first. */
-			uint64		start = NowNs();
-
 			DrainLog();
-			uint64		drained = NowNs();
-
 			Serve();
-			/* Nobody else waiting: the batch is answered now, as without the overlap. */
-			if (in_flight_count > 0 && !AnyPending())
-				FinishSearches();
-			if (searches > 0)
-			{
-				GpuIvfpqServiceShared *s = gpu_ivfpq_service;
-
-				pg_atomic_fetch_add_u64(&s->search_rounds, 1);
-				pg_atomic_fetch_add_u64(&s->time_log_ns, drained - start);
-				pg_atomic_fetch_add_u64(&s->time_round_ns, NowNs() - start);
-			}
 		}, &caught))
 	{
 		RecordError(std::string("a request round failed: ") + caught.message);
-		/* Searches in flight first: those of this round are among the taken. */
-		SettleInFlight();
 		for (int i = 0; i < ntaken; i++)
 			if (taken[i]->state == SLOT_RUNNING || taken[i]->state == SLOT_ABANDONED)
 				Answer(taken[i], RES_ERROR, caught.message);
@@ -1672,8 +1392,6 @@ StartGpuProcess(void)
 			/* Mirrors hold heap TIDs: a search answering anything else is malformed. */
 			gpu->set_label_check(gpuivfpq::replycheck::tid_label);
 			GpuSync()->set_budget(BudgetBytes());
-			gpu_devices = (int) GpuSync()->devices().size();
-			SetInFlightKeep();
 		}, err))
 	{
 		gpu.reset();
@@ -1827,8 +1545,6 @@ gpu_ivfpq_service_main(Datum arg)
 		edata = CopyErrorData();
 		FlushErrorState();
 		RecordError(edata->message ? edata->message : "error");
-		/* Searches in flight first: those of this round are among the taken. */
-		SettleInFlight();
 		for (int i = 0; i < ntaken; i++)
 			if (taken[i]->state == SLOT_RUNNING || taken[i]->state == SLOT_ABANDONED)
 				Answer(taken[i], RES_ERROR, "the gpu_ivfpq service failed");
@@ -1840,8 +1556,6 @@ gpu_ivfpq_service_main(Datum arg)
 
 	for (;;)
 	{
-		int			searches;
-
 		MemoryContextSwitchTo(loopctx);
 		MemoryContextReset(loopctx);
 		CHECK_FOR_INTERRUPTS();
@@ -1853,11 +1567,7 @@ gpu_ivfpq_service_main(Datum arg)
 			if (DeviceArguments() != gpu_arguments)
 			{
 				ereport(LOG, (errmsg("gpu_ivfpq service: gpu_ivfpq.devices changed, restarting the GPU process")));
-				if (gpu)
-				{
-					SettleInFlight();
-					gpu.reset();
-				}
+				gpu.reset();
 				GpuIvfpqQueueFailAll("the GPU process is restarting");
 				mirror_from.clear();
 				load_claims.clear();
@@ -1868,8 +1578,7 @@ gpu_ivfpq_service_main(Datum arg)
 				PublishState(SERVICE_RESTARTING, NULL);
 				PublishStatus();
 			}
-			SetInFlightKeep();
-			GpuIvfpqQueueSettings(gpu_ivfpq_batch_size, gpu_ivfpq_batch_wait_us);
+			GpuIvfpqQueueSettings(gpu_ivfpq_batch_size, gpu_ivfpq_batch_wait_us, gpu_ivfpq_batches_in_flight);
 			if (GpuUp())
 				(void) Engine([&] {
 					gpu->set_timeout(gpu_ivfpq_gpu_timeout_s, GPU_BULK_TIMEOUT_FACTOR);
@@ -1890,11 +1599,7 @@ gpu_ivfpq_service_main(Datum arg)
 		}
 		/* Notice a death while idle; restart when the backoff is over. */
 		if (gpu && (gpu->check_exit() || !gpu->alive()))
-		{
-			SettleInFlight();	/* answered by the CPU engine */
-			if (gpu)
-				GpuProcessLost();
-		}
+			GpuProcessLost();
 		if (!gpu && gpu_expected && GetCurrentTimestamp() >= gpu_restart_at)
 			StartGpuProcess();
 		if (!gpu)
@@ -1902,31 +1607,34 @@ gpu_ivfpq_service_main(Datum arg)
 		CheckDroppedDatabases();
 		ResetLatch(MyLatch);
 		ntaken = 0;
-		searches = Collect(gpu_ivfpq_batch_size);
-		if (ntaken == 0 && in_flight_count > 0)
-		{
-			/* Nothing new: answer what the GPU process has in hand, then look again. */
-			GpuIvfpqCaught caught;
-
-			if (!GpuIvfpqTry([] { FinishSearches(); }, &caught))
-				RecordError(std::string("answering searches failed: ") + caught.message);
-			continue;
-		}
+		(void) Collect();
 		if (ntaken == 0)
 		{
 			long		timeout = 1000L;
+			uint64		now = NowNs();
+			bool		publish = now - published_at >= PUBLISH_EVERY_NS;
 
+			/*
+			 * Writers wake the service for each change (searches wait for
+			 * it): the log is applied at once, the views (calls to the GPU
+			 * process) follow at most every PUBLISH_EVERY_NS.
+			 */
 			(void) Engine([&] {
 				DrainLog();
-				PublishStatus();
+				if (publish)
+					PublishStatus();
 			}, err);
+			if (publish)
+				published_at = now;
+			else
+				timeout = PUBLISH_EVERY_NS / 1000000;
 			if (!gpu && gpu_expected)
 				timeout = Max(10L, Min(timeout, (long) ((gpu_restart_at - GetCurrentTimestamp()) / 1000)));
 			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, timeout,
 							 PG_WAIT_EXTENSION);
 			continue;
 		}
-		ServeRound(searches);
+		ServeRound();
 		ntaken = 0;
 	}
 }

@@ -1,0 +1,312 @@
+// The direct path's segment (gpu_process/query_queue.h) and the GPU
+// process's server of it (query_server.h), over the CPU emulation: the
+// slots' state machine, the answers a dead GPU process leaves, the checks
+// backends apply to what they read, and searches served through the queue
+// as the mirror itself answers them, held until the change log is applied.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <shared_mutex>
+#include <thread>
+#include <vector>
+
+#include "gpu_process/device_set.h"
+#include "gpu_process/gpu_process_server.h"
+#include "gpu_process/mirror_store.h"
+#include "gpu_process/query_queue.h"
+#include "gpu_process/query_server.h"
+#include "mirror_fixture.h"
+
+using namespace gpuivfpq;
+using gpuivfpq::queue::Queue;
+using Fixture = testutil::EncodedSet;
+
+namespace {
+
+// A segment in process memory (the real one is a shared memory object).
+struct Segment {
+    std::vector<uint64_t> mem;
+    Queue q;
+    explicit Segment(uint32_t nslots) : mem(Queue::bytes_for(nslots) / 8 + 1)
+    {
+        q = Queue::create(mem.data(), Queue::bytes_for(nslots), nslots, 7);
+    }
+};
+
+void fill(const Queue& q, uint32_t i, const MirrorKey& key, const float* query, uint32_t d, uint32_t k,
+          uint32_t nprobe, uint64_t log_pos = 0)
+{
+    queue::Slot& s = q.slot(i);
+    s.req = queue::SearchRequest();
+    s.req.d = d;
+    s.req.k = k;
+    s.req.nprobe = nprobe;
+    s.req.key = key;
+    s.req.log_pos = log_pos;
+    std::memcpy(s.payload, query, d * sizeof(float));
+}
+
+}  // namespace
+
+TEST(QueryQueue, AttachChecksTheLayout)
+{
+    Segment seg(4);
+    ASSERT_TRUE(seg.q.ok());
+    EXPECT_TRUE(Queue::attach(seg.mem.data(), Queue::bytes_for(4)).ok());
+    // Another size than the creator's, or another version: refused.
+    EXPECT_FALSE(Queue::attach(seg.mem.data(), Queue::bytes_for(4) + 64).ok());
+    seg.q.header().version = queue::kVersion + 1;
+    EXPECT_FALSE(Queue::attach(seg.mem.data(), Queue::bytes_for(4)).ok());
+    EXPECT_FALSE(Queue::attach(nullptr, 100).ok());
+}
+
+TEST(QueryQueue, SlotStates)
+{
+    Segment seg(3);
+    const Queue& q = seg.q;
+    q.submit(1);
+    EXPECT_EQ(q.state(1).load(), uint32_t(queue::Pending));
+    EXPECT_FALSE(q.wait_done(1, 1));
+
+    std::vector<uint32_t> taken;
+    EXPECT_EQ(q.take(taken, 8), 1u);
+    ASSERT_EQ(taken, std::vector<uint32_t>{1});
+    EXPECT_EQ(q.state(1).load(), uint32_t(queue::Running));
+    EXPECT_EQ(q.take(taken, 8), 0u);  // taken once only
+
+    q.complete(1);
+    EXPECT_TRUE(q.wait_done(1, 1));
+    q.release(1);
+    EXPECT_EQ(q.state(1).load(), uint32_t(queue::Free));
+}
+
+// A cancel: a search not yet taken is the owner's again at once; a taken one
+// stays the GPU process's until it completes it (it may still write there).
+TEST(QueryQueue, AbandonedSlotsAreFreedByWhoeverHoldsThem)
+{
+    Segment seg(2);
+    const Queue& q = seg.q;
+    q.submit(0);
+    EXPECT_TRUE(q.abandon(0));
+    EXPECT_EQ(q.state(0).load(), uint32_t(queue::Free));
+
+    q.submit(1);
+    std::vector<uint32_t> taken;
+    ASSERT_EQ(q.take(taken, 8), 1u);
+    EXPECT_TRUE(q.abandon(1));
+    EXPECT_EQ(q.state(1).load(), uint32_t(queue::Abandoned));
+    taken.clear();
+    EXPECT_EQ(q.take(taken, 8), 0u);  // not taken, not freed by a take
+    EXPECT_EQ(q.state(1).load(), uint32_t(queue::Abandoned));
+    q.complete(1);
+    EXPECT_EQ(q.state(1).load(), uint32_t(queue::Free));
+
+    // Answered before the cancel: the owner releases it.
+    q.submit(0);
+    taken.clear();
+    ASSERT_EQ(q.take(taken, 8), 1u);
+    q.complete(0);
+    EXPECT_FALSE(q.abandon(0));
+    q.release(0);
+    EXPECT_EQ(q.state(0).load(), uint32_t(queue::Free));
+}
+
+// The GPU process died: whatever was queued or taken is answered Gone, an
+// abandoned slot is freed, and the stall clock says who owes progress.
+TEST(QueryQueue, FailAllAnswersWhatADeadProcessLeft)
+{
+    Segment seg(4);
+    const Queue& q = seg.q;
+    EXPECT_EQ(q.stalled_since_ns(), 0u);
+    q.submit(0);
+    q.submit(1);
+    q.submit(2);
+    EXPECT_NE(q.stalled_since_ns(), 0u);  // pending, not taken
+    std::vector<uint32_t> taken;
+    ASSERT_EQ(q.take(taken, 2), 2u);  // 0 and 1 taken, 2 still pending
+    ASSERT_TRUE(q.abandon(1));
+    EXPECT_EQ(q.fail_all("gone"), 2u);
+    for (uint32_t i : {0u, 2u}) {
+        EXPECT_TRUE(q.wait_done(i, 1));
+        EXPECT_EQ(q.slot(i).ans.result, int32_t(queue::Result::Gone));
+        EXPECT_STREQ(q.slot(i).ans.error, "gone");
+    }
+    EXPECT_EQ(q.state(1).load(), uint32_t(queue::Free));
+    EXPECT_EQ(q.state(3).load(), uint32_t(queue::Free));
+    EXPECT_EQ(q.stalled_since_ns(), 0u);  // taken searches held for the log do not count
+}
+
+// What a backend accepts from the segment: a GPU process writing garbage
+// there gets its answer refused, never used to index anything.
+TEST(QueryQueue, MalformedAnswersAreRefused)
+{
+    queue::SearchRequest req;
+    req.k = 4;
+    req.d = 8;
+    int64_t labels[4] = {1, 2, -1, -1};
+    queue::SearchAnswer ok;
+    ok.n = 2;
+    ok.batch = 3;
+    EXPECT_TRUE(queue::answer_sound(req, ok, labels, 16));
+
+    auto refused = [&](auto change, const int64_t* l = nullptr) {
+        queue::SearchAnswer a = ok;
+        change(a);
+        return !queue::answer_sound(req, a, l != nullptr ? l : labels, 16);
+    };
+    EXPECT_TRUE(refused([](queue::SearchAnswer& a) { a.result = 17; }));
+    EXPECT_TRUE(refused([](queue::SearchAnswer& a) { a.result = -1; }));
+    EXPECT_TRUE(refused([](queue::SearchAnswer& a) { a.n = 5; }));
+    EXPECT_TRUE(refused([](queue::SearchAnswer& a) { a.exact = 2; }));
+    EXPECT_TRUE(refused([](queue::SearchAnswer& a) { a.batch = 0; }));
+    EXPECT_TRUE(refused([](queue::SearchAnswer& a) { a.batch = 17; }));
+    EXPECT_TRUE(refused([](queue::SearchAnswer& a) { a.matched = 3; }));  // not a filtered search
+    EXPECT_TRUE(refused([](queue::SearchAnswer& a) { std::memset(a.error, 'x', sizeof(a.error)); }));
+    const int64_t not_tids[4] = {1, 65536, -1, -1};  // offset 0 is no heap TID
+    EXPECT_TRUE(refused([](queue::SearchAnswer&) {}, not_tids));
+    const int64_t negative[4] = {1, -7, -1, -1};
+    EXPECT_TRUE(refused([](queue::SearchAnswer&) {}, negative));
+    // Errors pass (their text is shown, terminated), whatever the rest says.
+    EXPECT_FALSE(refused([](queue::SearchAnswer& a) {
+        a.result = int32_t(queue::Result::Error);
+        a.n = 99;
+    }));
+}
+
+// Searches through the queue get what the mirror itself answers; a search
+// carrying a change-log position beyond what the service applied waits.
+TEST(QueryServer, ServesAsTheMirrorAnswersAndWaitsForTheLog)
+{
+    Fixture f;
+    auto dev = make_cpu_emulation_device();
+    DeviceSet devices(*dev);
+    MirrorStore store(devices);
+    const MirrorKey key{1, 10, 100, 1};
+    ASSERT_NE(store.load(key, f.spec(true), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), f.x.data(),
+                         nullptr),
+              nullptr);
+    Segment seg(8);
+    std::shared_mutex lock;
+    gpuproc::QueryServer server(seg.q, store, devices, lock, nullptr, 0);
+
+    const uint32_t k = 10, nprobe = 4;
+    for (uint32_t i = 0; i < 5; i++) {
+        fill(seg.q, i, key, f.x.data() + i * 31 * f.d, uint32_t(f.d), k, nprobe, i == 4 ? 5 : 0);
+        seg.q.submit(i);
+    }
+    EXPECT_TRUE(server.serve_once(0));
+    for (uint32_t i = 0; i < 4; i++) {
+        ASSERT_TRUE(seg.q.wait_done(i, 1)) << i;
+        const queue::SearchAnswer& a = seg.q.slot(i).ans;
+        ASSERT_EQ(a.result, int32_t(queue::Result::Ok)) << a.error;
+        EXPECT_EQ(a.batch, 4u);
+        EXPECT_EQ(a.exact, 1u);
+        ASSERT_EQ(a.n, k);
+        std::vector<int64_t> labels(k);
+        std::vector<double> dist(k);
+        Mirror* mirror = store.find(key);
+        gpuproc::run_search(*mirror, f.x.data() + i * 31 * f.d, 1, f.d, k, nprobe, nullptr, nullptr, nullptr,
+                            labels.data(), dist.data());
+        const int64_t* got = reinterpret_cast<const int64_t*>(seg.q.slot(i).payload);
+        const double* got_dist = reinterpret_cast<const double*>(seg.q.slot(i).payload + k * sizeof(int64_t));
+        for (uint32_t j = 0; j < k; j++) {
+            EXPECT_EQ(got[j], labels[j]);
+            EXPECT_EQ(got_dist[j], dist[j]);
+        }
+        EXPECT_TRUE(queue::answer_sound(seg.q.slot(i).req, a, got, 8));
+        seg.q.release(i);
+    }
+    // The fifth waits for position 5 of the change log.
+    EXPECT_EQ(seg.q.state(4).load(), uint32_t(queue::Running));
+    EXPECT_FALSE(server.serve_once(0));
+    EXPECT_FALSE(seg.q.wait_done(4, 1));
+    seg.q.header().applied.store(5);
+    EXPECT_TRUE(server.serve_once(0));
+    ASSERT_TRUE(seg.q.wait_done(4, 1));
+    EXPECT_EQ(seg.q.slot(4).ans.result, int32_t(queue::Result::Ok));
+    EXPECT_EQ(seg.q.header().stats.queries.load(), 5u);
+    EXPECT_EQ(seg.q.header().stats.batches.load(), 2u);
+}
+
+// No mirror: the first asker loads it, the others use the CPU meanwhile;
+// malformed requests are answered with an error, never served.
+TEST(QueryServer, NotLoadedOnceThenLoadingAndBadRequestsRefused)
+{
+    Fixture f;
+    auto dev = make_cpu_emulation_device();
+    DeviceSet devices(*dev);
+    MirrorStore store(devices);
+    Segment seg(8);
+    std::shared_mutex lock;
+    gpuproc::QueryServer server(seg.q, store, devices, lock, nullptr, 0);
+    const MirrorKey key{1, 11, 100, 1};
+    for (uint32_t i = 0; i < 3; i++) {
+        fill(seg.q, i, key, f.x.data(), uint32_t(f.d), 5, 2);
+        seg.q.submit(i);
+    }
+    fill(seg.q, 3, key, f.x.data(), uint32_t(f.d), 0, 2);  // k 0
+    seg.q.submit(3);
+    fill(seg.q, 4, key, f.x.data(), uint32_t(f.d), 5, 2);
+    seg.q.slot(4).req.d = 1u << 20;  // a dimension past the payload
+    seg.q.submit(4);
+    ASSERT_TRUE(server.serve_once(0));
+    std::vector<int32_t> results;
+    for (uint32_t i = 0; i < 5; i++) {
+        ASSERT_TRUE(seg.q.wait_done(i, 1));
+        results.push_back(seg.q.slot(i).ans.result);
+    }
+    EXPECT_EQ(results[0], int32_t(queue::Result::NotLoaded));
+    EXPECT_EQ(results[1], int32_t(queue::Result::Loading));
+    EXPECT_EQ(results[2], int32_t(queue::Result::Loading));
+    EXPECT_EQ(results[3], int32_t(queue::Result::Error));
+    EXPECT_EQ(results[4], int32_t(queue::Result::Error));
+}
+
+// Serving threads and many clients at once: every search answered, each
+// with its own query's answer.
+TEST(QueryServer, ThreadsServeConcurrentClients)
+{
+    Fixture f;
+    auto dev = make_cpu_emulation_device();
+    DeviceSet devices(*dev);
+    MirrorStore store(devices);
+    const MirrorKey key{1, 12, 100, 1};
+    ASSERT_NE(store.load(key, f.spec(true), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), f.x.data(),
+                         nullptr),
+              nullptr);
+    const uint32_t clients = 6, rounds = 40, k = 5, nprobe = 3;
+    Segment seg(clients);
+    std::shared_mutex lock;
+    // Reference answers first (the store is not shared with the server yet).
+    std::vector<int64_t> want(clients * rounds * k);
+    std::vector<double> dist(k);
+    for (uint32_t c = 0; c < clients; c++)
+        for (uint32_t r = 0; r < rounds; r++)
+            gpuproc::run_search(*store.find(key), f.x.data() + ((c * rounds + r) % f.n) * f.d, 1, f.d, k, nprobe,
+                                nullptr, nullptr, nullptr, want.data() + (c * rounds + r) * k, dist.data());
+    {
+        gpuproc::QueryServer server(seg.q, store, devices, lock, [] { std::abort(); }, 3);
+        std::vector<std::thread> threads;
+        std::vector<int> wrong(clients, 0);
+        for (uint32_t c = 0; c < clients; c++)
+            threads.emplace_back([&, c] {
+                for (uint32_t r = 0; r < rounds; r++) {
+                    fill(seg.q, c, key, f.x.data() + ((c * rounds + r) % f.n) * f.d, uint32_t(f.d), k, nprobe);
+                    seg.q.submit(c);
+                    while (!seg.q.wait_done(c, 1000)) {
+                    }
+                    const int64_t* got = reinterpret_cast<const int64_t*>(seg.q.slot(c).payload);
+                    if (seg.q.slot(c).ans.result != 0 ||
+                        std::memcmp(got, want.data() + (c * rounds + r) * k, k * sizeof(int64_t)) != 0)
+                        wrong[c]++;
+                    seg.q.release(c);
+                }
+            });
+        for (auto& t : threads)
+            t.join();
+        for (uint32_t c = 0; c < clients; c++)
+            EXPECT_EQ(wrong[c], 0) << "client " << c;
+    }
+    EXPECT_EQ(seg.q.header().stats.queries.load(), uint64_t(clients) * rounds);
+}
