@@ -1,0 +1,135 @@
+#!/bin/bash
+# The direct path against PostgreSQL's own ceiling, on the GPU machine:
+# tools/gen_synthetic's set (seed 42), lists 4096, m $1, probes 32, rerank
+# 100. Prints recall@10, then for 1, 64 and 128 clients the k-NN statement
+#   SELECT id FROM base ORDER BY v <-> (SELECT v FROM queries WHERE qid = :q) LIMIT 10
+# beside the same statement shape with the search replaced by a 10-row key
+# range (PostgreSQL's ceiling for it on this host)
+#   SELECT id FROM base WHERE id BETWEEN :r AND :r + 9 AND (SELECT v FROM queries WHERE qid = :q) IS NOT NULL
+# and SELECT 1, with their ratio; where each search's time goes (the status
+# view's stages: queue wait, waiting for the change log, the GPU's work and
+# the delivery per batch, the mean batch); then 64 readers beside 4 writers
+# (insert + delete) and autovacuum, against the static rate, with the scan
+# rounds the CPU engine served.
+#
+# Runs after bash .device/pg-up.sh and an install of the extension linked
+# with the kernels. usage: bench/gpu/direct_path.sh [M] [N]
+# (SECS: pgbench seconds per row, default 10; CHURN_SECS default 20)
+set -euo pipefail
+M=${1:-32}
+N=${2:-1000000}
+SECS=${SECS:-10}
+CHURN_SECS=${CHURN_SECS:-20}
+PROBES=${PROBES:-32}
+LISTS=${LISTS:-4096}
+DATA=${DATA:-/tmp/gpu_ivfpq-synthetic-$N}
+RES=${OUT:-/tmp}/direct-path-m$M.txt
+. "${PGENV:-/opt/pg/env.sh}"
+say() { echo "$*" | tee -a "$RES"; }
+: >"$RES"
+
+. bench/gpu/lib.sh
+bench_setup "max_connections = 300
+autovacuum_naptime = 2s
+autovacuum_vacuum_scale_factor = 0
+autovacuum_vacuum_threshold = 2000
+autovacuum_vacuum_insert_scale_factor = 0
+autovacuum_vacuum_insert_threshold = 2000
+autovacuum_vacuum_cost_limit = 10000" ""
+say "# gpu_ivfpq direct path: $N x 128 synthetic (tools/gen_synthetic, seed 42), lists $LISTS, m $M, probes $PROBES, rerank 100"
+say "# device: $(psql -qAtc 'SELECT device FROM gpu_ivfpq_status'); $(nproc) CPU cores; $SECS s per row"
+say "# $(date -u +%F' '%T) UTC"
+
+psql -qc "CREATE INDEX base_id ON base (id)"
+t0=$(date +%s.%N)
+psql -qc "CREATE INDEX base_idx ON base USING gpu_ivfpq (v) WITH (lists = $LISTS, m = $M)"
+say "CREATE INDEX (GPU): $(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $t0 }") s"
+psql -qc "CREATE SEQUENCE churn_id START $((N + 1))"
+psql -qAtc "SELECT 'prewarm: ' || gpu_ivfpq_prewarm('base_idx') || ' entries'" | tee -a "$RES"
+
+work=$(mktemp -d)
+chmod 755 "$work"
+cat >"$work/knn.sql" <<'Q'
+\set q random(1, 1000)
+SELECT id FROM base ORDER BY v <-> (SELECT v FROM queries WHERE qid = :q) LIMIT 10;
+Q
+cat >"$work/range.sql" <<Q
+\set q random(1, 1000)
+\set r random(1, $((N - 10)))
+SELECT id FROM base WHERE id BETWEEN :r AND :r + 9 AND (SELECT v FROM queries WHERE qid = :q) IS NOT NULL;
+Q
+echo 'SELECT 1;' >"$work/one.sql"
+cat >"$work/write.sql" <<Q
+\set r random(1, $N)
+INSERT INTO base SELECT nextval('churn_id'), v FROM base WHERE id = :r LIMIT 1;
+DELETE FROM base WHERE id = :r;
+Q
+chmod 644 "$work"/*.sql
+OPTS="-c gpu_ivfpq.probes=$PROBES -c enable_seqscan=off"
+
+r=$(PGOPTIONS="$OPTS" psql -qAt <<'SQL'
+SELECT round(avg(hit) / 10, 4) FROM queries q, LATERAL (
+  SELECT count(*) AS hit FROM (SELECT id FROM base ORDER BY v <-> q.v LIMIT 10) r
+  WHERE r.id = ANY (q.gt[1:10])) h;
+SQL
+)
+say "recall@10 (probes $PROBES, GPU): $r"
+
+# pgbench CLIENTS SCRIPT [SECS]: "tps p50_ms" (p50 from the per-transaction log).
+bench() {
+  local clients=$1 script=$2 secs=${3:-$SECS} dir tps
+  dir=$(mktemp -d)
+  chmod 777 "$dir"
+  (cd "$dir" && PGOPTIONS="$OPTS" pgbench -n -M prepared -c "$clients" -j "$((clients < 16 ? clients : 16))" \
+    -T "$secs" -f "$script" --log --log-prefix=lat postgres >out.txt 2>&1) || { cat "$dir/out.txt" >&2; return 1; }
+  tps=$(grep -oP 'tps = \K[0-9.]+(?= \(without)' "$dir/out.txt")
+  cat "$dir"/lat* | awk '{print $3}' | sort -n | awk -v tps="$tps" '
+    { a[NR] = $1 } END { printf "%.0f %.3f\n", tps, a[int(NR * 0.5)] / 1000 }'
+  rm -rf "$dir"
+}
+stat() { psql -qAtc "SELECT coalesce($1, 0) FROM gpu_ivfpq_status"; }
+snap() { psql -qAtc "SELECT queued_searches, coalesce(mean_queue_wait_us * queued_searches, 0), coalesce(mean_log_wait_us * queued_searches, 0), batches, queries_gpu, queries_cpu, gpu_fallbacks FROM gpu_ivfpq_status"; }
+
+say ""
+say "## k-NN against the same-shape ceiling (10-row key range) and SELECT 1"
+say "| clients | k-NN QPS | k-NN p50 ms | ceiling QPS | ceiling p50 ms | k-NN / ceiling | SELECT 1 QPS | mean batch | queue wait us | GPU us per batch | delivery us per batch |"
+say "|---|---|---|---|---|---|---|---|---|---|---|"
+for c in 1 64 128; do
+  IFS='|' read -r s0 w0 _ b0 q0 _ _ < <(snap)
+  g0=$(stat "mean_gpu_us * batches"); d0=$(stat "mean_deliver_us * batches")
+  read -r knn knn50 < <(bench "$c" "$work/knn.sql")
+  IFS='|' read -r s1 w1 _ b1 q1 _ _ < <(snap)
+  g1=$(stat "mean_gpu_us * batches"); d1=$(stat "mean_deliver_us * batches")
+  read -r ceil ceil50 < <(bench "$c" "$work/range.sql")
+  read -r one _ < <(bench "$c" "$work/one.sql" 5)
+  say "$(awk -v c="$c" -v k="$knn" -v k50="$knn50" -v r="$ceil" -v r50="$ceil50" -v one="$one" \
+    -v s="$((s1 - s0))" -v w="$w0 $w1" -v b="$((b1 - b0))" -v q="$((q1 - q0))" -v g="$g0 $g1" -v d="$d0 $d1" 'BEGIN {
+      split(w, W, " "); split(g, G, " "); split(d, D, " ");
+      printf "| %d | %d | %.3f | %d | %.3f | %.2f | %d | %.1f | %.1f | %.1f | %.1f |", c, k, k50, r, r50, (r > 0 ? k / r : 0), one,
+        (b > 0 ? q / b : 0), (s > 0 ? (W[2] - W[1]) / s : 0), (b > 0 ? (G[2] - G[1]) / b : 0), (b > 0 ? (D[2] - D[1]) / b : 0) }')"
+done
+
+say ""
+say "## 64 readers alone, then beside 4 writers (insert + delete) and autovacuum ($CHURN_SECS s each)"
+say "| phase | read QPS | vs static | write TPS | rounds on CPU | GPU fallbacks | waited for the log us (mean per search) |"
+say "|---|---|---|---|---|---|---|"
+tps() { grep -oP 'tps = \K[0-9.]+(?= \(without)' "$1" | cut -d. -f1; }
+readers() { PGOPTIONS="$OPTS" pgbench -n -M prepared -c 64 -j 16 -T "$CHURN_SECS" -f "$work/knn.sql" postgres >"$1" 2>&1; }
+for phase in static churn; do
+  IFS='|' read -r s0 _ l0 _ _ c0 f0 < <(snap)
+  if [ "$phase" = churn ]; then
+    pgbench -n -M prepared -c 4 -j 4 -T "$CHURN_SECS" -f "$work/write.sql" postgres >"$work/writers.txt" 2>&1 &
+    writers=$!
+  fi
+  readers "$work/$phase.txt"
+  [ "$phase" = churn ] && wait "$writers"
+  IFS='|' read -r s1 _ l1 _ _ c1 f1 < <(snap)
+  rate=$(tps "$work/$phase.txt")
+  [ "$phase" = static ] && static=$rate
+  say "$(awk -v p="$phase" -v r="$rate" -v st="$static" -v wt="$([ "$phase" = churn ] && tps "$work/writers.txt" || echo -)" \
+    -v c="$((c1 - c0))" -v f="$((f1 - f0))" -v s="$((s1 - s0))" -v l="$l0 $l1" 'BEGIN {
+      split(l, L, " "); printf "| %s | %d | %.2f | %s | %d | %d | %.1f |", p, r, (st > 0 ? r / st : 0), wt, c, f, (s > 0 ? (L[2] - L[1]) / s : 0) }')"
+done
+grep -h "failed transactions" "$work"/*.txt | sed 's/^/# /' | tee -a "$RES"
+psql -qAtxc "SELECT * FROM gpu_ivfpq_status" | sed 's/^/# /' | tee -a "$RES"
+rm -rf "$work"
