@@ -551,9 +551,12 @@ void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t
     sz.take<int32_t>(n);
     sz.take<float>(vectors ? n * I.d : 0);
     sz.take<int64_t>(keys ? n : 0);
+    sz.take<float>(I.per_vector() ? n : 0);  // the entries' vector terms, computed on the device
     I.ctx.synchronize();  // an earlier batch's copy may still read the staging
     char* host = I.add_host.reserve(sz.size());
-    DeviceBuffer dbatch(I.ctx, sz.size());
+    // From the context's scratch arena: a cudaMalloc/cudaFree pair per
+    // append (a change-log run of a few rows) cost more than the copies.
+    Scratch dbatch(I.ctx, sz.size());
     // Grow every touched list: an out-of-memory error leaves the contents
     // and sizes as they were, and the kernels' pointer arrays name the lists
     // that did grow (their old buffers are gone).
@@ -580,6 +583,7 @@ void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t
     const int32_t* dl = dc.take<int32_t>(n);
     const float* dvecs = dc.take<float>(vectors ? n * I.d : 0);
     const int64_t* dkeys = dc.take<int64_t>(keys ? n : 0);
+    float* dvt = dc.take<float>(I.per_vector() ? n : 0);
     {
         std::vector<size_t> fill(count.begin(), count.end() - 1);
         for (size_t i = 0; i < n; ++i) {
@@ -594,13 +598,10 @@ void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t
         }
     }
     GPU_CUDA_CHECK(cudaMemcpyAsync(dbatch.data(), host, sz.size(), cudaMemcpyHostToDevice, I.st()));
-    DeviceBuffer dvt;
-    if (I.per_vector()) {
-        dvt = DeviceBuffer(I.ctx, n * sizeof(float));
+    if (I.per_vector())
         launch_vector_term1(dcodes, dl, static_cast<int64_t>(n), I.centroids.as<float>(),
-                            I.codebooks.as<float>(), static_cast<int>(I.d), static_cast<int>(I.m),
-                            dvt.as<float>(), I.st());
-    }
+                            I.codebooks.as<float>(), static_cast<int>(I.d), static_cast<int>(I.m), dvt,
+                            I.st());
     for (size_t l = 0; l < I.lists; ++l) {
         const size_t c = count[l + 1] - count[l];
         if (!c)
@@ -611,7 +612,7 @@ void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t
         GPU_CUDA_CHECK(cudaMemcpyAsync(L.ids.as<int64_t>() + L.size, dids + count[l],
                                        c * sizeof(int64_t), cudaMemcpyDeviceToDevice, I.st()));
         if (I.per_vector())
-            GPU_CUDA_CHECK(cudaMemcpyAsync(L.vt.as<float>() + L.size, dvt.as<float>() + count[l],
+            GPU_CUDA_CHECK(cudaMemcpyAsync(L.vt.as<float>() + L.size, dvt + count[l],
                                            c * sizeof(float), cudaMemcpyDeviceToDevice, I.st()));
         if (vectors)
             GPU_CUDA_CHECK(cudaMemcpyAsync(L.vecs.as<float>() + L.size * I.d, dvecs + count[l] * I.d,

@@ -635,7 +635,7 @@ int serve(int sock, int exchange_fd, DeviceSet& devices, int queue_fd)
     // they run at once on different devices (each device takes one call at
     // a time: DeviceSet::Lease); the request loop, which changes the store,
     // holds it exclusive.
-    std::shared_mutex device_lock;
+    DeviceLock device_lock;
     QueueMapping queue_mapping(queue_fd);
     std::unique_ptr<QueryServer> queries;
     if (queue_mapping.queue().ok())
@@ -712,12 +712,12 @@ int serve(int sock, int exchange_fd, DeviceSet& devices, int queue_fd)
         if (pool && q.op == Op::Search && q.exchange_bytes == exchange.size()) {
             // Checked and bound here, run on the pool.
             run_request(rep, [&] {
-                std::unique_lock<std::shared_mutex> lock(device_lock);
+                std::unique_lock<DeviceLock> lock(device_lock);
                 job->work = prepare_search(q, rep, store, exchange);
             });
             if (job->work) {
                 job->work = [work = std::move(job->work), &device_lock] {
-                    std::shared_lock<std::shared_mutex> lock(device_lock);
+                    std::shared_lock<DeviceLock> lock(device_lock);
                     work();
                 };
                 pool->submit(job);
@@ -733,7 +733,7 @@ int serve(int sock, int exchange_fd, DeviceSet& devices, int queue_fd)
             return code;
         fifo.push_back(job);
         {
-            std::unique_lock<std::shared_mutex> lock(device_lock);
+            std::unique_lock<DeviceLock> lock(device_lock);
             store.drop_failed();
             run_request(rep, [&] {
                 exchange.map(q.exchange_bytes);

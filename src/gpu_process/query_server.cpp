@@ -47,7 +47,7 @@ int bucket_of(size_t n)
 
 }  // namespace
 
-QueryServer::QueryServer(queue::Queue q, MirrorStore& store, DeviceSet& devices, std::shared_mutex& device_lock,
+QueryServer::QueryServer(queue::Queue q, MirrorStore& store, DeviceSet& devices, DeviceLock& device_lock,
                          void (*on_device_failed)(), int threads)
     : q_(q), store_(store), devices_(devices), device_lock_(device_lock), on_device_failed_(on_device_failed)
 {
@@ -232,7 +232,7 @@ void QueryServer::serve_batch(int t, std::vector<Held>& ready)
                     key_hi[i] = r.filtered ? r.key_hi : INT64_MAX;
                 }
             }
-            std::shared_lock<std::shared_mutex> lock(device_lock_);
+            std::shared_lock<DeviceLock> lock(device_lock_);
             Mirror* mirror = nullptr;
             size_t md = 0, mm = 0;
             {
@@ -269,7 +269,7 @@ void QueryServer::serve_batch(int t, std::vector<Held>& ready)
                 answer(items[i].slot, result, error.c_str());
             st.failed.fetch_add(nq, std::memory_order_relaxed);
             if (result == queue::Result::Error) {
-                std::shared_lock<std::shared_mutex> lock(device_lock_);
+                std::shared_lock<DeviceLock> lock(device_lock_);
                 for (size_t dev : devices_.alive_devices())
                     (void)devices_.check_health(dev);
                 if (devices_.alive_devices().empty() && on_device_failed_ != nullptr)

@@ -13,6 +13,8 @@
 #include <map>
 #include <mutex>
 #include <shared_mutex>
+
+#include "gpu_process/device_lock.h"
 #include <thread>
 #include <vector>
 
@@ -30,7 +32,7 @@ public:
     // serving thread) when no device works any more; it does not return.
     // threads: serving threads to start (0: none, for tests that drive
     // serve_once); the header's servers setting says how many of them work.
-    QueryServer(queue::Queue q, MirrorStore& store, DeviceSet& devices, std::shared_mutex& device_lock,
+    QueryServer(queue::Queue q, MirrorStore& store, DeviceSet& devices, DeviceLock& device_lock,
                 void (*on_device_failed)(), int threads);
     ~QueryServer();
     QueryServer(const QueryServer&) = delete;
@@ -58,7 +60,7 @@ private:
     queue::Queue q_;
     MirrorStore& store_;
     DeviceSet& devices_;
-    std::shared_mutex& device_lock_;
+    DeviceLock& device_lock_;
     void (*on_device_failed_)();
     // The store is not shared: lookups by the serving threads take turns.
     std::mutex store_mutex_;

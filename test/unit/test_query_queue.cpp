@@ -187,7 +187,7 @@ TEST(QueryServer, ServesAsTheMirrorAnswersAndWaitsForTheLog)
                          nullptr),
               nullptr);
     Segment seg(8);
-    std::shared_mutex lock;
+    gpuproc::DeviceLock lock;
     gpuproc::QueryServer server(seg.q, store, devices, lock, nullptr, 0);
 
     const uint32_t k = 10, nprobe = 4;
@@ -238,7 +238,7 @@ TEST(QueryServer, NotLoadedOnceThenLoadingAndBadRequestsRefused)
     DeviceSet devices(*dev);
     MirrorStore store(devices);
     Segment seg(8);
-    std::shared_mutex lock;
+    gpuproc::DeviceLock lock;
     gpuproc::QueryServer server(seg.q, store, devices, lock, nullptr, 0);
     const MirrorKey key{1, 11, 100, 1};
     for (uint32_t i = 0; i < 3; i++) {
@@ -277,7 +277,7 @@ TEST(QueryServer, ThreadsServeConcurrentClients)
               nullptr);
     const uint32_t clients = 6, rounds = 40, k = 5, nprobe = 3;
     Segment seg(clients);
-    std::shared_mutex lock;
+    gpuproc::DeviceLock lock;
     // Reference answers first (the store is not shared with the server yet).
     std::vector<int64_t> want(clients * rounds * k);
     std::vector<double> dist(k);
