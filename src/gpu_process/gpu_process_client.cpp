@@ -562,7 +562,7 @@ std::vector<DeviceInfo> GpuProcess::devices()
 
 void GpuProcess::load(const MirrorKey& key, const MirrorSpec& spec, size_t n, const int32_t* list_ids,
                       const uint8_t* codes, const int64_t* labels, const float* vectors,
-                      const int64_t* keys, Placement placement)
+                      const int64_t* keys, Placement placement, bool hidden)
 {
     if ((spec.vectors && vectors == nullptr) || (spec.filter_keys && keys == nullptr))
         throw Error(ErrorKind::InvalidArgument, "GPU process load: the spec's vectors or filter keys are missing");
@@ -572,6 +572,7 @@ void GpuProcess::load(const MirrorKey& key, const MirrorSpec& spec, size_t n, co
     q.key = key;
     q.n = n;
     q.placement = static_cast<uint64_t>(placement);
+    q.hidden = hidden ? 1 : 0;
     q.vectors = spec.vectors ? 1 : 0;
     q.keys = spec.filter_keys ? 1 : 0;
     describe_model(q, l, spec);
@@ -748,6 +749,18 @@ bool GpuProcess::remove(const MirrorKey& key, size_t n, const int64_t* labels, s
     if (removed != nullptr)
         *removed = rep.status == Status::Ok ? rep.value[0] : 0;
     return rep.status == Status::Ok;
+}
+
+bool GpuProcess::reveal(const MirrorKey& key)
+{
+    Request q;
+    q.op = Op::Reveal;
+    q.key = key;
+    Reply rep = call(q);
+    if (rep.status == Status::NotFound)
+        return false;
+    raise_for(rep);
+    return true;
 }
 
 size_t GpuProcess::drop_index(uint32_t db, uint32_t index)

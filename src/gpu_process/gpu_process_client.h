@@ -103,7 +103,10 @@ public:
     // over the process's devices (MirrorStore::load).
     void load(const MirrorKey& key, const MirrorSpec& spec, size_t n, const int32_t* list_ids,
               const uint8_t* codes, const int64_t* labels, const float* vectors, const int64_t* keys,
-              Placement placement = Placement::Auto);
+              Placement placement = Placement::Auto, bool hidden = false);
+    // A mirror loaded hidden becomes searchable on the direct path; false
+    // when the process holds no mirror of key.
+    bool reveal(const MirrorKey& key);
     // false when the process holds no mirror of key. vectors (n x d floats)
     // or null; a mirror without vectors ignores them. keys (n) or null; a
     // mirror without filter keys ignores them, one with them requires them.

@@ -23,7 +23,7 @@ constexpr uint32_t kMagic = 0x47495650;  // "GIVP"
 // Raised with every change of Request or Reply. The program is installed
 // apart from the extension's library: after an upgrade, a server still
 // running the old library may start the new program (or the reverse).
-constexpr uint64_t kVersion = 10;
+constexpr uint64_t kVersion = 11;
 constexpr int kRegions = 8;
 constexpr size_t kAlign = 64;
 constexpr size_t kMaxStatusMirrors = 64;  // mirrors a Status reply lists
@@ -48,7 +48,7 @@ enum class Op : uint32_t {
     SetBudget = 1,  // budget
     EnforceBudget,  //
     Status,         // r0 out: MirrorInfo[kMaxStatusMirrors]; value: count, bytes, budget, evictions
-    Load,           // key, d, lists, m, metric, n, vectors, keys, placement; r0 centroids, r1 codebooks,
+    Load,           // key, d, lists, m, metric, n, vectors, keys, placement, hidden; r0 centroids, r1 codebooks,
                     // r2 list ids, r3 codes, r4 labels, r5 vectors (n x d floats, when vectors),
                     // r6 filter keys (n int64, when keys)
     Add,            // key, m, n, vectors (then d), keys; r2 list ids, r3 codes, r4 labels,
@@ -68,6 +68,7 @@ enum class Op : uint32_t {
     Encode,         // d, lists, m, metric, n; r0 centroids, r1 codebooks, r2 rows, r3 list ids out, r4 codes out
     Exact,          // d, metric, nq, n, k; r0 queries, r1 base, r2 dist out, r3 labels out
     Devices,        // r0 out: DeviceInfo[kMaxDevices]; value: count
+    Reveal,         // key: a mirror loaded hidden becomes searchable on the direct path -> NotFound without it
     // gpu_metric indexes (MetricMirror). A mirror's key carries the index's
     // change count: any insert or VACUUM makes a new version, loaded anew
     // (the service keeps no change log for them, so there is no add or remove).
@@ -112,6 +113,7 @@ struct Request {
     uint64_t keys = 0;     // Load: keep filter keys; Add: region 6 holds them; Search: ranges
     uint64_t brute = 0;    // Search: exact k-NN over every stored vector (no probing)
     uint64_t placement = 0;  // Load: a Placement (replicas or shards over the process's devices)
+    uint64_t hidden = 0;     // Load: not searched on the direct path until Reveal
     // MetricLoad / MetricSearch
     uint64_t method = 0;        // a MetricMethod
     uint64_t clusters = 0;      // LC clusters or SSS pivots

@@ -354,9 +354,17 @@ void handle(const Request& q, Reply& rep, DeviceSet& devices, MirrorStore& store
             throw Error(ErrorKind::InvalidArgument, "GPU process: unknown placement");
         store.load(q.key, s, q.n, x.at<int32_t>(q.region[2], q.n), x.at<uint8_t>(q.region[3], mul(q.n, q.m)),
                    x.at<int64_t>(q.region[4], q.n), s.vectors ? x.at<float>(q.region[5], mul(q.n, q.d)) : nullptr,
-                   s.filter_keys ? x.at<int64_t>(q.region[6], q.n) : nullptr, static_cast<Placement>(q.placement));
+                   s.filter_keys ? x.at<int64_t>(q.region[6], q.n) : nullptr, static_cast<Placement>(q.placement),
+                   q.hidden != 0);
         return;
     }
+    case Op::Reveal:
+        if (store.find(q.key) == nullptr) {
+            rep.status = Status::NotFound;
+            return;
+        }
+        store.reveal(q.key);
+        return;
     case Op::Add: {
         Mirror* mirror = find_mirror(q, store, false, rep);
         if (mirror == nullptr)

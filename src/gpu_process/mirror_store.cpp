@@ -63,6 +63,19 @@ PlacedMirror* MirrorStore::find(const MirrorKey& key)
     return it->second.mirror.get();
 }
 
+bool MirrorStore::servable(const MirrorKey& key) const
+{
+    auto it = mirrors_.find(key);
+    return it != mirrors_.end() && !it->second.hidden;
+}
+
+void MirrorStore::reveal(const MirrorKey& key)
+{
+    auto it = mirrors_.find(key);
+    if (it != mirrors_.end())
+        it->second.hidden = false;
+}
+
 bool MirrorStore::shape(const MirrorKey& key, size_t* d, size_t* m) const
 {
     auto it = mirrors_.find(key);
@@ -155,7 +168,7 @@ std::unique_ptr<PlacedMirror> MirrorStore::build(const Plan& plan, const MirrorS
 
 Mirror* MirrorStore::load(const MirrorKey& key, const MirrorSpec& spec, size_t n, const int32_t* list_ids,
                           const uint8_t* codes, const int64_t* labels, const float* vectors,
-                          const int64_t* keys, Placement asked)
+                          const int64_t* keys, Placement asked, bool hidden)
 {
     std::vector<size_t> alive = devices_.alive_devices();
     if (alive.empty())
@@ -225,6 +238,7 @@ Mirror* MirrorStore::load(const MirrorKey& key, const MirrorSpec& spec, size_t n
             e.queries = 0;
             e.d = spec.d;
             e.m = spec.m;
+            e.hidden = hidden;
             return e.mirror.get();
         } catch (const Error& err) {
             // The device ran out before the budget did (other users of the

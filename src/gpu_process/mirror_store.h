@@ -72,6 +72,11 @@ public:
     // that lost a shard's device is not found (drop_failed frees it; it
     // reloads over the devices left).
     PlacedMirror* find(const MirrorKey& key);
+    // Whether the direct path may search the mirror of key: a mirror
+    // loaded hidden (load's hidden) is not, until reveal, so that the
+    // changes logged while it loaded are in it before any search sees it.
+    bool servable(const MirrorKey& key) const;
+    void reveal(const MirrorKey& key);
     // The dimension and code size the mirror of key was loaded with (false
     // without one): callers check requests against them, since Mirror reads
     // its own shape from the arrays it is given.
@@ -90,7 +95,7 @@ public:
     // Error(OutOfMemory) when even that cannot fit.
     Mirror* load(const MirrorKey& key, const MirrorSpec& spec, size_t n, const int32_t* list_ids,
                  const uint8_t* codes, const int64_t* labels, const float* vectors,
-                 const int64_t* keys, Placement placement = Placement::Auto);
+                 const int64_t* keys, Placement placement = Placement::Auto, bool hidden = false);
 
     // The metric mirror of key, or null (a hit counts as a use for LRU); a
     // mirror that lost a part's device is not found.
@@ -127,6 +132,7 @@ private:
         uint64_t last_used = 0;
         uint64_t queries = 0;
         size_t d = 0, m = 0;
+        bool hidden = false;
     };
     struct MetricEntry {
         std::unique_ptr<PlacedMetricMirror> mirror;

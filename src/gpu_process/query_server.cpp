@@ -238,6 +238,11 @@ void QueryServer::serve_batch(int t, std::vector<Held>& ready)
             {
                 std::lock_guard<std::mutex> g(store_mutex_);
                 mirror = store_.find(r0.key);
+                // Loaded, not yet caught up with the changes logged meanwhile.
+                if (mirror != nullptr && !store_.servable(r0.key)) {
+                    mirror = nullptr;
+                    result = queue::Result::Loading;
+                }
                 if (mirror != nullptr && store_.shape(r0.key, &md, &mm) && md == d)
                     store_.count_queries(r0.key, nq);
             }
@@ -267,7 +272,10 @@ void QueryServer::serve_batch(int t, std::vector<Held>& ready)
         if (result != queue::Result::Ok) {
             for (size_t i = g; i < e; i++)
                 answer(items[i].slot, result, error.c_str());
-            st.failed.fetch_add(nq, std::memory_order_relaxed);
+            if (result == queue::Result::Loading)
+                st.not_found.fetch_add(nq, std::memory_order_relaxed);
+            else
+                st.failed.fetch_add(nq, std::memory_order_relaxed);
             if (result == queue::Result::Error) {
                 std::shared_lock<DeviceLock> lock(device_lock_);
                 for (size_t dev : devices_.alive_devices())

@@ -710,7 +710,7 @@ Load(GpuIvfpqSlot *slot, const char *base, std::string &err)
 					  (const uint8_t *) (base + l.codes), (const int64_t *) labels,
 					  spec.vectors ? (const float *) (base + l.vectors) : nullptr,
 					  spec.filter_keys ? (const int64_t *) (base + l.keys) : nullptr,
-					  PlacementOf(h->placement));
+					  PlacementOf(h->placement), true);
 		}, err, &oom))
 		return Failed(oom);
 
@@ -747,7 +747,16 @@ Load(GpuIvfpqSlot *slot, const char *base, std::string &err)
 				changed = true; /* evicted already: nothing to keep */
 				return;
 			}
-			/* Everything before head is in; the main loop applies later entries. */
+			/*
+			 * Everything before head is in; the main loop applies later
+			 * entries, which searches queued after them wait for. Only now
+			 * may the direct path search it (loaded hidden).
+			 */
+			if (!GpuSync()->reveal(key))
+			{
+				changed = true; /* evicted already: nothing to keep */
+				return;
+			}
 			mirror_from[key] = head;
 			load_claims.erase(key); /* a failed load keeps its claim: others use the CPU a while */
 		}, err, &oom))

@@ -263,6 +263,33 @@ TEST(QueryServer, NotLoadedOnceThenLoadingAndBadRequestsRefused)
     EXPECT_EQ(results[4], int32_t(queue::Result::Error));
 }
 
+// A mirror loaded hidden (the service catches it up with the changes
+// logged while it loaded) is not searched until revealed.
+TEST(QueryServer, HiddenMirrorAnswersLoadingUntilRevealed)
+{
+    Fixture f;
+    auto dev = make_cpu_emulation_device();
+    DeviceSet devices(*dev);
+    MirrorStore store(devices);
+    const MirrorKey key{1, 13, 100, 1};
+    ASSERT_NE(store.load(key, f.spec(true), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), f.x.data(),
+                         nullptr, Placement::Auto, true),
+              nullptr);
+    EXPECT_FALSE(store.servable(key));
+    Segment seg(2);
+    gpuproc::DeviceLock lock;
+    gpuproc::QueryServer server(seg.q, store, devices, lock, nullptr, 0);
+    for (int round = 0; round < 2; round++) {
+        fill(seg.q, 0, key, f.x.data(), uint32_t(f.d), 5, 2);
+        seg.q.submit(0);
+        ASSERT_TRUE(server.serve_once(0));
+        ASSERT_TRUE(seg.q.wait_done(0, 1));
+        EXPECT_EQ(seg.q.slot(0).ans.result, int32_t(round == 0 ? queue::Result::Loading : queue::Result::Ok));
+        seg.q.release(0);
+        store.reveal(key);
+    }
+}
+
 // Serving threads and many clients at once: every search answered, each
 // with its own query's answer.
 TEST(QueryServer, ThreadsServeConcurrentClients)
