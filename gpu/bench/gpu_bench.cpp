@@ -331,12 +331,23 @@ int main(int argc, char** argv)
             std::vector<uint8_t> enc_c(n * m);
             idx.encode(hbase.data(), n, enc_l.data(), enc_c.data());
             idx.add_encoded(n, enc_l.data(), enc_c.data(), ids.data(), hbase.data());
-            std::printf("## search_exact stages, IVF%zu,PQ%zu with vectors, nprobe %zu, %zu candidates "
-                        "(us per call, means of %d calls)\n\n", lists, m, np, kk, quick ? 20 : 200);
+            // Twice: the staged pipeline forced (small_batch_max 0), then the
+            // one-launch path (forced up to 256 to find where it stops paying;
+            // its single kernel shows as "scan").
+            const size_t default_small = GpuIvfPqOptions().small_batch_max;
+            for (int path = 0; path < 2; ++path) {
+            idx.set_small_batch_max(path == 0 ? 0 : 256);
+            std::printf("## search_exact stages, IVF%zu,PQ%zu with vectors, nprobe %zu, %zu candidates, %s "
+                        "(us per call, means of %d calls)\n\n", lists, m, np, kk,
+                        path == 0 ? "staged pipeline (small_batch_max 0)"
+                                  : "one launch (small_batch_max 256; the kernel is the scan column)",
+                        quick ? 20 : 200);
             std::printf("| batch | upload | coarse | prefix | scan | merge | decode | rerank | download | "
                         "device | wall | host |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-            for (size_t b : {size_t(1), size_t(8), size_t(32), size_t(256)}) {
+            for (size_t b : {size_t(1), size_t(8), size_t(32), size_t(64), size_t(128), size_t(256)}) {
                 if (b > nq)
+                    continue;
+                if (path == 1 && !idx.small_batch_path(b, kk, np))
                     continue;
                 std::vector<double> od(b * kk);
                 std::vector<int64_t> ol(b * kk);
@@ -357,6 +368,32 @@ int main(int argc, char** argv)
                 std::fflush(stdout);
             }
             std::printf("\n");
+            }
+            idx.set_small_batch_max(default_small);
+            // Large batches keep the staged pipeline: throughput of one call
+            // over every query, the default dispatch against the staged path.
+            {
+                std::vector<double> od(nq * kk);
+                std::vector<int64_t> ol(nq * kk);
+                double qps[2];
+                for (int path = 0; path < 2; ++path) {
+                    idx.set_small_batch_max(path == 0 ? default_small : 0);
+                    idx.search_exact(hq.data(), nq, kk, np, od.data(), ol.data());  // warm-up
+                    const int reps = quick ? 1 : 3;
+                    std::vector<double> t;
+                    for (int r = 0; r < reps; ++r) {
+                        const auto t0 = std::chrono::steady_clock::now();
+                        idx.search_exact(hq.data(), nq, kk, np, od.data(), ol.data());
+                        t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+                    }
+                    std::sort(t.begin(), t.end());
+                    qps[path] = nq / t[t.size() / 2];
+                }
+                idx.set_small_batch_max(default_small);
+                std::printf("search_exact batch %zu (host wall, median): %.0f queries/s with the default "
+                            "dispatch (small_batch_max %zu), %.0f with the staged path forced\n\n",
+                            nq, qps[0], default_small, qps[1]);
+            }
             // The service's calls read and write page-locked memory (the GPU
             // process pins its exchange); small batches replay a CUDA graph
             // of their device work: the same calls from pinned buffers,

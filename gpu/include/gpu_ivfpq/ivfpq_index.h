@@ -68,6 +68,14 @@ struct GpuIvfPqOptions {
     // call than 8 at batches 32 and 128, the same at 1 and 8 (gpu_bench
     // --stages); 1 is 5-7% slower than 8.
     int fused_blocks_per_sm = 4;
+    // search_exact / search_exact_device batches of up to this many queries
+    // run as one kernel launch (a thread-block cluster per query: coarse
+    // step, table, scan, re-rank and order; gpu/NOTES.md), when the shape
+    // allows (per-vector or inner-product tables in fp32, not the two-pass
+    // scan, k and nprobe up to 128, the table in shared memory); larger
+    // batches and other shapes run the staged pipeline. Same answers either
+    // way. 0 turns the one-launch path off (bench: the staged path forced).
+    size_t small_batch_max = 64;
 };
 
 struct GpuMemoryUse {
@@ -142,6 +150,10 @@ public:
     void set_float16_tables(bool on);
     void set_scan_algo(ScanAlgo algo);
     void set_fused_blocks_per_sm(int blocks);  // GpuIvfPqOptions::fused_blocks_per_sm, >= 1
+    void set_small_batch_max(size_t queries);  // GpuIvfPqOptions::small_batch_max
+    // Whether a search_exact of nq queries with this k and nprobe would run
+    // as one launch (test and bench aid).
+    bool small_batch_path(size_t nq, size_t k, size_t nprobe) const;
 
     // Appends n encoded vectors (host): list_ids[i], codes[i*m..], ids[i],
     // with store_vectors their vectors[i*d..] (host, n x d) and with
