@@ -335,6 +335,8 @@ int main(int argc, char** argv)
             // one-launch path (forced up to 256 to find where it stops paying;
             // its single kernel shows as "scan").
             const size_t default_small = GpuIvfPqOptions().small_batch_max;
+            std::vector<std::vector<double>> traces;
+            std::vector<size_t> trace_batches;
             for (int path = 0; path < 2; ++path) {
             idx.set_small_batch_max(path == 0 ? 0 : 256);
             std::printf("## search_exact stages, IVF%zu,PQ%zu with vectors, nprobe %zu, %zu candidates, %s "
@@ -366,9 +368,28 @@ int main(int argc, char** argv)
                             st.decode * per, st.rerank * per, st.download * per, dev * per, st.wall * per,
                             (st.wall - dev) * per);
                 std::fflush(stdout);
+                if (path == 1) {
+                    idx.set_small_batch_trace(true);
+                    idx.search_exact(hq.data(), b, kk, np, od.data(), ol.data());
+                    traces.push_back(idx.small_batch_trace());
+                    trace_batches.push_back(b);
+                    idx.set_small_batch_trace(false);
+                }
             }
             std::printf("\n");
             }
+            // Block 0's clock at the one-launch kernel's phase ends (one call
+            // per batch; cycles / 1000).
+            std::printf("## one-launch phases, block 0 of query 0 (kcycles)\n\n| batch | start | table | coarse "
+                        "| coarse select | sync | probes | sync | prefix | scan | scan select | sync | rank | "
+                        "rerank | sync | order |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+            for (size_t t = 0; t < traces.size(); ++t) {
+                std::printf("| %zu |", trace_batches[t]);
+                for (double c : traces[t])
+                    std::printf(" %.2f |", c / 1000.0);
+                std::printf("\n");
+            }
+            std::printf("\n");
             idx.set_small_batch_max(default_small);
             // Large batches keep the staged pipeline: throughput of one call
             // over every query, the default dispatch against the staged path.

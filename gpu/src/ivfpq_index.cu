@@ -105,6 +105,8 @@ struct GpuIvfPqIndex::Impl {
     // A small search's inputs and answers staged in page-locked memory (one
     // copy each way instead of a driver-staged copy per pageable buffer).
     PinnedHost io_host;
+    // Bench aid (set_small_batch_trace): the one-launch kernel's phase clocks.
+    DeviceBuffer small_trace;
 
     // Bench aid (set_stage_timing): events at the stage boundaries of a
     // search_exact call, in order: start, uploaded, coarse, prefix, scan,
@@ -343,7 +345,7 @@ struct GpuIvfPqIndex::Impl {
         for (int i = 0; i < 6; ++i)
             key.push_back(reinterpret_cast<uintptr_t>(staged[i]));
         for (const DeviceBuffer* b : {&centroids, &centroid_norms, &codebooks, &term1, &code_ptrs, &id_ptrs,
-                                      &vt_ptrs, &vec_ptrs, &key_ptrs, &lens})
+                                      &vt_ptrs, &vec_ptrs, &key_ptrs, &lens, &small_trace})
             key.push_back(reinterpret_cast<uintptr_t>(b->data()));
         return key;
     }
@@ -607,6 +609,30 @@ bool GpuIvfPqIndex::small_batch_path(size_t nq, size_t k, size_t nprobe) const
         return false;
     nprobe = std::min(std::max<size_t>(nprobe, 1), I.lists);
     return I.small_cluster(nq, k, nprobe) != 0;
+}
+
+void GpuIvfPqIndex::set_small_batch_trace(bool on)
+{
+    Impl& I = *impl_;
+    I.small_trace = on ? DeviceBuffer(I.ctx, kSmallTracePoints * sizeof(unsigned long long)) : DeviceBuffer();
+    if (on)
+        GPU_CUDA_CHECK(cudaMemsetAsync(I.small_trace.data(), 0, kSmallTracePoints * sizeof(unsigned long long), I.st()));
+}
+
+std::vector<double> GpuIvfPqIndex::small_batch_trace() const
+{
+    const Impl& I = *impl_;
+    if (!I.small_trace.data())
+        return {};
+    std::vector<unsigned long long> t(kSmallTracePoints);
+    I.ctx.synchronize();
+    I.small_trace.download(t.data(), t.size() * sizeof(unsigned long long));
+    if (t[kSmallTracePoints - 1] == 0)
+        return {};
+    std::vector<double> out;
+    for (int i = 1; i < kSmallTracePoints; ++i)
+        out.push_back(double(t[i] - t[i - 1]));
+    return out;
 }
 
 void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t* codes,
@@ -1010,6 +1036,7 @@ void GpuIvfPqIndex::search_exact_device(const float* queries, size_t nq, size_t 
         }
         a.out_dist = dist;
         a.out_labels = labels;
+        a.trace = I.small_trace.as<unsigned long long>();
         I.mark(Impl::kEvCoarse);
         I.mark(Impl::kEvPrefix);
         launch_small_search(a, cluster, I.st());

@@ -24,6 +24,7 @@
 
 #include <map>
 #include <mutex>
+#include <set>
 #include <tuple>
 
 #include "cuda_check.h"
@@ -85,6 +86,30 @@ __host__ __device__ inline Layout layout_of(int m, int d, int cluster, int kq)
     L.total = b.off;
     return L;
 }
+
+// Asks for the 128-byte line at p in L1 (no register, no wait): the loops
+// below read their rows one float at a time in a fixed order (the order of
+// the sums they must reproduce), which alone would wait on memory at every
+// line.
+__device__ __forceinline__ void prefetch_l1(const void* p)
+{
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+}
+
+// The lines of n bytes from p, split over `lanes` threads (t of them).
+__device__ __forceinline__ void prefetch_span(const void* p, size_t n, int t, int lanes)
+{
+    const char* c = static_cast<const char*>(p);
+    for (size_t o = static_cast<size_t>(t) * 128; o < n; o += static_cast<size_t>(lanes) * 128)
+        prefetch_l1(c + o);
+}
+
+// Bench aid (SmallSearchArgs::trace): block 0's clock at the phase ends.
+#define SMALL_TRACE(i)                                  \
+    do {                                                \
+        if (a.trace && blockIdx.x == 0 && tid == 0)     \
+            a.trace[i] = clock64();                     \
+    } while (0)
 
 // BlockSelect's final step as a tree: in round s, warps w = s (mod 2s) hand
 // their queues to warps w - s, which merge them, all pairs at once (three
@@ -211,6 +236,12 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
     const int d = a.d, m = a.m, dsub = d / m;
     const float* qraw = a.queries + static_cast<int64_t>(q) * d;
     const bool filtered = a.key_lo != nullptr;  // uniform: a kernel argument
+    SMALL_TRACE(0);
+    // This block's centroid rows on their way to L1 while the query loads.
+    const int c0 = static_cast<int>(static_cast<int64_t>(a.lists) * r / C);
+    const int c1 = static_cast<int>(static_cast<int64_t>(a.lists) * (r + 1) / C);
+    prefetch_span(a.centroids + static_cast<int64_t>(c0) * d, static_cast<size_t>(c1 - c0) * d * sizeof(float), tid,
+                  kThreads);
 
     // The query as the coarse step and the tables see it (normalised for
     // cosine, as normalize_rows does) and its squared norm (row_norms).
@@ -232,6 +263,7 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
     // Every block of the cluster runs (and has its shared memory) before
     // any block writes into another's.
     cluster.sync();
+    SMALL_TRACE(1);
 
     // 1. Term 3, -2<q_j, C_jc> (-1x for inner product): this block's share
     // of the m x 256 entries, stored into every block's table.
@@ -254,12 +286,11 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
 
     // 2. Coarse step over this block's share of the centroids: a lane per
     // centroid, the GEMM form's key as exact_knn's selection makes it.
+    SMALL_TRACE(2);
     SelectState<kQ, kT> state;
     WarpSelect<kQ, kT> ws;
     ws.init(&state, a.nprobe);
     {
-        const int c0 = static_cast<int>(static_cast<int64_t>(a.lists) * r / C);
-        const int c1 = static_cast<int>(static_cast<int64_t>(a.lists) * (r + 1) / C);
         const float rn = ip ? 0.0f : *qnorm;
         for (int g = c0 + warp * 32; g < c1; g += kWarps * 32) {  // uniform over the warp
             const int c = g + lane;
@@ -290,10 +321,13 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
             ws.add(key, c < c1 ? c : -1);
         }
     }
+    SMALL_TRACE(3);
     ws.finish();
     tree_merge(ws, mk, mv);
     push_list(ws, a.nprobe, all_k, all_v, r, C);
+    SMALL_TRACE(4);
     cluster.sync();
+    SMALL_TRACE(5);
     // The probes this block's entries win: their direct base distances (a
     // warp each, as exact_base), stored into every block at their rank.
     rank_entries<kQ>(all_k, C, r, a.nprobe, rank);
@@ -301,6 +335,11 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
         if (rank[i] < a.nprobe)
             win[atomicAdd(nwin, 1)] = i;
     __syncthreads();
+    for (int w = tid; w < *nwin; w += kThreads) {
+        const int list = all_v[r * kQ + win[w]];
+        if (list >= 0)
+            prefetch_span(a.centroids + static_cast<int64_t>(list) * d, d * sizeof(float), 0, 1);
+    }
     for (int w = warp; w < *nwin; w += kWarps) {
         const int i = win[w];
         const int list = all_v[r * kQ + i];
@@ -312,7 +351,9 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
             cluster.map_shared_rank(pbase, lane)[slot] = base;
         }
     }
+    SMALL_TRACE(6);
     cluster.sync();  // tables and probes complete in every block
+    SMALL_TRACE(7);
 
     // 3. The probed lists: candidate offsets (each block for itself).
     if (warp == 0) {
@@ -350,7 +391,22 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
     const KeyWindow kw = filtered ? KeyWindow{a.key_lo[q], a.key_hi[q]} : KeyWindow{0, 0};
     unsigned in_range_count = 0;
     ws.init(&state, a.k);
+    SMALL_TRACE(8);
     if (!(filtered && kw.empty())) {  // an empty key range passes nothing
+        // The block's codes (and per-vector terms) on their way to L1: a
+        // line per thread and step, found by its probe.
+        {
+            const int per_line = m >= 128 ? 1 : 128 / m;
+            for (int i = i0 + tid * per_line; i < i1; i += kThreads * per_line) {
+                const int pp = probe_of(prefix, a.nprobe, i);
+                const int off = i - prefix[pp];
+                prefetch_l1(pcodes[pp] + static_cast<int64_t>(off) * m);
+                if (m > 128)
+                    prefetch_span(pcodes[pp] + static_cast<int64_t>(off) * m, m, 0, 1);
+                if (pvt[pp] && (off & 31) < per_line)
+                    prefetch_l1(pvt[pp] + off);
+            }
+        }
         int p = i0 + tid < total ? probe_of(prefix, a.nprobe, i0 + tid) : 0;
         for (int b0 = i0; b0 < i1; b0 += kThreads) {
             const int i = b0 + tid;
@@ -374,6 +430,7 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
             ws.add(key, i);
         }
     }
+    SMALL_TRACE(9);
     ws.finish();
     tree_merge(ws, mk, mv);
     push_list(ws, a.k, all_k, all_v, r, C);
@@ -383,12 +440,23 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
         if (lane == 0 && in_range_count)
             atomicAdd(cluster.map_shared_rank(matched, 0), static_cast<unsigned long long>(in_range_count));
     }
+    SMALL_TRACE(10);
     cluster.sync();
+    SMALL_TRACE(11);
 
     // 4. The k winners: each re-ranked by the block that holds it (one
     // thread per candidate, exact_distance on the query as given), stored
     // into every block at its ADC rank; missing candidates as (+inf, -1).
     rank_entries<kQ>(all_k, C, r, a.k, rank);
+    SMALL_TRACE(12);
+    for (int i = tid; i < a.k; i += kThreads) {
+        const int pos = all_v[r * kQ + i];
+        if (rank[i] < a.k && pos >= 0) {
+            const int p = probe_of(prefix, a.nprobe, pos);
+            prefetch_span(a.list_vectors[plist[p]] + static_cast<int64_t>(pos - prefix[p]) * d, d * sizeof(float),
+                          0, 1);
+        }
+    }
     for (int i = tid; i < a.k; i += kThreads) {
         const int slot = rank[i];
         if (slot >= a.k)
@@ -411,7 +479,9 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
             cluster.map_shared_rank(rp, b)[slot] = present;
         }
     }
+    SMALL_TRACE(13);
     cluster.sync();  // the last remote access: no block reads another's memory after this
+    SMALL_TRACE(14);
 
     // 5. The final order (present first, then exact_less; equal rows by
     // slot): each block places its 1/C of the rows, a warp per row.
@@ -438,24 +508,40 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
     }
     if (filtered && a.key_matched && r == 0 && tid == 0)
         a.key_matched[q] = static_cast<int64_t>(*matched);
+    SMALL_TRACE(15);
+}
+
+int max_optin_smem()
+{
+    int dev = 0, v = 0;
+    GPU_CUDA_CHECK(cudaGetDevice(&dev));
+    GPU_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return v;
 }
 
 // Per (queue size, cluster, shared memory): whether a cluster fits the device.
 std::mutex g_fit_mutex;
-std::map<std::tuple<int, int, size_t>, bool> g_fit;
+std::map<std::tuple<int, int, int, size_t>, bool> g_fit;
 
 template <int kQ>
 bool cluster_fits(int cluster, size_t smem)
 {
     std::lock_guard<std::mutex> lock(g_fit_mutex);
-    const auto key = std::make_tuple(kQ, cluster, smem);
+    int device = 0;
+    GPU_CUDA_CHECK(cudaGetDevice(&device));
+    const auto key = std::make_tuple(device, kQ, cluster, smem);
     auto it = g_fit.find(key);
     if (it != g_fit.end())
         return it->second;
     auto kernel = small_search_kernel<kQ>;
-    GPU_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    if (cluster > 8)
+    // Raised once to the device's limit (a launch of any smaller size then
+    // fits), and clusters past the portable 8 allowed.
+    static std::set<int> raised;  // devices
+    if (!raised.count(device)) {
+        GPU_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_optin_smem()));
         GPU_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        raised.insert(device);
+    }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(static_cast<unsigned>(cluster));
     cfg.blockDim = dim3(kThreads);
@@ -477,14 +563,6 @@ bool cluster_fits(int cluster, size_t smem)
 }
 
 int queue_of(const SmallSearchArgs& a) { return a.k <= 32 && a.nprobe <= 32 ? 32 : kSmallSearchMaxK; }
-
-int max_optin_smem()
-{
-    int dev = 0, v = 0;
-    GPU_CUDA_CHECK(cudaGetDevice(&dev));
-    GPU_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    return v;
-}
 
 template <int kQ>
 int pick_cluster(const SmallSearchArgs& a, int sms)

@@ -37,7 +37,11 @@ struct SmallSearchArgs {
     int64_t* key_matched = nullptr;  // nq, or null: set (not added to)
     double* out_dist = nullptr;      // nq x k
     int64_t* out_labels = nullptr;   // nq x k
+    // Bench aid: block 0's clock64() at the end of each phase (kSmallTracePoints), or null.
+    unsigned long long* trace = nullptr;
 };
+
+constexpr int kSmallTracePoints = 16;
 
 // Blocks per query (a cluster) that the launch would use for nq queries on
 // a device of sms multiprocessors, or 0 when the shape does not fit the

@@ -154,6 +154,11 @@ public:
     // Whether a search_exact of nq queries with this k and nprobe would run
     // as one launch (test and bench aid).
     bool small_batch_path(size_t nq, size_t k, size_t nprobe) const;
+    // Bench aid: with on, each one-launch search_exact records block 0's
+    // clock (cycles) at the end of each of its phases; small_batch_trace()
+    // gives the last call's cycles per phase (empty before one ran).
+    void set_small_batch_trace(bool on);
+    std::vector<double> small_batch_trace() const;
 
     // Appends n encoded vectors (host): list_ids[i], codes[i*m..], ids[i],
     // with store_vectors their vectors[i*d..] (host, n x d) and with
