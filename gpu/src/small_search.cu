@@ -44,11 +44,18 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxCluster = 16;
 
+// Keys a block selects from in shared memory (radix select); a block with
+// more candidates than this streams them through WarpSelect instead.
+constexpr int kKeysPerThread = 16;
+constexpr int kKeyCap = kThreads * kKeysPerThread;
+static_assert(kThreads == 256, "the radix select's histogram has a bin per thread");
+
 // The dynamic shared memory of a block, the same in every block of a
-// cluster (remote accesses use local offsets).
+// cluster (remote accesses use local offsets). The C sorted lists are kQ + 1
+// entries apart, so that lanes searching different lists hit different banks.
 struct Layout {
-    size_t table, qv, merge_k, merge_v, all_k, all_v, rank, win, plist, pbase, prefix, pcodes, pvt, pkeys,
-        rd, rl, rp, misc, total;
+    size_t table, qv, keys, hist, scan, merge_k, merge_v, all_k, all_v, rank, win, plist, pbase, prefix,
+        pcodes, pvt, pkeys, pvec, pids, rd, rl, rp, misc, total;
 };
 
 struct Bump {
@@ -65,12 +72,16 @@ __host__ __device__ inline Layout layout_of(int m, int d, int cluster, int kq)
 {
     Layout L;
     Bump b;
+    const size_t lists = static_cast<size_t>(cluster) * (kq + 1);
     L.table = b.take(static_cast<size_t>(m) * 256 * sizeof(float));
     L.qv = b.take(static_cast<size_t>(d) * sizeof(float));
+    L.keys = b.take(kKeyCap * sizeof(float));
+    L.hist = b.take(256 * sizeof(int));
+    L.scan = b.take(64 * sizeof(int));
     L.merge_k = b.take(static_cast<size_t>(kWarps / 2) * kq * sizeof(float));
     L.merge_v = b.take(static_cast<size_t>(kWarps / 2) * kq * sizeof(int));
-    L.all_k = b.take(static_cast<size_t>(cluster) * kq * sizeof(float));
-    L.all_v = b.take(static_cast<size_t>(cluster) * kq * sizeof(int));
+    L.all_k = b.take(lists * sizeof(float));
+    L.all_v = b.take(lists * sizeof(int));
     L.rank = b.take(kq * sizeof(int));
     L.win = b.take(kq * sizeof(int));
     L.plist = b.take(kq * sizeof(int));
@@ -79,6 +90,8 @@ __host__ __device__ inline Layout layout_of(int m, int d, int cluster, int kq)
     L.pcodes = b.take(kq * sizeof(void*));
     L.pvt = b.take(kq * sizeof(void*));
     L.pkeys = b.take(kq * sizeof(void*));
+    L.pvec = b.take(kq * sizeof(void*));
+    L.pids = b.take(kq * sizeof(void*));
     L.rd = b.take(kq * sizeof(double));
     L.rl = b.take(kq * sizeof(int64_t));
     L.rp = b.take(kq * sizeof(int));
@@ -87,13 +100,17 @@ __host__ __device__ inline Layout layout_of(int m, int d, int cluster, int kq)
     return L;
 }
 
-// Asks for the 128-byte line at p in L1 (no register, no wait): the loops
-// below read their rows one float at a time in a fixed order (the order of
-// the sums they must reproduce), which alone would wait on memory at every
-// line.
+// Asks for the 128-byte line at p in L1 or L2 (no register, no wait): the
+// loops below read their rows one float at a time in a fixed order (the
+// order of the sums they must reproduce), which alone would wait on memory
+// at every line.
 __device__ __forceinline__ void prefetch_l1(const void* p)
 {
     asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+}
+__device__ __forceinline__ void prefetch_l2(const void* p)
+{
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
 // The lines of n bytes from p, split over `lanes` threads (t of them).
@@ -110,6 +127,164 @@ __device__ __forceinline__ void prefetch_span(const void* p, size_t n, int t, in
         if (a.trace && blockIdx.x == 0 && tid == 0)     \
             a.trace[i] = clock64();                     \
     } while (0)
+
+// A float's bits in an unsigned order that follows the float order.
+__device__ __forceinline__ uint32_t order_bits(float f)
+{
+    const uint32_t u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Exclusive prefix sum of v over the block (every thread calls it; scratch:
+// kWarps + 1 ints of shared memory); *total gets the sum.
+__device__ int block_exclusive_scan(int v, int* scratch, int* total)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int x = v;
+    for (int off = 1; off < 32; off <<= 1) {
+        const int y = __shfl_up_sync(kFullMask, x, off);
+        if (lane >= off)
+            x += y;
+    }
+    if (lane == 31)
+        scratch[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int w = lane < kWarps ? scratch[lane] : 0;
+        for (int off = 1; off < 32; off <<= 1) {
+            const int y = __shfl_up_sync(kFullMask, w, off);
+            if (lane >= off)
+                w += y;
+        }
+        if (lane < kWarps)
+            scratch[lane] = w;  // inclusive warp totals
+    }
+    __syncthreads();
+    const int before = (warp ? scratch[warp - 1] : 0) + x - v;
+    *total = scratch[kWarps - 1];
+    __syncthreads();  // scratch free again
+    return before;
+}
+
+// The kk smallest of keys[0 .. n) (shared memory, n <= kKeyCap; +inf is no
+// candidate) in (key, index) order, as (key, label0 + index) into list
+// `own` of every block's all_k / all_v (stride kQ + 1), padded with
+// (+inf, -1): a radix select of the k-th key over 8-bit digits of its
+// ordered bits (stopping at the first digit whose bin holds exactly the
+// entries still needed), the entries below it, the tied ones by index, then
+// a rank count among the kk. Every thread calls it.
+template <int kQ>
+__device__ void select_smem(const float* keys, int n, int kk, int label0, int* hist, int* scan, int* sel,
+                            float* all_k, int* all_v, int own, int C)
+{
+    cg::cluster_group cluster = cg::this_cluster();
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int* ctl = scan + 32;  // [0] prefix, [2] remaining, [3] ties, [4] selected count
+    if (tid == 0)
+        ctl[4] = 0;  // before the scan's barriers
+    // Valid entries.
+    int valid = 0;
+    for (int i = tid; i < n; i += kThreads)
+        valid += keys[i] != INFINITY;
+    int nvalid;
+    block_exclusive_scan(valid, scan, &nvalid);
+    uint32_t prefix = 0, mask = 0;
+    int remaining = kk < nvalid ? kk : nvalid;
+    bool ties = false;  // entries equal to the k-th in all 32 bits: by index
+    if (nvalid > kk) {
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            hist[tid] = 0;  // kThreads == 256 bins
+            __syncthreads();
+            for (int i = tid; i < n; i += kThreads) {
+                const float f = keys[i];
+                const uint32_t u = order_bits(f);
+                if (f != INFINITY && (u & mask) == prefix)
+                    atomicAdd(hist + ((u >> shift) & 255), 1);
+            }
+            __syncthreads();
+            if (warp == 0) {
+                // Bins 8 per lane: the bin where the count reaches remaining.
+                int c[8], sum = 0;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    c[j] = hist[lane * 8 + j];
+                    sum += c[j];
+                }
+                int x = sum;
+                for (int off = 1; off < 32; off <<= 1) {
+                    const int y = __shfl_up_sync(kFullMask, x, off);
+                    if (lane >= off)
+                        x += y;
+                }
+                int before = x - sum;
+                if (before < remaining && remaining <= x) {  // one lane
+                    int bin = lane * 8;
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) {
+                        if (before + c[j] >= remaining) {
+                            bin = lane * 8 + j;
+                            break;
+                        }
+                        before += c[j];
+                    }
+                    ctl[0] = static_cast<int>(prefix | (static_cast<uint32_t>(bin) << shift));
+                    ctl[2] = remaining - before;
+                    ctl[3] = hist[bin] != remaining - before;  // more in the bin than needed
+                }
+            }
+            __syncthreads();
+            prefix = static_cast<uint32_t>(ctl[0]);
+            mask |= 255u << shift;
+            remaining = ctl[2];
+            ties = ctl[3] != 0;
+            __syncthreads();
+            if (!ties)
+                break;  // the bin's entries are exactly those still needed
+        }
+    }
+    // Selected: below the bin, or in it (all of it, or by index when tied).
+    int eq = 0;  // tied entries in this thread's contiguous chunk
+    const int per = (n + kThreads - 1) / kThreads;
+    const int c0 = min(n, tid * per), c1 = min(n, c0 + per);
+    if (ties)
+        for (int i = c0; i < c1; ++i)
+            eq += keys[i] != INFINITY && (order_bits(keys[i]) & mask) == prefix;
+    int eq_total;
+    int eq_before = ties ? block_exclusive_scan(eq, scan, &eq_total) : 0;
+    for (int i = c0; i < c1; ++i) {
+        const float f = keys[i];
+        if (f == INFINITY)
+            continue;
+        const uint32_t u = order_bits(f) & mask;
+        bool take = nvalid <= kk || u < prefix;
+        if (!take && u == prefix)
+            take = !ties || eq_before++ < remaining;
+        if (take)
+            sel[atomicAdd(ctl + 4, 1)] = i;
+    }
+    __syncthreads();
+    const int nsel = ctl[4];
+    // Rank count among the selected, (key, index) order; padding after.
+    for (int e = tid; e < kk; e += kThreads) {
+        float key = INFINITY;
+        int val = -1, at = e;
+        if (e < nsel) {
+            const int i = sel[e];
+            key = keys[i];
+            at = 0;
+            for (int f = 0; f < nsel; ++f) {
+                const int j = sel[f];
+                const float kj = keys[j];
+                at += kj < key || (kj == key && j < i);
+            }
+            val = label0 + i;
+        }
+        for (int b = 0; b < C; ++b) {
+            cluster.map_shared_rank(all_k, b)[own * (kQ + 1) + at] = key;
+            cluster.map_shared_rank(all_v, b)[own * (kQ + 1) + at] = val;
+        }
+    }
+}
 
 // BlockSelect's final step as a tree: in round s, warps w = s (mod 2s) hand
 // their queues to warps w - s, which merge them, all pairs at once (three
@@ -135,10 +310,10 @@ __device__ void tree_merge(WarpSelect<kQ, kT>& ws, float* mk, int* mv)
     }
 }
 
-// Warp 0's sorted queue (its first kk entries) into list `rank` of every
-// block's all_k / all_v (kQ entries a list).
+// Warp 0's sorted queue (its first kk entries) into list `own` of every
+// block's all_k / all_v.
 template <int kQ, int kT>
-__device__ void push_list(const WarpSelect<kQ, kT>& ws, int kk, float* all_k, int* all_v, int rank, int C)
+__device__ void push_list(const WarpSelect<kQ, kT>& ws, int kk, float* all_k, int* all_v, int own, int C)
 {
     if (threadIdx.x >= 32)
         return;
@@ -150,8 +325,8 @@ __device__ void push_list(const WarpSelect<kQ, kT>& ws, int kk, float* all_k, in
             const float key = ws.st->wk[s];
             const int val = ws.st->wv[s];
             for (int b = 0; b < C; ++b) {
-                cluster.map_shared_rank(all_k, b)[rank * kQ + e] = key;
-                cluster.map_shared_rank(all_v, b)[rank * kQ + e] = val;
+                cluster.map_shared_rank(all_k, b)[own * (kQ + 1) + e] = key;
+                cluster.map_shared_rank(all_v, b)[own * (kQ + 1) + e] = val;
             }
         }
     }
@@ -159,29 +334,33 @@ __device__ void push_list(const WarpSelect<kQ, kT>& ws, int kk, float* all_k, in
 
 // out[i] = the rank of entry i of this block's list (`own`) among the C
 // sorted lists of kk entries, ordered by (key, list, position): a
-// permutation of 0 .. C * kk - 1 over all blocks. Every thread calls it.
+// permutation of 0 .. C * kk - 1 over all blocks. C consecutive lanes serve
+// an entry (C a power of two <= 16), a binary search each, summed by
+// shuffles. Every thread calls it.
 template <int kQ>
 __device__ void rank_entries(const float* all_k, int C, int own, int kk, int* out)
 {
-    for (int i = threadIdx.x; i < kk; i += kThreads)
-        out[i] = i;
-    __syncthreads();
-    for (int t = threadIdx.x; t < kk * C; t += kThreads) {
+    const int work = kk * C;
+    for (int t0 = 0; t0 < work; t0 += kThreads) {  // uniform over the block
+        const int t = t0 + static_cast<int>(threadIdx.x);
         const int i = t / C, b = t - i * C;
-        if (b == own)
-            continue;
-        const float v = all_k[own * kQ + i];
-        const float* lb = all_k + b * kQ;
-        int lo = 0, hi = kk;  // entries of list b before v: key < v, or key <= v for b < own
-        while (lo < hi) {
-            const int mid = (lo + hi) >> 1;
-            if (b < own ? lb[mid] <= v : lb[mid] < v)
-                lo = mid + 1;
-            else
-                hi = mid;
+        int lo = 0;
+        if (t < work && b != own) {
+            const float v = all_k[own * (kQ + 1) + i];
+            const float* lb = all_k + b * (kQ + 1);
+            int hi = kk;  // entries of list b before v: key < v, or key <= v for b < own
+            while (lo < hi) {
+                const int mid = (lo + hi) >> 1;
+                if (b < own ? lb[mid] <= v : lb[mid] < v)
+                    lo = mid + 1;
+                else
+                    hi = mid;
+            }
         }
-        if (lo)
-            atomicAdd(out + i, lo);
+        for (int off = 1; off < C; off <<= 1)
+            lo += __shfl_xor_sync(kFullMask, lo, off);
+        if (t < work && b == 0)
+            out[i] = i + lo;
     }
     __syncthreads();
 }
@@ -206,6 +385,7 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
 {
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int kT = ThreadQ<kQ>::value;
+    constexpr int kS = kQ + 1;  // list stride
     cg::cluster_group cluster = cg::this_cluster();
     const int C = static_cast<int>(cluster.num_blocks());
     const int r = static_cast<int>(cluster.block_rank());
@@ -213,6 +393,9 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
     const Layout L = layout_of(a.m, a.d, C, kQ);
     float* table = reinterpret_cast<float*>(smem + L.table);
     float* qv = reinterpret_cast<float*>(smem + L.qv);
+    float* keybuf = reinterpret_cast<float*>(smem + L.keys);
+    int* hist = reinterpret_cast<int*>(smem + L.hist);
+    int* scan = reinterpret_cast<int*>(smem + L.scan);
     float* mk = reinterpret_cast<float*>(smem + L.merge_k);
     int* mv = reinterpret_cast<int*>(smem + L.merge_v);
     float* all_k = reinterpret_cast<float*>(smem + L.all_k);
@@ -225,6 +408,8 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
     const uint8_t** pcodes = reinterpret_cast<const uint8_t**>(smem + L.pcodes);
     const float** pvt = reinterpret_cast<const float**>(smem + L.pvt);
     const int64_t** pkeys = reinterpret_cast<const int64_t**>(smem + L.pkeys);
+    const float** pvec = reinterpret_cast<const float**>(smem + L.pvec);
+    const int64_t** pids = reinterpret_cast<const int64_t**>(smem + L.pids);
     double* rd = reinterpret_cast<double*>(smem + L.rd);
     int64_t* rl = reinterpret_cast<int64_t*>(smem + L.rl);
     int* rp = reinterpret_cast<int*>(smem + L.rp);
@@ -283,12 +468,15 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
                 cluster.map_shared_rank(table, b)[e] = v;
         }
     }
+    SMALL_TRACE(2);
 
     // 2. Coarse step over this block's share of the centroids: a lane per
     // centroid, the GEMM form's key as exact_knn's selection makes it.
-    SMALL_TRACE(2);
+    // Kept in shared memory and radix-selected when they fit, else streamed
+    // through WarpSelect.
     SelectState<kQ, kT> state;
     WarpSelect<kQ, kT> ws;
+    const bool coarse_smem = c1 - c0 <= kKeyCap;  // uniform
     ws.init(&state, a.nprobe);
     {
         const float rn = ip ? 0.0f : *qnorm;
@@ -317,14 +505,22 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
                 key = ip ? fmaxf(fminf(fmaf(-1.0f, s, 0.0f), kOverflowDistance), -INFINITY)
                          : fmaxf(fminf(fmaf(-2.0f, s, rn + __ldg(a.centroid_norms + c)), kOverflowDistance),
                                  0.0f);
+                if (coarse_smem)
+                    keybuf[c - c0] = key;
             }
-            ws.add(key, c < c1 ? c : -1);
+            if (!coarse_smem)
+                ws.add(key, c < c1 ? c : -1);
         }
     }
     SMALL_TRACE(3);
-    ws.finish();
-    tree_merge(ws, mk, mv);
-    push_list(ws, a.nprobe, all_k, all_v, r, C);
+    if (coarse_smem) {
+        __syncthreads();
+        select_smem<kQ>(keybuf, c1 - c0, a.nprobe, c0, hist, scan, win, all_k, all_v, r, C);
+    } else {
+        ws.finish();
+        tree_merge(ws, mk, mv);
+        push_list(ws, a.nprobe, all_k, all_v, r, C);
+    }
     SMALL_TRACE(4);
     cluster.sync();
     SMALL_TRACE(5);
@@ -336,13 +532,13 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
             win[atomicAdd(nwin, 1)] = i;
     __syncthreads();
     for (int w = tid; w < *nwin; w += kThreads) {
-        const int list = all_v[r * kQ + win[w]];
+        const int list = all_v[r * kS + win[w]];
         if (list >= 0)
             prefetch_span(a.centroids + static_cast<int64_t>(list) * d, d * sizeof(float), 0, 1);
     }
     for (int w = warp; w < *nwin; w += kWarps) {
         const int i = win[w];
-        const int list = all_v[r * kQ + i];
+        const int list = all_v[r * kS + i];
         const int slot = rank[i];
         const float base =
             list >= 0 ? warp_probe_base(qv, a.centroids + static_cast<int64_t>(list) * d, d, ip, lane) : 0.0f;
@@ -355,7 +551,8 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
     cluster.sync();  // tables and probes complete in every block
     SMALL_TRACE(7);
 
-    // 3. The probed lists: candidate offsets (each block for itself).
+    // 3. The probed lists: candidate offsets and list pointers (each block
+    // for itself).
     if (warp == 0) {
         int carry = 0;
         for (int p0 = 0; p0 < a.nprobe; p0 += 32) {
@@ -367,6 +564,8 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
                 pcodes[p] = list >= 0 ? a.list_codes[list] : nullptr;
                 pvt[p] = list >= 0 && a.list_term1 ? a.list_term1[list] : nullptr;
                 pkeys[p] = list >= 0 && filtered ? a.list_keys[list] : nullptr;
+                pvec[p] = list >= 0 ? a.list_vectors[list] : nullptr;
+                pids[p] = list >= 0 ? a.list_ids[list] : nullptr;
             }
             int x = len;
             for (int off = 1; off < 32; off <<= 1) {
@@ -383,35 +582,38 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
     }
     __syncthreads();
 
-    // This block's share of the concatenated probed entries into a running
-    // top-k (labels: positions, as the staged scan's).
+    // This block's share of the concatenated probed entries (labels:
+    // positions, as the staged scan's): keys into shared memory and radix
+    // selected when they fit, else a running top-k (WarpSelect).
     const int total = prefix[a.nprobe];
     const int i0 = static_cast<int>(static_cast<int64_t>(total) * r / C);
     const int i1 = static_cast<int>(static_cast<int64_t>(total) * (r + 1) / C);
+    const bool scan_smem = i1 - i0 <= kKeyCap;  // uniform
     const KeyWindow kw = filtered ? KeyWindow{a.key_lo[q], a.key_hi[q]} : KeyWindow{0, 0};
+    const bool none = filtered && kw.empty();  // an empty key range passes nothing
     unsigned in_range_count = 0;
     ws.init(&state, a.k);
     SMALL_TRACE(8);
-    if (!(filtered && kw.empty())) {  // an empty key range passes nothing
+    if (!none) {
         // The block's codes (and per-vector terms) on their way to L1: a
         // line per thread and step, found by its probe.
-        {
-            const int per_line = m >= 128 ? 1 : 128 / m;
-            for (int i = i0 + tid * per_line; i < i1; i += kThreads * per_line) {
-                const int pp = probe_of(prefix, a.nprobe, i);
-                const int off = i - prefix[pp];
-                prefetch_l1(pcodes[pp] + static_cast<int64_t>(off) * m);
-                if (m > 128)
-                    prefetch_span(pcodes[pp] + static_cast<int64_t>(off) * m, m, 0, 1);
-                if (pvt[pp] && (off & 31) < per_line)
-                    prefetch_l1(pvt[pp] + off);
-            }
+        const int per_line = m >= 128 ? 1 : 128 / m;
+        for (int i = i0 + tid * per_line; i < i1; i += kThreads * per_line) {
+            const int pp = probe_of(prefix, a.nprobe, i);
+            const int off = i - prefix[pp];
+            prefetch_l1(pcodes[pp] + static_cast<int64_t>(off) * m);
+            if (m > 128)
+                prefetch_span(pcodes[pp] + static_cast<int64_t>(off) * m, m, 0, 1);
+            if (pvt[pp] && (off & 31) < per_line)
+                prefetch_l1(pvt[pp] + off);
         }
-        int p = i0 + tid < total ? probe_of(prefix, a.nprobe, i0 + tid) : 0;
+    }
+    {
+        int p = !none && i0 + tid < total ? probe_of(prefix, a.nprobe, i0 + tid) : 0;
         for (int b0 = i0; b0 < i1; b0 += kThreads) {
             const int i = b0 + tid;
             float key = INFINITY;
-            if (i < i1) {
+            if (i < i1 && !none) {
                 while (prefix[p + 1] <= i)
                     ++p;
                 const int off = i - prefix[p];
@@ -427,18 +629,40 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
                     key = rank_distance(key);
                 }
             }
-            ws.add(key, i);
+            if (scan_smem) {
+                if (i < i1)
+                    keybuf[i - i0] = key;
+            } else {
+                ws.add(key, i);
+            }
         }
     }
     SMALL_TRACE(9);
-    ws.finish();
-    tree_merge(ws, mk, mv);
-    push_list(ws, a.k, all_k, all_v, r, C);
+    __syncthreads();  // keybuf complete
+    if (scan_smem) {
+        select_smem<kQ>(keybuf, i1 - i0, a.k, i0, hist, scan, win, all_k, all_v, r, C);
+    } else {
+        ws.finish();
+        tree_merge(ws, mk, mv);
+        push_list(ws, a.k, all_k, all_v, r, C);
+    }
     if (filtered) {
         for (int off = 16; off > 0; off >>= 1)
             in_range_count += __shfl_down_sync(kFullMask, in_range_count, off);
         if (lane == 0 && in_range_count)
             atomicAdd(cluster.map_shared_rank(matched, 0), static_cast<unsigned long long>(in_range_count));
+    }
+    // The vectors of this block's candidates towards L2: the winners among
+    // them are read right after the merge.
+    __syncthreads();
+    for (int i = tid; i < a.k; i += kThreads) {
+        const int pos = all_v[r * kS + i];
+        if (pos >= 0 && pos < total) {
+            const int p = probe_of(prefix, a.nprobe, pos);
+            const float* v = pvec[p] + static_cast<int64_t>(pos - prefix[p]) * d;
+            for (int o = 0; o < d; o += 32)
+                prefetch_l2(v + o);
+        }
     }
     SMALL_TRACE(10);
     cluster.sync();
@@ -450,27 +674,18 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
     rank_entries<kQ>(all_k, C, r, a.k, rank);
     SMALL_TRACE(12);
     for (int i = tid; i < a.k; i += kThreads) {
-        const int pos = all_v[r * kQ + i];
-        if (rank[i] < a.k && pos >= 0) {
-            const int p = probe_of(prefix, a.nprobe, pos);
-            prefetch_span(a.list_vectors[plist[p]] + static_cast<int64_t>(pos - prefix[p]) * d, d * sizeof(float),
-                          0, 1);
-        }
-    }
-    for (int i = tid; i < a.k; i += kThreads) {
         const int slot = rank[i];
         if (slot >= a.k)
             continue;
-        const int pos = all_v[r * kQ + i];
+        const int pos = all_v[r * kS + i];
         double dist = INFINITY;
         int64_t id = -1;
         int present = 0;
         if (pos >= 0) {
             const int p = probe_of(prefix, a.nprobe, pos);
-            const int list = plist[p];
             const int64_t off = pos - prefix[p];
-            dist = exact_distance(a.metric, qraw, a.list_vectors[list] + off * d, static_cast<size_t>(d));
-            id = a.list_ids[list][off];
+            id = __ldg(reinterpret_cast<const long long*>(pids[p]) + off);
+            dist = exact_distance(a.metric, qraw, pvec[p] + off * d, static_cast<size_t>(d));
             present = 1;
         }
         for (int b = 0; b < C; ++b) {

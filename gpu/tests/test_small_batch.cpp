@@ -263,3 +263,56 @@ TEST(SmallBatch, OtherShapesKeepTheStagedPath)
     f.add_rows(*bare, 0, f.n, false);
     EXPECT_FALSE(bare->small_batch_path(1, 10, 4));
 }
+
+// Long probed lists: a block's share of the entries past what its shared
+// memory holds streams through WarpSelect instead of the radix select
+// (batch 64: 4 blocks a query, 10000 entries each), with the same answers.
+TEST(SmallBatch, LongListsStreamThroughWarpSelect)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(3105);
+    for (Metric metric : {Metric::L2, Metric::InnerProduct}) {
+        const std::string what = shape("long lists", {{"metric", double(int(metric))}}, s);
+        SCOPED_TRACE(what);
+        ExactFixture f(32, 8, 8, 40000, 64, metric, s);
+        auto idx = f.empty({});
+        f.add_rows(*idx, 0, f.n);
+        for (size_t nq : {1, 64})
+            for (size_t k : {10, 128})
+                check_small(f, *idx, first_queries(f, nq), k, 8,
+                            what + " nq=" + std::to_string(nq) + " k=" + std::to_string(k));
+    }
+}
+
+// Hundreds of entries with one code in one list (the same ADC distance)
+// across the k-th candidate: the radix select resolves the tie by
+// position, the same way on every call, and the rows stay exact.
+TEST(SmallBatch, TiedCandidatesAcrossTheKth)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(3106);
+    ExactFixture f(64, 16, 8, 3000, 4, Metric::L2, s);
+    auto idx = f.empty({});
+    f.add_rows(*idx, 0, f.n);
+    const size_t r = 5, copies = 300;
+    std::vector<float> dups;
+    std::vector<int64_t> dup_ids;
+    for (size_t c = 0; c < copies; ++c) {
+        dups.insert(dups.end(), f.x.begin() + r * f.d, f.x.begin() + (r + 1) * f.d);
+        dup_ids.push_back(int64_t(5000000 + (c * 7919) % copies));
+    }
+    f.add_extra(*idx, dups, dup_ids);
+    std::vector<float> q = f.q;
+    std::copy(f.x.begin() + r * f.d, f.x.begin() + (r + 1) * f.d, q.begin());
+    for (size_t k : {10, 100}) {
+        ASSERT_TRUE(idx->small_batch_path(f.nq, k, 4));
+        check_exact(f, *idx, q, k, 4, "ties k=" + std::to_string(k));
+        std::vector<double> d1(f.nq * k), d2(f.nq * k);
+        std::vector<int64_t> l1(f.nq * k), l2(f.nq * k);
+        idx->search_exact(q.data(), f.nq, k, 4, d1.data(), l1.data());
+        idx->search_exact(q.data(), f.nq, k, 4, d2.data(), l2.data());
+        EXPECT_EQ(l1, l2) << "k=" << k;
+        // Query 0 is the duplicated row: its first answer a copy of it.
+        EXPECT_EQ(d1[0], 0.0) << "k=" << k;
+    }
+}
