@@ -54,7 +54,7 @@ static_assert(kThreads == 256, "the radix select's histogram has a bin per threa
 // cluster (remote accesses use local offsets). The C sorted lists are kQ + 1
 // entries apart, so that lanes searching different lists hit different banks.
 struct Layout {
-    size_t table, qv, keys, hist, scan, merge_k, merge_v, all_k, all_v, rank, win, plist, pbase, prefix,
+    size_t table, qv, ctile, keys, hist, scan, merge_k, merge_v, all_k, all_v, rank, win, plist, pbase, prefix,
         pcodes, pvt, pkeys, pvec, pids, rd, rl, rp, misc, total;
 };
 
@@ -75,6 +75,7 @@ __host__ __device__ inline Layout layout_of(int m, int d, int cluster, int kq)
     const size_t lists = static_cast<size_t>(cluster) * (kq + 1);
     L.table = b.take(static_cast<size_t>(m) * 256 * sizeof(float));
     L.qv = b.take(static_cast<size_t>(d) * sizeof(float));
+    L.ctile = b.take(static_cast<size_t>(kWarps) * 32 * 33 * sizeof(float));
     L.keys = b.take(kKeyCap * sizeof(float));
     L.hist = b.take(256 * sizeof(int));
     L.scan = b.take(64 * sizeof(int));
@@ -175,7 +176,7 @@ __device__ int block_exclusive_scan(int v, int* scratch, int* total)
 // a rank count among the kk. Every thread calls it.
 template <int kQ>
 __device__ void select_smem(const float* keys, int n, int kk, int label0, int* hist, int* scan, int* sel,
-                            float* all_k, int* all_v, int own, int C)
+                            float* selk, float* all_k, int* all_v, int own, int C)
 {
     cg::cluster_group cluster = cg::this_cluster();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -264,17 +265,21 @@ __device__ void select_smem(const float* keys, int n, int kk, int label0, int* h
     }
     __syncthreads();
     const int nsel = ctl[4];
+    for (int e = tid; e < nsel; e += kThreads)
+        selk[e] = keys[sel[e]];
+    __syncthreads();
     // Rank count among the selected, (key, index) order; padding after.
     for (int e = tid; e < kk; e += kThreads) {
         float key = INFINITY;
         int val = -1, at = e;
         if (e < nsel) {
             const int i = sel[e];
-            key = keys[i];
+            key = selk[e];
             at = 0;
+#pragma unroll 4
             for (int f = 0; f < nsel; ++f) {
+                const float kj = selk[f];
                 const int j = sel[f];
-                const float kj = keys[j];
                 at += kj < key || (kj == key && j < i);
             }
             val = label0 + i;
@@ -341,9 +346,10 @@ template <int kQ>
 __device__ void rank_entries(const float* all_k, int C, int own, int kk, int* out)
 {
     const int work = kk * C;
+    const int lg = __ffs(C) - 1;
     for (int t0 = 0; t0 < work; t0 += kThreads) {  // uniform over the block
         const int t = t0 + static_cast<int>(threadIdx.x);
-        const int i = t / C, b = t - i * C;
+        const int i = t >> lg, b = t & (C - 1);
         int lo = 0;
         if (t < work && b != own) {
             const float v = all_k[own * (kQ + 1) + i];
@@ -381,7 +387,7 @@ __device__ __forceinline__ int probe_of(const int* prefix, int nprobe, int pos)
 }
 
 template <int kQ>
-__global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs a)
+__global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchArgs a)
 {
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int kT = ThreadQ<kQ>::value;
@@ -417,6 +423,7 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
     unsigned long long* matched = reinterpret_cast<unsigned long long*>(smem + L.misc + 8);
     float* qnorm = reinterpret_cast<float*>(smem + L.misc + 16);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    float* tile = reinterpret_cast<float*>(smem + L.ctile) + warp * 32 * 33;
     const bool ip = a.metric == Metric::InnerProduct;
     const int d = a.d, m = a.m, dsub = d / m;
     const float* qraw = a.queries + static_cast<int64_t>(q) * d;
@@ -471,7 +478,10 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
     SMALL_TRACE(2);
 
     // 2. Coarse step over this block's share of the centroids: a lane per
-    // centroid, the GEMM form's key as exact_knn's selection makes it.
+    // centroid summing its products in order, the GEMM form's key as
+    // exact_knn's selection makes it. A warp takes 32 centroids at a time,
+    // 32 columns at a time, through a tile in shared memory (rows 33 floats
+    // apart): coalesced loads, conflict-free reads.
     // Kept in shared memory and radix-selected when they fit, else streamed
     // through WarpSelect.
     SelectState<kQ, kT> state;
@@ -482,26 +492,40 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
         const float rn = ip ? 0.0f : *qnorm;
         for (int g = c0 + warp * 32; g < c1; g += kWarps * 32) {  // uniform over the warp
             const int c = g + lane;
-            float key = INFINITY;
-            if (c < c1) {
-                const float* crow = a.centroids + static_cast<int64_t>(c) * d;
-                float s = 0.0f;
+            const int rows = min(32, c1 - g);
+            const float* base = a.centroids + static_cast<int64_t>(g) * d;
+            float s = 0.0f;
+            for (int j0 = 0; j0 < d; j0 += 32) {
+                const int w = min(32, d - j0);
+                __syncwarp();  // the previous chunk read
                 if ((d & 3) == 0) {
-                    const float4* p = reinterpret_cast<const float4*>(crow);
-                    const float4* qp = reinterpret_cast<const float4*>(qv);
-#pragma unroll 8
-                    for (int j = 0; j < (d >> 2); ++j) {
-                        const float4 x = __ldg(p + j);
-                        const float4 y = qp[j];
-                        s = fmaf(y.x, x.x, s);
-                        s = fmaf(y.y, x.y, s);
-                        s = fmaf(y.z, x.z, s);
-                        s = fmaf(y.w, x.w, s);
+#pragma unroll 4
+                    for (int f = lane; f < 32 * 8; f += 32) {
+                        const int row = f >> 3, c4 = (f & 7) * 4;
+                        if (row < rows && c4 < w) {
+                            const float4 x =
+                                __ldg(reinterpret_cast<const float4*>(base + static_cast<int64_t>(row) * d + j0 + c4));
+                            float* t = tile + row * 33 + c4;
+                            t[0] = x.x;
+                            t[1] = x.y;
+                            t[2] = x.z;
+                            t[3] = x.w;
+                        }
                     }
                 } else {
-                    for (int j = 0; j < d; ++j)
-                        s = fmaf(qv[j], __ldg(crow + j), s);
+                    for (int f = lane; f < 32 * 32; f += 32) {
+                        const int row = f >> 5, col = f & 31;
+                        if (row < rows && col < w)
+                            tile[row * 33 + col] = __ldg(base + static_cast<int64_t>(row) * d + j0 + col);
+                    }
                 }
+                __syncwarp();
+                if (lane < rows)
+                    for (int col = 0; col < w; ++col)
+                        s = fmaf(qv[j0 + col], tile[lane * 33 + col], s);
+            }
+            float key = INFINITY;
+            if (c < c1) {
                 key = ip ? fmaxf(fminf(fmaf(-1.0f, s, 0.0f), kOverflowDistance), -INFINITY)
                          : fmaxf(fminf(fmaf(-2.0f, s, rn + __ldg(a.centroid_norms + c)), kOverflowDistance),
                                  0.0f);
@@ -515,7 +539,7 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
     SMALL_TRACE(3);
     if (coarse_smem) {
         __syncthreads();
-        select_smem<kQ>(keybuf, c1 - c0, a.nprobe, c0, hist, scan, win, all_k, all_v, r, C);
+        select_smem<kQ>(keybuf, c1 - c0, a.nprobe, c0, hist, scan, win, mk, all_k, all_v, r, C);
     } else {
         ws.finish();
         tree_merge(ws, mk, mv);
@@ -640,7 +664,7 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
     SMALL_TRACE(9);
     __syncthreads();  // keybuf complete
     if (scan_smem) {
-        select_smem<kQ>(keybuf, i1 - i0, a.k, i0, hist, scan, win, all_k, all_v, r, C);
+        select_smem<kQ>(keybuf, i1 - i0, a.k, i0, hist, scan, win, mk, all_k, all_v, r, C);
     } else {
         ws.finish();
         tree_merge(ws, mk, mv);
@@ -673,10 +697,38 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
     // into every block at its ADC rank; missing candidates as (+inf, -1).
     rank_entries<kQ>(all_k, C, r, a.k, rank);
     SMALL_TRACE(12);
-    for (int i = tid; i < a.k; i += kThreads) {
+    if (tid == 0)
+        *nwin = 0;
+    __syncthreads();
+    for (int i = tid; i < a.k; i += kThreads)
+        if (rank[i] < a.k)
+            win[atomicAdd(nwin, 1)] = i;
+    __syncthreads();
+    // The winners' vectors (as many as fit the key buffer, free now) and
+    // the query as given staged in shared memory, a warp per row with
+    // coalesced loads: exact_distance then reads them in its fixed order
+    // without waiting on memory at every line. The same floats, so the
+    // same distances.
+    const int nw = *nwin;
+    const int staged = d <= kKeyCap ? min(nw, kKeyCap / d) : 0;
+    float* qs = d <= kWarps * 32 * 33 ? reinterpret_cast<float*>(smem + L.ctile) : nullptr;
+    if (qs)
+        for (int j = tid; j < d; j += kThreads)
+            qs[j] = qraw[j];
+    for (int w = warp; w < staged; w += kWarps) {
+        const int pos = all_v[r * kS + win[w]];
+        if (pos >= 0) {
+            const int p = probe_of(prefix, a.nprobe, pos);
+            const float* src = pvec[p] + static_cast<int64_t>(pos - prefix[p]) * d;
+            float* dst = keybuf + w * d;
+            for (int j = lane; j < d; j += 32)
+                dst[j] = __ldg(src + j);
+        }
+    }
+    __syncthreads();
+    for (int w = tid; w < nw; w += kThreads) {
+        const int i = win[w];
         const int slot = rank[i];
-        if (slot >= a.k)
-            continue;
         const int pos = all_v[r * kS + i];
         double dist = INFINITY;
         int64_t id = -1;
@@ -685,7 +737,8 @@ __global__ void __launch_bounds__(kThreads) small_search_kernel(SmallSearchArgs 
             const int p = probe_of(prefix, a.nprobe, pos);
             const int64_t off = pos - prefix[p];
             id = __ldg(reinterpret_cast<const long long*>(pids[p]) + off);
-            dist = exact_distance(a.metric, qraw, pvec[p] + off * d, static_cast<size_t>(d));
+            const float* v = w < staged ? keybuf + w * d : pvec[p] + off * d;
+            dist = exact_distance(a.metric, qs ? qs : qraw, v, static_cast<size_t>(d));
             present = 1;
         }
         for (int b = 0; b < C; ++b) {
