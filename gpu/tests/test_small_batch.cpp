@@ -24,6 +24,11 @@ using gpuivfpq::gpu::ScanAlgo;
 
 namespace {
 
+// The batches tested go past the default small_batch_max: the tests raise
+// it to this (the path's answers do not depend on where the dispatch
+// switches).
+constexpr size_t kForcedMax = 64;
+
 const Metric kMetrics[] = {Metric::L2, Metric::InnerProduct, Metric::Cosine};
 
 // The first nq queries of the fixture (rows repeat when nq > f.nq).
@@ -59,7 +64,7 @@ void check_small(const ExactFixture& f, GpuIvfPqIndex& idx, const std::vector<fl
 {
     SCOPED_TRACE(what);
     const size_t nq = q.size() / f.d;
-    idx.set_small_batch_max(GpuIvfPqOptions().small_batch_max);
+    idx.set_small_batch_max(kForcedMax);
     ASSERT_TRUE(idx.small_batch_path(nq, k, nprobe)) << "the one-launch path should take this shape";
     std::vector<int64_t> matched(nq, -7), matched_staged(nq, -9);
     KeyRange r1, r2;
@@ -73,7 +78,7 @@ void check_small(const ExactFixture& f, GpuIvfPqIndex& idx, const std::vector<fl
     idx.set_small_batch_max(0);
     ASSERT_FALSE(idx.small_batch_path(nq, k, nprobe));
     idx.search_exact(q.data(), nq, k, nprobe, d2.data(), l2.data(), ranges ? &r2 : nullptr);
-    idx.set_small_batch_max(GpuIvfPqOptions().small_batch_max);
+    idx.set_small_batch_max(kForcedMax);
     const std::set<size_t> ties = boundary_ties(idx, q, f.d, k, nprobe, ranges);
     int bad = 0;
     for (size_t i = 0; i < nq && bad < 5; ++i) {

@@ -74,8 +74,11 @@ struct GpuIvfPqOptions {
     // allows (per-vector or inner-product tables in fp32, not the two-pass
     // scan, k and nprobe up to 128, the table in shared memory); larger
     // batches and other shapes run the staged pipeline. Same answers either
-    // way. 0 turns the one-launch path off (bench: the staged path forced).
-    size_t small_batch_max = 64;
+    // way (up to ties at the k-th ADC candidate). 32: on an H100 (IVF4096,
+    // PQ32, nprobe 32, 100 candidates) the one launch takes 0.47x the staged
+    // pipeline's device time at batch 1, 0.88x at 32, 1.13x at 64 (gpu_bench
+    // --stages, bench/gpu/results/kernel-stages-h100). 0 turns the path off.
+    size_t small_batch_max = 32;
 };
 
 struct GpuMemoryUse {
