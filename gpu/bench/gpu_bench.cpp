@@ -331,12 +331,25 @@ int main(int argc, char** argv)
             std::vector<uint8_t> enc_c(n * m);
             idx.encode(hbase.data(), n, enc_l.data(), enc_c.data());
             idx.add_encoded(n, enc_l.data(), enc_c.data(), ids.data(), hbase.data());
-            std::printf("## search_exact stages, IVF%zu,PQ%zu with vectors, nprobe %zu, %zu candidates "
-                        "(us per call, means of %d calls)\n\n", lists, m, np, kk, quick ? 20 : 200);
+            // Twice: the staged pipeline forced (small_batch_max 0), then the
+            // one-launch path (forced up to 256 to find where it stops paying;
+            // its single kernel shows as "scan").
+            const size_t default_small = GpuIvfPqOptions().small_batch_max;
+            std::vector<std::vector<double>> traces;
+            std::vector<size_t> trace_batches;
+            for (int path = 0; path < 2; ++path) {
+            idx.set_small_batch_max(path == 0 ? 0 : 256);
+            std::printf("## search_exact stages, IVF%zu,PQ%zu with vectors, nprobe %zu, %zu candidates, %s "
+                        "(us per call, means of %d calls)\n\n", lists, m, np, kk,
+                        path == 0 ? "staged pipeline (small_batch_max 0)"
+                                  : "one launch (small_batch_max 256; the kernel is the scan column)",
+                        quick ? 20 : 200);
             std::printf("| batch | upload | coarse | prefix | scan | merge | decode | rerank | download | "
                         "device | wall | host |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-            for (size_t b : {size_t(1), size_t(8), size_t(32), size_t(256)}) {
+            for (size_t b : {size_t(1), size_t(8), size_t(32), size_t(64), size_t(128), size_t(256)}) {
                 if (b > nq)
+                    continue;
+                if (path == 1 && !idx.small_batch_path(b, kk, np))
                     continue;
                 std::vector<double> od(b * kk);
                 std::vector<int64_t> ol(b * kk);
@@ -355,8 +368,52 @@ int main(int argc, char** argv)
                             st.decode * per, st.rerank * per, st.download * per, dev * per, st.wall * per,
                             (st.wall - dev) * per);
                 std::fflush(stdout);
+                if (path == 1) {
+                    idx.set_small_batch_trace(true);
+                    idx.search_exact(hq.data(), b, kk, np, od.data(), ol.data());
+                    traces.push_back(idx.small_batch_trace());
+                    trace_batches.push_back(b);
+                    idx.set_small_batch_trace(false);
+                }
             }
             std::printf("\n");
+            }
+            // Block 0's clock at the one-launch kernel's phase ends (one call
+            // per batch; cycles / 1000).
+            std::printf("## one-launch phases, block 0 of query 0 (kcycles)\n\n| batch | start | table | coarse "
+                        "| coarse select | sync | probes | sync | prefix | scan | scan select | sync | rank | "
+                        "rerank | sync | order |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+            for (size_t t = 0; t < traces.size(); ++t) {
+                std::printf("| %zu |", trace_batches[t]);
+                for (double c : traces[t])
+                    std::printf(" %.2f |", c / 1000.0);
+                std::printf("\n");
+            }
+            std::printf("\n");
+            idx.set_small_batch_max(default_small);
+            // Large batches keep the staged pipeline: device throughput of one
+            // search_exact_device call over every query (CUDA events, median
+            // of 5), the default dispatch and the staged path forced, alternated.
+            {
+                DeviceBuffer dq(ctx, nq * d * sizeof(float)), dd(ctx, nq * kk * sizeof(double)),
+                    dl(ctx, nq * kk * sizeof(int64_t));
+                dq.upload(hq.data(), nq * d * sizeof(float));
+                double ms[2][2];
+                for (int round = 0; round < 2; ++round)
+                    for (int path = 0; path < 2; ++path) {
+                        idx.set_small_batch_max(path == 0 ? default_small : 0);
+                        ms[round][path] = time_ms(ctx, [&] {
+                            idx.search_exact_device(dq.as<float>(), nq, kk, np, dd.as<double>(), dl.as<int64_t>());
+                        }, quick ? 2 : 5);
+                    }
+                idx.set_small_batch_max(default_small);
+                std::printf("search_exact_device batch %zu (device ms, median of %d, two rounds): default dispatch "
+                            "(small_batch_max %zu) %.2f / %.2f ms = %.0f queries/s; staged path forced %.2f / %.2f ms "
+                            "= %.0f queries/s\n\n",
+                            nq, quick ? 2 : 5, default_small, ms[0][0], ms[1][0],
+                            nq / (std::min(ms[0][0], ms[1][0]) * 1e-3), ms[0][1], ms[1][1],
+                            nq / (std::min(ms[0][1], ms[1][1]) * 1e-3));
+            }
             // The service's calls read and write page-locked memory (the GPU
             // process pins its exchange); small batches replay a CUDA graph
             // of their device work: the same calls from pinned buffers,

@@ -12,6 +12,7 @@
 #include "engine/exact_distance.h"
 #include "engine/search_limits.h"
 #include "cuda_check.h"
+#include "search_parts.cuh"
 
 namespace gpuivfpq::gpu {
 
@@ -31,16 +32,6 @@ constexpr size_t next_pow2(size_t x)
 }
 static_assert(next_pow2(kMaxSelectK) * kRerankEntryBytes <= 48 * 1024,
               "re-rank sort of kMaxSelectK entries does not fit in shared memory");
-
-// The row's order: present candidates before missing ones (the padding
-// follows every real result, NaN distances included), then exact_less.
-__device__ __forceinline__ bool rerank_before(bool pa, double da, int64_t la, bool pb, double db,
-                                              int64_t lb)
-{
-    if (pa != pb)
-        return pa;
-    return exact_less(da, la, db, lb);
-}
 
 // Candidates as (list << 32 | offset) into the inverted lists (search_exact).
 struct ListOffsetCandidates {

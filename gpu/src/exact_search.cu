@@ -9,6 +9,7 @@
 #include "cuda_check.h"
 #include "gpu_ivfpq/exact_search.h"
 #include "gpu_ivfpq/k_select.h"
+#include "search_parts.cuh"
 #include "select_args.h"
 
 namespace gpuivfpq::gpu {
@@ -21,12 +22,7 @@ __global__ void row_norms_kernel(const float* x, int64_t n, int d, float* out)
     const int lane = threadIdx.x & 31;
     if (row >= n)
         return;
-    const float* p = x + row * d;
-    float s = 0.0f;
-    for (int j = lane; j < d; j += 32)
-        s = fmaf(p[j], p[j], s);
-    for (int off = 16; off > 0; off >>= 1)
-        s += __shfl_xor_sync(0xffffffffu, s, off);
+    const float s = warp_sqr_norm(x + row * d, d, lane);
     if (lane == 0)
         out[row] = s;
 }
@@ -37,17 +33,7 @@ __global__ void normalize_kernel(float* x, int64_t n, int d)
     const int lane = threadIdx.x & 31;
     if (row >= n)
         return;
-    float* p = x + row * d;
-    float s = 0.0f;
-    for (int j = lane; j < d; j += 32)
-        s = fmaf(p[j], p[j], s);
-    for (int off = 16; off > 0; off >>= 1)
-        s += __shfl_xor_sync(0xffffffffu, s, off);
-    if (s > 0.0f) {
-        const float inv = 1.0f / sqrtf(s);
-        for (int j = lane; j < d; j += 32)
-            p[j] *= inv;
-    }
+    warp_normalize(x + row * d, d, lane);
 }
 
 // The selection's transform of an inner-product tile into metric's ranking

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -24,6 +25,7 @@
 #include "ivfpq_kernels.h"
 #include "search_graphs.h"
 #include "select_args.h"
+#include "small_search.h"
 
 namespace gpuivfpq::gpu {
 
@@ -100,6 +102,11 @@ struct GpuIvfPqIndex::Impl {
     // Host side of the per-list arrays (six sections of lists entries, in
     // the order of upload_meta) and the staging of appended entries.
     PinnedHost meta_host, add_host;
+    // A small search's inputs and answers staged in page-locked memory (one
+    // copy each way instead of a driver-staged copy per pageable buffer).
+    PinnedHost io_host;
+    // Bench aid (set_small_batch_trace): the one-launch kernel's phase clocks.
+    DeviceBuffer small_trace;
 
     // Bench aid (set_stage_timing): events at the stage boundaries of a
     // search_exact call, in order: start, uploaded, coarse, prefix, scan,
@@ -334,11 +341,11 @@ struct GpuIvfPqIndex::Impl {
                                  // Only the two-pass scan sizes its buffers by the longest list.
                                  opt.scan == ScanAlgo::TwoPass || table_mode() != kTableQuery ? max_len : 0,
                                  reinterpret_cast<uintptr_t>(c.arena), c.arena_bytes, c.arena_generation,
-                                 c.arena_top};
+                                 c.arena_top, opt.small_batch_max};
         for (int i = 0; i < 6; ++i)
             key.push_back(reinterpret_cast<uintptr_t>(staged[i]));
         for (const DeviceBuffer* b : {&centroids, &centroid_norms, &codebooks, &term1, &code_ptrs, &id_ptrs,
-                                      &vt_ptrs, &vec_ptrs, &key_ptrs, &lens})
+                                      &vt_ptrs, &vec_ptrs, &key_ptrs, &lens, &small_trace})
             key.push_back(reinterpret_cast<uintptr_t>(b->data()));
         return key;
     }
@@ -360,6 +367,9 @@ struct GpuIvfPqIndex::Impl {
     // graph (search_graphs.h; the copies stay outside it, so a graph never
     // holds host memory that may be freed); with timed and a stage timer
     // (set_stage_timing), the call's stages are added to it instead.
+    // Calls whose inputs and answers take at most this many bytes stage them
+    // in io_host.
+    static constexpr size_t kStagedIoBytes = size_t(4) << 20;
     template <typename Dist, typename Run>
     void host_search(const float* queries, size_t nq, size_t k, size_t nprobe, int variant,
                      const KeyRange* ranges, Dist* dist, int64_t* labels, bool timed, Run&& run)
@@ -368,29 +378,60 @@ struct GpuIvfPqIndex::Impl {
         const size_t nm = ranges && ranges->matched ? nq : 0;
         timed = timed && stages != nullptr;
         const auto wall0 = std::chrono::steady_clock::now();
+        // Inputs (queries, ranges) and answers (distances, labels, counts)
+        // each in one contiguous run of the scratch; a small call stages
+        // them in page-locked memory and copies each run at once.
+        Carver in_sz, out_sz;
+        in_sz.take<float>(nq * d);
+        in_sz.take<int64_t>(nr);
+        in_sz.take<int64_t>(nr);
+        out_sz.take<Dist>(nq * k);
+        out_sz.take<int64_t>(nq * k);
+        out_sz.take<int64_t>(nm);
+        const size_t in_bytes = in_sz.size(), out_bytes = out_sz.size();
+        const bool staged_io = in_bytes + out_bytes <= kStagedIoBytes;
+        char* in_host = staged_io ? io_host.reserve(in_bytes + out_bytes) : nullptr;
+        char* out_host = staged_io ? in_host + in_bytes : nullptr;
+        Dist* hd = nullptr;
+        int64_t* hl = nullptr;
+        int64_t* hm = nullptr;
         {
-            Carver sz;
-            sz.take<float>(nq * d);
-            sz.take<Dist>(nq * k);
-            sz.take<int64_t>(nq * k);
-            sz.take<int64_t>(nr);
-            sz.take<int64_t>(nr);
-            sz.take<int64_t>(nm);
-            Scratch s(ctx, sz.size());
-            Carver c(s.data());
+            Scratch s(ctx, in_bytes + out_bytes);
+            char* in_dev = static_cast<char*>(s.data());
+            char* out_dev = in_dev + in_bytes;
+            Carver c(in_dev), co(out_dev);
             float* dq = c.take<float>(nq * d);
-            Dist* dd = c.take<Dist>(nq * k);
-            int64_t* dl = c.take<int64_t>(nq * k);
             int64_t* dlo = c.take<int64_t>(nr);
             int64_t* dhi = c.take<int64_t>(nr);
-            int64_t* dmatched = c.take<int64_t>(nm);
-            mark(kEvStart);
-            copy_to_device(ctx, dq, queries, nq * d * sizeof(float));
-            KeyRange dr;
-            if (ranges) {
-                upload_ranges(*ranges, nq, dlo, dhi, dr);
-                dr.matched = nm ? dmatched : nullptr;
+            Dist* dd = co.take<Dist>(nq * k);
+            int64_t* dl = co.take<int64_t>(nq * k);
+            int64_t* dmatched = co.take<int64_t>(nm);
+            if (staged_io) {
+                Carver hc(in_host), ho(out_host);
+                std::memcpy(hc.take<float>(nq * d), queries, nq * d * sizeof(float));
+                if (nr) {
+                    std::memcpy(hc.take<int64_t>(nr), ranges->lo, nr * sizeof(int64_t));
+                    std::memcpy(hc.take<int64_t>(nr), ranges->hi, nr * sizeof(int64_t));
+                }
+                hd = ho.take<Dist>(nq * k);
+                hl = ho.take<int64_t>(nq * k);
+                hm = ho.take<int64_t>(nm);
             }
+            mark(kEvStart);
+            KeyRange dr;
+            if (staged_io) {
+                GPU_CUDA_CHECK(cudaMemcpyAsync(in_dev, in_host, in_bytes, cudaMemcpyHostToDevice, st()));
+                if (ranges) {
+                    dr.lo = dlo;
+                    dr.hi = dhi;
+                }
+            } else {
+                copy_to_device(ctx, dq, queries, nq * d * sizeof(float));
+                if (ranges)
+                    upload_ranges(*ranges, nq, dlo, dhi, dr);
+            }
+            if (ranges)
+                dr.matched = nm ? dmatched : nullptr;
             mark(kEvUpload);
             auto work = [&] { run(dq, dd, dl, ranges ? &dr : nullptr); };
             bool done = false;
@@ -401,14 +442,24 @@ struct GpuIvfPqIndex::Impl {
             }
             if (!done)
                 work();
-            copy_to_host_async(ctx, dist, dd, nq * k * sizeof(Dist));
-            copy_to_host_async(ctx, labels, dl, nq * k * sizeof(int64_t));
-            if (nm)
-                copy_to_host_async(ctx, ranges->matched, dmatched, nq * sizeof(int64_t));
+            if (staged_io) {
+                GPU_CUDA_CHECK(cudaMemcpyAsync(out_host, out_dev, out_bytes, cudaMemcpyDeviceToHost, st()));
+            } else {
+                copy_to_host_async(ctx, dist, dd, nq * k * sizeof(Dist));
+                copy_to_host_async(ctx, labels, dl, nq * k * sizeof(int64_t));
+                if (nm)
+                    copy_to_host_async(ctx, ranges->matched, dmatched, nq * sizeof(int64_t));
+            }
             mark(kEvDownload);
             // The scratch scope ends here; later work on the stream is ordered after it.
         }
         ctx.synchronize();
+        if (staged_io) {
+            std::memcpy(dist, hd, nq * k * sizeof(Dist));
+            std::memcpy(labels, hl, nq * k * sizeof(int64_t));
+            if (nm)
+                std::memcpy(ranges->matched, hm, nq * sizeof(int64_t));
+        }
         if (!timed)
             return;
         const double wall = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wall0).count();
@@ -421,6 +472,41 @@ struct GpuIvfPqIndex::Impl {
         }
         stages->wall += wall;
         stages->calls++;
+    }
+
+    // The one-launch path's arguments for nq queries (nprobe clamped, as
+    // plan_search gives it), without the inputs and answers.
+    SmallSearchArgs small_args(size_t nq, size_t k, size_t nprobe) const
+    {
+        SmallSearchArgs a;
+        a.nq = static_cast<int>(nq);
+        a.d = static_cast<int>(d);
+        a.m = static_cast<int>(m);
+        a.lists = static_cast<int>(lists);
+        a.nprobe = static_cast<int>(nprobe);
+        a.k = static_cast<int>(k);
+        a.metric = metric;
+        a.centroids = centroids.as<float>();
+        a.centroid_norms = centroid_norms.as<float>();
+        a.codebooks = codebooks.as<float>();
+        a.list_codes = code_ptrs.as<const uint8_t* const>();
+        a.list_len = lens.as<int32_t>();
+        a.list_term1 = per_vector() ? vt_ptrs.as<const float* const>() : nullptr;
+        a.list_vectors = vec_ptrs.as<const float* const>();
+        a.list_ids = id_ptrs.as<const int64_t* const>();
+        return a;
+    }
+    // Blocks per query of the one-launch path for a search_exact of nq
+    // queries, or 0 for the staged pipeline: batches up to
+    // small_batch_max, the default layout (query-only fp32 tables, not the
+    // two-pass scan), k and nprobe (clamped) up to kSmallSearchMaxK.
+    int small_cluster(size_t nq, size_t k, size_t nprobe) const
+    {
+        if (nq == 0 || nq > opt.small_batch_max || !opt.store_vectors || table_mode() != kTableQuery ||
+            opt.float16_tables || opt.scan == ScanAlgo::TwoPass || k > static_cast<size_t>(kSmallSearchMaxK) ||
+            nprobe > static_cast<size_t>(kSmallSearchMaxK) || nprobe * max_len >= (size_t(1) << 31))
+            return 0;
+        return small_search_cluster(small_args(nq, k, nprobe), ctx.multiprocessors());
     }
 
     // key_lo / key_hi: device, nq each (the tile's), or null: no filter;
@@ -512,6 +598,41 @@ void GpuIvfPqIndex::set_fused_blocks_per_sm(int blocks)
 {
     require(blocks >= 1, "GPU IVFPQ: fused_blocks_per_sm must be >= 1");
     impl_->opt.fused_blocks_per_sm = blocks;
+}
+
+void GpuIvfPqIndex::set_small_batch_max(size_t queries) { impl_->opt.small_batch_max = queries; }
+
+bool GpuIvfPqIndex::small_batch_path(size_t nq, size_t k, size_t nprobe) const
+{
+    const Impl& I = *impl_;
+    if (k == 0 || k > kMaxSelectK)
+        return false;
+    nprobe = std::min(std::max<size_t>(nprobe, 1), I.lists);
+    return I.small_cluster(nq, k, nprobe) != 0;
+}
+
+void GpuIvfPqIndex::set_small_batch_trace(bool on)
+{
+    Impl& I = *impl_;
+    I.small_trace = on ? DeviceBuffer(I.ctx, kSmallTracePoints * sizeof(unsigned long long)) : DeviceBuffer();
+    if (on)
+        GPU_CUDA_CHECK(cudaMemsetAsync(I.small_trace.data(), 0, kSmallTracePoints * sizeof(unsigned long long), I.st()));
+}
+
+std::vector<double> GpuIvfPqIndex::small_batch_trace() const
+{
+    const Impl& I = *impl_;
+    if (!I.small_trace.data())
+        return {};
+    std::vector<unsigned long long> t(kSmallTracePoints);
+    I.ctx.synchronize();
+    I.small_trace.download(t.data(), t.size() * sizeof(unsigned long long));
+    if (t[kSmallTracePoints - 1] == 0)
+        return {};
+    std::vector<double> out;
+    for (int i = 1; i < kSmallTracePoints; ++i)
+        out.push_back(double(t[i] - t[i - 1]));
+    return out;
 }
 
 void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t* codes,
@@ -904,6 +1025,26 @@ void GpuIvfPqIndex::search_exact_device(const float* queries, size_t nq, size_t 
                     "GPU IVFPQ search_exact: the index keeps no vectors (store_vectors is off)");
     I.check_ranges("GPU IVFPQ search_exact", ranges);
     const Impl::Plan p = I.plan_search(nq, k, nprobe);
+    if (const int cluster = I.small_cluster(nq, k, p.nprobe)) {
+        // One launch; the stage timer sees it as the scan.
+        SmallSearchArgs a = I.small_args(nq, k, p.nprobe);
+        a.queries = queries;
+        if (ranges) {
+            a.list_keys = I.key_ptrs.as<const int64_t* const>();
+            a.key_lo = ranges->lo;
+            a.key_hi = ranges->hi;
+            a.key_matched = ranges->matched;
+        }
+        a.out_dist = dist;
+        a.out_labels = labels;
+        a.trace = I.small_trace.as<unsigned long long>();
+        I.mark(Impl::kEvCoarse);
+        I.mark(Impl::kEvPrefix);
+        launch_small_search(a, cluster, I.st());
+        for (int e : {Impl::kEvScan, Impl::kEvMerge, Impl::kEvDecode, Impl::kEvRerank})
+            I.mark(e);
+        return;
+    }
     for (size_t q0 = 0; q0 < nq; q0 += p.tile) {
         const size_t b = std::min(p.tile, nq - q0);
         const float* q = queries + q0 * I.d;

@@ -9,6 +9,7 @@
 #include "context_impl.h"
 #include "cuda_check.h"
 #include "ivfpq_kernels.h"
+#include "search_parts.cuh"
 
 namespace gpuivfpq::gpu {
 
@@ -163,15 +164,9 @@ __global__ void exact_base_kernel(const float* queries, int64_t nq, int nprobe, 
         return;
     const float* q = queries + (e / nprobe) * d;
     const float* c = centroids + static_cast<int64_t>(list) * d;
-    float s = 0.0f;
-    for (int j = lane; j < d; j += 32) {
-        const float v = ip ? q[j] * c[j] : (q[j] - c[j]) * (q[j] - c[j]);
-        s += v;
-    }
-    for (int off = 16; off > 0; off >>= 1)
-        s += __shfl_xor_sync(0xffffffffu, s, off);
+    const float s = warp_probe_base(q, c, d, ip, lane);
     if (lane == 0)
-        probe_dist[e] = ip ? -s : s;
+        probe_dist[e] = s;
 }
 
 // Whether v is in sorted[0..n) (ascending).

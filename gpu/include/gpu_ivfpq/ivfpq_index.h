@@ -68,6 +68,17 @@ struct GpuIvfPqOptions {
     // call than 8 at batches 32 and 128, the same at 1 and 8 (gpu_bench
     // --stages); 1 is 5-7% slower than 8.
     int fused_blocks_per_sm = 4;
+    // search_exact / search_exact_device batches of up to this many queries
+    // run as one kernel launch (a thread-block cluster per query: coarse
+    // step, table, scan, re-rank and order; gpu/NOTES.md), when the shape
+    // allows (per-vector or inner-product tables in fp32, not the two-pass
+    // scan, k and nprobe up to 128, the table in shared memory); larger
+    // batches and other shapes run the staged pipeline. Same answers either
+    // way (up to ties at the k-th ADC candidate). 32: on an H100 (IVF4096,
+    // PQ32, nprobe 32, 100 candidates) the one launch takes 0.47x the staged
+    // pipeline's device time at batch 1, 0.88x at 32, 1.13x at 64 (gpu_bench
+    // --stages, bench/gpu/results/kernel-stages-h100). 0 turns the path off.
+    size_t small_batch_max = 32;
 };
 
 struct GpuMemoryUse {
@@ -142,6 +153,15 @@ public:
     void set_float16_tables(bool on);
     void set_scan_algo(ScanAlgo algo);
     void set_fused_blocks_per_sm(int blocks);  // GpuIvfPqOptions::fused_blocks_per_sm, >= 1
+    void set_small_batch_max(size_t queries);  // GpuIvfPqOptions::small_batch_max
+    // Whether a search_exact of nq queries with this k and nprobe would run
+    // as one launch (test and bench aid).
+    bool small_batch_path(size_t nq, size_t k, size_t nprobe) const;
+    // Bench aid: with on, each one-launch search_exact records block 0's
+    // clock (cycles) at the end of each of its phases; small_batch_trace()
+    // gives the last call's cycles per phase (empty before one ran).
+    void set_small_batch_trace(bool on);
+    std::vector<double> small_batch_trace() const;
 
     // Appends n encoded vectors (host): list_ids[i], codes[i*m..], ids[i],
     // with store_vectors their vectors[i*d..] (host, n x d) and with

@@ -1,0 +1,891 @@
+// One-launch search_exact for small batches (see small_search.h): a cluster
+// of C blocks per query (C up to 16, sized so that the batch fills the
+// device). Each block takes 1/C of the work of every stage and the blocks
+// exchange what the next stage needs through distributed shared memory:
+//   1. the term-3 lookup table: each block computes 1/C of its entries and
+//      stores them into every block's table;
+//   2. the coarse step: each block ranks 1/C of the centroids (GEMM form,
+//      as exact_knn) with a WarpSelect per warp, merged in the block; the
+//      C sorted lists go to every block and each block finds the global rank
+//      of its own entries by binary search in the others (a merge with no
+//      sorting network); the winners' direct base distances go to every
+//      block at their rank;
+//   3. the list scan: each block scans 1/C of the probed lists' entries
+//      (concatenated, so uneven lists split evenly) into a running top-k,
+//      merged the same way; each winning candidate is re-ranked at once by
+//      the block that holds it (exact_distance, one thread per candidate, as
+//      the staged re-rank) and stored into every block at its rank;
+//   4. the final order by exact_less: each block places 1/C of the rows.
+// Four cluster barriers in all; nothing goes through device memory but the
+// inputs and the answers.
+#include "small_search.h"
+
+#include <cooperative_groups.h>
+
+#include <map>
+#include <mutex>
+#include <set>
+#include <tuple>
+
+#include "cuda_check.h"
+#include "engine/exact_distance.h"
+#include "engine/search_limits.h"
+#include "ivf_scan.cuh"
+#include "search_parts.cuh"
+#include "warp_select.cuh"
+
+namespace cg = cooperative_groups;
+
+namespace gpuivfpq::gpu {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxCluster = 16;
+
+// Keys a block selects from in shared memory (radix select); a block with
+// more candidates than this streams them through WarpSelect instead.
+constexpr int kKeysPerThread = 16;
+constexpr int kKeyCap = kThreads * kKeysPerThread;
+static_assert(kThreads == 256, "the radix select's histogram has a bin per thread");
+
+// The dynamic shared memory of a block, the same in every block of a
+// cluster (remote accesses use local offsets). The C sorted lists are kQ + 1
+// entries apart, so that lanes searching different lists hit different banks.
+struct Layout {
+    size_t table, qv, ctile, keys, hist, scan, merge_k, merge_v, all_k, all_v, rank, win, plist, pbase, prefix,
+        pcodes, pvt, pkeys, pvec, pids, rd, rl, rp, misc, total;
+};
+
+struct Bump {
+    size_t off = 0;
+    __host__ __device__ size_t take(size_t bytes)
+    {
+        const size_t at = off;
+        off = (off + bytes + 15) / 16 * 16;
+        return at;
+    }
+};
+
+__host__ __device__ inline Layout layout_of(int m, int d, int cluster, int kq)
+{
+    Layout L;
+    Bump b;
+    const size_t lists = static_cast<size_t>(cluster) * (kq + 1);
+    L.table = b.take(static_cast<size_t>(m) * 256 * sizeof(float));
+    L.qv = b.take(static_cast<size_t>(d) * sizeof(float));
+    L.ctile = b.take(static_cast<size_t>(kWarps) * 32 * 33 * sizeof(float));
+    L.keys = b.take(kKeyCap * sizeof(float));
+    L.hist = b.take(256 * sizeof(int));
+    L.scan = b.take(64 * sizeof(int));
+    L.merge_k = b.take(static_cast<size_t>(kWarps / 2) * kq * sizeof(float));
+    L.merge_v = b.take(static_cast<size_t>(kWarps / 2) * kq * sizeof(int));
+    L.all_k = b.take(lists * sizeof(float));
+    L.all_v = b.take(lists * sizeof(int));
+    L.rank = b.take(kq * sizeof(int));
+    L.win = b.take(kq * sizeof(int));
+    L.plist = b.take(kq * sizeof(int));
+    L.pbase = b.take(kq * sizeof(float));
+    L.prefix = b.take((kq + 1) * sizeof(int));
+    L.pcodes = b.take(kq * sizeof(void*));
+    L.pvt = b.take(kq * sizeof(void*));
+    L.pkeys = b.take(kq * sizeof(void*));
+    L.pvec = b.take(kq * sizeof(void*));
+    L.pids = b.take(kq * sizeof(void*));
+    L.rd = b.take(kq * sizeof(double));
+    L.rl = b.take(kq * sizeof(int64_t));
+    L.rp = b.take(kq * sizeof(int));
+    L.misc = b.take(32);  // winners (int), in-range count (u64 at +8), query norm (float at +16)
+    L.total = b.off;
+    return L;
+}
+
+// Asks for the 128-byte line at p in L1 or L2 (no register, no wait): the
+// loops below read their rows one float at a time in a fixed order (the
+// order of the sums they must reproduce), which alone would wait on memory
+// at every line.
+__device__ __forceinline__ void prefetch_l1(const void* p)
+{
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+}
+__device__ __forceinline__ void prefetch_l2(const void* p)
+{
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+// The lines of n bytes from p, split over `lanes` threads (t of them).
+__device__ __forceinline__ void prefetch_span(const void* p, size_t n, int t, int lanes)
+{
+    const char* c = static_cast<const char*>(p);
+    for (size_t o = static_cast<size_t>(t) * 128; o < n; o += static_cast<size_t>(lanes) * 128)
+        prefetch_l1(c + o);
+}
+
+// Bench aid (SmallSearchArgs::trace): block 0's clock at the phase ends.
+#define SMALL_TRACE(i)                                  \
+    do {                                                \
+        if (a.trace && blockIdx.x == 0 && tid == 0)     \
+            a.trace[i] = clock64();                     \
+    } while (0)
+
+// A float's bits in an unsigned order that follows the float order.
+__device__ __forceinline__ uint32_t order_bits(float f)
+{
+    const uint32_t u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Exclusive prefix sum of v over the block (every thread calls it; scratch:
+// kWarps + 1 ints of shared memory); *total gets the sum.
+__device__ int block_exclusive_scan(int v, int* scratch, int* total)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int x = v;
+    for (int off = 1; off < 32; off <<= 1) {
+        const int y = __shfl_up_sync(kFullMask, x, off);
+        if (lane >= off)
+            x += y;
+    }
+    if (lane == 31)
+        scratch[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int w = lane < kWarps ? scratch[lane] : 0;
+        for (int off = 1; off < 32; off <<= 1) {
+            const int y = __shfl_up_sync(kFullMask, w, off);
+            if (lane >= off)
+                w += y;
+        }
+        if (lane < kWarps)
+            scratch[lane] = w;  // inclusive warp totals
+    }
+    __syncthreads();
+    const int before = (warp ? scratch[warp - 1] : 0) + x - v;
+    *total = scratch[kWarps - 1];
+    __syncthreads();  // scratch free again
+    return before;
+}
+
+// The kk smallest of keys[0 .. n) (shared memory, n <= kKeyCap; +inf is no
+// candidate) in (key, index) order, as (key, label0 + index) into list
+// `own` of every block's all_k / all_v (stride kQ + 1), padded with
+// (+inf, -1): a radix select of the k-th key over 8-bit digits of its
+// ordered bits (stopping at the first digit whose bin holds exactly the
+// entries still needed), the entries below it, the tied ones by index, then
+// a rank count among the kk. Every thread calls it.
+template <int kQ>
+__device__ void select_smem(const float* keys, int n, int kk, int label0, int* hist, int* scan, int* sel,
+                            float* selk, float* all_k, int* all_v, int own, int C)
+{
+    cg::cluster_group cluster = cg::this_cluster();
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int* ctl = scan + 32;  // [0] prefix, [2] remaining, [3] ties, [4] selected count
+    if (tid == 0)
+        ctl[4] = 0;  // before the scan's barriers
+    // Valid entries.
+    int valid = 0;
+    for (int i = tid; i < n; i += kThreads)
+        valid += keys[i] != INFINITY;
+    int nvalid;
+    block_exclusive_scan(valid, scan, &nvalid);
+    uint32_t prefix = 0, mask = 0;
+    int remaining = kk < nvalid ? kk : nvalid;
+    bool ties = false;  // entries equal to the k-th in all 32 bits: by index
+    if (nvalid > kk) {
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            hist[tid] = 0;  // kThreads == 256 bins
+            __syncthreads();
+            for (int i = tid; i < n; i += kThreads) {
+                const float f = keys[i];
+                const uint32_t u = order_bits(f);
+                if (f != INFINITY && (u & mask) == prefix)
+                    atomicAdd(hist + ((u >> shift) & 255), 1);
+            }
+            __syncthreads();
+            if (warp == 0) {
+                // Bins 8 per lane: the bin where the count reaches remaining.
+                int c[8], sum = 0;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    c[j] = hist[lane * 8 + j];
+                    sum += c[j];
+                }
+                int x = sum;
+                for (int off = 1; off < 32; off <<= 1) {
+                    const int y = __shfl_up_sync(kFullMask, x, off);
+                    if (lane >= off)
+                        x += y;
+                }
+                int before = x - sum;
+                if (before < remaining && remaining <= x) {  // one lane
+                    int bin = lane * 8;
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) {
+                        if (before + c[j] >= remaining) {
+                            bin = lane * 8 + j;
+                            break;
+                        }
+                        before += c[j];
+                    }
+                    ctl[0] = static_cast<int>(prefix | (static_cast<uint32_t>(bin) << shift));
+                    ctl[2] = remaining - before;
+                    ctl[3] = hist[bin] != remaining - before;  // more in the bin than needed
+                }
+            }
+            __syncthreads();
+            prefix = static_cast<uint32_t>(ctl[0]);
+            mask |= 255u << shift;
+            remaining = ctl[2];
+            ties = ctl[3] != 0;
+            __syncthreads();
+            if (!ties)
+                break;  // the bin's entries are exactly those still needed
+        }
+    }
+    // Selected: below the bin, or in it (all of it, or by index when tied).
+    int eq = 0;  // tied entries in this thread's contiguous chunk
+    const int per = (n + kThreads - 1) / kThreads;
+    const int c0 = min(n, tid * per), c1 = min(n, c0 + per);
+    if (ties)
+        for (int i = c0; i < c1; ++i)
+            eq += keys[i] != INFINITY && (order_bits(keys[i]) & mask) == prefix;
+    int eq_total;
+    int eq_before = ties ? block_exclusive_scan(eq, scan, &eq_total) : 0;
+    for (int i = c0; i < c1; ++i) {
+        const float f = keys[i];
+        if (f == INFINITY)
+            continue;
+        const uint32_t u = order_bits(f) & mask;
+        bool take = nvalid <= kk || u < prefix;
+        if (!take && u == prefix)
+            take = !ties || eq_before++ < remaining;
+        if (take)
+            sel[atomicAdd(ctl + 4, 1)] = i;
+    }
+    __syncthreads();
+    const int nsel = ctl[4];
+    for (int e = tid; e < nsel; e += kThreads)
+        selk[e] = keys[sel[e]];
+    __syncthreads();
+    // Rank count among the selected, (key, index) order; padding after.
+    for (int e = tid; e < kk; e += kThreads) {
+        float key = INFINITY;
+        int val = -1, at = e;
+        if (e < nsel) {
+            const int i = sel[e];
+            key = selk[e];
+            at = 0;
+#pragma unroll 4
+            for (int f = 0; f < nsel; ++f) {
+                const float kj = selk[f];
+                const int j = sel[f];
+                at += kj < key || (kj == key && j < i);
+            }
+            val = label0 + i;
+        }
+        for (int b = 0; b < C; ++b) {
+            cluster.map_shared_rank(all_k, b)[own * (kQ + 1) + at] = key;
+            cluster.map_shared_rank(all_v, b)[own * (kQ + 1) + at] = val;
+        }
+    }
+}
+
+// BlockSelect's final step as a tree: in round s, warps w = s (mod 2s) hand
+// their queues to warps w - s, which merge them, all pairs at once (three
+// rounds for 8 warps, against seven one after another). Warp 0 ends with
+// the block's kQ smallest, sorted. Every thread of the block calls it.
+template <int kQ, int kT>
+__device__ void tree_merge(WarpSelect<kQ, kT>& ws, float* mk, int* mv)
+{
+    const int warp = threadIdx.x >> 5;
+    for (int step = 1; step < kWarps; step <<= 1) {
+        const int slot = warp / (2 * step);
+        if ((warp & (2 * step - 1)) == step) {
+#pragma unroll
+            for (int s = 0; s < WarpSelect<kQ, kT>::kW; ++s) {
+                mk[slot * kQ + s * 32 + ws.lane] = ws.st->wk[s];
+                mv[slot * kQ + s * 32 + ws.lane] = ws.st->wv[s];
+            }
+        }
+        __syncthreads();
+        if ((warp & (2 * step - 1)) == 0)
+            merge_shared_queue<kQ, kT>(ws.st, mk + slot * kQ, mv + slot * kQ);
+        __syncthreads();
+    }
+}
+
+// Warp 0's sorted queue (its first kk entries) into list `own` of every
+// block's all_k / all_v.
+template <int kQ, int kT>
+__device__ void push_list(const WarpSelect<kQ, kT>& ws, int kk, float* all_k, int* all_v, int own, int C)
+{
+    if (threadIdx.x >= 32)
+        return;
+    cg::cluster_group cluster = cg::this_cluster();
+#pragma unroll
+    for (int s = 0; s < WarpSelect<kQ, kT>::kW; ++s) {
+        const int e = s * 32 + ws.lane;
+        if (e < kk) {
+            const float key = ws.st->wk[s];
+            const int val = ws.st->wv[s];
+            for (int b = 0; b < C; ++b) {
+                cluster.map_shared_rank(all_k, b)[own * (kQ + 1) + e] = key;
+                cluster.map_shared_rank(all_v, b)[own * (kQ + 1) + e] = val;
+            }
+        }
+    }
+}
+
+// out[i] = the rank of entry i of this block's list (`own`) among the C
+// sorted lists of kk entries, ordered by (key, list, position): a
+// permutation of 0 .. C * kk - 1 over all blocks. C consecutive lanes serve
+// an entry (C a power of two <= 16), a binary search each, summed by
+// shuffles. Every thread calls it.
+template <int kQ>
+__device__ void rank_entries(const float* all_k, int C, int own, int kk, int* out)
+{
+    const int work = kk * C;
+    const int lg = __ffs(C) - 1;
+    for (int t0 = 0; t0 < work; t0 += kThreads) {  // uniform over the block
+        const int t = t0 + static_cast<int>(threadIdx.x);
+        const int i = t >> lg, b = t & (C - 1);
+        int lo = 0;
+        if (t < work && b != own) {
+            const float v = all_k[own * (kQ + 1) + i];
+            const float* lb = all_k + b * (kQ + 1);
+            int hi = kk;  // entries of list b before v: key < v, or key <= v for b < own
+            while (lo < hi) {
+                const int mid = (lo + hi) >> 1;
+                if (b < own ? lb[mid] <= v : lb[mid] < v)
+                    lo = mid + 1;
+                else
+                    hi = mid;
+            }
+        }
+        for (int off = 1; off < C; off <<= 1)
+            lo += __shfl_xor_sync(kFullMask, lo, off);
+        if (t < work && b == 0)
+            out[i] = i + lo;
+    }
+    __syncthreads();
+}
+
+// The probe holding candidate position pos (prefix: nprobe + 1 offsets,
+// pos < prefix[nprobe]): the last p with prefix[p] <= pos, a non-empty list.
+__device__ __forceinline__ int probe_of(const int* prefix, int nprobe, int pos)
+{
+    int lo = 0, hi = nprobe;
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (prefix[mid] <= pos)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+template <int kQ>
+__global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchArgs a)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    constexpr int kT = ThreadQ<kQ>::value;
+    constexpr int kS = kQ + 1;  // list stride
+    cg::cluster_group cluster = cg::this_cluster();
+    const int C = static_cast<int>(cluster.num_blocks());
+    const int r = static_cast<int>(cluster.block_rank());
+    const int q = static_cast<int>(blockIdx.x) / C;
+    const Layout L = layout_of(a.m, a.d, C, kQ);
+    float* table = reinterpret_cast<float*>(smem + L.table);
+    float* qv = reinterpret_cast<float*>(smem + L.qv);
+    float* keybuf = reinterpret_cast<float*>(smem + L.keys);
+    int* hist = reinterpret_cast<int*>(smem + L.hist);
+    int* scan = reinterpret_cast<int*>(smem + L.scan);
+    float* mk = reinterpret_cast<float*>(smem + L.merge_k);
+    int* mv = reinterpret_cast<int*>(smem + L.merge_v);
+    float* all_k = reinterpret_cast<float*>(smem + L.all_k);
+    int* all_v = reinterpret_cast<int*>(smem + L.all_v);
+    int* rank = reinterpret_cast<int*>(smem + L.rank);
+    int* win = reinterpret_cast<int*>(smem + L.win);
+    int* plist = reinterpret_cast<int*>(smem + L.plist);
+    float* pbase = reinterpret_cast<float*>(smem + L.pbase);
+    int* prefix = reinterpret_cast<int*>(smem + L.prefix);
+    const uint8_t** pcodes = reinterpret_cast<const uint8_t**>(smem + L.pcodes);
+    const float** pvt = reinterpret_cast<const float**>(smem + L.pvt);
+    const int64_t** pkeys = reinterpret_cast<const int64_t**>(smem + L.pkeys);
+    const float** pvec = reinterpret_cast<const float**>(smem + L.pvec);
+    const int64_t** pids = reinterpret_cast<const int64_t**>(smem + L.pids);
+    double* rd = reinterpret_cast<double*>(smem + L.rd);
+    int64_t* rl = reinterpret_cast<int64_t*>(smem + L.rl);
+    int* rp = reinterpret_cast<int*>(smem + L.rp);
+    int* nwin = reinterpret_cast<int*>(smem + L.misc);
+    unsigned long long* matched = reinterpret_cast<unsigned long long*>(smem + L.misc + 8);
+    float* qnorm = reinterpret_cast<float*>(smem + L.misc + 16);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    float* tile = reinterpret_cast<float*>(smem + L.ctile) + warp * 32 * 33;
+    const bool ip = a.metric == Metric::InnerProduct;
+    const int d = a.d, m = a.m, dsub = d / m;
+    const float* qraw = a.queries + static_cast<int64_t>(q) * d;
+    const bool filtered = a.key_lo != nullptr;  // uniform: a kernel argument
+    SMALL_TRACE(0);
+    // This block's centroid rows on their way to L1 while the query loads.
+    const int c0 = static_cast<int>(static_cast<int64_t>(a.lists) * r / C);
+    const int c1 = static_cast<int>(static_cast<int64_t>(a.lists) * (r + 1) / C);
+    prefetch_span(a.centroids + static_cast<int64_t>(c0) * d, static_cast<size_t>(c1 - c0) * d * sizeof(float), tid,
+                  kThreads);
+
+    // The query as the coarse step and the tables see it (normalised for
+    // cosine, as normalize_rows does) and its squared norm (row_norms).
+    for (int j = tid; j < d; j += kThreads)
+        qv[j] = qraw[j];
+    if (tid == 0) {
+        *nwin = 0;
+        *matched = 0;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        if (a.metric == Metric::Cosine)
+            warp_normalize(qv, d, lane);
+        __syncwarp();
+        const float s = warp_sqr_norm(qv, d, lane);
+        if (lane == 0)
+            *qnorm = s;
+    }
+    // Every block of the cluster runs (and has its shared memory) before
+    // any block writes into another's.
+    cluster.sync();
+    SMALL_TRACE(1);
+
+    // 1. Term 3, -2<q_j, C_jc> (-1x for inner product): this block's share
+    // of the m x 256 entries, stored into every block's table.
+    {
+        const int n = m * 256;
+        const float scale = ip ? -1.0f : -2.0f;
+        const int e0 = static_cast<int>(static_cast<int64_t>(n) * r / C);
+        const int e1 = static_cast<int>(static_cast<int64_t>(n) * (r + 1) / C);
+        for (int e = e0 + tid; e < e1; e += kThreads) {
+            const float* cw = a.codebooks + static_cast<int64_t>(e) * dsub;
+            const float* qs = qv + (e >> 8) * dsub;
+            float s = 0.0f;
+            for (int t = 0; t < dsub; ++t)
+                s = fmaf(qs[t], __ldg(cw + t), s);
+            const float v = scale * s;
+            for (int b = 0; b < C; ++b)
+                cluster.map_shared_rank(table, b)[e] = v;
+        }
+    }
+    SMALL_TRACE(2);
+
+    // 2. Coarse step over this block's share of the centroids: a lane per
+    // centroid summing its products in order, the GEMM form's key as
+    // exact_knn's selection makes it. A warp takes 32 centroids at a time,
+    // 32 columns at a time, through a tile in shared memory (rows 33 floats
+    // apart): coalesced loads, conflict-free reads.
+    // Kept in shared memory and radix-selected when they fit, else streamed
+    // through WarpSelect.
+    SelectState<kQ, kT> state;
+    WarpSelect<kQ, kT> ws;
+    const bool coarse_smem = c1 - c0 <= kKeyCap;  // uniform
+    ws.init(&state, a.nprobe);
+    {
+        const float rn = ip ? 0.0f : *qnorm;
+        for (int g = c0 + warp * 32; g < c1; g += kWarps * 32) {  // uniform over the warp
+            const int c = g + lane;
+            const int rows = min(32, c1 - g);
+            const float* base = a.centroids + static_cast<int64_t>(g) * d;
+            float s = 0.0f;
+            for (int j0 = 0; j0 < d; j0 += 32) {
+                const int w = min(32, d - j0);
+                __syncwarp();  // the previous chunk read
+                if ((d & 3) == 0) {
+#pragma unroll 4
+                    for (int f = lane; f < 32 * 8; f += 32) {
+                        const int row = f >> 3, c4 = (f & 7) * 4;
+                        if (row < rows && c4 < w) {
+                            const float4 x =
+                                __ldg(reinterpret_cast<const float4*>(base + static_cast<int64_t>(row) * d + j0 + c4));
+                            float* t = tile + row * 33 + c4;
+                            t[0] = x.x;
+                            t[1] = x.y;
+                            t[2] = x.z;
+                            t[3] = x.w;
+                        }
+                    }
+                } else {
+                    for (int f = lane; f < 32 * 32; f += 32) {
+                        const int row = f >> 5, col = f & 31;
+                        if (row < rows && col < w)
+                            tile[row * 33 + col] = __ldg(base + static_cast<int64_t>(row) * d + j0 + col);
+                    }
+                }
+                __syncwarp();
+                if (lane < rows)
+                    for (int col = 0; col < w; ++col)
+                        s = fmaf(qv[j0 + col], tile[lane * 33 + col], s);
+            }
+            float key = INFINITY;
+            if (c < c1) {
+                key = ip ? fmaxf(fminf(fmaf(-1.0f, s, 0.0f), kOverflowDistance), -INFINITY)
+                         : fmaxf(fminf(fmaf(-2.0f, s, rn + __ldg(a.centroid_norms + c)), kOverflowDistance),
+                                 0.0f);
+                if (coarse_smem)
+                    keybuf[c - c0] = key;
+            }
+            if (!coarse_smem)
+                ws.add(key, c < c1 ? c : -1);
+        }
+    }
+    SMALL_TRACE(3);
+    if (coarse_smem) {
+        __syncthreads();
+        select_smem<kQ>(keybuf, c1 - c0, a.nprobe, c0, hist, scan, win, mk, all_k, all_v, r, C);
+    } else {
+        ws.finish();
+        tree_merge(ws, mk, mv);
+        push_list(ws, a.nprobe, all_k, all_v, r, C);
+    }
+    SMALL_TRACE(4);
+    cluster.sync();
+    SMALL_TRACE(5);
+    // The probes this block's entries win: their direct base distances (a
+    // warp each, as exact_base), stored into every block at their rank.
+    rank_entries<kQ>(all_k, C, r, a.nprobe, rank);
+    for (int i = tid; i < a.nprobe; i += kThreads)
+        if (rank[i] < a.nprobe)
+            win[atomicAdd(nwin, 1)] = i;
+    __syncthreads();
+    for (int w = tid; w < *nwin; w += kThreads) {
+        const int list = all_v[r * kS + win[w]];
+        if (list >= 0)
+            prefetch_span(a.centroids + static_cast<int64_t>(list) * d, d * sizeof(float), 0, 1);
+    }
+    for (int w = warp; w < *nwin; w += kWarps) {
+        const int i = win[w];
+        const int list = all_v[r * kS + i];
+        const int slot = rank[i];
+        const float base =
+            list >= 0 ? warp_probe_base(qv, a.centroids + static_cast<int64_t>(list) * d, d, ip, lane) : 0.0f;
+        if (lane < C) {
+            cluster.map_shared_rank(plist, lane)[slot] = list;
+            cluster.map_shared_rank(pbase, lane)[slot] = base;
+        }
+    }
+    SMALL_TRACE(6);
+    cluster.sync();  // tables and probes complete in every block
+    SMALL_TRACE(7);
+
+    // 3. The probed lists: candidate offsets and list pointers (each block
+    // for itself).
+    if (warp == 0) {
+        int carry = 0;
+        for (int p0 = 0; p0 < a.nprobe; p0 += 32) {
+            const int p = p0 + lane;
+            int len = 0;
+            if (p < a.nprobe) {
+                const int list = plist[p];
+                len = list >= 0 ? a.list_len[list] : 0;
+                pcodes[p] = list >= 0 ? a.list_codes[list] : nullptr;
+                pvt[p] = list >= 0 && a.list_term1 ? a.list_term1[list] : nullptr;
+                pkeys[p] = list >= 0 && filtered ? a.list_keys[list] : nullptr;
+                pvec[p] = list >= 0 ? a.list_vectors[list] : nullptr;
+                pids[p] = list >= 0 ? a.list_ids[list] : nullptr;
+            }
+            int x = len;
+            for (int off = 1; off < 32; off <<= 1) {
+                const int y = __shfl_up_sync(kFullMask, x, off);
+                if (lane >= off)
+                    x += y;
+            }
+            if (p < a.nprobe)
+                prefix[p] = carry + x - len;
+            carry += __shfl_sync(kFullMask, x, 31);
+        }
+        if (lane == 0)
+            prefix[a.nprobe] = carry;
+    }
+    __syncthreads();
+
+    // This block's share of the concatenated probed entries (labels:
+    // positions, as the staged scan's): keys into shared memory and radix
+    // selected when they fit, else a running top-k (WarpSelect).
+    const int total = prefix[a.nprobe];
+    const int i0 = static_cast<int>(static_cast<int64_t>(total) * r / C);
+    const int i1 = static_cast<int>(static_cast<int64_t>(total) * (r + 1) / C);
+    const bool scan_smem = i1 - i0 <= kKeyCap;  // uniform
+    const KeyWindow kw = filtered ? KeyWindow{a.key_lo[q], a.key_hi[q]} : KeyWindow{0, 0};
+    const bool none = filtered && kw.empty();  // an empty key range passes nothing
+    unsigned in_range_count = 0;
+    ws.init(&state, a.k);
+    SMALL_TRACE(8);
+    if (!none) {
+        // The block's codes (and per-vector terms) on their way to L1: a
+        // line per thread and step, found by its probe.
+        const int per_line = m >= 128 ? 1 : 128 / m;
+        for (int i = i0 + tid * per_line; i < i1; i += kThreads * per_line) {
+            const int pp = probe_of(prefix, a.nprobe, i);
+            const int off = i - prefix[pp];
+            prefetch_l1(pcodes[pp] + static_cast<int64_t>(off) * m);
+            if (m > 128)
+                prefetch_span(pcodes[pp] + static_cast<int64_t>(off) * m, m, 0, 1);
+            if (pvt[pp] && (off & 31) < per_line)
+                prefetch_l1(pvt[pp] + off);
+        }
+    }
+    {
+        int p = !none && i0 + tid < total ? probe_of(prefix, a.nprobe, i0 + tid) : 0;
+        for (int b0 = i0; b0 < i1; b0 += kThreads) {
+            const int i = b0 + tid;
+            float key = INFINITY;
+            if (i < i1 && !none) {
+                while (prefix[p + 1] <= i)
+                    ++p;
+                const int off = i - prefix[p];
+                const int64_t* keys = pkeys[p];
+                // As the staged scan: an out-of-range entry keeps +inf (its
+                // code not read); an overflowed distance still competes.
+                const bool in_range = !keys || kw.passes(keys, off);
+                in_range_count += keys && in_range;
+                if (in_range) {
+                    key = pbase[p] + code_distance(pcodes[p] + static_cast<int64_t>(off) * m, m, table);
+                    if (pvt[p])
+                        key += __ldg(pvt[p] + off);
+                    key = rank_distance(key);
+                }
+            }
+            if (scan_smem) {
+                if (i < i1)
+                    keybuf[i - i0] = key;
+            } else {
+                ws.add(key, i);
+            }
+        }
+    }
+    SMALL_TRACE(9);
+    __syncthreads();  // keybuf complete
+    if (scan_smem) {
+        select_smem<kQ>(keybuf, i1 - i0, a.k, i0, hist, scan, win, mk, all_k, all_v, r, C);
+    } else {
+        ws.finish();
+        tree_merge(ws, mk, mv);
+        push_list(ws, a.k, all_k, all_v, r, C);
+    }
+    if (filtered) {
+        for (int off = 16; off > 0; off >>= 1)
+            in_range_count += __shfl_down_sync(kFullMask, in_range_count, off);
+        if (lane == 0 && in_range_count)
+            atomicAdd(cluster.map_shared_rank(matched, 0), static_cast<unsigned long long>(in_range_count));
+    }
+    // The vectors of this block's candidates towards L2: the winners among
+    // them are read right after the merge.
+    __syncthreads();
+    for (int i = tid; i < a.k; i += kThreads) {
+        const int pos = all_v[r * kS + i];
+        if (pos >= 0 && pos < total) {
+            const int p = probe_of(prefix, a.nprobe, pos);
+            const float* v = pvec[p] + static_cast<int64_t>(pos - prefix[p]) * d;
+            for (int o = 0; o < d; o += 32)
+                prefetch_l2(v + o);
+        }
+    }
+    SMALL_TRACE(10);
+    cluster.sync();
+    SMALL_TRACE(11);
+
+    // 4. The k winners: each re-ranked by the block that holds it (one
+    // thread per candidate, exact_distance on the query as given), stored
+    // into every block at its ADC rank; missing candidates as (+inf, -1).
+    rank_entries<kQ>(all_k, C, r, a.k, rank);
+    SMALL_TRACE(12);
+    if (tid == 0)
+        *nwin = 0;
+    __syncthreads();
+    for (int i = tid; i < a.k; i += kThreads)
+        if (rank[i] < a.k)
+            win[atomicAdd(nwin, 1)] = i;
+    __syncthreads();
+    // The winners' vectors (as many as fit the key buffer, free now) and
+    // the query as given staged in shared memory, a warp per row with
+    // coalesced loads: exact_distance then reads them in its fixed order
+    // without waiting on memory at every line. The same floats, so the
+    // same distances.
+    const int nw = *nwin;
+    const int staged = d <= kKeyCap ? min(nw, kKeyCap / d) : 0;
+    float* qs = d <= kWarps * 32 * 33 ? reinterpret_cast<float*>(smem + L.ctile) : nullptr;
+    if (qs)
+        for (int j = tid; j < d; j += kThreads)
+            qs[j] = qraw[j];
+    for (int w = warp; w < staged; w += kWarps) {
+        const int pos = all_v[r * kS + win[w]];
+        if (pos >= 0) {
+            const int p = probe_of(prefix, a.nprobe, pos);
+            const float* src = pvec[p] + static_cast<int64_t>(pos - prefix[p]) * d;
+            float* dst = keybuf + w * d;
+            for (int j = lane; j < d; j += 32)
+                dst[j] = __ldg(src + j);
+        }
+    }
+    __syncthreads();
+    for (int w = tid; w < nw; w += kThreads) {
+        const int i = win[w];
+        const int slot = rank[i];
+        const int pos = all_v[r * kS + i];
+        double dist = INFINITY;
+        int64_t id = -1;
+        int present = 0;
+        if (pos >= 0) {
+            const int p = probe_of(prefix, a.nprobe, pos);
+            const int64_t off = pos - prefix[p];
+            id = __ldg(reinterpret_cast<const long long*>(pids[p]) + off);
+            const float* v = w < staged ? keybuf + w * d : pvec[p] + off * d;
+            dist = exact_distance(a.metric, qs ? qs : qraw, v, static_cast<size_t>(d));
+            present = 1;
+        }
+        for (int b = 0; b < C; ++b) {
+            cluster.map_shared_rank(rd, b)[slot] = dist;
+            cluster.map_shared_rank(rl, b)[slot] = id;
+            cluster.map_shared_rank(rp, b)[slot] = present;
+        }
+    }
+    SMALL_TRACE(13);
+    cluster.sync();  // the last remote access: no block reads another's memory after this
+    SMALL_TRACE(14);
+
+    // 5. The final order (present first, then exact_less; equal rows by
+    // slot): each block places its 1/C of the rows, a warp per row.
+    const int j0 = static_cast<int>(static_cast<int64_t>(a.k) * r / C);
+    const int j1 = static_cast<int>(static_cast<int64_t>(a.k) * (r + 1) / C);
+    const int64_t out = static_cast<int64_t>(q) * a.k;
+    for (int j = j0 + warp; j < j1; j += kWarps) {
+        const bool pj = rp[j] != 0;
+        const double dj = rd[j];
+        const int64_t lj = rl[j];
+        int before = 0;
+        for (int i = lane; i < a.k; i += 32) {
+            const bool pi = rp[i] != 0;
+            const double di = rd[i];
+            const int64_t li = rl[i];
+            before += rerank_before(pi, di, li, pj, dj, lj) || (i < j && !rerank_before(pj, dj, lj, pi, di, li));
+        }
+        for (int off = 16; off > 0; off >>= 1)
+            before += __shfl_xor_sync(kFullMask, before, off);
+        if (lane == 0) {
+            a.out_dist[out + before] = dj;
+            a.out_labels[out + before] = lj;
+        }
+    }
+    if (filtered && a.key_matched && r == 0 && tid == 0)
+        a.key_matched[q] = static_cast<int64_t>(*matched);
+    SMALL_TRACE(15);
+}
+
+int max_optin_smem()
+{
+    int dev = 0, v = 0;
+    GPU_CUDA_CHECK(cudaGetDevice(&dev));
+    GPU_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return v;
+}
+
+// Per (queue size, cluster, shared memory): whether a cluster fits the device.
+std::mutex g_fit_mutex;
+std::map<std::tuple<int, int, int, size_t>, bool> g_fit;
+
+template <int kQ>
+bool cluster_fits(int cluster, size_t smem)
+{
+    std::lock_guard<std::mutex> lock(g_fit_mutex);
+    int device = 0;
+    GPU_CUDA_CHECK(cudaGetDevice(&device));
+    const auto key = std::make_tuple(device, kQ, cluster, smem);
+    auto it = g_fit.find(key);
+    if (it != g_fit.end())
+        return it->second;
+    auto kernel = small_search_kernel<kQ>;
+    // Raised once to the device's limit (a launch of any smaller size then
+    // fits), and clusters past the portable 8 allowed.
+    static std::set<int> raised;  // devices
+    if (!raised.count(device)) {
+        GPU_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_optin_smem()));
+        GPU_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        raised.insert(device);
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(cluster));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = smem;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    int n = 0;
+    const cudaError_t err = cudaOccupancyMaxActiveClusters(&n, kernel, &cfg);
+    if (err != cudaSuccess)
+        (void)cudaGetLastError();  // not fitting is an answer, not an error
+    const bool fits = err == cudaSuccess && n > 0;
+    g_fit[key] = fits;
+    return fits;
+}
+
+int queue_of(const SmallSearchArgs& a) { return a.k <= 32 && a.nprobe <= 32 ? 32 : kSmallSearchMaxK; }
+
+template <int kQ>
+int pick_cluster(const SmallSearchArgs& a, int sms)
+{
+    // About two blocks per multiprocessor over the batch, at most 16 a query.
+    int c = 1;
+    while (c < kMaxCluster && static_cast<int64_t>(a.nq) * c * 2 <= 2 * static_cast<int64_t>(sms))
+        c <<= 1;
+    const int limit = max_optin_smem();
+    for (; c >= 1; c >>= 1) {
+        const size_t smem = layout_of(a.m, a.d, c, kQ).total;
+        if (smem <= static_cast<size_t>(limit) && cluster_fits<kQ>(c, smem))
+            return c;
+    }
+    return 0;
+}
+
+template <int kQ>
+void launch_impl(const SmallSearchArgs& a, int cluster, cudaStream_t st)
+{
+    const size_t smem = layout_of(a.m, a.d, cluster, kQ).total;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(a.nq) * static_cast<unsigned>(cluster));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    GPU_CUDA_CHECK(cudaLaunchKernelEx(&cfg, small_search_kernel<kQ>, a));
+    GPU_KERNEL_CHECK();
+}
+
+}  // namespace
+
+int small_search_cluster(const SmallSearchArgs& a, int sms)
+{
+    if (a.nq < 1 || a.k < 1 || a.k > kSmallSearchMaxK || a.nprobe < 1 || a.nprobe > kSmallSearchMaxK ||
+        a.nprobe > a.lists || a.m < 1 || a.d < 1 || a.d % a.m != 0)
+        return 0;
+    return queue_of(a) == 32 ? pick_cluster<32>(a, sms) : pick_cluster<kSmallSearchMaxK>(a, sms);
+}
+
+void launch_small_search(const SmallSearchArgs& a, int cluster, cudaStream_t st)
+{
+    if (a.nq < 1)
+        return;
+    if (queue_of(a) == 32)
+        launch_impl<32>(a, cluster, st);
+    else
+        launch_impl<kSmallSearchMaxK>(a, cluster, st);
+}
+
+}  // namespace gpuivfpq::gpu

@@ -1,0 +1,323 @@
+// The one-launch search_exact of small batches (GpuIvfPqOptions::
+// small_batch_max, gpu/src/small_search.cu) against the staged pipeline
+// (the same index with the one-launch path off), the host's exact distance
+// (check_exact) and the CPU engine's IVFADC: batches 1, 2, 31 and 64, every
+// metric, code widths with 16-, 4- and 1-byte code loads, odd dimensions,
+// k and nprobe up to the path's limit, key ranges, and the shapes that must
+// keep the staged path.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "exact_fixture.h"
+#include "gpu_ivfpq/ivfpq_index.h"
+#include "gpu_test_util.h"
+
+using namespace gputest;
+using gpuivfpq::Metric;
+using gpuivfpq::gpu::GpuIvfPqIndex;
+using gpuivfpq::gpu::GpuIvfPqOptions;
+using gpuivfpq::gpu::KeyRange;
+using gpuivfpq::gpu::ScanAlgo;
+
+namespace {
+
+// The batches tested go past the default small_batch_max: the tests raise
+// it to this (the path's answers do not depend on where the dispatch
+// switches).
+constexpr size_t kForcedMax = 64;
+
+const Metric kMetrics[] = {Metric::L2, Metric::InnerProduct, Metric::Cosine};
+
+// The first nq queries of the fixture (rows repeat when nq > f.nq).
+std::vector<float> first_queries(const ExactFixture& f, size_t nq)
+{
+    std::vector<float> q(nq * f.d);
+    for (size_t i = 0; i < nq; ++i)
+        std::copy(f.q.begin() + (i % f.nq) * f.d, f.q.begin() + (i % f.nq + 1) * f.d, q.begin() + i * f.d);
+    return q;
+}
+
+// Queries whose k-th and (k+1)-th ADC distances tie (search() of k + 1):
+// there either path may keep either candidate.
+std::set<size_t> boundary_ties(const GpuIvfPqIndex& idx, const std::vector<float>& q, size_t d, size_t k,
+                               size_t nprobe, const KeyRange* ranges)
+{
+    const size_t nq = q.size() / d, ka = k + 1;
+    std::vector<float> ad(nq * ka);
+    std::vector<int64_t> al(nq * ka);
+    idx.search(q.data(), nq, ka, nprobe, ad.data(), al.data(), gpuivfpq::gpu::LabelKind::Ids, ranges);
+    std::set<size_t> ties;
+    for (size_t i = 0; i < nq; ++i)
+        if (al[i * ka + k] >= 0 && ad[i * ka + k - 1] == ad[i * ka + k])
+            ties.insert(i);
+    return ties;
+}
+
+// The one-launch answers of idx (which must take that path) against the
+// staged pipeline's on the same index, row by row, bit for bit (queries
+// with an ADC tie at the k-th candidate excepted), and check_exact.
+void check_small(const ExactFixture& f, GpuIvfPqIndex& idx, const std::vector<float>& q, size_t k, size_t nprobe,
+                 const std::string& what, const KeyRange* ranges = nullptr)
+{
+    SCOPED_TRACE(what);
+    const size_t nq = q.size() / f.d;
+    idx.set_small_batch_max(kForcedMax);
+    ASSERT_TRUE(idx.small_batch_path(nq, k, nprobe)) << "the one-launch path should take this shape";
+    std::vector<int64_t> matched(nq, -7), matched_staged(nq, -9);
+    KeyRange r1, r2;
+    if (ranges) {
+        r1 = KeyRange{ranges->lo, ranges->hi, matched.data()};
+        r2 = KeyRange{ranges->lo, ranges->hi, matched_staged.data()};
+    }
+    std::vector<double> d1(nq * k, -1.0), d2(nq * k, -2.0);
+    std::vector<int64_t> l1(nq * k, -5), l2(nq * k, -6);
+    idx.search_exact(q.data(), nq, k, nprobe, d1.data(), l1.data(), ranges ? &r1 : nullptr);
+    idx.set_small_batch_max(0);
+    ASSERT_FALSE(idx.small_batch_path(nq, k, nprobe));
+    idx.search_exact(q.data(), nq, k, nprobe, d2.data(), l2.data(), ranges ? &r2 : nullptr);
+    idx.set_small_batch_max(kForcedMax);
+    const std::set<size_t> ties = boundary_ties(idx, q, f.d, k, nprobe, ranges);
+    int bad = 0;
+    for (size_t i = 0; i < nq && bad < 5; ++i) {
+        if (ranges && matched[i] != matched_staged[i]) {
+            ADD_FAILURE() << "query " << i << ": " << matched[i] << " entries in range, staged path "
+                          << matched_staged[i];
+            ++bad;
+        }
+        if (ties.count(i))
+            continue;
+        for (size_t j = 0; j < k; ++j)
+            if (l1[i * k + j] != l2[i * k + j] || bits_of(d1[i * k + j]) != bits_of(d2[i * k + j])) {
+                ADD_FAILURE() << "query " << i << " rank " << j << ": one launch (" << d1[i * k + j] << ", "
+                              << l1[i * k + j] << "), staged (" << d2[i * k + j] << ", " << l2[i * k + j] << ")";
+                ++bad;
+                break;
+            }
+    }
+    check_exact(f, idx, q, k, nprobe, what + " check_exact", ranges);
+}
+
+// The re-ranked ids against the CPU engine's ADC candidates: an id of the
+// one-launch answer missing from the CPU's k only where the CPU's k-th
+// distance has a near tie (within rel_tol) that could take its place.
+void check_against_cpu(const ExactFixture& f, GpuIvfPqIndex& idx, const std::vector<float>& q, size_t k,
+                       size_t nprobe, const std::string& what)
+{
+    SCOPED_TRACE(what);
+    const size_t nq = q.size() / f.d;
+    std::vector<double> dd(nq * k);
+    std::vector<int64_t> dl(nq * k);
+    idx.search_exact(q.data(), nq, k, nprobe, dd.data(), dl.data());
+    int bad = 0;
+    for (size_t i = 0; i < nq && bad < 5; ++i) {
+        const auto ref = f.cpu.search(q.data() + i * f.d, k, nprobe);
+        std::set<int64_t> cpu;
+        for (const auto& nb : ref)
+            cpu.insert(nb.label);
+        size_t near = 0;  // CPU candidates within the tolerance of its k-th
+        if (!ref.empty()) {
+            const double kth = ref.back().dist, tol = 1e-4 * std::max(1.0, std::fabs(kth));
+            for (const auto& nb : ref)
+                near += std::fabs(double(nb.dist) - kth) <= tol;
+        }
+        size_t missing = 0, present = 0;
+        for (size_t j = 0; j < k; ++j) {
+            if (dl[i * k + j] < 0)
+                continue;
+            ++present;
+            missing += !cpu.count(dl[i * k + j]);
+        }
+        if (present != ref.size() || (missing > 0 && missing > near)) {
+            ADD_FAILURE() << "query " << i << ": " << present << " candidates (cpu " << ref.size() << "), "
+                          << missing << " not among the cpu's (" << near << " near its k-th)";
+            ++bad;
+        }
+    }
+}
+
+}  // namespace
+
+TEST(SmallBatch, MatchesStagedPathEveryMetricAndWidth)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(3101);
+    struct Shape {
+        size_t d, m;
+    };
+    // 16-byte code loads (m 32, 128), 4-byte (m 8), bytes (m 5 and 3, odd d).
+    const Shape shapes[] = {{128, 32}, {64, 8}, {256, 128}, {40, 5}, {33, 3}};
+    for (Metric metric : kMetrics)
+        for (const Shape& sh : shapes) {
+            const std::string what = shape(
+                "small", {{"d", double(sh.d)}, {"m", double(sh.m)}, {"metric", double(int(metric))}}, s + sh.m);
+            SCOPED_TRACE(what);
+            ExactFixture f(sh.d, 64, sh.m, 4000, 64, metric, s + sh.m);
+            auto idx = f.empty({});
+            f.add_rows(*idx, 0, f.n);
+            for (size_t nq : {1, 2, 31, 64}) {
+                const std::vector<float> q = first_queries(f, nq);
+                for (size_t k : {1, 10, 100, 128})
+                    for (size_t nprobe : {1, 8, 64}) {
+                        if (nq > 2 && k != 100 && nprobe != 8)
+                            continue;  // the full grid at batches 1 and 2
+                        check_small(f, *idx, q, k, nprobe,
+                                    what + " nq=" + std::to_string(nq) + " k=" + std::to_string(k) +
+                                        " nprobe=" + std::to_string(nprobe));
+                    }
+                check_against_cpu(f, *idx, q, 100, 8, what + " cpu nq=" + std::to_string(nq));
+            }
+        }
+}
+
+TEST(SmallBatch, KeyRanges)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(3102);
+    for (Metric metric : kMetrics) {
+        const std::string what = shape("small ranges", {{"metric", double(int(metric))}}, s);
+        SCOPED_TRACE(what);
+        ExactFixture f(128, 32, 16, 4000, 31, metric, s);
+        GpuIvfPqOptions opt;
+        opt.filter_keys = true;
+        auto idx = f.empty(opt);
+        f.add_rows(*idx, 0, f.n, true, true);
+        // Per query: empty, everything, single keys, a band, the extremes.
+        const int64_t kMin = std::numeric_limits<int64_t>::min(), kMax = std::numeric_limits<int64_t>::max();
+        std::vector<int64_t> lo(f.nq), hi(f.nq);
+        for (size_t i = 0; i < f.nq; ++i) {
+            switch (i % 6) {
+            case 0: lo[i] = 5; hi[i] = 4; break;
+            case 1: lo[i] = kMin; hi[i] = kMax; break;
+            case 2: lo[i] = hi[i] = (int64_t(i % 64) - 32) * (int64_t(1) << 32) + 1; break;
+            case 3: lo[i] = -(int64_t(8) << 32); hi[i] = int64_t(8) << 32; break;
+            case 4: lo[i] = kMin; hi[i] = kMin; break;
+            default: lo[i] = 0; hi[i] = kMax; break;
+            }
+        }
+        const KeyRange kr{lo.data(), hi.data()};
+        for (size_t nq : {1, 2, 31}) {
+            const std::vector<float> q = first_queries(f, nq);
+            for (size_t k : {1, 50, 128})
+                check_small(f, *idx, q, k, 16,
+                            what + " nq=" + std::to_string(nq) + " k=" + std::to_string(k), &kr);
+        }
+    }
+}
+
+TEST(SmallBatch, DeviceEntryPointAndRemovals)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(3103);
+    ExactFixture f(128, 32, 32, 4000, 16, Metric::L2, s);
+    auto idx = f.empty({});
+    f.add_rows(*idx, 0, f.n / 2);
+    f.add_rows(*idx, f.n / 2, f.n);
+    std::vector<int64_t> gone;
+    for (size_t i = 0; i < f.n; i += 4)
+        gone.push_back(f.ids[i]);
+    ASSERT_EQ(idx->remove_ids(gone.data(), gone.size()), gone.size());
+    check_small(f, *idx, f.q, 100, 12, "after removal");
+    // search_exact_device: the host entry point's answers, left on the device.
+    const size_t k = 40, nprobe = 6;
+    std::vector<double> hd(f.nq * k);
+    std::vector<int64_t> hl(f.nq * k);
+    idx->search_exact(f.q.data(), f.nq, k, nprobe, hd.data(), hl.data());
+    DeviceBuffer dq = to_device(f.q), dd(ctx(), f.nq * k * sizeof(double)), dl(ctx(), f.nq * k * sizeof(int64_t));
+    ASSERT_TRUE(idx->small_batch_path(f.nq, k, nprobe));
+    idx->search_exact_device(dq.as<float>(), f.nq, k, nprobe, dd.as<double>(), dl.as<int64_t>());
+    const auto gd = to_host<double>(dd, f.nq * k);
+    const auto gl = to_host<int64_t>(dl, f.nq * k);
+    for (size_t e = 0; e < f.nq * k; ++e) {
+        ASSERT_EQ(bits_of(gd[e]), bits_of(hd[e])) << "entry " << e;
+        ASSERT_EQ(gl[e], hl[e]) << "entry " << e;
+    }
+    // Repeated calls (graphs capture the launch from the third on): the same.
+    for (int rep = 0; rep < 4; ++rep) {
+        std::vector<double> rd(f.nq * k);
+        std::vector<int64_t> rl(f.nq * k);
+        idx->search_exact(f.q.data(), f.nq, k, nprobe, rd.data(), rl.data());
+        ASSERT_EQ(rl, hl) << "call " << rep;
+    }
+}
+
+TEST(SmallBatch, OtherShapesKeepTheStagedPath)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(3104);
+    ExactFixture f(64, 16, 8, 2000, 8, Metric::L2, s);
+    auto idx = f.empty({});
+    f.add_rows(*idx, 0, f.n);
+    EXPECT_TRUE(idx->small_batch_path(1, 128, 16));
+    EXPECT_FALSE(idx->small_batch_path(1, 129, 16));  // k above the warp queues
+    EXPECT_FALSE(idx->small_batch_path(GpuIvfPqOptions().small_batch_max + 1, 10, 4));
+    EXPECT_FALSE(idx->small_batch_path(0, 10, 4));
+    check_exact(f, *idx, f.q, 129, 16, "k 129, staged");
+    for (int variant = 0; variant < 3; ++variant) {
+        GpuIvfPqOptions opt;
+        opt.scan = variant == 0 ? ScanAlgo::TwoPass : ScanAlgo::Auto;
+        opt.term1_per_vector = variant != 1;
+        opt.float16_tables = variant == 2;
+        auto other = f.empty(opt);
+        f.add_rows(*other, 0, f.n);
+        EXPECT_FALSE(other->small_batch_path(1, 10, 4)) << "variant " << variant;
+    }
+    auto bare = f.empty({}, false);  // no vectors: no search_exact at all
+    f.add_rows(*bare, 0, f.n, false);
+    EXPECT_FALSE(bare->small_batch_path(1, 10, 4));
+}
+
+// Long probed lists: a block's share of the entries past what its shared
+// memory holds streams through WarpSelect instead of the radix select
+// (batch 64: 4 blocks a query, 10000 entries each), with the same answers.
+TEST(SmallBatch, LongListsStreamThroughWarpSelect)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(3105);
+    for (Metric metric : {Metric::L2, Metric::InnerProduct}) {
+        const std::string what = shape("long lists", {{"metric", double(int(metric))}}, s);
+        SCOPED_TRACE(what);
+        ExactFixture f(32, 8, 8, 40000, 64, metric, s);
+        auto idx = f.empty({});
+        f.add_rows(*idx, 0, f.n);
+        for (size_t nq : {1, 64})
+            for (size_t k : {10, 128})
+                check_small(f, *idx, first_queries(f, nq), k, 8,
+                            what + " nq=" + std::to_string(nq) + " k=" + std::to_string(k));
+    }
+}
+
+// Hundreds of entries with one code in one list (the same ADC distance)
+// across the k-th candidate: the radix select resolves the tie by
+// position, the same way on every call, and the rows stay exact.
+TEST(SmallBatch, TiedCandidatesAcrossTheKth)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(3106);
+    ExactFixture f(64, 16, 8, 3000, 4, Metric::L2, s);
+    auto idx = f.empty({});
+    f.add_rows(*idx, 0, f.n);
+    const size_t r = 5, copies = 300;
+    std::vector<float> dups;
+    std::vector<int64_t> dup_ids;
+    for (size_t c = 0; c < copies; ++c) {
+        dups.insert(dups.end(), f.x.begin() + r * f.d, f.x.begin() + (r + 1) * f.d);
+        dup_ids.push_back(int64_t(5000000 + (c * 7919) % copies));
+    }
+    f.add_extra(*idx, dups, dup_ids);
+    std::vector<float> q = f.q;
+    std::copy(f.x.begin() + r * f.d, f.x.begin() + (r + 1) * f.d, q.begin());
+    for (size_t k : {10, 100}) {
+        ASSERT_TRUE(idx->small_batch_path(f.nq, k, 4));
+        check_exact(f, *idx, q, k, 4, "ties k=" + std::to_string(k));
+        std::vector<double> d1(f.nq * k), d2(f.nq * k);
+        std::vector<int64_t> l1(f.nq * k), l2(f.nq * k);
+        idx->search_exact(q.data(), f.nq, k, 4, d1.data(), l1.data());
+        idx->search_exact(q.data(), f.nq, k, 4, d2.data(), l2.data());
+        EXPECT_EQ(l1, l2) << "k=" << k;
+        // Query 0 is the duplicated row: its first answer a copy of it.
+        EXPECT_EQ(d1[0], 0.0) << "k=" << k;
+    }
+}
