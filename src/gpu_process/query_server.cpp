@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <tuple>
@@ -51,6 +52,7 @@ QueryServer::QueryServer(queue::Queue q, MirrorStore& store, DeviceSet& devices,
                          void (*on_device_failed)(), int threads)
     : q_(q), store_(store), devices_(devices), device_lock_(device_lock), on_device_failed_(on_device_failed)
 {
+    garbage_ = std::getenv("GPU_IVFPQ_TEST_GARBAGE_ANSWERS") != nullptr;
     threads = std::min(threads, queue::kMaxServers);
     if (threads <= 0)
         return;  // driven by serve_once (tests)
@@ -118,6 +120,32 @@ void QueryServer::answer(uint32_t slot, queue::Result result, const char* error)
         std::strncpy(a.error, error, sizeof(a.error) - 1);
     a.done_ns = queue::now_ns();
     q_.complete(slot);
+}
+
+void QueryServer::scramble(queue::Slot& slot, uint32_t k)
+{
+    queue::SearchAnswer& a = slot.ans;
+    int64_t* labels = reinterpret_cast<int64_t*>(slot.payload);
+    switch (garbage_count_.fetch_add(1) % 5) {
+    case 0:
+        a.result = 77;  // no result
+        break;
+    case 1:
+        a.n = k + 1000;  // more labels than asked for (past the payload's share)
+        break;
+    case 2:
+        labels[0] = int64_t(12345) << 16;  // offset 0: no heap TID
+        a.n = std::max<uint32_t>(a.n, 1);
+        break;
+    case 3:
+        a.exact = 9;
+        a.batch = 0;
+        break;
+    default:
+        std::memset(a.error, 'x', sizeof(a.error));  // no terminator
+        a.result = int32_t(queue::Result::Error);
+        break;
+    }
 }
 
 bool QueryServer::serve_once(int t)
@@ -311,6 +339,8 @@ void QueryServer::serve_batch(int t, std::vector<Held>& ready)
                 a.matched = filtered && items[g + i].req.filtered ? matched[i] : 0;
                 a.taken_ns = start;
                 a.done_ns = queue::now_ns();
+                if (garbage_)
+                    scramble(slot, uint32_t(k));
                 q_.complete(s);
             }
             st.batches.fetch_add(1, std::memory_order_relaxed);

@@ -71,6 +71,12 @@ private:
     std::map<MirrorKey, std::chrono::steady_clock::time_point> claims_;
     std::atomic<bool> stop_{false};
     std::vector<std::thread> threads_;
+    // Tests only (GPU_IVFPQ_TEST_GARBAGE_ANSWERS in the environment): every
+    // answer is overwritten with one of several malformed ones, so that
+    // the tests see backends refuse what a misbehaving process writes.
+    bool garbage_ = false;
+    std::atomic<uint32_t> garbage_count_{0};
+    void scramble(queue::Slot& slot, uint32_t k);
 };
 
 }  // namespace gpuproc

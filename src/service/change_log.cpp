@@ -6,13 +6,24 @@
 // standbys.
 #include "service/shmem.h"
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <climits>
+
 extern "C" {
+#include "access/parallel.h"
 #include "access/xact.h"
+#include "access/xlog.h"
 #include "catalog/objectaccess.h"
 #include "catalog/pg_class.h"
 #include "commands/defrem.h"
 #include "miscadmin.h"
 #include "nodes/pg_list.h"
+#include "pgstat.h"
+#include "storage/ipc.h"
+#include "storage/pmsignal.h"
 #include "utils/memutils.h"
 #include "utils/syscache.h"
 #include "utils/wait_event.h"
@@ -34,6 +45,13 @@ typedef struct PendingDrop
 } PendingDrop;
 
 static List *pending_drops = NIL;
+
+/*
+ * The log position after the last entry this transaction pushed (0: none):
+ * its commit waits until the service has applied it, and its own searches
+ * carry it.
+ */
+static uint64 xact_log_pos = 0;
 
 /* Appends entry (and its vector of entry->vdim floats, if any) to the log. */
 uint64
@@ -97,8 +115,8 @@ GpuIvfpqServiceLogAppend(Relation index, const GpuIvfpqMetaPageData *meta, int l
 	if (filter_key != NULL)
 		memcpy(&e.filter_key, filter_key, sizeof(int64));
 	memcpy(e.code, code, meta->m);
-	(void) GpuIvfpqLogPush(&e, vector);
-	/* Searches queued after this one wait until the service applied it: now. */
+	xact_log_pos = GpuIvfpqLogPush(&e, vector) + 1;
+	/* The commit (and this transaction's own searches) wait until the service applied it: now. */
 	GpuIvfpqServiceWake();
 	/*
 	 * Announced after the push: should the WAL insert fail, the row's
@@ -159,6 +177,33 @@ GpuIvfpqLogHead(void)
 	return pg_atomic_read_u64(&gpu_ivfpq_service->log_head_pub);
 }
 
+/*
+ * The change-log position a search must see applied before it runs. On a
+ * primary, every transaction that inserted into a mirrored index waited at
+ * commit until its entries were in the mirrors (DropsAtXactEnd), so a
+ * search needs only the entries of its own transaction (read-your-writes);
+ * other sessions' writes cost it nothing. A parallel worker searches for
+ * its leader's transaction, whose position it does not know, and a standby
+ * replays entries nobody waited for: both take the whole log.
+ */
+uint64
+GpuIvfpqSearchLogPos(void)
+{
+	if (RecoveryInProgress() || IsParallelWorker())
+		return GpuIvfpqLogHead();
+	return xact_log_pos;
+}
+
+/* The service advanced log_applied: wakes whoever waits for it (GpuIvfpqServiceWaitApplied). */
+void
+GpuIvfpqLogAppliedAdvanced(void)
+{
+	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+
+	pg_atomic_fetch_add_u32(&s->applied_seq, 1);
+	(void) syscall(SYS_futex, &s->applied_seq.value, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
 /* Wakes the service, so that it applies (and frees memory) now, not at the next request. */
 void
 GpuIvfpqServiceWake(void)
@@ -185,21 +230,28 @@ GpuIvfpqServiceWaitApplied(uint64 pos)
 
 	if (s == NULL || pos == 0)
 		return;
-	for (;;)
+	pgstat_report_wait_start(PG_WAIT_EXTENSION);
+	for (int round = 0;; round++)
 	{
 		Latch	   *latch;
+		uint32		seen = pg_atomic_read_u32(&s->applied_seq);
+		struct timespec ts = {0, 10 * 1000 * 1000};
 
 		SpinLockAcquire(&s->mutex);
 		latch = s->pid != 0 ? s->latch : NULL;
 		SpinLockRelease(&s->mutex);
 		if (latch == NULL || pg_atomic_read_u64(&s->log_applied) >= pos)
 			break;
-		SetLatch(latch);
-		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, 10L,
-						 PG_WAIT_EXTENSION);
-		ResetLatch(MyLatch);
+		/* The writer woke the service already; a reminder now and then (it may have missed it). */
+		if (round % 10 == 0)
+			SetLatch(latch);
+		/* Woken by GpuIvfpqLogAppliedAdvanced (a futex on shared memory), or 10 ms on. */
+		(void) syscall(SYS_futex, &s->applied_seq.value, FUTEX_WAIT, seen, &ts, NULL, 0);
+		if (!PostmasterIsAlive())
+			proc_exit(1);
 		CHECK_FOR_INTERRUPTS();
 	}
+	pgstat_report_wait_end();
 }
 
 /*
@@ -315,6 +367,16 @@ DropsAtXactEnd(XactEvent event, void *arg)
 				List	   *drops = pending_drops;
 				ListCell   *lc;
 
+				/*
+				 * Rows this transaction inserted are in the mirrors before
+				 * anyone can see them committed: other sessions' searches
+				 * then need not wait for the log (GpuIvfpqSearchLogPos).
+				 */
+				if (xact_log_pos != 0)
+				{
+					GpuIvfpqServiceWaitApplied(xact_log_pos);
+					xact_log_pos = 0;
+				}
 				/* Cleared first: an error below aborts, and the abort must not see them. */
 				pending_drops = NIL;
 				foreach(lc, drops)
@@ -332,6 +394,7 @@ DropsAtXactEnd(XactEvent event, void *arg)
 		case XACT_EVENT_PREPARE:
 			/* The list lived in TopTransactionContext, which goes now. */
 			pending_drops = NIL;
+			xact_log_pos = 0;
 			break;
 		default:
 			break;

@@ -334,7 +334,7 @@ GpuIvfpqQueueSearch(const GpuIvfpqKey *key, int d, const float *query, int k, in
 	req.key.change = 0;
 	req.key_lo = range != NULL ? range->lo : 0;
 	req.key_hi = range != NULL ? range->hi : 0;
-	req.log_pos = GpuIvfpqLogHead();
+	req.log_pos = GpuIvfpqSearchLogPos();
 	req.owner_pid = (uint32) MyProcPid;
 	slot.req = req;
 	memcpy(slot.payload, query, sizeof(float) * d);
@@ -373,7 +373,6 @@ GpuIvfpqQueueSearch(const GpuIvfpqKey *key, int d, const float *query, int k, in
 
 	/* Copied out, then checked: the segment may change under a reader. */
 	ans = slot.ans;
-	ans.error[sizeof(ans.error) - 1] = '\0';
 	if (ans.result == (int32) queue::Result::Ok && ans.n <= (uint32) k)
 	{
 		memcpy(labels, slot.payload, sizeof(int64) * ans.n);
@@ -387,6 +386,7 @@ GpuIvfpqQueueSearch(const GpuIvfpqKey *key, int d, const float *query, int k, in
 		strlcpy(error, "the GPU process answered a malformed search result", errlen);
 		return RES_ERROR;
 	}
+	ans.error[sizeof(ans.error) - 1] = '\0';	/* answer_sound saw it terminated: a backstop */
 	if (ans.result != (int32) queue::Result::Ok)
 	{
 		strlcpy(error, ans.error, errlen);

@@ -55,6 +55,7 @@ ServiceShmemStartup(void)
 			pg_atomic_init_u64(&s->batch_hist[i], 0);
 		pg_atomic_init_u64(&s->log_applied, 0);
 		pg_atomic_init_u64(&s->log_head_pub, 0);
+		pg_atomic_init_u32(&s->applied_seq, 0);
 		pg_atomic_init_u64(&s->append_calls, 0);
 		pg_atomic_init_u64(&s->time_append_ns, 0);
 		pg_atomic_init_u64(&s->time_append_device_ns, 0);

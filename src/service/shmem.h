@@ -204,6 +204,7 @@ typedef struct GpuIvfpqServiceShared
 	pg_atomic_uint64 batch_hist[GPU_IVFPQ_BATCH_BUCKETS];
 	pg_atomic_uint64 log_applied;	/* the service has read the log up to here */
 	pg_atomic_uint64 log_head_pub;	/* log_head, for readers that take no lock */
+	pg_atomic_uint32 applied_seq;	/* bumped (a futex word) whenever log_applied advances */
 
 	/*
 	 * The direct path's segment (direct_path.cpp): its POSIX shared memory
@@ -422,6 +423,8 @@ extern void GpuIvfpqFinishSlot(GpuIvfpqSlot *slot);
  */
 extern uint64 GpuIvfpqLogPush(const GpuIvfpqLogEntry *entry, const float *vector);
 extern uint64 GpuIvfpqLogHead(void);
+extern uint64 GpuIvfpqSearchLogPos(void);
+extern void GpuIvfpqLogAppliedAdvanced(void);
 extern uint64 GpuIvfpqLogPushRemove(const GpuIvfpqKey *key, const int64 *labels, int n);
 extern void GpuIvfpqLogDropAll(void);
 extern void GpuIvfpqServiceWake(void);

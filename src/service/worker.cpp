@@ -496,7 +496,8 @@ DrainLog(void)
 	}
 	log_cursor = head;
 	pg_atomic_write_u64(&s->log_applied, head);
-	/* Searches queued on the direct path that waited for these changes go now. */
+	/* Commits and VACUUMs that waited for these changes go on; so do the searches queued after them. */
+	GpuIvfpqLogAppliedAdvanced();
 	GpuIvfpqQueueSetApplied(head);
 }
 

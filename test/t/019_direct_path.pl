@@ -1,0 +1,119 @@
+# The direct path between backends and the GPU process (the query segment):
+# rows committed by one session are found by another's next scan and a
+# session's own uncommitted inserts by its own scans, with the GPU serving;
+# a cancel while a search waits for a stopped GPU process ends that search
+# alone and the backend's next scans are served again once the process
+# goes on; and a GPU process that writes malformed answers into the segment
+# crashes no backend: every scan falls back to the CPU engine with the
+# exact rows (device = gpu: an error that says why). On machines without a
+# GPU the service's CPU emulation is the GPU process (GPU_IVFPQ_EXPECT_GPU=1
+# uses the GPU).
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(usleep);
+
+my $gpu = $ENV{GPU_IVFPQ_EXPECT_GPU} ? 1 : 0;
+my $node = PostgreSQL::Test::Cluster->new('direct');
+$node->init;
+$node->append_conf('postgresql.conf', qq{shared_preload_libraries = 'gpu_ivfpq'
+gpu_ivfpq.service_emulate_gpu = } . ($gpu ? 'off' : 'on') . qq{
+gpu_ivfpq.gpu_timeout = 60
+});
+$node->start;
+$node->safe_psql('postgres', 'CREATE EXTENSION gpu_ivfpq');
+ok($node->poll_query_until('postgres', q{SELECT state LIKE 'running (GPU%' FROM gpu_ivfpq_status}),
+	'the GPU serves') or BAIL_OUT('no GPU service');
+
+$node->safe_psql(
+	'postgres', q{
+	CREATE TABLE items (id int, v real[]);
+	INSERT INTO items
+	SELECT g, ARRAY[sin(g), cos(g), sin(g * 0.7), cos(g * 1.3)]::real[]
+	FROM generate_series(1, 3000) g;
+	CREATE INDEX items_idx ON items USING gpu_ivfpq (v) WITH (lists = 8, m = 2);
+	SELECT gpu_ivfpq_prewarm('items_idx');
+});
+
+# Every list probed: the GPU's answer is the exact one.
+my $set = q{SET enable_seqscan = off; SET gpu_ivfpq.probes = 8; SET gpu_ivfpq.rerank = 200;};
+sub knn
+{
+	my ($q) = @_;
+	return qq{SELECT string_agg(id::text, ',') FROM
+		(SELECT id FROM items ORDER BY v <-> '$q' LIMIT 5) s};
+}
+sub exact
+{
+	my ($q) = @_;
+	return $node->safe_psql('postgres',
+		'SET enable_indexscan = off; SET enable_bitmapscan = off; ' . knn($q));
+}
+
+# ---- coherence: other sessions' commits, a session's own inserts ----
+my $far = '{9, 9, 9, 9}';
+my $before = $node->safe_psql('postgres', 'SELECT queries_gpu FROM gpu_ivfpq_status');
+$node->safe_psql('postgres', q{INSERT INTO items VALUES (90001, '{9, 9, 9, 8.9}')});
+is($node->safe_psql('postgres', "SET gpu_ivfpq.device = gpu; $set " . knn($far)),
+	exact($far), "another session's committed row is found at once, on the GPU");
+like(
+	$node->safe_psql(
+		'postgres', qq{BEGIN; INSERT INTO items VALUES (90002, '{9, 9, 9, 9}');
+		SET gpu_ivfpq.device = gpu; $set } . knn($far) . q{; ROLLBACK;}),
+	qr/^90002,90001/, "a session's own uncommitted insert is found by its own scan");
+cmp_ok($node->safe_psql('postgres', 'SELECT queries_gpu FROM gpu_ivfpq_status'),
+	'>', $before, 'the GPU served those scans');
+my ($waited) = $node->safe_psql('postgres',
+	'SELECT queued_searches > 0 AND mean_queue_wait_us >= mean_log_wait_us FROM gpu_ivfpq_status');
+is($waited, 't', 'the status view shows the direct path stages');
+
+# ---- a cancel while the GPU process is stopped ----
+my $gpid = $node->safe_psql('postgres', 'SELECT gpu_process_pid FROM gpu_ivfpq_status');
+ok(kill('STOP', $gpid), 'GPU process stopped');
+my ($ret, $stdout, $stderr) = $node->psql('postgres',
+	"SET gpu_ivfpq.device = gpu; SET statement_timeout = '300ms'; $set " . knn('{0.1, 0.2, 0.3, 0.4}'));
+like($stderr, qr/canceling statement due to statement timeout/, 'the waiting scan is cancelled by its timeout');
+ok(kill('CONT', $gpid), 'GPU process continued');
+my $q = '{0.3, 0.2, 0.1, 0.9}';
+# Its slot is free again once the process finished the abandoned search.
+my $served = 0;
+for (1 .. 300)
+{
+	($ret) = $node->psql('postgres', "SET gpu_ivfpq.device = gpu; $set " . knn($q));
+	if ($ret == 0) { $served = 1; last; }
+	usleep(100_000);
+}
+ok($served, 'scans are served again after the process went on');
+is($node->safe_psql('postgres', "SET gpu_ivfpq.device = gpu; $set " . knn($q)),
+	exact($q), 'with the exact rows');
+
+# ---- a GPU process that writes garbage into the segment ----
+$node->stop;
+$ENV{GPU_IVFPQ_TEST_GARBAGE_ANSWERS} = '1';
+$node->start;
+delete $ENV{GPU_IVFPQ_TEST_GARBAGE_ANSWERS};
+ok($node->poll_query_until('postgres', q{SELECT state LIKE 'running (GPU%' FROM gpu_ivfpq_status}),
+	'the service is back');
+$node->safe_psql('postgres', q{SELECT gpu_ivfpq_prewarm('items_idx')});
+my $fallbacks = $node->safe_psql('postgres', 'SELECT gpu_fallbacks FROM gpu_ivfpq_status');
+for my $i (1 .. 5)
+{
+	my $qi = "{0.$i, 0.5, 0.2, 0.7}";
+	($ret, $stdout, $stderr) = $node->psql('postgres', $set . knn($qi));
+	is($ret, 0, "scan $i survives a malformed answer");
+	is($stdout, exact($qi), "scan $i returns the exact rows (the CPU engine)");
+	like($stderr, qr/WARNING:.*ran on the CPU|malformed/, "scan $i warns");
+}
+($ret, $stdout, $stderr) = $node->psql('postgres', "SET gpu_ivfpq.device = gpu; $set " . knn($q));
+like($stderr, qr/malformed search result/, 'device = gpu: an error that says the answer was malformed');
+cmp_ok($node->safe_psql('postgres', 'SELECT gpu_fallbacks FROM gpu_ivfpq_status'),
+	'>=', $fallbacks + 5, 'each counted as a fallback');
+is($node->safe_psql('postgres', 'SELECT service_starts, gpu_restarts FROM gpu_ivfpq_status'),
+	'1|0', 'no process died or restarted');
+ok(slurp_file($node->logfile) !~ /server process .* was terminated by signal/, 'no backend crashed');
+
+$node->stop;
+done_testing();
