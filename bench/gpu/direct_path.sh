@@ -110,6 +110,21 @@ for c in 1 64 128; do
 done
 
 say ""
+say "## 64 clients by gpu_ivfpq.batches_in_flight (serving threads of the GPU process; 0: one per GPU)"
+say "| batches_in_flight | k-NN QPS | p50 ms | mean batch |"
+say "|---|---|---|---|"
+for f in 1 2 3; do
+  psql -qc "ALTER SYSTEM SET gpu_ivfpq.batches_in_flight = $f" -c "SELECT pg_reload_conf()" >/dev/null
+  sleep 0.5
+  IFS='|' read -r _ _ _ b0 q0 _ _ < <(snap)
+  read -r knn knn50 < <(bench 64 "$work/knn.sql")
+  IFS='|' read -r _ _ _ b1 q1 _ _ < <(snap)
+  say "$(awk -v f="$f" -v k="$knn" -v p="$knn50" -v b="$((b1 - b0))" -v q="$((q1 - q0))" 'BEGIN {
+    printf "| %d | %d | %.3f | %.1f |", f, k, p, (b > 0 ? q / b : 0) }')"
+done
+psql -qc "ALTER SYSTEM RESET gpu_ivfpq.batches_in_flight" -c "SELECT pg_reload_conf()" >/dev/null
+
+say ""
 say "## 64 readers alone, then beside 4 writers (insert + delete) and autovacuum ($CHURN_SECS s each)"
 say "| phase | read QPS | vs static | write TPS | rounds on CPU | GPU fallbacks | waited for the log us (mean per search) |"
 say "|---|---|---|---|---|---|---|"

@@ -62,6 +62,7 @@ QueryServer::QueryServer(queue::Queue q, MirrorStore& store, DeviceSet& devices,
     pthread_sigmask(SIG_BLOCK, &all, &old);
     for (int t = 0; t < threads; t++)
         threads_.emplace_back([this, t] { loop(t); });
+    deliverer_ = std::thread([this] { deliver_loop(); });
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
     q_.header().gpu_pid.store(uint32_t(getpid()), std::memory_order_release);
 }
@@ -75,6 +76,55 @@ QueryServer::~QueryServer()
         q_.wake_server();
         t.join();
     }
+    if (deliverer_.joinable()) {
+        deliver_cv_.notify_all();
+        deliverer_.join();
+    }
+}
+
+void QueryServer::deliver_loop()
+{
+    for (;;) {
+        Answers a;
+        {
+            std::unique_lock<std::mutex> g(deliver_mutex_);
+            deliver_cv_.wait(g, [&] { return stop_.load() || !to_deliver_.empty(); });
+            if (to_deliver_.empty())
+                return;
+            a = std::move(to_deliver_.front());
+            to_deliver_.pop_front();
+        }
+        deliver(a);
+    }
+}
+
+void QueryServer::deliver(Answers& r)
+{
+    uint64_t begin = queue::now_ns();
+    size_t nq = r.slots.size(), k = r.k;
+    for (size_t i = 0; i < nq; i++) {
+        uint32_t s = r.slots[i];
+        queue::Slot& slot = q_.slot(s);
+        queue::SearchAnswer& a = slot.ans;
+        a = queue::SearchAnswer();
+        uint32_t n = 0;
+        while (n < k && r.labels[i * k + n] >= 0)
+            n++;
+        std::memcpy(slot.payload, &r.labels[i * k], k * sizeof(int64_t));
+        if (r.is_exact)
+            std::memcpy(slot.payload + k * sizeof(int64_t), &r.exact[i * k], k * sizeof(double));
+        a.result = int32_t(queue::Result::Ok);
+        a.n = n;
+        a.exact = r.is_exact ? 1 : 0;
+        a.batch = uint32_t(nq);
+        a.matched = r.filtered[i] ? r.matched[i] : 0;
+        a.taken_ns = r.start;
+        a.done_ns = queue::now_ns();
+        if (garbage_)
+            scramble(slot, uint32_t(k));
+        q_.complete(s);
+    }
+    q_.header().stats.deliver_ns.fetch_add(queue::now_ns() - begin, std::memory_order_relaxed);
 }
 
 void QueryServer::loop(int t)
@@ -296,7 +346,6 @@ void QueryServer::serve_batch(int t, std::vector<Held>& ready)
             error = ex.what();
         }
 
-        uint64_t deliver_start = queue::now_ns();
         if (result != queue::Result::Ok) {
             for (size_t i = g; i < e; i++)
                 answer(items[i].slot, result, error.c_str());
@@ -321,34 +370,36 @@ void QueryServer::serve_batch(int t, std::vector<Held>& ready)
                 std::lock_guard<std::mutex> cg(claims_mutex_);
                 claims_.erase(r0.key);
             }
-            for (size_t i = 0; i < nq; i++) {
-                uint32_t s = items[g + i].slot;
-                queue::Slot& slot = q_.slot(s);
-                queue::SearchAnswer& a = slot.ans;
-                a = queue::SearchAnswer();
-                uint32_t n = 0;
-                while (n < k && labels[i * k + n] >= 0)
-                    n++;
-                std::memcpy(slot.payload, &labels[i * k], k * sizeof(int64_t));
-                if (is_exact)
-                    std::memcpy(slot.payload + k * sizeof(int64_t), &exact[i * k], k * sizeof(double));
-                a.result = int32_t(queue::Result::Ok);
-                a.n = n;
-                a.exact = is_exact ? 1 : 0;
-                a.batch = uint32_t(nq);
-                a.matched = filtered && items[g + i].req.filtered ? matched[i] : 0;
-                a.taken_ns = start;
-                a.done_ns = queue::now_ns();
-                if (garbage_)
-                    scramble(slot, uint32_t(k));
-                q_.complete(s);
+            Answers out;
+            out.slots.reserve(nq);
+            out.filtered.reserve(nq);
+            for (size_t i = g; i < e; i++) {
+                out.slots.push_back(items[i].slot);
+                out.filtered.push_back(filtered && items[i].req.filtered ? 1 : 0);
             }
+            out.labels.swap(labels);
+            out.exact.swap(exact);
+            if (filtered)
+                out.matched.swap(matched);
+            out.k = k;
+            out.is_exact = is_exact;
+            out.start = start;
             st.batches.fetch_add(1, std::memory_order_relaxed);
             st.queries.fetch_add(nq, std::memory_order_relaxed);
             st.hist[bucket_of(nq)].fetch_add(1, std::memory_order_relaxed);
             st.gpu_ns.fetch_add(device_end - device_start, std::memory_order_relaxed);
+            // Written and woken by the delivery thread, while this one
+            // goes on to the next batch; inline without one (tests).
+            if (deliverer_.joinable()) {
+                {
+                    std::lock_guard<std::mutex> dg(deliver_mutex_);
+                    to_deliver_.push_back(std::move(out));
+                }
+                deliver_cv_.notify_one();
+            } else {
+                deliver(out);
+            }
         }
-        st.deliver_ns.fetch_add(queue::now_ns() - deliver_start, std::memory_order_relaxed);
         g = e;
     }
     q_.header().busy_since_ns[t].store(0, std::memory_order_release);

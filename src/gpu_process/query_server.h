@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <shared_mutex>
@@ -38,9 +40,11 @@ public:
     QueryServer(const QueryServer&) = delete;
     QueryServer& operator=(const QueryServer&) = delete;
 
-    // How many threads serve when the setting says 0: one per GPU, at
-    // least two (one gathers and delivers while the other's batch runs).
-    static int default_servers(size_t devices) { return int(std::max<size_t>(2, devices)); }
+    // How many threads serve when the setting says 0: one per GPU (a
+    // delivery thread writes the answers, so a GPU's thread goes from one
+    // batch to the next; one batch per GPU keeps batches large, and large
+    // batches cost the GPU less per search).
+    static int default_servers(size_t devices) { return int(std::max<size_t>(1, devices)); }
 
     // One pass of serving thread t: takes what is queued and serves what is
     // ready; false when nothing was ready (the thread then sleeps until
@@ -55,6 +59,18 @@ private:
     void loop(int t);
     void serve_batch(int t, std::vector<Held>& ready);
     void answer(uint32_t slot, queue::Result result, const char* error);
+    // A searched group's answers, for the delivery thread.
+    struct Answers {
+        std::vector<uint32_t> slots;
+        std::vector<uint8_t> filtered;  // per search: its own key range
+        std::vector<int64_t> labels, matched;
+        std::vector<double> exact;
+        size_t k = 0;
+        bool is_exact = false;
+        uint64_t start = 0;
+    };
+    void deliver(Answers& a);
+    void deliver_loop();
     queue::Result claim_or_wait(const MirrorKey& key, bool first);
 
     queue::Queue q_;
@@ -75,6 +91,10 @@ private:
     // answer is overwritten with one of several malformed ones, so that
     // the tests see backends refuse what a misbehaving process writes.
     bool garbage_ = false;
+    std::mutex deliver_mutex_;
+    std::condition_variable deliver_cv_;
+    std::deque<Answers> to_deliver_;
+    std::thread deliverer_;
     std::atomic<uint32_t> garbage_count_{0};
     void scramble(queue::Slot& slot, uint32_t k);
 };

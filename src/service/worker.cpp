@@ -1440,6 +1440,8 @@ StartGpuProcess(void)
 	gpu_ivfpq_service->evictions_base = 0;
 	SpinLockRelease(&gpu_ivfpq_service->mutex);
 	state = gpu->kind() == gpuivfpq::gpuproc::Kind::Gpu ? SERVICE_GPU : SERVICE_EMULATED;
+	PublishStatus();			/* its devices, before the state says it serves */
+	published_at = NowNs();
 	PublishState(state, gpu->description().c_str());
 	ereport(LOG, (errmsg("gpu_ivfpq service: GPU process %d serving on %s",
 						 (int) gpu->pid(), gpu->description().c_str())));
