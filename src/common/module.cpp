@@ -125,8 +125,8 @@ _PG_init(void)
 							&gpu_ivfpq_batch_wait_us, 0, 0, 100000, PGC_SIGHUP, 0,
 							NULL, NULL, NULL);
 	DefineCustomIntVariable("gpu_ivfpq.batches_in_flight",
-							"How many scan batches the GPU process runs at once (0 = one per GPU, at least two).",
-							"Each batch has a thread of the GPU process: on several GPUs they run side by side; on one, a thread gathers and answers while another's batch runs.",
+							"How many scan batches the GPU process runs at once (0 = one per GPU).",
+							"Each batch has a serving thread of the GPU process: on several GPUs they run side by side, each on the least busy replica.",
 							&gpu_ivfpq_batches_in_flight, 0, 0, 8, PGC_SIGHUP, 0, NULL, NULL, NULL);
 	DefineCustomIntVariable("gpu_ivfpq.gpu_timeout",
 							"How long the GPU service waits for one GPU call before it restarts the GPU process (0 = no limit).",
