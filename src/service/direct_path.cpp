@@ -202,6 +202,23 @@ UnmapBackendQueue(void)
 	backend_queue = Queue();
 }
 
+/*
+ * At backend exit: a search still queued is withdrawn, one being served is
+ * left to the GPU process to free, an answer not read is dropped, so that
+ * the next backend given this slot finds it free. (An ERROR while waiting
+ * does the same in GpuIvfpqQueueSearch; a FATAL exits without unwinding.)
+ */
+static void
+ReleaseQueueSlotAtExit(int code, Datum arg)
+{
+	int			i = DatumGetInt32(arg);
+
+	if (!backend_queue.ok() || i < 0 || (uint32) i >= backend_queue.slots())
+		return;
+	if (!backend_queue.abandon((uint32) i))
+		backend_queue.release((uint32) i);
+}
+
 /* The segment of the current generation, mapped; NULL when there is none. */
 static const Queue *
 BackendQueue(void)
@@ -240,6 +257,17 @@ BackendQueue(void)
 		return NULL;
 	}
 	backend_generation = generation;
+	{
+		static bool exit_hook = false;
+		int			i = GpuIvfpqMySlotIndex();
+
+		/* Before the main shared memory's slot is released (on_shmem_exit runs in reverse). */
+		if (!exit_hook && i >= 0)
+		{
+			on_shmem_exit(ReleaseQueueSlotAtExit, Int32GetDatum(i));
+			exit_hook = true;
+		}
+	}
 	return &backend_queue;
 }
 
