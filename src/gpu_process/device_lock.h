@@ -49,6 +49,13 @@ public:
             cv_.notify_all();
     }
 
+    // Writers waiting now (for tests).
+    int writers_waiting()
+    {
+        std::lock_guard<std::mutex> g(m_);
+        return writers_waiting_;
+    }
+
 private:
     std::mutex m_;
     std::condition_variable cv_;

@@ -5,6 +5,8 @@
 // as the mirror itself answers them, held until the change log is applied.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <shared_mutex>
@@ -336,4 +338,34 @@ TEST(QueryServer, ThreadsServeConcurrentClients)
             EXPECT_EQ(wrong[c], 0) << "client " << c;
     }
     EXPECT_EQ(seg.q.header().stats.queries.load(), uint64_t(clients) * rounds);
+}
+
+// The device lock lets a waiting writer (a change-log append) in before
+// new readers (searches), so that overlapping searches cannot starve it.
+TEST(DeviceLock, AWaitingWriterGoesBeforeNewReaders)
+{
+    gpuproc::DeviceLock lock;
+    std::atomic<int> order{0};
+    int writer_at = -1, reader_at = -1;
+    lock.lock_shared();  // a search runs
+    std::thread writer([&] {
+        lock.lock();
+        writer_at = order++;
+        lock.unlock();
+    });
+    // Once the writer waits, a second search arrives.
+    while (lock.writers_waiting() == 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::thread reader([&] {
+        lock.lock_shared();
+        reader_at = order++;
+        lock.unlock_shared();
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(order.load(), 0);  // neither while the first search holds it
+    lock.unlock_shared();
+    writer.join();
+    reader.join();
+    EXPECT_EQ(writer_at, 0);
+    EXPECT_EQ(reader_at, 1);
 }
