@@ -390,7 +390,8 @@ GpuIvfpqReadHinted(Relation index, BlockNumber blk)
 
 /*
  * Asks the CPU to fetch the start of the page that blk's hint points to
- * (its header and first entries) and its special space while the current page is being read: a
+ * (its header and first entries), its special space and its buffer
+ * descriptor while the current page is being read: a
  * chain's pages lie far apart in memory, and each would otherwise stall the
  * list scan on its first entries. Only a prefetch: nothing is read.
  */
@@ -402,6 +403,9 @@ GpuIvfpqPrefetchHinted(Relation index, BlockNumber blk)
 	if (h != NULL && blk < h->n && BufferIsValid(h->buf[blk]))
 	{
 		const char *p = (const char *) BufferGetBlock(h->buf[blk]);
+
+		/* the buffer's descriptor, which pinning and locking update */
+		__builtin_prefetch(GetBufferDescriptor(h->buf[blk] - 1), 1);
 
 		for (int off = 0; off < 1024; off += 64)
 			__builtin_prefetch(p + off);
