@@ -20,6 +20,7 @@
 # Environment (defaults):
 #   PG_BIN=/usr/lib/postgresql/15/bin   a PostgreSQL with pgvector and gpu_ivfpq installed
 #   PGPORT_WANTED=(a free port)  ROWS=200000 DIM=128 NQ=1000 SEED=42
+#   OVERLAP=3.0   gen_synthetic's cluster overlap (smaller: an easier set)
 #   LISTS=1000 M=32  IVF_SETTINGS="probes=16,rerank=100;probes=32,rerank=100"
 #   HNSW_M=16 HNSW_EFC=64  EF_SEARCH="40 80"
 #   CLIENTS="1 2" DURATION=20 METHODS="ivf hnsw"
@@ -32,6 +33,7 @@ ROWS=${ROWS:-200000}
 DIM=${DIM:-128}
 NQ=${NQ:-1000}
 SEED=${SEED:-42}
+OVERLAP=${OVERLAP:-3.0}
 LISTS=${LISTS:-1000}
 M=${M:-32}
 IVF_SETTINGS=${IVF_SETTINGS:-"probes=16,rerank=100;probes=32,rerank=100"}
@@ -103,13 +105,13 @@ main() {
   say "# machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)"
   say "# $(psql_ -At -c 'SELECT version()' | cut -d, -f1); pgvector $(psql_ -At -c "SELECT extversion FROM pg_extension WHERE extname = 'vector'"); shared_buffers=$PG_SHARED_BUFFERS"
   say "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg) (other work on the machine skews q/s and latency)"
-  say "# data: gen_synthetic $ROWS x $DIM (seed $SEED), $NQ fresh queries; recall@10 against exact sequential-scan answers"
+  say "# data: gen_synthetic $ROWS x $DIM (seed $SEED, overlap $OVERLAP), $NQ fresh queries; recall@10 against exact sequential-scan answers"
   [ -z "${NOTE:-}" ] || say "# $NOTE"
   say "# pgbench -M prepared, $DURATION s per client count; p50 = median latency at 1 client"
 
-  "$TOOLS_BUILD/gen_synthetic" --rows "$ROWS" --dim "$DIM" --seed "$SEED" |
+  "$TOOLS_BUILD/gen_synthetic" --rows "$ROWS" --dim "$DIM" --seed "$SEED" --overlap "$OVERLAP" |
     psql_ -c "CREATE TABLE syn (id bigint, embedding real[])" -c "COPY syn (id, embedding) FROM STDIN"
-  "$TOOLS_BUILD/gen_synthetic" --what queries --queries "$NQ" --dim "$DIM" --seed "$SEED" |
+  "$TOOLS_BUILD/gen_synthetic" --what queries --queries "$NQ" --dim "$DIM" --seed "$SEED" --overlap "$OVERLAP" |
     psql_ -c "CREATE TABLE synq (id bigint, embedding real[])" -c "COPY synq (id, embedding) FROM STDIN"
   psql_ -c "CREATE TABLE base_ivf AS SELECT id, embedding::vector($DIM) AS v FROM syn" \
     -c "CREATE TABLE base_hnsw AS SELECT * FROM base_ivf" \
