@@ -380,7 +380,12 @@ GpuIvfpqReadHinted(Relation index, BlockNumber blk)
 		return ReadBuffer(index, blk);
 	if (h != NULL && blk < h->n && BufferIsValid(h->buf[blk]) &&
 		ReadRecentBuffer(index->rd_node, MAIN_FORKNUM, blk, h->buf[blk]))
+	{
+		/* counted as ReadBuffer counts a hit (pg_statio_*_indexes) */
+		pgstat_count_buffer_read(index);
+		pgstat_count_buffer_hit(index);
 		return h->buf[blk];
+	}
 	buf = ReadBuffer(index, blk);
 	if (h == NULL || blk >= h->n)
 		h = GpuIvfpqGrowBufferHints(index, blk);
