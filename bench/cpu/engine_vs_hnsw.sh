@@ -25,6 +25,7 @@
 #   HNSW_M=16 HNSW_EFC=64  EF_SEARCH="40 80"
 #   CLIENTS="1 2" DURATION=20 METHODS="ivf hnsw"
 #   NOTE=""   a line for the header (e.g. which build of the extension is installed)
+#   KEEP=0    1: leave the server running with the data (for interleaved_ab.sh)
 #   OUT=bench/cpu/results/engine_vs_hnsw-<date>-<time>.txt
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/common.sh"
@@ -89,7 +90,11 @@ measure() {
 main() {
   TMP=$(mktemp -d /tmp/gpu_ivfpq-hnsw.XXXXXX)
   chmod 755 "$TMP"
-  trap 'pg_temp_stop; rm -rf "$TMP"' EXIT
+  if [ "${KEEP:-0}" = 1 ]; then
+    trap 'say "# server kept: PGHOST=$PGHOST PGPORT=$PGPORT PGUSER=postgres PGDATABASE=bench; stop it with: runuser -u postgres -- $PG_BIN/pg_ctl -D $TMP/pg/data stop"' EXIT
+  else
+    trap 'pg_temp_stop; rm -rf "$TMP"' EXIT
+  fi
   cmake -S "$REPO_ROOT/tools" -B "$TOOLS_BUILD" -DCMAKE_BUILD_TYPE=Release >"$TMP/tools.log" 2>&1
   cmake --build "$TOOLS_BUILD" -j"$JOBS" --target gen_synthetic >>"$TMP/tools.log" 2>&1
   mkdir "$TMP/pg"
