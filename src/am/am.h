@@ -341,12 +341,95 @@ GpuIvfpqChainStep(Relation index, GpuIvfpqChainWalk *walk, BlockNumber from, Blo
 }
 
 /*
+ * A backend's hints of the shared buffer that last held each block of an
+ * index (index->rd_amcache, allocated in rd_indexcxt, so it goes with the
+ * relcache entry). A scan reads every page of the probed lists, thousands
+ * per query where entries carry vectors; with a hint it pins the page with
+ * ReadRecentBuffer, which checks the buffer's tag instead of searching the
+ * shared buffer mapping table, and it can prefetch the next page of a chain
+ * before it reads it. A stale hint only costs the ordinary read. Blocks past
+ * GPU_IVFPQ_BUFFER_HINTS_MAX get none (it bounds the array, 4 bytes a block).
+ */
+typedef struct GpuIvfpqBufferHints
+{
+	BlockNumber n;				/* blocks with room for a hint */
+	Buffer		buf[FLEXIBLE_ARRAY_MEMBER]; /* InvalidBuffer: none yet */
+} GpuIvfpqBufferHints;
+
+#define GPU_IVFPQ_BUFFER_HINTS_MAX	((BlockNumber) 1 << 22)
+
+extern GpuIvfpqBufferHints *GpuIvfpqGrowBufferHints(Relation index, BlockNumber blk);
+
+/* The hints of index, or NULL where it has none (local buffers: a temporary index). */
+static inline GpuIvfpqBufferHints *
+GpuIvfpqBufferHintsOf(Relation index)
+{
+	if (RelationUsesLocalBuffers(index))
+		return NULL;
+	return (GpuIvfpqBufferHints *) index->rd_amcache;
+}
+
+/* Pins block blk of index (as ReadBuffer), through its hint when it still holds. */
+static inline Buffer
+GpuIvfpqReadHinted(Relation index, BlockNumber blk)
+{
+	GpuIvfpqBufferHints *h = GpuIvfpqBufferHintsOf(index);
+	Buffer		buf;
+
+	if (RelationUsesLocalBuffers(index) || blk >= GPU_IVFPQ_BUFFER_HINTS_MAX)
+		return ReadBuffer(index, blk);
+	if (h != NULL && blk < h->n && BufferIsValid(h->buf[blk]) &&
+		ReadRecentBuffer(index->rd_node, MAIN_FORKNUM, blk, h->buf[blk]))
+	{
+		/* counted as ReadBuffer counts a hit (pg_statio_*_indexes) */
+		pgstat_count_buffer_read(index);
+		pgstat_count_buffer_hit(index);
+		return h->buf[blk];
+	}
+	buf = ReadBuffer(index, blk);
+	if (h == NULL || blk >= h->n)
+		h = GpuIvfpqGrowBufferHints(index, blk);
+	h->buf[blk] = buf;
+	return buf;
+}
+
+/*
+ * Asks the CPU to fetch the start of the page that blk's hint points to
+ * (its header and first entries), its special space and its buffer
+ * descriptor while the current page is being read: a
+ * chain's pages lie far apart in memory, and each would otherwise stall the
+ * list scan on its first entries. Only a prefetch: nothing is read.
+ */
+static inline void
+GpuIvfpqPrefetchHinted(Relation index, BlockNumber blk)
+{
+	GpuIvfpqBufferHints *h = GpuIvfpqBufferHintsOf(index);
+
+	if (h != NULL && blk < h->n && BufferIsValid(h->buf[blk]))
+	{
+		const char *p = (const char *) BufferGetBlock(h->buf[blk]);
+
+		/* the buffer's descriptor, which pinning and locking update */
+		__builtin_prefetch(GetBufferDescriptor(h->buf[blk] - 1), 1);
+
+		for (int off = 0; off < 1024; off += 64)
+			__builtin_prefetch(p + off);
+		/* the special space, with the page's kind and its next block */
+		__builtin_prefetch(p + BLCKSZ - sizeof(GpuIvfpqPageOpaqueData));
+	}
+}
+
+/*
  * Calls fn(entries, n, blk) for each page of the list chain starting at
  * head, with the page share-locked: n packed entries laid out as el says.
+ * With hinted, pages are pinned through the index's buffer hints
+ * (GpuIvfpqReadHinted) and the next page of the chain is prefetched: for the
+ * scans' list readers, which read many pages per call.
  */
 template <typename F>
 static inline void
-GpuIvfpqWalkList(Relation index, BlockNumber head, const GpuIvfpqEntryLayout *el, F &&fn)
+GpuIvfpqWalkListHinted(Relation index, BlockNumber head, const GpuIvfpqEntryLayout *el, bool hinted,
+					   F &&fn)
 {
 	GpuIvfpqChainWalk walk = {0, 0};
 	BlockNumber from = InvalidBlockNumber;
@@ -356,18 +439,30 @@ GpuIvfpqWalkList(Relation index, BlockNumber head, const GpuIvfpqEntryLayout *el
 		Buffer		buf;
 		Page		page;
 		int			n;
+		BlockNumber next;
 
 		GpuIvfpqChainStep(index, &walk, from, blk);
-		buf = ReadBuffer(index, blk);
+		buf = hinted ? GpuIvfpqReadHinted(index, blk) : ReadBuffer(index, blk);
 		LockBuffer(buf, BUFFER_LOCK_SHARE);
 		page = BufferGetPage(buf);
 		n = GpuIvfpqListPageEntries(index, blk, page, el, -1);
+		next = GpuIvfpqPageGetOpaque(page)->next;
+		if (hinted && next != InvalidBlockNumber)
+			GpuIvfpqPrefetchHinted(index, next);
 		fn((const char *) PageGetContents(page), n, blk);
 		from = blk;
-		blk = GpuIvfpqPageGetOpaque(page)->next;
+		blk = next;
 		UnlockReleaseBuffer(buf);
 		CHECK_FOR_INTERRUPTS();
 	}
+}
+
+/* GpuIvfpqWalkListHinted without hints: one pass over a chain (builds, mirror loads, checks). */
+template <typename F>
+static inline void
+GpuIvfpqWalkList(Relation index, BlockNumber head, const GpuIvfpqEntryLayout *el, F &&fn)
+{
+	GpuIvfpqWalkListHinted(index, head, el, false, fn);
 }
 
 /* ---- options ---- */

@@ -83,8 +83,11 @@ GpuIvfpqRankLists(Relation index, const GpuIvfpqMetaPageData *meta, const GpuIvf
 		int			list = prepared->lists[p];
 		float		base = 0.0f;
 
+		/* The next list's first page comes while this one is read (GpuIvfpqPrefetchHinted). */
+		if (p + 1 < probes && dir[prepared->lists[p + 1]].head != InvalidBlockNumber)
+			GpuIvfpqPrefetchHinted(index, dir[prepared->lists[p + 1]].head);
 		GpuIvfpqGuard("lookup tables", [&] { model->list_table(*prepared, p, table, &base); });
-		GpuIvfpqWalkList(index, dir[list].head, &el, [&](const char *ent, int n, BlockNumber) {
+		GpuIvfpqWalkListHinted(index, dir[list].head, &el, true, [&](const char *ent, int n, BlockNumber) {
 			if (range == NULL)
 			{
 				seen += n;
@@ -208,7 +211,7 @@ GpuIvfpqCollectList(Relation index, const GpuIvfpqMetaPageData *meta, BlockNumbe
 
 	if (range != NULL && !el.keyed)
 		elog(ERROR, "gpu_ivfpq: filter range on an index without filter keys");
-	GpuIvfpqWalkList(index, head, &el, [&](const char *ent, int n, BlockNumber) {
+	GpuIvfpqWalkListHinted(index, head, &el, true, [&](const char *ent, int n, BlockNumber) {
 		if (out->n + n > out->cap)
 		{
 			out->cap = Max(Max(out->cap * 2, out->n + n), 1024);

@@ -346,6 +346,35 @@ GpuIvfpqReadBlob(Relation index, BlockNumber start, void *data, Size bytes)
 	}
 }
 
+/*
+ * Makes room in index's buffer hints (GpuIvfpqBufferHints) for block blk
+ * (below GPU_IVFPQ_BUFFER_HINTS_MAX): sized to the index, at least doubled,
+ * the hints kept. Returns the hints.
+ */
+GpuIvfpqBufferHints *
+GpuIvfpqGrowBufferHints(Relation index, BlockNumber blk)
+{
+	GpuIvfpqBufferHints *old = (GpuIvfpqBufferHints *) index->rd_amcache;
+	GpuIvfpqBufferHints *h;
+	BlockNumber n = Max(RelationGetNumberOfBlocks(index), blk + 1);
+
+	Assert(blk < GPU_IVFPQ_BUFFER_HINTS_MAX);
+	if (old != NULL)
+		n = Max(n, Min(old->n, GPU_IVFPQ_BUFFER_HINTS_MAX / 2) * 2);
+	n = Min(n, GPU_IVFPQ_BUFFER_HINTS_MAX);
+	h = (GpuIvfpqBufferHints *) MemoryContextAllocZero(index->rd_indexcxt,
+													   offsetof(GpuIvfpqBufferHints, buf) +
+													   sizeof(Buffer) * n);
+	h->n = n;
+	if (old != NULL)
+	{
+		memcpy(h->buf, old->buf, sizeof(Buffer) * old->n);
+		pfree(old);
+	}
+	index->rd_amcache = h;
+	return h;
+}
+
 /* Returns a palloc'd copy of the whole list directory (meta->lists entries). */
 GpuIvfpqListDirEntry *
 GpuIvfpqReadListDir(Relation index, const GpuIvfpqMetaPageData *meta)

@@ -34,6 +34,7 @@ extern "C" {
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "storage/bufmgr.h"
+#include "storage/buf_internals.h"
 #include "storage/bufpage.h"
 #include "storage/lmgr.h"
 #include "utils/array.h"
