@@ -221,7 +221,8 @@ GpuIvfpqServiceWake(void)
 /*
  * Waits until the service has applied the log up to position pos (a value
  * the Log functions returned; 0: nothing to wait for): no batch after that
- * sees the mirror as it was. A service that is not running holds no mirror.
+ * sees the mirror as it was. A service that is not running, or runs no GPU
+ * process, holds no mirror.
  */
 void
 GpuIvfpqServiceWaitApplied(uint64 pos)
@@ -241,6 +242,12 @@ GpuIvfpqServiceWaitApplied(uint64 pos)
 		latch = s->pid != 0 ? s->latch : NULL;
 		SpinLockRelease(&s->mutex);
 		if (latch == NULL || pg_atomic_read_u64(&s->log_applied) >= pos)
+			break;
+		/*
+		 * No GPU process, no mirror to update: a process started later
+		 * loads mirrors from the pages, which hold these changes already.
+		 */
+		if (!GpuIvfpqServiceServing())
 			break;
 		/* The writer woke the service already; a reminder now and then (it may have missed it). */
 		if (round % 10 == 0)
