@@ -88,6 +88,7 @@ LogHead(void)
 /* The views' figures (mirrors, memory) are refreshed at most this often under writes. */
 #define PUBLISH_EVERY_NS ((uint64) 100 * 1000 * 1000)
 static uint64 published_at = 0;
+static bool served_since_publish = false;	/* requests were answered since: publish at once */
 
 /* A monotonic clock in nanoseconds, for the round's stage timings. */
 static uint64
@@ -1624,12 +1625,13 @@ gpu_ivfpq_service_main(Datum arg)
 		{
 			long		timeout = 1000L;
 			uint64		now = NowNs();
-			bool		publish = now - published_at >= PUBLISH_EVERY_NS;
+			bool		publish = served_since_publish || now - published_at >= PUBLISH_EVERY_NS;
 
 			/*
-			 * Writers wake the service for each change (searches wait for
+			 * Writers wake the service for each change (commits wait for
 			 * it): the log is applied at once, the views (calls to the GPU
-			 * process) follow at most every PUBLISH_EVERY_NS.
+			 * process) follow at most every PUBLISH_EVERY_NS; after
+			 * requests (loads, batch functions, gpu_metric) at once.
 			 */
 			(void) Engine([&] {
 				DrainLog();
@@ -1637,7 +1639,10 @@ gpu_ivfpq_service_main(Datum arg)
 					PublishStatus();
 			}, err);
 			if (publish)
+			{
 				published_at = now;
+				served_since_publish = false;
+			}
 			else
 				timeout = PUBLISH_EVERY_NS / 1000000;
 			if (!gpu && gpu_expected)
@@ -1648,5 +1653,6 @@ gpu_ivfpq_service_main(Datum arg)
 		}
 		ServeRound();
 		ntaken = 0;
+		served_since_publish = true;
 	}
 }
