@@ -346,7 +346,7 @@ int main(int argc, char** argv)
                         quick ? 20 : 200);
             std::printf("| batch | upload | coarse | prefix | scan | merge | decode | rerank | download | "
                         "device | wall | host |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-            for (size_t b : {size_t(1), size_t(8), size_t(32), size_t(64), size_t(128), size_t(256)}) {
+            for (size_t b : {size_t(1), size_t(8), size_t(16), size_t(32), size_t(64), size_t(128), size_t(256)}) {
                 if (b > nq)
                     continue;
                 if (path == 1 && !idx.small_batch_path(b, kk, np))
@@ -382,11 +382,15 @@ int main(int argc, char** argv)
             // per batch; cycles / 1000).
             std::printf("## one-launch phases, block 0 of query 0 (kcycles)\n\n| batch | start | table | coarse "
                         "| coarse select | sync | probes | sync | prefix | scan | scan select | sync | rank | "
-                        "rerank | sync | order |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+                        "rerank | sync | order | select: radix | pick | rank | broadcast | rerank: staging | "
+                        "distances |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
             for (size_t t = 0; t < traces.size(); ++t) {
                 std::printf("| %zu |", trace_batches[t]);
                 for (double c : traces[t])
-                    std::printf(" %.2f |", c / 1000.0);
+                    if (c < 0)
+                        std::printf(" - |");
+                    else
+                        std::printf(" %.2f |", c / 1000.0);
                 std::printf("\n");
             }
             std::printf("\n");
@@ -477,6 +481,47 @@ int main(int argc, char** argv)
                 std::fflush(stdout);
                 idx.set_fused_blocks_per_sm(GpuIvfPqOptions().fused_blocks_per_sm);
             }
+            std::printf("\n");
+            // The one-launch path by blocks per query (forced; "auto" is the
+            // default choice) with each block on a multiprocessor of its own
+            // where the batch leaves some idle (spread) or not: the wall time
+            // per call (graphs on, pinned) and whether the answers equal the
+            // first column's (they must, bit for bit).
+            idx.set_small_batch_max(64);
+            std::printf("## one launch by blocks per query, spread on / off (us per call, graphs on, pinned; "
+                        "means of %d calls; a mark where answers differ from the first column's)\n\n"
+                        "| batch | auto | 1 | 2 | 4 | 8 | 16 | auto, no spread | 8, no spread | 16, no spread |\n"
+                        "|---|---|---|---|---|---|---|---|---|---|\n", calls);
+            const std::pair<int, bool> shapes[] = {{0, true},  {1, true},  {2, true},  {4, true},  {8, true},
+                                                   {16, true}, {0, false}, {8, false}, {16, false}};
+            for (size_t b : {size_t(1), size_t(2), size_t(4), size_t(8), size_t(16), size_t(24), size_t(32),
+                             size_t(48), size_t(64)}) {
+                if (b > nq)
+                    continue;
+                PinnedCall call(hq, b, d, kk);
+                std::printf("| %zu |", b);
+                std::vector<int64_t> want_l;
+                std::vector<double> want_d;
+                for (const auto& sh : shapes) {
+                    idx.set_small_cluster(sh.first);
+                    idx.set_small_spread(sh.second);
+                    const double us = timed(call, b);
+                    std::vector<int64_t> got_l(call.labels, call.labels + b * kk);
+                    std::vector<double> got_d(call.dist, call.dist + b * kk);
+                    if (want_l.empty()) {
+                        want_l = got_l;
+                        want_d = got_d;
+                    }
+                    const bool same = got_l == want_l &&
+                                      std::memcmp(got_d.data(), want_d.data(), got_d.size() * sizeof(double)) == 0;
+                    std::printf(" %.1f%s |", us, same ? "" : " (answers differ!)");
+                }
+                std::printf("\n");
+                std::fflush(stdout);
+            }
+            idx.set_small_cluster(GpuIvfPqOptions().small_cluster);
+            idx.set_small_spread(GpuIvfPqOptions().small_spread);
+            idx.set_small_batch_max(default_small);
             std::printf("\n");
         }
         std::printf("peak device memory through the context: %.2f GiB\n", ctx.bytes_peak() / double(1 << 30));

@@ -130,6 +130,14 @@ __device__ __forceinline__ float lookup4(uint32_t w, const LutT* t)
            lut_get(t, 512 + ((w >> 16) & 255)) + lut_get(t, 768 + (w >> 24));
 }
 
+// The table entries of 16 code bytes (one 16-byte word of a code, its
+// subquantizers' tables from t), summed in the order every scan uses.
+template <typename LutT>
+__device__ __forceinline__ float code_word16(const uint4 x, const LutT* t)
+{
+    return lookup4(x.x, t) + lookup4(x.y, t + 1024) + lookup4(x.z, t + 2048) + lookup4(x.w, t + 3072);
+}
+
 // sum_j table[j][code_j]: 16-byte code loads when m % 16 == 0 (lists are
 // 256-byte aligned), 4-byte when m % 4 == 0, bytes otherwise.
 template <typename LutT>
@@ -138,12 +146,8 @@ __device__ __forceinline__ float code_distance(const uint8_t* code, int m, const
     float s = 0.0f;
     if ((m & 15) == 0) {
         const uint4* p = reinterpret_cast<const uint4*>(code);
-        for (int w = 0; w < (m >> 4); ++w) {
-            const uint4 x = __ldg(p + w);
-            const LutT* t = table + w * 16 * 256;
-            s += lookup4(x.x, t) + lookup4(x.y, t + 1024) + lookup4(x.z, t + 2048) +
-                 lookup4(x.w, t + 3072);
-        }
+        for (int w = 0; w < (m >> 4); ++w)
+            s += code_word16(__ldg(p + w), table + w * 16 * 256);
     } else if ((m & 3) == 0) {
         const uint32_t* p = reinterpret_cast<const uint32_t*>(code);
         for (int w = 0; w < (m >> 2); ++w)

@@ -341,7 +341,8 @@ struct GpuIvfPqIndex::Impl {
                                  // Only the two-pass scan sizes its buffers by the longest list.
                                  opt.scan == ScanAlgo::TwoPass || table_mode() != kTableQuery ? max_len : 0,
                                  reinterpret_cast<uintptr_t>(c.arena), c.arena_bytes, c.arena_generation,
-                                 c.arena_top, opt.small_batch_max};
+                                 c.arena_top, opt.small_batch_max, static_cast<uint64_t>(opt.small_cluster),
+                                 opt.small_spread};
         for (int i = 0; i < 6; ++i)
             key.push_back(reinterpret_cast<uintptr_t>(staged[i]));
         for (const DeviceBuffer* b : {&centroids, &centroid_norms, &codebooks, &term1, &code_ptrs, &id_ptrs,
@@ -500,13 +501,14 @@ struct GpuIvfPqIndex::Impl {
     // queries, or 0 for the staged pipeline: batches up to
     // small_batch_max, the default layout (query-only fp32 tables, not the
     // two-pass scan), k and nprobe (clamped) up to kSmallSearchMaxK.
-    int small_cluster(size_t nq, size_t k, size_t nprobe) const
+    SmallLaunch small_launch(size_t nq, size_t k, size_t nprobe) const
     {
         if (nq == 0 || nq > opt.small_batch_max || !opt.store_vectors || table_mode() != kTableQuery ||
             opt.float16_tables || opt.scan == ScanAlgo::TwoPass || k > static_cast<size_t>(kSmallSearchMaxK) ||
             nprobe > static_cast<size_t>(kSmallSearchMaxK) || nprobe * max_len >= (size_t(1) << 31))
-            return 0;
-        return small_search_cluster(small_args(nq, k, nprobe), ctx.multiprocessors());
+            return SmallLaunch{};
+        return small_search_plan(small_args(nq, k, nprobe), ctx.multiprocessors(), opt.small_cluster,
+                                 opt.small_spread);
     }
 
     // key_lo / key_hi: device, nq each (the tile's), or null: no filter;
@@ -602,13 +604,21 @@ void GpuIvfPqIndex::set_fused_blocks_per_sm(int blocks)
 
 void GpuIvfPqIndex::set_small_batch_max(size_t queries) { impl_->opt.small_batch_max = queries; }
 
+void GpuIvfPqIndex::set_small_cluster(int blocks)
+{
+    require(blocks >= 0 && blocks <= 16, "GPU IVFPQ: small_cluster must be 0 (chosen) or 1 .. 16");
+    impl_->opt.small_cluster = blocks;
+}
+
+void GpuIvfPqIndex::set_small_spread(bool on) { impl_->opt.small_spread = on; }
+
 bool GpuIvfPqIndex::small_batch_path(size_t nq, size_t k, size_t nprobe) const
 {
     const Impl& I = *impl_;
     if (k == 0 || k > kMaxSelectK)
         return false;
     nprobe = std::min(std::max<size_t>(nprobe, 1), I.lists);
-    return I.small_cluster(nq, k, nprobe) != 0;
+    return I.small_launch(nq, k, nprobe).cluster != 0;
 }
 
 void GpuIvfPqIndex::set_small_batch_trace(bool on)
@@ -627,11 +637,19 @@ std::vector<double> GpuIvfPqIndex::small_batch_trace() const
     std::vector<unsigned long long> t(kSmallTracePoints);
     I.ctx.synchronize();
     I.small_trace.download(t.data(), t.size() * sizeof(unsigned long long));
-    if (t[kSmallTracePoints - 1] == 0)
+    if (t[15] == 0)
         return {};
     std::vector<double> out;
-    for (int i = 1; i < kSmallTracePoints; ++i)
+    for (int i = 1; i < 16; ++i)
         out.push_back(double(t[i] - t[i - 1]));
+    // Inside the scan's selection (from its start, point 9) and the
+    // re-rank's staging (from point 12); -1 where not recorded.
+    const bool radix = t[16] != 0;
+    out.push_back(radix ? double(t[16] - t[9]) : -1.0);
+    for (int i = 17; i < 20; ++i)
+        out.push_back(radix ? double(t[i] - t[i - 1]) : -1.0);
+    out.push_back(double(t[20] - t[12]));
+    out.push_back(double(t[13] - t[20]));
     return out;
 }
 
@@ -1025,7 +1043,7 @@ void GpuIvfPqIndex::search_exact_device(const float* queries, size_t nq, size_t 
                     "GPU IVFPQ search_exact: the index keeps no vectors (store_vectors is off)");
     I.check_ranges("GPU IVFPQ search_exact", ranges);
     const Impl::Plan p = I.plan_search(nq, k, nprobe);
-    if (const int cluster = I.small_cluster(nq, k, p.nprobe)) {
+    if (const SmallLaunch plan = I.small_launch(nq, k, p.nprobe); plan.cluster) {
         // One launch; the stage timer sees it as the scan.
         SmallSearchArgs a = I.small_args(nq, k, p.nprobe);
         a.queries = queries;
@@ -1040,7 +1058,7 @@ void GpuIvfPqIndex::search_exact_device(const float* queries, size_t nq, size_t 
         a.trace = I.small_trace.as<unsigned long long>();
         I.mark(Impl::kEvCoarse);
         I.mark(Impl::kEvPrefix);
-        launch_small_search(a, cluster, I.st());
+        launch_small_search(a, plan, I.st());
         for (int e : {Impl::kEvScan, Impl::kEvMerge, Impl::kEvDecode, Impl::kEvRerank})
             I.mark(e);
         return;

@@ -167,40 +167,109 @@ __device__ int block_exclusive_scan(int v, int* scratch, int* total)
     return before;
 }
 
+// Bench aid: the scan selection's own phase ends, at tr[0 .. 3] (null: off).
+#define SELECT_TRACE(i)                           \
+    do {                                          \
+        if (tr && blockIdx.x == 0 && tid == 0)    \
+            tr[(i) - 1] = clock64();              \
+    } while (0)
+
+// The kk keys of this block's list `own` of all_k into the same list of
+// every other block of the cluster: the block's threads spread over
+// (block, entry) pairs, consecutive threads on consecutive entries of one
+// block. Every thread calls it after the list is complete.
+template <int kQ>
+__device__ void broadcast_list(float* all_k, int kk, int own, int C)
+{
+    cg::cluster_group cluster = cg::this_cluster();
+    const float* mine = all_k + own * (kQ + 1);
+    const int work = kk * (C - 1);
+    for (int t = threadIdx.x; t < work; t += kThreads) {
+        const int o = t / kk, e = t - o * kk;
+        const int b = o < own ? o : o + 1;
+        cluster.map_shared_rank(all_k, b)[own * (kQ + 1) + e] = mine[e];
+    }
+}
+
 // The kk smallest of keys[0 .. n) (shared memory, n <= kKeyCap; +inf is no
 // candidate) in (key, index) order, as (key, label0 + index) into list
 // `own` of every block's all_k / all_v (stride kQ + 1), padded with
-// (+inf, -1): a radix select of the k-th key over 8-bit digits of its
-// ordered bits (stopping at the first digit whose bin holds exactly the
-// entries still needed), the entries below it, the tied ones by index, then
-// a rank count among the kk. Every thread calls it.
+// (+inf, -1): a radix select of the k-th key over digits of its ordered
+// bits (stopping at the first digit whose bin holds exactly the entries
+// still needed), the entries below it, the tied ones by index, then a rank
+// count among the kk. The digits start at the highest bit in which the
+// valid keys differ (the bits above it are common to all of them: distances
+// of one query share their sign and most of their exponent, so a first
+// digit over the top 8 bits would put nearly every key into one bin, each
+// a contended shared-memory atomic); the digits below it are 8 bits wide,
+// the last one narrower. Every thread calls it.
 template <int kQ>
 __device__ void select_smem(const float* keys, int n, int kk, int label0, int* hist, int* scan, int* sel,
-                            float* selk, float* all_k, int* all_v, int own, int C)
+                            float* selk, float* all_k, int* all_v, int own, int C, unsigned long long* tr)
 {
-    cg::cluster_group cluster = cg::this_cluster();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int* ctl = scan + 32;  // [0] prefix, [2] remaining, [3] ties, [4] selected count
+    // Per warp, the AND and the OR of its valid keys' ordered bits (read
+    // after block_exclusive_scan's barriers).
+    uint32_t* warp_and = reinterpret_cast<uint32_t*>(scan + 16);
+    uint32_t* warp_or = reinterpret_cast<uint32_t*>(scan + 24);
+    static_assert(kWarps <= 8, "scan holds 8 AND and 8 OR words from offset 16");
     if (tid == 0)
         ctl[4] = 0;  // before the scan's barriers
-    // Valid entries.
+    // Valid entries, and the bits they share.
     int valid = 0;
-    for (int i = tid; i < n; i += kThreads)
-        valid += keys[i] != INFINITY;
+    uint32_t band = 0xffffffffu, bor = 0u;
+    for (int i = tid; i < n; i += kThreads) {
+        const float f = keys[i];
+        if (f != INFINITY) {
+            const uint32_t u = order_bits(f);
+            ++valid;
+            band &= u;
+            bor |= u;
+        }
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+        band &= __shfl_xor_sync(kFullMask, band, off);
+        bor |= __shfl_xor_sync(kFullMask, bor, off);
+    }
+    if (lane == 0) {
+        warp_and[warp] = band;
+        warp_or[warp] = bor;
+    }
     int nvalid;
     block_exclusive_scan(valid, scan, &nvalid);
+    band = 0xffffffffu;
+    bor = 0u;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+        band &= warp_and[w];
+        bor |= warp_or[w];
+    }
     uint32_t prefix = 0, mask = 0;
     int remaining = kk < nvalid ? kk : nvalid;
     bool ties = false;  // entries equal to the k-th in all 32 bits: by index
     if (nvalid > kk) {
-        for (int shift = 24; shift >= 0; shift -= 8) {
+        const uint32_t differ = band ^ bor;
+        if (differ == 0) {
+            // Every valid key has the same bits: the first kk by index.
+            prefix = band;
+            mask = 0xffffffffu;
+            ties = true;
+        } else {
+            const int top = 31 - __clz(differ);
+            mask = top == 31 ? 0u : 0xffffffffu << (top + 1);
+            prefix = band & mask;
+        }
+        for (int hi = differ == 0 ? -1 : 31 - __clz(differ); hi >= 0; hi -= 8) {
+            const int shift = hi >= 7 ? hi - 7 : 0;
+            const uint32_t digit = (2u << (hi - shift)) - 1u;  // hi - shift + 1 bits, at most 8
             hist[tid] = 0;  // kThreads == 256 bins
             __syncthreads();
             for (int i = tid; i < n; i += kThreads) {
                 const float f = keys[i];
                 const uint32_t u = order_bits(f);
                 if (f != INFINITY && (u & mask) == prefix)
-                    atomicAdd(hist + ((u >> shift) & 255), 1);
+                    atomicAdd(hist + ((u >> shift) & digit), 1);
             }
             __syncthreads();
             if (warp == 0) {
@@ -235,7 +304,7 @@ __device__ void select_smem(const float* keys, int n, int kk, int label0, int* h
             }
             __syncthreads();
             prefix = static_cast<uint32_t>(ctl[0]);
-            mask |= 255u << shift;
+            mask |= digit << shift;
             remaining = ctl[2];
             ties = ctl[3] != 0;
             __syncthreads();
@@ -243,7 +312,10 @@ __device__ void select_smem(const float* keys, int n, int kk, int label0, int* h
                 break;  // the bin's entries are exactly those still needed
         }
     }
+    SELECT_TRACE(1);
     // Selected: below the bin, or in it (all of it, or by index when tied).
+    // Each thread takes a contiguous chunk (the ties by index need the
+    // order); the warp claims its places in sel with one atomic per step.
     int eq = 0;  // tied entries in this thread's contiguous chunk
     const int per = (n + kThreads - 1) / kThreads;
     const int c0 = min(n, tid * per), c1 = min(n, c0 + per);
@@ -252,23 +324,41 @@ __device__ void select_smem(const float* keys, int n, int kk, int label0, int* h
             eq += keys[i] != INFINITY && (order_bits(keys[i]) & mask) == prefix;
     int eq_total;
     int eq_before = ties ? block_exclusive_scan(eq, scan, &eq_total) : 0;
-    for (int i = c0; i < c1; ++i) {
-        const float f = keys[i];
-        if (f == INFINITY)
-            continue;
-        const uint32_t u = order_bits(f) & mask;
-        bool take = nvalid <= kk || u < prefix;
-        if (!take && u == prefix)
-            take = !ties || eq_before++ < remaining;
-        if (take)
-            sel[atomicAdd(ctl + 4, 1)] = i;
+    for (int j = 0; j < per; ++j) {  // uniform over the block
+        const int i = c0 + j;
+        bool take = false;
+        if (i < c1) {
+            const float f = keys[i];
+            if (f != INFINITY) {
+                const uint32_t u = order_bits(f) & mask;
+                take = nvalid <= kk || u < prefix;
+                if (!take && u == prefix)
+                    take = !ties || eq_before++ < remaining;
+            }
+        }
+        const unsigned ballot = __ballot_sync(kFullMask, take);
+        if (ballot) {
+            int at = 0;
+            if (lane == 0)
+                at = atomicAdd(ctl + 4, __popc(ballot));
+            at = __shfl_sync(kFullMask, at, 0);
+            if (take)
+                sel[at + __popc(ballot & ((1u << lane) - 1u))] = i;
+        }
     }
     __syncthreads();
     const int nsel = ctl[4];
     for (int e = tid; e < nsel; e += kThreads)
         selk[e] = keys[sel[e]];
     __syncthreads();
-    // Rank count among the selected, (key, index) order; padding after.
+    SELECT_TRACE(2);
+    // Rank count among the selected, (key, index) order, into this block's
+    // own list (padding after); then the keys, in order, into the other
+    // blocks' copies of it (consecutive threads, consecutive places: the
+    // remote stores coalesce). The labels stay here: only this block reads
+    // them.
+    float* mine_k = all_k + own * (kQ + 1);
+    int* mine_v = all_v + own * (kQ + 1);
     for (int e = tid; e < kk; e += kThreads) {
         float key = INFINITY;
         int val = -1, at = e;
@@ -284,11 +374,13 @@ __device__ void select_smem(const float* keys, int n, int kk, int label0, int* h
             }
             val = label0 + i;
         }
-        for (int b = 0; b < C; ++b) {
-            cluster.map_shared_rank(all_k, b)[own * (kQ + 1) + at] = key;
-            cluster.map_shared_rank(all_v, b)[own * (kQ + 1) + at] = val;
-        }
+        mine_k[at] = key;
+        mine_v[at] = val;
     }
+    __syncthreads();
+    SELECT_TRACE(3);
+    broadcast_list<kQ>(all_k, kk, own, C);
+    SELECT_TRACE(4);
 }
 
 // BlockSelect's final step as a tree: in round s, warps w = s (mod 2s) hand
@@ -329,10 +421,9 @@ __device__ void push_list(const WarpSelect<kQ, kT>& ws, int kk, float* all_k, in
         if (e < kk) {
             const float key = ws.st->wk[s];
             const int val = ws.st->wv[s];
-            for (int b = 0; b < C; ++b) {
+            all_v[own * (kQ + 1) + e] = val;  // only this block reads its labels
+            for (int b = 0; b < C; ++b)
                 cluster.map_shared_rank(all_k, b)[own * (kQ + 1) + e] = key;
-                cluster.map_shared_rank(all_v, b)[own * (kQ + 1) + e] = val;
-            }
         }
     }
 }
@@ -384,6 +475,87 @@ __device__ __forceinline__ int probe_of(const int* prefix, int nprobe, int pos)
             hi = mid;
     }
     return lo;
+}
+
+// What a block's list scan reads: the probed lists (shared memory), the
+// query's table and key window.
+struct ScanShare {
+    const int* prefix;  // nprobe + 1 offsets of the probes in the concatenation
+    int nprobe, m;
+    const uint8_t* const* pcodes;
+    const float* const* pvt;
+    const int64_t* const* pkeys;
+    const float* pbase;
+    const float* table;
+    KeyWindow kw;
+};
+
+// The block's share [i0, i1) of the probed entries, kU entries per thread
+// at a time: their codes (kW 16-byte words each, m == 16 * kW), filter keys
+// and per-vector terms are loaded before any of them is summed, so that kU
+// entries' loads are in flight together rather than one entry's at a time.
+// Each key is what the staged scan computes (code_word16 in its order, the
+// probe's base first, the per-vector term after, rank_distance); an
+// out-of-range entry keeps +inf with its code unread. Keys go into keybuf
+// (smem) or through ws (every thread calls ws.add the same number of times).
+template <int kW, int kU, typename WS>
+__device__ __forceinline__ unsigned scan_share_batched(const ScanShare& s, int i0, int i1, int p, bool smem,
+                                                        float* keybuf, WS& ws)
+{
+    unsigned in_range_count = 0;
+    for (int b0 = i0; b0 < i1; b0 += kU * kThreads) {  // uniform over the block
+        uint4 x[kU][kW];
+        float vt[kU];
+        int pp[kU];
+        bool live[kU];
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+            const int i = b0 + u * kThreads + static_cast<int>(threadIdx.x);
+            live[u] = false;
+            pp[u] = p;
+            vt[u] = 0.0f;
+            if (i < i1) {
+                while (s.prefix[p + 1] <= i)
+                    ++p;
+                pp[u] = p;
+                const int off = i - s.prefix[p];
+                const int64_t* keys = s.pkeys[p];
+                const bool in_range = !keys || s.kw.passes(keys, off);
+                in_range_count += keys && in_range;
+                live[u] = in_range;
+                if (in_range) {
+                    const uint4* c = reinterpret_cast<const uint4*>(s.pcodes[p] + static_cast<int64_t>(off) * s.m);
+#pragma unroll
+                    for (int w = 0; w < kW; ++w)
+                        x[u][w] = __ldg(c + w);
+                    if (s.pvt[p])
+                        vt[u] = __ldg(s.pvt[p] + off);
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+            const int i = b0 + u * kThreads + static_cast<int>(threadIdx.x);
+            float key = INFINITY;
+            if (live[u]) {
+                float sum = 0.0f;
+#pragma unroll
+                for (int w = 0; w < kW; ++w)
+                    sum += code_word16(x[u][w], s.table + w * 16 * 256);
+                key = s.pbase[pp[u]] + sum;
+                if (s.pvt[pp[u]])
+                    key += vt[u];
+                key = rank_distance(key);
+            }
+            if (smem) {
+                if (i < i1)
+                    keybuf[i - i0] = key;
+            } else {
+                ws.add(key, i);
+            }
+        }
+    }
+    return in_range_count;
 }
 
 template <int kQ>
@@ -539,7 +711,7 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     SMALL_TRACE(3);
     if (coarse_smem) {
         __syncthreads();
-        select_smem<kQ>(keybuf, c1 - c0, a.nprobe, c0, hist, scan, win, mk, all_k, all_v, r, C);
+        select_smem<kQ>(keybuf, c1 - c0, a.nprobe, c0, hist, scan, win, mk, all_k, all_v, r, C, nullptr);
     } else {
         ws.finish();
         tree_merge(ws, mk, mv);
@@ -632,8 +804,22 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
                 prefetch_l1(pvt[pp] + off);
         }
     }
-    {
-        int p = !none && i0 + tid < total ? probe_of(prefix, a.nprobe, i0 + tid) : 0;
+    const int p_start = !none && i0 + tid < total ? probe_of(prefix, a.nprobe, i0 + tid) : 0;
+    const ScanShare share{prefix, a.nprobe, m, pcodes, pvt, pkeys, pbase, table, kw};
+    // The common code sizes (16-byte words) batched; the others one entry
+    // at a time below.
+    const bool batched = !none && (m == 16 || m == 32 || m == 48 || m == 64);
+    if (batched) {
+        if (m == 16)
+            in_range_count = scan_share_batched<1, 4>(share, i0, i1, p_start, scan_smem, keybuf, ws);
+        else if (m == 32)
+            in_range_count = scan_share_batched<2, 4>(share, i0, i1, p_start, scan_smem, keybuf, ws);
+        else if (m == 48)
+            in_range_count = scan_share_batched<3, 2>(share, i0, i1, p_start, scan_smem, keybuf, ws);
+        else
+            in_range_count = scan_share_batched<4, 2>(share, i0, i1, p_start, scan_smem, keybuf, ws);
+    } else {
+        int p = p_start;
         for (int b0 = i0; b0 < i1; b0 += kThreads) {
             const int i = b0 + tid;
             float key = INFINITY;
@@ -664,7 +850,8 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     SMALL_TRACE(9);
     __syncthreads();  // keybuf complete
     if (scan_smem) {
-        select_smem<kQ>(keybuf, i1 - i0, a.k, i0, hist, scan, win, mk, all_k, all_v, r, C);
+        select_smem<kQ>(keybuf, i1 - i0, a.k, i0, hist, scan, win, mk, all_k, all_v, r, C,
+                        a.trace ? a.trace + 16 : nullptr);
     } else {
         ws.finish();
         tree_merge(ws, mk, mv);
@@ -721,11 +908,13 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
             const int p = probe_of(prefix, a.nprobe, pos);
             const float* src = pvec[p] + static_cast<int64_t>(pos - prefix[p]) * d;
             float* dst = keybuf + w * d;
+#pragma unroll 4
             for (int j = lane; j < d; j += 32)
                 dst[j] = __ldg(src + j);
         }
     }
     __syncthreads();
+    SMALL_TRACE(20);
     for (int w = tid; w < nw; w += kThreads) {
         const int i = win[w];
         const int slot = rank[i];
@@ -779,15 +968,17 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     SMALL_TRACE(15);
 }
 
-int max_optin_smem()
+int device_attribute(cudaDeviceAttr attr)
 {
     int dev = 0, v = 0;
     GPU_CUDA_CHECK(cudaGetDevice(&dev));
-    GPU_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    GPU_CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, dev));
     return v;
 }
 
-// Per (queue size, cluster, shared memory): whether a cluster fits the device.
+int max_optin_smem() { return device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin); }
+
+// Per (device, queue size, cluster, shared memory): whether a cluster fits.
 std::mutex g_fit_mutex;
 std::map<std::tuple<int, int, int, size_t>, bool> g_fit;
 
@@ -833,33 +1024,49 @@ bool cluster_fits(int cluster, size_t smem)
 int queue_of(const SmallSearchArgs& a) { return a.k <= 32 && a.nprobe <= 32 ? 32 : kSmallSearchMaxK; }
 
 template <int kQ>
-int pick_cluster(const SmallSearchArgs& a, int sms)
+SmallLaunch pick_launch(const SmallSearchArgs& a, int sms, int forced, bool spread)
 {
-    // About two blocks per multiprocessor over the batch, at most 16 a query.
     int c = 1;
-    while (c < kMaxCluster && static_cast<int64_t>(a.nq) * c * 2 <= 2 * static_cast<int64_t>(sms))
-        c <<= 1;
-    const int limit = max_optin_smem();
-    for (; c >= 1; c >>= 1) {
-        const size_t smem = layout_of(a.m, a.d, c, kQ).total;
-        if (smem <= static_cast<size_t>(limit) && cluster_fits<kQ>(c, smem))
-            return c;
+    if (forced > 0) {
+        while (c < kMaxCluster && c * 2 <= forced)
+            c <<= 1;
+    } else {
+        // About two blocks per multiprocessor over the batch; 16 a query
+        // only while the batch's blocks fit one per multiprocessor (two
+        // 16-block clusters seldom find room in one GPC together: batch 16
+        // took 1.3x the time with 16 than with 8 on an H200), else 8.
+        const int64_t nq = a.nq;
+        const int most = nq * kMaxCluster <= sms ? kMaxCluster : kMaxCluster / 2;
+        while (c < most && nq * c * 2 <= 2 * static_cast<int64_t>(sms))
+            c <<= 1;
     }
-    return 0;
+    const int limit = max_optin_smem();
+    // More than half of a multiprocessor's shared memory: one block per SM.
+    const size_t half_sm = static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor)) / 2 + 16;
+    for (; c >= 1; c >>= 1) {
+        const size_t need = layout_of(a.m, a.d, c, kQ).total;
+        if (need > static_cast<size_t>(limit))
+            continue;
+        if (spread && static_cast<int64_t>(a.nq) * c <= sms && half_sm > need &&
+            half_sm <= static_cast<size_t>(limit) && cluster_fits<kQ>(c, half_sm))
+            return SmallLaunch{c, half_sm};
+        if (cluster_fits<kQ>(c, need))
+            return SmallLaunch{c, need};
+    }
+    return SmallLaunch{};
 }
 
 template <int kQ>
-void launch_impl(const SmallSearchArgs& a, int cluster, cudaStream_t st)
+void launch_impl(const SmallSearchArgs& a, const SmallLaunch& plan, cudaStream_t st)
 {
-    const size_t smem = layout_of(a.m, a.d, cluster, kQ).total;
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(a.nq) * static_cast<unsigned>(cluster));
+    cfg.gridDim = dim3(static_cast<unsigned>(a.nq) * static_cast<unsigned>(plan.cluster));
     cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = smem;
+    cfg.dynamicSmemBytes = plan.smem;
     cfg.stream = st;
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+    at[0].val.clusterDim.x = static_cast<unsigned>(plan.cluster);
     at[0].val.clusterDim.y = 1;
     at[0].val.clusterDim.z = 1;
     cfg.attrs = at;
@@ -870,22 +1077,25 @@ void launch_impl(const SmallSearchArgs& a, int cluster, cudaStream_t st)
 
 }  // namespace
 
-int small_search_cluster(const SmallSearchArgs& a, int sms)
+SmallLaunch small_search_plan(const SmallSearchArgs& a, int sms, int forced_cluster, bool spread)
 {
     if (a.nq < 1 || a.k < 1 || a.k > kSmallSearchMaxK || a.nprobe < 1 || a.nprobe > kSmallSearchMaxK ||
         a.nprobe > a.lists || a.m < 1 || a.d < 1 || a.d % a.m != 0)
-        return 0;
-    return queue_of(a) == 32 ? pick_cluster<32>(a, sms) : pick_cluster<kSmallSearchMaxK>(a, sms);
+        return SmallLaunch{};
+    return queue_of(a) == 32 ? pick_launch<32>(a, sms, forced_cluster, spread)
+                             : pick_launch<kSmallSearchMaxK>(a, sms, forced_cluster, spread);
 }
 
-void launch_small_search(const SmallSearchArgs& a, int cluster, cudaStream_t st)
+void launch_small_search(const SmallSearchArgs& a, const SmallLaunch& plan, cudaStream_t st)
 {
     if (a.nq < 1)
         return;
+    if (plan.cluster < 1)
+        throw Error(ErrorKind::InvalidArgument, "GPU IVFPQ one-launch search: the shape has no launch plan");
     if (queue_of(a) == 32)
-        launch_impl<32>(a, cluster, st);
+        launch_impl<32>(a, plan, st);
     else
-        launch_impl<kSmallSearchMaxK>(a, cluster, st);
+        launch_impl<kSmallSearchMaxK>(a, plan, st);
 }
 
 }  // namespace gpuivfpq::gpu

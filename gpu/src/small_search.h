@@ -37,19 +37,36 @@ struct SmallSearchArgs {
     int64_t* key_matched = nullptr;  // nq, or null: set (not added to)
     double* out_dist = nullptr;      // nq x k
     int64_t* out_labels = nullptr;   // nq x k
-    // Bench aid: block 0's clock64() at the end of each phase (kSmallTracePoints), or null.
+    // Bench aid: block 0's clock64() at the end of each phase (kSmallTracePoints), or null:
+    // points 0 .. 15 the kernel's phases, 16 .. 19 inside the scan's radix
+    // selection (radix, pick, rank, broadcast; left 0 when the block's
+    // candidates stream through WarpSelect), 20 after the re-rank's staging.
     unsigned long long* trace = nullptr;
 };
 
-constexpr int kSmallTracePoints = 16;
+constexpr int kSmallTracePoints = 21;
 
-// Blocks per query (a cluster) that the launch would use for nq queries on
-// a device of sms multiprocessors, or 0 when the shape does not fit the
-// one-launch path (k or nprobe above kSmallSearchMaxK, shared memory).
-int small_search_cluster(const SmallSearchArgs& a, int sms);
+// How a one-launch search runs: blocks per query (a thread-block cluster)
+// and the dynamic shared memory each block asks for.
+struct SmallLaunch {
+    int cluster = 0;  // 0: the shape does not fit the one-launch path
+    size_t smem = 0;
+};
 
-// Runs the search; a.k, a.nprobe <= kSmallSearchMaxK, cluster from
-// small_search_cluster.
-void launch_small_search(const SmallSearchArgs& a, int cluster, cudaStream_t st);
+// The launch for nq queries on a device of sms multiprocessors, or cluster
+// 0 when the shape does not fit the one-launch path (k or nprobe above
+// kSmallSearchMaxK, shared memory). forced_cluster 0 chooses the blocks per
+// query (about two blocks per multiprocessor over the batch; 16 while the
+// batch's blocks fit one per multiprocessor, else at most 8); a power of
+// two up to 16 forces it (bench and test aid; it still
+// falls back to smaller clusters that fit). spread: when the batch's
+// blocks are fewer than the multiprocessors, each block asks for more than
+// half of a multiprocessor's shared memory, so that no two blocks of the
+// launch share one (the blocks of a cluster otherwise may).
+SmallLaunch small_search_plan(const SmallSearchArgs& a, int sms, int forced_cluster, bool spread);
+
+// Runs the search; a.k, a.nprobe <= kSmallSearchMaxK, plan from
+// small_search_plan (cluster > 0).
+void launch_small_search(const SmallSearchArgs& a, const SmallLaunch& plan, cudaStream_t st);
 
 }  // namespace gpuivfpq::gpu

@@ -321,3 +321,95 @@ TEST(SmallBatch, TiedCandidatesAcrossTheKth)
         EXPECT_EQ(d1[0], 0.0) << "k=" << k;
     }
 }
+
+// Blocks per query (forced 1 .. 16, or chosen) and one block per
+// multiprocessor or not: the same answers bit for bit, and the staged
+// path's. Code widths of the batched scan (m 16, 32, 48, 64: one to four
+// 16-byte words an entry) and one outside it (m 8).
+TEST(SmallBatch, EveryClusterSizeAndSpreadSameAnswers)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(3107);
+    struct Shape {
+        size_t d, m;
+    };
+    const Shape shapes[] = {{128, 16}, {128, 32}, {96, 48}, {128, 64}, {64, 8}};
+    for (const Shape& sh : shapes) {
+        const std::string what =
+            shape("small clusters", {{"d", double(sh.d)}, {"m", double(sh.m)}}, s + sh.m);
+        SCOPED_TRACE(what);
+        ExactFixture f(sh.d, 64, sh.m, 6000, 24, Metric::L2, s + sh.m);
+        auto idx = f.empty({});
+        f.add_rows(*idx, 0, f.n);
+        for (size_t nq : {1, 5, 24}) {
+            const std::vector<float> q = first_queries(f, nq);
+            const size_t k = 100, nprobe = 16;
+            idx->set_small_batch_max(kForcedMax);
+            std::vector<double> want_d(nq * k);
+            std::vector<int64_t> want_l(nq * k);
+            idx->search_exact(q.data(), nq, k, nprobe, want_d.data(), want_l.data());
+            for (int cluster : {0, 1, 2, 4, 8, 16})
+                for (bool spread : {true, false}) {
+                    idx->set_small_cluster(cluster);
+                    idx->set_small_spread(spread);
+                    ASSERT_TRUE(idx->small_batch_path(nq, k, nprobe));
+                    std::vector<double> d(nq * k, -1.0);
+                    std::vector<int64_t> l(nq * k, -5);
+                    idx->search_exact(q.data(), nq, k, nprobe, d.data(), l.data());
+                    for (size_t e = 0; e < nq * k; ++e) {
+                        ASSERT_EQ(l[e], want_l[e]) << "nq " << nq << " cluster " << cluster << " spread "
+                                                   << spread << " entry " << e;
+                        ASSERT_EQ(bits_of(d[e]), bits_of(want_d[e])) << "nq " << nq << " cluster " << cluster
+                                                                      << " spread " << spread << " entry " << e;
+                    }
+                }
+            idx->set_small_cluster(0);
+            idx->set_small_spread(true);
+            check_small(f, *idx, q, k, nprobe, what + " nq=" + std::to_string(nq));
+        }
+    }
+    {
+        ExactFixture f(64, 16, 8, 500, 2, Metric::L2, s);
+        auto idx = f.empty({});
+        EXPECT_THROW(idx->set_small_cluster(17), gpuivfpq::Error);
+        EXPECT_THROW(idx->set_small_cluster(-1), gpuivfpq::Error);
+    }
+}
+
+// Every candidate of every block with the same ADC distance (one vector
+// stored many times): the radix select finds no bit in which the keys
+// differ and takes the first k by position, on every block size alike.
+TEST(SmallBatch, AllCandidatesEqual)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(3108);
+    ExactFixture f(64, 8, 16, 400, 3, Metric::L2, s);
+    auto idx = f.empty({});
+    f.add_rows(*idx, 0, f.n);
+    std::vector<float> dups;
+    std::vector<int64_t> dup_ids;
+    for (size_t c = 0; c < 3000; ++c) {
+        dups.insert(dups.end(), f.x.begin(), f.x.begin() + f.d);
+        dup_ids.push_back(int64_t(9000000 + (c * 7919) % 3000));
+    }
+    f.add_extra(*idx, dups, dup_ids);
+    std::vector<float> q = f.q;
+    std::copy(f.x.begin(), f.x.begin() + f.d, q.begin());  // query 0: the duplicated row itself
+    idx->set_small_batch_max(kForcedMax);
+    for (size_t k : {10, 128}) {
+        std::vector<int64_t> first;
+        for (int cluster : {0, 1, 4, 16}) {
+            idx->set_small_cluster(cluster);
+            ASSERT_TRUE(idx->small_batch_path(f.nq, k, 1));
+            std::vector<double> d(f.nq * k);
+            std::vector<int64_t> l(f.nq * k);
+            idx->search_exact(q.data(), f.nq, k, 1, d.data(), l.data());
+            if (first.empty())
+                first = l;
+            EXPECT_EQ(l, first) << "k " << k << " cluster " << cluster;
+            EXPECT_EQ(d[0], 0.0) << "k " << k << " cluster " << cluster;
+        }
+        idx->set_small_cluster(0);
+        check_exact(f, *idx, q, k, 1, "all equal k=" + std::to_string(k));
+    }
+}

@@ -79,6 +79,18 @@ struct GpuIvfPqOptions {
     // pipeline's device time at batch 1, 0.88x at 32, 1.13x at 64 (gpu_bench
     // --stages, bench/gpu/results/kernel-stages-h100). 0 turns the path off.
     size_t small_batch_max = 32;
+    // One-launch path: blocks per query. 0 chooses them from the batch and
+    // the device (see small_search_plan); a power of two up to 16 forces it
+    // (bench and test aid: the answers are the same for every value).
+    int small_cluster = 0;
+    // One-launch path: when the batch's blocks are fewer than the
+    // multiprocessors, give each block a multiprocessor of its own (the
+    // blocks of a cluster may otherwise share one). Same answers either
+    // way. Off: on an H200 (IVF4096,PQ32, nprobe 32, 100 candidates) it
+    // gained nothing at batch 1 and cost 40% at batch 8, where 16-block
+    // clusters of one block per multiprocessor no longer all fit at once
+    // (gpu_bench --stages, bench/gpu/results/kernel-stages-h200).
+    bool small_spread = false;
 };
 
 struct GpuMemoryUse {
@@ -154,12 +166,17 @@ public:
     void set_scan_algo(ScanAlgo algo);
     void set_fused_blocks_per_sm(int blocks);  // GpuIvfPqOptions::fused_blocks_per_sm, >= 1
     void set_small_batch_max(size_t queries);  // GpuIvfPqOptions::small_batch_max
+    void set_small_cluster(int blocks);        // GpuIvfPqOptions::small_cluster: 0, or 1 .. 16
+    void set_small_spread(bool on);            // GpuIvfPqOptions::small_spread
     // Whether a search_exact of nq queries with this k and nprobe would run
     // as one launch (test and bench aid).
     bool small_batch_path(size_t nq, size_t k, size_t nprobe) const;
     // Bench aid: with on, each one-launch search_exact records block 0's
     // clock (cycles) at the end of each of its phases; small_batch_trace()
-    // gives the last call's cycles per phase (empty before one ran).
+    // gives the last call's cycles per phase (empty before one ran): the 15
+    // phases, then the scan selection's radix, pick, rank and broadcast (-1
+    // when it streamed through WarpSelect), then the re-rank's staging and
+    // its distances.
     void set_small_batch_trace(bool on);
     std::vector<double> small_batch_trace() const;
 
