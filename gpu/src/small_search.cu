@@ -75,7 +75,7 @@ __host__ __device__ inline Layout layout_of(int m, int d, int cluster, int kq)
     const size_t lists = static_cast<size_t>(cluster) * (kq + 1);
     L.table = b.take(static_cast<size_t>(m) * 256 * sizeof(float));
     L.qv = b.take(static_cast<size_t>(d) * sizeof(float));
-    L.ctile = b.take(static_cast<size_t>(kWarps) * 32 * 33 * sizeof(float));
+    L.ctile = b.take(static_cast<size_t>(kWarps) * 32 * 32 * sizeof(float));
     L.keys = b.take(kKeyCap * sizeof(float));
     L.hist = b.take(256 * sizeof(int));
     L.scan = b.take(64 * sizeof(int));
@@ -165,6 +165,15 @@ __device__ int block_exclusive_scan(int v, int* scratch, int* total)
     *total = scratch[kWarps - 1];
     __syncthreads();  // scratch free again
     return before;
+}
+
+// A warp's 32 x 32 tile of centroid columns (coarse step): element (row,
+// col) with its 16-byte group of four columns swizzled by the row, so that
+// the eight rows a quarter-warp writes or reads (four columns each) fall in
+// distinct banks with no padding.
+__device__ __forceinline__ int tile_at(int row, int col)
+{
+    return row * 32 + ((((col >> 2) ^ row) & 7) << 2) + (col & 3);
 }
 
 // Bench aid: the scan selection's own phase ends, at tr[0 .. 3] (null: off).
@@ -357,25 +366,34 @@ __device__ void select_smem(const float* keys, int n, int kk, int label0, int* h
     // blocks' copies of it (consecutive threads, consecutive places: the
     // remote stores coalesce). The labels stay here: only this block reads
     // them.
+    // kS consecutive lanes count for one entry, each over 1/kS of the
+    // selected, summed by shuffles.
+    constexpr int kS = kThreads / kQ;  // a power of two: 2 or 8
+    static_assert(kS >= 1 && (kS & (kS - 1)) == 0 && kS <= 32, "lanes per entry");
     float* mine_k = all_k + own * (kQ + 1);
     int* mine_v = all_v + own * (kQ + 1);
-    for (int e = tid; e < kk; e += kThreads) {
+    {  // kk <= kQ: one entry per kS threads covers them all
+        const int e = tid / kS, part = tid % kS;
         float key = INFINITY;
-        int val = -1, at = e;
-        if (e < nsel) {
-            const int i = sel[e];
+        int i = -1, at = 0;
+        if (e < kk && e < nsel) {
+            i = sel[e];
             key = selk[e];
-            at = 0;
-#pragma unroll 4
-            for (int f = 0; f < nsel; ++f) {
+            for (int f = part; f < nsel; f += kS) {
                 const float kj = selk[f];
                 const int j = sel[f];
                 at += kj < key || (kj == key && j < i);
             }
-            val = label0 + i;
         }
-        mine_k[at] = key;
-        mine_v[at] = val;
+#pragma unroll
+        for (int off = 1; off < kS; off <<= 1)
+            at += __shfl_xor_sync(kFullMask, at, off);
+        if (part == 0 && e < kk) {
+            if (e >= nsel)
+                at = e;  // padding after the selected
+            mine_k[at] = key;
+            mine_v[at] = e < nsel ? label0 + i : -1;
+        }
     }
     __syncthreads();
     SELECT_TRACE(3);
@@ -429,21 +447,47 @@ __device__ void push_list(const WarpSelect<kQ, kT>& ws, int kk, float* all_k, in
 }
 
 // out[i] = the rank of entry i of this block's list (`own`) among the C
-// sorted lists of kk entries, ordered by (key, list, position): a
-// permutation of 0 .. C * kk - 1 over all blocks. C consecutive lanes serve
-// an entry (C a power of two <= 16), a binary search each, summed by
+// sorted lists of kk entries, ordered by (key, list, position), for the
+// entries that can rank below kk; kk for the others. Those that can: the
+// first ceil(kk / C) entries of every list (at least kk entries) are all at
+// most T, the largest of their last keys, so an entry with a larger key
+// has kk entries before it; the list is sorted, so the entries up to T are
+// a prefix of it (all of it when T is +inf). C consecutive lanes serve an
+// entry (C a power of two <= 16), a binary search each, summed by
 // shuffles. Every thread calls it.
 template <int kQ>
 __device__ void rank_entries(const float* all_k, int C, int own, int kk, int* out)
 {
-    const int work = kk * C;
+    const int lane = threadIdx.x & 31;
+    const float* mine = all_k + own * (kQ + 1);
+    // T, and how many of this list's entries are at most T (every thread
+    // computes both, from the same shared memory: no barrier).
+    const int head = (kk + C - 1) / C - 1;
+    float t = lane < C ? all_k[lane * (kQ + 1) + head] : -INFINITY;
+    for (int off = 16; off > 0; off >>= 1)
+        t = fmaxf(t, __shfl_xor_sync(kFullMask, t, off));
+    int cnt = 0;
+    {
+        int lo = 0, hi = kk;  // entries <= t: the first cnt
+        while (lo < hi) {
+            const int mid = (lo + hi) >> 1;
+            if (mine[mid] <= t)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        cnt = lo;
+    }
+    for (int i = cnt + static_cast<int>(threadIdx.x); i < kk; i += kThreads)
+        out[i] = kk;
+    const int work = cnt * C;
     const int lg = __ffs(C) - 1;
     for (int t0 = 0; t0 < work; t0 += kThreads) {  // uniform over the block
-        const int t = t0 + static_cast<int>(threadIdx.x);
-        const int i = t >> lg, b = t & (C - 1);
+        const int w = t0 + static_cast<int>(threadIdx.x);
+        const int i = w >> lg, b = w & (C - 1);
         int lo = 0;
-        if (t < work && b != own) {
-            const float v = all_k[own * (kQ + 1) + i];
+        if (w < work && b != own) {
+            const float v = mine[i];
             const float* lb = all_k + b * (kQ + 1);
             int hi = kk;  // entries of list b before v: key < v, or key <= v for b < own
             while (lo < hi) {
@@ -456,7 +500,7 @@ __device__ void rank_entries(const float* all_k, int C, int own, int kk, int* ou
         }
         for (int off = 1; off < C; off <<= 1)
             lo += __shfl_xor_sync(kFullMask, lo, off);
-        if (t < work && b == 0)
+        if (w < work && b == 0)
             out[i] = i + lo;
     }
     __syncthreads();
@@ -595,7 +639,7 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     unsigned long long* matched = reinterpret_cast<unsigned long long*>(smem + L.misc + 8);
     float* qnorm = reinterpret_cast<float*>(smem + L.misc + 16);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    float* tile = reinterpret_cast<float*>(smem + L.ctile) + warp * 32 * 33;
+    float* tile = reinterpret_cast<float*>(smem + L.ctile) + warp * 32 * 32;
     const bool ip = a.metric == Metric::InnerProduct;
     const int d = a.d, m = a.m, dsub = d / m;
     const float* qraw = a.queries + static_cast<int64_t>(q) * d;
@@ -652,8 +696,8 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     // 2. Coarse step over this block's share of the centroids: a lane per
     // centroid summing its products in order, the GEMM form's key as
     // exact_knn's selection makes it. A warp takes 32 centroids at a time,
-    // 32 columns at a time, through a tile in shared memory (rows 33 floats
-    // apart): coalesced loads, conflict-free reads.
+    // 32 columns at a time, through a tile in shared memory (tile_at's
+    // swizzle): coalesced loads, conflict-free 16-byte reads.
     // Kept in shared memory and radix-selected when they fit, else streamed
     // through WarpSelect.
     SelectState<kQ, kT> state;
@@ -677,24 +721,34 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
                         if (row < rows && c4 < w) {
                             const float4 x =
                                 __ldg(reinterpret_cast<const float4*>(base + static_cast<int64_t>(row) * d + j0 + c4));
-                            float* t = tile + row * 33 + c4;
-                            t[0] = x.x;
-                            t[1] = x.y;
-                            t[2] = x.z;
-                            t[3] = x.w;
+                            *reinterpret_cast<float4*>(tile + tile_at(row, c4)) = x;
                         }
                     }
                 } else {
                     for (int f = lane; f < 32 * 32; f += 32) {
                         const int row = f >> 5, col = f & 31;
                         if (row < rows && col < w)
-                            tile[row * 33 + col] = __ldg(base + static_cast<int64_t>(row) * d + j0 + col);
+                            tile[tile_at(row, col)] = __ldg(base + static_cast<int64_t>(row) * d + j0 + col);
                     }
                 }
                 __syncwarp();
-                if (lane < rows)
-                    for (int col = 0; col < w; ++col)
-                        s = fmaf(qv[j0 + col], tile[lane * 33 + col], s);
+                if (lane < rows) {
+                    if (w == 32) {
+                        // Four columns per shared load, in column order.
+#pragma unroll
+                        for (int c4 = 0; c4 < 32; c4 += 4) {
+                            const float4 t4 = *reinterpret_cast<const float4*>(tile + tile_at(lane, c4));
+                            const float4 q4 = *reinterpret_cast<const float4*>(qv + j0 + c4);
+                            s = fmaf(q4.x, t4.x, s);
+                            s = fmaf(q4.y, t4.y, s);
+                            s = fmaf(q4.z, t4.z, s);
+                            s = fmaf(q4.w, t4.w, s);
+                        }
+                    } else {
+                        for (int col = 0; col < w; ++col)
+                            s = fmaf(qv[j0 + col], tile[tile_at(lane, col)], s);
+                    }
+                }
             }
             float key = INFINITY;
             if (c < c1) {
@@ -898,7 +952,7 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     // same distances.
     const int nw = *nwin;
     const int staged = d <= kKeyCap ? min(nw, kKeyCap / d) : 0;
-    float* qs = d <= kWarps * 32 * 33 ? reinterpret_cast<float*>(smem + L.ctile) : nullptr;
+    float* qs = d <= kWarps * 32 * 32 ? reinterpret_cast<float*>(smem + L.ctile) : nullptr;
     if (qs)
         for (int j = tid; j < d; j += kThreads)
             qs[j] = qraw[j];
@@ -906,8 +960,11 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
         const int pos = all_v[r * kS + win[w]];
         if (pos >= 0) {
             const int p = probe_of(prefix, a.nprobe, pos);
-            const float* src = pvec[p] + static_cast<int64_t>(pos - prefix[p]) * d;
+            const int64_t off = pos - prefix[p];
+            const float* src = pvec[p] + off * d;
             float* dst = keybuf + w * d;
+            if (lane == 0)  // the row's id, at its slot, while the vector loads
+                rl[rank[win[w]]] = __ldg(reinterpret_cast<const long long*>(pids[p]) + off);
 #pragma unroll 4
             for (int j = lane; j < d; j += 32)
                 dst[j] = __ldg(src + j);
@@ -915,6 +972,8 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     }
     __syncthreads();
     SMALL_TRACE(20);
+    // Each winner's row into this block's own copy of rd / rl / rp at its
+    // slot, then (below) into the other blocks' copies.
     for (int w = tid; w < nw; w += kThreads) {
         const int i = win[w];
         const int slot = rank[i];
@@ -925,16 +984,25 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
         if (pos >= 0) {
             const int p = probe_of(prefix, a.nprobe, pos);
             const int64_t off = pos - prefix[p];
-            id = __ldg(reinterpret_cast<const long long*>(pids[p]) + off);
+            id = w < staged ? rl[slot] : __ldg(reinterpret_cast<const long long*>(pids[p]) + off);
             const float* v = w < staged ? keybuf + w * d : pvec[p] + off * d;
             dist = exact_distance(a.metric, qs ? qs : qraw, v, static_cast<size_t>(d));
             present = 1;
         }
-        for (int b = 0; b < C; ++b) {
-            cluster.map_shared_rank(rd, b)[slot] = dist;
-            cluster.map_shared_rank(rl, b)[slot] = id;
-            cluster.map_shared_rank(rp, b)[slot] = present;
-        }
+        rd[slot] = dist;
+        rl[slot] = id;
+        rp[slot] = present;
+    }
+    __syncthreads();
+    // The threads over (winner, other block) pairs: one remote row each,
+    // all at once, rather than a thread's C rows one after another.
+    for (int t = tid; t < nw * (C - 1); t += kThreads) {
+        const int w = t / (C - 1), o = t - w * (C - 1);
+        const int b = o < r ? o : o + 1;
+        const int slot = rank[win[w]];
+        cluster.map_shared_rank(rd, b)[slot] = rd[slot];
+        cluster.map_shared_rank(rl, b)[slot] = rl[slot];
+        cluster.map_shared_rank(rp, b)[slot] = rp[slot];
     }
     SMALL_TRACE(13);
     cluster.sync();  // the last remote access: no block reads another's memory after this
