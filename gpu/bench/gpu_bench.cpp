@@ -382,15 +382,19 @@ int main(int argc, char** argv)
             // per batch; cycles / 1000).
             std::printf("## one-launch phases, block 0 of query 0 (kcycles)\n\n| batch | start | table | coarse "
                         "| coarse select | sync | probes | sync | prefix | scan | scan select | sync | rank | "
-                        "rerank | sync | order | select: radix | pick | rank | broadcast | rerank: staging | "
-                        "distances |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+                        "rerank | sync | order | select: radix | pick | rank | broadcast | rerank: positions | staging | "
+                        "distances | block 0 GHz |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
             for (size_t t = 0; t < traces.size(); ++t) {
                 std::printf("| %zu |", trace_batches[t]);
-                for (double c : traces[t])
+                for (size_t i = 0; i < traces[t].size(); ++i) {
+                    const double c = traces[t][i];
                     if (c < 0)
                         std::printf(" - |");
+                    else if (i + 1 == traces[t].size())
+                        std::printf(" %.2f |", c);  // GHz, not cycles
                     else
                         std::printf(" %.2f |", c / 1000.0);
+                }
                 std::printf("\n");
             }
             std::printf("\n");

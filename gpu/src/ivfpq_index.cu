@@ -648,8 +648,11 @@ std::vector<double> GpuIvfPqIndex::small_batch_trace() const
     out.push_back(radix ? double(t[16] - t[9]) : -1.0);
     for (int i = 17; i < 20; ++i)
         out.push_back(radix ? double(t[i] - t[i - 1]) : -1.0);
-    out.push_back(double(t[20] - t[12]));
+    out.push_back(double(t[21] - t[12]));
+    out.push_back(double(t[20] - t[21]));
     out.push_back(double(t[13] - t[20]));
+    // Block 0's clock: cycles from point 0 to 15 per global-timer ns (GHz).
+    out.push_back(t[23] > t[22] ? double(t[15] - t[0]) / double(t[23] - t[22]) : -1.0);
     return out;
 }
 

@@ -5,18 +5,20 @@
 //   1. the term-3 lookup table: each block computes 1/C of its entries and
 //      stores them into every block's table;
 //   2. the coarse step: each block ranks 1/C of the centroids (GEMM form,
-//      as exact_knn) with a WarpSelect per warp, merged in the block; the
-//      C sorted lists go to every block and each block finds the global rank
-//      of its own entries by binary search in the others (a merge with no
-//      sorting network); the winners' direct base distances go to every
-//      block at their rank;
+//      as exact_knn), selected in shared memory (radix select) or by a
+//      WarpSelect per warp; the C sorted lists' keys go to every block and
+//      each block finds the global rank of its own entries by binary search
+//      in the others (a merge with no sorting network; only the entries
+//      that can rank below k); the winners' direct base distances go to
+//      every block at their rank;
 //   3. the list scan: each block scans 1/C of the probed lists' entries
-//      (concatenated, so uneven lists split evenly) into a running top-k,
-//      merged the same way; each winning candidate is re-ranked at once by
-//      the block that holds it (exact_distance, one thread per candidate, as
-//      the staged re-rank) and stored into every block at its rank;
-//   4. the final order by exact_less: each block places 1/C of the rows.
-// Four cluster barriers in all; nothing goes through device memory but the
+//      (concatenated, so uneven lists split evenly) into its top k, ranked
+//      across the cluster the same way;
+//   4. the re-rank: the winners' positions go to every block at their rank
+//      (slot), and each block re-ranks 1/C of the slots (exact_distance,
+//      one thread per row, as the staged re-rank), stored into every block;
+//   5. the final order by exact_less: each block places 1/C of the rows.
+// Five cluster barriers in all; nothing goes through device memory but the
 // inputs and the answers.
 #include "small_search.h"
 
@@ -55,7 +57,7 @@ static_assert(kThreads == 256, "the radix select's histogram has a bin per threa
 // entries apart, so that lanes searching different lists hit different banks.
 struct Layout {
     size_t table, qv, ctile, keys, hist, scan, merge_k, merge_v, all_k, all_v, rank, win, plist, pbase, prefix,
-        pcodes, pvt, pkeys, pvec, pids, rd, rl, rp, misc, total;
+        pcodes, pvt, pkeys, pvec, pids, rd, rl, rp, spos, misc, total;
 };
 
 struct Bump {
@@ -96,6 +98,7 @@ __host__ __device__ inline Layout layout_of(int m, int d, int cluster, int kq)
     L.rd = b.take(kq * sizeof(double));
     L.rl = b.take(kq * sizeof(int64_t));
     L.rp = b.take(kq * sizeof(int));
+    L.spos = b.take(kq * sizeof(int));
     L.misc = b.take(32);  // winners (int), in-range count (u64 at +8), query norm (float at +16)
     L.total = b.off;
     return L;
@@ -127,6 +130,17 @@ __device__ __forceinline__ void prefetch_span(const void* p, size_t n, int t, in
     do {                                                \
         if (a.trace && blockIdx.x == 0 && tid == 0)     \
             a.trace[i] = clock64();                     \
+    } while (0)
+
+// Bench aid: block 0's global timer (ns) at trace point i (its start and
+// end), so that the cycles above convert to time at the clock it ran.
+#define SMALL_TRACE_NS(i)                                                             \
+    do {                                                                              \
+        if (a.trace && blockIdx.x == 0 && tid == 0) {                                 \
+            unsigned long long ns_;                                                   \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns_));                  \
+            a.trace[i] = ns_;                                                         \
+        }                                                                             \
     } while (0)
 
 // A float's bits in an unsigned order that follows the float order.
@@ -635,6 +649,7 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     double* rd = reinterpret_cast<double*>(smem + L.rd);
     int64_t* rl = reinterpret_cast<int64_t*>(smem + L.rl);
     int* rp = reinterpret_cast<int*>(smem + L.rp);
+    int* spos = reinterpret_cast<int*>(smem + L.spos);
     int* nwin = reinterpret_cast<int*>(smem + L.misc);
     unsigned long long* matched = reinterpret_cast<unsigned long long*>(smem + L.misc + 8);
     float* qnorm = reinterpret_cast<float*>(smem + L.misc + 16);
@@ -644,6 +659,7 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     const int d = a.d, m = a.m, dsub = d / m;
     const float* qraw = a.queries + static_cast<int64_t>(q) * d;
     const bool filtered = a.key_lo != nullptr;  // uniform: a kernel argument
+    SMALL_TRACE_NS(22);
     SMALL_TRACE(0);
     // This block's centroid rows on their way to L1 while the query loads.
     const int c0 = static_cast<int>(static_cast<int64_t>(a.lists) * r / C);
@@ -933,9 +949,13 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     cluster.sync();
     SMALL_TRACE(11);
 
-    // 4. The k winners: each re-ranked by the block that holds it (one
-    // thread per candidate, exact_distance on the query as given), stored
-    // into every block at its ADC rank; missing candidates as (+inf, -1).
+    // 4. The k winners: each block sends the positions of the winners it
+    // holds to every block at their ADC ranks (slots), then re-ranks an
+    // equal share of the slots, whoever held them (the winners crowd into
+    // the blocks that scanned the nearest lists; an even share keeps the
+    // slowest block's work to k / C rows): exact_distance on the query as
+    // given, one thread per row, stored into every block at its slot;
+    // missing candidates as (+inf, -1).
     rank_entries<kQ>(all_k, C, r, a.k, rank);
     SMALL_TRACE(12);
     if (tid == 0)
@@ -945,26 +965,38 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
         if (rank[i] < a.k)
             win[atomicAdd(nwin, 1)] = i;
     __syncthreads();
-    // The winners' vectors (as many as fit the key buffer, free now) and
-    // the query as given staged in shared memory, a warp per row with
-    // coalesced loads: exact_distance then reads them in its fixed order
-    // without waiting on memory at every line. The same floats, so the
-    // same distances.
-    const int nw = *nwin;
-    const int staged = d <= kKeyCap ? min(nw, kKeyCap / d) : 0;
+    {
+        const int nw = *nwin;
+        for (int t = tid; t < nw * C; t += kThreads) {  // (winner, block) pairs
+            const int w = t / C, b = t - w * C;
+            cluster.map_shared_rank(spos, b)[rank[win[w]]] = all_v[r * kS + win[w]];
+        }
+    }
+    // The query as given, staged while the positions travel.
     float* qs = d <= kWarps * 32 * 32 ? reinterpret_cast<float*>(smem + L.ctile) : nullptr;
     if (qs)
         for (int j = tid; j < d; j += kThreads)
             qs[j] = qraw[j];
+    cluster.sync();  // every slot's position in every block
+    SMALL_TRACE(21);
+    // This block's slots: their vectors (as many as fit the key buffer,
+    // free now) staged in shared memory, a warp per row with coalesced
+    // loads, their ids beside them: exact_distance then reads the rows in
+    // its fixed order without waiting on memory at every line. The same
+    // floats, so the same distances.
+    const int s0 = static_cast<int>(static_cast<int64_t>(a.k) * r / C);
+    const int s1 = static_cast<int>(static_cast<int64_t>(a.k) * (r + 1) / C);
+    const int ns = s1 - s0;
+    const int staged = d <= kKeyCap ? min(ns, kKeyCap / d) : 0;
     for (int w = warp; w < staged; w += kWarps) {
-        const int pos = all_v[r * kS + win[w]];
+        const int pos = spos[s0 + w];
         if (pos >= 0) {
             const int p = probe_of(prefix, a.nprobe, pos);
             const int64_t off = pos - prefix[p];
             const float* src = pvec[p] + off * d;
             float* dst = keybuf + w * d;
-            if (lane == 0)  // the row's id, at its slot, while the vector loads
-                rl[rank[win[w]]] = __ldg(reinterpret_cast<const long long*>(pids[p]) + off);
+            if (lane == 0)  // the row's id while the vector loads
+                rl[s0 + w] = __ldg(reinterpret_cast<const long long*>(pids[p]) + off);
 #pragma unroll 4
             for (int j = lane; j < d; j += 32)
                 dst[j] = __ldg(src + j);
@@ -972,12 +1004,11 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     }
     __syncthreads();
     SMALL_TRACE(20);
-    // Each winner's row into this block's own copy of rd / rl / rp at its
-    // slot, then (below) into the other blocks' copies.
-    for (int w = tid; w < nw; w += kThreads) {
-        const int i = win[w];
-        const int slot = rank[i];
-        const int pos = all_v[r * kS + i];
+    // Each row into this block's own copy of rd / rl / rp, then (below)
+    // into the other blocks' copies.
+    for (int w = tid; w < ns; w += kThreads) {
+        const int slot = s0 + w;
+        const int pos = spos[slot];
         double dist = INFINITY;
         int64_t id = -1;
         int present = 0;
@@ -994,12 +1025,12 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
         rp[slot] = present;
     }
     __syncthreads();
-    // The threads over (winner, other block) pairs: one remote row each,
-    // all at once, rather than a thread's C rows one after another.
-    for (int t = tid; t < nw * (C - 1); t += kThreads) {
+    // The threads over (row, other block) pairs: one remote row each, all
+    // at once.
+    for (int t = tid; t < ns * (C - 1); t += kThreads) {
         const int w = t / (C - 1), o = t - w * (C - 1);
         const int b = o < r ? o : o + 1;
-        const int slot = rank[win[w]];
+        const int slot = s0 + w;
         cluster.map_shared_rank(rd, b)[slot] = rd[slot];
         cluster.map_shared_rank(rl, b)[slot] = rl[slot];
         cluster.map_shared_rank(rp, b)[slot] = rp[slot];
@@ -1034,6 +1065,7 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     if (filtered && a.key_matched && r == 0 && tid == 0)
         a.key_matched[q] = static_cast<int64_t>(*matched);
     SMALL_TRACE(15);
+    SMALL_TRACE_NS(23);
 }
 
 int device_attribute(cudaDeviceAttr attr)

@@ -40,11 +40,13 @@ struct SmallSearchArgs {
     // Bench aid: block 0's clock64() at the end of each phase (kSmallTracePoints), or null:
     // points 0 .. 15 the kernel's phases, 16 .. 19 inside the scan's radix
     // selection (radix, pick, rank, broadcast; left 0 when the block's
-    // candidates stream through WarpSelect), 20 after the re-rank's staging.
+    // candidates stream through WarpSelect), 20 after the re-rank's staging,
+    // 21 after its positions reached every block; 22 and 23 the global timer
+    // (ns) at points 0 and 15.
     unsigned long long* trace = nullptr;
 };
 
-constexpr int kSmallTracePoints = 21;
+constexpr int kSmallTracePoints = 24;
 
 // How a one-launch search runs: blocks per query (a thread-block cluster)
 // and the dynamic shared memory each block asks for.

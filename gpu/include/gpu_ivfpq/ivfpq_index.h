@@ -175,8 +175,9 @@ public:
     // clock (cycles) at the end of each of its phases; small_batch_trace()
     // gives the last call's cycles per phase (empty before one ran): the 15
     // phases, then the scan selection's radix, pick, rank and broadcast (-1
-    // when it streamed through WarpSelect), then the re-rank's staging and
-    // its distances.
+    // when it streamed through WarpSelect), then the re-rank's exchange of
+    // positions, staging and distances, then block 0's clock in GHz (its
+    // cycles per global-timer nanosecond; not cycles).
     void set_small_batch_trace(bool on);
     std::vector<double> small_batch_trace() const;
 
