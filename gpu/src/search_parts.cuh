@@ -51,6 +51,51 @@ __device__ __forceinline__ float warp_probe_base(const float* q, const float* c,
     return ip ? -s : s;
 }
 
+// exact_distance(metric, a, b, d) for L2 and inner product, a warp's work
+// with the very same operations in the same order, so the same bits: the
+// lanes form the products of a chunk of up to `chunk` elements (a multiple
+// of 4) into scratch (shared memory, chunk doubles), then lanes 0 .. 3
+// carry exact_distance's four interleaved partial sums through it in
+// element order, lane 0 the tail past the last multiple of 4 as well. Every
+// lane gets the result. Cosine has no such split here (its three sums run
+// over every element in one chain): callers use exact_distance for it.
+__device__ __forceinline__ double warp_exact_distance(Metric metric, const float* a, const float* b, int d,
+                                                      int lane, double* scratch, int chunk)
+{
+    using namespace exact_detail;
+    const bool l2 = metric == Metric::L2;
+    const int d4 = d & ~3;
+    double p = 0.0;
+    for (int c0 = 0; c0 < d; c0 += chunk) {
+        const int c1 = min(d, c0 + chunk);
+        __syncwarp();  // the previous chunk's sums read scratch
+        for (int i = c0 + lane; i < c1; i += 32) {
+            const double x = double(a[i]), y = double(b[i]);
+            double v;
+            if (l2) {
+                const double diff = sub(x, y);
+                v = mul(diff, diff);
+            } else {
+                v = mul(x, y);
+            }
+            scratch[i - c0] = v;
+        }
+        __syncwarp();
+        if (lane < 4) {
+            const int e = min(c1, d4);
+            for (int i = c0 + lane; i < e; i += 4)
+                p = add(p, scratch[i - c0]);
+            if (lane == 0)
+                for (int i = max(c0, d4); i < c1; ++i)
+                    p = add(p, scratch[i - c0]);
+        }
+    }
+    const double p0 = __shfl_sync(0xffffffffu, p, 0), p1 = __shfl_sync(0xffffffffu, p, 1),
+                 p2 = __shfl_sync(0xffffffffu, p, 2), p3 = __shfl_sync(0xffffffffu, p, 3);
+    const double sum = add(add(p0, p1), add(p2, p3));
+    return l2 ? root(sum) : -sum;
+}
+
 // A re-ranked row's order: present candidates before missing ones (the
 // padding follows every real result, NaN distances included), then
 // exact_less.

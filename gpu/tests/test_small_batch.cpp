@@ -413,3 +413,29 @@ TEST(SmallBatch, AllCandidatesEqual)
         check_exact(f, *idx, q, k, 1, "all equal k=" + std::to_string(k));
     }
 }
+
+// The re-rank's two ways to one row's exact distance: a warp per row (few
+// rows a block: many blocks per query) and a thread per row (one block per
+// query), against the staged path and the host bit for bit, with
+// dimensions past the warp's 256-product chunk and a tail past the last
+// multiple of 4.
+TEST(SmallBatch, WarpAndThreadRowsSameBits)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(3109);
+    for (Metric metric : kMetrics)
+        for (size_t d : {302, 512}) {
+            const size_t m = d == 302 ? 2 : 16;
+            const std::string what = shape("rerank rows", {{"d", double(d)}, {"metric", double(int(metric))}}, s + d);
+            SCOPED_TRACE(what);
+            ExactFixture f(d, 16, m, 3000, 4, metric, s + d);
+            auto idx = f.empty({});
+            f.add_rows(*idx, 0, f.n);
+            const std::vector<float> q = first_queries(f, 2);
+            for (int cluster : {16, 1}) {
+                idx->set_small_cluster(cluster);
+                check_small(f, *idx, q, 100, 4, what + " cluster=" + std::to_string(cluster));
+            }
+            idx->set_small_cluster(0);
+        }
+}
