@@ -190,42 +190,6 @@ __device__ __forceinline__ int tile_at(int row, int col)
     return row * 32 + ((((col >> 2) ^ row) & 7) << 2) + (col & 3);
 }
 
-// Sorts 32 * S 64-bit words ascending across a warp (element t * 32 + lane
-// in x[t] of each lane): a bitonic network, strides of 32 and more between
-// a lane's registers, smaller ones between lanes by shuffles. All lanes call it.
-template <int S>
-__device__ __forceinline__ void warp_sort_u64(unsigned long long (&x)[S], int lane)
-{
-#pragma unroll
-    for (int size = 2; size <= 32 * S; size <<= 1) {
-#pragma unroll
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            if (stride >= 32) {
-                const int rs = stride >> 5;
-#pragma unroll
-                for (int t = 0; t < S; ++t) {
-                    const int o = t ^ rs;
-                    if (o > t) {
-                        const bool up = ((t << 5) & size) == 0;
-                        const unsigned long long lo = x[t] < x[o] ? x[t] : x[o];
-                        const unsigned long long hi = x[t] < x[o] ? x[o] : x[t];
-                        x[t] = up ? lo : hi;
-                        x[o] = up ? hi : lo;
-                    }
-                }
-            } else {
-#pragma unroll
-                for (int t = 0; t < S; ++t) {
-                    const unsigned long long other = __shfl_xor_sync(kFullMask, x[t], stride);
-                    const bool up = ((((t << 5) | lane) & size) == 0);
-                    const bool keep_min = ((lane & stride) == 0) == up;
-                    x[t] = keep_min ? (other < x[t] ? other : x[t]) : (other > x[t] ? other : x[t]);
-                }
-            }
-        }
-    }
-}
-
 // Bench aid: the scan selection's own phase ends, at tr[0 .. 3] (null: off).
 #define SELECT_TRACE(i)                           \
     do {                                          \
@@ -256,7 +220,7 @@ __device__ void broadcast_list(float* all_k, int kk, int own, int C)
 // every other block's all_k, padded with (+inf, -1): a radix select of the
 // k-th key over digits of its ordered bits (stopping at the first digit
 // whose bin holds exactly the entries still needed), the entries below it,
-// the tied ones by index, then one warp's sort of the kk. The digits start at the highest bit in which the
+// the tied ones by index, then a rank count among the kk. The digits start at the highest bit in which the
 // valid keys differ (the bits above it are common to all of them: distances
 // of one query share their sign and most of their exponent, so a first
 // digit over the top 8 bits would put nearly every key into one bin, each
@@ -264,7 +228,7 @@ __device__ void broadcast_list(float* all_k, int kk, int own, int C)
 // the last one narrower. Every thread calls it.
 template <int kQ>
 __device__ void select_smem(const float* keys, int n, int kk, int label0, int* hist, int* scan, int* sel,
-                            float* all_k, int* all_v, int own, int C, unsigned long long* tr)
+                            float* selk, float* all_k, int* all_v, int own, int C, unsigned long long* tr)
 {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int* ctl = scan + 32;  // [0] prefix, [2] remaining, [3] ties, [4] selected count
@@ -407,34 +371,42 @@ __device__ void select_smem(const float* keys, int n, int kk, int label0, int* h
     }
     __syncthreads();
     const int nsel = ctl[4];
+    for (int e = tid; e < nsel; e += kThreads)
+        selk[e] = keys[sel[e]];
+    __syncthreads();
     SELECT_TRACE(2);
-    // The selected in (key, index) order into this block's own list
-    // (padding after), by one warp: each entry as one 64-bit word, the
-    // key's ordered bits above its index, sorted by a bitonic network in
-    // registers. The labels stay here: only this block reads them.
-    if (warp == 0) {
-        constexpr int kS = kQ / 32;
-        unsigned long long x[kS];
-#pragma unroll
-        for (int t = 0; t < kS; ++t) {
-            const int e = t * 32 + lane;
-            // + 0.0f: -0 and +0 tie, as float comparisons have them.
-            x[t] = e < nsel ? (static_cast<unsigned long long>(order_bits(keys[sel[e]] + 0.0f)) << 32) |
-                                  static_cast<unsigned>(sel[e])
-                            : ~0ull;
-        }
-        warp_sort_u64<kS>(x, lane);
-        float* mine_k = all_k + own * (kQ + 1);
-        int* mine_v = all_v + own * (kQ + 1);
-#pragma unroll
-        for (int t = 0; t < kS; ++t) {
-            const int e = t * 32 + lane;
-            if (e < kk) {
-                const bool real = x[t] != ~0ull;
-                const int i = static_cast<int>(x[t] & 0xffffffffu);
-                mine_k[e] = real ? keys[i] : INFINITY;
-                mine_v[e] = real ? label0 + i : -1;
+    // Rank count among the selected, (key, index) order, into this block's
+    // own list (padding after); then the keys, in order, into the other
+    // blocks' copies of it (consecutive threads, consecutive places: the
+    // remote stores coalesce). The labels stay here: only this block reads
+    // them.
+    // kS consecutive lanes count for one entry, each over 1/kS of the
+    // selected, summed by shuffles.
+    constexpr int kS = kThreads / kQ;  // a power of two: 2 or 8
+    static_assert(kS >= 1 && (kS & (kS - 1)) == 0 && kS <= 32, "lanes per entry");
+    float* mine_k = all_k + own * (kQ + 1);
+    int* mine_v = all_v + own * (kQ + 1);
+    {  // kk <= kQ: one entry per kS threads covers them all
+        const int e = tid / kS, part = tid % kS;
+        float key = INFINITY;
+        int i = -1, at = 0;
+        if (e < kk && e < nsel) {
+            i = sel[e];
+            key = selk[e];
+            for (int f = part; f < nsel; f += kS) {
+                const float kj = selk[f];
+                const int j = sel[f];
+                at += kj < key || (kj == key && j < i);
             }
+        }
+#pragma unroll
+        for (int off = 1; off < kS; off <<= 1)
+            at += __shfl_xor_sync(kFullMask, at, off);
+        if (part == 0 && e < kk) {
+            if (e >= nsel)
+                at = e;  // padding after the selected
+            mine_k[at] = key;
+            mine_v[at] = e < nsel ? label0 + i : -1;
         }
     }
     __syncthreads();
@@ -809,7 +781,7 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     SMALL_TRACE(3);
     if (coarse_smem) {
         __syncthreads();
-        select_smem<kQ>(keybuf, c1 - c0, a.nprobe, c0, hist, scan, win, all_k, all_v, r, C, nullptr);
+        select_smem<kQ>(keybuf, c1 - c0, a.nprobe, c0, hist, scan, win, mk, all_k, all_v, r, C, nullptr);
     } else {
         ws.finish();
         tree_merge(ws, mk, mv);
@@ -948,7 +920,7 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     SMALL_TRACE(9);
     __syncthreads();  // keybuf complete
     if (scan_smem) {
-        select_smem<kQ>(keybuf, i1 - i0, a.k, i0, hist, scan, win, all_k, all_v, r, C,
+        select_smem<kQ>(keybuf, i1 - i0, a.k, i0, hist, scan, win, mk, all_k, all_v, r, C,
                         a.trace ? a.trace + 16 : nullptr);
     } else {
         ws.finish();
