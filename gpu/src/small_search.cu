@@ -1167,7 +1167,7 @@ SmallLaunch pick_launch(const SmallSearchArgs& a, int sms, int forced, bool spre
         // About two blocks per multiprocessor over the batch; 16 a query
         // only while the batch's blocks fit one per multiprocessor (two
         // 16-block clusters seldom find room in one GPC together: batch 16
-        // took 1.3x the time with 16 than with 8 on an H200), else 8.
+        // took 1.2-1.3x the time with 16 than with 8 on an H200), else 8.
         const int64_t nq = a.nq;
         const int most = nq * kMaxCluster <= sms ? kMaxCluster : kMaxCluster / 2;
         while (c < most && nq * c * 2 <= 2 * static_cast<int64_t>(sms))

@@ -77,7 +77,9 @@ struct GpuIvfPqOptions {
     // way (up to ties at the k-th ADC candidate). 32: on an H100 (IVF4096,
     // PQ32, nprobe 32, 100 candidates) the one launch takes 0.47x the staged
     // pipeline's device time at batch 1, 0.88x at 32, 1.13x at 64 (gpu_bench
-    // --stages, bench/gpu/results/kernel-stages-h100). 0 turns the path off.
+    // --stages; that kernel's H100 run is in git history); the current one
+    // on an H200: 0.41x at batch 1, 0.77x at 32, 1.02x at 64
+    // (bench/gpu/results/kernel-stages). 0 turns the path off.
     size_t small_batch_max = 32;
     // One-launch path: blocks per query. 0 chooses them from the batch and
     // the device (see small_search_plan); a power of two up to 16 forces it
@@ -87,9 +89,9 @@ struct GpuIvfPqOptions {
     // multiprocessors, give each block a multiprocessor of its own (the
     // blocks of a cluster may otherwise share one). Same answers either
     // way. Off: on an H200 (IVF4096,PQ32, nprobe 32, 100 candidates) it
-    // gained nothing at batch 1 and cost 40% at batch 8, where 16-block
+    // gained nothing at batch 1 and cost 50% at batch 8, where 16-block
     // clusters of one block per multiprocessor no longer all fit at once
-    // (gpu_bench --stages, bench/gpu/results/kernel-stages-h200).
+    // (gpu_bench --stages, bench/gpu/results/kernel-stages).
     bool small_spread = false;
 };
 
