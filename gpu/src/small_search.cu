@@ -1012,49 +1012,36 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     // the tile region (the query takes the first).
     const bool warp_rows = a.metric != Metric::Cosine && qs != nullptr && d <= kWarps * 32 * 16 &&
                            ns <= 2 * kWarps;
-    if (warp_rows) {
-        double* scratch = reinterpret_cast<double*>(smem + L.ctile + kWarps * 32 * 16 * sizeof(float)) +
-                          warp * (32 * 16 * sizeof(float) / sizeof(double));
-        constexpr int kChunk = 32 * 16 * sizeof(float) / sizeof(double);  // 256 doubles a warp
-        for (int w = warp; w < ns; w += kWarps) {  // uniform over the warp
-            const int slot = s0 + w;
-            const int pos = spos[slot];
-            double dist = INFINITY;
-            int64_t id = -1;
-            int present = 0;
-            if (pos >= 0) {
-                const int p = probe_of(prefix, a.nprobe, pos);
-                const int64_t off = pos - prefix[p];
-                id = w < staged ? rl[slot] : __ldg(reinterpret_cast<const long long*>(pids[p]) + off);
-                const float* v = w < staged ? keybuf + w * d : pvec[p] + off * d;
-                dist = warp_exact_distance(a.metric, qs, v, d, lane, scratch, kChunk);
-                present = 1;
-            }
-            __syncwarp();
-            if (lane == 0) {
-                rd[slot] = dist;
-                rl[slot] = id;
-                rp[slot] = present;
-            }
-        }
-    } else {
-        for (int w = tid; w < ns; w += kThreads) {
-            const int slot = s0 + w;
-            const int pos = spos[slot];
-            double dist = INFINITY;
-            int64_t id = -1;
-            int present = 0;
-            if (pos >= 0) {
-                const int p = probe_of(prefix, a.nprobe, pos);
-                const int64_t off = pos - prefix[p];
-                id = w < staged ? rl[slot] : __ldg(reinterpret_cast<const long long*>(pids[p]) + off);
-                const float* v = w < staged ? keybuf + w * d : pvec[p] + off * d;
-                dist = exact_distance(a.metric, qs ? qs : qraw, v, static_cast<size_t>(d));
-                present = 1;
-            }
-            rd[slot] = dist;
-            rl[slot] = id;
-            rp[slot] = present;
+    // Row w of this block's slots: its id and vector (staged, or in the
+    // mirror), or false for a missing candidate.
+    auto row_of = [&](int w, int64_t& id, const float*& v) {
+        const int pos = spos[s0 + w];
+        if (pos < 0)
+            return false;
+        const int p = probe_of(prefix, a.nprobe, pos);
+        const int64_t off = pos - prefix[p];
+        id = w < staged ? rl[s0 + w] : __ldg(reinterpret_cast<const long long*>(pids[p]) + off);
+        v = w < staged ? keybuf + w * d : pvec[p] + off * d;
+        return true;
+    };
+    double* scratch = reinterpret_cast<double*>(smem + L.ctile + kWarps * 32 * 16 * sizeof(float)) +
+                      warp * (32 * 16 * sizeof(float) / sizeof(double));
+    constexpr int kChunk = 32 * 16 * sizeof(float) / sizeof(double);  // 256 doubles a warp
+    const int step = warp_rows ? kWarps : kThreads;
+    for (int w = warp_rows ? warp : tid; w < ns; w += step) {  // uniform over a warp when warp_rows
+        double dist = INFINITY;
+        int64_t id = -1;
+        const float* v = nullptr;
+        const bool present = row_of(w, id, v);
+        if (present)
+            dist = warp_rows ? warp_exact_distance(a.metric, qs, v, d, lane, scratch, kChunk)
+                             : exact_distance(a.metric, qs ? qs : qraw, v, static_cast<size_t>(d));
+        if (warp_rows)
+            __syncwarp();  // every lane has read rl[] before lane 0 writes it
+        if (!warp_rows || lane == 0) {
+            rd[s0 + w] = dist;
+            rl[s0 + w] = id;
+            rp[s0 + w] = present ? 1 : 0;
         }
     }
     __syncthreads();
