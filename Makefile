@@ -151,8 +151,15 @@ PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
 # PostgreSQL's CXXFLAGS are C-oriented (-O2); the engine's hot loops want -O3
-# and OpenMP SIMD hints (no OpenMP runtime).
-override CXXFLAGS := $(filter-out -O2,$(CXXFLAGS)) -O3 -fopenmp-simd -ffp-contract=off -std=c++17 -Wno-missing-field-initializers
+# and OpenMP SIMD hints (no OpenMP runtime). PostgreSQL 16 and later pass
+# C-only flags that g++ refuses (-fexcess-precision=standard) or warns
+# about: they are dropped. CFLAGS serve only the link (the extension has no
+# C file): a flag of a newer gcc than the one here that built the server
+# (-Wmissing-variable-declarations, gcc 14) is dropped from them too.
+CXX_REFUSED_FLAGS = -O2 -fexcess-precision=standard -Wmissing-prototypes -Wdeclaration-after-statement \
+	-Wmissing-variable-declarations -Werror=vla
+override CXXFLAGS := $(filter-out $(CXX_REFUSED_FLAGS),$(CXXFLAGS)) -O3
+override CFLAGS := $(filter-out -Wmissing-variable-declarations,$(CFLAGS)) -fopenmp-simd -ffp-contract=off -std=c++17 -Wno-missing-field-initializers
 
 # -Wextra on the core only: it includes no PostgreSQL header, whose
 # warnings would drown the rest.

@@ -546,6 +546,7 @@ gpu_ivfpq_handler(PG_FUNCTION_ARGS)
 	am->amestimateparallelscan = NULL;
 	am->aminitparallelscan = NULL;
 	am->amparallelrescan = NULL;
+	GpuIvfpqSetNewerAmFields(am);
 
 	PG_RETURN_POINTER(am);
 }

@@ -376,6 +376,7 @@ gpu_metric_handler(PG_FUNCTION_ARGS)
 	am->amestimateparallelscan = NULL;
 	am->aminitparallelscan = NULL;
 	am->amparallelrescan = NULL;
+	GpuIvfpqSetNewerAmFields(am);
 
 	PG_RETURN_POINTER(am);
 }
