@@ -100,6 +100,13 @@ ifneq ($(PGVECTOR_CONTROL),)
 REGRESS += pgvector
 endif
 
+# The options test reads metapages through contrib's pageinspect: where the
+# server has no contrib (the PostgreSQL 16 wheel), it is left out, saying so.
+PAGEINSPECT_CONTROL := $(wildcard $(shell $(PG_CONFIG) --sharedir 2>/dev/null)/extension/pageinspect.control)
+ifeq ($(PAGEINSPECT_CONTROL),)
+REGRESS := $(filter-out options,$(REGRESS))
+endif
+
 # Serial OpenBLAS when present (no BLAS thread pool inside a backend).
 OPENBLAS_INC := $(firstword $(wildcard /usr/include/x86_64-linux-gnu/openblas-serial /usr/include/openblas-serial))
 OPENBLAS_LIB := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/openblas-serial))
@@ -147,8 +154,15 @@ endif
 PG_CXXFLAGS = -Wno-register
 SHLIB_LINK += -lstdc++
 
+# A PostgreSQL configured without --enable-tap-tests (the PyPI wheels) still
+# runs the TAP files, with the system's prove and the Perl test modules found
+# in its PGXS tree (scripts/install-postgres.sh puts them there).
+override enable_tap_tests = yes
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+ifeq ($(strip $(PROVE)),)
+PROVE = prove
+endif
 
 # PostgreSQL's CXXFLAGS are C-oriented (-O2); the engine's hot loops want -O3
 # and OpenMP SIMD hints (no OpenMP runtime). PostgreSQL 16 and later pass
@@ -278,6 +292,9 @@ installcheck installcheck-service: pgvector-note
 pgvector-note:
 ifeq ($(PGVECTOR_CONTROL),)
 	@echo "pgvector is not installed in $$($(PG_CONFIG) --sharedir): the pgvector regression test is skipped"
+endif
+ifeq ($(PAGEINSPECT_CONTROL),)
+	@echo "pageinspect is not installed in $$($(PG_CONFIG) --sharedir): the options regression test is skipped"
 endif
 
 # The TAP files alone (PGXS runs them at the end of installcheck).

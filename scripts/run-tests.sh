@@ -283,8 +283,10 @@ run_regress() {
     stage_make installcheck TAP_TESTS= >"$log" 2>&1 || rc=$?
   fi
   local ok bad
-  ok=$(grep -cE '\.\.\. +(ok|failed \(ignored\))' "$log")
-  bad=$(grep -cE '\.\.\. +FAILED' "$log")
+  # pg_regress 15 prints "name ... ok" and "... FAILED"; 16 and later "ok 1 - name"
+  # and "not ok 2 - name" (an ignored failure ends in "# (ignored)").
+  ok=$(grep -cE '\.\.\. +(ok|failed \(ignored\))|^ok +[0-9]+ |^not ok +[0-9]+ .*# \(ignored\)' "$log")
+  bad=$(grep -E '\.\.\. +FAILED|^not ok +[0-9]+ ' "$log" | grep -cv '# (ignored)')
   if [ "$rc" -ne 0 ] || [ "$bad" -ne 0 ]; then
     cat "$log"
     if [ -f "$diffs" ]; then

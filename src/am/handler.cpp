@@ -251,6 +251,7 @@ gpuivfpqcostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
 
 	if (path->indexorderbys == NIL)
 	{
+		GpuIvfpqRefuseIndexPath(path);
 		*indexStartupCost = DBL_MAX;
 		*indexTotalCost = DBL_MAX;
 		*indexSelectivity = 0;

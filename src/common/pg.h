@@ -82,6 +82,22 @@ typedef RelFileNode GpuIvfpqRelFile;
 #endif
 
 /*
+ * An index path the cost estimate refuses (gpu_ivfpq without ORDER BY,
+ * gpu_metric without a clause): through 17 its infinite cost loses to every
+ * other path, disabled ones included (they cost disable_cost). From 18 the
+ * planner compares the count of disabled nodes before costs, so with
+ * enable_seqscan = off such a path would beat the disabled sequential scan
+ * (SELECT count(*) through an index that returns only the lists it probes):
+ * counting it as two disabled nodes makes it lose to that scan, whose count
+ * is one.
+ */
+#if PG_VERSION_NUM >= 180000
+#define GpuIvfpqRefuseIndexPath(path) ((path)->path.disabled_nodes = 2)
+#else
+#define GpuIvfpqRefuseIndexPath(path) ((void) (path))
+#endif
+
+/*
  * The IndexAmRoutine fields that the versions after 15 added, each set to
  * what the extension's access methods do: no summarizing (16), no parallel
  * build and no insert cleanup (17), no equality or ordering consistency

@@ -219,6 +219,7 @@ gpumetriccostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
 
 	if (path->indexclauses == NIL && path->indexorderbys == NIL)
 	{
+		GpuIvfpqRefuseIndexPath(path);
 		*indexStartupCost = DBL_MAX;
 		*indexTotalCost = DBL_MAX;
 		*indexSelectivity = 0;
