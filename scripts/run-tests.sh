@@ -241,7 +241,14 @@ PGVECTOR_VERSION=0.8.6
 install_pgvector_once() {
   install_third_party pgvector "pgvector-$PGVECTOR_VERSION.tar.gz" PGVECTOR_TARBALL vector \
     "regress: pgvector" \
-    make -j"$JOBS" PG_CONFIG="$PG_BIN/pg_config" OPTFLAGS= with_llvm=no all install
+    make -j"$JOBS" PG_CONFIG="$PG_BIN/pg_config" OPTFLAGS= with_llvm=no CFLAGS="$(server_cflags)" all install
+}
+
+# The server's CFLAGS without the warning options of a newer gcc than this
+# one (the PostgreSQL 18 wheel's gcc 14 added -Wmissing-variable-declarations,
+# which gcc 12 refuses).
+server_cflags() {
+  "$PG_BIN/pg_config" --cflags | sed -E 's/(^| )-Wmissing-variable-declarations( |$)/ /'
 }
 
 # Citus, for the TAP test of distributed tables (test/t/012_citus.pl), about
@@ -478,7 +485,7 @@ TAP_FILES_18=${TAP_FILES_18-001_wal.pl 002_crash.pl 005_service.pl 006_gpu_servi
 FIRST_PG_BIN=$PG_BIN
 FIRST_MAJOR=$("$PG_BIN/pg_config" --version 2>/dev/null | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
 run_version() {
-  local v=$1 pgc
+  local v=$1 pgc t0=$SECONDS
   if ! pgc=$("$REPO_ROOT/scripts/install-postgres.sh" "$v" 2>"$LOGS/install-pg$v.log"); then
     cat "$LOGS/install-pg$v.log"
     fail "pg$v: scripts/install-postgres.sh $v"
@@ -488,6 +495,9 @@ run_version() {
   PG_LABEL=pg$v
   # Each version has its own build, third-party installs and staged copy.
   EXT_STATE=none STAGE="" THIRD_PARTY_STATE=()
+  local first_stage_root=$WORK
+  WORK=$first_stage_root/pg$v
+  mkdir -p "$WORK"
   if [ -f "$REPO_ROOT/Makefile" ]; then
     # The CUDA kernels do not depend on PostgreSQL: the archive the first
     # build made is linked again rather than compiled once more.
@@ -500,35 +510,44 @@ run_version() {
       fail "pg$v: make install"
     fi
   fi
-  local first_stage_root=$WORK
-  WORK=$first_stage_root/pg$v
-  mkdir -p "$WORK"
-  run_regress
-  run_regress service
+  install_pgvector_once
+  say "time: pg$v install and build $((SECONDS - t0)) s"
+  timed "pg$v regress" run_regress
+  timed "pg$v regress-service" run_regress service
   if [ "$v" = 18 ] && [ -n "$TAP_FILES_18" ]; then
     # 020_pg_upgrade.pl upgrades from an older version where the extension
     # is installed: 16 when it was tested before (Debian's 15.20 keeps a
     # column version in attoptions, "pg_attver", that 18.6's pg_restore
     # refuses for every table, whatever the extension), else the first.
     local from=${UPGRADE_FROM_BIN:-$FIRST_PG_BIN}
-    GPU_IVFPQ_UPGRADE_FROM=$from run_tap $TAP_FILES_18
+    GPU_IVFPQ_UPGRADE_FROM=$from timed "pg$v tap" run_tap $TAP_FILES_18
   fi
   [ "$v" = 16 ] && [ "$EXT_STATE" = ok ] && UPGRADE_FROM_BIN=$PG_BIN
   WORK=$first_stage_root
   PG_BIN=$FIRST_PG_BIN PG_LABEL=""
 }
 
-want unit && run_unit
-want regress && run_regress
-want regress && run_regress service
-want tap && run_tap
-want tools && run_tools
+# timed NAME CMD...: runs CMD, then says how long it took (CI's time budget).
+timed() {
+  local name=$1 t0=$SECONDS
+  shift
+  "$@"
+  say "time: $name $((SECONDS - t0)) s"
+}
+
+T_START=$SECONDS
+want unit && timed unit run_unit
+want regress && timed regress run_regress
+want regress && timed regress-service run_regress service
+want tap && timed tap run_tap
+want tools && timed tools run_tools
 if want versions; then
   for v in $PG_VERSIONS; do
     [ "$v" = "$FIRST_MAJOR" ] && continue
-    run_version "$v"
+    timed "pg$v" run_version "$v"
   done
 fi
+say "time: total $((SECONDS - T_START)) s"
 
 for s in "${SKIPS[@]}"; do say "skipped: $s"; done
 for f in "${FAILURES[@]}"; do say "FAILED: $f"; done
