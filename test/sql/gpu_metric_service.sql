@@ -80,7 +80,9 @@ SELECT * FROM svc_compare();
 -- too (in a segment of their own), the same rows as the CPU engine.
 INSERT INTO svc_words (word) VALUES ('paralelo');  -- the next search loads a new mirror
 SET gpu_ivfpq.device = gpu;
-SET force_parallel_mode = on;
+-- (force_parallel_mode is debug_parallel_query from PostgreSQL 16.)
+DO $$ BEGIN PERFORM set_config(name, 'on', false) FROM pg_settings
+WHERE name IN ('force_parallel_mode', 'debug_parallel_query'); END $$;
 EXPLAIN (COSTS OFF) SELECT array_agg(id ORDER BY id) FROM svc_words WHERE word <% edit_range('casa', 1);
 SELECT array_agg(id ORDER BY id) AS gpu FROM svc_words WHERE word <% edit_range('casa', 1);
 EXPLAIN (COSTS OFF) SELECT id FROM svc_words ORDER BY word <~> 'cañon' LIMIT 4;
@@ -99,7 +101,8 @@ SELECT count(*) AS gpu, sum(id) AS ids FROM svc_many WHERE word <% edit_range('a
 SET gpu_ivfpq.device = cpu;
 SELECT count(*) AS cpu, sum(id) AS ids FROM svc_many WHERE word <% edit_range('abcd', 2);
 -- Beside a Gather (the scans in the leader, in parallel mode).
-RESET force_parallel_mode;
+DO $$ BEGIN PERFORM set_config(name, reset_val, false) FROM pg_settings
+WHERE name IN ('force_parallel_mode', 'debug_parallel_query'); END $$;
 SET parallel_setup_cost = 0;
 SET parallel_tuple_cost = 0;
 SET min_parallel_table_scan_size = 0;
