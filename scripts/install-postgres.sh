@@ -128,6 +128,13 @@ if [ "$major" = 17 ] && [ ! -f "$inc/postgres.h" ]; then
   # own (the server exports them), not the C library's.
   sed -i -E 's/^#define (HAVE_DECL_STRLCAT|HAVE_DECL_STRLCPY) 1$/#define \1 0/;
              /^#define (USE_ICU|ENABLE_DTRACE|HAVE_STRLCAT|HAVE_STRLCPY) 1$/d' "$inc/pg_config.h"
+  # 17.12 made DatumGetHeapTupleHeader(Copy) functions of the server; 17.10
+  # has them as macros and exports no such function: an extension built
+  # with the newer declaration would not load into the older server.
+  if ! nm -D --defined-only "$pg/bin/postgres" | grep -qw DatumGetHeapTupleHeader; then
+    sed -i -E 's/^extern struct HeapTupleHeaderData \*DatumGetHeapTupleHeader\(Datum t\);$/#define DatumGetHeapTupleHeader(X) ((HeapTupleHeader) PG_DETOAST_DATUM(X))/;
+               s/^extern struct HeapTupleHeaderData \*DatumGetHeapTupleHeaderCopy\(Datum t\);$/#define DatumGetHeapTupleHeaderCopy(X) ((HeapTupleHeader) PG_DETOAST_DATUM_COPY(X))/' "$inc/fmgr.h"
+  fi
 fi
 if [ ! -f "$inc/postgres.h" ]; then
   say "install-postgres: no server headers in $inc"
