@@ -172,8 +172,8 @@ endif
 # (-Wmissing-variable-declarations, gcc 14) is dropped from them too.
 CXX_REFUSED_FLAGS = -O2 -fexcess-precision=standard -Wmissing-prototypes -Wdeclaration-after-statement \
 	-Wmissing-variable-declarations -Werror=vla
-override CXXFLAGS := $(filter-out $(CXX_REFUSED_FLAGS),$(CXXFLAGS)) -O3
-override CFLAGS := $(filter-out -Wmissing-variable-declarations,$(CFLAGS)) -fopenmp-simd -ffp-contract=off -std=c++17 -Wno-missing-field-initializers
+override CXXFLAGS := $(filter-out $(CXX_REFUSED_FLAGS),$(CXXFLAGS)) -O3 -fopenmp-simd -ffp-contract=off -std=c++17 -Wno-missing-field-initializers
+override CFLAGS := $(filter-out -Wmissing-variable-declarations,$(CFLAGS))
 
 # -Wextra on the core only: it includes no PostgreSQL header, whose
 # warnings would drown the rest.
