@@ -24,6 +24,9 @@
 #   OP='<->'              <-> (L2), <#> (inner product: real_ip_ops), <=> (cosine: real_cosine_ops)
 #   KEEP=1                keep the temp dir (the server is still stopped)
 #   USE_CUDA=0            build and run without the GPU even where one is
+#   PG_CONFIG=...         the PostgreSQL to build for and run (default Debian's
+#                         15, which install-deps.sh installs; another version:
+#                         PG_CONFIG=$(scripts/install-postgres.sh 18))
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 

@@ -23,8 +23,17 @@
 #            (gen_synthetic, fmnist_load, knn_bench; with the extension
 #            installed, also a small gpu_ivfpq index through knn_bench)
 #
+#   versions the regress suite (plain and with the service) on each other
+#            PostgreSQL major version of PG_VERSIONS (default "16 17 18"),
+#            installed by scripts/install-postgres.sh, the extension and
+#            pgvector built for it; on 18 also the TAP files of TAP_FILES_18
+#            (those that exercise version-sensitive code, and the pg_upgrade
+#            test from 15)
+#
 # --skip-deps (or SKIP_DEPS=1) skips scripts/install-deps.sh; --keep keeps the
-# staged copy under /tmp; --only takes a comma list of suite names.
+# staged copy under /tmp; --only takes a comma list of suite names. The
+# first suites run on the PostgreSQL of PG_CONFIG (default Debian's 15);
+# PG_VERSIONS="" runs no other version.
 # GPU_IVFPQ_EXPECT_GPU=1 makes the service suites use (and require) the GPU;
 # GPU_IVFPQ_CUDA_LIB links the GPU process to the CUDA kernels; TEMP_CONFIG adds
 # settings to every test instance; PROVE_FLAGS is passed to prove;
@@ -40,7 +49,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 
 SKIP_DEPS=${SKIP_DEPS:-0}
 KEEP=0
-ONLY="unit,regress,tap,tools"
+ONLY="unit,regress,tap,tools,versions"
 while [ $# -gt 0 ]; do
   case "$1" in
     --skip-deps) SKIP_DEPS=1 ;;
@@ -166,7 +175,7 @@ stage_repo() {
 stage_make() {
   (cd "$STAGE" && runuser -u postgres -- env PATH="$PG_BIN:$PATH" \
       GPU_IVFPQ_EXPECT_GPU="${GPU_IVFPQ_EXPECT_GPU:-0}" ${TEMP_CONFIG:+TEMP_CONFIG="$TEMP_CONFIG"} \
-      GPU_IVFPQ_TOOLS_BIN="${GPU_IVFPQ_TOOLS_BIN:-}" \
+      GPU_IVFPQ_TOOLS_BIN="${GPU_IVFPQ_TOOLS_BIN:-}" GPU_IVFPQ_UPGRADE_FROM="${GPU_IVFPQ_UPGRADE_FROM:-}" \
       make --no-print-directory PG_CONFIG="$PG_BIN/pg_config" "$@")
 }
 
@@ -232,7 +241,14 @@ PGVECTOR_VERSION=0.8.6
 install_pgvector_once() {
   install_third_party pgvector "pgvector-$PGVECTOR_VERSION.tar.gz" PGVECTOR_TARBALL vector \
     "regress: pgvector" \
-    make -j"$JOBS" PG_CONFIG="$PG_BIN/pg_config" OPTFLAGS= with_llvm=no all install
+    make -j"$JOBS" PG_CONFIG="$PG_BIN/pg_config" OPTFLAGS= with_llvm=no CFLAGS="$(server_cflags)" all install
+}
+
+# The server's CFLAGS without the warning options of a newer gcc than this
+# one (the PostgreSQL 18 wheel's gcc 14 added -Wmissing-variable-declarations,
+# which gcc 12 refuses).
+server_cflags() {
+  "$PG_BIN/pg_config" --cflags | sed -E 's/(^| )-Wmissing-variable-declarations( |$)/ /'
 }
 
 # Citus, for the TAP test of distributed tables (test/t/012_citus.pl), about
@@ -273,8 +289,8 @@ run_regress() {
     return
   fi
   stage_repo
-  local name=regress${variant:+-$variant} rc=0
-  local log=$LOGS/$name.log diffs=$STAGE/regression.diffs instance=$STAGE/tmp_check/regress
+  local name=${PG_LABEL:+$PG_LABEL }regress${variant:+-$variant} rc=0
+  local log=$LOGS/${name// /-}.log diffs=$STAGE/regression.diffs instance=$STAGE/tmp_check/regress
   if [ "$variant" = service ]; then
     diffs=$STAGE/tmp_check/service/regression.diffs
     instance=$STAGE/tmp_check/service-instance
@@ -283,8 +299,10 @@ run_regress() {
     stage_make installcheck TAP_TESTS= >"$log" 2>&1 || rc=$?
   fi
   local ok bad
-  ok=$(grep -cE '\.\.\. +(ok|failed \(ignored\))' "$log")
-  bad=$(grep -cE '\.\.\. +FAILED' "$log")
+  # pg_regress 15 prints "name ... ok" and "... FAILED"; 16 and later "ok 1 - name"
+  # and "not ok 2 - name" (an ignored failure ends in "# (ignored)").
+  ok=$(grep -cE '\.\.\. +(ok|failed \(ignored\))|^ok +[0-9]+ |^not ok +[0-9]+ .*# \(ignored\)' "$log")
+  bad=$(grep -E '\.\.\. +FAILED|^not ok +[0-9]+ ' "$log" | grep -cv '# (ignored)')
   if [ "$rc" -ne 0 ] || [ "$bad" -ne 0 ]; then
     cat "$log"
     if [ -f "$diffs" ]; then
@@ -304,12 +322,18 @@ run_regress() {
 }
 
 # ------------------------------------------------------------------ tap
-run_tap() {
+run_tap() {  # run_tap [FILE...]: the TAP files named (test/t/NAME.pl), else all
   local files=()
   local f
-  for f in "$REPO_ROOT"/test/t/*.pl; do
-    [ -e "$f" ] && files+=("test/t/$(basename "$f")")
-  done
+  if [ $# -gt 0 ]; then
+    for f in "$@"; do
+      [ -e "$REPO_ROOT/test/t/$f" ] && files+=("test/t/$f")
+    done
+  else
+    for f in "$REPO_ROOT"/test/t/*.pl; do
+      [ -e "$f" ] && files+=("test/t/$(basename "$f")")
+    done
+  fi
   if [ ${#files[@]} -eq 0 ]; then
     skip "tap (no test/t/*.pl)"
     return
@@ -319,7 +343,10 @@ run_tap() {
     fail "tap: not run, the extension did not build" "${#files[@]}"
     return
   fi
-  install_citus_once
+  # Citus 12.1 (for 012_citus.pl only) supports PostgreSQL 14 to 16.
+  local major
+  major=$("$PG_BIN/pg_config" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
+  [[ " ${files[*]} " == *" test/t/012_citus.pl "* ]] && [ "$major" -le 16 ] && install_citus_once
   stage_repo
   # The tools, where they build, for tests that want them: $GPU_IVFPQ_TOOLS_BIN.
   local tools_bin=""
@@ -329,27 +356,28 @@ run_tap() {
     cp "$TOOLS_BUILD"/gen_synthetic "$TOOLS_BUILD"/fmnist_load "$TOOLS_BUILD"/knn_bench "$tools_bin"/
     chown -R postgres: "$tools_bin"
   fi
-  local rc=0
+  local rc=0 name=${PG_LABEL:+$PG_LABEL }tap
+  local log=$LOGS/${name// /-}.log
   GPU_IVFPQ_TOOLS_BIN="$tools_bin" stage_make prove_installcheck PROVE_FLAGS="${PROVE_FLAGS:-}" \
-    >"$LOGS/tap.log" 2>&1 || rc=$?
+    PROVE_TESTS="${files[*]}" >"$log" 2>&1 || rc=$?
   local total=${#files[@]} nfail=0 bad
   if [ "$rc" -ne 0 ]; then
     # Failed files are listed in prove's "Test Summary Report" as
     # "test/t/x.pl (Wstat: ...)"; with none listed (a bail-out), all count.
-    bad=$(grep -oE '^test/t/[^ ]+\.pl +\(Wstat' "$LOGS/tap.log" | sed -E 's/ +\(Wstat//' | sort -u)
+    bad=$(grep -oE '^test/t/[^ ]+\.pl +\(Wstat' "$log" | sed -E 's/ +\(Wstat//' | sort -u)
     nfail=$(grep -c . <<<"$bad")
     [ "$nfail" -eq 0 ] && nfail=$total && bad="${files[*]}"
-    cat "$LOGS/tap.log"
+    cat "$log"
     for f in $bad; do
       f=$STAGE/tmp_check/log/regress_log_$(basename "$f" .pl)
       [ -e "$f" ] || continue
       say "---- $(basename "$f") (last 80 lines)"
       tail -n 80 "$f"
     done
-    fail "tap: $nfail of $total test files" "$nfail"
+    fail "$name: $nfail of $total test files" "$nfail"
     pass $((total - nfail))
   else
-    say "tap: $(grep -E '^Files=' "$LOGS/tap.log" | tail -n 1)"
+    say "$name: $(grep -E '^Files=' "$log" | tail -n 1)"
     pass "$total"
   fi
 }
@@ -447,11 +475,82 @@ SQL
   pg_temp_stop
 }
 
-want unit && run_unit
-want regress && run_regress
-want regress && run_regress service
-want tap && run_tap
-want tools && run_tools
+# ------------------------------------------------------------------ versions
+# The other PostgreSQL major versions: each installed by
+# scripts/install-postgres.sh, the extension built for it (in a copy of the
+# sources: the work tree's objects stay those of the first version) and
+# installed into it, pgvector too; then the regress suite with and without the
+# service, and on 18 the TAP files of TAP_FILES_18. Logs and failures are
+# named after the version ("pg18 regress").
+PG_VERSIONS=${PG_VERSIONS-16 17 18}
+TAP_FILES_18=${TAP_FILES_18-001_wal.pl 002_crash.pl 005_service.pl 006_gpu_service.pl 013_standby_gpu.pl 020_pg_upgrade.pl}
+FIRST_PG_BIN=$PG_BIN
+FIRST_MAJOR=$("$PG_BIN/pg_config" --version 2>/dev/null | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
+run_version() {
+  local v=$1 pgc t0=$SECONDS
+  if ! pgc=$("$REPO_ROOT/scripts/install-postgres.sh" "$v" 2>"$LOGS/install-pg$v.log"); then
+    cat "$LOGS/install-pg$v.log"
+    fail "pg$v: scripts/install-postgres.sh $v"
+    return
+  fi
+  PG_BIN=$("$pgc" --bindir)
+  PG_LABEL=pg$v
+  # Each version has its own build, third-party installs and staged copy.
+  EXT_STATE=none STAGE="" THIRD_PARTY_STATE=()
+  local first_stage_root=$WORK
+  WORK=$first_stage_root/pg$v
+  mkdir -p "$WORK"
+  if [ -f "$REPO_ROOT/Makefile" ]; then
+    # The CUDA kernels do not depend on PostgreSQL: the archive the first
+    # build made is linked again rather than compiled once more.
+    local cuda_lib=${GPU_IVFPQ_CUDA_LIB:-}
+    [ -z "$cuda_lib" ] && [ -f "$REPO_ROOT/gpu/libgpu_ivfpq_gpu.a" ] && cuda_lib=$REPO_ROOT/gpu/libgpu_ivfpq_gpu.a
+    if EXT_BUILD_IN_PLACE=0 GPU_IVFPQ_CUDA_LIB=$cuda_lib build_extension "$LOGS/pg$v-extension-build.log"; then
+      EXT_STATE=ok
+    else
+      EXT_STATE=failed
+      fail "pg$v: make install"
+    fi
+  fi
+  install_pgvector_once
+  say "time: pg$v install and build $((SECONDS - t0)) s"
+  timed "pg$v regress" run_regress
+  timed "pg$v regress-service" run_regress service
+  if [ "$v" = 18 ] && [ -n "$TAP_FILES_18" ]; then
+    # 020_pg_upgrade.pl upgrades from 16 when it was tested before (the
+    # extension installed there), else it is skipped: from Debian's 15.20
+    # pg_upgrade fails for every table, whatever the extension (15.20 keeps
+    # a column version in attoptions, "pg_attver", that 18.6's pg_restore
+    # refuses).
+    local from=${UPGRADE_FROM_BIN:-}
+    GPU_IVFPQ_UPGRADE_FROM=$from timed "pg$v tap" run_tap $TAP_FILES_18
+  fi
+  [ "$v" = 16 ] && [ "$EXT_STATE" = ok ] && UPGRADE_FROM_BIN=$PG_BIN
+  WORK=$first_stage_root
+  PG_BIN=$FIRST_PG_BIN PG_LABEL=""
+}
+
+# timed NAME CMD...: runs CMD, then says how long it took (CI's time budget).
+timed() {
+  local name=$1 t0=$SECONDS
+  shift
+  "$@"
+  say "time: $name $((SECONDS - t0)) s"
+}
+
+T_START=$SECONDS
+want unit && timed unit run_unit
+want regress && timed regress run_regress
+want regress && timed regress-service run_regress service
+want tap && timed tap run_tap
+want tools && timed tools run_tools
+if want versions; then
+  for v in $PG_VERSIONS; do
+    [ "$v" = "$FIRST_MAJOR" ] && continue
+    timed "pg$v" run_version "$v"
+  done
+fi
+say "time: total $((SECONDS - T_START)) s"
 
 for s in "${SKIPS[@]}"; do say "skipped: $s"; done
 for f in "${FAILURES[@]}"; do say "FAILED: $f"; done

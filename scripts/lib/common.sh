@@ -1,5 +1,5 @@
 # Shared shell helpers for scripts/ and bench/ (source it; bash only).
-# Sets REPO_ROOT from this file's location and PG_BIN; offers:
+# Sets REPO_ROOT from this file's location and PG_BIN (from PG_CONFIG when set); offers:
 #   build_extension      make + make install of the extension (quiet)
 #   build_tools          builds tools/ into $TOOLS_BUILD (quiet)
 #   pg_temp_start DIR    throwaway server as the postgres OS user in DIR
@@ -8,7 +8,12 @@
 #   run_quiet LOG CMD..  runs CMD with output to LOG; prints LOG's tail on failure
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# The PostgreSQL to use: PG_CONFIG's (scripts/install-postgres.sh prints the
+# one of each version), else PG_BIN, else Debian's PG_MAJOR (15).
 PG_MAJOR=${PG_MAJOR:-15}
+if [ -n "${PG_CONFIG:-}" ]; then
+  PG_BIN=$("$PG_CONFIG" --bindir) || { printf 'PG_CONFIG=%s does not run\n' "$PG_CONFIG" >&2; exit 2; }
+fi
 PG_BIN=${PG_BIN:-/usr/lib/postgresql/$PG_MAJOR/bin}
 TOOLS_BUILD=${TOOLS_BUILD:-$REPO_ROOT/build-tools}
 export PATH="$PG_BIN:$PATH"

@@ -270,8 +270,8 @@ GpuIvfpqEntryVector(const char *entries, int i, const GpuIvfpqEntryLayout *el)
  * ERROR instead of a read past a buffer or an endless chain; the index
  * checker (check.cpp) calls the same ones, so both say the same thing.
  */
-extern void GpuIvfpqReportBadPage(Relation index, BlockNumber blk, Page page, uint16 kind,
-								  const GpuIvfpqEntryLayout *el, int list) pg_attribute_noreturn();
+[[noreturn]] extern void GpuIvfpqReportBadPage(Relation index, BlockNumber blk, Page page, uint16 kind,
+											   const GpuIvfpqEntryLayout *el, int list);
 
 /* Whether page carries gpu_ivfpq's special space, page id and the given kind. */
 static inline bool
@@ -379,7 +379,7 @@ GpuIvfpqReadHinted(Relation index, BlockNumber blk)
 	if (RelationUsesLocalBuffers(index) || blk >= GPU_IVFPQ_BUFFER_HINTS_MAX)
 		return ReadBuffer(index, blk);
 	if (h != NULL && blk < h->n && BufferIsValid(h->buf[blk]) &&
-		ReadRecentBuffer(index->rd_node, MAIN_FORKNUM, blk, h->buf[blk]))
+		ReadRecentBuffer(GpuIvfpqRelFileOf(index), MAIN_FORKNUM, blk, h->buf[blk]))
 	{
 		/* counted as ReadBuffer counts a hit (pg_statio_*_indexes) */
 		pgstat_count_buffer_read(index);

@@ -805,9 +805,9 @@ gpuivfpqbuildempty(Relation index)
 	PageSetChecksumInplace(metapage, 0);
 	PageSetChecksumInplace(dirpage, 1);
 	smgrwrite(RelationGetSmgr(index), INIT_FORKNUM, 0, (char *) metapage, true);
-	log_newpage(&(RelationGetSmgr(index))->smgr_rnode.node, INIT_FORKNUM, 0, metapage, true);
+	log_newpage(GpuIvfpqSmgrRelFile(index), INIT_FORKNUM, 0, metapage, true);
 	smgrwrite(RelationGetSmgr(index), INIT_FORKNUM, 1, (char *) dirpage, true);
-	log_newpage(&(RelationGetSmgr(index))->smgr_rnode.node, INIT_FORKNUM, 1, dirpage, true);
+	log_newpage(GpuIvfpqSmgrRelFile(index), INIT_FORKNUM, 1, dirpage, true);
 	smgrimmedsync(RelationGetSmgr(index), INIT_FORKNUM);
 }
 

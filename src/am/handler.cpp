@@ -251,6 +251,7 @@ gpuivfpqcostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
 
 	if (path->indexorderbys == NIL)
 	{
+		GpuIvfpqRefuseIndexPath(path);
 		*indexStartupCost = DBL_MAX;
 		*indexTotalCost = DBL_MAX;
 		*indexSelectivity = 0;
@@ -546,6 +547,7 @@ gpu_ivfpq_handler(PG_FUNCTION_ARGS)
 	am->amestimateparallelscan = NULL;
 	am->aminitparallelscan = NULL;
 	am->amparallelrescan = NULL;
+	GpuIvfpqSetNewerAmFields(am);
 
 	PG_RETURN_POINTER(am);
 }

@@ -14,7 +14,7 @@
  */
 typedef struct ModelCacheSlot
 {
-	RelFileNode node;
+	GpuIvfpqRelFile node;
 	uint32		build_id;
 	uint64		last_used;
 	MemoryContext cxt;			/* owns the model; deleted on eviction */
@@ -50,7 +50,7 @@ GpuIvfpqGetModel(Relation index, const GpuIvfpqMetaPageData *meta)
 	{
 		ModelCacheSlot *slot = &model_cache[i];
 
-		if (slot->model != NULL && RelFileNodeEquals(slot->node, index->rd_node) &&
+		if (slot->model != NULL && GpuIvfpqRelFileEquals(slot->node, GpuIvfpqRelFileOf(index)) &&
 			slot->build_id == meta->build_id)
 		{
 			slot->last_used = ++model_cache_clock;
@@ -80,7 +80,7 @@ GpuIvfpqGetModel(Relation index, const GpuIvfpqMetaPageData *meta)
 	pfree(centroids);
 	pfree(codebooks);
 
-	victim->node = index->rd_node;
+	victim->node = GpuIvfpqRelFileOf(index);
 	victim->build_id = meta->build_id;
 	victim->last_used = ++model_cache_clock;
 	victim->cxt = cxt;

@@ -55,7 +55,7 @@ WalkLists(IndexVacuumInfo *info, IndexBulkDeleteResult *stats,
 			bool		dead[GPU_IVFPQ_PAGE_CONTENT / GPU_IVFPQ_TID_BYTES + 1];
 			int64		gone[GPU_IVFPQ_PAGE_CONTENT / GPU_IVFPQ_TID_BYTES + 1];
 
-			vacuum_delay_point();
+			GpuIvfpqVacuumDelayPoint();
 			GpuIvfpqChainStep(index, &walk, from, blk);
 			buf = ReadBufferExtended(index, MAIN_FORKNUM, blk, RBM_NORMAL, info->strategy);
 			LockBuffer(buf, callback ? BUFFER_LOCK_EXCLUSIVE : BUFFER_LOCK_SHARE);

@@ -56,7 +56,7 @@ GpuIvfpqCheckReadable(Relation heap, const char *function)
 				 errhint("Query the table with ORDER BY ... LIMIT (the index scan applies the policies), or run the function as a role that bypasses row-level security.")));
 }
 
-static void ReportMissing(Oid relid) pg_attribute_noreturn();
+[[noreturn]] static void ReportMissing(Oid relid);
 
 /* Errors for an OID that names no relation (a dropped one, or a number): a user error. */
 static void

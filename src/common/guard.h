@@ -55,7 +55,7 @@ extern void GpuIvfpqCatchCurrent(GpuIvfpqCaught *caught) noexcept;
  * ereport(ERROR) for a caught exception ("gpu_ivfpq <what> failed: ..."); an
  * interrupted engine raises the pending cancel or shutdown itself.
  */
-extern void GpuIvfpqReportCaught(const char *what, const GpuIvfpqCaught *caught) pg_attribute_noreturn();
+[[noreturn]] extern void GpuIvfpqReportCaught(const char *what, const GpuIvfpqCaught *caught);
 
 /* Makes the engine's loops stop for this process's cancels and shutdowns (_PG_init). */
 extern void GpuIvfpqInstallInterruptPoll(void);

@@ -45,3 +45,82 @@ extern "C" {
 #include "utils/timestamp.h"
 #include "portability/instr_time.h"
 }
+
+/*
+ * PostgreSQL 15 to 18 from one source: every difference between the major
+ * versions that the extension meets is bridged here, and only here, so that
+ * the rest of the code reads as one version. A new major version adds its
+ * guards to this block.
+ */
+#if PG_VERSION_NUM < 150000
+#error "gpu_ivfpq needs PostgreSQL 15 or later"
+#endif
+
+/*
+ * The relation's physical file: RelFileNode (15) became RelFileLocator in 16,
+ * its relNode the relNumber, and SMgrRelation's smgr_rnode the smgr_rlocator.
+ */
+#if PG_VERSION_NUM >= 160000
+typedef RelFileLocator GpuIvfpqRelFile;
+#define GpuIvfpqRelFileOf(rel) ((rel)->rd_locator)
+#define GpuIvfpqRelFileNumberOf(rel) ((rel)->rd_locator.relNumber)
+#define GpuIvfpqRelFileEquals(a, b) RelFileLocatorEquals(a, b)
+#define GpuIvfpqSmgrRelFile(rel) (&RelationGetSmgr(rel)->smgr_rlocator.locator)
+#else
+typedef RelFileNode GpuIvfpqRelFile;
+#define GpuIvfpqRelFileOf(rel) ((rel)->rd_node)
+#define GpuIvfpqRelFileNumberOf(rel) ((rel)->rd_node.relNode)
+#define GpuIvfpqRelFileEquals(a, b) RelFileNodeEquals(a, b)
+#define GpuIvfpqSmgrRelFile(rel) (&RelationGetSmgr(rel)->smgr_rnode.node)
+#endif
+
+/* VACUUM's cost-based delay: 18 asks whether ANALYZE is the caller. */
+#if PG_VERSION_NUM >= 180000
+#define GpuIvfpqVacuumDelayPoint() vacuum_delay_point(false)
+#else
+#define GpuIvfpqVacuumDelayPoint() vacuum_delay_point()
+#endif
+
+/*
+ * An index path the cost estimate refuses (gpu_ivfpq without ORDER BY,
+ * gpu_metric without a clause): through 17 its infinite cost loses to every
+ * other path, disabled ones included (they cost disable_cost). From 18 the
+ * planner compares the count of disabled nodes before costs, so with
+ * enable_seqscan = off such a path would beat the disabled sequential scan
+ * (SELECT count(*) through an index that returns only the lists it probes):
+ * counting it as two disabled nodes makes it lose to that scan, whose count
+ * is one.
+ */
+#if PG_VERSION_NUM >= 180000
+#define GpuIvfpqRefuseIndexPath(path) ((path)->path.disabled_nodes = 2)
+#else
+#define GpuIvfpqRefuseIndexPath(path) ((void) (path))
+#endif
+
+/*
+ * The IndexAmRoutine fields that the versions after 15 added, each set to
+ * what the extension's access methods do: no summarizing (16), no parallel
+ * build and no insert cleanup (17), no equality or ordering consistency
+ * promise, no hashing, no strategy translation, no tree height (18).
+ * Both handlers call it after setting the fields that every version has.
+ */
+static inline void
+GpuIvfpqSetNewerAmFields(IndexAmRoutine *am)
+{
+#if PG_VERSION_NUM >= 160000
+	am->amsummarizing = false;
+#endif
+#if PG_VERSION_NUM >= 170000
+	am->amcanbuildparallel = false;
+	am->aminsertcleanup = NULL;
+#endif
+#if PG_VERSION_NUM >= 180000
+	am->amconsistentequality = false;
+	am->amconsistentordering = false;
+	am->amcanhash = false;
+	am->amgettreeheight = NULL;
+	am->amtranslatestrategy = NULL;
+	am->amtranslatecmptype = NULL;
+#endif
+	(void) am;
+}

@@ -196,7 +196,7 @@ extern void GpuMetricWriterEnd(GpuMetricPageWriter *w);
 typedef struct GpuMetricCached
 {
 	Oid			indexrelid;
-	RelFileNode node;
+	GpuIvfpqRelFile node;
 	uint32		build_id;
 	uint64		change_count;
 	uint64		vacuum_count;

@@ -346,7 +346,7 @@ gpumetricbuildempty(Relation index)
 	((PageHeader) page)->pd_lower = (char *) GpuMetricPageGetMeta(page) + sizeof(meta) - (char *) page;
 	PageSetChecksumInplace(page, GPU_METRIC_METAPAGE_BLKNO);
 	smgrwrite(RelationGetSmgr(index), INIT_FORKNUM, GPU_METRIC_METAPAGE_BLKNO, (char *) page, true);
-	log_newpage(&(RelationGetSmgr(index))->smgr_rnode.node, INIT_FORKNUM, GPU_METRIC_METAPAGE_BLKNO,
+	log_newpage(GpuIvfpqSmgrRelFile(index), INIT_FORKNUM, GPU_METRIC_METAPAGE_BLKNO,
 				page, true);
 	smgrimmedsync(RelationGetSmgr(index), INIT_FORKNUM);
 }

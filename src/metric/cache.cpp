@@ -21,7 +21,7 @@ static bool
 EntryMatches(const GpuMetricCached *entry, Relation index, const GpuMetricMetaPageData *meta)
 {
 	return entry->indexrelid == RelationGetRelid(index) &&
-		RelFileNodeEquals(entry->node, index->rd_node) &&
+		GpuIvfpqRelFileEquals(entry->node, GpuIvfpqRelFileOf(index)) &&
 		entry->build_id == meta->build_id;
 }
 
@@ -43,7 +43,7 @@ Restore(Relation index, const GpuMetricMetaPageData *meta)
 	ItemPointerData *tids;
 
 	entry->indexrelid = RelationGetRelid(index);
-	entry->node = index->rd_node;
+	entry->node = GpuIvfpqRelFileOf(index);
 	entry->build_id = meta->build_id;
 	entry->change_count = meta->change_count;
 	entry->cxt = cxt;

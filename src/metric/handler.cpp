@@ -219,6 +219,7 @@ gpumetriccostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
 
 	if (path->indexclauses == NIL && path->indexorderbys == NIL)
 	{
+		GpuIvfpqRefuseIndexPath(path);
 		*indexStartupCost = DBL_MAX;
 		*indexTotalCost = DBL_MAX;
 		*indexSelectivity = 0;
@@ -376,6 +377,7 @@ gpu_metric_handler(PG_FUNCTION_ARGS)
 	am->amestimateparallelscan = NULL;
 	am->aminitparallelscan = NULL;
 	am->amparallelrescan = NULL;
+	GpuIvfpqSetNewerAmFields(am);
 
 	PG_RETURN_POINTER(am);
 }

@@ -35,7 +35,7 @@ WalkObjects(IndexVacuumInfo *info, IndexBulkDeleteResult *stats, IndexBulkDelete
 		int			dead = 0;
 		BlockNumber next;
 
-		vacuum_delay_point();
+		GpuIvfpqVacuumDelayPoint();
 		if (blk >= nblocks)
 			nblocks = RelationGetNumberOfBlocks(index);
 		if (blk >= nblocks || blk == GPU_METRIC_METAPAGE_BLKNO || ++pages > nblocks)

@@ -44,7 +44,7 @@ FillMetricKey(GpuIvfpqSlot *slot, Relation index, const GpuMetricMetaPageData *m
 {
 	slot->key.db = MyDatabaseId;
 	slot->key.index = RelationGetRelid(index);
-	slot->key.relnode = index->rd_node.relNode;
+	slot->key.relnode = GpuIvfpqRelFileNumberOf(index);
 	slot->key.build = meta->build_id;
 	slot->change_count = meta->change_count;
 }

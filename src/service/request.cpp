@@ -294,7 +294,7 @@ GpuIvfpqFillKey(GpuIvfpqKey *key, Relation index, const GpuIvfpqMetaPageData *me
 {
 	key->db = MyDatabaseId;
 	key->index = RelationGetRelid(index);
-	key->relnode = index->rd_node.relNode;
+	key->relnode = GpuIvfpqRelFileNumberOf(index);
 	key->build = meta->build_id;
 }
 

@@ -406,7 +406,7 @@ extern const char *GpuIvfpqNotServableReason(const GpuIvfpqMetaPageData *meta);
 extern void GpuIvfpqCountFallback(void);
 extern dsm_segment *GpuIvfpqCreateSegment(Size bytes, const char *what);
 extern bool GpuIvfpqServiceServing(void);
-extern void GpuIvfpqGpuRequiredError(const char *what, const char *reason) pg_attribute_noreturn();
+[[noreturn]] extern void GpuIvfpqGpuRequiredError(const char *what, const char *reason);
 extern void GpuIvfpqSearchFellBack(Relation index, RequestResult result, const char *error, const char *am,
 								   const char *noun, const char *what, bool required);
 extern GpuIvfpqSlot *GpuIvfpqAcquireSlot(void);

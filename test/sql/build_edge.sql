@@ -7,6 +7,7 @@ CREATE EXTENSION IF NOT EXISTS gpu_ivfpq;
 RESET client_min_messages;
 
 \i test/sql/knn_function.inc
+\i test/sql/explain_function.inc
 -- Exact settings: every list probed, every candidate re-ranked.
 SET gpu_ivfpq.probes = 65536;
 SET gpu_ivfpq.rerank = 1000000;
@@ -50,7 +51,9 @@ SELECT relname, reltuples FROM pg_class WHERE relname IN ('stats_t', 'stats_idx'
 TRUNCATE stats_t;
 INSERT INTO stats_t SELECT NULL FROM generate_series(1, 30);
 REINDEX INDEX stats_idx;
-SELECT relname, reltuples FROM pg_class WHERE relname IN ('stats_t', 'stats_idx') ORDER BY 1;
+-- (The table's figure after a REINDEX that follows TRUNCATE is the core's
+-- choice, which differs between versions: only the index's is checked.)
+SELECT relname, reltuples FROM pg_class WHERE relname = 'stats_idx';
 DROP TABLE stats_t;
 
 --
@@ -286,7 +289,7 @@ ROLLBACK;
 SELECT knn('SELECT id FROM items ORDER BY v <-> ''{1,1,1,1,1,1,1,1}'' LIMIT 10', true) AS index_ids;
 DROP INDEX items_idx;
 SET enable_seqscan = off;
-EXPLAIN (COSTS OFF) SELECT id FROM items ORDER BY v <-> '{1,1,1,1,1,1,1,1}' LIMIT 10;
+SELECT * FROM explain_plan($q$SELECT id FROM items ORDER BY v <-> '{1,1,1,1,1,1,1,1}' LIMIT 10$q$) AS "QUERY PLAN";
 RESET enable_seqscan;
 DROP TABLE items;
 
@@ -396,4 +399,4 @@ RESET enable_seqscan;
 DROP TABLE one_row;
 RESET gpu_ivfpq.rerank;
 
-DROP FUNCTION knn(text, bool);
+DROP FUNCTION knn(text, bool), explain_plan(text);

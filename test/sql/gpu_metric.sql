@@ -5,6 +5,7 @@
 -- inserts, deletes and VACUUM; NULLs, empty strings, bad input, plans.
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS gpu_ivfpq;
+\i test/sql/explain_function.inc
 -- The reference distance: levenshtein() when fuzzystrmatch is available.
 SELECT EXISTS (SELECT FROM pg_available_extensions WHERE name = 'fuzzystrmatch') AS have_fuzzy \gset
 \if :have_fuzzy
@@ -142,12 +143,12 @@ $$;
 --
 CREATE INDEX words_lc ON words USING gpu_metric (word) WITH (method = lc, bucket = 4);
 SET enable_seqscan = off;
-EXPLAIN (COSTS OFF) SELECT id FROM words WHERE word <% edit_range('cassa', 2);
+SELECT * FROM explain_plan($q$SELECT id FROM words WHERE word <% edit_range('cassa', 2)$q$) AS "QUERY PLAN";
 SET enable_bitmapscan = off;
-EXPLAIN (COSTS OFF) SELECT id FROM words WHERE word <% edit_range('cassa', 2);
-EXPLAIN (COSTS OFF) SELECT id, word <~> 'cassa' FROM words ORDER BY word <~> 'cassa' LIMIT 5;
+SELECT * FROM explain_plan($q$SELECT id FROM words WHERE word <% edit_range('cassa', 2)$q$) AS "QUERY PLAN";
+SELECT * FROM explain_plan($q$SELECT id, word <~> 'cassa' FROM words ORDER BY word <~> 'cassa' LIMIT 5$q$) AS "QUERY PLAN";
 -- The checks' per-query scans are parameterized index scans.
-EXPLAIN (COSTS OFF) SELECT q.qid, w.id FROM queries q, LATERAL (SELECT id FROM words w WHERE w.word <% edit_range(q.q, 2)) w;
+SELECT * FROM explain_plan($q$SELECT q.qid, w.id FROM queries q, LATERAL (SELECT id FROM words w WHERE w.word <% edit_range(q.q, 2)) w$q$) AS "QUERY PLAN";
 RESET enable_bitmapscan;
 RESET enable_seqscan;
 SELECT word, word <~> 'cassa' AS d FROM words WHERE word <% edit_range('cassa', 1) ORDER BY d, word;
@@ -181,7 +182,7 @@ SELECT word FROM words WHERE word <% edit_range('casa', 2) AND word <% edit_rang
 -- Both in one index scan: the range's rows by distance, ties in heap order.
 SET enable_bitmapscan = off;
 SET enable_sort = off;
-EXPLAIN (COSTS OFF) SELECT id FROM words WHERE word <% edit_range('cañon', 2) ORDER BY word <~> 'casa' LIMIT 4;
+SELECT * FROM explain_plan($q$SELECT id FROM words WHERE word <% edit_range('cañon', 2) ORDER BY word <~> 'casa' LIMIT 4$q$) AS "QUERY PLAN";
 SELECT id, word, word <~> 'casa' AS d FROM words WHERE word <% edit_range('cañon', 2)
 ORDER BY word <~> 'casa' LIMIT 4;
 RESET enable_sort;
@@ -293,15 +294,15 @@ FROM pg_class WHERE relname IN ('words_lc', 'words_sss') ORDER BY 1;
 --
 DROP INDEX words_sss;
 ANALYZE words;
-EXPLAIN (COSTS OFF) SELECT id FROM words WHERE word <% edit_range('cassa', 1);
-EXPLAIN (COSTS OFF) SELECT id FROM words ORDER BY word <~> 'cassa' LIMIT 10;
+SELECT * FROM explain_plan($q$SELECT id FROM words WHERE word <% edit_range('cassa', 1)$q$) AS "QUERY PLAN";
+SELECT * FROM explain_plan($q$SELECT id FROM words ORDER BY word <~> 'cassa' LIMIT 10$q$) AS "QUERY PLAN";
 -- Every row by distance: a sort of a sequential scan.
-EXPLAIN (COSTS OFF) SELECT id FROM words ORDER BY word <~> 'cassa';
+SELECT * FROM explain_plan($q$SELECT id FROM words ORDER BY word <~> 'cassa'$q$) AS "QUERY PLAN";
 -- A radius that holds every word: a sequential scan.
-EXPLAIN (COSTS OFF) SELECT id FROM words WHERE word <% edit_range('cassa', 100);
+SELECT * FROM explain_plan($q$SELECT id FROM words WHERE word <% edit_range('cassa', 100)$q$) AS "QUERY PLAN";
 -- Other operators: not this index.
-EXPLAIN (COSTS OFF) SELECT id FROM words WHERE word = 'casa';
-EXPLAIN (COSTS OFF) SELECT id FROM words WHERE word <~> 'cassa' <= 1;
+SELECT * FROM explain_plan($q$SELECT id FROM words WHERE word = 'casa'$q$) AS "QUERY PLAN";
+SELECT * FROM explain_plan($q$SELECT id FROM words WHERE word <~> 'cassa' <= 1$q$) AS "QUERY PLAN";
 DROP INDEX words_lc;
 
 --
@@ -426,4 +427,4 @@ SELECT pg_index_column_has_property('words_lc'::regclass, 1, 'distance_orderable
 DROP TABLE words CASCADE;
 DROP TABLE queries, ref;
 DROP FUNCTION refresh_ref(), range_check(), knn_check(int), batch_check(regclass), check_exact(regclass),
-	check_quick(regclass);
+	check_quick(regclass), explain_plan(text);

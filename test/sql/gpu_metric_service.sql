@@ -7,6 +7,7 @@
 -- makes the next search load a new mirror); the mirrors view lists them.
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS gpu_ivfpq;
+\i test/sql/explain_function.inc
 SET enable_seqscan = off;
 SET enable_bitmapscan = off;
 
@@ -80,10 +81,15 @@ SELECT * FROM svc_compare();
 -- too (in a segment of their own), the same rows as the CPU engine.
 INSERT INTO svc_words (word) VALUES ('paralelo');  -- the next search loads a new mirror
 SET gpu_ivfpq.device = gpu;
-SET force_parallel_mode = on;
-EXPLAIN (COSTS OFF) SELECT array_agg(id ORDER BY id) FROM svc_words WHERE word <% edit_range('casa', 1);
+-- (force_parallel_mode is debug_parallel_query from PostgreSQL 16; from 16
+-- the planner would sort below the aggregate for its ORDER BY: the same plans
+-- on every version without that.)
+DO $$ BEGIN PERFORM set_config(name, 'on', false) FROM pg_settings
+WHERE name IN ('force_parallel_mode', 'debug_parallel_query');
+PERFORM set_config(name, 'off', false) FROM pg_settings WHERE name = 'enable_presorted_aggregate'; END $$;
+SELECT * FROM explain_plan($q$SELECT array_agg(id ORDER BY id) FROM svc_words WHERE word <% edit_range('casa', 1)$q$) AS "QUERY PLAN";
 SELECT array_agg(id ORDER BY id) AS gpu FROM svc_words WHERE word <% edit_range('casa', 1);
-EXPLAIN (COSTS OFF) SELECT id FROM svc_words ORDER BY word <~> 'cañon' LIMIT 4;
+SELECT * FROM explain_plan($q$SELECT id FROM svc_words ORDER BY word <~> 'cañon' LIMIT 4$q$) AS "QUERY PLAN";
 SELECT id AS gpu FROM svc_words ORDER BY word <~> 'cañon' LIMIT 4;
 SET gpu_ivfpq.device = cpu;
 SELECT array_agg(id ORDER BY id) AS cpu FROM svc_words WHERE word <% edit_range('casa', 1);
@@ -99,17 +105,18 @@ SELECT count(*) AS gpu, sum(id) AS ids FROM svc_many WHERE word <% edit_range('a
 SET gpu_ivfpq.device = cpu;
 SELECT count(*) AS cpu, sum(id) AS ids FROM svc_many WHERE word <% edit_range('abcd', 2);
 -- Beside a Gather (the scans in the leader, in parallel mode).
-RESET force_parallel_mode;
+DO $$ BEGIN PERFORM set_config(name, reset_val, false) FROM pg_settings
+WHERE name IN ('force_parallel_mode', 'debug_parallel_query'); END $$;
 SET parallel_setup_cost = 0;
 SET parallel_tuple_cost = 0;
 SET min_parallel_table_scan_size = 0;
 SET max_parallel_workers_per_gather = 2;
 INSERT INTO svc_words (word) VALUES ('paralela');
 SET gpu_ivfpq.device = gpu;
-EXPLAIN (COSTS OFF)
+SELECT * FROM explain_plan($q$
 SELECT q.qid, n.ids FROM svc_queries q
 CROSS JOIN LATERAL (SELECT array_agg(id) AS ids FROM (SELECT id FROM svc_words w ORDER BY w.word <~> q.q LIMIT 3) s) n
-ORDER BY q.qid;
+ORDER BY q.qid$q$) AS "QUERY PLAN";
 SELECT q.qid, n.ids AS gpu FROM svc_queries q
 CROSS JOIN LATERAL (SELECT array_agg(id) AS ids FROM (SELECT id FROM svc_words w ORDER BY w.word <~> q.q LIMIT 3) s) n
 ORDER BY q.qid;
@@ -121,6 +128,8 @@ RESET max_parallel_workers_per_gather;
 RESET min_parallel_table_scan_size;
 RESET parallel_tuple_cost;
 RESET parallel_setup_cost;
+DO $$ BEGIN PERFORM set_config(name, reset_val, false) FROM pg_settings
+WHERE name = 'enable_presorted_aggregate'; END $$;
 RESET gpu_ivfpq.device;
 DROP TABLE svc_many;
 
@@ -146,4 +155,4 @@ DROP ROLE svc_metric_nobody;
 -- The searches above were served by the GPU: none fell back.
 SELECT queries_gpu > 0 AS gpu_served FROM gpu_ivfpq_status;
 DROP TABLE svc_words, svc_queries;
-DROP FUNCTION svc_compare(), svc_answers(text);
+DROP FUNCTION svc_compare(), svc_answers(text), explain_plan(text);

@@ -169,7 +169,12 @@ SET gpu_ivfpq.probes = 65537;
 SET gpu_ivfpq.rerank = 0;
 SET gpu_ivfpq.rerank = 1000001;
 SET gpu_ivfpq.max_scan_tuples = 0;
-SET gpu_ivfpq.table_memory = -1;
+-- (How the range of a setting with a unit is worded differs between
+-- PostgreSQL versions: the message is shown without it.)
+DO $$ BEGIN SET gpu_ivfpq.table_memory = -1;
+EXCEPTION WHEN invalid_parameter_value THEN
+  RAISE NOTICE 'refused: %', regexp_replace(SQLERRM, ' \([^)]*\)$', '');
+END $$;
 SET gpu_ivfpq.probes = 'all';
 SET gpu_ivfpq.no_such_setting = 1;
 SET gpu_ivfpq.placement = 'everywhere';

@@ -6,6 +6,7 @@ CREATE EXTENSION IF NOT EXISTS gpu_ivfpq;
 RESET client_min_messages;
 
 \i test/sql/knn_function.inc
+\i test/sql/explain_function.inc
 -- 500 rows of 16 dimensions in [0, 10), and 5 query vectors (deterministic;
 -- the distances of a query to the rows are all different).
 SELECT setseed(0.42);
@@ -33,20 +34,20 @@ ANALYZE s;
 --
 SET enable_seqscan = off;
 -- ORDER BY <op> LIMIT: the index, either operand order.
-EXPLAIN (COSTS OFF) SELECT id FROM s ORDER BY v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' LIMIT 5;
-EXPLAIN (COSTS OFF) SELECT id FROM s ORDER BY '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' <-> v LIMIT 5;
-EXPLAIN (COSTS OFF) SELECT id, v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' AS d FROM s ORDER BY d LIMIT 5;
+SELECT * FROM explain_plan($q$SELECT id FROM s ORDER BY v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' LIMIT 5$q$) AS "QUERY PLAN";
+SELECT * FROM explain_plan($q$SELECT id FROM s ORDER BY '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' <-> v LIMIT 5$q$) AS "QUERY PLAN";
+SELECT * FROM explain_plan($q$SELECT id, v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' AS d FROM s ORDER BY d LIMIT 5$q$) AS "QUERY PLAN";
 -- ... with a filter on another column.
-EXPLAIN (COSTS OFF) SELECT id FROM s WHERE id % 10 = 0 ORDER BY v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' LIMIT 5;
+SELECT * FROM explain_plan($q$SELECT id FROM s WHERE id % 10 = 0 ORDER BY v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' LIMIT 5$q$) AS "QUERY PLAN";
 -- Never without ORDER BY, nor for a WHERE on the distance, nor for DESC,
 -- nor for another operator than the operator class's, nor an expression.
-EXPLAIN (COSTS OFF) SELECT id FROM s;
-EXPLAIN (COSTS OFF) SELECT count(*) FROM s;
-EXPLAIN (COSTS OFF) SELECT id FROM s WHERE v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' < 5;
-EXPLAIN (COSTS OFF) SELECT id FROM s WHERE v = '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}';
-EXPLAIN (COSTS OFF) SELECT id FROM s ORDER BY v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' DESC LIMIT 5;
-EXPLAIN (COSTS OFF) SELECT id FROM s ORDER BY v <#> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' LIMIT 5;
-EXPLAIN (COSTS OFF) SELECT id FROM s ORDER BY (v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}') + 1 LIMIT 5;
+SELECT * FROM explain_plan($q$SELECT id FROM s$q$) AS "QUERY PLAN";
+SELECT * FROM explain_plan($q$SELECT count(*) FROM s$q$) AS "QUERY PLAN";
+SELECT * FROM explain_plan($q$SELECT id FROM s WHERE v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' < 5$q$) AS "QUERY PLAN";
+SELECT * FROM explain_plan($q$SELECT id FROM s WHERE v = '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}'$q$) AS "QUERY PLAN";
+SELECT * FROM explain_plan($q$SELECT id FROM s ORDER BY v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' DESC LIMIT 5$q$) AS "QUERY PLAN";
+SELECT * FROM explain_plan($q$SELECT id FROM s ORDER BY v <#> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' LIMIT 5$q$) AS "QUERY PLAN";
+SELECT * FROM explain_plan($q$SELECT id FROM s ORDER BY (v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}') + 1 LIMIT 5$q$) AS "QUERY PLAN";
 -- Properties of the index.
 SELECT pg_index_column_has_property('s_l2', 1, 'orderable') AS orderable,
        pg_index_has_property('s_l2', 'index_scan') AS index_scan,
@@ -90,9 +91,9 @@ SELECT qid,
 FROM q ORDER BY qid;
 -- Each operator picks the index of its operator class.
 SET enable_seqscan = off;
-EXPLAIN (COSTS OFF) SELECT id FROM s ORDER BY v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' LIMIT 5;
-EXPLAIN (COSTS OFF) SELECT id FROM s ORDER BY v <#> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' LIMIT 5;
-EXPLAIN (COSTS OFF) SELECT id FROM s ORDER BY v <=> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' LIMIT 5;
+SELECT * FROM explain_plan($q$SELECT id FROM s ORDER BY v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' LIMIT 5$q$) AS "QUERY PLAN";
+SELECT * FROM explain_plan($q$SELECT id FROM s ORDER BY v <#> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' LIMIT 5$q$) AS "QUERY PLAN";
+SELECT * FROM explain_plan($q$SELECT id FROM s ORDER BY v <=> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' LIMIT 5$q$) AS "QUERY PLAN";
 RESET enable_seqscan;
 DROP INDEX s_ip, s_cos;
 
@@ -226,8 +227,8 @@ SELECT cardinality(knn(format('SELECT id FROM s ORDER BY v <-> %L', :'q1'), true
 SET gpu_ivfpq.probes = 1;
 SET gpu_ivfpq.rerank = 10;
 SET enable_seqscan = off;
-EXPLAIN (COSTS OFF) SELECT id FROM s ORDER BY v <-> NULL LIMIT 5;
-EXPLAIN (COSTS OFF) SELECT id FROM s ORDER BY v <-> (SELECT NULL::real[]) LIMIT 5;
+SELECT * FROM explain_plan($q$SELECT id FROM s ORDER BY v <-> NULL LIMIT 5$q$) AS "QUERY PLAN";
+SELECT * FROM explain_plan($q$SELECT id FROM s ORDER BY v <-> (SELECT NULL::real[]) LIMIT 5$q$) AS "QUERY PLAN";
 SELECT count(*), count(DISTINCT id), bool_and(d IS NULL) AS all_null
 FROM (SELECT id, v <-> (SELECT NULL::real[]) AS d FROM s ORDER BY v <-> (SELECT NULL::real[])) x;
 SELECT count(*) FROM (SELECT id FROM s ORDER BY v <-> (SELECT NULL::real[]) LIMIT 5) x;
@@ -269,8 +270,8 @@ DEALLOCATE nearest_count;
 -- Rescans: for each query row, the 3 nearest rows through LATERAL (the
 -- index is rescanned with a new query vector for each outer row).
 --
-EXPLAIN (COSTS OFF)
-SELECT q.qid, x.id FROM q CROSS JOIN LATERAL (SELECT id FROM s ORDER BY s.v <-> q.qv LIMIT 3) x;
+SELECT * FROM explain_plan($q$
+SELECT q.qid, x.id FROM q CROSS JOIN LATERAL (SELECT id FROM s ORDER BY s.v <-> q.qv LIMIT 3) x$q$) AS "QUERY PLAN";
 CREATE TEMP TABLE lateral_index AS
 SELECT q.qid, x.id, x.d FROM q CROSS JOIN LATERAL (SELECT id, v <-> q.qv AS d FROM s ORDER BY s.v <-> q.qv LIMIT 3) x;
 RESET enable_seqscan;
@@ -336,8 +337,8 @@ CREATE INDEX sp_idx ON sp USING gpu_ivfpq (v) WITH (lists = 4, m = 4);
 SET gpu_ivfpq.probes = 4;
 SET gpu_ivfpq.rerank = 1000;
 SET enable_seqscan = off;
-EXPLAIN (COSTS OFF) SELECT id FROM sp ORDER BY v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' LIMIT 5;
-EXPLAIN (COSTS OFF) SELECT id FROM sp WHERE part = 1 ORDER BY v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' LIMIT 5;
+SELECT * FROM explain_plan($q$SELECT id FROM sp ORDER BY v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' LIMIT 5$q$) AS "QUERY PLAN";
+SELECT * FROM explain_plan($q$SELECT id FROM sp WHERE part = 1 ORDER BY v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' LIMIT 5$q$) AS "QUERY PLAN";
 RESET enable_seqscan;
 SELECT qid, knn(format('SELECT id FROM sp ORDER BY v <-> %L LIMIT 10', qv), true) =
             knn(format('SELECT id FROM s ORDER BY v <-> %L LIMIT 10', qv), false) AS same_top10,
@@ -359,7 +360,7 @@ CREATE INDEX plan_t_idx ON plan_t USING gpu_ivfpq (v) WITH (lists = 64, m = 8);
 ANALYZE plan_t;
 SET gpu_ivfpq.probes = 32;
 SET gpu_ivfpq.rerank = 1000;
-EXPLAIN (COSTS OFF) SELECT id FROM plan_t ORDER BY v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6,1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6,1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6,1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' LIMIT 10;
+SELECT * FROM explain_plan($q$SELECT id FROM plan_t ORDER BY v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6,1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6,1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6,1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}' LIMIT 10$q$) AS "QUERY PLAN";
 RESET gpu_ivfpq.probes;
 RESET gpu_ivfpq.rerank;
 DROP TABLE plan_t;
@@ -404,4 +405,4 @@ DROP FUNCTION plan_of(text), make_cost_tables(text, text, text);
 
 DROP FUNCTION in_order(text, real[]);
 DROP TABLE s, q;
-DROP FUNCTION knn(text, bool);
+DROP FUNCTION knn(text, bool), explain_plan(text);

@@ -153,6 +153,10 @@ SET parallel_setup_cost = 0;
 SET parallel_tuple_cost = 0;
 SET min_parallel_table_scan_size = 0;
 SET max_parallel_workers_per_gather = 2;
+-- (From PostgreSQL 16 the planner would sort below the Gather for the
+-- aggregate's ORDER BY: the same plan on every version without that.)
+DO $$ BEGIN PERFORM set_config(name, 'off', false) FROM pg_settings
+WHERE name = 'enable_presorted_aggregate'; END $$;
 SET gpu_ivfpq.device = gpu;
 REINDEX INDEX svc_idx;  -- no mirror: the first scan loads one
 EXPLAIN (COSTS OFF)
@@ -164,18 +168,23 @@ SET gpu_ivfpq.device = cpu;
 SELECT array_agg(n.id ORDER BY q.qid) AS cpu FROM svcq q
 CROSS JOIN LATERAL (SELECT id FROM svc ORDER BY svc.v <-> q.qv LIMIT 1) n WHERE q.qid % 100 = 0;
 SET gpu_ivfpq.device = gpu;
-SET force_parallel_mode = on;
+-- (force_parallel_mode is debug_parallel_query from PostgreSQL 16.)
+DO $$ BEGIN PERFORM set_config(name, 'on', false) FROM pg_settings
+WHERE name IN ('force_parallel_mode', 'debug_parallel_query'); END $$;
 REINDEX INDEX svc_idx;
 EXPLAIN (COSTS OFF) SELECT id FROM svc ORDER BY v <-> '{0.3,0.6,0.2,0.1}' LIMIT 4;
 SELECT id AS gpu FROM svc ORDER BY v <-> '{0.3,0.6,0.2,0.1}' LIMIT 4;
 SET gpu_ivfpq.device = cpu;
 SELECT id AS cpu FROM svc ORDER BY v <-> '{0.3,0.6,0.2,0.1}' LIMIT 4;
 SET gpu_ivfpq.device = gpu;
-RESET force_parallel_mode;
+DO $$ BEGIN PERFORM set_config(name, reset_val, false) FROM pg_settings
+WHERE name IN ('force_parallel_mode', 'debug_parallel_query'); END $$;
 RESET max_parallel_workers_per_gather;
 RESET min_parallel_table_scan_size;
 RESET parallel_tuple_cost;
 RESET parallel_setup_cost;
+DO $$ BEGIN PERFORM set_config(name, reset_val, false) FROM pg_settings
+WHERE name = 'enable_presorted_aggregate'; END $$;
 SET enable_seqscan = off;
 DROP TABLE svcq;
 
