@@ -483,7 +483,7 @@ SQL
 # service, and on 18 the TAP files of TAP_FILES_18. Logs and failures are
 # named after the version ("pg18 regress").
 PG_VERSIONS=${PG_VERSIONS-16 17 18}
-TAP_FILES_18=${TAP_FILES_18-001_wal.pl 002_crash.pl 005_service.pl 006_gpu_service.pl 013_standby_gpu.pl 020_pg_upgrade.pl}
+TAP_FILES_18=${TAP_FILES_18-001_wal.pl 002_crash.pl 005_service.pl 006_gpu_service.pl 008_index_check.pl 013_standby_gpu.pl 020_pg_upgrade.pl}
 FIRST_PG_BIN=$PG_BIN
 FIRST_MAJOR=$("$PG_BIN/pg_config" --version 2>/dev/null | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
 run_version() {
