@@ -500,7 +500,8 @@ extern void GpuIvfpqReadQuantizers(Relation index, const GpuIvfpqMetaPageData *m
 								   float **centroids, float **codebooks);
 extern GpuIvfpqListDirEntry *GpuIvfpqReadListDir(Relation index, const GpuIvfpqMetaPageData *meta);
 extern void GpuIvfpqAppendEntries(Relation index, const GpuIvfpqMetaPageData *meta, int list,
-								  const char *entries, int count, float radius, float qerror);
+								  const char *entries, int count, float radius, float qerror,
+								  bool building);
 extern void GpuIvfpqLowerInsertHint(Relation index, const GpuIvfpqMetaPageData *meta, int list, BlockNumber blk);
 extern void GpuIvfpqSetDimensions(Relation index, GpuIvfpqMetaPageData *meta, int dim);
 extern void GpuIvfpqSetMetaFlag(Relation index, GpuIvfpqMetaPageData *meta, uint32 flag, bool on);

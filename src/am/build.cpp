@@ -68,6 +68,11 @@ typedef struct BuildState
 	int			pend_n;
 	int			pend_cap;
 	GpuIvfpqMetaPageData *meta;
+
+	/* seconds spent in pass 2's steps, for the phase report */
+	double		encode_secs;	/* assigning and encoding (GPU or engine) */
+	double		bounds_secs;	/* covering radii and quantization errors */
+	double		write_secs;		/* list pages and their WAL */
 } BuildState;
 
 /* Logs how long a build phase took (DEBUG1), and restarts the clock. */
@@ -79,6 +84,13 @@ ReportPhase(const char *phase, double rows, TimestampTz *start)
 	elog(DEBUG1, "gpu_ivfpq build: %s (%.0f rows) took %.3f s", phase, rows,
 		 (double) (now - *start) / 1000000.0);
 	*start = now;
+}
+
+/* Seconds from start to now. */
+static double
+SecondsSince(TimestampTz start)
+{
+	return (double) (GetCurrentTimestamp() - start) / 1000000.0;
 }
 
 /* Bytes of maintenance_work_mem. */
@@ -257,6 +269,7 @@ FlushPending(BuildState *bs)
 	int		   *counts = (int *) palloc0(sizeof(int) * (bs->lists + 1));
 	int		   *order = (int *) palloc(sizeof(int) * Max(bs->pend_n, 1));
 	char	   *packed = (char *) palloc_extended((Size) Max(bs->pend_n, 1) * esz, MCXT_ALLOC_HUGE);
+	TimestampTz start = GetCurrentTimestamp();
 
 	pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_WRITE);
 	/* Counting sort by list keeps build order (and so TID order) within a list. */
@@ -286,7 +299,7 @@ FlushPending(BuildState *bs)
 
 		if (n > 0)
 			GpuIvfpqAppendEntries(bs->index, bs->meta, l, packed + (Size) start * esz, n,
-								  bs->list_radius[l], bs->list_qerror[l]);
+								  bs->list_radius[l], bs->list_qerror[l], true);
 		bs->list_radius[l] = 0.0f;
 		bs->list_qerror[l] = 0.0f;
 		CHECK_FOR_INTERRUPTS();
@@ -295,6 +308,7 @@ FlushPending(BuildState *bs)
 	pfree(order);
 	pfree(packed);
 	bs->pend_n = 0;
+	bs->write_secs += SecondsSince(start);
 	pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_ENCODE);
 }
 
@@ -303,29 +317,33 @@ static void
 EncodeBatch(BuildState *bs)
 {
 	int			threads = Max(1, max_parallel_maintenance_workers + 1);
+	TimestampTz start;
+	bool		on_gpu;
 
 	if (bs->batch_n == 0)
 		return;
 	if (bs->pend_n + bs->batch_n > bs->pend_cap)
 		FlushPending(bs);
-	if (bs->gpu_encoder != NULL &&
-		GpuIvfpqServiceEncode(bs->gpu_encoder, bs->batch_n, bs->batch_lists, bs->batch_codes))
-	{
-		/* The GPU assigned and encoded; the covering radii are cheap here. */
-		GpuIvfpqGuard("encoding", [&] {
-			bs->model->centroid_distances(bs->batch, bs->batch_n, bs->batch_lists, bs->batch_radius);
-		});
-	}
-	else
+	start = GetCurrentTimestamp();
+	on_gpu = bs->gpu_encoder != NULL &&
+		GpuIvfpqServiceEncode(bs->gpu_encoder, bs->batch_n, bs->batch_lists, bs->batch_codes);
+	if (!on_gpu)
 		GpuIvfpqGuard("encoding", [&] {
 			bs->model->encode(bs->batch, bs->batch_n, bs->batch_lists, bs->batch_codes,
 							  bs->batch_radius, threads);
 		});
-	/* How far each code is from its vector: range search's ADC bound. */
+	bs->encode_secs += SecondsSince(start);
+	start = GetCurrentTimestamp();
 	GpuIvfpqGuard("encoding", [&] {
+		/* The GPU assigned and encoded; the covering radii are cheap here. */
+		if (on_gpu)
+			bs->model->centroid_distances(bs->batch, bs->batch_n, bs->batch_lists, bs->batch_radius,
+										  threads);
+		/* How far each code is from its vector: range search's ADC bound. */
 		bs->model->quantization_errors(bs->batch, bs->batch_n, bs->batch_lists, bs->batch_codes,
-									   bs->batch_qerror);
+									   bs->batch_qerror, threads);
 	});
+	bs->bounds_secs += SecondsSince(start);
 	for (int i = 0; i < bs->batch_n; i++)
 	{
 		int			p = bs->pend_n++;
@@ -669,6 +687,8 @@ EncodeAndWrite(BuildState *bs, Relation heap, IndexInfo *indexInfo, TimestampTz 
 	table_index_build_scan(heap, bs->index, indexInfo, true, true, EncodeCallback, bs, NULL);
 	EncodeBatch(bs);
 	FlushPending(bs);
+	elog(DEBUG1, "gpu_ivfpq build: of which encoding %.3f s, radii and errors %.3f s, writing lists %.3f s",
+		 bs->encode_secs, bs->bounds_secs, bs->write_secs);
 	ReportPhase(bs->gpu_encoder ? "encoding (service GPU) and writing" : "encoding and writing",
 				bs->index_tuples, phase_start);
 	GpuIvfpqServiceEncoderEnd(bs->gpu_encoder);

@@ -67,7 +67,7 @@ gpuivfpqinsert(Relation index, Datum *values, bool *isnull, ItemPointer heap_tid
 	}
 	/* Before the page: a standby learns first whether it will hear of the change. */
 	GpuIvfpqWalNoteChange(index, &meta);
-	GpuIvfpqAppendEntries(index, &meta, list, entry, 1, radius, qerror);
+	GpuIvfpqAppendEntries(index, &meta, list, entry, 1, radius, qerror, false);
 	/* After the page: a mirror loaded from now on sees it in the pages or the log. */
 	if (meta.trained)
 		GpuIvfpqServiceLogAppend(index, &meta, list, GpuIvfpqTidToLabel(heap_tid),

@@ -463,16 +463,83 @@ FillListPage(Page page, const GpuIvfpqEntryLayout *el, const char *entries, int 
 	return n;
 }
 
+/* Pages a build forms, writes and WAL-logs at a time (one WAL record's worth). */
+#define BUILD_WRITE_PAGES	XLR_MAX_BLOCK_ID
+
+/*
+ * CREATE INDEX's list pages: count entries (transfer form) in new pages
+ * chained in block order past the end of the index, formed in local memory
+ * and written straight to the file, then WAL-logged whole, 32 pages a
+ * record, as PostgreSQL's own index builds do; none goes through shared
+ * buffers. The file is written first (smgrextend, which also asks the next
+ * checkpoint to fsync it), the WAL after: a checkpoint whose redo point
+ * lies past these records started after the writes and syncs them, and
+ * recovery from an earlier one replays the records; so no fsync is needed
+ * here. Only for an index that nobody else can see yet and that is not
+ * temporary (local buffers), pages being added only here and by
+ * GpuIvfpqNewBuffer, which extends the file at once. Returns the first
+ * block; *last is the last.
+ */
+static BlockNumber
+WriteNewListPages(Relation index, const GpuIvfpqEntryLayout *el, const char *entries, int count,
+				  BlockNumber *last)
+{
+	SMgrRelation smgr = RelationGetSmgr(index);
+	BlockNumber first = smgrnblocks(smgr, MAIN_FORKNUM);
+	int			per_page = GpuIvfpqEntriesPerPage(el);
+	BlockNumber npages = (BlockNumber) ((count + per_page - 1) / per_page);
+	/* Aligned as direct I/O wants it. */
+	char	   *raw = (char *) palloc(BUILD_WRITE_PAGES * BLCKSZ + 4096);
+	char	   *space = (char *) TYPEALIGN(4096, raw);
+	Page		pages[BUILD_WRITE_PAGES];
+	BlockNumber blknos[BUILD_WRITE_PAGES];
+
+	Assert(count > 0 && !RelationUsesLocalBuffers(index));
+	if (first >= MaxBlockNumber - npages)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("cannot extend index \"%s\" beyond %u blocks",
+						RelationGetRelationName(index), MaxBlockNumber)));
+	for (BlockNumber p = 0; p < npages; p += BUILD_WRITE_PAGES)
+	{
+		int			n = (int) Min((BlockNumber) BUILD_WRITE_PAGES, npages - p);
+
+		for (int i = 0; i < n; i++)
+		{
+			Page		page = space + (Size) i * BLCKSZ;
+			BlockNumber blk = first + p + i;
+			int			filled;
+
+			GpuIvfpqInitPage(page, GPU_IVFPQ_PAGE_LIST);
+			filled = FillListPage(page, el, entries, count);
+			entries += (Size) filled * el->xsize;
+			count -= filled;
+			GpuIvfpqPageGetOpaque(page)->next = count > 0 ? blk + 1 : InvalidBlockNumber;
+			PageSetChecksumInplace(page, blk);
+			smgrextend(smgr, MAIN_FORKNUM, blk, page, false);
+			pages[i] = page;
+			blknos[i] = blk;
+		}
+		if (RelationNeedsWAL(index))
+			log_newpages(GpuIvfpqSmgrRelFile(index), MAIN_FORKNUM, n, blknos, pages, true);
+		CHECK_FOR_INTERRUPTS();
+	}
+	pfree(raw);
+	*last = first + npages - 1;
+	return first;
+}
+
 /*
  * Appends count entries in the transfer form of GpuIvfpqLayoutOf(meta) to inverted list `list`, filling
  * free space from the list's insert hint onward (space VACUUM freed is
  * reused) and extending the chain at its tail. Also raises the list's
  * covering radius to at least radius and its quantization error to at
- * least qerror.
+ * least qerror. building: the caller is CREATE INDEX, whose new pages go
+ * to the file in bulk (WriteNewListPages).
  */
 void
 GpuIvfpqAppendEntries(Relation index, const GpuIvfpqMetaPageData *meta, int list,
-					  const char *entries, int count, float radius, float qerror)
+					  const char *entries, int count, float radius, float qerror, bool building)
 {
 	GpuIvfpqEntryLayout el = GpuIvfpqLayoutOf(meta);
 	int			esz = el.xsize;
@@ -485,7 +552,23 @@ GpuIvfpqAppendEntries(Relation index, const GpuIvfpqMetaPageData *meta, int list
 
 	dirbuf = LockListDirEntry(index, meta, list, BUFFER_LOCK_SHARE, &entry);
 	UnlockReleaseBuffer(dirbuf);
+	if (RelationUsesLocalBuffers(index))
+		building = false;
 
+	if (entry.head == InvalidBlockNumber && building && count > 0)
+	{
+		/* A build's first entries of this list: its whole chain in bulk. */
+		BlockNumber first = WriteNewListPages(index, &el, entries, count, &last_blk);
+
+		UpdateListDirEntry(index, meta, list, [&](GpuIvfpqListDirEntry *e) {
+			e->head = first;
+			e->insert_hint = last_blk;
+			e->radius = Max(e->radius, radius);
+			e->qerror = Max(e->qerror, qerror);
+			return true;
+		});
+		return;
+	}
 	if (entry.head == InvalidBlockNumber)
 	{
 		/* First entry of this list: create its chain under the directory lock. */
@@ -543,6 +626,17 @@ GpuIvfpqAppendEntries(Relation index, const GpuIvfpqMetaPageData *meta, int list
 			UnlockReleaseBuffer(buf);
 			CHECK_FOR_INTERRUPTS();
 			continue;
+		}
+		if (count > 0 && building)
+		{
+			/* A build's later entries: new pages in bulk, linked from the tail. */
+			BlockNumber next = WriteNewListPages(index, &el, entries, count, &last_blk);
+			GenericXLogState *state = GenericXLogStart(index);
+			Page		tail = GenericXLogRegisterBuffer(state, buf, 0);
+
+			GpuIvfpqPageGetOpaque(tail)->next = next;
+			GenericXLogFinish(state);
+			count = 0;
 		}
 		/* At the tail with entries left: add pages, filling each as it is made. */
 		while (count > 0)

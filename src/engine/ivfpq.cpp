@@ -180,35 +180,45 @@ void IvfPqModel::encode(const float* x, size_t n, int32_t* list_ids, uint8_t* co
 }
 
 void IvfPqModel::centroid_distances(const float* x, size_t n, const int32_t* list_ids,
-                                    float* out) const
+                                    float* out, int threads) const
 {
-    std::vector<float> v(d_);
-    for (size_t i = 0; i < n; i++) {
-        require(list_ids[i] >= 0 && size_t(list_ids[i]) < lists_, "IVFPQ: list id out of range");
-        std::memcpy(v.data(), x + i * d_, d_ * sizeof(float));
-        if (metric_ == Metric::Cosine)
-            normalize_rows(v.data(), 1, d_);
-        out[i] = std::sqrt(l2_sqr(v.data(), centroids_.data() + size_t(list_ids[i]) * d_, d_));
-    }
+    constexpr size_t kRows = 2048;
+    parallel_for((n + kRows - 1) / kRows, threads, [&](size_t t0, size_t t1) {
+        std::vector<float> v(d_);
+        for (size_t i = t0 * kRows; i < std::min(n, t1 * kRows); i++) {
+            if (i % kRows == 0)
+                check_interrupt();
+            require(list_ids[i] >= 0 && size_t(list_ids[i]) < lists_, "IVFPQ: list id out of range");
+            std::memcpy(v.data(), x + i * d_, d_ * sizeof(float));
+            if (metric_ == Metric::Cosine)
+                normalize_rows(v.data(), 1, d_);
+            out[i] = std::sqrt(l2_sqr(v.data(), centroids_.data() + size_t(list_ids[i]) * d_, d_));
+        }
+    });
 }
 
 void IvfPqModel::quantization_errors(const float* x, size_t n, const int32_t* list_ids,
-                                     const uint8_t* codes, float* out) const
+                                     const uint8_t* codes, float* out, int threads) const
 {
-    std::vector<float> v(d_), rec(d_);
+    constexpr size_t kRows = 2048;
     const size_t m = pq_.m();
-    for (size_t i = 0; i < n; i++) {
-        std::memcpy(v.data(), x + i * d_, d_ * sizeof(float));
-        if (metric_ == Metric::Cosine)
-            normalize_rows(v.data(), 1, d_);
-        reconstruct(list_ids[i], codes + i * m, rec.data());
-        double s = 0.0;
-        for (size_t t = 0; t < d_; t++) {
-            double diff = double(v[t]) - rec[t];
-            s += diff * diff;
+    parallel_for((n + kRows - 1) / kRows, threads, [&](size_t t0, size_t t1) {
+        std::vector<float> v(d_), rec(d_);
+        for (size_t i = t0 * kRows; i < std::min(n, t1 * kRows); i++) {
+            if (i % kRows == 0)
+                check_interrupt();
+            std::memcpy(v.data(), x + i * d_, d_ * sizeof(float));
+            if (metric_ == Metric::Cosine)
+                normalize_rows(v.data(), 1, d_);
+            reconstruct(list_ids[i], codes + i * m, rec.data());
+            double s = 0.0;
+            for (size_t t = 0; t < d_; t++) {
+                double diff = double(v[t]) - rec[t];
+                s += diff * diff;
+            }
+            out[i] = float(std::sqrt(s));
         }
-        out[i] = float(std::sqrt(s));
-    }
+    });
 }
 
 bool IvfPqModel::precompute_tables(size_t max_bytes)

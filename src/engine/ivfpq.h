@@ -83,12 +83,13 @@ public:
 
     // out[i] = exact Euclidean distance from the (normalised) x_i to the
     // centroid of list_ids[i]: encode's centroid_dist for codes made elsewhere.
-    void centroid_distances(const float* x, size_t n, const int32_t* list_ids, float* out) const;
+    void centroid_distances(const float* x, size_t n, const int32_t* list_ids, float* out,
+                            int threads = 1) const;
 
     // out[i] = ||x_i - reconstruct(list_ids[i], code_i)|| for the (normalised)
     // x_i: how far ADC distances can be from exact ones (range search bound).
     void quantization_errors(const float* x, size_t n, const int32_t* list_ids, const uint8_t* codes,
-                             float* out) const;
+                             float* out, int threads = 1) const;
 
     // Builds the precomputed term-1 tables (lists x m x 256 floats:
     // ||r||^2 + 2<c_j, r> per list, sub-quantizer and code) when they take at

@@ -1,0 +1,70 @@
+#!/bin/bash
+# CREATE INDEX on the GPU machine, phase by phase: tools/gen_synthetic's
+# set (seed 42), N x 128 rows (lists LISTS, m 32) and, unless WIDE_N=0,
+# WIDE_N x 768 rows of the same generator (lists WIDE_LISTS, m 96). Each
+# index is built REPEAT times (the first build also starts the GPU process's
+# device work); every build prints its wall time, the build's own phase log
+# (client_min_messages = debug1: sampling, training, encoding, the covering
+# radii and quantization errors, writing the lists), the WAL it wrote and
+# the index's size, then recall@10 (probes 32) over the first 1000 queries
+# of the 128-d set, so that a faster build is seen to build the same index.
+#
+# Runs after bash .device/pg-up.sh and an install of the extension linked
+# with the kernels. usage: bench/gpu/build_bench.sh
+# (N=1000000 LISTS=4096 WIDE_N=200000 WIDE_LISTS=1024 REPEAT=2 DEVICE=gpu)
+set -euo pipefail
+N=${N:-1000000}
+LISTS=${LISTS:-4096}
+WIDE_N=${WIDE_N:-200000}
+WIDE_LISTS=${WIDE_LISTS:-1024}
+REPEAT=${REPEAT:-2}
+DEVICE=${DEVICE:-gpu}
+DATA=${DATA:-/tmp/gpu_ivfpq-synthetic-$N}
+RES=${OUT:-/tmp}/build-bench.txt
+. "${PGENV:-/opt/pg/env.sh}"
+say() { echo "$*" | tee -a "$RES"; }
+: >"$RES"
+
+. bench/gpu/lib.sh
+bench_setup "" "wide"
+say "# gpu_ivfpq CREATE INDEX: $N x 128 (lists $LISTS, m 32)$([ "$WIDE_N" != 0 ] && echo " and $WIDE_N x 768 (lists $WIDE_LISTS, m 96)") synthetic (tools/gen_synthetic, seed 42), gpu_ivfpq.device = $DEVICE"
+say "# device: $(psql -qAtc 'SELECT device FROM gpu_ivfpq_status'); $(nproc) CPU cores; $(psql -qAtc "SELECT string_agg(name || '=' || setting, ' ') FROM pg_settings WHERE name IN ('maintenance_work_mem', 'max_parallel_maintenance_workers', 'shared_buffers', 'wal_level', 'fsync', 'wal_buffers')")"
+say "# $(date -u +%F' '%T) UTC"
+
+if [ "$WIDE_N" != 0 ]; then
+  wide=$DATA/wide-$WIDE_N.txt
+  [ -s "$wide" ] || "$GEN" --rows "$WIDE_N" --dim 768 --threads "$(nproc)" --out "$wide"
+  chmod a+r "$wide"
+  psql -qc "CREATE TABLE wide (id int4, v real[])" -c "COPY wide FROM '$wide'" -c "VACUUM ANALYZE wide"
+fi
+
+# build TABLE LISTS M: REPEAT builds of TABLE's index, each with its phases.
+build() {
+  local table=$1 lists=$2 m=$3 i t0 wal0 log
+  for i in $(seq "$REPEAT"); do
+    psql -qc "DROP INDEX IF EXISTS ${table}_idx" -c "CHECKPOINT"
+    wal0=$(psql -qAtc "SELECT pg_current_wal_insert_lsn()")
+    t0=$(date +%s.%N)
+    log=$(psql -qX 2>&1 <<SQL
+SET client_min_messages = debug1;
+SET gpu_ivfpq.device = $DEVICE;
+CREATE INDEX ${table}_idx ON $table USING gpu_ivfpq (v) WITH (lists = $lists, m = $m);
+SQL
+)
+    say "$table build $i: $(awk "BEGIN { printf \"%.2f\", $(date +%s.%N) - $t0 }") s, WAL $(psql -qAtc "SELECT pg_size_pretty(pg_current_wal_insert_lsn() - '$wal0')"), index $(psql -qAtc "SELECT pg_size_pretty(pg_relation_size('${table}_idx'))")"
+    echo "$log" | grep "gpu_ivfpq build" | sed 's/^DEBUG:  /    /' | tee -a "$RES"
+  done
+}
+
+build base "$LISTS" 32
+r=$(PGOPTIONS="-c gpu_ivfpq.probes=32 -c enable_seqscan=off" psql -qAt <<'SQL'
+SELECT round(avg(hit) / 10, 4) FROM queries q, LATERAL (
+  SELECT count(*) AS hit FROM (SELECT id FROM base ORDER BY v <-> q.v LIMIT 10) r
+  WHERE r.id = ANY (q.gt[1:10])) h;
+SQL
+)
+say "base recall@10 (probes 32): $r"
+psql -qAtc "SELECT gpu_ivfpq_check('base_idx', true)" >/dev/null 2>&1 && say "base_idx: gpu_ivfpq_check(heapallindexed) passed" ||
+  say "base_idx: gpu_ivfpq_check FAILED: $(psql -qAtc "SELECT gpu_ivfpq_check('base_idx', true)" 2>&1 | tail -2)"
+[ "$WIDE_N" != 0 ] && build wide "$WIDE_LISTS" 96
+exit 0
