@@ -46,6 +46,18 @@ typedef struct BuildState
 	int			sample_n;
 	pg_prng_state prng;
 
+	/*
+	 * A full pass 1 also keeps every row while they fit a quarter of
+	 * maintenance_work_mem: pass 2 then encodes them from memory instead of
+	 * reading the table again.
+	 */
+	bool		keep_rows;
+	float	   *rows;			/* dim floats each */
+	ItemPointerData *row_tids;
+	int64	   *row_keys;		/* keyed */
+	Size		rows_n;
+	Size		rows_alloc;
+
 	/* pass 2: encode in batches, buffer entries by list, flush when full */
 	gpuivfpq::IvfPqModel *model;	/* owned by the build's memory context */
 	float	   *batch;
@@ -151,6 +163,66 @@ RowVector(BuildState *bs, Datum value)
 	return v;
 }
 
+/* Stops keeping the rows of pass 1: pass 2 will read the table. */
+static void
+DropKeptRows(BuildState *bs)
+{
+	if (bs->rows != NULL)
+	{
+		pfree(bs->rows);
+		pfree(bs->row_tids);
+		if (bs->row_keys != NULL)
+			pfree(bs->row_keys);
+	}
+	bs->rows = NULL;
+	bs->row_tids = NULL;
+	bs->row_keys = NULL;
+	bs->rows_n = bs->rows_alloc = 0;
+	bs->keep_rows = false;
+}
+
+/*
+ * Keeps one row of a full pass 1 for pass 2, growing the buffers by
+ * doubling up to a quarter of maintenance_work_mem; past it, keeps none.
+ */
+static void
+KeepRow(BuildState *bs, ItemPointer tid, const float *v, int64 key)
+{
+	if (bs->rows_n == bs->rows_alloc)
+	{
+		Size		per_row = (Size) bs->dim * sizeof(float) + sizeof(ItemPointerData) +
+			(bs->keyed ? sizeof(int64) : 0);
+		Size		limit = MaintenanceBytes() / 4 / per_row;
+		Size		grow = Min(limit, Max((Size) 1024, bs->rows_alloc * 2));
+
+		if (grow <= bs->rows_n)
+		{
+			DropKeptRows(bs);
+			return;
+		}
+		if (bs->rows == NULL)
+		{
+			bs->rows = (float *) palloc_extended(grow * bs->dim * sizeof(float), MCXT_ALLOC_HUGE);
+			bs->row_tids = (ItemPointerData *) palloc_extended(grow * sizeof(ItemPointerData), MCXT_ALLOC_HUGE);
+			if (bs->keyed)
+				bs->row_keys = (int64 *) palloc_extended(grow * sizeof(int64), MCXT_ALLOC_HUGE);
+		}
+		else
+		{
+			bs->rows = (float *) repalloc_huge(bs->rows, grow * bs->dim * sizeof(float));
+			bs->row_tids = (ItemPointerData *) repalloc_huge(bs->row_tids, grow * sizeof(ItemPointerData));
+			if (bs->keyed)
+				bs->row_keys = (int64 *) repalloc_huge(bs->row_keys, grow * sizeof(int64));
+		}
+		bs->rows_alloc = grow;
+	}
+	memcpy(bs->rows + bs->rows_n * bs->dim, v, (Size) bs->dim * sizeof(float));
+	bs->row_tids[bs->rows_n] = *tid;
+	if (bs->keyed)
+		bs->row_keys[bs->rows_n] = key;
+	bs->rows_n++;
+}
+
 /* Pass 1: keeps a uniform reservoir sample of the rows offered (Algorithm R). */
 static void
 SampleCallback(Relation index, ItemPointer tid, Datum *values, bool *isnull,
@@ -209,6 +281,8 @@ SampleCallback(Relation index, ItemPointer tid, Datum *values, bool *isnull,
 	if (slot >= 0)
 		memcpy(bs->sample + (Size) slot * bs->dim, v, (Size) bs->dim * sizeof(float));
 	bs->sample_seen++;
+	if (bs->keep_rows)
+		KeepRow(bs, tid, v, bs->keyed ? GpuIvfpqFilterKeyOf(index, values[1], isnull[1]) : 0);
 	MemoryContextReset(bs->tmpctx);
 }
 
@@ -234,6 +308,7 @@ SampleRows(BuildState *bs, Relation heap, IndexInfo *indexInfo)
 		BlockNumber sampled = 0;
 
 		/* target blocks hold at least target rows unless most rows are NULL. */
+		bs->keep_rows = false;
 		(void) BlockSampler_Init(&sampler, nblocks, target, (uint32) BUILD_SEED);
 		while (BlockSampler_HasMore(&sampler))
 		{
@@ -256,6 +331,8 @@ SampleRows(BuildState *bs, Relation heap, IndexInfo *indexInfo)
 		bs->heap_tuples = 0;
 		pg_prng_seed(&bs->prng, BUILD_SEED);
 	}
+	/* Pass 2 sees these very rows: the same scan of the same snapshot. */
+	bs->keep_rows = true;
 	table_index_build_scan(heap, bs->index, indexInfo, true, true, SampleCallback, bs, NULL);
 	bs->vectors_estimate = bs->sample_seen;
 }
@@ -366,30 +443,36 @@ EncodeBatch(BuildState *bs)
 	bs->batch_n = 0;
 }
 
-/* Pass 2: collects rows into encode batches. */
+/* Adds one row to the encode batch, encoding the batch once full. */
+static void
+EncodeRow(BuildState *bs, ItemPointer tid, const float *v, int64 key)
+{
+	memcpy(bs->batch + (Size) bs->batch_n * bs->dim, v, (Size) bs->dim * sizeof(float));
+	if (bs->keyed)
+		bs->batch_keys[bs->batch_n] = key;
+	bs->batch_tids[bs->batch_n++] = *tid;
+	bs->index_tuples++;
+	if (bs->batch_n == bs->batch_cap)
+		EncodeBatch(bs);
+}
+
+/* Pass 2 from the table: collects rows into encode batches. */
 static void
 EncodeCallback(Relation index, ItemPointer tid, Datum *values, bool *isnull,
 			   bool tupleIsAlive, void *state)
 {
 	BuildState *bs = (BuildState *) state;
 	MemoryContext old;
-	const float *v;
 
 	/* Pass 2 recounts the rows: ambuild reports them as the table's reltuples. */
 	bs->heap_tuples++;
 	if (isnull[0])
 		return;
 	old = MemoryContextSwitchTo(bs->tmpctx);
-	v = RowVector(bs, values[0]);
-	memcpy(bs->batch + (Size) bs->batch_n * bs->dim, v, (Size) bs->dim * sizeof(float));
-	if (bs->keyed)
-		bs->batch_keys[bs->batch_n] = GpuIvfpqFilterKeyOf(index, values[1], isnull[1]);
-	bs->batch_tids[bs->batch_n++] = *tid;
+	EncodeRow(bs, tid, RowVector(bs, values[0]),
+			  bs->keyed ? GpuIvfpqFilterKeyOf(index, values[1], isnull[1]) : 0);
 	MemoryContextSwitchTo(old);
 	MemoryContextReset(bs->tmpctx);
-	bs->index_tuples++;
-	if (bs->batch_n == bs->batch_cap)
-		EncodeBatch(bs);
 }
 
 /* Whether typid is an integer type a filter column may have. */
@@ -654,8 +737,14 @@ EncodeAndWrite(BuildState *bs, Relation heap, IndexInfo *indexInfo, TimestampTz 
 	Size		entry_bytes = sizeof(int32) + sizeof(ItemPointerData) + sizeof(int64) + bs->m +
 		sizeof(float) * bs->vdim;
 
+	/* The rows pass 1 kept, if any, count against maintenance_work_mem too. */
+	Size		kept_bytes = bs->rows_alloc * ((Size) bs->dim * sizeof(float) + sizeof(ItemPointerData) +
+											   (bs->keyed ? sizeof(int64) : 0));
+
 	CheckBuildMemory(batch_bytes + (Size) batch * entry_bytes, "encoding");
-	bs->pend_cap = (int) Min((Size) INT_MAX / 2, (MaintenanceBytes() - batch_bytes) / entry_bytes);
+	bs->pend_cap = (int) Min((Size) INT_MAX / 2,
+							 (MaintenanceBytes() - batch_bytes - Min(kept_bytes, MaintenanceBytes() - batch_bytes))
+							 / entry_bytes);
 	bs->pend_cap = (int) Min((double) bs->pend_cap, Max(ceil(estimate), (double) batch));
 	bs->batch_cap = batch;
 	bs->gpu_encoder = GpuIvfpqServiceEncoderBegin(bs->model->centroids().data(),
@@ -683,8 +772,22 @@ EncodeAndWrite(BuildState *bs, Relation heap, IndexInfo *indexInfo, TimestampTz 
 
 	pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_ENCODE);
 	pgstat_progress_update_param(PROGRESS_CREATEIDX_TUPLES_TOTAL, (int64) estimate);
-	bs->heap_tuples = 0;		/* pass 2 counts every row: ambuild reports them */
-	table_index_build_scan(heap, bs->index, indexInfo, true, true, EncodeCallback, bs, NULL);
+	if (bs->rows != NULL)
+	{
+		/* Pass 1 kept every row (and counted them): encode them from memory. */
+		for (Size i = 0; i < bs->rows_n; i++)
+		{
+			EncodeRow(bs, &bs->row_tids[i], bs->rows + i * bs->dim, bs->keyed ? bs->row_keys[i] : 0);
+			if ((i & 1023) == 0)
+				CHECK_FOR_INTERRUPTS();
+		}
+		DropKeptRows(bs);
+	}
+	else
+	{
+		bs->heap_tuples = 0;	/* pass 2 counts every row: ambuild reports them */
+		table_index_build_scan(heap, bs->index, indexInfo, true, true, EncodeCallback, bs, NULL);
+	}
 	EncodeBatch(bs);
 	FlushPending(bs);
 	elog(DEBUG1, "gpu_ivfpq build: of which encoding %.3f s, radii and errors %.3f s, writing lists %.3f s",
@@ -734,7 +837,9 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 
 	phase_start = GetCurrentTimestamp();
 	SampleRows(&bs, heap, indexInfo);
-	ReportPhase("sampling", bs.sample_seen, &phase_start);
+	bs.keep_rows = false;
+	ReportPhase(bs.rows != NULL ? "sampling (every row kept for encoding)" : "sampling",
+				bs.sample_seen, &phase_start);
 	meta.dimensions = bs.dim;
 	if (bs.sample_n == 0)
 	{
