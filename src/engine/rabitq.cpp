@@ -30,9 +30,9 @@ void require_bits(int bits)
 
 void require_dims(size_t d)
 {
-    require(d >= 1 && d <= kRabitqMaxDims,
-            "RaBitQ: dimension must be between 1 and " + std::to_string(kRabitqMaxDims) +
-                ", not " + std::to_string(d));
+    require(d >= 1 && d <= kRabitqMaxDims, "RaBitQ: dimension must be between 1 and " +
+                                               std::to_string(kRabitqMaxDims) + ", not " +
+                                               std::to_string(d));
 }
 
 // ---- Deterministic Gaussians ----
@@ -142,7 +142,8 @@ double reachable_cos_bound(const std::vector<double>& u, const std::vector<unsig
     }
     std::sort(changes.begin(), changes.end(), [](const Change& x, const Change& y) {
         return x.lambda < y.lambda ||
-               (x.lambda == y.lambda && (x.to_hi < y.to_hi || (x.to_hi == y.to_hi && x.coord < y.coord)));
+               (x.lambda == y.lambda &&
+                (x.to_hi < y.to_hi || (x.to_hi == y.to_hi && x.coord < y.coord)));
     });
     double best = 0.0, from = 0.0;
     for (size_t e = 0; e <= changes.size(); e++) {
@@ -214,7 +215,7 @@ RabitqGridPoint rabitq_best_grid_point(const double* o, size_t d, int bits, uint
     const unsigned half = 1u << (bits - 1);
     std::vector<double> u(d);
     std::vector<unsigned> k(d, 0);  // levels: y_i = k_i + 1/2
-    std::vector<uint32_t> order;  // coordinates with u_i > 0, by decreasing u_i
+    std::vector<uint32_t> order;    // coordinates with u_i > 0, by decreasing u_i
     double ip = 0.0, nsq = 0.25 * double(d);
     for (size_t i = 0; i < d; i++) {
         u[i] = std::fabs(o[i]);
@@ -568,8 +569,7 @@ namespace {
 
 // <y, q'> of one code from the list's byte tables: per plane the sum of
 // its bytes' entries, planes combined most significant first.
-inline float code_inner_product(const float* lut, const uint8_t* code, size_t plane_bytes,
-                                int bits)
+inline float code_inner_product(const float* lut, const uint8_t* code, size_t plane_bytes, int bits)
 {
     float ip = 0.0f;
     for (int p = 0; p < bits; p++) {
