@@ -206,6 +206,33 @@ TEST(Rabitq, RotationIsOrthogonal)
     }
 }
 
+// The largest dimension: every column unit length, sampled pairs orthogonal
+// (all pairs would take d^3).
+TEST(Rabitq, RotationAtLargestDimension)
+{
+    const uint64_t seed = test_seed(914);
+    const size_t d = kRabitqMaxDims;
+    SCOPED_TRACE(testing::Message() << "seed=" << seed << " d=" << d);
+    const RabitqRotation rot = RabitqRotation::generate(d, seed, 2);
+    const std::vector<float>& p = rot.matrix();
+    auto column_dot = [&](size_t i, size_t j) {
+        double s = 0;
+        for (size_t t = 0; t < d; t++)
+            s += double(p[t * d + i]) * double(p[t * d + j]);
+        return s;
+    };
+    double worst = 0;
+    for (size_t i = 0; i < d; i++)
+        worst = std::max(worst, std::fabs(column_dot(i, i) - 1.0));
+    std::mt19937_64 gen(seed);
+    for (int r = 0; r < 2000; r++) {
+        const size_t i = gen() % d, j = gen() % d;
+        if (i != j)
+            worst = std::max(worst, std::fabs(column_dot(i, j)));
+    }
+    EXPECT_LT(worst, 1e-5);
+}
+
 TEST(Rabitq, RotationIsDeterministic)
 {
     const uint64_t seed = test_seed(902);
