@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "distances.h"
@@ -22,7 +23,7 @@ constexpr size_t kRabitqMaxDims = 2000;
 
 // The bound's default confidence parameter (the papers' eps0): the error of
 // an estimate is about Gaussian with a known scale, and eps0 counts those
-// scales (docs/rabitq-codes.md, "Error bound").
+// scales (docs/rabitq-codes.md, "The error bound, and what eps0 means").
 constexpr float kRabitqDefaultEps0 = 1.9f;
 
 // ---- Code layout (what the index pages and the GPU store per row) ----
@@ -53,8 +54,8 @@ struct RabitqFactors {
     // ||r|| / <y, o'>: turns <y, q'> into the estimate of <r, q - c>.
     float rescale;
     // ||r|| * sqrt(1 - a^2) / (a * sqrt(d - 1)), a = <y/||y||, o'>: the
-    // bound's half-width per unit of eps0 and of ||q - c|| (0 for d = 1 and
-    // for a zero residual).
+    // bound's half-width per unit of eps0 and of ||q - c|| (twice that for
+    // L2; 0 for d = 1 and for a zero residual).
     float error;
 };
 static_assert(sizeof(RabitqFactors) == 12, "RabitqFactors is stored as three float32");
@@ -65,7 +66,7 @@ inline size_t rabitq_row_bytes(size_t d, int bits)
     return rabitq_code_bytes(d, bits) + sizeof(RabitqFactors);
 }
 
-// Writes the code of the n = d unsigned values x (each below 2^bits) into
+// Writes the code of the d unsigned values x (each below 2^bits) into
 // code (rabitq_code_bytes(d, bits) bytes, padding zeroed).
 void rabitq_pack(const uint8_t* x, size_t d, int bits, uint8_t* code);
 
@@ -81,9 +82,10 @@ struct RabitqGridPoint {
 // Finds the point y of the grid {-(2^bits-1)/2, ..., (2^bits-1)/2}^d (step
 // 1) whose direction has the largest cosine with o (d doubles, unit length
 // or zero): writes its unsigned values x_i = y_i + (2^bits - 1) / 2 (d
-// bytes) and returns <y, o> and ||y||^2. Exact (the papers' sweep over the
-// scale factors at which a coordinate's rounding changes), O(2^bits d log d).
-// Deterministic: depends on o only.
+// bytes) and returns <y, o> and ||y||^2. Exact: the papers' sweep over the
+// scale factors at which a coordinate's rounding changes, O(2^bits d log d),
+// cut short once no point left can beat the best. Deterministic: depends on
+// o only.
 RabitqGridPoint rabitq_best_grid_point(const double* o, size_t d, int bits, uint8_t* x);
 
 // A random orthogonal d x d matrix P, drawn from the Haar distribution by
