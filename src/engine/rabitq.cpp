@@ -1,0 +1,702 @@
+// Extended RaBitQ: the seeded rotation, the grid search, code packing, the
+// per-list lookup tables, the estimator with its bound, and a reference search.
+#include "rabitq.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "error.h"
+#include "internal.h"
+#include "interrupt.h"
+#include "kmeans.h"
+#include "parallel.h"
+#include "sampling.h"
+#include "search_limits.h"
+
+namespace gpuivfpq {
+
+namespace {
+
+void require_bits(int bits)
+{
+    require(bits >= kRabitqMinBits && bits <= kRabitqMaxBits,
+            "RaBitQ: bits must be between " + std::to_string(kRabitqMinBits) + " and " +
+                std::to_string(kRabitqMaxBits) + ", not " + std::to_string(bits));
+}
+
+void require_dims(size_t d)
+{
+    require(d >= 1 && d <= kRabitqMaxDims, "RaBitQ: dimension must be between 1 and " +
+                                               std::to_string(kRabitqMaxDims) + ", not " +
+                                               std::to_string(d));
+}
+
+// ---- Deterministic Gaussians ----
+
+// ln(s) for finite s > 0 from IEEE operations only (libm's log may round
+// differently between C libraries): s = m 2^e exactly, m in [sqrt(1/2),
+// sqrt(2)), ln m = 2 atanh((m - 1) / (m + 1)) by its series, which has
+// converged to double precision after these terms (|z| <= 0.172).
+double portable_log(double s)
+{
+    constexpr double kLn2 = 0.693147180559945309417232121458176568;
+    constexpr double kSqrtHalf = 0.707106781186547524400844362104849039;
+    int e = 0;
+    double m = std::frexp(s, &e);
+    if (m < kSqrtHalf) {
+        m *= 2.0;
+        e -= 1;
+    }
+    const double z = (m - 1.0) / (m + 1.0), z2 = z * z;
+    double term = z, sum = z;
+    for (int k = 3; k <= 41; k += 2) {
+        term *= z2;
+        sum += term / double(k);
+    }
+    return 2.0 * sum + double(e) * kLn2;
+}
+
+// Standard normal draws from an Rng by Marsaglia's polar method (pairs; the
+// second of a pair is kept for the next call).
+class GaussianSource {
+public:
+    explicit GaussianSource(uint64_t seed) : rng_(seed) {}
+
+    double next()
+    {
+        if (has_spare_) {
+            has_spare_ = false;
+            return spare_;
+        }
+        for (;;) {
+            // Uniform on [-1, 1) in steps of 2^-52.
+            const double u = double(rng_.next() >> 11) * 0x1p-52 - 1.0;
+            const double v = double(rng_.next() >> 11) * 0x1p-52 - 1.0;
+            const double s = u * u + v * v;
+            if (s >= 1.0 || s == 0.0)
+                continue;
+            const double f = std::sqrt(-2.0 * portable_log(s) / s);
+            spare_ = v * f;
+            has_spare_ = true;
+            return u * f;
+        }
+    }
+
+private:
+    Rng rng_;
+    bool has_spare_ = false;
+    double spare_ = 0.0;
+};
+
+// sum_i a[i] * b[i] in double, in four interleaved partial sums (a fixed
+// order: the same value on every thread and machine).
+template <typename A, typename B>
+inline double dot_double(const A* a, const B* b, size_t n)
+{
+    double p[4] = {0.0, 0.0, 0.0, 0.0};
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int j = 0; j < 4; j++)
+            p[j] += double(a[i + j]) * double(b[i + j]);
+    for (; i < n; i++)
+        p[0] += double(a[i]) * double(b[i]);
+    return (p[0] + p[1]) + (p[2] + p[3]);
+}
+
+// Columns of the rotation built together: 32 columns of 2000 doubles stay in
+// the L2 cache while every reflector streams past them once.
+constexpr size_t kRotationBlock = 32;
+
+// Rows encoded per parallel_for step (a row costs O(d^2 + 2^bits d log d)).
+constexpr size_t kEncodeTile = 16;
+
+// The largest cos(z, u) over real z with k_i + 1/2 <= z_i <= hi for every
+// coordinate (u >= 0, d values; k the grid levels reached so far): an upper
+// bound on the cosine of every grid point the sweep can still reach. The
+// best z is clamp(lambda u, lo, hi) for some lambda (the conditions of
+// optimality in a box); over lambda the clamped coordinates change at
+// lo_i / u_i and hi / u_i, and between two such points the cosine is
+// (a + lambda b) / sqrt(c + lambda^2 b), largest at lambda = c / a.
+double reachable_cos_bound(const std::vector<double>& u, const std::vector<unsigned>& k, double hi)
+{
+    struct Change {
+        double lambda;
+        uint32_t coord;
+        bool to_hi;  // false: leaves lo; true: reaches hi
+    };
+    std::vector<Change> changes;
+    changes.reserve(2 * u.size());
+    double a = 0.0, b = 0.0, c = 0.0;  // <z, u> = a + lambda b, ||z||^2 = c + lambda^2 b
+    for (size_t i = 0; i < u.size(); i++) {
+        const double lo = double(k[i]) + 0.5;
+        a += lo * u[i];
+        c += lo * lo;
+        if (u[i] > 0.0) {
+            changes.push_back({lo / u[i], uint32_t(i), false});
+            changes.push_back({hi / u[i], uint32_t(i), true});
+        }
+    }
+    std::sort(changes.begin(), changes.end(), [](const Change& x, const Change& y) {
+        return x.lambda < y.lambda ||
+               (x.lambda == y.lambda &&
+                (x.to_hi < y.to_hi || (x.to_hi == y.to_hi && x.coord < y.coord)));
+    });
+    double best = 0.0, from = 0.0;
+    for (size_t e = 0; e <= changes.size(); e++) {
+        const double to = e < changes.size() ? changes[e].lambda : from;
+        const double lambda = e < changes.size() ? std::min(std::max(c / a, from), to) : from;
+        best = std::max(best, (a + lambda * b) / std::sqrt(c + lambda * lambda * b));
+        if (e == changes.size())
+            break;
+        const size_t i = changes[e].coord;
+        if (!changes[e].to_hi) {
+            const double lo = double(k[i]) + 0.5;
+            a -= lo * u[i];
+            c -= lo * lo;
+            b += u[i] * u[i];
+        } else {
+            b -= u[i] * u[i];
+            a += hi * u[i];
+            c += hi * hi;
+        }
+        from = to;
+    }
+    return best;
+}
+
+}  // namespace
+
+// ---- Code layout ----
+
+void rabitq_pack(const uint8_t* x, size_t d, int bits, uint8_t* code)
+{
+    require_bits(bits);
+    require(x && code, "rabitq_pack: null pointer");
+    const size_t plane_bytes = rabitq_plane_words(d) * 4;
+    std::memset(code, 0, size_t(bits) * plane_bytes);
+    for (int p = 0; p < bits; p++) {
+        const int shift = bits - 1 - p;
+        uint8_t* plane = code + size_t(p) * plane_bytes;
+        for (size_t i = 0; i < d; i++)
+            plane[i / 8] |= uint8_t(((x[i] >> shift) & 1u) << (i % 8));
+    }
+}
+
+void rabitq_unpack(const uint8_t* code, size_t d, int bits, uint8_t* x)
+{
+    require_bits(bits);
+    require(x && code, "rabitq_unpack: null pointer");
+    const size_t plane_bytes = rabitq_plane_words(d) * 4;
+    for (size_t i = 0; i < d; i++) {
+        unsigned v = 0;
+        for (int p = 0; p < bits; p++)
+            v = (v << 1) | ((code[size_t(p) * plane_bytes + i / 8] >> (i % 8)) & 1u);
+        x[i] = uint8_t(v);
+    }
+}
+
+// ---- The grid search ----
+
+RabitqGridPoint rabitq_best_grid_point(const double* o, size_t d, int bits, uint8_t* x)
+{
+    require_bits(bits);
+    require(o && x, "rabitq_best_grid_point: null pointer");
+    // By symmetry the best y has o's signs: search u = |o| over the positive
+    // half-grid y_i = k_i + 1/2, k_i < half. For a scale t the nearest such
+    // point to t u has k_i = min(floor(t u_i), half - 1); the best point is
+    // one of these, and k_i steps to j at t = j / u_i. Sweep t through all
+    // those steps in order, tracking <y, u> and ||y||^2, and keep the best.
+    // The steps to level j, taken in order of decreasing u_i, are sorted by
+    // t: the sweep merges the half - 1 level lists with a heap of that size.
+    const unsigned half = 1u << (bits - 1);
+    std::vector<double> u(d);
+    std::vector<unsigned> k(d, 0);  // levels: y_i = k_i + 1/2
+    std::vector<uint32_t> order;    // coordinates with u_i > 0, by decreasing u_i
+    double ip = 0.0, nsq = 0.25 * double(d);
+    for (size_t i = 0; i < d; i++) {
+        u[i] = std::fabs(o[i]);
+        ip += 0.5 * u[i];
+        if (u[i] > 0.0)
+            order.push_back(uint32_t(i));
+    }
+    double best_ip = ip, best_nsq = nsq;
+    size_t best_steps = 0;
+    std::vector<uint32_t> steps;  // coordinates stepped up, in sweep order
+    if (half > 1 && !order.empty()) {
+        std::sort(order.begin(), order.end(),
+                  [&u](uint32_t a, uint32_t b) { return u[a] > u[b] || (u[a] == u[b] && a < b); });
+        std::vector<double> w(order.size());  // 1 / u, ascending
+        for (size_t r = 0; r < order.size(); r++)
+            w[r] = 1.0 / u[order[r]];
+        // A min-heap of one entry per level j: its next step, at t = j w[next]
+        // for the coordinate order[next]. Ties (equal t) go by level. The
+        // entries start sorted by level, which is a valid heap.
+        struct Next {
+            double t;
+            uint32_t level, next;
+        };
+        auto before = [](const Next& a, const Next& b) {
+            return a.t < b.t || (a.t == b.t && a.level < b.level);
+        };
+        std::vector<Next> heap;
+        heap.reserve(half - 1);
+        for (uint32_t j = 1; j < half; j++)
+            heap.push_back({double(j) * w[0], j, 0});
+        size_t live = heap.size();
+        steps.reserve(order.size() * (half - 1));
+        // The best point comes after about a quarter of the steps (the
+        // largest coordinates saturate there); past it the cosine falls for
+        // good. From a quarter on, every sixteenth of the steps, stop once no
+        // reachable point can beat the best: its bound (with room for the
+        // rounding of the running sums) is below it. The result is the full
+        // sweep's. With few levels the sweep is short and the check is not
+        // worth its sort.
+        const size_t total = order.size() * (half - 1);
+        size_t check_at = half >= 16 ? total / 4 : SIZE_MAX;
+        while (live > 0) {
+            if (steps.size() >= check_at) {
+                if (reachable_cos_bound(u, k, double(half) - 0.5) * (1.0 + 1e-9) <
+                    best_ip / std::sqrt(best_nsq))
+                    break;
+                check_at += std::max<size_t>(total / 16, 1);
+            }
+            const Next top = heap[0];
+            const uint32_t i = order[top.next];
+            k[i]++;
+            ip += u[i];
+            nsq += 2.0 * double(top.level);  // (j + 1/2)^2 - (j - 1/2)^2 = 2j
+            steps.push_back(i);
+            // cos = ip / sqrt(nsq) > best_ip / sqrt(best_nsq), squared (ip > 0).
+            if (ip * ip * best_nsq > best_ip * best_ip * nsq) {
+                best_ip = ip;
+                best_nsq = nsq;
+                best_steps = steps.size();
+            }
+            // Replace the top by the level's next step (or by the last entry
+            // when the level is done) and sift it down.
+            Next item = heap[live - 1];
+            if (top.next + 1 < order.size())
+                item = {double(top.level) * w[top.next + 1], top.level, top.next + 1};
+            else
+                live--;
+            size_t at = 0;
+            for (;;) {
+                size_t c = 2 * at + 1;
+                if (c >= live)
+                    break;
+                if (c + 1 < live && before(heap[c + 1], heap[c]))
+                    c++;
+                if (!before(heap[c], item))
+                    break;
+                heap[at] = heap[c];
+                at = c;
+            }
+            if (live > 0)
+                heap[at] = item;
+        }
+    }
+    // Replay the sweep up to the best point.
+    std::fill(k.begin(), k.end(), 0u);
+    for (size_t s = 0; s < best_steps; s++)
+        k[steps[s]]++;
+    for (size_t i = 0; i < d; i++)
+        x[i] = uint8_t(o[i] >= 0.0 ? half + k[i] : half - 1 - k[i]);
+    return {best_ip, best_nsq};
+}
+
+// ---- The rotation ----
+
+RabitqRotation RabitqRotation::generate(size_t d, uint64_t seed, int threads)
+{
+    require_dims(d);
+    // Stewart's method: Q = H_0 H_1 ... H_{d-2} S, where H_k reflects the
+    // last d - k coordinates so as to map a fresh Gaussian vector g_k (d - k
+    // values) onto -sign(g_k[0]) ||g_k|| e_1, and S = diag(s) with s_k =
+    // -sign(g_k[0]) (the last one: sign(g_{d-1}[0])). This is the Q of the
+    // QR of a Gaussian matrix with R's diagonal made positive: Haar.
+    GaussianSource gauss(seed);
+    std::vector<size_t> offset(d);
+    std::vector<double> v, beta(d, 0.0), sign(d, 1.0);
+    v.reserve(d * (d + 1) / 2);
+    for (size_t k = 0; k < d; k++) {
+        check_interrupt_every(k);
+        const size_t m = d - k;
+        offset[k] = v.size();
+        double nsq = 0.0;
+        do {
+            v.resize(offset[k]);
+            nsq = 0.0;
+            for (size_t i = 0; i < m; i++) {
+                const double g = gauss.next();
+                v.push_back(g);
+                nsq += g * g;
+            }
+        } while (nsq == 0.0);
+        double* vk = v.data() + offset[k];
+        const double s = vk[0] >= 0.0 ? 1.0 : -1.0;
+        if (m == 1) {
+            sign[k] = s;
+            continue;
+        }
+        sign[k] = -s;
+        const double norm = std::sqrt(nsq);
+        // ||v||^2 = ||g||^2 + 2 |g_0| ||g|| + ||g||^2 after v_0 += sign * ||g||.
+        vk[0] += s * norm;
+        beta[k] = 2.0 / dot_double(vk, vk, m);
+    }
+
+    // Columns of Q in blocks: M = S, then M = H_k M for k = d-2 .. 0. Column
+    // j is s_j e_j until H_j reaches it, so H_k only touches columns j >= k.
+    // Each column is computed alone: the result is the same for any threads.
+    std::vector<float> p(d * d);
+    const size_t nblocks = (d + kRotationBlock - 1) / kRotationBlock;
+    parallel_for(nblocks, threads, [&](size_t b0, size_t b1) {
+        std::vector<double> cols(kRotationBlock * d);
+        for (size_t b = b0; b < b1; b++) {
+            const size_t j0 = b * kRotationBlock, j1 = std::min(d, j0 + kRotationBlock);
+            std::fill(cols.begin(), cols.end(), 0.0);
+            for (size_t j = j0; j < j1; j++)
+                cols[(j - j0) * d + j] = sign[j];
+            const size_t kmax = std::min(j1 - 1, d >= 2 ? d - 2 : 0);
+            for (size_t kk = kmax + 1; kk-- > 0;) {
+                check_interrupt_every(kk);
+                if (d - kk == 1)
+                    continue;
+                const double* vk = v.data() + offset[kk];
+                const size_t m = d - kk;
+                for (size_t j = std::max(j0, kk); j < j1; j++) {
+                    double* col = cols.data() + (j - j0) * d + kk;
+                    const double w = beta[kk] * dot_double(vk, col, m);
+                    for (size_t i = 0; i < m; i++)
+                        col[i] -= w * vk[i];
+                }
+            }
+            for (size_t j = j0; j < j1; j++)
+                for (size_t i = 0; i < d; i++)
+                    p[i * d + j] = float(cols[(j - j0) * d + i]);
+        }
+    });
+    return RabitqRotation(d, std::move(p));
+}
+
+RabitqRotation RabitqRotation::from_matrix(size_t d, const float* matrix)
+{
+    require_dims(d);
+    require(matrix != nullptr, "RaBitQ rotation: null matrix");
+    std::vector<float> p(matrix, matrix + d * d);
+    for (float f : p)
+        require(std::isfinite(f), "RaBitQ rotation: the matrix has a value that is not finite");
+    return RabitqRotation(d, std::move(p));
+}
+
+void RabitqRotation::apply(const float* x, float* out) const
+{
+    for (size_t i = 0; i < d_; i++)
+        out[i] = float(dot_double(p_.data() + i * d_, x, d_));
+}
+
+void RabitqRotation::apply(const double* x, double* out) const
+{
+    for (size_t i = 0; i < d_; i++)
+        out[i] = dot_double(p_.data() + i * d_, x, d_);
+}
+
+// ---- The model ----
+
+RabitqModel::RabitqModel(size_t d, size_t lists, int bits, Metric metric, RabitqRotation rotation)
+    : d_(d), lists_(lists), bits_(bits), metric_(metric), rotation_(std::move(rotation))
+{
+    require_dims(d);
+    require_bits(bits);
+    require(lists >= 1, "RaBitQ: lists must be at least 1");
+    require(lists <= size_t(INT32_MAX), "RaBitQ: too many lists");
+    require(metric == Metric::L2 || metric == Metric::InnerProduct || metric == Metric::Cosine,
+            "RaBitQ: unknown metric");
+    require(rotation_.d() == d, "RaBitQ: the rotation has dimension " +
+                                    std::to_string(rotation_.d()) + ", the model " +
+                                    std::to_string(d));
+    centroids_.assign(detail::checked_mul(lists, d, "RaBitQ centroids"), 0.0f);
+}
+
+void RabitqModel::set_centroids(const float* data)
+{
+    require(data != nullptr, "RaBitQ: null centroids");
+    std::copy(data, data + centroids_.size(), centroids_.begin());
+}
+
+void RabitqModel::assign(const float* x, size_t n, int32_t* list_ids, int threads) const
+{
+    if (n == 0)
+        return;
+    require(x && list_ids, "RaBitQ: null pointer in assign");
+    if (metric_ != Metric::Cosine) {
+        assign_nearest(x, n, centroids_.data(), lists_, d_, list_ids, nullptr, threads);
+        return;
+    }
+    constexpr size_t kRows = 4096;
+    std::vector<float> buf(std::min(n, kRows) * d_);
+    for (size_t r0 = 0; r0 < n; r0 += kRows) {
+        const size_t nr = std::min(kRows, n - r0);
+        std::memcpy(buf.data(), x + r0 * d_, nr * d_ * sizeof(float));
+        normalize_rows(buf.data(), nr, d_);
+        assign_nearest(buf.data(), nr, centroids_.data(), lists_, d_, list_ids + r0, nullptr,
+                       threads);
+    }
+}
+
+void RabitqModel::encode(const float* x, size_t n, const int32_t* list_ids, uint8_t* codes,
+                         RabitqFactors* factors, int threads) const
+{
+    if (n == 0)
+        return;
+    require(x && list_ids && codes && factors, "RaBitQ: null pointer in encode");
+    for (size_t i = 0; i < n; i++)
+        require(list_ids[i] >= 0 && size_t(list_ids[i]) < lists_, "RaBitQ: list id out of range");
+    const size_t cb = code_bytes();
+    const size_t ntiles = (n + kEncodeTile - 1) / kEncodeTile;
+    parallel_for(ntiles, threads, [&](size_t t0, size_t t1) {
+        std::vector<float> row(d_);
+        std::vector<double> r(d_), rot(d_);
+        std::vector<uint8_t> xu(d_);
+        for (size_t t = t0; t < t1; t++) {
+            check_interrupt();
+            for (size_t i = t * kEncodeTile; i < std::min(n, (t + 1) * kEncodeTile); i++) {
+                std::memcpy(row.data(), x + i * d_, d_ * sizeof(float));
+                if (metric_ == Metric::Cosine)
+                    normalize_rows(row.data(), 1, d_);
+                const float* c = centroids_.data() + size_t(list_ids[i]) * d_;
+                // The residual in double: o - c cannot overflow there.
+                for (size_t k = 0; k < d_; k++)
+                    r[k] = double(row[k]) - double(c[k]);
+                const double rsq = dot_double(r.data(), r.data(), d_);
+                const double rn = std::sqrt(rsq);
+                RabitqFactors& f = factors[i];
+                if (!(rn > 0.0) || !std::isfinite(rn)) {
+                    // A row on its centroid (or not finite): the estimate is
+                    // the query's distance to the centroid, exactly.
+                    std::fill(r.begin(), r.end(), 0.0);
+                    rabitq_best_grid_point(r.data(), d_, bits_, xu.data());
+                    rabitq_pack(xu.data(), d_, bits_, codes + i * cb);
+                    f = {0.0f, 0.0f, 0.0f};
+                    continue;
+                }
+                for (size_t k = 0; k < d_; k++)
+                    r[k] /= rn;
+                rotation_.apply(r.data(), rot.data());
+                // P is orthogonal to float precision: make o' unit again.
+                const double on = std::sqrt(dot_double(rot.data(), rot.data(), d_));
+                for (size_t k = 0; k < d_; k++)
+                    rot[k] /= on;
+                const RabitqGridPoint g = rabitq_best_grid_point(rot.data(), d_, bits_, xu.data());
+                rabitq_pack(xu.data(), d_, bits_, codes + i * cb);
+                const double a = g.ip / std::sqrt(g.norm_sqr);  // cosine of o' and y
+                double add = rsq;
+                if (metric_ == Metric::InnerProduct) {
+                    add = 0.0;
+                    for (size_t k = 0; k < d_; k++)
+                        add += double(c[k]) * (double(row[k]) - double(c[k]));
+                }
+                f.add = float(add);
+                f.rescale = float(rn / g.ip);
+                f.error = d_ >= 2 ? float(rn * std::sqrt(std::max(0.0, 1.0 - a * a)) /
+                                          (a * std::sqrt(double(d_ - 1))))
+                                  : 0.0f;
+            }
+        }
+    });
+}
+
+void RabitqModel::prepare_query(const float* q, RabitqQuery& out) const
+{
+    require(q != nullptr, "RaBitQ: null query");
+    out.q.assign(q, q + d_);
+    if (metric_ == Metric::Cosine)
+        normalize_rows(out.q.data(), 1, d_);
+}
+
+void RabitqModel::prepare_list(const RabitqQuery& query, int32_t list, RabitqListQuery& out) const
+{
+    require(query.q.size() == d_, "RaBitQ: query was not prepared by a model of this dimension");
+    require(list >= 0 && size_t(list) < lists_, "RaBitQ: list id out of range");
+    const float* c = centroids_.data() + size_t(list) * d_;
+    const size_t groups = rabitq_plane_words(d_) * 4;  // code bytes per plane
+    std::vector<double> qr(d_), rot(groups * 8, 0.0);
+    for (size_t k = 0; k < d_; k++)
+        qr[k] = double(query.q[k]) - double(c[k]);
+    const double qsq = dot_double(qr.data(), qr.data(), d_);
+    rotation_.apply(qr.data(), rot.data());
+
+    out.list = list;
+    out.lut.resize(groups * 256);
+    for (size_t j = 0; j < groups; j++) {
+        const double* v = rot.data() + j * 8;
+        double tab[256];
+        tab[0] = -0.5 * (((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])));
+        for (unsigned b = 1; b < 256; b++)
+            tab[b] = tab[b & (b - 1)] + v[__builtin_ctz(b)];
+        for (unsigned b = 0; b < 256; b++)
+            out.lut[j * 256 + b] = float(tab[b]);
+    }
+    const double qn = std::sqrt(qsq);
+    out.qr_norm = float(qn);
+    switch (metric_) {
+    case Metric::L2:
+        out.base = float(qsq);
+        out.add_scale = 1.0f;
+        out.ip_scale = -2.0f;
+        out.bound_scale = float(2.0 * qn);
+        break;
+    case Metric::Cosine:  // (||q - o||^2) / 2 on the unit sphere
+        out.base = float(0.5 * qsq);
+        out.add_scale = 0.5f;
+        out.ip_scale = -1.0f;
+        out.bound_scale = float(qn);
+        break;
+    case Metric::InnerProduct:  // -<q, c> - <c, r> - <q - c, r>
+        out.base = float(-dot_double(query.q.data(), c, d_));
+        out.add_scale = -1.0f;
+        out.ip_scale = -1.0f;
+        out.bound_scale = float(qn);
+        break;
+    }
+}
+
+namespace {
+
+// <y, q'> of one code from the list's byte tables: per plane the sum of
+// its bytes' entries, planes combined most significant first.
+inline float code_inner_product(const float* lut, const uint8_t* code, size_t plane_bytes, int bits)
+{
+    float ip = 0.0f;
+    for (int p = 0; p < bits; p++) {
+        const uint8_t* plane = code + size_t(p) * plane_bytes;
+        float s = 0.0f;
+        for (size_t j = 0; j < plane_bytes; j++)
+            s += lut[j * 256 + plane[j]];
+        ip = 2.0f * ip + s;
+    }
+    return ip;
+}
+
+inline RabitqEstimate finish_estimate(const RabitqListQuery& lq, const RabitqFactors& f, float ip,
+                                      float eps0)
+{
+    const float est = lq.base + lq.add_scale * f.add + lq.ip_scale * (f.rescale * ip);
+    const float bound = lq.bound_scale * f.error * eps0;
+    // Past the float range: rank like the engine's other approximate
+    // distances (never NaN), and a bound that says nothing.
+    return {rank_distance(est), bound >= 0.0f ? bound : std::numeric_limits<float>::infinity()};
+}
+
+}  // namespace
+
+RabitqEstimate RabitqModel::estimate(const RabitqListQuery& lq, const uint8_t* code,
+                                     const RabitqFactors& f, float eps0) const
+{
+    require(code != nullptr, "RaBitQ: null code");
+    const size_t plane_bytes = rabitq_plane_words(d_) * 4;
+    require(lq.lut.size() == plane_bytes * 256, "RaBitQ: list query of another dimension");
+    return finish_estimate(lq, f, code_inner_product(lq.lut.data(), code, plane_bytes, bits_),
+                           eps0);
+}
+
+void RabitqModel::scan(const RabitqListQuery& lq, const uint8_t* codes, size_t code_stride,
+                       const RabitqFactors* factors, size_t n, float eps0, float* estimate,
+                       float* bound) const
+{
+    if (n == 0)
+        return;
+    require(codes && factors && estimate, "RaBitQ: null pointer in scan");
+    require(code_stride >= code_bytes(), "RaBitQ: code stride shorter than a code");
+    require(eps0 >= 0.0f, "RaBitQ: eps0 must not be negative");
+    const size_t plane_bytes = rabitq_plane_words(d_) * 4;
+    require(lq.lut.size() == plane_bytes * 256, "RaBitQ: list query of another dimension");
+    for (size_t i = 0; i < n; i++) {
+        check_interrupt_every(i);
+        const RabitqEstimate e = finish_estimate(
+            lq, factors[i],
+            code_inner_product(lq.lut.data(), codes + i * code_stride, plane_bytes, bits_), eps0);
+        estimate[i] = e.estimate;
+        if (bound)
+            bound[i] = e.bound;
+    }
+}
+
+std::vector<int32_t> RabitqModel::probe_lists(const RabitqQuery& query, size_t nprobe) const
+{
+    require(query.q.size() == d_, "RaBitQ: query was not prepared by a model of this dimension");
+    require(nprobe >= 1, "RaBitQ: nprobe must be at least 1");
+    nprobe = std::min(nprobe, lists_);
+    std::vector<float> dist(nprobe);
+    std::vector<int64_t> label(nprobe);
+    brute_force_knn(query.q.data(), 1, centroids_.data(), lists_, d_,
+                    metric_ == Metric::InnerProduct ? Metric::InnerProduct : Metric::L2, nprobe,
+                    dist.data(), label.data());
+    return std::vector<int32_t>(label.begin(), label.end());
+}
+
+template <typename Visit>
+void RabitqModel::scan_probed(const RabitqList* lists, const float* q, size_t nprobe, float eps0,
+                              bool want_bound, Visit&& visit) const
+{
+    require(lists != nullptr, "RaBitQ: null lists");
+    RabitqQuery query;
+    prepare_query(q, query);
+    RabitqListQuery lq;
+    std::vector<float> est, bnd;
+    for (int32_t l : probe_lists(query, nprobe)) {
+        check_interrupt();
+        const RabitqList& list = lists[l];
+        if (list.n == 0)
+            continue;
+        require(list.labels && list.codes && list.factors, "RaBitQ: null pointer in a list");
+        prepare_list(query, l, lq);
+        est.resize(list.n);
+        bnd.assign(list.n, 0.0f);
+        scan(lq, list.codes, code_bytes(), list.factors, list.n, eps0, est.data(),
+             want_bound ? bnd.data() : nullptr);
+        for (size_t i = 0; i < list.n; i++)
+            visit(est[i], bnd[i], list.labels[i]);
+    }
+}
+
+std::vector<Neighbor> RabitqModel::search(const RabitqList* lists, const float* q, size_t nprobe,
+                                          size_t k) const
+{
+    TopK top(k);
+    scan_probed(lists, q, nprobe, 0.0f, false,
+                [&](float est, float, int64_t label) { top.push(est, label); });
+    return top.take_sorted();
+}
+
+std::vector<RabitqCandidate> RabitqModel::search_candidates(const RabitqList* lists, const float* q,
+                                                            size_t nprobe, size_t k,
+                                                            float eps0) const
+{
+    require(eps0 >= 0.0f, "RaBitQ: eps0 must not be negative");
+    // The k smallest upper bounds so far: a row whose lower bound exceeds
+    // the k-th of them cannot be among the k nearest (where bounds hold).
+    TopK upper(k);
+    std::vector<RabitqCandidate> out;
+    scan_probed(lists, q, nprobe, eps0, true, [&](float est, float bound, int64_t label) {
+        const RabitqCandidate c{label, est, est - bound, est + bound};
+        upper.push(c.upper, label);
+        if (!(c.lower > upper.threshold()))
+            out.push_back(c);
+    });
+    // The threshold only fell while scanning: drop what its final value excludes.
+    const float thr = upper.threshold();
+    out.erase(std::remove_if(out.begin(), out.end(),
+                             [thr](const RabitqCandidate& c) { return c.lower > thr; }),
+              out.end());
+    std::sort(out.begin(), out.end(), [](const RabitqCandidate& a, const RabitqCandidate& b) {
+        return neighbor_less({a.estimate, a.label}, {b.estimate, b.label});
+    });
+    return out;
+}
+
+}  // namespace gpuivfpq
