@@ -38,20 +38,20 @@ if [ "$WIDE_N" != 0 ]; then
   psql -qc "CREATE TABLE wide (id int4, v real[])" -c "COPY wide FROM '$wide'" -c "VACUUM ANALYZE wide"
 fi
 
-# build TABLE LISTS M: REPEAT builds of TABLE's index, each with its phases.
+# build TABLE LISTS M [OPTIONS [REPEATS]]: builds of TABLE's index, each with its phases.
 build() {
-  local table=$1 lists=$2 m=$3 i t0 wal0 log
-  for i in $(seq "$REPEAT"); do
+  local table=$1 lists=$2 m=$3 opts=${4:-} i t0 wal0 log
+  for i in $(seq "${5:-$REPEAT}"); do
     psql -qc "DROP INDEX IF EXISTS ${table}_idx" -c "CHECKPOINT"
     wal0=$(psql -qAtc "SELECT pg_current_wal_insert_lsn()")
     t0=$(date +%s.%N)
     log=$(psql -qX 2>&1 <<SQL
 SET client_min_messages = debug1;
 SET gpu_ivfpq.device = $DEVICE;
-CREATE INDEX ${table}_idx ON $table USING gpu_ivfpq (v) WITH (lists = $lists, m = $m);
+CREATE INDEX ${table}_idx ON $table USING gpu_ivfpq (v) WITH (lists = $lists, m = $m$opts);
 SQL
 )
-    say "$table build $i: $(awk "BEGIN { printf \"%.2f\", $(date +%s.%N) - $t0 }") s, WAL $(psql -qAtc "SELECT pg_size_pretty(pg_current_wal_insert_lsn() - '$wal0')"), index $(psql -qAtc "SELECT pg_size_pretty(pg_relation_size('${table}_idx'))")"
+    say "$table build $i${opts:+ ($opts)}: $(awk "BEGIN { printf \"%.2f\", $(date +%s.%N) - $t0 }") s, WAL $(psql -qAtc "SELECT pg_size_pretty(pg_current_wal_insert_lsn() - '$wal0')"), index $(psql -qAtc "SELECT pg_size_pretty(pg_relation_size('${table}_idx'))")"
     echo "$log" | grep "gpu_ivfpq build" | sed 's/^DEBUG:  /    /' | tee -a "$RES"
   done
 }
@@ -67,4 +67,16 @@ say "base recall@10 (probes 32): $r"
 psql -qAtc "SELECT gpu_ivfpq_check('base_idx', true)" >/dev/null 2>&1 && say "base_idx: gpu_ivfpq_check(heapallindexed) passed" ||
   say "base_idx: gpu_ivfpq_check FAILED: $(psql -qAtc "SELECT gpu_ivfpq_check('base_idx', true)" 2>&1 | tail -2)"
 [ "$WIDE_N" != 0 ] && build wide "$WIDE_LISTS" 96
+# What the vector copies cost: the index without them (re-ranks read the table).
+build base "$LISTS" 32 ", store_vectors = off" 1
+# What the WAL costs: wal_level = minimal logs no page of an index built
+# in its own transaction (a server with no standby, no archive).
+if [ "${NO_WAL_BUILD:-1}" = 1 ]; then
+  printf '%s\n' "wal_level = minimal" "max_wal_senders = 0" >>"$PGDATA/postgresql.conf"
+  as_pg pg_ctl -D "$PGDATA" -l /tmp/pgkit-server.log -w restart >/dev/null
+  for _ in $(seq 50); do psql -qAtc "SELECT 1" >/dev/null 2>&1 && break; sleep 0.2; done
+  say "# restarted with wal_level = minimal"
+  build base "$LISTS" 32 "" 1
+  [ "$WIDE_N" != 0 ] && build wide "$WIDE_LISTS" 96 "" 1
+fi
 exit 0
