@@ -111,6 +111,10 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 		int64		cn = Min(bs->chunk, nq - c0);
 		bool		on_gpu = false;
 		bool		is_exact = false;
+		instr_time	t0,
+					t1;
+
+		INSTR_TIME_SET_CURRENT(t0);
 
 		if (bs->meta.trained)
 		{
@@ -148,6 +152,10 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 			/* Re-ranked by the GPU, or by RankLists from the vector copies. */
 			is_exact = on_gpu ? is_exact : bs->vectors;
 		}
+		INSTR_TIME_SET_CURRENT(t1);
+		INSTR_TIME_SUBTRACT(t1, t0);
+		bs->search_secs += INSTR_TIME_GET_DOUBLE(t1);
+		INSTR_TIME_SET_CURRENT(t0);
 		for (int64 i = 0; i < cn; i++)
 		{
 			int64		nh;
@@ -165,6 +173,9 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 				emit(arg, c0 + i, (int) r, &bs->hits[r].tid, bs->hits[r].dist);
 			CHECK_FOR_INTERRUPTS();
 		}
+		INSTR_TIME_SET_CURRENT(t1);
+		INSTR_TIME_SUBTRACT(t1, t0);
+		bs->finish_secs += INSTR_TIME_GET_DOUBLE(t1);
 	}
 }
 

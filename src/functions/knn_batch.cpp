@@ -70,8 +70,10 @@ gpu_ivfpq_knn_batch(PG_FUNCTION_ARGS)
 	out.base = 0;
 	GpuIvfpqBatchRun(&bs, queries, nq, EmitBatchRow, &out);
 	GpuIvfpqBatchEnd(&bs);
-	elog(DEBUG1, "gpu_ivfpq batch search on \"%s\": %lld queries, %d candidates each, %lld on the GPU",
-		 RelationGetRelationName(index), (long long) nq, bs.want, (long long) bs.gpu_queries);
+	elog(DEBUG1, "gpu_ivfpq batch search on \"%s\": %lld queries, %d candidates each, %lld on the GPU; "
+		 "searching %.3f s, visibility and rows %.3f s",
+		 RelationGetRelationName(index), (long long) nq, bs.want, (long long) bs.gpu_queries,
+		 bs.search_secs, bs.finish_secs);
 	table_close(heap, AccessShareLock);
 	relation_close(index, AccessShareLock);
 	PG_RETURN_VOID();

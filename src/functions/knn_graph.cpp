@@ -74,6 +74,7 @@ gpu_ivfpq_knn_graph(PG_FUNCTION_ARGS)
 	int64		rows = 0;
 	double		total;
 	int			next_report = 1;
+	double		visible_secs;
 	instr_time	start,
 				now;
 
@@ -103,7 +104,11 @@ gpu_ivfpq_knn_graph(PG_FUNCTION_ARGS)
 	 * table (its bitmap bounded by maintenance_work_mem) answers most of
 	 * them, instead of a fetch each.
 	 */
+	INSTR_TIME_SET_CURRENT(start);
 	bs.visible = GpuIvfpqVisibleRowsBuild(heap, GetActiveSnapshot(), (Size) maintenance_work_mem * 1024);
+	INSTR_TIME_SET_CURRENT(now);
+	INSTR_TIME_SUBTRACT(now, start);
+	visible_secs = INSTR_TIME_GET_DOUBLE(now);
 	vecs = (float *) palloc_extended(sizeof(float) * (Size) chunk * meta.dimensions, MCXT_ALLOC_HUGE);
 	indexInfo = BuildIndexInfo(index);
 	estate = CreateExecutorState();
@@ -166,9 +171,13 @@ gpu_ivfpq_knn_graph(PG_FUNCTION_ARGS)
 	ExecDropSingleTupleTableSlot(slot);
 	FreeExecutorState(estate);
 	GpuIvfpqBatchEnd(&bs);
-	elog(DEBUG1, "gpu_ivfpq_knn_graph on \"%s\": %lld rows, %lld edges, %lld rows searched on the GPU",
+	INSTR_TIME_SET_CURRENT(now);
+	INSTR_TIME_SUBTRACT(now, start);
+	elog(DEBUG1, "gpu_ivfpq_knn_graph on \"%s\": %lld rows, %lld edges, %lld rows searched on the GPU; "
+		 "visibility pass %.3f s, reading rows %.3f s, searching %.3f s, visibility and edges %.3f s",
 		 RelationGetRelationName(index), (long long) rows, (long long) out.edges,
-		 (long long) bs.gpu_queries);
+		 (long long) bs.gpu_queries, visible_secs,
+		 INSTR_TIME_GET_DOUBLE(now) - bs.search_secs - bs.finish_secs, bs.search_secs, bs.finish_secs);
 	table_close(heap, AccessShareLock);
 	relation_close(index, AccessShareLock);
 	PG_RETURN_VOID();
