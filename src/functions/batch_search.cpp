@@ -119,7 +119,8 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 		if (bs->meta.trained)
 		{
 			on_gpu = GpuIvfpqServiceSearchBatch(bs->index, &bs->meta, queries + c0 * dim, cn, want,
-												bs->probes, false, bs->labels, bs->exact, &is_exact);
+												bs->probes, false, bs->labels, bs->exact, &is_exact,
+												&bs->segment);
 			for (int64 i = 0; i < cn; i++)
 			{
 				int			n = 0;
@@ -184,4 +185,7 @@ void
 GpuIvfpqBatchEnd(GpuIvfpqBatchSearch *bs)
 {
 	GpuIvfpqHeapFetchEnd(&bs->hf);
+	if (bs->segment != NULL)
+		dsm_detach(bs->segment);
+	bs->segment = NULL;
 }

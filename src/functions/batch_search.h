@@ -29,6 +29,7 @@ typedef struct GpuIvfpqBatchSearch
 	int			want;			/* candidates per query */
 	int			probes;
 	int64		chunk;			/* queries per GPU request */
+	dsm_segment *segment;		/* the GPU requests' segment, kept between chunks */
 	int64	   *labels;			/* chunk x want */
 	double	   *exact;			/* chunk x want: exact distances of re-ranked candidates */
 	bool		vectors;		/* the index keeps vector copies */

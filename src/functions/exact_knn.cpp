@@ -213,7 +213,7 @@ ExactFromMirror(Relation heap, AttrNumber attnum, const float *queries, int64 nq
 		bool		is_exact = false;
 
 		if (!GpuIvfpqServiceSearchBatch(index, &meta, queries + c0 * d, cn, want, 1, true, labels,
-										exact, &is_exact) || !is_exact)
+										exact, &is_exact, NULL) || !is_exact)
 		{
 			served = false;
 			break;

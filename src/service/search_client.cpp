@@ -258,12 +258,15 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
  * the mirror keeps the vectors (*is_exact), each row comes re-ranked, with
  * exact distances in exact (nq x k). Returns false when the GPU cannot
  * serve it (the caller uses the CPU; with gpu_ivfpq.device = gpu that is an
- * error instead).
+ * error instead). With keep, the request's segment is kept in *keep for the
+ * caller's next request (one as large or smaller reuses it: a search in
+ * chunks maps and faults in one segment, not one per chunk); the caller
+ * detaches it when done.
  */
 bool
 GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta, const float *queries,
 						   int64 nq, int k, int nprobe, bool brute, int64 *labels, double *exact,
-						   bool *is_exact)
+						   bool *is_exact, dsm_segment **keep)
 {
 	/* Brute force has the table path behind it: it never errors for being off the GPU. */
 	bool		required = gpu_ivfpq_device == GPU_IVFPQ_DEVICE_GPU && !brute;
@@ -272,6 +275,7 @@ GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta, con
 	dsm_segment *seg;
 	char	   *base;
 	Size		loff;
+	Size		bytes;
 	char		error[256];
 	RequestResult result = RES_ERROR;
 
@@ -288,7 +292,20 @@ GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta, con
 		return false;
 	}
 	loff = GpuIvfpqBatchLabelsOffset(nq, meta->dimensions);
-	seg = GpuIvfpqCreateSegment(GpuIvfpqBatchSegmentBytes(nq, meta->dimensions, k), "batch search");
+	bytes = GpuIvfpqBatchSegmentBytes(nq, meta->dimensions, k);
+	if (keep != NULL && *keep != NULL && dsm_segment_map_length(*keep) >= bytes)
+		seg = *keep;
+	else
+	{
+		if (keep != NULL && *keep != NULL)
+		{
+			dsm_detach(*keep);
+			*keep = NULL;
+		}
+		seg = GpuIvfpqCreateSegment(bytes, "batch search");
+		if (keep != NULL)
+			*keep = seg;
+	}
 	if (seg == NULL)
 	{
 		GpuIvfpqCountFallback();
@@ -335,7 +352,8 @@ GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta, con
 			strlcpy(error, GPU_IVFPQ_NOT_TIDS, sizeof(error));
 		}
 	}
-	dsm_detach(seg);
+	if (keep == NULL)
+		dsm_detach(seg);
 	if (result == RES_OK)
 		return true;
 	GpuIvfpqCountFallback();

@@ -17,7 +17,8 @@ extern int	GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *met
 								  int64 *labels, double *exact, bool *is_exact, int *batch);
 extern bool GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta,
 									   const float *queries, int64 nq, int k, int nprobe, bool brute,
-									   int64 *labels, double *exact, bool *is_exact);
+									   int64 *labels, double *exact, bool *is_exact,
+									   dsm_segment **keep);
 extern void GpuIvfpqServiceLogAppend(Relation index, const GpuIvfpqMetaPageData *meta, int list,
 									 int64 label, const uint8 *code, const float *vector,
 									 const char *filter_key);
