@@ -468,17 +468,16 @@ FillListPage(Page page, const GpuIvfpqEntryLayout *el, const char *entries, int 
 
 /*
  * CREATE INDEX's list pages: count entries (transfer form) in new pages
- * chained in block order past the end of the index, formed in local memory
- * and written straight to the file, then WAL-logged whole, 32 pages a
- * record, as PostgreSQL's own index builds do; none goes through shared
- * buffers. The file is written first (smgrextend, which also asks the next
- * checkpoint to fsync it), the WAL after: a checkpoint whose redo point
- * lies past these records started after the writes and syncs them, and
- * recovery from an earlier one replays the records; so no fsync is needed
- * here. Only for an index that nobody else can see yet and that is not
- * temporary (local buffers), pages being added only here and by
- * GpuIvfpqNewBuffer, which extends the file at once. Returns the first
- * block; *last is the last.
+ * chained in block order past the end of the index, formed in local memory,
+ * WAL-logged whole, 32 pages a record, and written straight to the file, as
+ * PostgreSQL's own index builds do; none goes through shared buffers. Each
+ * write asks the next checkpoint to fsync the file; a checkpoint that began
+ * after the first record was written might have taken its requests before
+ * the last write, so if one began meanwhile (the redo pointer moved) the
+ * file is synced here, as PostgreSQL's bulk writer does. Only for an index
+ * that nobody else can see yet and that is not temporary (local buffers),
+ * pages being added only here and by GpuIvfpqNewBuffer, which extends the
+ * file at once. Returns the first block; *last is the last.
  */
 static BlockNumber
 WriteNewListPages(Relation index, const GpuIvfpqEntryLayout *el, const char *entries, int count,
@@ -493,6 +492,8 @@ WriteNewListPages(Relation index, const GpuIvfpqEntryLayout *el, const char *ent
 	char	   *space = (char *) TYPEALIGN(4096, raw);
 	Page		pages[BUILD_WRITE_PAGES];
 	BlockNumber blknos[BUILD_WRITE_PAGES];
+	bool		wal = RelationNeedsWAL(index);
+	XLogRecPtr	start_redo = GetRedoRecPtr();
 
 	Assert(count > 0 && !RelationUsesLocalBuffers(index));
 	if (first >= MaxBlockNumber - npages)
@@ -515,15 +516,21 @@ WriteNewListPages(Relation index, const GpuIvfpqEntryLayout *el, const char *ent
 			entries += (Size) filled * el->xsize;
 			count -= filled;
 			GpuIvfpqPageGetOpaque(page)->next = count > 0 ? blk + 1 : InvalidBlockNumber;
-			PageSetChecksumInplace(page, blk);
-			smgrextend(smgr, MAIN_FORKNUM, blk, page, false);
 			pages[i] = page;
 			blknos[i] = blk;
 		}
-		if (RelationNeedsWAL(index))
+		/* The WAL first: it sets the pages' LSNs, which their checksums cover. */
+		if (wal)
 			log_newpages(GpuIvfpqSmgrRelFile(index), MAIN_FORKNUM, n, blknos, pages, true);
+		for (int i = 0; i < n; i++)
+		{
+			PageSetChecksumInplace(pages[i], blknos[i]);
+			smgrextend(smgr, MAIN_FORKNUM, blknos[i], pages[i], false);
+		}
 		CHECK_FOR_INTERRUPTS();
 	}
+	if (wal && GetRedoRecPtr() != start_redo)
+		smgrimmedsync(smgr, MAIN_FORKNUM);
 	pfree(raw);
 	*last = first + npages - 1;
 	return first;

@@ -15,6 +15,7 @@ extern "C" {
 #include "catalog/index.h"
 #include "catalog/pg_type.h"
 #include "common/pg_prng.h"
+#include "access/xlog.h"
 #include "access/xloginsert.h"
 #include "storage/smgr.h"
 #include "utils/selfuncs.h"

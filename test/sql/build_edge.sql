@@ -399,4 +399,28 @@ RESET enable_seqscan;
 DROP TABLE one_row;
 RESET gpu_ivfpq.rerank;
 
+--
+-- A build keeps the rows of its first pass while they fit a quarter of
+-- maintenance_work_mem and encodes them from memory, else it reads the table
+-- again; with little memory it also writes the lists in several flushes,
+-- each one linking new pages from every list's last page. Every way, the
+-- index holds each row once and the exact settings give the sequential
+-- scan's answers.
+CREATE TABLE passes (id int, v real[]) WITH (autovacuum_enabled = off);
+INSERT INTO passes SELECT i, ARRAY[sin(i), cos(i * 1.3), sin(i * 0.7), cos(i * 0.11)]::real[]
+FROM generate_series(1, 40000) i;
+SET maintenance_work_mem = '64MB';
+CREATE INDEX passes_once ON passes USING gpu_ivfpq (v) WITH (lists = 16);
+SELECT gpu_ivfpq_check('passes_once', true);
+SELECT knn('SELECT id FROM passes ORDER BY v <-> ''{0.5,0.5,0,-0.5}'' LIMIT 20', true) =
+       knn('SELECT id FROM passes ORDER BY v <-> ''{0.5,0.5,0,-0.5}'' LIMIT 20', false) AS once_exact;
+DROP INDEX passes_once;
+SET maintenance_work_mem = '1MB';
+CREATE INDEX passes_twice ON passes USING gpu_ivfpq (v) WITH (lists = 16);
+SELECT gpu_ivfpq_check('passes_twice', true);
+SELECT knn('SELECT id FROM passes ORDER BY v <-> ''{0.5,0.5,0,-0.5}'' LIMIT 20', true) =
+       knn('SELECT id FROM passes ORDER BY v <-> ''{0.5,0.5,0,-0.5}'' LIMIT 20', false) AS twice_exact;
+RESET maintenance_work_mem;
+DROP TABLE passes;
+
 DROP FUNCTION knn(text, bool), explain_plan(text);
