@@ -57,12 +57,7 @@ SQL
 }
 
 build base "$LISTS" 32
-r=$(PGOPTIONS="-c gpu_ivfpq.probes=32 -c enable_seqscan=off" psql -qAt <<'SQL'
-SELECT round(avg(hit) / 10, 4) FROM queries q, LATERAL (
-  SELECT count(*) AS hit FROM (SELECT id FROM base ORDER BY v <-> q.v LIMIT 10) r
-  WHERE r.id = ANY (q.gt[1:10])) h;
-SQL
-)
+r=$(recall_at_10 "$DEVICE" 32)
 say "base recall@10 (probes 32): $r"
 psql -qAtc "SELECT gpu_ivfpq_check('base_idx', true)" >/dev/null 2>&1 && say "base_idx: gpu_ivfpq_check(heapallindexed) passed" ||
   say "base_idx: gpu_ivfpq_check FAILED: $(psql -qAtc "SELECT gpu_ivfpq_check('base_idx', true)" 2>&1 | tail -2)"

@@ -67,12 +67,7 @@ Q
 chmod 644 "$work"/*.sql
 OPTS="-c gpu_ivfpq.probes=$PROBES -c enable_seqscan=off"
 
-r=$(PGOPTIONS="$OPTS" psql -qAt <<'SQL'
-SELECT round(avg(hit) / 10, 4) FROM queries q, LATERAL (
-  SELECT count(*) AS hit FROM (SELECT id FROM base ORDER BY v <-> q.v LIMIT 10) r
-  WHERE r.id = ANY (q.gt[1:10])) h;
-SQL
-)
+r=$(recall_at_10 gpu "$PROBES")
 say "recall@10 (probes $PROBES, GPU): $r"
 
 # pgbench CLIENTS SCRIPT [SECS]: "tps p50_ms" (p50 from the per-transaction log).

@@ -36,3 +36,13 @@ SQL
   "$GEN" --rows "$N" --threads "$(nproc)" | psql -qc "COPY base (id, v) FROM STDIN" || return 1
   psql -qc "VACUUM ANALYZE base"
 }
+
+# recall_at_10 DEVICE PROBES [more -c settings]: recall@10 of base's index
+# scans for the 1000 queries against their exact top 10.
+recall_at_10() {
+  PGOPTIONS="-c gpu_ivfpq.device=$1 -c gpu_ivfpq.probes=$2 -c enable_seqscan=off ${3:-}" psql -qAt <<'SQL'
+SELECT round(avg(hit) / 10, 4) FROM queries q, LATERAL (
+  SELECT count(*) AS hit FROM (SELECT id FROM base ORDER BY v <-> q.v LIMIT 10) r
+  WHERE r.id = ANY (q.gt[1:10])) h;
+SQL
+}

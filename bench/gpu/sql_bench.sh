@@ -54,15 +54,6 @@ SELECT id FROM base ORDER BY v <-> (SELECT v FROM queries WHERE qid = :q) LIMIT 
 Q
 echo 'SELECT 1;' >/tmp/one.sql
 
-# recall DEVICE PROBES [more -c settings]
-recall() {
-  PGOPTIONS="-c gpu_ivfpq.device=$1 -c gpu_ivfpq.probes=$2 -c enable_seqscan=off ${3:-}" psql -qAt <<'SQL'
-SELECT round(avg(hit) / 10, 4) FROM queries q, LATERAL (
-  SELECT count(*) AS hit FROM (SELECT id FROM base ORDER BY v <-> q.v LIMIT 10) r
-  WHERE r.id = ANY (q.gt[1:10])) h;
-SQL
-}
-
 # pgbench; prints "tps p50_ms p99_ms" (latencies from the per-transaction log).
 bench() {
   local clients=$1 script=$2 opts=$3 secs=${4:-$SECS} dir
@@ -83,7 +74,7 @@ say "| probes | path | recall@10 | p50 ms | p99 ms | QPS |"
 say "|---|---|---|---|---|---|"
 for probes in 8 16 32 64; do
   for device in gpu cpu; do
-    r=$(recall "$device" "$probes")
+    r=$(recall_at_10 "$device" "$probes")
     read -r tps p50 p99 < <(bench 1 /tmp/knn.sql "-c gpu_ivfpq.device=$device -c gpu_ivfpq.probes=$probes -c enable_seqscan=off")
     say "| $probes | $device | $r | $p50 | $p99 | $tps |"
   done
@@ -109,7 +100,7 @@ say "## 64 clients, probes 32, by gpu_ivfpq.rerank (the candidates re-ranked on 
 say "| rerank | recall@10 | QPS | mean batch |"
 say "|---|---|---|---|"
 for rr in 100 40 20 10; do
-  r=$(recall gpu 32 "-c gpu_ivfpq.rerank=$rr")
+  r=$(recall_at_10 gpu 32 "-c gpu_ivfpq.rerank=$rr")
   q0=$(stat queries_gpu); b0=$(stat batches)
   read -r g _ _ < <(bench 64 /tmp/knn.sql "-c gpu_ivfpq.device=gpu -c gpu_ivfpq.probes=32 -c gpu_ivfpq.rerank=$rr -c enable_seqscan=off")
   q1=$(stat queries_gpu); b1=$(stat batches)
