@@ -514,6 +514,7 @@ extern int64 GpuIvfpqFilterKeyOf(Relation index, Datum value, bool isnull);
 
 /* ---- model_cache.cpp ---- */
 extern gpuivfpq::IvfPqModel *GpuIvfpqGetModel(Relation index, const GpuIvfpqMetaPageData *meta);
+extern void GpuIvfpqModelTables(gpuivfpq::IvfPqModel *model);
 
 /* ---- lists.cpp ---- */
 extern int64 GpuIvfpqEntriesBound(Relation index, const GpuIvfpqMetaPageData *meta);

@@ -78,6 +78,7 @@ GpuIvfpqRankLists(Relation index, const GpuIvfpqMetaPageData *meta, const GpuIvf
 		elog(ERROR, "gpu_ivfpq: exact re-rank from an index without vector copies");
 	if (range != NULL && !el.keyed)
 		elog(ERROR, "gpu_ivfpq: filter range on an index without filter keys");
+	GpuIvfpqModelTables(model);
 	for (int p = 0; p < probes; p++)
 	{
 		int			list = prepared->lists[p];

@@ -34,6 +34,22 @@ ReleaseSlot(ModelCacheSlot *slot)
 	slot->cxt = NULL;
 }
 
+/*
+ * The CPU engine's precomputed lookup-table terms of model (lists x m x 256
+ * floats, within gpu_ivfpq.table_memory), built on the first list scan on
+ * the CPU in this backend rather than when the model is loaded: scans the
+ * GPU serves, batch searches and inserts never read them, and at 4096 lists
+ * and m = 32 they take 128 MB per backend.
+ */
+void
+GpuIvfpqModelTables(gpuivfpq::IvfPqModel *model)
+{
+	size_t		table_budget = (size_t) gpu_ivfpq_table_memory_mb * 1024 * 1024;
+
+	if (!model->has_precomputed())
+		GpuIvfpqGuard("lookup tables", [&] { model->precompute_tables(table_budget); });
+}
+
 /* Returns the trained model of index, loading it into the cache if needed. */
 gpuivfpq::IvfPqModel *
 GpuIvfpqGetModel(Relation index, const GpuIvfpqMetaPageData *meta)
@@ -43,7 +59,6 @@ GpuIvfpqGetModel(Relation index, const GpuIvfpqMetaPageData *meta)
 	float	   *centroids;
 	float	   *codebooks;
 	gpuivfpq::IvfPqModel *model;
-	size_t		table_budget = (size_t) gpu_ivfpq_table_memory_mb * 1024 * 1024;
 
 	Assert(meta->trained);
 	for (int i = 0; i < MODEL_CACHE_SLOTS; i++)
@@ -74,7 +89,6 @@ GpuIvfpqGetModel(Relation index, const GpuIvfpqMetaPageData *meta)
 	GpuIvfpqGuard("model load", [&] {
 		model->set_centroids(centroids);
 		model->set_codebooks(codebooks);
-		model->precompute_tables(table_budget);
 	});
 	MemoryContextSetParent(cxt, TopMemoryContext);
 	pfree(centroids);

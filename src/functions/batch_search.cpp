@@ -74,7 +74,7 @@ GpuIvfpqBatchBegin(GpuIvfpqBatchSearch *bs, Relation index, Relation heap, int d
 	bs->probes = Min(gpu_ivfpq_probes, (int) bs->meta.lists);
 	if (bs->meta.trained)
 	{
-		bs->model = GpuIvfpqGetModel(index, &bs->meta);
+		/* The model is loaded for the queries the CPU engine searches, if any. */
 		bs->prepared = GpuIvfpqMakeOwned<gpuivfpq::IvfPqQuery>(CurrentMemoryContext, "query preparation");
 		bs->topk = GpuIvfpqMakeOwned<gpuivfpq::TopK>(CurrentMemoryContext, "k-selection", (size_t) want);
 	}

@@ -202,7 +202,10 @@ gpu_ivfpq_range(PG_FUNCTION_ARGS)
 						dim, RelationGetRelationName(index), meta.dimensions)));
 	dir = GpuIvfpqReadListDir(index, &meta);
 	if (meta.trained)
+	{
 		model = GpuIvfpqGetModel(index, &meta);
+		GpuIvfpqModelTables(model);
+	}
 	probe = (bool *) palloc(sizeof(bool) * meta.lists);
 	adc_limit = (double *) palloc(sizeof(double) * meta.lists);
 	GpuIvfpqGuard("range pruning", [&] {

@@ -99,8 +99,9 @@ DROP INDEX s_ip, s_cos;
 
 -- gpu_ivfpq.table_memory = 0: the ADC lookup tables are computed per probed
 -- list at query time instead of from the precomputed term. (A backend
--- caches the model of an index when it first uses it, so the setting
--- applies to an index loaded afterwards: here, after a REINDEX, which
+-- caches the model of an index when it first uses it and builds the tables
+-- at its first list scan on the CPU, so the setting applies to an index
+-- loaded afterwards: here, after a REINDEX, which
 -- rebuilds the same index from the same rows.) The approximate results are
 -- those of the precomputed tables; the exact ones those of a seq scan.
 SET gpu_ivfpq.probes = 8;
