@@ -346,7 +346,7 @@ FlushPending(BuildState *bs)
 	int		   *counts = (int *) palloc0(sizeof(int) * (bs->lists + 1));
 	int		   *order = (int *) palloc(sizeof(int) * Max(bs->pend_n, 1));
 	char	   *packed = (char *) palloc_extended((Size) Max(bs->pend_n, 1) * esz, MCXT_ALLOC_HUGE);
-	TimestampTz start = GetCurrentTimestamp();
+	TimestampTz began = GetCurrentTimestamp();
 
 	pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_WRITE);
 	/* Counting sort by list keeps build order (and so TID order) within a list. */
@@ -385,7 +385,7 @@ FlushPending(BuildState *bs)
 	pfree(order);
 	pfree(packed);
 	bs->pend_n = 0;
-	bs->write_secs += SecondsSince(start);
+	bs->write_secs += SecondsSince(began);
 	pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_ENCODE);
 }
 
