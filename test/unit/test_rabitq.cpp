@@ -10,6 +10,7 @@
 #include "engine/interrupt.h"
 #include "engine/kmeans.h"
 #include "engine/rabitq.h"
+#include "engine/sampling.h"
 #include "engine/search_limits.h"
 #include "engine/topk.h"
 #include "test_util.h"
@@ -446,6 +447,112 @@ TEST(Rabitq, CodesIdenticalAcrossThreadCounts)
                 << "threads=" << threads;
         }
     }
+}
+
+namespace {
+
+// Rows from the engine's Rng (not std:: distributions, which differ between
+// standard libraries): each value a sum of four uniforms, about N(0, 1/3).
+std::vector<float> pinned_rows(size_t n, size_t d, uint64_t seed)
+{
+    Rng rng(seed);
+    std::vector<float> v(n * d);
+    for (float& x : v)
+        x = (rng.unit() + rng.unit()) + (rng.unit() + rng.unit()) - 2.0f;
+    return v;
+}
+
+// FNV-1a over bytes, continuing from h.
+uint64_t fnv_bytes(uint64_t h, const void* p, size_t n)
+{
+    const auto* b = static_cast<const uint8_t*>(p);
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 1099511628211ULL;
+    return h;
+}
+
+}  // namespace
+
+// The codes and factors are pinned: hashes of the output of the first
+// implementation (a heap-merged sweep, one row at a time), so that a faster
+// encoder must give the same bytes. Fixed seeds (not test_seed), list ids
+// given (no k-means or BLAS), L2 and InnerProduct (their arithmetic is
+// IEEE double in a fixed order: the same bytes on every x86-64).
+TEST(Rabitq, CodesArePinned)
+{
+    struct Case {
+        size_t d;
+        int bits;
+        Metric metric;
+        uint64_t hash;
+    };
+    const Case cases[] = {
+        {128, 1, Metric::L2, 0x34c39dcb6f2f34b9ULL},
+        {128, 2, Metric::L2, 0x3af97dbd68594bc7ULL},
+        {128, 3, Metric::L2, 0xfe947378fa442004ULL},
+        {128, 4, Metric::L2, 0x49e73a6ffee4b8d8ULL},
+        {128, 5, Metric::L2, 0x478843a8eeb9cbbaULL},
+        {128, 6, Metric::L2, 0x3ed8e9003369e927ULL},
+        {128, 7, Metric::L2, 0xaff7cdda8cd9e697ULL},
+        {128, 8, Metric::L2, 0xfa16fecc8ae32eaaULL},
+        {128, 4, Metric::InnerProduct, 0x2750f9059b0b89f1ULL},
+        {100, 7, Metric::L2, 0xbec91819ab817177ULL},
+        {768, 1, Metric::L2, 0xb26b7f890bc6c127ULL},
+        {768, 4, Metric::L2, 0xb0a6f8937065a8d9ULL},
+        {768, 7, Metric::L2, 0x9df2f5e14670a231ULL},
+    };
+    const size_t n = 1000, lists = 4;
+    for (const Case& c : cases) {
+        SCOPED_TRACE(testing::Message() << "d=" << c.d << " bits=" << c.bits
+                                        << " metric=" << testutil::metric_name(c.metric));
+        RabitqModel m(c.d, lists, c.bits, c.metric, RabitqRotation::generate(c.d, 4242, 2));
+        const auto cent = pinned_rows(lists, c.d, 17);
+        m.set_centroids(cent.data());
+        const auto x = pinned_rows(n, c.d, 1000 + c.d);
+        std::vector<int32_t> ids(n);
+        for (size_t i = 0; i < n; i++)
+            ids[i] = int32_t(i % lists);
+        std::vector<uint8_t> codes(n * m.code_bytes());
+        std::vector<RabitqFactors> f(n);
+        m.encode(x.data(), n, ids.data(), codes.data(), f.data(), 2);
+        uint64_t h = fnv_bytes(1469598103934665603ULL, codes.data(), codes.size());
+        h = fnv_bytes(h, f.data(), n * sizeof(RabitqFactors));
+        std::printf("pinned codes d=%zu bits=%d %s: 0x%016llxULL\n", c.d, c.bits,
+                    testutil::metric_name(c.metric), (unsigned long long)h);
+        EXPECT_EQ(h, c.hash);
+    }
+
+    // The grid search alone on directions with ties (equal |o_i|, and steps
+    // of different levels at the same scale), zeros and heavy tails.
+    Rng rng(77);
+    uint64_t h = 1469598103934665603ULL;
+    for (int bits = 1; bits <= kRabitqMaxBits; bits++)
+        for (size_t d : {1, 2, 5, 64, 128, 300})
+            for (int kind = 0; kind < 4; kind++) {
+                std::vector<double> o(d);
+                double nrm = 0;
+                for (size_t t = 0; t < d; t++) {
+                    double v = double(rng.unit()) * 2.0 - 1.0;
+                    if (kind == 1)  // few distinct magnitudes: 1, 2, 3, 4 (ties)
+                        v = double(1 + rng.below(4)) * (rng.below(2) ? 1.0 : -1.0);
+                    if (kind == 2 && rng.below(3) != 0)  // sparse
+                        v = 0.0;
+                    if (kind == 3)  // heavy tails
+                        v = v * v * v * v * v;
+                    o[t] = v;
+                    nrm += v * v;
+                }
+                if (nrm > 0)
+                    for (auto& v : o)
+                        v /= std::sqrt(nrm);
+                std::vector<uint8_t> xs(d);
+                const RabitqGridPoint gp = rabitq_best_grid_point(o.data(), d, bits, xs.data());
+                h = fnv_bytes(h, xs.data(), d);
+                h = fnv_bytes(h, &gp.ip, sizeof gp.ip);
+                h = fnv_bytes(h, &gp.norm_sqr, sizeof gp.norm_sqr);
+            }
+    std::printf("pinned grid points: 0x%016llxULL\n", (unsigned long long)h);
+    EXPECT_EQ(h, 0xdaafb49e5d9ac61cULL);
 }
 
 // ---------------------------------------------------------------- estimator
