@@ -111,9 +111,15 @@ public:
     const std::vector<float>& matrix() const { return p_; }
 
     // out = P x for one vector (d values), summed in double in a fixed
-    // order (identical on every thread).
+    // order (identical on every thread and CPU): coordinate i is the sum
+    // of P[i*d + j] x_j in four partial sums, p[j % 4] for j < d - d % 4,
+    // the last d % 4 terms added to p[0] in order, then (p0 + p1) + (p2 + p3).
     void apply(const float* x, float* out) const;
     void apply(const double* x, double* out) const;
+
+    // apply for n vectors (n x d, row-major, into n x d): the same bits as
+    // n calls of apply, with P read once per 16 vectors.
+    void apply_rows(const double* x, size_t n, double* out) const;
 
 private:
     RabitqRotation(size_t d, std::vector<float> p) : d_(d), p_(std::move(p)) {}
