@@ -148,9 +148,8 @@ TEST(EngineBench, DISABLED_RabitqEncode)
             std::vector<RabitqFactors> f(n);
             char name[96];
             std::snprintf(name, sizeof name, "rabitq encode %zu x %zu, B=%d, 1 thread", n, d, bits);
-            const double enc = timed(name, [&] {
-                m.encode(x.data(), n, ids.data(), codes.data(), f.data(), 1);
-            });
+            const double enc =
+                timed(name, [&] { m.encode(x.data(), n, ids.data(), codes.data(), f.data(), 1); });
             std::snprintf(name, sizeof name, "rabitq grid search %zu x %zu, B=%d", n, d, bits);
             const double grid = timed(name, [&] {
                 for (size_t i = 0; i < n; i++)
