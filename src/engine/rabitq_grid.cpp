@@ -171,11 +171,11 @@ RABITQ_INLINE void RabitqGridSearch::Impl::rank_coordinates(size_t d)
     const double* u = u_.data();
     size_t m = 0;
     double umax = 0.0;
-    for (size_t i = 0; i < d; i++)
-        if (u[i] > 0.0) {
-            rc[m++] = {u[i], uint32_t(i)};
-            umax = std::max(umax, u[i]);
-        }
+    for (size_t i = 0; i < d; i++) {
+        rc[m] = {u[i], uint32_t(i)};
+        m += u[i] > 0.0;
+        umax = std::max(umax, u[i]);
+    }
     m_ = m;
     auto before = [](const RankedCoord& a, const RankedCoord& b) {
         return a.u > b.u || (a.u == b.u && a.i < b.i);
@@ -186,23 +186,21 @@ RABITQ_INLINE void RabitqGridSearch::Impl::rank_coordinates(size_t d)
     const double scale = double(nb) / umax;
     bool sorted = false;
     if (m > 32 && scale > 0.0 && scale < std::numeric_limits<double>::infinity()) {
-        count_.assign(nb, 0);
+        count_.assign(nb + 1, 0);
         key_.resize(m);
         ranked_tmp_.resize(m);
-        uint32_t* cnt = count_.data();
+        uint32_t* cnt = count_.data() + 1;
         uint32_t* key = key_.data();
         RankedCoord* out = ranked_tmp_.data();
+        const uint32_t last = uint32_t(nb - 1);
         for (size_t r = 0; r < m; r++) {
-            const double f = rc[r].u * scale;
-            key[r] = uint32_t(nb - 1) - std::min(uint32_t(nb - 1), uint32_t(f));
+            const uint32_t f = uint32_t(rc[r].u * scale);
+            key[r] = last - (f < last ? f : last);
             cnt[key[r]]++;
         }
-        uint32_t sum = 0;
-        for (size_t b = 0; b < nb; b++) {
-            const uint32_t c = cnt[b];
-            cnt[b] = sum;
-            sum += c;
-        }
+        cnt--;  // cnt[b] = the number in buckets before b
+        for (size_t b = 1; b <= nb; b++)
+            cnt[b] += cnt[b - 1];
         for (size_t r = 0; r < m; r++)
             out[cnt[key[r]]++] = rc[r];
         // Buckets are in order, and by index within one.
@@ -225,7 +223,7 @@ RABITQ_INLINE void RabitqGridSearch::Impl::rank_coordinates(size_t d)
             }
         }
         if (sorted)
-            std::copy(out, out + m, rc);
+            rc = out;
     }
     if (!sorted)
         std::sort(rc, rc + m, before);
@@ -234,21 +232,18 @@ RABITQ_INLINE void RabitqGridSearch::Impl::rank_coordinates(size_t d)
     w_.resize(m);
     rest_.resize(m + 1);
     rest2_.resize(m + 1);
+    units_.resize(m + 8);
     uint32_t* coord = coord_.data();
     double* us = us_.data();
     double* w = w_.data();
     double* rest = rest_.data();
-    for (size_t r = 0; r < m; r++) {
-        coord[r] = rc[r].i;
-        us[r] = rc[r].u;
-        w[r] = 1.0 / rc[r].u;
-    }
-    units_.resize(m + 8);
-    for (size_t r = 0; r < m; r++)
-        units_[r].w = w[r];
     double* rest2 = rest2_.data();
+    RankUnits* ru = units_.data();
     rest[m] = rest2[m] = 0.0;
     for (size_t r = m; r-- > 0;) {
+        coord[r] = rc[r].i;
+        us[r] = rc[r].u;
+        w[r] = ru[r].w = 1.0 / rc[r].u;
         rest[r] = rest[r + 1] + us[r];
         rest2[r] = rest2[r + 1] + us[r] * us[r];
     }
@@ -1033,14 +1028,17 @@ RABITQ_INLINE RabitqGridPoint RabitqGridSearch::Impl::run_impl(const double* o, 
                 const double t = double(j) * w[r];
                 return t < tb || (t == tb && (j < jb || (j == jb && r <= rb)));
             };
-            // floor(tb u) is off by at most one (then the loops run once).
+            // floor(tb u), off by one at most; checked with the sweep's t.
             const double f = tb * us[r];
             unsigned k = f < double(levels) ? unsigned(f) : levels;  // f >= 0
-            k += k < levels && taken(k + 1);
-            while (k > 0 && !taken(k))
-                k--;
-            while (k < levels && taken(k + 1))
-                k++;
+            if (k < levels && taken(k + 1)) {
+                do
+                    k++;
+                while (k < levels && taken(k + 1));
+            } else {
+                while (k > 0 && !taken(k))
+                    k--;
+            }
             const uint32_t i = coord[r];
             x[i] = uint8_t(o[i] >= 0.0 ? half + k : half - 1 - k);
         }
