@@ -11,9 +11,14 @@
 
 #include "error.h"
 #include "internal.h"
+
+#if GPU_IVFPQ_X86_DISPATCH
+#include <immintrin.h>
+#endif
 #include "interrupt.h"
 #include "kmeans.h"
 #include "parallel.h"
+#include "rabitq_grid.h"
 #include "sampling.h"
 #include "search_limits.h"
 
@@ -111,61 +116,157 @@ inline double dot_double(const A* a, const B* b, size_t n)
 // the L2 cache while every reflector streams past them once.
 constexpr size_t kRotationBlock = 32;
 
-// Rows encoded per parallel_for step (a row costs O(d^2 + 2^bits d log d)).
+// Rows encoded per parallel_for step, rotated together (a row costs O(d^2)
+// for its rotation plus its grid search).
 constexpr size_t kEncodeTile = 16;
 
-// The largest cos(z, u) over real z with k_i + 1/2 <= z_i <= hi for every
-// coordinate (u >= 0, d values; k the grid levels reached so far): an upper
-// bound on the cosine of every grid point the sweep can still reach. The
-// best z is clamp(lambda u, lo, hi) for some lambda (the conditions of
-// optimality in a box); over lambda the clamped coordinates change at
-// lo_i / u_i and hi / u_i, and between two such points the cosine is
-// (a + lambda b) / sqrt(c + lambda^2 b), largest at lambda = c / a.
-double reachable_cos_bound(const std::vector<double>& u, const std::vector<unsigned>& k, double hi)
+// ---- The rotation of many vectors ----
+//
+// out = P x computed exactly as dot_double computes each coordinate: lane
+// j of a 4-double vector is dot_double's partial sum p[j], products and
+// sums rounded separately (the build has no FMA contraction), the d % 4
+// last terms added to lane 0 in order, then (p0 + p1) + (p2 + p3). Only the
+// order of the loops differs, so the bits are dot_double's.
+
+typedef double RotV __attribute__((vector_size(32)));
+typedef double RotVU __attribute__((vector_size(32), aligned(8), may_alias));
+typedef float RotF __attribute__((vector_size(16)));
+typedef float RotFU __attribute__((vector_size(16), aligned(4), may_alias));
+
+// The loops of the rotation of n vectors (n <= kEncodeTile): rows of P in
+// blocks of kRotateRows (their floats stay in L2), terms in blocks of
+// kRotateTerms (a multiple of 4, so that lanes stay put; the inputs' terms
+// stay in L1), registers holding NI rows x NS vectors of partial sums.
+constexpr size_t kRotateRows = 24, kRotateTerms = 128;
+
+// Partial sums (4 lanes each, acc + (s * d + i) * 4) of NI rows of P (p,
+// stride d) and NS vectors (x, stride d) over terms [k0, k1), read and
+// written back: the portable form.
+template <int NI, int NS>
+inline __attribute__((always_inline)) void rotate_block(const float* p, const double* x, size_t d,
+                                                        size_t k0, size_t k1, double* acc)
 {
-    struct Change {
-        double lambda;
-        uint32_t coord;
-        bool to_hi;  // false: leaves lo; true: reaches hi
-    };
-    std::vector<Change> changes;
-    changes.reserve(2 * u.size());
-    double a = 0.0, b = 0.0, c = 0.0;  // <z, u> = a + lambda b, ||z||^2 = c + lambda^2 b
-    for (size_t i = 0; i < u.size(); i++) {
-        const double lo = double(k[i]) + 0.5;
-        a += lo * u[i];
-        c += lo * lo;
-        if (u[i] > 0.0) {
-            changes.push_back({lo / u[i], uint32_t(i), false});
-            changes.push_back({hi / u[i], uint32_t(i), true});
+    RotV a[NI][NS];
+    for (int i = 0; i < NI; i++)
+        for (int s = 0; s < NS; s++)
+            a[i][s] = *reinterpret_cast<const RotVU*>(acc + (size_t(s) * d + size_t(i)) * 4);
+    for (size_t k = k0; k < k1; k += 4) {
+        RotV pv[NI];
+        for (int i = 0; i < NI; i++) {
+            const RotF f = *reinterpret_cast<const RotFU*>(p + size_t(i) * d + k);
+            pv[i] = __builtin_convertvector(f, RotV);
+        }
+        for (int s = 0; s < NS; s++) {
+            const RotV xv = *reinterpret_cast<const RotVU*>(x + size_t(s) * d + k);
+            for (int i = 0; i < NI; i++)
+                a[i][s] += pv[i] * xv;
         }
     }
-    std::sort(changes.begin(), changes.end(), [](const Change& x, const Change& y) {
-        return x.lambda < y.lambda ||
-               (x.lambda == y.lambda &&
-                (x.to_hi < y.to_hi || (x.to_hi == y.to_hi && x.coord < y.coord)));
-    });
-    double best = 0.0, from = 0.0;
-    for (size_t e = 0; e <= changes.size(); e++) {
-        const double to = e < changes.size() ? changes[e].lambda : from;
-        const double lambda = e < changes.size() ? std::min(std::max(c / a, from), to) : from;
-        best = std::max(best, (a + lambda * b) / std::sqrt(c + lambda * lambda * b));
-        if (e == changes.size())
-            break;
-        const size_t i = changes[e].coord;
-        if (!changes[e].to_hi) {
-            const double lo = double(k[i]) + 0.5;
-            a -= lo * u[i];
-            c -= lo * lo;
-            b += u[i] * u[i];
-        } else {
-            b -= u[i] * u[i];
-            a += hi * u[i];
-            c += hi * hi;
+    for (int i = 0; i < NI; i++)
+        for (int s = 0; s < NS; s++)
+            *reinterpret_cast<RotVU*>(acc + (size_t(s) * d + size_t(i)) * 4) = a[i][s];
+}
+
+#if GPU_IVFPQ_X86_DISPATCH
+// rotate_block with AVX2 intrinsics (one conversion of 4 floats per row).
+template <int NI, int NS>
+__attribute__((target("arch=x86-64-v3"))) void rotate_block_avx2(const float* p, const double* x,
+                                                                 size_t d, size_t k0, size_t k1,
+                                                                 double* acc)
+{
+    __m256d a[NI][NS];
+    for (int i = 0; i < NI; i++)
+        for (int s = 0; s < NS; s++)
+            a[i][s] = _mm256_loadu_pd(acc + (size_t(s) * d + size_t(i)) * 4);
+    for (size_t k = k0; k < k1; k += 4) {
+        __m256d pv[NI];
+        for (int i = 0; i < NI; i++)
+            pv[i] = _mm256_cvtps_pd(_mm_loadu_ps(p + size_t(i) * d + k));
+        for (int s = 0; s < NS; s++) {
+            const __m256d xv = _mm256_loadu_pd(x + size_t(s) * d + k);
+            for (int i = 0; i < NI; i++)
+                a[i][s] = _mm256_add_pd(a[i][s], _mm256_mul_pd(pv[i], xv));
         }
-        from = to;
     }
-    return best;
+    for (int i = 0; i < NI; i++)
+        for (int s = 0; s < NS; s++)
+            _mm256_storeu_pd(acc + (size_t(s) * d + size_t(i)) * 4, a[i][s]);
+}
+#endif
+
+// The blocked loops over one block kernel: Block<ni, ns>::run(p, x, d, k0, k1, acc).
+template <template <int, int> class Block>
+inline __attribute__((always_inline)) void rotate_loops(const float* P, size_t d, const double* x,
+                                                        size_t n, double* out, double* acc)
+{
+    std::fill(acc, acc + n * d * 4, 0.0);
+    const size_t kfull = d / 4 * 4;
+    for (size_t i0 = 0; i0 < d; i0 += kRotateRows) {
+        const size_t i1 = std::min(d, i0 + kRotateRows);
+        for (size_t k0 = 0; k0 < kfull; k0 += kRotateTerms) {
+            const size_t k1 = std::min(kfull, k0 + kRotateTerms);
+            size_t s = 0;
+            for (; s + 4 <= n; s += 4) {
+                size_t i = i0;
+                for (; i + 3 <= i1; i += 3)
+                    Block<3, 4>::run(P + i * d, x + s * d, d, k0, k1, acc + (s * d + i) * 4);
+                for (; i < i1; i++)
+                    Block<1, 4>::run(P + i * d, x + s * d, d, k0, k1, acc + (s * d + i) * 4);
+            }
+            for (; s < n; s++) {
+                size_t i = i0;
+                for (; i + 3 <= i1; i += 3)
+                    Block<3, 1>::run(P + i * d, x + s * d, d, k0, k1, acc + (s * d + i) * 4);
+                for (; i < i1; i++)
+                    Block<1, 1>::run(P + i * d, x + s * d, d, k0, k1, acc + (s * d + i) * 4);
+            }
+        }
+    }
+    for (size_t s = 0; s < n; s++)
+        for (size_t i = 0; i < d; i++) {
+            const double* a = acc + (s * d + i) * 4;
+            double p0 = a[0];
+            for (size_t k = kfull; k < d; k++)
+                p0 += double(P[i * d + k]) * x[s * d + k];
+            out[s * d + i] = (p0 + a[1]) + (a[2] + a[3]);
+        }
+}
+
+template <int NI, int NS>
+struct PortableBlock {
+    static inline __attribute__((always_inline)) void run(const float* p, const double* x, size_t d,
+                                                          size_t k0, size_t k1, double* acc)
+    {
+        rotate_block<NI, NS>(p, x, d, k0, k1, acc);
+    }
+};
+
+#if GPU_IVFPQ_X86_DISPATCH
+template <int NI, int NS>
+struct Avx2Block {
+    static inline void run(const float* p, const double* x, size_t d, size_t k0, size_t k1,
+                           double* acc)
+    {
+        rotate_block_avx2<NI, NS>(p, x, d, k0, k1, acc);
+    }
+};
+
+void rotate_rows_avx2(const float* P, size_t d, const double* x, size_t n, double* out, double* acc)
+{
+    rotate_loops<Avx2Block>(P, d, x, n, out, acc);
+}
+#endif
+
+// rotate_rows_impl for the CPU at hand.
+void rotate_rows(const float* P, size_t d, const double* x, size_t n, double* out, double* acc)
+{
+#if GPU_IVFPQ_X86_DISPATCH
+    if (detail::cpu_has_avx2()) {
+        rotate_rows_avx2(P, d, x, n, out, acc);
+        return;
+    }
+#endif
+    rotate_loops<PortableBlock>(P, d, x, n, out, acc);
 }
 
 }  // namespace
@@ -197,115 +298,6 @@ void rabitq_unpack(const uint8_t* code, size_t d, int bits, uint8_t* x)
             v = (v << 1) | ((code[size_t(p) * plane_bytes + i / 8] >> (i % 8)) & 1u);
         x[i] = uint8_t(v);
     }
-}
-
-// ---- The grid search ----
-
-RabitqGridPoint rabitq_best_grid_point(const double* o, size_t d, int bits, uint8_t* x)
-{
-    require_bits(bits);
-    require(o && x, "rabitq_best_grid_point: null pointer");
-    // By symmetry the best y has o's signs: search u = |o| over the positive
-    // half-grid y_i = k_i + 1/2, k_i < half. For a scale t the nearest such
-    // point to t u has k_i = min(floor(t u_i), half - 1); the best point is
-    // one of these, and k_i steps to j at t = j / u_i. Sweep t through all
-    // those steps in order, tracking <y, u> and ||y||^2, and keep the best.
-    // The steps to level j, taken in order of decreasing u_i, are sorted by
-    // t: the sweep merges the half - 1 level lists with a heap of that size.
-    const unsigned half = 1u << (bits - 1);
-    std::vector<double> u(d);
-    std::vector<unsigned> k(d, 0);  // levels: y_i = k_i + 1/2
-    std::vector<uint32_t> order;    // coordinates with u_i > 0, by decreasing u_i
-    double ip = 0.0, nsq = 0.25 * double(d);
-    for (size_t i = 0; i < d; i++) {
-        u[i] = std::fabs(o[i]);
-        ip += 0.5 * u[i];
-        if (u[i] > 0.0)
-            order.push_back(uint32_t(i));
-    }
-    double best_ip = ip, best_nsq = nsq;
-    size_t best_steps = 0;
-    std::vector<uint32_t> steps;  // coordinates stepped up, in sweep order
-    if (half > 1 && !order.empty()) {
-        std::sort(order.begin(), order.end(),
-                  [&u](uint32_t a, uint32_t b) { return u[a] > u[b] || (u[a] == u[b] && a < b); });
-        std::vector<double> w(order.size());  // 1 / u, ascending
-        for (size_t r = 0; r < order.size(); r++)
-            w[r] = 1.0 / u[order[r]];
-        // A min-heap of one entry per level j: its next step, at t = j w[next]
-        // for the coordinate order[next]. Ties (equal t) go by level. The
-        // entries start sorted by level, which is a valid heap.
-        struct Next {
-            double t;
-            uint32_t level, next;
-        };
-        auto before = [](const Next& a, const Next& b) {
-            return a.t < b.t || (a.t == b.t && a.level < b.level);
-        };
-        std::vector<Next> heap;
-        heap.reserve(half - 1);
-        for (uint32_t j = 1; j < half; j++)
-            heap.push_back({double(j) * w[0], j, 0});
-        size_t live = heap.size();
-        steps.reserve(order.size() * (half - 1));
-        // The best point comes after about a quarter of the steps (the
-        // largest coordinates saturate there); past it the cosine falls for
-        // good. From a quarter on, every sixteenth of the steps, stop once no
-        // reachable point can beat the best: its bound (with room for the
-        // rounding of the running sums) is below it. The result is the full
-        // sweep's. With few levels the sweep is short and the check is not
-        // worth its sort.
-        const size_t total = order.size() * (half - 1);
-        size_t check_at = half >= 16 ? total / 4 : SIZE_MAX;
-        while (live > 0) {
-            if (steps.size() >= check_at) {
-                if (reachable_cos_bound(u, k, double(half) - 0.5) * (1.0 + 1e-9) <
-                    best_ip / std::sqrt(best_nsq))
-                    break;
-                check_at += std::max<size_t>(total / 16, 1);
-            }
-            const Next top = heap[0];
-            const uint32_t i = order[top.next];
-            k[i]++;
-            ip += u[i];
-            nsq += 2.0 * double(top.level);  // (j + 1/2)^2 - (j - 1/2)^2 = 2j
-            steps.push_back(i);
-            // cos = ip / sqrt(nsq) > best_ip / sqrt(best_nsq), squared (ip > 0).
-            if (ip * ip * best_nsq > best_ip * best_ip * nsq) {
-                best_ip = ip;
-                best_nsq = nsq;
-                best_steps = steps.size();
-            }
-            // Replace the top by the level's next step (or by the last entry
-            // when the level is done) and sift it down.
-            Next item = heap[live - 1];
-            if (top.next + 1 < order.size())
-                item = {double(top.level) * w[top.next + 1], top.level, top.next + 1};
-            else
-                live--;
-            size_t at = 0;
-            for (;;) {
-                size_t c = 2 * at + 1;
-                if (c >= live)
-                    break;
-                if (c + 1 < live && before(heap[c + 1], heap[c]))
-                    c++;
-                if (!before(heap[c], item))
-                    break;
-                heap[at] = heap[c];
-                at = c;
-            }
-            if (live > 0)
-                heap[at] = item;
-        }
-    }
-    // Replay the sweep up to the best point.
-    std::fill(k.begin(), k.end(), 0u);
-    for (size_t s = 0; s < best_steps; s++)
-        k[steps[s]]++;
-    for (size_t i = 0; i < d; i++)
-        x[i] = uint8_t(o[i] >= 0.0 ? half + k[i] : half - 1 - k[i]);
-    return {best_ip, best_nsq};
 }
 
 // ---- The rotation ----
@@ -395,14 +387,20 @@ RabitqRotation RabitqRotation::from_matrix(size_t d, const float* matrix)
 
 void RabitqRotation::apply(const float* x, float* out) const
 {
+    std::vector<double> xd(x, x + d_), od(d_);
+    apply_rows(xd.data(), 1, od.data());
     for (size_t i = 0; i < d_; i++)
-        out[i] = float(dot_double(p_.data() + i * d_, x, d_));
+        out[i] = float(od[i]);
 }
 
-void RabitqRotation::apply(const double* x, double* out) const
+void RabitqRotation::apply(const double* x, double* out) const { apply_rows(x, 1, out); }
+
+void RabitqRotation::apply_rows(const double* x, size_t n, double* out) const
 {
-    for (size_t i = 0; i < d_; i++)
-        out[i] = dot_double(p_.data() + i * d_, x, d_);
+    std::vector<double> acc(std::min(n, kEncodeTile) * d_ * 4);
+    for (size_t s = 0; s < n; s += kEncodeTile)
+        rotate_rows(p_.data(), d_, x + s * d_, std::min(kEncodeTile, n - s), out + s * d_,
+                    acc.data());
 }
 
 // ---- The model ----
@@ -456,55 +454,74 @@ void RabitqModel::encode(const float* x, size_t n, const int32_t* list_ids, uint
     require(x && list_ids && codes && factors, "RaBitQ: null pointer in encode");
     for (size_t i = 0; i < n; i++)
         require(list_ids[i] >= 0 && size_t(list_ids[i]) < lists_, "RaBitQ: list id out of range");
-    const size_t cb = code_bytes();
+    const size_t cb = code_bytes(), d = d_;
     const size_t ntiles = (n + kEncodeTile - 1) / kEncodeTile;
     parallel_for(ntiles, threads, [&](size_t t0, size_t t1) {
-        std::vector<float> row(d_);
-        std::vector<double> r(d_), rot(d_);
-        std::vector<uint8_t> xu(d_);
+        // A tile's rows (normalised for Cosine), unit residuals and their
+        // rotations; rows with a residual to rotate are listed in `live`.
+        std::vector<float> rows(kEncodeTile * d);
+        std::vector<double> r(kEncodeTile * d), rot(kEncodeTile * d), acc(kEncodeTile * d * 4);
+        std::vector<double> rnorm(kEncodeTile), rsq(kEncodeTile);
+        std::vector<size_t> live(kEncodeTile);
+        std::vector<uint8_t> xu(d);
+        detail::RabitqGridSearch grid;
         for (size_t t = t0; t < t1; t++) {
             check_interrupt();
-            for (size_t i = t * kEncodeTile; i < std::min(n, (t + 1) * kEncodeTile); i++) {
-                std::memcpy(row.data(), x + i * d_, d_ * sizeof(float));
+            const size_t i0 = t * kEncodeTile, i1 = std::min(n, i0 + kEncodeTile);
+            size_t nlive = 0;
+            for (size_t i = i0; i < i1; i++) {
+                float* row = rows.data() + (i - i0) * d;
+                std::memcpy(row, x + i * d, d * sizeof(float));
                 if (metric_ == Metric::Cosine)
-                    normalize_rows(row.data(), 1, d_);
-                const float* c = centroids_.data() + size_t(list_ids[i]) * d_;
+                    normalize_rows(row, 1, d);
+                const float* c = centroids_.data() + size_t(list_ids[i]) * d;
                 // The residual in double: o - c cannot overflow there.
-                for (size_t k = 0; k < d_; k++)
-                    r[k] = double(row[k]) - double(c[k]);
-                const double rsq = dot_double(r.data(), r.data(), d_);
-                const double rn = std::sqrt(rsq);
-                RabitqFactors& f = factors[i];
+                double* ri = r.data() + nlive * d;
+                for (size_t k = 0; k < d; k++)
+                    ri[k] = double(row[k]) - double(c[k]);
+                const double sq = dot_double(ri, ri, d);
+                const double rn = std::sqrt(sq);
                 if (!(rn > 0.0) || !std::isfinite(rn)) {
                     // A row on its centroid (or not finite): the estimate is
                     // the query's distance to the centroid, exactly.
-                    std::fill(r.begin(), r.end(), 0.0);
-                    rabitq_best_grid_point(r.data(), d_, bits_, xu.data());
-                    rabitq_pack(xu.data(), d_, bits_, codes + i * cb);
-                    f = {0.0f, 0.0f, 0.0f};
+                    std::fill(ri, ri + d, 0.0);
+                    grid.run(ri, d, bits_, xu.data());
+                    rabitq_pack(xu.data(), d, bits_, codes + i * cb);
+                    factors[i] = {0.0f, 0.0f, 0.0f};
                     continue;
                 }
-                for (size_t k = 0; k < d_; k++)
-                    r[k] /= rn;
-                rotation_.apply(r.data(), rot.data());
+                for (size_t k = 0; k < d; k++)
+                    ri[k] /= rn;
+                rsq[nlive] = sq;
+                rnorm[nlive] = rn;
+                live[nlive++] = i;
+            }
+            rotate_rows(rotation_.matrix().data(), d, r.data(), nlive, rot.data(), acc.data());
+            for (size_t s = 0; s < nlive; s++) {
+                const size_t i = live[s];
+                const float* row = rows.data() + (i - i0) * d;
+                const float* c = centroids_.data() + size_t(list_ids[i]) * d;
+                double* ro = rot.data() + s * d;
+                const double rn = rnorm[s];
                 // P is orthogonal to float precision: make o' unit again.
-                const double on = std::sqrt(dot_double(rot.data(), rot.data(), d_));
-                for (size_t k = 0; k < d_; k++)
-                    rot[k] /= on;
-                const RabitqGridPoint g = rabitq_best_grid_point(rot.data(), d_, bits_, xu.data());
-                rabitq_pack(xu.data(), d_, bits_, codes + i * cb);
+                const double on = std::sqrt(dot_double(ro, ro, d));
+                for (size_t k = 0; k < d; k++)
+                    ro[k] /= on;
+                const RabitqGridPoint g = grid.run(ro, d, bits_, xu.data());
+                rabitq_pack(xu.data(), d, bits_, codes + i * cb);
                 const double a = g.ip / std::sqrt(g.norm_sqr);  // cosine of o' and y
-                double add = rsq;
+                double add = rsq[s];
                 if (metric_ == Metric::InnerProduct) {
                     add = 0.0;
-                    for (size_t k = 0; k < d_; k++)
+                    for (size_t k = 0; k < d; k++)
                         add += double(c[k]) * (double(row[k]) - double(c[k]));
                 }
+                RabitqFactors& f = factors[i];
                 f.add = float(add);
                 f.rescale = float(rn / g.ip);
-                f.error = d_ >= 2 ? float(rn * std::sqrt(std::max(0.0, 1.0 - a * a)) /
-                                          (a * std::sqrt(double(d_ - 1))))
-                                  : 0.0f;
+                f.error = d >= 2 ? float(rn * std::sqrt(std::max(0.0, 1.0 - a * a)) /
+                                         (a * std::sqrt(double(d - 1))))
+                                 : 0.0f;
             }
         }
     });

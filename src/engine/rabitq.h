@@ -80,12 +80,18 @@ struct RabitqGridPoint {
 };
 
 // Finds the point y of the grid {-(2^bits-1)/2, ..., (2^bits-1)/2}^d (step
-// 1) whose direction has the largest cosine with o (d doubles, unit length
-// or zero): writes its unsigned values x_i = y_i + (2^bits - 1) / 2 (d
-// bytes) and returns <y, o> and ||y||^2. Exact: the papers' sweep over the
-// scale factors at which a coordinate's rounding changes, O(2^bits d log d),
-// cut short once no point left can beat the best. Deterministic: depends on
-// o only.
+// 1) whose direction has the largest cosine with o (d <= kRabitqMaxDims
+// doubles, unit length or zero): writes its unsigned values x_i = y_i +
+// (2^bits - 1) / 2 (d bytes) and returns <y, o> and ||y||^2. Exact: the
+// papers' sweep over the scale factors at which a coordinate's rounding
+// changes, and its result bit for bit (which the codes and factors depend
+// on): with u = |o| and the coordinates with u_i > 0 ranked by decreasing
+// u_i (ties by index), rank r steps to level j (1 <= j < 2^(bits-1)) at t =
+// j * (1 / u_r) in double; steps in (t, j, r) order; <y, u> starts at the
+// sum of u_i / 2 in index order and adds u_r per step, in double; ||y||^2
+// starts at d / 4 and adds 2j; a state is the new best when ip * ip *
+// best_nsq > best_ip * best_ip * nsq. The work is far less than the sweep's
+// (rabitq_grid.cpp). Deterministic: depends on o only.
 RabitqGridPoint rabitq_best_grid_point(const double* o, size_t d, int bits, uint8_t* x);
 
 // A random orthogonal d x d matrix P, drawn from the Haar distribution by
@@ -111,9 +117,15 @@ public:
     const std::vector<float>& matrix() const { return p_; }
 
     // out = P x for one vector (d values), summed in double in a fixed
-    // order (identical on every thread).
+    // order (identical on every thread and CPU): coordinate i is the sum
+    // of P[i*d + j] x_j in four partial sums, p[j % 4] for j < d - d % 4,
+    // the last d % 4 terms added to p[0] in order, then (p0 + p1) + (p2 + p3).
     void apply(const float* x, float* out) const;
     void apply(const double* x, double* out) const;
+
+    // apply for n vectors (n x d, row-major, into n x d): the same bits as
+    // n calls of apply, with P read once per 16 vectors.
+    void apply_rows(const double* x, size_t n, double* out) const;
 
 private:
     RabitqRotation(size_t d, std::vector<float> p) : d_(d), p_(std::move(p)) {}

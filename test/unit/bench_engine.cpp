@@ -3,10 +3,12 @@
 #include <time.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
 #include "engine/ivfpq.h"
+#include "engine/rabitq.h"
 #include "engine/topk.h"
 #include "test_util.h"
 
@@ -14,9 +16,10 @@ using namespace gpuivfpq;
 
 namespace {
 
-// Wall and process-CPU seconds of one call (CPU time is robust on a busy box).
+// Wall and process-CPU seconds of one call (CPU time is robust on a busy box);
+// returns the CPU seconds.
 template <class F>
-void timed(const char* what, F&& f)
+double timed(const char* what, F&& f)
 {
     timespec c0, c1;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
@@ -27,6 +30,7 @@ void timed(const char* what, F&& f)
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
     const double cpu = double(c1.tv_sec - c0.tv_sec) + 1e-9 * double(c1.tv_nsec - c0.tv_nsec);
     std::printf("%-58s wall %9.4f s  cpu %9.4f s\n", what, wall, cpu);
+    return cpu;
 }
 
 }  // namespace
@@ -112,4 +116,47 @@ TEST(EngineBench, DISABLED_BuildAndQuery1M)
         brute_force_knn(x.data() + n * d, 100, x.data(), n, d, Metric::L2, 10, bd.data(),
                         bl.data());
     });
+}
+
+// RaBitQ encoding, one thread: microseconds per row (CPU time) for the
+// whole encode (rotation, grid search, factors, packing) and for the grid
+// search alone, at the dimensions and widths of docs/rabitq-codes.md.
+TEST(EngineBench, DISABLED_RabitqEncode)
+{
+    for (size_t d : {128, 768}) {
+        const size_t n = d <= 128 ? 4000 : 1000, lists = 4;
+        const auto x = testutil::gaussian_vectors(n, d, 11);
+        const auto cent = testutil::gaussian_vectors(lists, d, 12);
+        std::vector<int32_t> ids(n);
+        for (size_t i = 0; i < n; i++)
+            ids[i] = int32_t(i % lists);
+        const RabitqRotation rot = RabitqRotation::generate(d, 13, 2);
+        // Unit directions for the grid search alone.
+        std::vector<double> o(n * d);
+        for (size_t i = 0; i < n; i++) {
+            double nrm = 0;
+            for (size_t t = 0; t < d; t++)
+                nrm += double(x[i * d + t]) * double(x[i * d + t]);
+            for (size_t t = 0; t < d; t++)
+                o[i * d + t] = double(x[i * d + t]) / std::sqrt(nrm);
+        }
+        std::vector<uint8_t> xs(d);
+        for (int bits : {1, 4, 5, 7, 8}) {
+            RabitqModel m(d, lists, bits, Metric::L2, rot);
+            m.set_centroids(cent.data());
+            std::vector<uint8_t> codes(n * m.code_bytes());
+            std::vector<RabitqFactors> f(n);
+            char name[96];
+            std::snprintf(name, sizeof name, "rabitq encode %zu x %zu, B=%d, 1 thread", n, d, bits);
+            const double enc =
+                timed(name, [&] { m.encode(x.data(), n, ids.data(), codes.data(), f.data(), 1); });
+            std::snprintf(name, sizeof name, "rabitq grid search %zu x %zu, B=%d", n, d, bits);
+            const double grid = timed(name, [&] {
+                for (size_t i = 0; i < n; i++)
+                    rabitq_best_grid_point(o.data() + i * d, d, bits, xs.data());
+            });
+            std::printf("  d=%zu B=%d: encode %.1f us/row, grid search %.1f us/row\n", d, bits,
+                        1e6 * enc / double(n), 1e6 * grid / double(n));
+        }
+    }
 }

@@ -10,6 +10,7 @@
 #include "engine/interrupt.h"
 #include "engine/kmeans.h"
 #include "engine/rabitq.h"
+#include "engine/sampling.h"
 #include "engine/search_limits.h"
 #include "engine/topk.h"
 #include "test_util.h"
@@ -175,6 +176,61 @@ double full_sweep_cos(const std::vector<double>& o, int bits)
         best = std::max(best, ip / std::sqrt(nsq));
     }
     return best;
+}
+
+// The sweep of rabitq_best_grid_point as its header defines it, step by
+// step and without shortcuts: every step sorted by (t, level, rank), the
+// running sums in that order, the best by the sweep's comparison. Writes x;
+// returns <y, u> and ||y||^2 of the best point.
+RabitqGridPoint reference_sweep(const std::vector<double>& o, int bits, std::vector<uint8_t>& x)
+{
+    const size_t d = o.size();
+    const unsigned half = 1u << (bits - 1);
+    std::vector<double> u(d);
+    double ip = 0.0;
+    for (size_t i = 0; i < d; i++) {
+        u[i] = std::fabs(o[i]);
+        ip += 0.5 * u[i];
+    }
+    double nsq = 0.25 * double(d);
+    std::vector<size_t> rank;  // coordinates with u > 0 by decreasing u, ties by index
+    for (size_t i = 0; i < d; i++)
+        if (u[i] > 0.0)
+            rank.push_back(i);
+    std::stable_sort(rank.begin(), rank.end(), [&](size_t a, size_t b) { return u[a] > u[b]; });
+    struct Step {
+        double t;
+        unsigned level;
+        size_t rank;
+    };
+    std::vector<Step> steps;
+    for (size_t r = 0; r < rank.size(); r++) {
+        const double w = 1.0 / u[rank[r]];
+        for (unsigned j = 1; j < half; j++)
+            steps.push_back({double(j) * w, j, r});
+    }
+    std::sort(steps.begin(), steps.end(), [](const Step& a, const Step& b) {
+        return a.t < b.t ||
+               (a.t == b.t && (a.level < b.level || (a.level == b.level && a.rank < b.rank)));
+    });
+    double best_ip = ip, best_nsq = nsq;
+    size_t best_steps = 0;
+    for (size_t s = 0; s < steps.size(); s++) {
+        ip += u[rank[steps[s].rank]];
+        nsq += 2.0 * double(steps[s].level);
+        if (ip * ip * best_nsq > best_ip * best_ip * nsq) {
+            best_ip = ip;
+            best_nsq = nsq;
+            best_steps = s + 1;
+        }
+    }
+    std::vector<unsigned> k(d, 0);
+    for (size_t s = 0; s < best_steps; s++)
+        k[rank[steps[s].rank]]++;
+    x.resize(d);
+    for (size_t i = 0; i < d; i++)
+        x[i] = uint8_t(o[i] >= 0.0 ? half + k[i] : half - 1 - k[i]);
+    return {best_ip, best_nsq};
 }
 
 }  // namespace
@@ -428,6 +484,57 @@ TEST(Rabitq, GridPointIsBestCosine)
     }
 }
 
+// The engine's grid search (binned sums, early stop) returns the full
+// sweep's point and its rounded sums bit for bit, on directions that probe
+// its special cases: ties in u and in t, u that are short binary fractions
+// (rounding ties), zeros, heavy tails, a dominant coordinate, and vectors
+// just off unit length.
+TEST(Rabitq, GridPointIsTheSweepBitForBit)
+{
+    const uint64_t seed = test_seed(915);
+    std::mt19937_64 gen(seed);
+    std::normal_distribution<double> g(0.0, 1.0);
+    const size_t dims[] = {1, 2, 3, 5, 8, 16, 31, 64, 100, 128, 200, 300, 768};
+    size_t mismatches = 0, cases = 0;
+    for (int rep = 0; rep < 3000; rep++) {
+        const size_t d = dims[gen() % 13];
+        const int bits = 1 + int(gen() % 8);
+        const int kind = int(gen() % 8);
+        SCOPED_TRACE(testing::Message() << "seed=" << seed << " rep=" << rep << " d=" << d
+                                        << " bits=" << bits << " kind=" << kind);
+        std::vector<double> o(d);
+        double nrm = 0;
+        for (size_t t = 0; t < d; t++) {
+            double v = g(gen);
+            if (kind == 1)
+                v = v * v * v;  // heavy tails
+            if (kind == 2 && gen() % 3 != 0)
+                v = 0;  // sparse
+            if (kind == 3)
+                v = double(1 + gen() % 4) * (gen() % 2 ? 1.0 : -1.0);  // ties
+            if (kind == 4)
+                v = std::ldexp(double(int64_t(gen() % 64) - 32), -5);  // short fractions
+            if (kind == 5 && t == 0)
+                v = 50.0;  // one dominant coordinate
+            o[t] = v;
+            nrm += v * v;
+        }
+        if (nrm > 0)
+            for (auto& v : o)
+                v /= std::sqrt(nrm) * (kind == 6 ? 1.0000001 : 1.0);
+        std::vector<uint8_t> want, got(d);
+        const RabitqGridPoint a = reference_sweep(o, bits, want);
+        const RabitqGridPoint b = rabitq_best_grid_point(o.data(), d, bits, got.data());
+        const bool same = want == got && std::memcmp(&a.ip, &b.ip, sizeof a.ip) == 0 &&
+                          std::memcmp(&a.norm_sqr, &b.norm_sqr, sizeof a.norm_sqr) == 0;
+        EXPECT_TRUE(same) << "ip " << a.ip << " vs " << b.ip << ", nsq " << a.norm_sqr << " vs "
+                          << b.norm_sqr;
+        mismatches += !same;
+        cases++;
+    }
+    std::printf("grid search vs the full sweep: %zu of %zu differ\n", mismatches, cases);
+}
+
 TEST(Rabitq, CodesIdenticalAcrossThreadCounts)
 {
     const uint64_t seed = test_seed(906);
@@ -446,6 +553,112 @@ TEST(Rabitq, CodesIdenticalAcrossThreadCounts)
                 << "threads=" << threads;
         }
     }
+}
+
+namespace {
+
+// Rows from the engine's Rng (not std:: distributions, which differ between
+// standard libraries): each value a sum of four uniforms, about N(0, 1/3).
+std::vector<float> pinned_rows(size_t n, size_t d, uint64_t seed)
+{
+    Rng rng(seed);
+    std::vector<float> v(n * d);
+    for (float& x : v)
+        x = (rng.unit() + rng.unit()) + (rng.unit() + rng.unit()) - 2.0f;
+    return v;
+}
+
+// FNV-1a over bytes, continuing from h.
+uint64_t fnv_bytes(uint64_t h, const void* p, size_t n)
+{
+    const auto* b = static_cast<const uint8_t*>(p);
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 1099511628211ULL;
+    return h;
+}
+
+}  // namespace
+
+// The codes and factors are pinned: hashes of the output of the first
+// implementation (a heap-merged sweep, one row at a time), so that a faster
+// encoder must give the same bytes. Fixed seeds (not test_seed), list ids
+// given (no k-means or BLAS), L2 and InnerProduct (their arithmetic is
+// IEEE double in a fixed order: the same bytes on every x86-64).
+TEST(Rabitq, CodesArePinned)
+{
+    struct Case {
+        size_t d;
+        int bits;
+        Metric metric;
+        uint64_t hash;
+    };
+    const Case cases[] = {
+        {128, 1, Metric::L2, 0x34c39dcb6f2f34b9ULL},
+        {128, 2, Metric::L2, 0x3af97dbd68594bc7ULL},
+        {128, 3, Metric::L2, 0xfe947378fa442004ULL},
+        {128, 4, Metric::L2, 0x49e73a6ffee4b8d8ULL},
+        {128, 5, Metric::L2, 0x478843a8eeb9cbbaULL},
+        {128, 6, Metric::L2, 0x3ed8e9003369e927ULL},
+        {128, 7, Metric::L2, 0xaff7cdda8cd9e697ULL},
+        {128, 8, Metric::L2, 0xfa16fecc8ae32eaaULL},
+        {128, 4, Metric::InnerProduct, 0x2750f9059b0b89f1ULL},
+        {100, 7, Metric::L2, 0xbec91819ab817177ULL},
+        {768, 1, Metric::L2, 0xb26b7f890bc6c127ULL},
+        {768, 4, Metric::L2, 0xb0a6f8937065a8d9ULL},
+        {768, 7, Metric::L2, 0x9df2f5e14670a231ULL},
+    };
+    const size_t n = 1000, lists = 4;
+    for (const Case& c : cases) {
+        SCOPED_TRACE(testing::Message() << "d=" << c.d << " bits=" << c.bits
+                                        << " metric=" << testutil::metric_name(c.metric));
+        RabitqModel m(c.d, lists, c.bits, c.metric, RabitqRotation::generate(c.d, 4242, 2));
+        const auto cent = pinned_rows(lists, c.d, 17);
+        m.set_centroids(cent.data());
+        const auto x = pinned_rows(n, c.d, 1000 + c.d);
+        std::vector<int32_t> ids(n);
+        for (size_t i = 0; i < n; i++)
+            ids[i] = int32_t(i % lists);
+        std::vector<uint8_t> codes(n * m.code_bytes());
+        std::vector<RabitqFactors> f(n);
+        m.encode(x.data(), n, ids.data(), codes.data(), f.data(), 2);
+        uint64_t h = fnv_bytes(1469598103934665603ULL, codes.data(), codes.size());
+        h = fnv_bytes(h, f.data(), n * sizeof(RabitqFactors));
+        std::printf("pinned codes d=%zu bits=%d %s: 0x%016llxULL\n", c.d, c.bits,
+                    testutil::metric_name(c.metric), (unsigned long long)h);
+        EXPECT_EQ(h, c.hash);
+    }
+
+    // The grid search alone on directions with ties (equal |o_i|, and steps
+    // of different levels at the same scale), zeros and heavy tails.
+    Rng rng(77);
+    uint64_t h = 1469598103934665603ULL;
+    for (int bits = 1; bits <= kRabitqMaxBits; bits++)
+        for (size_t d : {1, 2, 5, 64, 128, 300})
+            for (int kind = 0; kind < 4; kind++) {
+                std::vector<double> o(d);
+                double nrm = 0;
+                for (size_t t = 0; t < d; t++) {
+                    double v = double(rng.unit()) * 2.0 - 1.0;
+                    if (kind == 1)  // few distinct magnitudes: 1, 2, 3, 4 (ties)
+                        v = double(1 + rng.below(4)) * (rng.below(2) ? 1.0 : -1.0);
+                    if (kind == 2 && rng.below(3) != 0)  // sparse
+                        v = 0.0;
+                    if (kind == 3)  // heavy tails
+                        v = v * v * v * v * v;
+                    o[t] = v;
+                    nrm += v * v;
+                }
+                if (nrm > 0)
+                    for (auto& v : o)
+                        v /= std::sqrt(nrm);
+                std::vector<uint8_t> xs(d);
+                const RabitqGridPoint gp = rabitq_best_grid_point(o.data(), d, bits, xs.data());
+                h = fnv_bytes(h, xs.data(), d);
+                h = fnv_bytes(h, &gp.ip, sizeof gp.ip);
+                h = fnv_bytes(h, &gp.norm_sqr, sizeof gp.norm_sqr);
+            }
+    std::printf("pinned grid points: 0x%016llxULL\n", (unsigned long long)h);
+    EXPECT_EQ(h, 0xdaafb49e5d9ac61cULL);
 }
 
 // ---------------------------------------------------------------- estimator
