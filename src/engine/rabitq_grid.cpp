@@ -117,6 +117,9 @@ private:
     template <int W>
     RABITQ_INLINE double rest_bound(size_t d, unsigned levels, double t);
     template <int W>
+    RABITQ_INLINE bool slice_ends_sweep(size_t d, unsigned levels, size_t slice, double t_lo,
+                                        unsigned* first);
+    template <int W>
     RABITQ_INLINE void box_sums(double lambda, double hi, double* a, double* b, double* c) const;
     double rest_bound_sorted(size_t d, double hi);
 
@@ -522,6 +525,20 @@ RABITQ_INLINE double RabitqGridSearch::Impl::rest_bound(size_t d, unsigned level
 
 // Steps per slice: enough that the per-level work of a slice is small
 // beside its steps.
+// After a slice (both sweeps): moves *first past the levels every rank has
+// reached; true when the sweep can stop there, being past the peak (no new
+// best for a while) with nothing left that can beat the best, with room for
+// the rounding of the running sums.
+template <int W>
+RABITQ_INLINE bool RabitqGridSearch::Impl::slice_ends_sweep(size_t d, unsigned levels, size_t slice,
+                                                            double t_lo, unsigned* first)
+{
+    while (*first <= levels && next_[*first] >= m_)
+        (*first)++;
+    return *first <= levels && swept_ - best_at_ >= slice / 4 &&
+           rest_bound<W>(d, levels, t_lo) * (1.0 + 1e-9) < best_ip_ / std::sqrt(best_nsq_);
+}
+
 RABITQ_INLINE size_t RabitqGridSearch::Impl::slice_size(unsigned levels) const
 {
     return std::max<size_t>(256, std::min<size_t>(4096, m_ * levels / 16));
@@ -533,7 +550,6 @@ template <int W>
 RABITQ_INLINE void RabitqGridSearch::Impl::sweep_sequential(size_t d, unsigned levels, double ip,
                                                             double nsq)
 {
-    const size_t m = m_;
     ip_ = best_ip_ = ip;
     nsq_ = best_nsq_ = nsq;
     best_ip_sq_ = ip * ip;
@@ -561,13 +577,8 @@ RABITQ_INLINE void RabitqGridSearch::Impl::sweep_sequential(size_t d, unsigned l
         sweep_slice(n);
         for (unsigned j = first; j <= levels; j++)
             next_[j] = end_[j];
-        while (first <= levels && next_[first] >= m)
-            first++;
         t_lo = t_hi;
-        // Past the peak (no new best for a while): stop once nothing left
-        // can beat the best, with room for the rounding of the running sums.
-        if (first <= levels && swept_ - best_at_ >= slice / 4 &&
-            rest_bound<W>(d, levels, t_lo) * (1.0 + 1e-9) < best_ip_ / std::sqrt(best_nsq_))
+        if (slice_ends_sweep<W>(d, levels, slice, t_lo, &first))
             break;
     }
 }
@@ -928,7 +939,6 @@ RABITQ_INLINE bool RabitqGridSearch::Impl::sweep_binned(size_t d, unsigned level
 {
     if (!(ip >= std::numeric_limits<double>::min() && ip < 0x1p1000))
         return false;
-    const size_t m = m_;
     best_ip_ = ip;
     best_nsq_ = nsq;
     best_q_ = ip * ip / nsq;
@@ -982,13 +992,8 @@ RABITQ_INLINE bool RabitqGridSearch::Impl::sweep_binned(size_t d, unsigned level
         if (best_q_ > best_before)  // about where (for when to stop)
             best_at_ = swept_ + n * (best_pos_ + 1) / nb;
         swept_ += n;
-        while (first <= levels && next_[first] >= m)
-            first++;
         t_lo = t_hi;
-        // Past the peak (no new best for a while): stop once nothing left
-        // can beat the best, with room for the rounding of ip.
-        if (first <= levels && swept_ - best_at_ >= slice / 4 &&
-            rest_bound<W>(d, levels, t_lo) * (1.0 + 1e-9) < best_ip_ / std::sqrt(best_nsq_))
+        if (slice_ends_sweep<W>(d, levels, slice, t_lo, &first))
             break;
     }
     return !ambiguous_;
