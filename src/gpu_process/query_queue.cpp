@@ -230,5 +230,18 @@ bool answer_sound(const SearchRequest& req, const SearchAnswer& ans, const int64
     return labels == nullptr || replycheck::tid_labels_sound(labels, ans.n);
 }
 
+bool metric_answer_sound(const SearchAnswer& ans, uint32_t nslots)
+{
+    if (ans.result < 0 || ans.result >= kResults)
+        return false;
+    if (std::memchr(ans.error, 0, sizeof(ans.error)) == nullptr)
+        return false;
+    if (ans.result != int32_t(Result::Ok))
+        return true;
+    if (ans.n != 0 || ans.exact != 0 || ans.matched != 0 || ans.batch == 0 || ans.batch > nslots)
+        return false;
+    return ans.needed == 0 || ans.needed > kPayload;
+}
+
 }  // namespace queue
 }  // namespace gpuivfpq

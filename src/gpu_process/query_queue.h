@@ -10,6 +10,11 @@
 // position the mirrors include, and answers the searches of a GPU process
 // that died.
 //
+// Two kinds of search share the slots: a scan round of a gpu_ivfpq index
+// (Kind::Knn) and a batch of gpu_metric queries (Kind::Metric), small
+// enough that the queries and the answer's room fit the payload (larger
+// ones go through the service in a DSM segment).
+//
 // Layout: Header, then one state word per slot (the futex words, packed so
 // that a scan for pending work reads a few cache lines), then the slots.
 // Everything a reader takes from the segment is checked before use: the
@@ -24,6 +29,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "gpu_process/metric_request.h"
 #include "gpu_process/mirror_store.h"
 
 namespace gpuivfpq {
@@ -32,7 +38,7 @@ namespace queue {
 constexpr uint32_t kMagic = 0x47495151;  // "GIQQ"
 // Raised with every change of the layout below (the GPU process program is
 // installed apart from the library that creates the segment).
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 constexpr size_t kPayload = 32 * 1024;  // a query in; labels and distances out
 constexpr int kHistBuckets = 8;         // batch sizes 1, 2-3, 4-7, ..., 128+
 constexpr int kQueueFd = 5;             // where the GPU process finds the segment
@@ -55,14 +61,25 @@ enum class Result : int32_t {
 };
 constexpr int32_t kResults = 6;
 
+enum class Kind : uint32_t {
+    Knn = 0,     // a gpu_ivfpq scan round: the query (d floats) in the payload
+    Metric = 1,  // gpu_metric queries in the payload, laid out as metric_request.h says
+};
+
 struct SearchRequest {
+    uint32_t kind = 0;  // a Kind
+    // Knn: the query's dimension, k candidates, nprobe lists. Metric: k
+    // nearest (0: a range search), d and nprobe 0.
     uint32_t d = 0, k = 0, nprobe = 0;
     uint32_t filtered = 0;  // rank only entries whose filter key lies in [key_lo, key_hi]
-    MirrorKey key;
+    MirrorKey key;  // Metric: with the index's change count
     int64_t key_lo = 0, key_hi = 0;
     uint64_t log_pos = 0;       // the change-log position the search must see
     uint64_t submitted_ns = 0;  // CLOCK_MONOTONIC, when it became Pending
     uint32_t owner_pid = 0;
+    // Metric: nq queries of ncps code points in all, nradii radii.
+    uint32_t nq = 0, nradii = 0;
+    uint64_t ncps = 0;
 };
 
 struct SearchAnswer {
@@ -72,11 +89,16 @@ struct SearchAnswer {
     uint32_t batch = 0;  // searches in the batch that served it
     int64_t matched = 0; // filtered: entries of its probed lists within its range
     uint64_t taken_ns = 0, done_ns = 0;
+    // Metric: the hits did not fit the payload: the bytes a request needs
+    // for them (the backend asks the service, with a segment that large);
+    // the mirror's live objects, the distances the search computed.
+    uint64_t needed = 0, live = 0, evaluations = 0;
     char error[256] = {0};
 };
 
-// The payload: the query (d floats) in; out k labels (int64, -1 padded) and,
-// when exact, their k exact distances (double).
+// The payload. Knn: the query (d floats) in; out k labels (int64, -1 padded)
+// and, when exact, their k exact distances (double). Metric: the request
+// and its answer as metric_request.h lays them out in kPayload bytes.
 struct alignas(64) Slot {
     SearchRequest req;
     SearchAnswer ans;
@@ -176,6 +198,12 @@ uint64_t now_ns();
 // for the request it answers: a known result, at most k labels each a TID
 // label or -1, flags of 0 or 1, a terminated message. labels: the n labels.
 bool answer_sound(const SearchRequest& req, const SearchAnswer& ans, const int64_t* labels, uint32_t nslots);
+
+// The same for a Metric answer, before its hits are read: a known result, a
+// terminated message, no Knn fields, a batch of at most nslots searches,
+// and a needed size only beyond the payload (the hit offsets and ids are
+// checked by replycheck's routines when read).
+bool metric_answer_sound(const SearchAnswer& ans, uint32_t nslots);
 
 }  // namespace queue
 }  // namespace gpuivfpq

@@ -24,9 +24,19 @@ namespace {
 // have failed).
 constexpr auto kLoadClaim = std::chrono::seconds(60);
 
-// Why a request read from the segment cannot be served, or null.
-const char* request_invalid(const queue::SearchRequest& r)
+// Why a request read from the segment cannot be served, or null. payload:
+// the slot's (a Metric request's offsets are read from it).
+const char* request_invalid(const queue::SearchRequest& r, const char* payload)
 {
+    if (r.kind == uint32_t(queue::Kind::Metric)) {
+        MetricSearchLayout l;
+        if (r.nq == 0 || r.ncps > queue::kPayload ||
+            !metric_request_sound(r.nq, int64_t(r.ncps), r.nradii, r.k, payload, queue::kPayload, &l))
+            return "GPU process: a malformed queued gpu_metric search";
+        return nullptr;
+    }
+    if (r.kind != uint32_t(queue::Kind::Knn))
+        return "GPU process: a queued search of an unknown kind";
     if (r.d == 0 || size_t(r.d) * sizeof(float) > queue::kPayload)
         return "GPU process: a queued search has a dimension outside the payload";
     if (r.k == 0 || r.k > kMaxSelectK || 2 * sizeof(int64_t) * size_t(r.k) > queue::kPayload)
@@ -198,6 +208,168 @@ void QueryServer::scramble(queue::Slot& slot, uint32_t k)
     }
 }
 
+void QueryServer::fail_group(const Item* items, size_t n, queue::Result result, const std::string& error)
+{
+    queue::Stats& st = q_.header().stats;
+    for (size_t i = 0; i < n; i++)
+        answer(items[i].slot, result, error.c_str());
+    if (result == queue::Result::Loading)
+        st.not_found.fetch_add(n, std::memory_order_relaxed);
+    else
+        st.failed.fetch_add(n, std::memory_order_relaxed);
+    if (result == queue::Result::Error) {
+        std::shared_lock<DeviceLock> lock(device_lock_);
+        for (size_t dev : devices_.alive_devices())
+            (void)devices_.check_health(dev);
+        if (devices_.alive_devices().empty() && on_device_failed_ != nullptr)
+            on_device_failed_();
+    }
+}
+
+void QueryServer::serve_metric(const Item* items, size_t n, uint64_t start)
+{
+    queue::Stats& st = q_.header().stats;
+    const queue::SearchRequest& r0 = items[0].req;
+    const bool knn = r0.k > 0;
+    // The group's queries concatenated (a range search's radius one a query).
+    std::vector<uint32_t> cps;
+    std::vector<uint64_t> offsets(1, 0);
+    std::vector<uint32_t> radii;
+    std::vector<size_t> first(n);
+    MetricHits hits;
+    size_t live = 0;
+    bool found = false;
+    queue::Result result = queue::Result::Ok;
+    std::string error;
+    uint64_t device_start = 0, device_end = 0;
+    try {
+        for (size_t j = 0; j < n; j++) {
+            const queue::SearchRequest& r = items[j].req;
+            const char* base = q_.slot(items[j].slot).payload;
+            const MetricSearchLayout l = metric_search_layout(r.nq, r.ncps, r.nradii);
+            // Read once: the checked offsets are the copy's.
+            std::vector<uint64_t> off(r.nq + 1);
+            std::memcpy(off.data(), base + l.offsets, sizeof(uint64_t) * off.size());
+            for (uint32_t q = 0; q < r.nq; q++)
+                if (off[q + 1] < off[q] || off[q + 1] > r.ncps || off[0] != 0)
+                    throw Error(ErrorKind::InvalidArgument, "GPU process: a queued gpu_metric search changed");
+            const uint64_t at = cps.size();
+            const uint32_t* cp = reinterpret_cast<const uint32_t*>(base + l.cps);
+            const uint32_t* rad = reinterpret_cast<const uint32_t*>(base + l.radii);
+            first[j] = offsets.size() - 1;
+            cps.insert(cps.end(), cp, cp + off[r.nq]);
+            for (uint32_t q = 0; q < r.nq; q++) {
+                offsets.push_back(at + off[q + 1]);
+                if (!knn)
+                    radii.push_back(r.nradii == 1 ? rad[0] : rad[q]);
+            }
+        }
+        MetricWords words;
+        words.n = offsets.size() - 1;
+        words.code_points = cps.data();
+        words.offsets = offsets.data();
+        std::shared_lock<DeviceLock> lock(device_lock_);
+        PlacedMetricMirror* mirror = nullptr;
+        {
+            std::lock_guard<std::mutex> g(store_mutex_);
+            mirror = store_.find_metric(r0.key);
+            if (mirror != nullptr)
+                store_.count_queries(r0.key, words.n);
+        }
+        if (mirror != nullptr) {
+            found = true;
+            device_start = queue::now_ns();
+            if (knn)
+                mirror->knn_batch(words, r0.k, hits);
+            else
+                mirror->range_batch(words, radii.data(), radii.size(), hits);
+            device_end = queue::now_ns();
+            live = mirror->entries();
+        }
+    } catch (const Error& ex) {
+        result = ex.kind() == ErrorKind::OutOfMemory ? queue::Result::NoMemory : queue::Result::Error;
+        error = ex.what();
+    } catch (const std::bad_alloc&) {
+        result = queue::Result::NoMemory;
+        error = "GPU process: out of host memory";
+    } catch (const std::exception& ex) {
+        result = queue::Result::Error;
+        error = ex.what();
+    }
+    if (result != queue::Result::Ok) {
+        fail_group(items, n, result, error);
+        return;
+    }
+    if (!found) {
+        // The first asker loads the mirror; the others use the CPU meanwhile.
+        for (size_t j = 0; j < n; j++)
+            answer(items[j].slot, claim_or_wait(r0.key, j == 0), nullptr);
+        st.not_found.fetch_add(n, std::memory_order_relaxed);
+        return;
+    }
+    {
+        std::lock_guard<std::mutex> cg(claims_mutex_);
+        claims_.erase(r0.key);
+    }
+    const size_t nwords = offsets.size() - 1;
+    for (size_t j = 0; j < n; j++) {
+        const queue::SearchRequest& r = items[j].req;
+        queue::Slot& slot = q_.slot(items[j].slot);
+        queue::SearchAnswer& a = slot.ans;
+        const MetricSearchLayout l = metric_search_layout(r.nq, r.ncps, r.nradii);
+        a = queue::SearchAnswer();
+        a.result = int32_t(queue::Result::Ok);
+        a.batch = uint32_t(n);
+        a.live = live;
+        a.taken_ns = start;
+        const uint64_t need = write_metric_answer(hits.offsets.data(), hits.ids.data(), hits.distances.data(),
+                                                  hits.evaluations.data(), hits.evaluations.size(), first[j],
+                                                  r.nq, slot.payload, queue::kPayload, l, &a.evaluations);
+        if (need > queue::kPayload)
+            a.needed = need;
+        a.done_ns = queue::now_ns();
+        if (garbage_)
+            scramble_metric(slot);
+        q_.complete(items[j].slot);
+    }
+    st.batches.fetch_add(1, std::memory_order_relaxed);
+    st.queries.fetch_add(nwords, std::memory_order_relaxed);
+    st.hist[bucket_of(nwords)].fetch_add(1, std::memory_order_relaxed);
+    st.gpu_ns.fetch_add(device_end - device_start, std::memory_order_relaxed);
+}
+
+void QueryServer::scramble_metric(queue::Slot& slot)
+{
+    queue::SearchAnswer& a = slot.ans;
+    const queue::SearchRequest& r = slot.req;
+    const MetricSearchLayout l = metric_search_layout(r.nq, r.ncps, r.nradii);
+    switch (garbage_count_.fetch_add(1) % 5) {
+    case 0:
+        a.result = 77;  // no result
+        break;
+    case 1:
+        a.needed = 1;  // "larger than the payload", yet smaller
+        break;
+    case 2:
+        // Hits past the room the payload leaves.
+        a.needed = 0;
+        reinterpret_cast<uint64_t*>(slot.payload + l.hit_offsets)[r.nq] = uint64_t(1) << 40;
+        break;
+    case 3:
+        // An object id no index has.
+        a.needed = 0;
+        reinterpret_cast<uint64_t*>(slot.payload + l.hit_offsets)[r.nq] = 1;
+        for (uint32_t q = 1; q < r.nq; q++)
+            reinterpret_cast<uint64_t*>(slot.payload + l.hit_offsets)[q] = 0;
+        reinterpret_cast<uint32_t*>(slot.payload + l.hits)[0] = 0xFFFFFFF0u;
+        break;
+    default:
+        std::memset(a.error, 'x', sizeof(a.error));  // no terminator
+        a.result = int32_t(queue::Result::Error);
+        break;
+    }
+}
+
 bool QueryServer::serve_once(int t)
 {
     std::vector<Held>& held = held_[t];
@@ -245,12 +417,6 @@ void QueryServer::serve_batch(int t, std::vector<Held>& ready)
     uint64_t start = queue::now_ns();
     q_.header().busy_since_ns[t].store(start, std::memory_order_release);
 
-    // A copy of each request: the owner may abandon it meanwhile, and the
-    // segment is no place to read twice.
-    struct Item {
-        uint32_t slot;
-        queue::SearchRequest req;
-    };
     std::vector<Item> items;
     items.reserve(ready.size());
     for (const Held& x : ready) {
@@ -264,16 +430,23 @@ void QueryServer::serve_batch(int t, std::vector<Held>& ready)
             }
         }
         items.push_back({x.slot, r});
-        if (const char* why = request_invalid(items.back().req)) {
+        if (const char* why = request_invalid(items.back().req, q_.slot(x.slot).payload)) {
             answer(x.slot, queue::Result::Error, why);
             st.failed.fetch_add(1, std::memory_order_relaxed);
             items.pop_back();
         }
     }
-    // Groups: one mirror, probe count and k each (stable: oldest first).
+    // Groups: one kind, mirror, probe count and k each (stable: oldest first).
     std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
-        return std::tie(a.req.key, a.req.nprobe, a.req.k, a.req.d) < std::tie(b.req.key, b.req.nprobe, b.req.k, b.req.d);
+        return std::tie(a.req.kind, a.req.key, a.req.nprobe, a.req.k, a.req.d) <
+               std::tie(b.req.kind, b.req.key, b.req.nprobe, b.req.k, b.req.d);
     });
+    // gpu_metric searches (sorted last) after the scan rounds, which are quick.
+    size_t metric_from = items.size();
+    while (metric_from > 0 && items[metric_from - 1].req.kind == uint32_t(queue::Kind::Metric))
+        metric_from--;
+    std::vector<Item> metric(items.begin() + metric_from, items.end());
+    items.resize(metric_from);
     std::vector<float> queries;
     std::vector<int64_t> labels, key_lo, key_hi, matched;
     std::vector<double> exact;
@@ -347,19 +520,7 @@ void QueryServer::serve_batch(int t, std::vector<Held>& ready)
         }
 
         if (result != queue::Result::Ok) {
-            for (size_t i = g; i < e; i++)
-                answer(items[i].slot, result, error.c_str());
-            if (result == queue::Result::Loading)
-                st.not_found.fetch_add(nq, std::memory_order_relaxed);
-            else
-                st.failed.fetch_add(nq, std::memory_order_relaxed);
-            if (result == queue::Result::Error) {
-                std::shared_lock<DeviceLock> lock(device_lock_);
-                for (size_t dev : devices_.alive_devices())
-                    (void)devices_.check_health(dev);
-                if (devices_.alive_devices().empty() && on_device_failed_ != nullptr)
-                    on_device_failed_();
-            }
+            fail_group(&items[g], nq, result, error);
         } else if (!found) {
             // The first asker loads the mirror; the others use the CPU meanwhile.
             for (size_t i = g; i < e; i++)
@@ -400,6 +561,13 @@ void QueryServer::serve_batch(int t, std::vector<Held>& ready)
                 deliver(out);
             }
         }
+        g = e;
+    }
+    for (size_t g = 0; g < metric.size();) {
+        size_t e = g + 1;
+        while (e < metric.size() && metric[e].req.key == metric[g].req.key && metric[e].req.k == metric[g].req.k)
+            e++;
+        serve_metric(&metric[g], e - g, start);
         g = e;
     }
     q_.header().busy_since_ns[t].store(0, std::memory_order_release);

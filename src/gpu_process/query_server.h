@@ -1,7 +1,10 @@
 // The GPU process's side of the direct path (query_queue.h): threads that
 // take the searches backends queue, hold each until the mirrors include the
 // change-log position it carries, batch the ready ones per index, probe
-// count and k, search, and answer each in its slot. Several threads keep
+// count and k, search, and answer each in its slot. gpu_metric searches
+// are batched per mirror (index and change count) and kind (range, or k-NN
+// with one k): their queries concatenated into one call, the hits split
+// back so that each gets the answer it would have got alone. Several threads keep
 // several batches in flight: on several GPUs each runs on the least busy
 // replica, and on one GPU one thread gathers and delivers while another's
 // batch runs on the device.
@@ -15,6 +18,7 @@
 #include <map>
 #include <mutex>
 #include <shared_mutex>
+#include <string>
 
 #include "gpu_process/device_lock.h"
 #include <thread>
@@ -56,8 +60,18 @@ private:
         uint32_t slot;
         uint64_t taken_ns;
     };
+    // A search being served, with a copy of its request: the owner may
+    // abandon it meanwhile, and the segment is no place to read twice.
+    struct Item {
+        uint32_t slot;
+        queue::SearchRequest req;
+    };
     void loop(int t);
     void serve_batch(int t, std::vector<Held>& ready);
+    void serve_metric(const Item* items, size_t n, uint64_t start);
+    // A group that failed: each answered result; an error looks at the
+    // devices' health (none left working: on_device_failed).
+    void fail_group(const Item* items, size_t n, queue::Result result, const std::string& error);
     void answer(uint32_t slot, queue::Result result, const char* error);
     // A searched group's answers, for the delivery thread.
     struct Answers {
@@ -97,6 +111,7 @@ private:
     std::thread deliverer_;
     std::atomic<uint32_t> garbage_count_{0};
     void scramble(queue::Slot& slot, uint32_t k);
+    void scramble_metric(queue::Slot& slot);
 };
 
 }  // namespace gpuproc

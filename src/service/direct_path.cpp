@@ -28,6 +28,8 @@ extern "C" {
 }
 
 using gpuivfpq::queue::Queue;
+
+StaticAssertDecl(GPU_IVFPQ_QUEUE_PAYLOAD == gpuivfpq::queue::kPayload, "the backends know the slots' payload");
 namespace queue = gpuivfpq::queue;
 
 /* The service's segment: its descriptor (handed to each GPU process) and mapping. */
@@ -313,71 +315,57 @@ GpuIvfpqQueueUnavailable(void)
 }
 
 /*
- * One scan round through the direct path: k candidates of query over nprobe
- * lists of the mirror of key. On RES_OK, labels (and, when *is_exact, their
- * exact distances) hold *nlabels rows. Every answer is copied out of the
- * segment and checked before use: the GPU process is outside the fault
- * boundary. A cancel while waiting gives the request up and raises the
- * error; the GPU process frees the slot when it is done with it.
+ * This backend's slot when it may queue a search now, else NULL with the
+ * reason in error and *result set.
  */
-RequestResult
-GpuIvfpqQueueSearch(const GpuIvfpqKey *key, int d, const float *query, int k, int nprobe,
-					const GpuIvfpqKeyRange *range, int64 *labels, double *exact, int *nlabels,
-					bool *is_exact, int *batch, int64 *matched, char *error, Size errlen)
+static const Queue *
+FreeQueueSlot(int *slot, RequestResult *result, char *error, Size errlen)
 {
 	const Queue *q = BackendQueue();
 	int			i = GpuIvfpqMySlotIndex();
-	queue::SearchAnswer ans;
-	queue::SearchRequest req;
-	volatile bool gone = false;
 
 	error[0] = '\0';
 	if (q == NULL)
 	{
 		strlcpy(error, "the direct path's segment is not available", errlen);
-		return RES_SERVICE_GONE;
+		*result = RES_SERVICE_GONE;
+		return NULL;
 	}
 	if (i < 0 || (uint32) i >= q->slots() ||
 		q->state((uint32) i).load(std::memory_order_acquire) != queue::Free)
 	{
 		strlcpy(error, "No request slot is free", errlen);
-		return RES_ERROR;
+		*result = RES_ERROR;
+		return NULL;
 	}
-	if ((Size) d * sizeof(float) > queue::kPayload || (Size) k * 2 * sizeof(int64) > queue::kPayload)
-	{
-		strlcpy(error, "the search does not fit a slot", errlen);
-		return RES_ERROR;
-	}
+	*slot = i;
+	return q;
+}
 
-	queue::Slot &slot = q->slot((uint32) i);
+/*
+ * Submits slot i (filled) and sleeps until the GPU process answers. A cancel
+ * while waiting gives the request up and raises the error; the GPU process
+ * frees the slot when it is done with it. Returns false when no GPU process
+ * is left to answer (the caller uses the CPU engine); else the slot is Done:
+ * copy the answer out, then release it.
+ */
+static bool
+SubmitAndWait(const Queue *q, uint32 i)
+{
+	volatile bool gone = false;
 
-	req.d = (uint32) d;
-	req.k = (uint32) k;
-	req.nprobe = (uint32) nprobe;
-	req.filtered = range != NULL;
-	req.key.db = key->db;
-	req.key.index = key->index;
-	req.key.relnode = key->relnode;
-	req.key.build = key->build;
-	req.key.change = 0;
-	req.key_lo = range != NULL ? range->lo : 0;
-	req.key_hi = range != NULL ? range->hi : 0;
-	req.log_pos = GpuIvfpqSearchLogPos();
-	req.owner_pid = (uint32) MyProcPid;
-	slot.req = req;
-	memcpy(slot.payload, query, sizeof(float) * d);
-	q->submit((uint32) i);
-
+	q->slot(i).req.owner_pid = (uint32) MyProcPid;
+	q->submit(i);
 	pgstat_report_wait_start(PG_WAIT_EXTENSION);
 	PG_TRY();
 	{
-		while (!q->wait_done((uint32) i, QUEUE_POLL_MS))
+		while (!q->wait_done(i, QUEUE_POLL_MS))
 		{
 			if (!PostmasterIsAlive())
 				proc_exit(1);	/* everything goes with the postmaster */
 			CHECK_FOR_INTERRUPTS();
 			/* No GPU process to answer (it died as this was queued): the CPU engine. */
-			if (!GpuIvfpqServiceServing() && q->abandon((uint32) i))
+			if (!GpuIvfpqServiceServing() && q->abandon(i))
 			{
 				gone = true;
 				break;
@@ -386,14 +374,69 @@ GpuIvfpqQueueSearch(const GpuIvfpqKey *key, int d, const float *query, int k, in
 	}
 	PG_CATCH();
 	{
-		if (!q->abandon((uint32) i))
-			q->release((uint32) i);
+		if (!q->abandon(i))
+			q->release(i);
 		pgstat_report_wait_end();
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
 	pgstat_report_wait_end();
-	if (gone)
+	return !gone;
+}
+
+static gpuivfpq::MirrorKey
+QueueKey(const GpuIvfpqKey *key, uint64 change)
+{
+	gpuivfpq::MirrorKey k;
+
+	k.db = key->db;
+	k.index = key->index;
+	k.relnode = key->relnode;
+	k.build = key->build;
+	k.change = change;
+	return k;
+}
+
+/*
+ * One scan round through the direct path: k candidates of query over nprobe
+ * lists of the mirror of key. On RES_OK, labels (and, when *is_exact, their
+ * exact distances) hold *nlabels rows. Every answer is copied out of the
+ * segment and checked before use: the GPU process is outside the fault
+ * boundary.
+ */
+RequestResult
+GpuIvfpqQueueSearch(const GpuIvfpqKey *key, int d, const float *query, int k, int nprobe,
+					const GpuIvfpqKeyRange *range, int64 *labels, double *exact, int *nlabels,
+					bool *is_exact, int *batch, int64 *matched, char *error, Size errlen)
+{
+	RequestResult result = RES_ERROR;
+	int			i = -1;
+	const Queue *q = FreeQueueSlot(&i, &result, error, errlen);
+	queue::SearchAnswer ans;
+	queue::SearchRequest req;
+
+	if (q == NULL)
+		return result;
+	if ((Size) d * sizeof(float) > queue::kPayload || (Size) k * 2 * sizeof(int64) > queue::kPayload)
+	{
+		strlcpy(error, "the search does not fit a slot", errlen);
+		return RES_ERROR;
+	}
+
+	queue::Slot &slot = q->slot((uint32) i);
+
+	req.kind = (uint32) queue::Kind::Knn;
+	req.d = (uint32) d;
+	req.k = (uint32) k;
+	req.nprobe = (uint32) nprobe;
+	req.filtered = range != NULL;
+	req.key = QueueKey(key, 0);
+	req.key_lo = range != NULL ? range->lo : 0;
+	req.key_hi = range != NULL ? range->hi : 0;
+	req.log_pos = GpuIvfpqSearchLogPos();
+	slot.req = req;
+	memcpy(slot.payload, query, sizeof(float) * d);
+	if (!SubmitAndWait(q, (uint32) i))
 	{
 		strlcpy(error, "the GPU process is restarting", errlen);
 		return RES_SERVICE_GONE;
@@ -424,6 +467,75 @@ GpuIvfpqQueueSearch(const GpuIvfpqKey *key, int d, const float *query, int k, in
 	*is_exact = ans.exact == 1;
 	*batch = (int) ans.batch;
 	*matched = ans.matched;
+	return RES_OK;
+}
+
+/*
+ * gpu_metric queries through the direct path, on the mirror of key at
+ * change count change: buf (GPU_IVFPQ_QUEUE_PAYLOAD bytes) holds the
+ * request as GpuMetricSearchLayoutFor(nq, ncps, nradii) lays it out (k > 0:
+ * k-NN, 0: range). On RES_OK with *needed 0 the answer's hit offsets and
+ * hits are copied back into buf after the request, unchecked (the caller
+ * checks them against the index); *needed > 0 says the hits need a request
+ * of that many bytes (the service's path).
+ */
+RequestResult
+GpuIvfpqQueueMetricSearch(const GpuIvfpqKey *key, uint64 change, int64 nq, int64 ncps, int nradii, int k,
+						  char *buf, uint64 *needed, uint64 *live, uint64 *evaluations, char *error,
+						  Size errlen)
+{
+	RequestResult result = RES_ERROR;
+	int			i = -1;
+	const Queue *q = FreeQueueSlot(&i, &result, error, errlen);
+	GpuMetricSearchLayout l;
+	queue::SearchAnswer ans;
+	queue::SearchRequest req;
+
+	if (q == NULL)
+		return result;
+	if (nq < 1 || !gpuivfpq::metric_request_sound(nq, ncps, nradii, k, buf, queue::kPayload, &l))
+	{
+		strlcpy(error, "the gpu_metric search does not fit a slot", errlen);
+		return RES_ERROR;
+	}
+
+	queue::Slot &slot = q->slot((uint32) i);
+
+	req.kind = (uint32) queue::Kind::Metric;
+	req.k = (uint32) k;
+	req.key = QueueKey(key, change);
+	req.nq = (uint32) nq;
+	req.ncps = (uint64) ncps;
+	req.nradii = (uint32) nradii;
+	/* No change log: the mirror's key carries the index's change count. */
+	req.log_pos = 0;
+	slot.req = req;
+	memcpy(slot.payload, buf, l.hit_offsets);
+	if (!SubmitAndWait(q, (uint32) i))
+	{
+		strlcpy(error, "the GPU process is restarting", errlen);
+		return RES_SERVICE_GONE;
+	}
+
+	/* Copied out, then checked: the segment may change under a reader. */
+	ans = slot.ans;
+	if (ans.result == (int32) queue::Result::Ok && ans.needed == 0)
+		memcpy(buf + l.hit_offsets, slot.payload + l.hit_offsets, queue::kPayload - l.hit_offsets);
+	q->release((uint32) i);
+	if (!queue::metric_answer_sound(ans, q->slots()))
+	{
+		strlcpy(error, "the GPU process answered a malformed search result", errlen);
+		return RES_ERROR;
+	}
+	ans.error[sizeof(ans.error) - 1] = '\0';
+	if (ans.result != (int32) queue::Result::Ok)
+	{
+		strlcpy(error, ans.error, errlen);
+		return ResultOf(ans.result);
+	}
+	*needed = ans.needed;
+	*live = ans.live;
+	*evaluations = ans.evaluations;
 	return RES_OK;
 }
 

@@ -1,6 +1,7 @@
 // The gpu_metric access method's searches on the GPU service: a batch of
-// range or k-NN queries as one request (in the backend's slot when it fits,
-// else in a DSM segment, grown when a range answer needs more room), and
+// range or k-NN queries as one request (through the direct path's slot when
+// it fits, else through the service in a DSM segment, grown when a range
+// answer needs more room), and
 // loading an index's mirror from the backend's restored copy of it (also
 // gpu_metric_prewarm). A mirror is of one change count of its index: after
 // any insert or VACUUM the next search loads a new one (docs/gpu-service.md).
@@ -38,15 +39,14 @@ MetricNotServableReason(void)
 	return NULL;
 }
 
-/* The mirror's identity: the index version and the change count its pages are at. */
+/* The mirror's index version (its change count, meta->change_count, goes beside it). */
 static void
-FillMetricKey(GpuIvfpqSlot *slot, Relation index, const GpuMetricMetaPageData *meta)
+FillMetricKey(GpuIvfpqKey *key, Relation index, const GpuMetricMetaPageData *meta)
 {
-	slot->key.db = MyDatabaseId;
-	slot->key.index = RelationGetRelid(index);
-	slot->key.relnode = GpuIvfpqRelFileNumberOf(index);
-	slot->key.build = meta->build_id;
-	slot->change_count = meta->change_count;
+	key->db = MyDatabaseId;
+	key->index = RelationGetRelid(index);
+	key->relnode = GpuIvfpqRelFileNumberOf(index);
+	key->build = meta->build_id;
 }
 
 /*
@@ -125,7 +125,8 @@ LoadMetricMirror(GpuIvfpqSlot *slot, Relation index, GpuMetricCached *entry, con
 	});
 
 	slot->kind = REQ_METRIC_LOAD;
-	FillMetricKey(slot, index, meta);
+	FillMetricKey(&slot->key, index, meta);
+	slot->change_count = meta->change_count;
 	slot->n = h.n;
 	slot->dsm = dsm_segment_handle(seg);
 	result = GpuIvfpqSubmitAndWait(slot);
@@ -136,6 +137,46 @@ LoadMetricMirror(GpuIvfpqSlot *slot, Relation index, GpuMetricCached *entry, con
 }
 
 /*
+ * Reads an answer (hit offsets and hits after the request, as l lays it out
+ * in capacity bytes at base) into out, checked first: the hits must lie in
+ * the room the request gave, and their ids index the index's objects.
+ * False when they do not.
+ */
+static bool
+ReadMetricAnswer(const char *base, Size capacity, const GpuMetricSearchLayout &l, int64 nq,
+				 const GpuMetricMetaPageData *meta, uint64 live, uint64 evaluations, GpuMetricHits *out)
+{
+	uint64	   *hit_offsets = (uint64 *) palloc_extended(sizeof(uint64) * (nq + 1), MCXT_ALLOC_HUGE);
+	gpuivfpq::MetricHit *hits = NULL;
+	Size		room = capacity > l.hits ? (capacity - l.hits) / sizeof(gpuivfpq::MetricHit) : 0;
+	bool		sound = false;
+
+	memcpy(hit_offsets, base + l.hit_offsets, sizeof(uint64) * (nq + 1));
+	if (gpuivfpq::replycheck::hit_offsets_sound(hit_offsets, (size_t) nq, room))
+	{
+		uint64		total = hit_offsets[nq];
+
+		hits = (gpuivfpq::MetricHit *) palloc_extended(sizeof(gpuivfpq::MetricHit) * Max(total, 1),
+														MCXT_ALLOC_HUGE);
+		memcpy(hits, base + l.hits, sizeof(gpuivfpq::MetricHit) * total);
+		sound = gpuivfpq::replycheck::ids_below(&hits[0].id, total, 2, meta->objects);
+	}
+	if (!sound)
+	{
+		pfree(hit_offsets);
+		if (hits != NULL)
+			pfree(hits);
+		return false;
+	}
+	out->offsets = hit_offsets;
+	out->hits = hits;
+	out->live = live;
+	out->evaluations = evaluations;
+	out->on_gpu = true;
+	return true;
+}
+
+/*
  * The GPU service's answer to nq queries of a gpu_metric index (the
  * contract of GpuMetricServiceSearch in am/metric_search.cpp): true with
  * out filled, or false when the GPU did not serve them (the caller runs the
@@ -143,6 +184,12 @@ LoadMetricMirror(GpuIvfpqSlot *slot, Relation index, GpuMetricCached *entry, con
  * is the backend's copy of the index, current for meta: the mirror is
  * loaded from it when the service has none of this change count (NULL:
  * no load).
+ *
+ * Queries whose request and answer fit a slot of the direct path go
+ * straight to the GPU process (GpuIvfpqQueueMetricSearch), batched there
+ * with other connections' searches of the same mirror and kind; larger
+ * ones, and range answers that outgrow the slot, go through the service in
+ * a DSM segment.
  */
 bool
 GpuMetricServiceAnswer(Relation index, GpuMetricCached *entry, const GpuMetricMetaPageData *meta, bool knn,
@@ -156,7 +203,10 @@ GpuMetricServiceAnswer(Relation index, GpuMetricCached *entry, const GpuMetricMe
 	int64		ncps = (int64) offsets[nq];
 	GpuMetricSearchLayout l;
 	dsm_segment *seg = NULL;
+	char	   *direct_buf = NULL;
 	Size		capacity;
+	Size		most;
+	bool		direct;
 	char		error[256];
 	RequestResult result = RES_ERROR;
 	bool		loaded = false;
@@ -167,7 +217,16 @@ GpuMetricServiceAnswer(Relation index, GpuMetricCached *entry, const GpuMetricMe
 	reason = MetricNotServableReason();
 	if (reason == NULL && (nq > PG_INT32_MAX || (knn && param == 0)))
 		reason = "The GPU path takes at most 2^31 queries a call, and k-NN at least one neighbour";
-	if (reason == NULL && (slot = GpuIvfpqAcquireSlot()) == NULL)
+
+	l = GpuMetricSearchLayoutFor(nq, ncps, nradii);
+	/* Room for k hits a query (k-NN needs no more), for 64 a query (range) at first. */
+	capacity = l.hits + sizeof(gpuivfpq::MetricHit) * (knn ? (Size) nq * param : (Size) Max(nq * 64, 1024));
+	/* The most an answer can need: every live object a query (range), k (k-NN). */
+	most = l.hits + sizeof(gpuivfpq::MetricHit) * (Size) nq * (knn ? (Size) param : (Size) meta->objects);
+	direct = nq >= 1 && capacity <= GPU_IVFPQ_QUEUE_PAYLOAD;
+	if (reason == NULL && direct)
+		reason = GpuIvfpqQueueUnavailable();
+	if (reason == NULL && !direct && (slot = GpuIvfpqAcquireSlot()) == NULL)
 		reason = "No request slot is free";
 	if (reason != NULL)
 	{
@@ -176,19 +235,21 @@ GpuMetricServiceAnswer(Relation index, GpuMetricCached *entry, const GpuMetricMe
 		return false;
 	}
 
-	l = GpuMetricSearchLayoutFor(nq, ncps, nradii);
-	/* Room for k hits a query (k-NN needs no more), for 64 a query (range) at first. */
-	capacity = l.hits + sizeof(gpuivfpq::MetricHit) * (knn ? (Size) nq * param : (Size) Max(nq * 64, 1024));
 	error[0] = '\0';
 	for (int attempt = 0; attempt < 4 && !answered; attempt++)
 	{
 		char	   *base;
-		Size		needed;
+		uint64		needed = 0;
+		uint64		live = 0;
+		uint64		evaluations = 0;
+		GpuIvfpqKey key;
 
-		if (seg == NULL && capacity <= sizeof(slot->payload.bytes))
+		if (direct)
 		{
-			base = slot->payload.bytes;
-			capacity = sizeof(slot->payload.bytes);
+			if (direct_buf == NULL)
+				direct_buf = (char *) palloc(GPU_IVFPQ_QUEUE_PAYLOAD);
+			base = direct_buf;
+			capacity = GPU_IVFPQ_QUEUE_PAYLOAD;
 		}
 		else
 		{
@@ -215,74 +276,74 @@ GpuMetricServiceAnswer(Relation index, GpuMetricCached *entry, const GpuMetricMe
 		else if (nradii > 0)
 			memcpy(base + l.radii, radii, sizeof(uint32) * nradii);
 
-		slot->kind = REQ_METRIC_SEARCH;
-		FillMetricKey(slot, index, meta);
-		slot->n = nq;
-		slot->k = knn ? (int) param : 0;
-		slot->ncps = ncps;
-		slot->nradii = nradii;
-		slot->capacity = capacity;
-		slot->dsm = seg != NULL ? dsm_segment_handle(seg) : DSM_HANDLE_INVALID;
-		result = GpuIvfpqSubmitAndWait(slot);
-		strlcpy(error, slot->error, sizeof(error));
-		needed = slot->needed;
+		if (direct)
+		{
+			FillMetricKey(&key, index, meta);
+			result = GpuIvfpqQueueMetricSearch(&key, meta->change_count, nq, ncps, nradii, knn ? (int) param : 0,
+											   base, &needed, &live, &evaluations, error, sizeof(error));
+		}
+		else
+		{
+			slot->kind = REQ_METRIC_SEARCH;
+			FillMetricKey(&slot->key, index, meta);
+			slot->change_count = meta->change_count;
+			slot->n = nq;
+			slot->k = knn ? (int) param : 0;
+			slot->ncps = ncps;
+			slot->nradii = nradii;
+			slot->capacity = capacity;
+			slot->dsm = dsm_segment_handle(seg);
+			result = GpuIvfpqSubmitAndWait(slot);
+			strlcpy(error, slot->error, sizeof(error));
+			needed = slot->needed;
+			live = (uint64) slot->live;
+			evaluations = slot->evaluations;
+		}
 		if (result == RES_OK && needed == 0)
 		{
-			uint64	   *hit_offsets = (uint64 *) palloc_extended(sizeof(uint64) * (nq + 1), MCXT_ALLOC_HUGE);
-			gpuivfpq::MetricHit *hits = NULL;
-			Size		room = capacity > l.hits ? (capacity - l.hits) / sizeof(gpuivfpq::MetricHit) : 0;
-
-			/*
-			 * Checked before use: the hits must lie in the room the request
-			 * gave, and their ids index the index's objects.
-			 */
-			memcpy(hit_offsets, base + l.hit_offsets, sizeof(uint64) * (nq + 1));
-			if (gpuivfpq::replycheck::hit_offsets_sound(hit_offsets, (size_t) nq, room))
-			{
-				uint64		total = hit_offsets[nq];
-
-				hits = (gpuivfpq::MetricHit *) palloc_extended(sizeof(gpuivfpq::MetricHit) * Max(total, 1),
-																MCXT_ALLOC_HUGE);
-				memcpy(hits, base + l.hits, sizeof(gpuivfpq::MetricHit) * total);
-				answered = gpuivfpq::replycheck::ids_below(&hits[0].id, total, 2, meta->objects);
-			}
-			if (answered)
-			{
-				out->offsets = hit_offsets;
-				out->hits = hits;
-				out->live = (uint64) slot->live;
-				out->evaluations = slot->evaluations;
-				out->on_gpu = true;
-			}
-			else
+			answered = ReadMetricAnswer(base, capacity, l, nq, meta, live, evaluations, out);
+			if (!answered)
 			{
 				result = RES_ERROR;
 				strlcpy(error, "the GPU service answered hits outside the answer's room or the index's objects",
 						sizeof(error));
-				pfree(hit_offsets);
-				if (hits != NULL)
-					pfree(hits);
 			}
 		}
-		GpuIvfpqFinishSlot(slot);
+		if (slot != NULL && !direct)
+			GpuIvfpqFinishSlot(slot);
 		if (answered)
 			break;
 		if (result == RES_OK)
 		{
-			/* A range answer larger than the room: again, with room for it. */
+			/* A range answer larger than the room: again, through the service, with room for it. */
+			if (needed <= capacity || needed > most ||
+				(slot == NULL && (slot = GpuIvfpqAcquireSlot()) == NULL))
+			{
+				result = RES_ERROR;
+				strlcpy(error, slot == NULL && needed > capacity && needed <= most ? "No request slot is free" :
+						"the GPU service asked for an impossible answer size", sizeof(error));
+				break;
+			}
 			capacity = needed;
+			direct = false;
 			continue;
 		}
 		if (!loaded && entry != NULL && (result == RES_NOT_LOADED || (result == RES_LOADING && required)))
 		{
-			int64		live;
+			int64		live_words;
 
 			loaded = true;
-			result = LoadMetricMirror(slot, index, entry, meta, &live, error, sizeof(error));
+			if (slot == NULL && (slot = GpuIvfpqAcquireSlot()) == NULL)
+			{
+				strlcpy(error, "No request slot is free", sizeof(error));
+				result = RES_ERROR;
+				break;
+			}
+			result = LoadMetricMirror(slot, index, entry, meta, &live_words, error, sizeof(error));
 			if (result == RES_OK)
 			{
 				elog(DEBUG1, "gpu_metric: index \"%s\" mirrored to the GPU (%lld live words)",
-					 RelationGetRelationName(index), (long long) live);
+					 RelationGetRelationName(index), (long long) live_words);
 				continue;
 			}
 		}
@@ -290,6 +351,8 @@ GpuMetricServiceAnswer(Relation index, GpuMetricCached *entry, const GpuMetricMe
 	}
 	if (seg != NULL)
 		dsm_detach(seg);
+	if (direct_buf != NULL)
+		pfree(direct_buf);
 	if (answered)
 		return true;
 

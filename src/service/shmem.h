@@ -3,6 +3,7 @@
 // and the counters the status view shows. Private to src/service.
 #pragma once
 
+#include "gpu_process/metric_request.h"
 #include "service/service.h"
 
 extern "C" {
@@ -372,32 +373,16 @@ GpuMetricLoadLayoutFor(const GpuMetricLoadHeader *h)
 }
 
 /*
- * REQ_METRIC_SEARCH request, in the slot's payload or (larger) a DSM
- * segment of slot->capacity bytes: the queries' code points (slot->ncps
- * uint32), offsets (slot->n + 1 uint64) and radii (slot->nradii uint32),
- * then the answer: hit offsets (n + 1 uint64) and the hits as (object id,
- * distance) uint32 pairs, as many as the rest holds.
+ * REQ_METRIC_SEARCH request, in a DSM segment of slot->capacity bytes
+ * (searches that fit a slot of the direct path go there instead:
+ * direct_path.cpp): the layout of gpu_process/metric_request.h.
  */
-typedef struct GpuMetricSearchLayout
-{
-	Size		cps;
-	Size		offsets;
-	Size		radii;
-	Size		hit_offsets;
-	Size		hits;			/* the hits start here; the room is the rest */
-} GpuMetricSearchLayout;
+typedef gpuivfpq::MetricSearchLayout GpuMetricSearchLayout;
 
 static inline GpuMetricSearchLayout
 GpuMetricSearchLayoutFor(int64 nq, int64 ncps, int nradii)
 {
-	GpuMetricSearchLayout l;
-
-	l.cps = 0;
-	l.offsets = MAXALIGN((Size) ncps * sizeof(uint32));
-	l.radii = l.offsets + MAXALIGN((Size) (nq + 1) * sizeof(uint64));
-	l.hit_offsets = l.radii + MAXALIGN((Size) nradii * sizeof(uint32));
-	l.hits = l.hit_offsets + MAXALIGN((Size) (nq + 1) * sizeof(uint64));
-	return l;
+	return gpuivfpq::metric_search_layout((uint64) nq, (uint64) ncps, (uint64) nradii);
 }
 
 /* request.cpp: the request protocol, shared by the service's clients. */
@@ -453,6 +438,11 @@ extern void GpuIvfpqQueueFailAll(const char *message);
 extern uint64 GpuIvfpqQueueStalledSinceNs(void);
 extern uint64 GpuIvfpqQueueNowNs(void);
 extern const char *GpuIvfpqQueueUnavailable(void);
+/* Bytes of a direct-path slot's payload (a gpu_metric request and its answer). */
+#define GPU_IVFPQ_QUEUE_PAYLOAD (32 * 1024)
+extern RequestResult GpuIvfpqQueueMetricSearch(const GpuIvfpqKey *key, uint64 change, int64 nq, int64 ncps,
+											   int nradii, int k, char *buf, uint64 *needed, uint64 *live,
+											   uint64 *evaluations, char *error, Size errlen);
 extern RequestResult GpuIvfpqQueueSearch(const GpuIvfpqKey *key, int d, const float *query, int k, int nprobe,
 										 const GpuIvfpqKeyRange *range, int64 *labels, double *exact,
 										 int *nlabels, bool *is_exact, int *batch, int64 *matched,

@@ -939,24 +939,11 @@ MetricLoad(GpuIvfpqSlot *slot, const char *base, Size size, std::string &err)
 	return RES_OK;
 }
 
-/*
- * Searches a gpu_metric mirror (range, or k-NN with slot->k > 0) with the
- * queries of a request of capacity bytes at base, writing the answer after
- * them; slot->needed says how many bytes it needs when they do not fit. No
- * mirror: the first asker loads it (RES_NOT_LOADED), the others use the
- * CPU meanwhile (RES_LOADING).
- */
-/* Whether a gpu_metric search request's sizes are sound for capacity bytes at base; its layout into *l. */
+/* Whether a gpu_metric search request is sound in capacity bytes at base (metric_request.h); its layout into *l. */
 static bool
 MetricRequestValid(const GpuIvfpqSlot *slot, const char *base, Size capacity, GpuMetricSearchLayout *l)
 {
-	int64		nq = slot->n;
-
-	/* Checked before any size is computed from them: the layout must not overflow. */
-	return !(nq < 0 || slot->ncps < 0 || slot->nradii < 0 || slot->k < 0 || (Size) nq > capacity ||
-			 (Size) slot->ncps > capacity || (Size) slot->nradii > capacity ||
-			 (*l = GpuMetricSearchLayoutFor(nq, slot->ncps, slot->nradii)).hits > capacity ||
-			 ((const uint64 *) (base + l->offsets))[nq] > (uint64) slot->ncps);
+	return gpuivfpq::metric_request_sound(slot->n, slot->ncps, slot->nradii, slot->k, base, capacity, l);
 }
 
 /* No mirror of key: the first asker loads it (RES_NOT_LOADED), the others use the CPU meanwhile. */
@@ -970,40 +957,6 @@ MetricNotLoaded(const MirrorKey &key)
 		return RES_LOADING;
 	load_claims[key] = now;
 	return RES_NOT_LOADED;
-}
-
-/*
- * Writes queries [first, first + nq) of hits as the answer of a request of
- * capacity bytes at base (its hit offsets from 0) and their distance
- * evaluations into slot->evaluations; false, with slot->needed set, when
- * they do not fit.
- */
-static bool
-MetricWriteAnswer(GpuIvfpqSlot *slot, char *base, Size capacity, const GpuMetricSearchLayout &l,
-				  const gpuivfpq::MetricHits &hits, size_t first, size_t nq)
-{
-	const uint64 from = hits.offsets[first];
-	const size_t total = hits.offsets[first + nq] - from;
-	Size		need = l.hits + total * 2 * sizeof(uint32);
-	uint64	   *offsets = (uint64 *) (base + l.hit_offsets);
-	uint32	   *out = (uint32 *) (base + l.hits);
-
-	if (need > capacity)
-	{
-		slot->needed = need;
-		return false;
-	}
-	for (size_t q = 0; q <= nq; q++)
-		offsets[q] = hits.offsets[first + q] - from;
-	slot->evaluations = 0;
-	for (size_t q = first; q < first + nq && q < hits.evaluations.size(); q++)
-		slot->evaluations += hits.evaluations[q];
-	for (size_t i = 0; i < total; i++)
-	{
-		out[2 * i] = hits.ids[from + i];
-		out[2 * i + 1] = hits.distances[from + i];
-	}
-	return true;
 }
 
 /*
@@ -1039,7 +992,14 @@ MetricSearch(GpuIvfpqSlot *slot, char *base, Size capacity, std::string &err)
 			found = GpuSync()->metric_search(key, words, (size_t) slot->k, (const uint32_t *) (base + l.radii),
 											 (size_t) slot->nradii, hits, &live);
 			if (found)
-				(void) MetricWriteAnswer(slot, base, capacity, l, hits, 0, (size_t) nq);
+			{
+				uint64_t	need = gpuivfpq::write_metric_answer(hits.offsets.data(), hits.ids.data(),
+																 hits.distances.data(), hits.evaluations.data(),
+																 hits.evaluations.size(), 0, (size_t) nq, base,
+																 capacity, l, &slot->evaluations);
+
+				slot->needed = need > capacity ? need : 0;
+			}
 		}, err, &oom))
 		return Failed(oom);
 	if (!found)
@@ -1050,112 +1010,6 @@ MetricSearch(GpuIvfpqSlot *slot, char *base, Size capacity, std::string &err)
 	return RES_OK;
 }
 
-/*
- * Whether a gpu_metric search may join others in one GPU call: carried in
- * its slot, sound, its offsets from 0 and rising, and its radii one or one
- * a query (a range search) or none (k-NN).
- */
-static bool
-MetricMergeable(const GpuIvfpqSlot *slot)
-{
-	const char *base = slot->payload.bytes;
-	GpuMetricSearchLayout l;
-	const uint64 *offsets;
-
-	if (slot->kind != REQ_METRIC_SEARCH || slot->dsm != DSM_HANDLE_INVALID ||
-		!MetricRequestValid(slot, base, sizeof(slot->payload.bytes), &l) || slot->n < 1)
-		return false;
-	if (slot->k > 0 ? slot->nradii != 0 : (slot->nradii != 1 && slot->nradii != slot->n))
-		return false;
-	offsets = (const uint64 *) (base + l.offsets);
-	if (offsets[0] != 0)
-		return false;
-	for (int64 q = 0; q < slot->n; q++)
-		if (offsets[q + 1] < offsets[q])
-			return false;
-	return true;
-}
-
-/*
- * Serves the slot-carried gpu_metric searches of one mirror key and kind
- * (range, or k-NN with one k) in one GPU call: their queries (radii one a
- * query) concatenated, the hits split back so that each gets the answer it
- * would have got alone. A range answer larger than the room guessed is
- * asked for again by the GPU process client; one that does not fit its
- * requester's slot gets slot->needed, as alone. One batch in the counters.
- */
-static void
-MetricSearchGroup(const std::vector<GpuIvfpqSlot *> &group)
-{
-	const MirrorKey key = MetricKey(group[0]);
-	const int	k = group[0]->k;
-	std::vector<uint32_t> cps;
-	std::vector<uint64_t> offsets(1, 0);
-	std::vector<uint32_t> radii;
-	std::vector<size_t> first(group.size());
-	gpuivfpq::MetricHits hits;
-	gpuivfpq::MetricWords words;
-	std::string err;
-	bool		found = false;
-	bool		oom = false;
-	size_t		live = 0;
-	int64		answered = 0;
-
-	for (size_t j = 0; j < group.size(); j++)
-	{
-		GpuIvfpqSlot *slot = group[j];
-		const char *base = slot->payload.bytes;
-		GpuMetricSearchLayout l = GpuMetricSearchLayoutFor(slot->n, slot->ncps, slot->nradii);
-		const uint64 *off = (const uint64 *) (base + l.offsets);
-		const uint32 *cp = (const uint32 *) (base + l.cps);
-		const uint32 *r = (const uint32 *) (base + l.radii);
-		const uint64 at = cps.size();
-
-		slot->needed = 0;
-		first[j] = offsets.size() - 1;
-		cps.insert(cps.end(), cp, cp + off[slot->n]);
-		for (int64 q = 0; q < slot->n; q++)
-		{
-			offsets.push_back(at + off[q + 1]);
-			if (k == 0)
-				radii.push_back(slot->nradii == 1 ? r[0] : r[q]);
-		}
-	}
-	words.n = offsets.size() - 1;
-	words.code_points = cps.data();
-	words.offsets = offsets.data();
-	if (!Engine([&] {
-			found = GpuSync()->metric_search(key, words, (size_t) k, radii.data(), radii.size(), hits, &live);
-		}, err, &oom))
-	{
-		RequestResult result = Failed(oom);
-
-		if (result != RES_SERVICE_GONE && !err.empty())
-			RecordError(err);
-		for (GpuIvfpqSlot *slot : group)
-			Answer(slot, result, err.c_str());
-		return;
-	}
-	for (size_t j = 0; j < group.size(); j++)
-	{
-		GpuIvfpqSlot *slot = group[j];
-
-		if (!found)
-		{
-			Answer(slot, MetricNotLoaded(key), "");
-			continue;
-		}
-		slot->live = (int64) live;
-		if (MetricWriteAnswer(slot, slot->payload.bytes, sizeof(slot->payload.bytes),
-							  GpuMetricSearchLayoutFor(slot->n, slot->ncps, slot->nradii), hits, first[j],
-							  (size_t) slot->n))
-			answered += slot->n;
-		Answer(slot, RES_OK, "");
-	}
-	if (answered > 0)
-		CountBatch((int) Min(answered, (int64) PG_INT32_MAX));
-}
-
 /* Serves a request that carries a DSM segment (load, train, encode, batch search, exact). */
 static void
 ServeSegmentRequest(GpuIvfpqSlot *slot)
@@ -1164,17 +1018,6 @@ ServeSegmentRequest(GpuIvfpqSlot *slot)
 	RequestResult result = RES_ERROR;
 	std::string err;
 	GpuIvfpqCaught caught;
-
-	/* A small gpu_metric search comes in the slot's payload. */
-	if (slot->kind == REQ_METRIC_SEARCH && slot->dsm == DSM_HANDLE_INVALID)
-	{
-		result = MetricSearch(slot, slot->payload.bytes, sizeof(slot->payload.bytes), err);
-		if (result != RES_OK && result != RES_SERVICE_GONE && result != RES_LOADING &&
-			result != RES_NOT_LOADED && !err.empty())
-			RecordError(err);
-		Answer(slot, result, err.c_str());
-		return;
-	}
 
 	/* dsm_attach can ERROR (the requester gave up and destroyed it): the reverse guard. */
 	if (!GpuIvfpqTry([&] { GpuIvfpqPgCall([&] { seg = dsm_attach(slot->dsm); }); }, &caught) ||
@@ -1229,39 +1072,19 @@ ServeSegmentRequest(GpuIvfpqSlot *slot)
 	Answer(slot, result, err.c_str());
 }
 
-/* Serves the taken requests, merging slot-carried gpu_metric searches. */
+/* Serves the taken requests in turn. */
 static void
 Serve(void)
 {
-	/* Slot-carried gpu_metric searches of one mirror key and kind (k; 0 for range): one GPU call. */
-	std::map<std::pair<MirrorKey, int>, std::vector<GpuIvfpqSlot *>> metric_groups;
-	std::map<GpuIvfpqSlot *, const std::vector<GpuIvfpqSlot *> *> merged;
-
 	for (int i = 0; i < ntaken; i++)
-		if (MetricMergeable(taken[i]))
-			metric_groups[std::make_pair(MetricKey(taken[i]), taken[i]->k)].push_back(taken[i]);
-	for (auto &kv : metric_groups)
-		if (kv.second.size() > 1)
-			for (GpuIvfpqSlot *slot : kv.second)
-				merged[slot] = &kv.second;
-	for (int i = 0; i < ntaken; i++)
-		{
-			auto		m = merged.find(taken[i]);
-
-			if (m != merged.end())
-			{
-				/* Served with the group's first, in its place. */
-				if (m->second->front() == taken[i])
-					MetricSearchGroup(*m->second);
-			}
-			else
-				ServeSegmentRequest(taken[i]);
-			/* Long requests must not hold up DROP DATABASE and friends (their barriers). */
-			GpuIvfpqPgCall([] {
-				if (ProcSignalBarrierPending)
-					ProcessProcSignalBarrier();
-			});
-		}
+	{
+		ServeSegmentRequest(taken[i]);
+		/* Long requests must not hold up DROP DATABASE and friends (their barriers). */
+		GpuIvfpqPgCall([] {
+			if (ProcSignalBarrierPending)
+				ProcessProcSignalBarrier();
+		});
+	}
 }
 
 /*
@@ -1275,16 +1098,6 @@ ServeRound(void)
 	GpuIvfpqCaught caught;
 
 	if (!GpuIvfpqTry([&] {
-			/* Slot-carried gpu_metric searches merge (MetricSearchGroup): a moment lets more join. */
-			int			metric = 0;
-
-			for (int i = 0; i < ntaken; i++)
-				metric += taken[i]->kind == REQ_METRIC_SEARCH && taken[i]->dsm == DSM_HANDLE_INVALID;
-			if (gpu_ivfpq_batch_wait_us > 0 && metric > 0 && metric < gpu_ivfpq_batch_size)
-			{
-				pg_usleep(gpu_ivfpq_batch_wait_us);
-				(void) Collect();
-			}
 			if (!GpuUp())
 			{
 				/* Sent before the GPU process died: the CPU engine answers them. */

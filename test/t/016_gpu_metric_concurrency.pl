@@ -1,7 +1,7 @@
-# gpu_metric searches of several connections at once through the GPU
-# service (emulated GPU): the service merges the slot-carried range and
-# k-NN searches of one mirror and kind pending in a round into one GPU
-# call and splits the hits back. Each of 8 pgbench clients runs range and
+# gpu_metric searches of several connections at once on the GPU (emulated):
+# the GPU process merges the range and k-NN searches of one mirror and kind
+# queued on the direct path in one pass into one GPU call and splits the
+# hits back. Each of 8 pgbench clients runs range and
 # k-NN index scans and small batch calls on a word table built here and
 # checks every answer against a sequential scan's (<~> row by row), raising
 # an error on a difference; the status view then shows GPU batches of more

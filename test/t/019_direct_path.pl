@@ -3,9 +3,10 @@
 # session's own uncommitted inserts by its own scans, with the GPU serving;
 # a cancel while a search waits for a stopped GPU process ends that search
 # alone and the backend's next scans are served again once the process
-# goes on; and a GPU process that writes malformed answers into the segment
-# crashes no backend: every scan falls back to the CPU engine with the
-# exact rows (device = gpu: an error that says why). On machines without a
+# goes on; gpu_metric scans take the same path; and a GPU process that
+# writes malformed answers into the segment crashes no backend: every scan
+# (gpu_ivfpq and gpu_metric) falls back to the CPU engine with the exact
+# rows (device = gpu: an error that says why). On machines without a
 # GPU the service's CPU emulation is the GPU process (GPU_IVFPQ_EXPECT_GPU=1
 # uses the GPU).
 use strict;
@@ -37,6 +38,35 @@ $node->safe_psql(
 	CREATE INDEX items_idx ON items USING gpu_ivfpq (v) WITH (lists = 8, m = 2);
 	SELECT gpu_ivfpq_prewarm('items_idx');
 });
+
+# A word table under a gpu_metric index: its scans take the direct path too.
+$node->safe_psql(
+	'postgres', q{
+	CREATE TABLE words (id int, w text);
+	INSERT INTO words SELECT g, substr(md5(g::text), 1, 3 + g % 5) FROM generate_series(1, 2000) g;
+	CREATE INDEX words_idx ON words USING gpu_metric (w) WITH (method = lc, bucket = 16);
+	SELECT gpu_metric_prewarm('words_idx');
+});
+my $wset = q{SET enable_seqscan = off; SET enable_bitmapscan = off;};
+sub wrange
+{
+	my ($q) = @_;
+	return qq{SELECT string_agg(id::text, ',' ORDER BY id) FROM words WHERE w <% edit_range('$q', 2)};
+}
+sub wexact
+{
+	my ($q) = @_;
+	return $node->safe_psql('postgres',
+		qq{SELECT string_agg(id::text, ',' ORDER BY id) FROM words WHERE (w <~> '$q') <= 2});
+}
+my $queued = $node->safe_psql('postgres', 'SELECT queued_searches FROM gpu_ivfpq_status');
+for my $wq ('1a2b', 'c4ca', 'e4da3')
+{
+	is($node->safe_psql('postgres', "SET gpu_ivfpq.device = gpu; $wset " . wrange($wq)),
+		wexact($wq), "gpu_metric range scan '$wq' on the GPU: the exact rows");
+}
+cmp_ok($node->safe_psql('postgres', 'SELECT queued_searches FROM gpu_ivfpq_status'),
+	'>=', $queued + 3, 'gpu_metric scans went through the query segment');
 
 # Every list probed: the GPU's answer is the exact one.
 my $set = q{SET enable_seqscan = off; SET gpu_ivfpq.probes = 8; SET gpu_ivfpq.rerank = 200;};
@@ -109,6 +139,15 @@ for my $i (1 .. 5)
 }
 ($ret, $stdout, $stderr) = $node->psql('postgres', "SET gpu_ivfpq.device = gpu; $set " . knn($q));
 like($stderr, qr/malformed search result/, 'device = gpu: an error that says the answer was malformed');
+$node->safe_psql('postgres', q{SELECT gpu_metric_prewarm('words_idx')});
+for my $i (1 .. 5)
+{
+	my $wq = substr("c4ca4238a0b9", $i, 4);
+	($ret, $stdout, $stderr) = $node->psql('postgres', $wset . wrange($wq));
+	is($ret, 0, "gpu_metric scan $i survives a malformed answer");
+	is($stdout, wexact($wq), "gpu_metric scan $i returns the exact rows (the CPU engine)");
+	like($stderr, qr/WARNING:.*ran on the CPU|malformed|outside the answer/, "gpu_metric scan $i warns");
+}
 cmp_ok($node->safe_psql('postgres', 'SELECT gpu_fallbacks FROM gpu_ivfpq_status'),
 	'>=', $fallbacks + 5, 'each counted as a fallback');
 is($node->safe_psql('postgres', 'SELECT service_starts, gpu_restarts FROM gpu_ivfpq_status'),

@@ -9,15 +9,19 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <shared_mutex>
 #include <thread>
 #include <vector>
 
+#include "engine/metric/lc_index.h"
 #include "gpu_process/device_set.h"
 #include "gpu_process/gpu_process_server.h"
 #include "gpu_process/mirror_store.h"
 #include "gpu_process/query_queue.h"
 #include "gpu_process/query_server.h"
+#include "metric_spec.h"
+#include "metric_words.h"
 #include "mirror_fixture.h"
 
 using namespace gpuivfpq;
@@ -174,6 +178,49 @@ TEST(QueryQueue, MalformedAnswersAreRefused)
         a.result = int32_t(queue::Result::Error);
         a.n = 99;
     }));
+}
+
+// A gpu_metric request in slot i: words, k-NN with k > 0 or a range search
+// with radii (one, or one a word).
+void fill_metric(const Queue& q, uint32_t i, const MirrorKey& key, const std::vector<metricwords::Word>& words,
+                 uint32_t k, const std::vector<uint32_t>& radii)
+{
+    queue::Slot& s = q.slot(i);
+    s.req = queue::SearchRequest();
+    s.req.kind = uint32_t(queue::Kind::Metric);
+    s.req.k = k;
+    s.req.key = key;
+    s.req.nq = uint32_t(words.size());
+    s.req.nradii = uint32_t(radii.size());
+    std::vector<uint32_t> cps;
+    std::vector<uint64_t> offsets(1, 0);
+    for (const auto& w : words) {
+        cps.insert(cps.end(), w.begin(), w.end());
+        offsets.push_back(cps.size());
+    }
+    s.req.ncps = cps.size();
+    const MetricSearchLayout l = metric_search_layout(words.size(), cps.size(), radii.size());
+    ASSERT_LE(l.hits, queue::kPayload);
+    std::memcpy(s.payload + l.cps, cps.data(), cps.size() * sizeof(uint32_t));
+    std::memcpy(s.payload + l.offsets, offsets.data(), offsets.size() * sizeof(uint64_t));
+    std::memcpy(s.payload + l.radii, radii.data(), radii.size() * sizeof(uint32_t));
+}
+
+// The hits of a metric answer in slot i equal the engine's for its queries alone.
+void expect_metric_answer(const Queue& q, uint32_t i, const MetricBatchResult& want, const std::string& what)
+{
+    const queue::Slot& s = q.slot(i);
+    ASSERT_TRUE(queue::metric_answer_sound(s.ans, q.slots())) << what;
+    ASSERT_EQ(s.ans.result, int32_t(queue::Result::Ok)) << what << ": " << s.ans.error;
+    ASSERT_EQ(s.ans.needed, 0u) << what;
+    const MetricSearchLayout l = metric_search_layout(s.req.nq, s.req.ncps, s.req.nradii);
+    const uint64_t* offsets = reinterpret_cast<const uint64_t*>(s.payload + l.hit_offsets);
+    const uint32_t* hits = reinterpret_cast<const uint32_t*>(s.payload + l.hits);
+    ASSERT_EQ(std::vector<uint64_t>(offsets, offsets + s.req.nq + 1), want.offsets) << what;
+    for (size_t h = 0; h < want.hits.size(); h++) {
+        ASSERT_EQ(hits[2 * h], want.hits[h].id) << what << " hit " << h;
+        ASSERT_EQ(hits[2 * h + 1], want.hits[h].dist) << what << " hit " << h;
+    }
 }
 
 // Searches through the queue get what the mirror itself answers; a search
@@ -338,6 +385,115 @@ TEST(QueryServer, ThreadsServeConcurrentClients)
             EXPECT_EQ(wrong[c], 0) << "client " << c;
     }
     EXPECT_EQ(seg.q.header().stats.queries.load(), uint64_t(clients) * rounds);
+}
+
+// gpu_metric searches through the queue: those of one mirror and kind are
+// one call (range searches of different radii together, k-NN per k), and
+// each gets the answer it would have got alone; scan rounds in the same
+// pass are served beside them; an answer larger than the payload says how
+// many bytes it needs; another change count is not loaded; malformed
+// requests are refused.
+TEST(QueryServer, MetricSearchesBatchedPerMirrorAndKind)
+{
+    using metricwords::Word;
+    const uint64_t seed = testutil::test_seed(4242);
+    const auto words = metricwords::make_words(500, seed, metricwords::spanish_alphabet());
+    const auto queries = metricwords::make_queries(words, 12, seed + 1, metricwords::spanish_alphabet());
+    ListOfClusters lc(metricwords::to_list(words), 8);
+    for (uint32_t id = 0; id < lc.size(); id += 9)
+        lc.remove(id);
+    const metricspec::SpecStore state(lc);
+
+    Fixture f;
+    auto dev = make_cpu_emulation_device();
+    DeviceSet devices(*dev);
+    MirrorStore store(devices);
+    MirrorKey key{1, 20, 120, 2};
+    key.change = 17;
+    ASSERT_NE(store.load_metric(key, state.spec), nullptr);
+    const MirrorKey ivf_key{1, 21, 121, 1};
+    ASSERT_NE(store.load(ivf_key, f.spec(true), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), f.x.data(),
+                         nullptr),
+              nullptr);
+    Segment seg(12);
+    gpuproc::DeviceLock lock;
+    gpuproc::QueryServer server(seg.q, store, devices, lock, nullptr, 0);
+
+    auto part = [&](size_t from, size_t n) { return std::vector<Word>(queries.begin() + from, queries.begin() + from + n); };
+    // Range: three requests (one radius; one a query; one radius), k-NN 3 twice and k-NN 5 once.
+    fill_metric(seg.q, 0, key, part(0, 2), 0, {2});
+    fill_metric(seg.q, 1, key, part(2, 3), 0, {0, 1, 3});
+    fill_metric(seg.q, 2, key, part(5, 1), 0, {1});
+    fill_metric(seg.q, 3, key, part(6, 2), 3, {});
+    fill_metric(seg.q, 4, key, part(8, 2), 3, {});
+    fill_metric(seg.q, 5, key, part(10, 2), 5, {});
+    // Every object for twelve queries: more hits than a payload holds.
+    fill_metric(seg.q, 6, key, part(0, 12), 0, {1000});
+    // Another change count: not loaded.
+    MirrorKey other = key;
+    other.change = 18;
+    fill_metric(seg.q, 7, other, part(0, 1), 0, {1});
+    // Decreasing offsets; two radii for one query; a k-NN with a radius.
+    fill_metric(seg.q, 8, key, part(0, 2), 0, {1});
+    {
+        const MetricSearchLayout l = metric_search_layout(2, seg.q.slot(8).req.ncps, 1);
+        reinterpret_cast<uint64_t*>(seg.q.slot(8).payload + l.offsets)[1] = seg.q.slot(8).req.ncps + 1;
+    }
+    fill_metric(seg.q, 9, key, part(0, 1), 0, {1, 2});
+    fill_metric(seg.q, 10, key, part(0, 1), 2, {1});
+    // A scan round of the IVFPQ mirror in the same pass.
+    fill(seg.q, 11, ivf_key, f.x.data(), uint32_t(f.d), 5, 2);
+    for (uint32_t i = 0; i < 12; i++)
+        seg.q.submit(i);
+    ASSERT_TRUE(server.serve_once(0));
+    for (uint32_t i = 0; i < 12; i++)
+        ASSERT_TRUE(seg.q.wait_done(i, 1)) << i;
+
+    const std::string what = "seed=" + std::to_string(seed);
+    expect_metric_answer(seg.q, 0, range_search_batch(lc, metricwords::to_list(part(0, 2)), {2}, 1), what + " 0");
+    expect_metric_answer(seg.q, 1, range_search_batch(lc, metricwords::to_list(part(2, 3)), {0, 1, 3}, 1), what + " 1");
+    expect_metric_answer(seg.q, 2, range_search_batch(lc, metricwords::to_list(part(5, 1)), {1}, 1), what + " 2");
+    expect_metric_answer(seg.q, 3, knn_search_batch(lc, metricwords::to_list(part(6, 2)), 3, 1), what + " 3");
+    expect_metric_answer(seg.q, 4, knn_search_batch(lc, metricwords::to_list(part(8, 2)), 3, 1), what + " 4");
+    expect_metric_answer(seg.q, 5, knn_search_batch(lc, metricwords::to_list(part(10, 2)), 5, 1), what + " 5");
+    // One call per mirror and kind: the range searches (with the large one), k-NN 3, k-NN 5.
+    for (uint32_t i : {0u, 1u, 2u, 6u})
+        EXPECT_EQ(seg.q.slot(i).ans.batch, 4u) << i;
+    EXPECT_EQ(seg.q.slot(3).ans.batch, 2u);
+    EXPECT_EQ(seg.q.slot(5).ans.batch, 1u);
+    EXPECT_EQ(seg.q.slot(0).ans.live, lc.live());
+    const queue::SearchAnswer& big = seg.q.slot(6).ans;
+    ASSERT_TRUE(queue::metric_answer_sound(big, seg.q.slots()));
+    EXPECT_EQ(big.result, int32_t(queue::Result::Ok));
+    EXPECT_EQ(big.needed, metric_search_layout(12, seg.q.slot(6).req.ncps, 1).hits + 12 * lc.live() * 8);
+    EXPECT_EQ(seg.q.slot(7).ans.result, int32_t(queue::Result::NotLoaded));
+    for (uint32_t i : {8u, 9u, 10u})
+        EXPECT_EQ(seg.q.slot(i).ans.result, int32_t(queue::Result::Error)) << i;
+    EXPECT_EQ(seg.q.slot(11).ans.result, int32_t(queue::Result::Ok));
+    EXPECT_EQ(seg.q.slot(11).ans.batch, 1u);
+    // Batches: the scan round, the range searches, k-NN 3, k-NN 5.
+    EXPECT_EQ(seg.q.header().stats.batches.load(), 4u);
+}
+
+// What a backend accepts of a metric answer before it reads its hits.
+TEST(QueryQueue, MalformedMetricAnswersAreRefused)
+{
+    queue::SearchAnswer ok;
+    ok.batch = 2;
+    EXPECT_TRUE(queue::metric_answer_sound(ok, 8));
+    auto refused = [&](auto change) {
+        queue::SearchAnswer a = ok;
+        change(a);
+        return !queue::metric_answer_sound(a, 8);
+    };
+    EXPECT_TRUE(refused([](queue::SearchAnswer& a) { a.result = 9; }));
+    EXPECT_TRUE(refused([](queue::SearchAnswer& a) { a.batch = 0; }));
+    EXPECT_TRUE(refused([](queue::SearchAnswer& a) { a.batch = 9; }));
+    EXPECT_TRUE(refused([](queue::SearchAnswer& a) { a.n = 1; }));
+    EXPECT_TRUE(refused([](queue::SearchAnswer& a) { a.exact = 1; }));
+    EXPECT_TRUE(refused([](queue::SearchAnswer& a) { a.needed = queue::kPayload; }));  // it would have fit
+    EXPECT_TRUE(refused([](queue::SearchAnswer& a) { std::memset(a.error, 'x', sizeof(a.error)); }));
+    EXPECT_FALSE(refused([](queue::SearchAnswer& a) { a.needed = queue::kPayload + 1; }));
 }
 
 // The device lock lets a waiting writer (a change-log append) in before
