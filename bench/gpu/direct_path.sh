@@ -119,6 +119,42 @@ for f in 1 2 3; do
 done
 psql -qc "ALTER SYSTEM RESET gpu_ivfpq.batches_in_flight" -c "SELECT pg_reload_conf()" >/dev/null
 
+# Two lanes on one GPU: the GPU process opens GPU 0 twice (two device
+# contexts, each with its stream and a replica of the mirror), so that two
+# serving threads keep two batches in flight on it at once. An experiment
+# (LANES=0 skips it): the memory budget is not split between the lanes.
+if [ "${LANES:-1}" = 1 ]; then
+  say ""
+  say "## Two batches in flight on one GPU (gpu_ivfpq.devices = '0,0': GPU 0 opened twice, a replica on each)"
+  say "| devices | clients | k-NN QPS | p50 ms | mean batch | GPU us per batch |"
+  say "|---|---|---|---|---|---|"
+  for devs in 0 0,0; do
+    psql -qc "ALTER SYSTEM SET gpu_ivfpq.devices = '$devs'" -c "SELECT pg_reload_conf()" >/dev/null
+    want=$(echo "$devs" | tr ',' '\n' | wc -l)
+    for _ in $(seq 300); do
+      [ "$(psql -qAtc "SELECT (SELECT count(*) FROM gpu_ivfpq_devices) = $want AND (SELECT state = 'running (GPU)' FROM gpu_ivfpq_status)")" = t ] && break
+      sleep 0.2
+    done
+    psql -qAtc "SELECT 'devices $devs: ' || string_agg(device::text || ' ' || description, '; ') FROM gpu_ivfpq_devices" | tee -a "$RES"
+    psql -qAtc "SELECT gpu_ivfpq_prewarm('base_idx')" >/dev/null
+    for c in 64 128; do
+      IFS='|' read -r _ _ _ b0 q0 _ _ < <(snap)
+      g0=$(stat "mean_gpu_us * batches")
+      read -r knn knn50 < <(bench "$c" "$work/knn.sql")
+      IFS='|' read -r _ _ _ b1 q1 _ _ < <(snap)
+      g1=$(stat "mean_gpu_us * batches")
+      say "$(awk -v dv="$devs" -v c="$c" -v k="$knn" -v p="$knn50" -v b="$((b1 - b0))" -v q="$((q1 - q0))" -v g="$g0 $g1" 'BEGIN {
+        split(g, G, " "); printf "| %s | %d | %d | %.3f | %.1f | %.1f |", dv, c, k, p, (b > 0 ? q / b : 0), (b > 0 ? (G[2] - G[1]) / b : 0) }')"
+    done
+  done
+  psql -qc "ALTER SYSTEM RESET gpu_ivfpq.devices" -c "SELECT pg_reload_conf()" >/dev/null
+  for _ in $(seq 300); do
+    [ "$(psql -qAtc "SELECT (SELECT count(*) FROM gpu_ivfpq_devices) >= 1 AND (SELECT state = 'running (GPU)' FROM gpu_ivfpq_status)")" = t ] && break
+    sleep 0.2
+  done
+  psql -qAtc "SELECT gpu_ivfpq_prewarm('base_idx')" >/dev/null
+fi
+
 say ""
 say "## 64 readers alone, then beside 4 writers (insert + delete) and autovacuum ($CHURN_SECS s each)"
 say "| phase | read QPS | vs static | write TPS | rounds on CPU | GPU fallbacks | waited for the log us (mean per search) |"
