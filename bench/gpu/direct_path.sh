@@ -121,8 +121,8 @@ psql -qc "ALTER SYSTEM RESET gpu_ivfpq.batches_in_flight" -c "SELECT pg_reload_c
 
 # Two lanes on one GPU: the GPU process opens GPU 0 twice (two device
 # contexts, each with its stream and a replica of the mirror), so that two
-# serving threads keep two batches in flight on it at once. An experiment
-# (LANES=0 skips it): the memory budget is not split between the lanes.
+# serving threads keep two batches in flight on it at once (LANES=0 skips
+# it); the two contexts share the GPU's memory budget.
 if [ "${LANES:-1}" = 1 ]; then
   say ""
   say "## Two batches in flight on one GPU (gpu_ivfpq.devices = '0,0': GPU 0 opened twice, a replica on each)"

@@ -92,7 +92,11 @@ void DeviceSet::set_budget(size_t bytes)
 {
     for (auto& s : slots_) {
         size_t cap = s->dev->memory_capacity();
-        s->budget = bytes == 0 ? cap / 4 * 3 : std::min(bytes, cap);
+        // A device listed n times (n contexts on one GPU) shares its budget.
+        size_t sharing = 0;
+        for (const auto& o : slots_)
+            sharing += o->ordinal == s->ordinal ? 1 : 0;
+        s->budget = (bytes == 0 ? cap / 4 * 3 : std::min(bytes, cap)) / std::max<size_t>(sharing, 1);
     }
 }
 

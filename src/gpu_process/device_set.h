@@ -53,7 +53,9 @@ public:
 
     // The mirror budget of each device: bytes, or when 0 three quarters of
     // the device's capacity (the rest is search scratch, builds, others);
-    // never more than the capacity.
+    // never more than the capacity. A device opened n times (its ordinal
+    // listed n times: n contexts, each with its stream) shares that budget
+    // n ways.
     void set_budget(size_t bytes);
     size_t budget(size_t i) const { return slots_[i]->budget; }
 

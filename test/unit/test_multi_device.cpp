@@ -347,6 +347,24 @@ TEST(MultiDevice, AutoReplicatesWhileACopyFitsElseShards)
     EXPECT_EQ(testutil::error_kind([&] { t.load_placed(Placement::Auto); }), ErrorKind::OutOfMemory);
 }
 
+// A device opened twice (its number listed twice: two contexts on one GPU)
+// shares its budget between the two; the others keep theirs.
+TEST(MultiDevice, ADeviceOpenedTwiceSharesItsBudget)
+{
+    std::vector<std::unique_ptr<ComputeDevice>> devs;
+    for (int i = 0; i < 3; i++)
+        devs.push_back(make_cpu_emulation_device());
+    DeviceSet set(std::move(devs), {0, 0, 1});
+    const size_t cap = set.device(0).memory_capacity();
+    EXPECT_EQ(set.budget(0), cap / 4 * 3 / 2);
+    EXPECT_EQ(set.budget(1), cap / 4 * 3 / 2);
+    EXPECT_EQ(set.budget(2), set.device(2).memory_capacity() / 4 * 3);
+    set.set_budget(1000);
+    EXPECT_EQ(set.budget(0), 500u);
+    EXPECT_EQ(set.budget(1), 500u);
+    EXPECT_EQ(set.budget(2), 1000u);
+}
+
 TEST(MultiDevice, EvictsPerDevice)
 {
     Pair t;
