@@ -14,6 +14,7 @@
 #include <functional>
 #include <iterator>
 #include <string>
+#include <map>
 #include <vector>
 
 #include "engine/error.h"
@@ -336,6 +337,7 @@ int main(int argc, char** argv)
             // its single kernel shows as "scan").
             const size_t default_small = GpuIvfPqOptions().small_batch_max;
             std::vector<std::vector<double>> traces;
+            std::vector<std::vector<unsigned long long>> block_times;
             std::vector<size_t> trace_batches;
             for (int path = 0; path < 2; ++path) {
             idx.set_small_batch_max(path == 0 ? 0 : 256);
@@ -372,6 +374,7 @@ int main(int argc, char** argv)
                     idx.set_small_batch_trace(true);
                     idx.search_exact(hq.data(), b, kk, np, od.data(), ol.data());
                     traces.push_back(idx.small_batch_trace());
+                    block_times.push_back(idx.small_batch_blocks());
                     trace_batches.push_back(b);
                     idx.set_small_batch_trace(false);
                 }
@@ -397,6 +400,47 @@ int main(int argc, char** argv)
                 }
                 std::printf("\n");
             }
+            std::printf("\n");
+            // Every block's start and end (global timer) in the traced call:
+            // whether the clusters run at once or in waves, and how long a
+            // block takes when the batch fills the GPU.
+            std::printf("## one-launch blocks in time (us from the first block's start; the traced call of each "
+                        "batch)\n\n| batch | blocks | SMs used | most blocks on one SM | starts: last | ends: "
+                        "first | median | last | block time: min | median | max |\n|---|---|---|---|---|---|---|---|"
+                        "---|---|---|\n");
+            for (size_t t = 0; t < block_times.size(); ++t) {
+                const auto& w = block_times[t];
+                const size_t nb = w.size() / 3;
+                if (nb == 0)
+                    continue;
+                unsigned long long t0 = w[0];
+                std::map<unsigned long long, int> per_sm;
+                std::vector<double> starts, ends, spans;
+                for (size_t i = 0; i < nb; ++i)
+                    t0 = std::min(t0, w[3 * i]);
+                for (size_t i = 0; i < nb; ++i) {
+                    starts.push_back((w[3 * i] - t0) / 1000.0);
+                    ends.push_back(w[3 * i + 1] > w[3 * i] ? (w[3 * i + 1] - t0) / 1000.0 : -1.0);
+                    spans.push_back(w[3 * i + 1] > w[3 * i] ? (w[3 * i + 1] - w[3 * i]) / 1000.0 : -1.0);
+                    per_sm[w[3 * i + 2]]++;
+                }
+                int most = 0;
+                for (const auto& kv : per_sm)
+                    most = std::max(most, kv.second);
+                std::sort(starts.begin(), starts.end());
+                std::sort(ends.begin(), ends.end());
+                std::sort(spans.begin(), spans.end());
+                std::printf("| %zu | %zu | %zu | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
+                            trace_batches[t], nb, per_sm.size(), most, starts.back(), ends.front(), ends[nb / 2],
+                            ends.back(), spans.front(), spans[nb / 2], spans.back());
+            }
+            std::printf("\n");
+            std::printf("## one-launch clusters resident at once (cudaOccupancyMaxActiveClusters; k %zu, nprobe %zu)\n\n"
+                        "| blocks per query | shared memory per block | clusters resident | with 32 KiB less | with half "
+                        "| registers per thread |\n|---|---|---|---|---|---|\n", kk, np);
+            for (const auto& row : idx.small_batch_occupancy(kk, np))
+                std::printf("| %d | %zu | %d | %d | %d | %d |\n", row.cluster, row.smem, row.active,
+                            row.active_less_32k, row.active_half, row.registers);
             std::printf("\n");
             idx.set_small_batch_max(default_small);
             // Large batches keep the staged pipeline: device throughput of one

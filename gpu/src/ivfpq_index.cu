@@ -624,9 +624,46 @@ bool GpuIvfPqIndex::small_batch_path(size_t nq, size_t k, size_t nprobe) const
 void GpuIvfPqIndex::set_small_batch_trace(bool on)
 {
     Impl& I = *impl_;
-    I.small_trace = on ? DeviceBuffer(I.ctx, kSmallTracePoints * sizeof(unsigned long long)) : DeviceBuffer();
+    I.small_trace = on ? DeviceBuffer(I.ctx, kSmallTraceWords * sizeof(unsigned long long)) : DeviceBuffer();
     if (on)
-        GPU_CUDA_CHECK(cudaMemsetAsync(I.small_trace.data(), 0, kSmallTracePoints * sizeof(unsigned long long), I.st()));
+        GPU_CUDA_CHECK(cudaMemsetAsync(I.small_trace.data(), 0, kSmallTraceWords * sizeof(unsigned long long), I.st()));
+}
+
+std::vector<GpuIvfPqIndex::SmallOccupancyRow> GpuIvfPqIndex::small_batch_occupancy(size_t k, size_t nprobe) const
+{
+    const Impl& I = *impl_;
+    std::vector<SmallOccupancyRow> out;
+    const SmallSearchArgs a = I.small_args(1, k, std::min(std::max<size_t>(nprobe, 1), I.lists));
+    for (int c : {1, 2, 4, 8, 16}) {
+        SmallOccupancyRow row;
+        row.cluster = c;
+        const SmallOccupancy o = small_search_occupancy(a, c, 0);
+        row.smem = o.smem;
+        row.active = o.clusters;
+        row.registers = o.registers;
+        row.active_less_32k = o.smem > (32u << 10) ? small_search_occupancy(a, c, o.smem - (32u << 10)).clusters : 0;
+        row.active_half = small_search_occupancy(a, c, o.smem / 2).clusters;
+        out.push_back(row);
+    }
+    return out;
+}
+
+std::vector<unsigned long long> GpuIvfPqIndex::small_batch_blocks() const
+{
+    const Impl& I = *impl_;
+    if (!I.small_trace.data())
+        return {};
+    std::vector<unsigned long long> t(kSmallTraceWords);
+    I.ctx.synchronize();
+    I.small_trace.download(t.data(), t.size() * sizeof(unsigned long long));
+    std::vector<unsigned long long> out;
+    for (int b = 0; b < kSmallTraceBlocks; ++b) {
+        const unsigned long long* w = t.data() + kSmallTracePoints + 3 * b;
+        if (w[0] == 0)
+            break;
+        out.insert(out.end(), w, w + 3);
+    }
+    return out;
 }
 
 std::vector<double> GpuIvfPqIndex::small_batch_trace() const

@@ -143,6 +143,23 @@ __device__ __forceinline__ void prefetch_span(const void* p, size_t n, int t, in
         }                                                                             \
     } while (0)
 
+// Bench aid: every block's global timer (ns) at its start (which 0) or end
+// (which 1), and at its start the multiprocessor it runs on.
+#define SMALL_TRACE_BLOCK(which)                                                          \
+    do {                                                                                  \
+        if (a.trace && tid == 0 && blockIdx.x < static_cast<unsigned>(kSmallTraceBlocks)) { \
+            unsigned long long ns_;                                                       \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns_));                      \
+            unsigned long long* w_ = a.trace + kSmallTracePoints + 3 * blockIdx.x;        \
+            w_[which] = ns_;                                                              \
+            if ((which) == 0) {                                                           \
+                unsigned sm_;                                                             \
+                asm volatile("mov.u32 %0, %%smid;" : "=r"(sm_));                          \
+                w_[2] = sm_;                                                              \
+            }                                                                             \
+        }                                                                                 \
+    } while (0)
+
 // A float's bits in an unsigned order that follows the float order.
 __device__ __forceinline__ uint32_t order_bits(float f)
 {
@@ -466,9 +483,10 @@ __device__ void push_list(const WarpSelect<kQ, kT>& ws, int kk, float* all_k, in
 // first ceil(kk / C) entries of every list (at least kk entries) are all at
 // most T, the largest of their last keys, so an entry with a larger key
 // has kk entries before it; the list is sorted, so the entries up to T are
-// a prefix of it (all of it when T is +inf). C consecutive lanes serve an
-// entry (C a power of two <= 16), a binary search each, summed by
-// shuffles. Every thread calls it.
+// a prefix of it (all of it when T is +inf). A group of G consecutive
+// lanes serves an entry (G the power of two at or above C, C <= 16; lane b
+// of the group searches list b, those from C on idle), a binary search
+// each, summed by shuffles. Every thread calls it.
 template <int kQ>
 __device__ void rank_entries(const float* all_k, int C, int own, int kk, int* out)
 {
@@ -494,13 +512,16 @@ __device__ void rank_entries(const float* all_k, int C, int own, int kk, int* ou
     }
     for (int i = cnt + static_cast<int>(threadIdx.x); i < kk; i += kThreads)
         out[i] = kk;
-    const int work = cnt * C;
-    const int lg = __ffs(C) - 1;
+    int G = 1;
+    while (G < C)
+        G <<= 1;
+    const int work = cnt * G;
+    const int lg = __ffs(G) - 1;
     for (int t0 = 0; t0 < work; t0 += kThreads) {  // uniform over the block
         const int w = t0 + static_cast<int>(threadIdx.x);
-        const int i = w >> lg, b = w & (C - 1);
+        const int i = w >> lg, b = w & (G - 1);
         int lo = 0;
-        if (w < work && b != own) {
+        if (w < work && b < C && b != own) {
             const float v = mine[i];
             const float* lb = all_k + b * (kQ + 1);
             int hi = kk;  // entries of list b before v: key < v, or key <= v for b < own
@@ -512,7 +533,7 @@ __device__ void rank_entries(const float* all_k, int C, int own, int kk, int* ou
                     hi = mid;
             }
         }
-        for (int off = 1; off < C; off <<= 1)
+        for (int off = 1; off < G; off <<= 1)
             lo += __shfl_xor_sync(kFullMask, lo, off);
         if (w < work && b == 0)
             out[i] = i + lo;
@@ -660,6 +681,7 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     const float* qraw = a.queries + static_cast<int64_t>(q) * d;
     const bool filtered = a.key_lo != nullptr;  // uniform: a kernel argument
     SMALL_TRACE_NS(22);
+    SMALL_TRACE_BLOCK(0);
     SMALL_TRACE(0);
     // This block's centroid rows on their way to L1 while the query loads.
     const int c0 = static_cast<int>(static_cast<int64_t>(a.lists) * r / C);
@@ -1086,6 +1108,7 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
         a.key_matched[q] = static_cast<int64_t>(*matched);
     SMALL_TRACE(15);
     SMALL_TRACE_NS(23);
+    SMALL_TRACE_BLOCK(1);
 }
 
 int device_attribute(cudaDeviceAttr attr)
@@ -1098,28 +1121,25 @@ int device_attribute(cudaDeviceAttr attr)
 
 int max_optin_smem() { return device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin); }
 
-// Per (device, queue size, cluster, shared memory): whether a cluster fits.
-std::mutex g_fit_mutex;
-std::map<std::tuple<int, int, int, size_t>, bool> g_fit;
-
+// How many clusters of `cluster` blocks asking for smem bytes each can be
+// resident on the current device at once (0: none fits).
 template <int kQ>
-bool cluster_fits(int cluster, size_t smem)
+int active_clusters(int cluster, size_t smem)
 {
-    std::lock_guard<std::mutex> lock(g_fit_mutex);
     int device = 0;
     GPU_CUDA_CHECK(cudaGetDevice(&device));
-    const auto key = std::make_tuple(device, kQ, cluster, smem);
-    auto it = g_fit.find(key);
-    if (it != g_fit.end())
-        return it->second;
     auto kernel = small_search_kernel<kQ>;
     // Raised once to the device's limit (a launch of any smaller size then
     // fits), and clusters past the portable 8 allowed.
-    static std::set<int> raised;  // devices
-    if (!raised.count(device)) {
-        GPU_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_optin_smem()));
-        GPU_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-        raised.insert(device);
+    {
+        static std::mutex raised_mutex;
+        static std::set<int> raised;  // devices
+        std::lock_guard<std::mutex> lock(raised_mutex);
+        if (!raised.count(device)) {
+            GPU_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_optin_smem()));
+            GPU_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+            raised.insert(device);
+        }
     }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(static_cast<unsigned>(cluster));
@@ -1134,11 +1154,37 @@ bool cluster_fits(int cluster, size_t smem)
     cfg.numAttrs = 1;
     int n = 0;
     const cudaError_t err = cudaOccupancyMaxActiveClusters(&n, kernel, &cfg);
-    if (err != cudaSuccess)
+    if (err != cudaSuccess) {
         (void)cudaGetLastError();  // not fitting is an answer, not an error
-    const bool fits = err == cudaSuccess && n > 0;
-    g_fit[key] = fits;
-    return fits;
+        return 0;
+    }
+    return n;
+}
+
+// Per (device, queue size, cluster, shared memory): how many clusters can
+// be resident at once.
+std::mutex g_fit_mutex;
+std::map<std::tuple<int, int, int, size_t>, int> g_fit;
+
+template <int kQ>
+int resident_clusters(int cluster, size_t smem)
+{
+    std::lock_guard<std::mutex> lock(g_fit_mutex);
+    int device = 0;
+    GPU_CUDA_CHECK(cudaGetDevice(&device));
+    const auto key = std::make_tuple(device, kQ, cluster, smem);
+    auto it = g_fit.find(key);
+    if (it != g_fit.end())
+        return it->second;
+    const int n = active_clusters<kQ>(cluster, smem);
+    g_fit[key] = n;
+    return n;
+}
+
+template <int kQ>
+bool cluster_fits(int cluster, size_t smem)
+{
+    return resident_clusters<kQ>(cluster, smem) > 0;
 }
 
 int queue_of(const SmallSearchArgs& a) { return a.k <= 32 && a.nprobe <= 32 ? 32 : kSmallSearchMaxK; }
@@ -1148,8 +1194,7 @@ SmallLaunch pick_launch(const SmallSearchArgs& a, int sms, int forced, bool spre
 {
     int c = 1;
     if (forced > 0) {
-        while (c < kMaxCluster && c * 2 <= forced)
-            c <<= 1;
+        c = std::min(forced, kMaxCluster);
     } else {
         // About two blocks per multiprocessor over the batch; 16 a query
         // only while the batch's blocks fit one per multiprocessor (two
@@ -1159,6 +1204,14 @@ SmallLaunch pick_launch(const SmallSearchArgs& a, int sms, int forced, bool spre
         const int most = nq * kMaxCluster <= sms ? kMaxCluster : kMaxCluster / 2;
         while (c < most && nq * c * 2 <= 2 * static_cast<int64_t>(sms))
             c <<= 1;
+        // Every cluster of the batch resident at once: the clusters that do
+        // not fit wait for the first ones to finish, and the call takes two
+        // rounds (batch 32 in clusters of 8 on an H200: 30 fit; the call
+        // took 140 us, the first round 80). The largest size at or below c
+        // whose nq clusters fit, whatever the power (rank_entries takes any
+        // size up to 16).
+        while (c > 1 && resident_clusters<kQ>(c, layout_of(a.m, a.d, c, kQ).total) < nq)
+            c--;
     }
     const int limit = max_optin_smem();
     // More than half of a multiprocessor's shared memory: one block per SM.
@@ -1204,6 +1257,20 @@ SmallLaunch small_search_plan(const SmallSearchArgs& a, int sms, int forced_clus
         return SmallLaunch{};
     return queue_of(a) == 32 ? pick_launch<32>(a, sms, forced_cluster, spread)
                              : pick_launch<kSmallSearchMaxK>(a, sms, forced_cluster, spread);
+}
+
+SmallOccupancy small_search_occupancy(const SmallSearchArgs& a, int cluster, size_t smem)
+{
+    SmallOccupancy o;
+    const int kq = queue_of(a) == 32 ? 32 : kSmallSearchMaxK;
+    o.smem = layout_of(a.m, a.d, cluster, kq).total;
+    const size_t ask = smem ? smem : o.smem;
+    o.clusters = kq == 32 ? active_clusters<32>(cluster, ask) : active_clusters<kSmallSearchMaxK>(cluster, ask);
+    cudaFuncAttributes attr{};
+    GPU_CUDA_CHECK(kq == 32 ? cudaFuncGetAttributes(&attr, small_search_kernel<32>)
+                            : cudaFuncGetAttributes(&attr, small_search_kernel<kSmallSearchMaxK>));
+    o.registers = attr.numRegs;
+    return o;
 }
 
 void launch_small_search(const SmallSearchArgs& a, const SmallLaunch& plan, cudaStream_t st)

@@ -42,11 +42,15 @@ struct SmallSearchArgs {
     // selection (radix, pick, rank, broadcast; left 0 when the block's
     // candidates stream through WarpSelect), 20 after the re-rank's staging,
     // 21 after its positions reached every block; 22 and 23 the global timer
-    // (ns) at points 0 and 15.
+    // (ns) at points 0 and 15. Then, for each of the first kSmallTraceBlocks
+    // blocks, three words: its global timer (ns) at its start and its end,
+    // and the multiprocessor it ran on.
     unsigned long long* trace = nullptr;
 };
 
 constexpr int kSmallTracePoints = 24;
+constexpr int kSmallTraceBlocks = 4096;
+constexpr int kSmallTraceWords = kSmallTracePoints + 3 * kSmallTraceBlocks;
 
 // How a one-launch search runs: blocks per query (a thread-block cluster)
 // and the dynamic shared memory each block asks for.
@@ -59,13 +63,24 @@ struct SmallLaunch {
 // 0 when the shape does not fit the one-launch path (k or nprobe above
 // kSmallSearchMaxK, shared memory). forced_cluster 0 chooses the blocks per
 // query (about two blocks per multiprocessor over the batch; 16 while the
-// batch's blocks fit one per multiprocessor, else at most 8); a power of
-// two up to 16 forces it (bench and test aid; it still
-// falls back to smaller clusters that fit). spread: when the batch's
+// batch's blocks fit one per multiprocessor, else at most 8; then the
+// largest size at or below that whose nq clusters can all be resident at
+// once, so that the call runs in one round); 1 .. 16 forces it (bench and
+// test aid; it still falls back to smaller clusters that fit). spread: when the batch's
 // blocks are fewer than the multiprocessors, each block asks for more than
 // half of a multiprocessor's shared memory, so that no two blocks of the
 // launch share one (the blocks of a cluster otherwise may).
 SmallLaunch small_search_plan(const SmallSearchArgs& a, int sms, int forced_cluster, bool spread);
+
+// Bench aid: the shared memory a block of a cluster of `cluster` blocks
+// needs for a's shape, how many such clusters can be resident at once when
+// each block asks for smem bytes (0: what it needs), and the kernel's
+// registers per thread.
+struct SmallOccupancy {
+    size_t smem = 0;
+    int clusters = 0, registers = 0;
+};
+SmallOccupancy small_search_occupancy(const SmallSearchArgs& a, int cluster, size_t smem);
 
 // Runs the search; a.k, a.nprobe <= kSmallSearchMaxK, plan from
 // small_search_plan (cluster > 0).

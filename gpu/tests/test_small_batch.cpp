@@ -322,7 +322,7 @@ TEST(SmallBatch, TiedCandidatesAcrossTheKth)
     }
 }
 
-// Blocks per query (forced 1 .. 16, or chosen) and one block per
+// Blocks per query (forced 1 .. 16, powers of two or not, or chosen) and one block per
 // multiprocessor or not: the same answers bit for bit, and the staged
 // path's. Code widths of the batched scan (m 16, 32, 48, 64: one to four
 // 16-byte words an entry) and one outside it (m 8).
@@ -348,7 +348,7 @@ TEST(SmallBatch, EveryClusterSizeAndSpreadSameAnswers)
             std::vector<double> want_d(nq * k);
             std::vector<int64_t> want_l(nq * k);
             idx->search_exact(q.data(), nq, k, nprobe, want_d.data(), want_l.data());
-            for (int cluster : {0, 1, 2, 4, 8, 16})
+            for (int cluster : {0, 1, 2, 3, 4, 5, 7, 8, 12, 16})
                 for (bool spread : {true, false}) {
                     idx->set_small_cluster(cluster);
                     idx->set_small_spread(spread);

@@ -74,15 +74,15 @@ struct GpuIvfPqOptions {
     // allows (per-vector or inner-product tables in fp32, not the two-pass
     // scan, k and nprobe up to 128, the table in shared memory); larger
     // batches and other shapes run the staged pipeline. Same answers either
-    // way (up to ties at the k-th ADC candidate). 32: on an H100 (IVF4096,
-    // PQ32, nprobe 32, 100 candidates) the one launch takes 0.47x the staged
-    // pipeline's device time at batch 1, 0.88x at 32, 1.13x at 64 (gpu_bench
-    // --stages; that kernel's H100 run is in git history); the current one
-    // on an H200: 0.41x at batch 1, 0.77x at 32, 1.02x at 64
-    // (bench/gpu/results/kernel-stages). 0 turns the path off.
-    size_t small_batch_max = 32;
+    // way (up to ties at the k-th ADC candidate). 128: on an H200 (IVF4096,
+    // PQ32, nprobe 32, 100 candidates) the one launch takes 0.42x the staged
+    // pipeline's device time at batch 1, 0.67x at 32, 0.90x at 64, 0.93x at
+    // 128 and 1.15x at 256 (gpu_bench --stages, one run:
+    // bench/gpu/results/kernel-stages; 32 before its clusters were sized to
+    // be resident at once, when it took 1.02x at 64). 0 turns the path off.
+    size_t small_batch_max = 128;
     // One-launch path: blocks per query. 0 chooses them from the batch and
-    // the device (see small_search_plan); a power of two up to 16 forces it
+    // the device (see small_search_plan); any size from 1 to 16 forces it
     // (bench and test aid: the answers are the same for every value).
     int small_cluster = 0;
     // One-launch path: when the batch's blocks are fewer than the
@@ -182,6 +182,20 @@ public:
     // cycles per global-timer nanosecond; not cycles).
     void set_small_batch_trace(bool on);
     std::vector<double> small_batch_trace() const;
+    // Bench aid, with the trace on: for each block of the last one-launch
+    // call (at most 4096), three values: its global timer (ns) at its start
+    // and at its end, and the multiprocessor it ran on.
+    std::vector<unsigned long long> small_batch_blocks() const;
+    // Bench aid: for clusters of 1, 2, 4, 8 and 16 blocks, the one-launch
+    // kernel's shared memory per block for this k and nprobe, and how many
+    // clusters can be resident at once with it, with 32 KiB less, and with
+    // half of it; and the kernel's registers per thread.
+    struct SmallOccupancyRow {
+        int cluster = 0;
+        size_t smem = 0;
+        int active = 0, active_less_32k = 0, active_half = 0, registers = 0;
+    };
+    std::vector<SmallOccupancyRow> small_batch_occupancy(size_t k, size_t nprobe) const;
 
     // Appends n encoded vectors (host): list_ids[i], codes[i*m..], ids[i],
     // with store_vectors their vectors[i*d..] (host, n x d) and with
