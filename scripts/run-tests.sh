@@ -30,13 +30,21 @@
 #            (those that exercise version-sensitive code, and the pg_upgrade
 #            test from 15)
 #
+# The CI machine has 2 cores: suites that share nothing run side by side
+# (the CUDA kernels build beside the unit suite; the other versions run in
+# one lane beside the first version's regress, tap and tools; each regress
+# suite's plain and service runs side by side; TAP_JOBS TAP files at a time,
+# default 2). Each side's output is printed in one piece when it ends, with
+# its times ("time: NAME N s").
+#
 # --skip-deps (or SKIP_DEPS=1) skips scripts/install-deps.sh; --keep keeps the
 # staged copy under /tmp; --only takes a comma list of suite names. The
 # first suites run on the PostgreSQL of PG_CONFIG (default Debian's 15);
 # PG_VERSIONS="" runs no other version.
 # GPU_IVFPQ_EXPECT_GPU=1 makes the service suites use (and require) the GPU;
 # GPU_IVFPQ_CUDA_LIB links the GPU process to the CUDA kernels; TEMP_CONFIG adds
-# settings to every test instance; PROVE_FLAGS is passed to prove;
+# settings to every test instance; PROVE_FLAGS is passed to prove (TAP_JOBS
+# sets its -j unless it has one);
 # PGVECTOR_TARBALL and CITUS_TARBALL name other source archives of pgvector
 # and Citus than those in ../shared/third_party.
 # Quiet on success; on failure prints the logs and diffs. Ends with the line
@@ -77,12 +85,53 @@ pass() { PASSED=$((PASSED + ${1:-1})); }
 fail() { FAILED=$((FAILED + ${2:-1})); FAILURES+=("$1"); }
 skip() { SKIPS+=("$1"); }
 
+# ------------------------------------------------------------------ lanes
+# The CI machine has 2 cores, and most of a suite's time goes to one server
+# backend answering one client (pg_regress runs its files one by one): so
+# suites that share nothing run side by side, each in a "lane", a background
+# subshell whose output goes to a file and whose tallies are added to the
+# run's when lane_wait collects it (which prints the lane's output then, so
+# that a lane's lines stay together).
+declare -A LANE_PID=()
+lane_start() {  # lane_start NAME CMD...
+  local name=$1
+  shift
+  (
+    PASSED=0 FAILED=0 FAILURES=() SKIPS=() LANE_PID=()
+    "$@"
+    {
+      printf 'lane_passed=%d\nlane_failed=%d\n' "$PASSED" "$FAILED"
+      for f in "${FAILURES[@]}"; do printf 'lane_failures+=(%q)\n' "$f"; done
+      for f in "${SKIPS[@]}"; do printf 'lane_skips+=(%q)\n' "$f"; done
+    } >"$LOGS/lane-$name.tally"
+  ) >"$LOGS/lane-$name.out" 2>&1 </dev/null &
+  LANE_PID[$name]=$!
+}
+lane_wait() {  # lane_wait NAME
+  local name=$1 lane_passed=0 lane_failed=0 lane_failures=() lane_skips=()
+  [ -n "${LANE_PID[$name]:-}" ] || return 0
+  wait "${LANE_PID[$name]}"
+  unset "LANE_PID[$name]"
+  cat "$LOGS/lane-$name.out"
+  if [ -f "$LOGS/lane-$name.tally" ]; then
+    source "$LOGS/lane-$name.tally"
+    pass "$lane_passed"
+    FAILED=$((FAILED + lane_failed))
+    FAILURES+=("${lane_failures[@]}")
+    SKIPS+=("${lane_skips[@]}")
+  else
+    fail "$name: the lane ended without its results"
+  fi
+}
+
 WORK=$(mktemp -d /tmp/gpu_ivfpq-tests.XXXXXX)
 LOGS=$WORK/logs
 mkdir -p "$LOGS"
 # The test servers run as postgres in folders under $WORK (mktemp makes it 700).
 chmod 755 "$WORK"
 cleanup() {
+  local p
+  for p in "${LANE_PID[@]}"; do kill "$p" 2>/dev/null; done
   pg_temp_stop
   if [ "$KEEP" = 1 ]; then
     say "kept $WORK"
@@ -167,15 +216,23 @@ stage_repo() {
   tar -C "$REPO_ROOT" --exclude=./.git --exclude=./build --exclude='./build-*' \
       --exclude='*.o' --exclude='*.a' --exclude='*.so' --exclude='*.bc' \
       --exclude=./results --exclude=./tmp_check --exclude=./log -cf - . | tar -C "$STAGE" -xf -
+  mkdir -p "$PORT_DIR"
+  chown postgres: "$PORT_DIR"
   chown -R postgres: "$WORK"
   chmod 755 "$WORK"
 }
+
+# The TAP clusters of every lane and version reserve their ports in one
+# folder (PostgreSQL::Test::Cluster's lock files), so that no two take the
+# same port (each staged copy would have a folder of its own).
+PORT_DIR=$WORK/portlock
 
 # make TARGET... in the staged copy, as postgres.
 stage_make() {
   (cd "$STAGE" && runuser -u postgres -- env PATH="$PG_BIN:$PATH" \
       GPU_IVFPQ_EXPECT_GPU="${GPU_IVFPQ_EXPECT_GPU:-0}" ${TEMP_CONFIG:+TEMP_CONFIG="$TEMP_CONFIG"} \
       GPU_IVFPQ_TOOLS_BIN="${GPU_IVFPQ_TOOLS_BIN:-}" GPU_IVFPQ_UPGRADE_FROM="${GPU_IVFPQ_UPGRADE_FROM:-}" \
+      PG_TEST_PORT_DIR="$PORT_DIR" \
       make --no-print-directory PG_CONFIG="$PG_BIN/pg_config" "$@")
 }
 
@@ -226,7 +283,7 @@ install_third_party() {
   local src=$WORK/$name
   mkdir -p "$src"
   if tar -C "$src" --strip-components=1 -xzf "$tarball" &&
-     (cd "$src" && run_quiet "$LOGS/$name-build.log" "$@"); then
+     (cd "$src" && run_quiet "$LOGS/${PG_LABEL:+$PG_LABEL-}$name-build.log" "$@"); then
     THIRD_PARTY_STATE[$name]=ok
   else
     THIRD_PARTY_STATE[$name]=failed
@@ -321,7 +378,30 @@ run_regress() {
   fi
 }
 
+# run_regress_pair: run_regress and run_regress service side by side (two
+# temporary instances, the plain run's output in the staged copy's results/,
+# the service's in tmp_check/service/), each one core's work.
+run_regress_pair() {
+  local label=${PG_LABEL:+$PG_LABEL }
+  if [ -f "$REPO_ROOT/Makefile" ] && [ -n "$(make_var REGRESS | xargs)" ]; then
+    install_pgvector_once
+    build_ext_once
+    [ "$EXT_STATE" = ok ] && stage_repo
+  fi
+  lane_start "${label// /-}regress" timed "${label}regress" run_regress
+  lane_start "${label// /-}regress-service" timed "${label}regress-service" run_regress service
+  lane_wait "${label// /-}regress"
+  lane_wait "${label// /-}regress-service"
+}
+
 # ------------------------------------------------------------------ tap
+# TAP files run TAP_JOBS at a time (prove -j; PROVE_FLAGS with its own -j
+# wins): each cluster has its own port, folder and GPU service segment, and
+# much of a file's time is one backend at work or a fixed-length load.
+TAP_JOBS=${TAP_JOBS:-2}
+# The longest files, longest first (measured on 2 cores); the others follow
+# in name order.
+TAP_SLOW_FIRST=${TAP_SLOW_FIRST-003_recall.pl 015_gpu_metric_words.pl 009_sqlsmith.pl 010_function_fuzz.pl 011_gpu_faults.pl 007_range_filtered.pl 006_gpu_service.pl 004_concurrent.pl 012_citus.pl}
 run_tap() {  # run_tap [FILE...]: the TAP files named (test/t/NAME.pl), else all
   local files=()
   local f
@@ -338,6 +418,20 @@ run_tap() {  # run_tap [FILE...]: the TAP files named (test/t/NAME.pl), else all
     skip "tap (no test/t/*.pl)"
     return
   fi
+  # prove -j runs the files in the order given as slots free up: the long
+  # ones first, so that no long file starts last and runs alone.
+  local ordered=() s
+  for s in $TAP_SLOW_FIRST; do
+    for f in "${files[@]}"; do
+      [ "$f" = "test/t/$s" ] && ordered+=("$f")
+    done
+  done
+  for f in "${files[@]}"; do
+    [[ " $TAP_SLOW_FIRST " == *" $(basename "$f") "* ]] || ordered+=("$f")
+  done
+  files=("${ordered[@]}")
+  local prove_flags=${PROVE_FLAGS:-}
+  [[ " $prove_flags " == *" -j"* || " $prove_flags " == *" --jobs"* ]] || prove_flags="-j$TAP_JOBS $prove_flags"
   build_ext_once
   if [ "$EXT_STATE" != ok ]; then
     fail "tap: not run, the extension did not build" "${#files[@]}"
@@ -358,7 +452,7 @@ run_tap() {  # run_tap [FILE...]: the TAP files named (test/t/NAME.pl), else all
   fi
   local rc=0 name=${PG_LABEL:+$PG_LABEL }tap
   local log=$LOGS/${name// /-}.log
-  GPU_IVFPQ_TOOLS_BIN="$tools_bin" stage_make prove_installcheck PROVE_FLAGS="${PROVE_FLAGS:-}" \
+  GPU_IVFPQ_TOOLS_BIN="$tools_bin" stage_make prove_installcheck PROVE_FLAGS="$prove_flags" \
     PROVE_TESTS="${files[*]}" >"$log" 2>&1 || rc=$?
   local total=${#files[@]} nfail=0 bad
   if [ "$rc" -ne 0 ]; then
@@ -514,8 +608,7 @@ run_version() {
   fi
   install_pgvector_once
   say "time: pg$v install and build $((SECONDS - t0)) s"
-  timed "pg$v regress" run_regress
-  timed "pg$v regress-service" run_regress service
+  timed "pg$v regress (plain and service)" run_regress_pair
   if [ "$v" = 18 ] && [ -n "$TAP_FILES_18" ]; then
     # 020_pg_upgrade.pl upgrades from 16 when it was tested before (the
     # extension installed there), else it is skipped: from Debian's 15.20
@@ -538,18 +631,49 @@ timed() {
   say "time: $name $((SECONDS - t0)) s"
 }
 
-T_START=$SECONDS
-want unit && timed unit run_unit
-want regress && timed regress run_regress
-want regress && timed regress-service run_regress service
-want tap && timed tap run_tap
-want tools && timed tools run_tools
-if want versions; then
+# The CUDA kernels (nvcc, where the toolkit is found), built in the work tree
+# as `make` would build them for the extension, once: the extension of every
+# version links this archive. They depend on nothing of PostgreSQL, so they
+# build while the unit tests build and run.
+build_cuda() {
+  [ -f "$REPO_ROOT/Makefile" ] || return 0
+  [ -n "${GPU_IVFPQ_CUDA_LIB:-}" ] && return 0
+  [ "$(make_var USE_CUDA)" = 1 ] || return 0
+  if ! run_quiet "$LOGS/cuda-build.log" make -C "$REPO_ROOT" -j"$JOBS" PG_CONFIG="$PG_BIN/pg_config" \
+         gpu/libgpu_ivfpq_gpu.a; then
+    fail "extension: the CUDA kernels (make gpu/libgpu_ivfpq_gpu.a)"
+  fi
+}
+
+# The versions, one after the other (18's pg_upgrade test upgrades from 16).
+run_versions() {
+  local v
   for v in $PG_VERSIONS; do
     [ "$v" = "$FIRST_MAJOR" ] && continue
     timed "pg$v" run_version "$v"
   done
+}
+
+# The order: the CUDA kernels in a lane beside the unit tests; then the
+# other versions in a lane of their own (they link those kernels) beside the
+# first version's regress (plain and service side by side), TAP (TAP_JOBS
+# files at a time) and tools suites. Third-party builds and the tools come
+# before the lanes that use them.
+T_START=$SECONDS
+{ want regress || want tap || want tools || want versions; } && lane_start cuda timed "cuda kernels" build_cuda
+want unit && timed unit run_unit
+want regress && [ -f "$REPO_ROOT/Makefile" ] && install_pgvector_once
+if want tap && [ -f "$REPO_ROOT/Makefile" ] && compgen -G "$REPO_ROOT/test/t/012_citus.pl" >/dev/null &&
+   [ "$FIRST_MAJOR" -le 16 ]; then
+  install_citus_once
 fi
+{ want tap || want tools || want versions; } && [ -f "$REPO_ROOT/tools/CMakeLists.txt" ] && build_tools_once
+lane_wait cuda
+want versions && [ -n "$PG_VERSIONS" ] && lane_start versions run_versions
+want regress && timed "regress (plain and service)" run_regress_pair
+want tap && timed tap run_tap
+want tools && timed tools run_tools
+lane_wait versions
 say "time: total $((SECONDS - T_START)) s"
 
 for s in "${SKIPS[@]}"; do say "skipped: $s"; done

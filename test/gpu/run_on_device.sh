@@ -32,7 +32,9 @@ echo "jit = off" >/tmp/gpu_ivfpq-jit-off.conf
 chmod a+r /tmp/gpu_ivfpq-jit-off.conf
 export TEMP_CONFIG=/tmp/gpu_ivfpq-jit-off.conf
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
-GPU_IVFPQ_EXPECT_GPU=1 SKIP_DEPS=1 GPU_IVFPQ_CUDA_LIB="${GPU_IVFPQ_CUDA_LIB:-}" \
+# One TAP file at a time (TAP_JOBS=1): every file's clusters share the one
+# GPU, and -v's output stays in order.
+GPU_IVFPQ_EXPECT_GPU=1 SKIP_DEPS=1 GPU_IVFPQ_CUDA_LIB="${GPU_IVFPQ_CUDA_LIB:-}" TAP_JOBS="${TAP_JOBS:-1}" \
   PROVE_FLAGS=-v bash scripts/run-tests.sh --only "${SUITES:-regress,tap}" --keep 2>&1 | tee "$OUT/run-tests.log"
 rc=${PIPESTATUS[0]}
 work=$(ls -dt /tmp/gpu_ivfpq-tests.* | head -1)
