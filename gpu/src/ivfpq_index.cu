@@ -107,6 +107,16 @@ struct GpuIvfPqIndex::Impl {
     PinnedHost io_host;
     // Bench aid (set_small_batch_trace): the one-launch kernel's phase clocks.
     DeviceBuffer small_trace;
+    // The trace's words after the last call (empty without a trace).
+    std::vector<unsigned long long> trace_words() const
+    {
+        if (!small_trace.data())
+            return {};
+        std::vector<unsigned long long> t(kSmallTraceWords);
+        ctx.synchronize();
+        small_trace.download(t.data(), t.size() * sizeof(unsigned long long));
+        return t;
+    }
 
     // Bench aid (set_stage_timing): events at the stage boundaries of a
     // search_exact call, in order: start, uploaded, coarse, prefix, scan,
@@ -650,12 +660,9 @@ std::vector<GpuIvfPqIndex::SmallOccupancyRow> GpuIvfPqIndex::small_batch_occupan
 
 std::vector<unsigned long long> GpuIvfPqIndex::small_batch_blocks() const
 {
-    const Impl& I = *impl_;
-    if (!I.small_trace.data())
+    const std::vector<unsigned long long> t = impl_->trace_words();
+    if (t.empty())
         return {};
-    std::vector<unsigned long long> t(kSmallTraceWords);
-    I.ctx.synchronize();
-    I.small_trace.download(t.data(), t.size() * sizeof(unsigned long long));
     std::vector<unsigned long long> out;
     for (int b = 0; b < kSmallTraceBlocks; ++b) {
         const unsigned long long* w = t.data() + kSmallTracePoints + 3 * b;
@@ -668,13 +675,8 @@ std::vector<unsigned long long> GpuIvfPqIndex::small_batch_blocks() const
 
 std::vector<double> GpuIvfPqIndex::small_batch_trace() const
 {
-    const Impl& I = *impl_;
-    if (!I.small_trace.data())
-        return {};
-    std::vector<unsigned long long> t(kSmallTracePoints);
-    I.ctx.synchronize();
-    I.small_trace.download(t.data(), t.size() * sizeof(unsigned long long));
-    if (t[15] == 0)
+    const std::vector<unsigned long long> t = impl_->trace_words();
+    if (t.empty() || t[15] == 0)
         return {};
     std::vector<double> out;
     for (int i = 1; i < 16; ++i)

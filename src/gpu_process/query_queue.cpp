@@ -210,11 +210,19 @@ uint64_t Queue::stalled_since_ns() const
     return oldest;
 }
 
+namespace {
+
+// A known result and a terminated message.
+bool result_sound(const SearchAnswer& ans)
+{
+    return ans.result >= 0 && ans.result < kResults && std::memchr(ans.error, 0, sizeof(ans.error)) != nullptr;
+}
+
+}  // namespace
+
 bool answer_sound(const SearchRequest& req, const SearchAnswer& ans, const int64_t* labels, uint32_t nslots)
 {
-    if (ans.result < 0 || ans.result >= kResults)
-        return false;
-    if (std::memchr(ans.error, 0, sizeof(ans.error)) == nullptr)
+    if (!result_sound(ans))
         return false;
     if (ans.result != int32_t(Result::Ok))
         return true;
@@ -232,9 +240,7 @@ bool answer_sound(const SearchRequest& req, const SearchAnswer& ans, const int64
 
 bool metric_answer_sound(const SearchAnswer& ans, uint32_t nslots)
 {
-    if (ans.result < 0 || ans.result >= kResults)
-        return false;
-    if (std::memchr(ans.error, 0, sizeof(ans.error)) == nullptr)
+    if (!result_sound(ans))
         return false;
     if (ans.result != int32_t(Result::Ok))
         return true;

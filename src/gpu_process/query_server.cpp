@@ -48,6 +48,25 @@ const char* request_invalid(const queue::SearchRequest& r, const char* payload)
     return nullptr;
 }
 
+// Runs fn (a group's search); an exception becomes the group's result
+// (NoMemory or Error) and its message.
+template <class Fn>
+void guarded(Fn&& fn, queue::Result& result, std::string& error)
+{
+    try {
+        fn();
+    } catch (const Error& ex) {
+        result = ex.kind() == ErrorKind::OutOfMemory ? queue::Result::NoMemory : queue::Result::Error;
+        error = ex.what();
+    } catch (const std::bad_alloc&) {
+        result = queue::Result::NoMemory;
+        error = "GPU process: out of host memory";
+    } catch (const std::exception& ex) {
+        result = queue::Result::Error;
+        error = ex.what();
+    }
+}
+
 int bucket_of(size_t n)
 {
     int b = 0;
@@ -242,7 +261,7 @@ void QueryServer::serve_metric(const Item* items, size_t n, uint64_t start)
     queue::Result result = queue::Result::Ok;
     std::string error;
     uint64_t device_start = 0, device_end = 0;
-    try {
+    guarded([&] {
         for (size_t j = 0; j < n; j++) {
             const queue::SearchRequest& r = items[j].req;
             const char* base = q_.slot(items[j].slot).payload;
@@ -286,16 +305,7 @@ void QueryServer::serve_metric(const Item* items, size_t n, uint64_t start)
             device_end = queue::now_ns();
             live = mirror->entries();
         }
-    } catch (const Error& ex) {
-        result = ex.kind() == ErrorKind::OutOfMemory ? queue::Result::NoMemory : queue::Result::Error;
-        error = ex.what();
-    } catch (const std::bad_alloc&) {
-        result = queue::Result::NoMemory;
-        error = "GPU process: out of host memory";
-    } catch (const std::exception& ex) {
-        result = queue::Result::Error;
-        error = ex.what();
-    }
+    }, result, error);
     if (result != queue::Result::Ok) {
         fail_group(items, n, result, error);
         return;
@@ -466,7 +476,7 @@ void QueryServer::serve_batch(int t, std::vector<Held>& ready)
         std::string error;
         bool found = false, is_exact = false;
         uint64_t device_start = 0, device_end = 0;
-        try {
+        guarded([&] {
             queries.resize(nq * d);
             for (size_t i = 0; i < nq; i++)
                 std::memcpy(&queries[i * d], q_.slot(items[g + i].slot).payload, d * sizeof(float));
@@ -508,16 +518,7 @@ void QueryServer::serve_batch(int t, std::vector<Held>& ready)
                 result = queue::Result::Error;
                 error = "GPU process: a queued search's dimension is not its mirror's";
             }
-        } catch (const Error& ex) {
-            result = ex.kind() == ErrorKind::OutOfMemory ? queue::Result::NoMemory : queue::Result::Error;
-            error = ex.what();
-        } catch (const std::bad_alloc&) {
-            result = queue::Result::NoMemory;
-            error = "GPU process: out of host memory";
-        } catch (const std::exception& ex) {
-            result = queue::Result::Error;
-            error = ex.what();
-        }
+        }, result, error);
 
         if (result != queue::Result::Ok) {
             fail_group(&items[g], nq, result, error);

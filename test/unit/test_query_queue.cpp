@@ -53,6 +53,14 @@ void fill(const Queue& q, uint32_t i, const MirrorKey& key, const float* query, 
     std::memcpy(s.payload, query, d * sizeof(float));
 }
 
+// The fixture's entries (with their vectors) as the mirror of key; hidden:
+// loaded hidden, as the service loads one it still has to catch up.
+Mirror* load_fixture(MirrorStore& store, const Fixture& f, const MirrorKey& key, bool hidden = false)
+{
+    return store.load(key, f.spec(true), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), f.x.data(),
+                      nullptr, Placement::Auto, hidden);
+}
+
 }  // namespace
 
 TEST(QueryQueue, AttachChecksTheLayout)
@@ -232,9 +240,7 @@ TEST(QueryServer, ServesAsTheMirrorAnswersAndWaitsForTheLog)
     DeviceSet devices(*dev);
     MirrorStore store(devices);
     const MirrorKey key{1, 10, 100, 1};
-    ASSERT_NE(store.load(key, f.spec(true), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), f.x.data(),
-                         nullptr),
-              nullptr);
+    ASSERT_NE(load_fixture(store, f, key), nullptr);
     Segment seg(8);
     gpuproc::DeviceLock lock;
     gpuproc::QueryServer server(seg.q, store, devices, lock, nullptr, 0);
@@ -321,9 +327,7 @@ TEST(QueryServer, HiddenMirrorAnswersLoadingUntilRevealed)
     DeviceSet devices(*dev);
     MirrorStore store(devices);
     const MirrorKey key{1, 13, 100, 1};
-    ASSERT_NE(store.load(key, f.spec(true), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), f.x.data(),
-                         nullptr, Placement::Auto, true),
-              nullptr);
+    ASSERT_NE(load_fixture(store, f, key, true), nullptr);
     EXPECT_FALSE(store.servable(key));
     Segment seg(2);
     gpuproc::DeviceLock lock;
@@ -348,9 +352,7 @@ TEST(QueryServer, ThreadsServeConcurrentClients)
     DeviceSet devices(*dev);
     MirrorStore store(devices);
     const MirrorKey key{1, 12, 100, 1};
-    ASSERT_NE(store.load(key, f.spec(true), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), f.x.data(),
-                         nullptr),
-              nullptr);
+    ASSERT_NE(load_fixture(store, f, key), nullptr);
     const uint32_t clients = 6, rounds = 40, k = 5, nprobe = 3;
     Segment seg(clients);
     gpuproc::DeviceLock lock;
@@ -412,9 +414,7 @@ TEST(QueryServer, MetricSearchesBatchedPerMirrorAndKind)
     key.change = 17;
     ASSERT_NE(store.load_metric(key, state.spec), nullptr);
     const MirrorKey ivf_key{1, 21, 121, 1};
-    ASSERT_NE(store.load(ivf_key, f.spec(true), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), f.x.data(),
-                         nullptr),
-              nullptr);
+    ASSERT_NE(load_fixture(store, f, ivf_key), nullptr);
     Segment seg(12);
     gpuproc::DeviceLock lock;
     gpuproc::QueryServer server(seg.q, store, devices, lock, nullptr, 0);
