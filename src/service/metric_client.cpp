@@ -221,8 +221,9 @@ GpuMetricServiceAnswer(Relation index, GpuMetricCached *entry, const GpuMetricMe
 	l = GpuMetricSearchLayoutFor(nq, ncps, nradii);
 	/* Room for k hits a query (k-NN needs no more), for 64 a query (range) at first. */
 	capacity = l.hits + sizeof(gpuivfpq::MetricHit) * (knn ? (Size) nq * param : (Size) Max(nq * 64, 1024));
-	/* The most an answer can need: every live object a query (range), k (k-NN). */
-	most = l.hits + sizeof(gpuivfpq::MetricHit) * (Size) nq * (knn ? (Size) param : (Size) meta->objects);
+	/* The most an answer can need: every object a query (range), k (k-NN); in double: no overflow. */
+	most = (Size) Min((double) l.hits + (double) sizeof(gpuivfpq::MetricHit) * (double) nq *
+					  (knn ? (double) param : (double) meta->objects), (double) MaxAllocHugeSize);
 	direct = nq >= 1 && capacity <= GPU_IVFPQ_QUEUE_PAYLOAD;
 	if (reason == NULL && direct)
 		reason = GpuIvfpqQueueUnavailable();

@@ -20,7 +20,7 @@ $node->append_conf(
 	'postgresql.conf', q{
 shared_preload_libraries = 'gpu_ivfpq'
 gpu_ivfpq.service_emulate_gpu = on
-gpu_ivfpq.batch_wait_us = 5000
+gpu_ivfpq.batch_wait = 5000
 max_connections = 30
 autovacuum = off
 });
