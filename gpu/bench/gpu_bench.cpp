@@ -569,6 +569,33 @@ int main(int argc, char** argv)
             }
             idx.set_small_cluster(GpuIvfPqOptions().small_cluster);
             idx.set_small_spread(GpuIvfPqOptions().small_spread);
+            std::printf("\n");
+            // The batch's coarse keys computed once for all its queries
+            // (from kSharedCoarseMinQueries on, the default) or by each
+            // query's blocks: wall time per call, and the same answers.
+            idx.set_small_batch_max(256);
+            std::printf("## one launch, coarse keys shared by the batch / per query (us per call, graphs on, "
+                        "pinned; means of %d calls)\n\n| batch | shared | per query | same answers |\n"
+                        "|---|---|---|---|\n", calls);
+            for (size_t b : {size_t(48), size_t(64), size_t(96), size_t(128)}) {
+                if (b > nq)
+                    continue;
+                PinnedCall call(hq, b, d, kk);
+                double us[2];
+                std::vector<int64_t> l[2];
+                std::vector<double> dd[2];
+                for (int shared = 1; shared >= 0; --shared) {
+                    idx.set_small_shared_coarse(shared == 1);
+                    us[shared] = timed(call, b);
+                    l[shared].assign(call.labels, call.labels + b * kk);
+                    dd[shared].assign(call.dist, call.dist + b * kk);
+                }
+                const bool same = l[0] == l[1] &&
+                                  std::memcmp(dd[0].data(), dd[1].data(), dd[0].size() * sizeof(double)) == 0;
+                std::printf("| %zu | %.1f | %.1f | %s |\n", b, us[1], us[0], same ? "yes" : "NO");
+                std::fflush(stdout);
+            }
+            idx.set_small_shared_coarse(GpuIvfPqOptions().small_shared_coarse);
             idx.set_small_batch_max(default_small);
             std::printf("\n");
         }

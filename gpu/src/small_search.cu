@@ -683,11 +683,15 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     SMALL_TRACE_NS(22);
     SMALL_TRACE_BLOCK(0);
     SMALL_TRACE(0);
-    // This block's centroid rows on their way to L1 while the query loads.
+    // This block's centroid rows (or their keys) on their way to L1 while the query loads.
     const int c0 = static_cast<int>(static_cast<int64_t>(a.lists) * r / C);
     const int c1 = static_cast<int>(static_cast<int64_t>(a.lists) * (r + 1) / C);
-    prefetch_span(a.centroids + static_cast<int64_t>(c0) * d, static_cast<size_t>(c1 - c0) * d * sizeof(float), tid,
-                  kThreads);
+    if (a.coarse_keys)
+        prefetch_span(a.coarse_keys + static_cast<int64_t>(q) * a.lists + c0,
+                      static_cast<size_t>(c1 - c0) * sizeof(float), tid, kThreads);
+    else
+        prefetch_span(a.centroids + static_cast<int64_t>(c0) * d, static_cast<size_t>(c1 - c0) * d * sizeof(float),
+                      tid, kThreads);
 
     // The query as the coarse step and the tables see it (normalised for
     // cosine, as normalize_rows does) and its squared norm (row_norms).
@@ -742,7 +746,22 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     WarpSelect<kQ, kT> ws;
     const bool coarse_smem = c1 - c0 <= kKeyCap;  // uniform
     ws.init(&state, a.nprobe);
-    {
+    if (a.coarse_keys) {
+        // Computed for the batch before this launch (coarse_keys_kernel):
+        // the same keys, fed in the same order as below.
+        const float* kq = a.coarse_keys + static_cast<int64_t>(q) * a.lists;
+        for (int g = c0 + warp * 32; g < c1; g += kWarps * 32) {  // uniform over the warp
+            const int c = g + lane;
+            float key = INFINITY;
+            if (c < c1) {
+                key = kq[c];
+                if (coarse_smem)
+                    keybuf[c - c0] = key;
+            }
+            if (!coarse_smem)
+                ws.add(key, c < c1 ? c : -1);
+        }
+    } else {
         const float rn = ip ? 0.0f : *qnorm;
         for (int g = c0 + warp * 32; g < c1; g += kWarps * 32) {  // uniform over the warp
             const int c = g + lane;
@@ -1111,6 +1130,61 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     SMALL_TRACE_BLOCK(1);
 }
 
+// A batch's coarse keys (launch_coarse_keys): a block takes kCoarseQueries
+// queries and kThreads centroids, a thread a centroid, its row read once
+// for those queries. The query is what the one-launch kernel's coarse step
+// sees (normalised by warp_normalize for cosine, its squared norm by
+// warp_sqr_norm), the products summed in column order with fmaf and the
+// key made with the same clamps, so that every key has the kernel's bits.
+constexpr int kCoarseQueries = kWarps;  // a warp prepares each query
+
+__global__ void __launch_bounds__(kThreads) coarse_keys_kernel(SmallSearchArgs a, float* keys)
+{
+    extern __shared__ float qs[];  // kCoarseQueries x d, then their squared norms
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int d = a.d;
+    const int q0 = static_cast<int>(blockIdx.y) * kCoarseQueries;
+    const int nqb = min(kCoarseQueries, a.nq - q0);
+    float* norms = qs + kCoarseQueries * d;
+    for (int i = tid; i < nqb * d; i += kThreads)
+        qs[i] = a.queries[static_cast<int64_t>(q0) * d + i];
+    __syncthreads();
+    if (warp < nqb) {
+        float* qv = qs + warp * d;
+        if (a.metric == Metric::Cosine)
+            warp_normalize(qv, d, lane);
+        __syncwarp();
+        const float n = warp_sqr_norm(qv, d, lane);
+        if (lane == 0)
+            norms[warp] = n;
+    }
+    __syncthreads();
+    const int c = static_cast<int>(blockIdx.x) * kThreads + tid;
+    if (c >= a.lists)
+        return;
+    const bool ip = a.metric == Metric::InnerProduct;
+    const float* row = a.centroids + static_cast<int64_t>(c) * d;
+    float acc[kCoarseQueries];
+#pragma unroll
+    for (int i = 0; i < kCoarseQueries; ++i)
+        acc[i] = 0.0f;
+    for (int j = 0; j < d; ++j) {
+        const float x = __ldg(row + j);
+#pragma unroll
+        for (int i = 0; i < kCoarseQueries; ++i)
+            acc[i] = fmaf(qs[i * d + j], x, acc[i]);  // rows past nqb: never stored
+    }
+    const float cn = ip ? 0.0f : __ldg(a.centroid_norms + c);
+#pragma unroll
+    for (int i = 0; i < kCoarseQueries; ++i) {
+        if (i >= nqb)
+            break;
+        const float key = ip ? fmaxf(fminf(fmaf(-1.0f, acc[i], 0.0f), kOverflowDistance), -INFINITY)
+                             : fmaxf(fminf(fmaf(-2.0f, acc[i], norms[i] + cn), kOverflowDistance), 0.0f);
+        keys[static_cast<int64_t>(q0 + i) * a.lists + c] = key;
+    }
+}
+
 int device_attribute(cudaDeviceAttr attr)
 {
     int dev = 0, v = 0;
@@ -1271,6 +1345,20 @@ SmallOccupancy small_search_occupancy(const SmallSearchArgs& a, int cluster, siz
                             : cudaFuncGetAttributes(&attr, small_search_kernel<kSmallSearchMaxK>));
     o.registers = attr.numRegs;
     return o;
+}
+
+void launch_coarse_keys(const SmallSearchArgs& a, float* keys, cudaStream_t st)
+{
+    if (a.nq < 1)
+        return;
+    const size_t smem = (static_cast<size_t>(kCoarseQueries) * a.d + kCoarseQueries) * sizeof(float);
+    if (smem > 48 * 1024)
+        GPU_CUDA_CHECK(cudaFuncSetAttribute(coarse_keys_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(smem)));
+    const dim3 grid(static_cast<unsigned>((a.lists + kThreads - 1) / kThreads),
+                    static_cast<unsigned>((a.nq + kCoarseQueries - 1) / kCoarseQueries));
+    coarse_keys_kernel<<<grid, kThreads, smem, st>>>(a, keys);
+    GPU_KERNEL_CHECK();
 }
 
 void launch_small_search(const SmallSearchArgs& a, const SmallLaunch& plan, cudaStream_t st)

@@ -24,10 +24,10 @@ using gpuivfpq::gpu::ScanAlgo;
 
 namespace {
 
-// The batches tested go past the default small_batch_max: the tests raise
-// it to this (the path's answers do not depend on where the dispatch
+// The tests set small_batch_max to this (the default's value, set
+// explicitly: the path's answers must not depend on where the dispatch
 // switches).
-constexpr size_t kForcedMax = 64;
+constexpr size_t kForcedMax = 128;
 
 const Metric kMetrics[] = {Metric::L2, Metric::InnerProduct, Metric::Cosine};
 
@@ -168,6 +168,51 @@ TEST(SmallBatch, MatchesStagedPathEveryMetricAndWidth)
                                         " nprobe=" + std::to_string(nprobe));
                     }
                 check_against_cpu(f, *idx, q, 100, 8, what + " cpu nq=" + std::to_string(nq));
+            }
+        }
+}
+
+// The batch's coarse keys computed once for all its queries (from
+// kSharedCoarseMinQueries on) or by each query's blocks: the same answers
+// bit for bit, every metric, d of 128, 40 (no 16-byte rows) and 33 (odd),
+// batches on both sides of the threshold, whole and partial blocks of 8
+// queries (run on an H200 with the threshold at 16, batches 15 to 70).
+TEST(SmallBatch, SharedCoarseKeysSameBits)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(3131);
+    struct Shape {
+        size_t d, m;
+    };
+    const Shape shapes[] = {{128, 32}, {40, 5}, {33, 3}};
+    for (Metric metric : kMetrics)
+        for (const Shape& sh : shapes) {
+            const std::string what = shape(
+                "shared coarse", {{"d", double(sh.d)}, {"m", double(sh.m)}, {"metric", double(int(metric))}},
+                s + sh.m);
+            SCOPED_TRACE(what);
+            ExactFixture f(sh.d, 300, sh.m, 5000, 70, metric, s + sh.m);
+            auto idx = f.empty({});
+            f.add_rows(*idx, 0, f.n);
+            for (size_t nq : {15, 16, 40, 47, 48, 49, 70}) {
+                idx->set_small_batch_max(kForcedMax);
+                const std::vector<float> q = first_queries(f, nq);
+                const size_t k = 100, nprobe = 12;
+                std::vector<double> d[2];
+                std::vector<int64_t> l[2];
+                for (int shared = 0; shared < 2; ++shared) {
+                    idx->set_small_shared_coarse(shared == 1);
+                    ASSERT_TRUE(idx->small_batch_path(nq, k, nprobe));
+                    d[shared].assign(nq * k, -1.0);
+                    l[shared].assign(nq * k, -5);
+                    idx->search_exact(q.data(), nq, k, nprobe, d[shared].data(), l[shared].data());
+                }
+                for (size_t e = 0; e < nq * k; ++e) {
+                    ASSERT_EQ(l[1][e], l[0][e]) << "nq " << nq << " entry " << e;
+                    ASSERT_EQ(bits_of(d[1][e]), bits_of(d[0][e])) << "nq " << nq << " entry " << e;
+                }
+                idx->set_small_shared_coarse(true);
+                check_small(f, *idx, q, k, nprobe, what + " nq=" + std::to_string(nq));
             }
         }
 }

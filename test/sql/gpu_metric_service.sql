@@ -60,6 +60,15 @@ SELECT gpu_metric_prewarm('svc_idx') AS live_words;
 SELECT kind, entries, size_mb > 0 AS has_size, array_length(devices, 1) >= 1 AS on_gpus
 FROM gpu_ivfpq_mirrors WHERE index = 'svc_idx';
 SELECT * FROM svc_compare();
+-- Scans reach the GPU process directly; the views follow within 100 ms.
+DO $$
+BEGIN
+  FOR i IN 1..100 LOOP
+    PERFORM 1 FROM gpu_ivfpq_mirrors WHERE index = 'svc_idx' AND queries > 0;
+    IF FOUND THEN RETURN; END IF;
+    PERFORM pg_sleep(0.1);
+  END LOOP;
+END $$;
 SELECT queries > 0 AS searched FROM gpu_ivfpq_mirrors WHERE index = 'svc_idx';
 
 -- Inserts, deletes and VACUUM: the next search mirrors the index as the

@@ -93,6 +93,11 @@ struct GpuIvfPqOptions {
     // clusters of one block per multiprocessor no longer all fit at once
     // (gpu_bench --stages, bench/gpu/results/kernel-stages).
     bool small_spread = false;
+    // One-launch path, batches of 48 queries or more: the batch's coarse
+    // keys computed first by a kernel of their own (each centroid row read
+    // once per 8 queries) instead of by each query's blocks. Same answers
+    // either way (bench aid to compare).
+    bool small_shared_coarse = true;
 };
 
 struct GpuMemoryUse {
@@ -170,6 +175,7 @@ public:
     void set_small_batch_max(size_t queries);  // GpuIvfPqOptions::small_batch_max
     void set_small_cluster(int blocks);        // GpuIvfPqOptions::small_cluster: 0, or 1 .. 16
     void set_small_spread(bool on);            // GpuIvfPqOptions::small_spread
+    void set_small_shared_coarse(bool on);     // GpuIvfPqOptions::small_shared_coarse
     // Whether a search_exact of nq queries with this k and nprobe would run
     // as one launch (test and bench aid).
     bool small_batch_path(size_t nq, size_t k, size_t nprobe) const;
