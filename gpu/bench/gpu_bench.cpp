@@ -571,13 +571,13 @@ int main(int argc, char** argv)
             idx.set_small_spread(GpuIvfPqOptions().small_spread);
             std::printf("\n");
             // The batch's coarse keys computed once for all its queries
-            // (from kSharedCoarseMinQueries on, the default) or by each
+            // (forced from one query on) or by each
             // query's blocks: wall time per call, and the same answers.
             idx.set_small_batch_max(256);
             std::printf("## one launch, coarse keys shared by the batch / per query (us per call, graphs on, "
                         "pinned; means of %d calls)\n\n| batch | shared | per query | same answers |\n"
                         "|---|---|---|---|\n", calls);
-            for (size_t b : {size_t(48), size_t(64), size_t(96), size_t(128)}) {
+            for (size_t b : {size_t(16), size_t(24), size_t(32), size_t(48), size_t(64), size_t(96), size_t(128)}) {
                 if (b > nq)
                     continue;
                 PinnedCall call(hq, b, d, kk);
@@ -585,7 +585,7 @@ int main(int argc, char** argv)
                 std::vector<int64_t> l[2];
                 std::vector<double> dd[2];
                 for (int shared = 1; shared >= 0; --shared) {
-                    idx.set_small_shared_coarse(shared == 1);
+                    idx.set_small_shared_coarse_from(shared == 1 ? 1 : 0);
                     us[shared] = timed(call, b);
                     l[shared].assign(call.labels, call.labels + b * kk);
                     dd[shared].assign(call.dist, call.dist + b * kk);
@@ -595,7 +595,7 @@ int main(int argc, char** argv)
                 std::printf("| %zu | %.1f | %.1f | %s |\n", b, us[1], us[0], same ? "yes" : "NO");
                 std::fflush(stdout);
             }
-            idx.set_small_shared_coarse(GpuIvfPqOptions().small_shared_coarse);
+            idx.set_small_shared_coarse_from(GpuIvfPqOptions().small_shared_coarse_from);
             idx.set_small_batch_max(default_small);
             std::printf("\n");
         }

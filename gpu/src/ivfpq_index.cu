@@ -353,7 +353,7 @@ struct GpuIvfPqIndex::Impl {
                                  opt.scan == ScanAlgo::TwoPass || table_mode() != kTableQuery ? max_len : 0,
                                  reinterpret_cast<uintptr_t>(c.arena), c.arena_bytes, c.arena_generation,
                                  c.arena_top, opt.small_batch_max, static_cast<uint64_t>(opt.small_cluster),
-                                 opt.small_spread, opt.small_shared_coarse};
+                                 opt.small_spread, opt.small_shared_coarse_from};
         for (int i = 0; i < 6; ++i)
             key.push_back(reinterpret_cast<uintptr_t>(staged[i]));
         for (const DeviceBuffer* b : {&centroids, &centroid_norms, &codebooks, &term1, &code_ptrs, &id_ptrs,
@@ -623,7 +623,7 @@ void GpuIvfPqIndex::set_small_cluster(int blocks)
 
 void GpuIvfPqIndex::set_small_spread(bool on) { impl_->opt.small_spread = on; }
 
-void GpuIvfPqIndex::set_small_shared_coarse(bool on) { impl_->opt.small_shared_coarse = on; }
+void GpuIvfPqIndex::set_small_shared_coarse_from(size_t queries) { impl_->opt.small_shared_coarse_from = queries; }
 
 bool GpuIvfPqIndex::small_batch_path(size_t nq, size_t k, size_t nprobe) const
 {
@@ -1101,11 +1101,11 @@ void GpuIvfPqIndex::search_exact_device(const float* queries, size_t nq, size_t 
         a.out_dist = dist;
         a.out_labels = labels;
         a.trace = I.small_trace.as<unsigned long long>();
-        // From kSharedCoarseMinQueries on, the batch's coarse keys first,
-        // each centroid row read once per 8 queries (each query's blocks
-        // read all of them: 64 MB from L2 at batch 32).
+        // From small_shared_coarse_from queries on, the batch's coarse keys
+        // first, each centroid row read once per 8 queries (each query's
+        // blocks read all of them: 64 MB from L2 at batch 32).
         std::optional<Scratch> keys;
-        if (nq >= static_cast<size_t>(kSharedCoarseMinQueries) && I.opt.small_shared_coarse) {
+        if (I.opt.small_shared_coarse_from > 0 && nq >= I.opt.small_shared_coarse_from) {
             keys.emplace(I.ctx, nq * I.lists * sizeof(float));
             a.coarse_keys = static_cast<const float*>(keys->data());
             launch_coarse_keys(a, static_cast<float*>(keys->data()), I.st());

@@ -207,6 +207,72 @@ __device__ __forceinline__ int tile_at(int row, int col)
     return row * 32 + ((((col >> 2) ^ row) & 7) << 2) + (col & 3);
 }
 
+// The coarse step's dot products for the `rows` (<= 32) centroid rows at
+// base (d floats each), a lane a row: acc[i] += <query i, row lane> for the
+// Q queries at qv + i * qstride (shared memory), every sum in column order
+// with fmaf. The warp takes 32 columns at a time through tile (32 x 32
+// floats of shared memory, tile_at's swizzle): coalesced loads,
+// conflict-free 16-byte reads. Called by the whole warp.
+template <int Q>
+__device__ __forceinline__ void coarse_rows(const float* base, int rows, int d, const float* qv, int qstride,
+                                            float* tile, int lane, float (&acc)[Q])
+{
+    for (int j0 = 0; j0 < d; j0 += 32) {
+        const int w = min(32, d - j0);
+        __syncwarp();  // the previous chunk read
+        if ((d & 3) == 0) {
+#pragma unroll 4
+            for (int f = lane; f < 32 * 8; f += 32) {
+                const int row = f >> 3, c4 = (f & 7) * 4;
+                if (row < rows && c4 < w) {
+                    const float4 x =
+                        __ldg(reinterpret_cast<const float4*>(base + static_cast<int64_t>(row) * d + j0 + c4));
+                    *reinterpret_cast<float4*>(tile + tile_at(row, c4)) = x;
+                }
+            }
+        } else {
+            for (int f = lane; f < 32 * 32; f += 32) {
+                const int row = f >> 5, col = f & 31;
+                if (row < rows && col < w)
+                    tile[tile_at(row, col)] = __ldg(base + static_cast<int64_t>(row) * d + j0 + col);
+            }
+        }
+        __syncwarp();
+        if (lane < rows) {
+            if (w == 32) {
+                // Four columns per shared load, in column order.
+#pragma unroll
+                for (int c4 = 0; c4 < 32; c4 += 4) {
+                    const float4 t4 = *reinterpret_cast<const float4*>(tile + tile_at(lane, c4));
+#pragma unroll
+                    for (int i = 0; i < Q; ++i) {
+                        const float4 q4 = *reinterpret_cast<const float4*>(qv + i * qstride + j0 + c4);
+                        acc[i] = fmaf(q4.x, t4.x, acc[i]);
+                        acc[i] = fmaf(q4.y, t4.y, acc[i]);
+                        acc[i] = fmaf(q4.z, t4.z, acc[i]);
+                        acc[i] = fmaf(q4.w, t4.w, acc[i]);
+                    }
+                }
+            } else {
+                for (int col = 0; col < w; ++col) {
+                    const float t = tile[tile_at(lane, col)];
+#pragma unroll
+                    for (int i = 0; i < Q; ++i)
+                        acc[i] = fmaf(qv[i * qstride + j0 + col], t, acc[i]);
+                }
+            }
+        }
+    }
+}
+
+// A coarse key from the dot product s of the query with centroid c: the
+// GEMM form exact_knn's selection makes (rn: the query's squared norm).
+__device__ __forceinline__ float coarse_key(const SmallSearchArgs& a, bool ip, float s, float rn, int c)
+{
+    return ip ? fmaxf(fminf(fmaf(-1.0f, s, 0.0f), kOverflowDistance), -INFINITY)
+              : fmaxf(fminf(fmaf(-2.0f, s, rn + __ldg(a.centroid_norms + c)), kOverflowDistance), 0.0f);
+}
+
 // Bench aid: the scan selection's own phase ends, at tr[0 .. 3] (null: off).
 #define SELECT_TRACE(i)                           \
     do {                                          \
@@ -765,53 +831,11 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
         const float rn = ip ? 0.0f : *qnorm;
         for (int g = c0 + warp * 32; g < c1; g += kWarps * 32) {  // uniform over the warp
             const int c = g + lane;
-            const int rows = min(32, c1 - g);
-            const float* base = a.centroids + static_cast<int64_t>(g) * d;
-            float s = 0.0f;
-            for (int j0 = 0; j0 < d; j0 += 32) {
-                const int w = min(32, d - j0);
-                __syncwarp();  // the previous chunk read
-                if ((d & 3) == 0) {
-#pragma unroll 4
-                    for (int f = lane; f < 32 * 8; f += 32) {
-                        const int row = f >> 3, c4 = (f & 7) * 4;
-                        if (row < rows && c4 < w) {
-                            const float4 x =
-                                __ldg(reinterpret_cast<const float4*>(base + static_cast<int64_t>(row) * d + j0 + c4));
-                            *reinterpret_cast<float4*>(tile + tile_at(row, c4)) = x;
-                        }
-                    }
-                } else {
-                    for (int f = lane; f < 32 * 32; f += 32) {
-                        const int row = f >> 5, col = f & 31;
-                        if (row < rows && col < w)
-                            tile[tile_at(row, col)] = __ldg(base + static_cast<int64_t>(row) * d + j0 + col);
-                    }
-                }
-                __syncwarp();
-                if (lane < rows) {
-                    if (w == 32) {
-                        // Four columns per shared load, in column order.
-#pragma unroll
-                        for (int c4 = 0; c4 < 32; c4 += 4) {
-                            const float4 t4 = *reinterpret_cast<const float4*>(tile + tile_at(lane, c4));
-                            const float4 q4 = *reinterpret_cast<const float4*>(qv + j0 + c4);
-                            s = fmaf(q4.x, t4.x, s);
-                            s = fmaf(q4.y, t4.y, s);
-                            s = fmaf(q4.z, t4.z, s);
-                            s = fmaf(q4.w, t4.w, s);
-                        }
-                    } else {
-                        for (int col = 0; col < w; ++col)
-                            s = fmaf(qv[j0 + col], tile[tile_at(lane, col)], s);
-                    }
-                }
-            }
+            float s[1] = {0.0f};
+            coarse_rows<1>(a.centroids + static_cast<int64_t>(g) * d, min(32, c1 - g), d, qv, 0, tile, lane, s);
             float key = INFINITY;
             if (c < c1) {
-                key = ip ? fmaxf(fminf(fmaf(-1.0f, s, 0.0f), kOverflowDistance), -INFINITY)
-                         : fmaxf(fminf(fmaf(-2.0f, s, rn + __ldg(a.centroid_norms + c)), kOverflowDistance),
-                                 0.0f);
+                key = coarse_key(a, ip, s[0], rn, c);
                 if (coarse_smem)
                     keybuf[c - c0] = key;
             }
@@ -1131,57 +1155,55 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
 }
 
 // A batch's coarse keys (launch_coarse_keys): a block takes kCoarseQueries
-// queries and kThreads centroids, a thread a centroid, its row read once
-// for those queries. The query is what the one-launch kernel's coarse step
-// sees (normalised by warp_normalize for cosine, its squared norm by
-// warp_sqr_norm), the products summed in column order with fmaf and the
-// key made with the same clamps, so that every key has the kernel's bits.
+// queries and kCoarseRows centroids, a warp 32 rows at a time through its
+// tile (coarse_rows, as the one-launch kernel reads them), each row read
+// once for those queries. The query is what the one-launch kernel's coarse
+// step sees (normalised by warp_normalize for cosine, its squared norm by
+// warp_sqr_norm), and the sums and keys are made by the same code, so that
+// every key has the kernel's bits.
 constexpr int kCoarseQueries = kWarps;  // a warp prepares each query
+constexpr int kCoarseRows = kWarps * 32;  // centroids a block: 32 a warp
 
 __global__ void __launch_bounds__(kThreads) coarse_keys_kernel(SmallSearchArgs a, float* keys)
 {
-    extern __shared__ float qs[];  // kCoarseQueries x d, then their squared norms
+    extern __shared__ __align__(16) float qs[];  // tiles, then kCoarseQueries x d, then their squared norms
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int d = a.d;
+    const int ds = (d + 3) / 4 * 4;  // a query's stride: its 16-byte reads aligned
     const int q0 = static_cast<int>(blockIdx.y) * kCoarseQueries;
     const int nqb = min(kCoarseQueries, a.nq - q0);
-    float* norms = qs + kCoarseQueries * d;
-    for (int i = tid; i < nqb * d; i += kThreads)
-        qs[i] = a.queries[static_cast<int64_t>(q0) * d + i];
+    float* tile = qs + warp * 32 * 32;
+    float* qv = qs + kWarps * 32 * 32;
+    float* norms = qv + kCoarseQueries * ds;
+    for (int i = tid; i < kCoarseQueries * ds; i += kThreads) {
+        const int qi = i / ds, j = i - qi * ds;
+        qv[i] = qi < nqb && j < d ? a.queries[static_cast<int64_t>(q0 + qi) * d + j] : 0.0f;
+    }
     __syncthreads();
     if (warp < nqb) {
-        float* qv = qs + warp * d;
+        float* v = qv + warp * ds;
         if (a.metric == Metric::Cosine)
-            warp_normalize(qv, d, lane);
+            warp_normalize(v, d, lane);
         __syncwarp();
-        const float n = warp_sqr_norm(qv, d, lane);
+        const float n = warp_sqr_norm(v, d, lane);
         if (lane == 0)
             norms[warp] = n;
     }
     __syncthreads();
-    const int c = static_cast<int>(blockIdx.x) * kThreads + tid;
-    if (c >= a.lists)
-        return;
     const bool ip = a.metric == Metric::InnerProduct;
-    const float* row = a.centroids + static_cast<int64_t>(c) * d;
-    float acc[kCoarseQueries];
-#pragma unroll
-    for (int i = 0; i < kCoarseQueries; ++i)
-        acc[i] = 0.0f;
-    for (int j = 0; j < d; ++j) {
-        const float x = __ldg(row + j);
+    const int r0 = static_cast<int>(blockIdx.x) * kCoarseRows;
+    const int r1 = min(a.lists, r0 + kCoarseRows);
+    for (int g = r0 + warp * 32; g < r1; g += kWarps * 32) {  // uniform over the warp
+        float acc[kCoarseQueries];
 #pragma unroll
         for (int i = 0; i < kCoarseQueries; ++i)
-            acc[i] = fmaf(qs[i * d + j], x, acc[i]);  // rows past nqb: never stored
-    }
-    const float cn = ip ? 0.0f : __ldg(a.centroid_norms + c);
-#pragma unroll
-    for (int i = 0; i < kCoarseQueries; ++i) {
-        if (i >= nqb)
-            break;
-        const float key = ip ? fmaxf(fminf(fmaf(-1.0f, acc[i], 0.0f), kOverflowDistance), -INFINITY)
-                             : fmaxf(fminf(fmaf(-2.0f, acc[i], norms[i] + cn), kOverflowDistance), 0.0f);
-        keys[static_cast<int64_t>(q0 + i) * a.lists + c] = key;
+            acc[i] = 0.0f;
+        coarse_rows<kCoarseQueries>(a.centroids + static_cast<int64_t>(g) * d, min(32, r1 - g), d, qv, ds, tile,
+                                    lane, acc);
+        const int c = g + lane;
+        if (c < r1)
+            for (int i = 0; i < nqb; ++i)
+                keys[static_cast<int64_t>(q0 + i) * a.lists + c] = coarse_key(a, ip, acc[i], ip ? 0.0f : norms[i], c);
     }
 }
 
@@ -1351,11 +1373,13 @@ void launch_coarse_keys(const SmallSearchArgs& a, float* keys, cudaStream_t st)
 {
     if (a.nq < 1)
         return;
-    const size_t smem = (static_cast<size_t>(kCoarseQueries) * a.d + kCoarseQueries) * sizeof(float);
+    const size_t smem = (static_cast<size_t>(kWarps) * 32 * 32 +
+                         static_cast<size_t>(kCoarseQueries) * ((a.d + 3) / 4 * 4) + kCoarseQueries) *
+                        sizeof(float);
     if (smem > 48 * 1024)
         GPU_CUDA_CHECK(cudaFuncSetAttribute(coarse_keys_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(smem)));
-    const dim3 grid(static_cast<unsigned>((a.lists + kThreads - 1) / kThreads),
+    const dim3 grid(static_cast<unsigned>((a.lists + kCoarseRows - 1) / kCoarseRows),
                     static_cast<unsigned>((a.nq + kCoarseQueries - 1) / kCoarseQueries));
     coarse_keys_kernel<<<grid, kThreads, smem, st>>>(a, keys);
     GPU_KERNEL_CHECK();

@@ -85,17 +85,10 @@ struct SmallOccupancy {
 };
 SmallOccupancy small_search_occupancy(const SmallSearchArgs& a, int cluster, size_t smem);
 
-// From this many queries a batch's coarse keys are computed once, for all
-// its queries (launch_coarse_keys), before the one launch: each centroid
-// row is then read once per 8 queries instead of once per query. Measured
-// on an H200 (IVF4096,PQ32, nprobe 32, 100 candidates; wall us per call,
-// shared / per query): 16: 109.9 / 100.4, 32: 136.7 / 137.5, 48: 173.1 /
-// 180.9, 64: 205.2 / 221.9, 128: 292.7 / 317.4. The keys kernel takes ~31
-// us whatever the batch (a thread a centroid row, read uncoalesced): below
-// 48 queries it costs more than it saves.
-constexpr int kSharedCoarseMinQueries = 48;
 
-// The coarse keys of a's nq queries into keys (nq x a.lists, device): for
+// The coarse keys of a's nq queries into keys (nq x a.lists, device), from
+// GpuIvfPqOptions::small_shared_coarse_from queries on: each centroid row
+// read once per 8 queries instead of once per query. For
 // query q and centroid c the key the one-launch kernel's coarse step makes,
 // bit for bit (the query as it sees it, the dot product summed in column
 // order, the same transform).

@@ -172,11 +172,10 @@ TEST(SmallBatch, MatchesStagedPathEveryMetricAndWidth)
         }
 }
 
-// The batch's coarse keys computed once for all its queries (from
-// kSharedCoarseMinQueries on) or by each query's blocks: the same answers
-// bit for bit, every metric, d of 128, 40 (no 16-byte rows) and 33 (odd),
-// batches on both sides of the threshold, whole and partial blocks of 8
-// queries (run on an H200 with the threshold at 16, batches 15 to 70).
+// The batch's coarse keys computed once for all its queries (forced from
+// one query on) or by each query's blocks: the same answers bit for bit,
+// every metric, d of 128, 40 (no 16-byte rows) and 33 (odd), whole and
+// partial blocks of 8 queries.
 TEST(SmallBatch, SharedCoarseKeysSameBits)
 {
     GPU_REQUIRE_DEVICE();
@@ -194,14 +193,14 @@ TEST(SmallBatch, SharedCoarseKeysSameBits)
             ExactFixture f(sh.d, 300, sh.m, 5000, 70, metric, s + sh.m);
             auto idx = f.empty({});
             f.add_rows(*idx, 0, f.n);
-            for (size_t nq : {15, 16, 40, 47, 48, 49, 70}) {
+            for (size_t nq : {1, 2, 9, 16, 40, 48, 70}) {
                 idx->set_small_batch_max(kForcedMax);
                 const std::vector<float> q = first_queries(f, nq);
                 const size_t k = 100, nprobe = 12;
                 std::vector<double> d[2];
                 std::vector<int64_t> l[2];
                 for (int shared = 0; shared < 2; ++shared) {
-                    idx->set_small_shared_coarse(shared == 1);
+                    idx->set_small_shared_coarse_from(shared == 1 ? 1 : 0);
                     ASSERT_TRUE(idx->small_batch_path(nq, k, nprobe));
                     d[shared].assign(nq * k, -1.0);
                     l[shared].assign(nq * k, -5);
@@ -211,7 +210,7 @@ TEST(SmallBatch, SharedCoarseKeysSameBits)
                     ASSERT_EQ(l[1][e], l[0][e]) << "nq " << nq << " entry " << e;
                     ASSERT_EQ(bits_of(d[1][e]), bits_of(d[0][e])) << "nq " << nq << " entry " << e;
                 }
-                idx->set_small_shared_coarse(true);
+                idx->set_small_shared_coarse_from(GpuIvfPqOptions().small_shared_coarse_from);
                 check_small(f, *idx, q, k, nprobe, what + " nq=" + std::to_string(nq));
             }
         }

@@ -74,13 +74,13 @@ struct GpuIvfPqOptions {
     // allows (per-vector or inner-product tables in fp32, not the two-pass
     // scan, k and nprobe up to 128, the table in shared memory); larger
     // batches and other shapes run the staged pipeline. Same answers either
-    // way (up to ties at the k-th ADC candidate). 128: on an H200 (IVF4096,
-    // PQ32, nprobe 32, 100 candidates) the one launch takes 0.42x the staged
-    // pipeline's device time at batch 1, 0.67x at 32, 0.90x at 64, 0.93x at
-    // 128 and 1.15x at 256 (gpu_bench --stages, one run:
-    // bench/gpu/results/kernel-stages; 32 before its clusters were sized to
-    // be resident at once, when it took 1.02x at 64). 0 turns the path off.
-    size_t small_batch_max = 128;
+    // way (up to ties at the k-th ADC candidate). 256 (the service's
+    // largest batch): on an H200 (IVF4096,PQ32, nprobe 32, 100 candidates)
+    // the one launch takes 0.43x the staged pipeline's device time at batch
+    // 1, 0.61x at 16, 0.68x at 32, 0.78x at 64, 0.78x at 128 and 0.93x at
+    // 256 (gpu_bench --stages, one run: bench/gpu/results/kernel-stages).
+    // 0 turns the path off.
+    size_t small_batch_max = 256;
     // One-launch path: blocks per query. 0 chooses them from the batch and
     // the device (see small_search_plan); any size from 1 to 16 forces it
     // (bench and test aid: the answers are the same for every value).
@@ -93,11 +93,14 @@ struct GpuIvfPqOptions {
     // clusters of one block per multiprocessor no longer all fit at once
     // (gpu_bench --stages, bench/gpu/results/kernel-stages).
     bool small_spread = false;
-    // One-launch path, batches of 48 queries or more: the batch's coarse
-    // keys computed first by a kernel of their own (each centroid row read
-    // once per 8 queries) instead of by each query's blocks. Same answers
-    // either way (bench aid to compare).
-    bool small_shared_coarse = true;
+    // One-launch path, batches of this many queries or more: the batch's
+    // coarse keys computed first by a kernel of their own (each centroid
+    // row read once per 8 queries) instead of by each query's blocks; 0:
+    // never. Same answers either way. 32: on an H200 (as above; wall us per
+    // call, shared / per query) 16: 97.3 / 98.0, 24: 106.3 / 106.7, 32:
+    // 123.9 / 132.4, 64: 193.1 / 225.6, 128: 245.4 / 299.7 (gpu_bench
+    // --stages, its table "coarse keys shared by the batch / per query").
+    size_t small_shared_coarse_from = 32;
 };
 
 struct GpuMemoryUse {
@@ -175,7 +178,7 @@ public:
     void set_small_batch_max(size_t queries);  // GpuIvfPqOptions::small_batch_max
     void set_small_cluster(int blocks);        // GpuIvfPqOptions::small_cluster: 0, or 1 .. 16
     void set_small_spread(bool on);            // GpuIvfPqOptions::small_spread
-    void set_small_shared_coarse(bool on);     // GpuIvfPqOptions::small_shared_coarse
+    void set_small_shared_coarse_from(size_t queries);  // GpuIvfPqOptions::small_shared_coarse_from
     // Whether a search_exact of nq queries with this k and nprobe would run
     // as one launch (test and bench aid).
     bool small_batch_path(size_t nq, size_t k, size_t nprobe) const;
