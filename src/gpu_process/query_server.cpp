@@ -33,6 +33,9 @@ const char* request_invalid(const queue::SearchRequest& r, const char* payload)
         if (r.nq == 0 || r.ncps > queue::kPayload ||
             !metric_request_sound(r.nq, int64_t(r.ncps), r.nradii, r.k, payload, queue::kPayload, &l))
             return "GPU process: a malformed queued gpu_metric search";
+        // k hits a query could never come back in a slot (backends ask the service for larger ones).
+        if (uint64_t(r.nq) * r.k * 2 * sizeof(uint32_t) > queue::kPayload)
+            return "GPU process: a queued gpu_metric search asks for more neighbours than a slot holds";
         return nullptr;
     }
     if (r.kind != uint32_t(queue::Kind::Knn))

@@ -415,7 +415,7 @@ TEST(QueryServer, MetricSearchesBatchedPerMirrorAndKind)
     ASSERT_NE(store.load_metric(key, state.spec), nullptr);
     const MirrorKey ivf_key{1, 21, 121, 1};
     ASSERT_NE(load_fixture(store, f, ivf_key), nullptr);
-    Segment seg(12);
+    Segment seg(13);
     gpuproc::DeviceLock lock;
     gpuproc::QueryServer server(seg.q, store, devices, lock, nullptr, 0);
 
@@ -441,12 +441,14 @@ TEST(QueryServer, MetricSearchesBatchedPerMirrorAndKind)
     }
     fill_metric(seg.q, 9, key, part(0, 1), 0, {1, 2});
     fill_metric(seg.q, 10, key, part(0, 1), 2, {1});
+    // A k-NN with more neighbours than a slot could hold.
+    fill_metric(seg.q, 12, key, part(0, 1), 1u << 30, {});
     // A scan round of the IVFPQ mirror in the same pass.
     fill(seg.q, 11, ivf_key, f.x.data(), uint32_t(f.d), 5, 2);
-    for (uint32_t i = 0; i < 12; i++)
+    for (uint32_t i = 0; i < 13; i++)
         seg.q.submit(i);
     ASSERT_TRUE(server.serve_once(0));
-    for (uint32_t i = 0; i < 12; i++)
+    for (uint32_t i = 0; i < 13; i++)
         ASSERT_TRUE(seg.q.wait_done(i, 1)) << i;
 
     const std::string what = "seed=" + std::to_string(seed);
@@ -467,7 +469,7 @@ TEST(QueryServer, MetricSearchesBatchedPerMirrorAndKind)
     EXPECT_EQ(big.result, int32_t(queue::Result::Ok));
     EXPECT_EQ(big.needed, metric_search_layout(12, seg.q.slot(6).req.ncps, 1).hits + 12 * lc.live() * 8);
     EXPECT_EQ(seg.q.slot(7).ans.result, int32_t(queue::Result::NotLoaded));
-    for (uint32_t i : {8u, 9u, 10u})
+    for (uint32_t i : {8u, 9u, 10u, 12u})
         EXPECT_EQ(seg.q.slot(i).ans.result, int32_t(queue::Result::Error)) << i;
     EXPECT_EQ(seg.q.slot(11).ans.result, int32_t(queue::Result::Ok));
     EXPECT_EQ(seg.q.slot(11).ans.batch, 1u);
