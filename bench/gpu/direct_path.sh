@@ -83,27 +83,59 @@ bench() {
   rm -rf "$dir"
 }
 stat() { psql -qAtc "SELECT coalesce($1, 0) FROM gpu_ivfpq_status"; }
+# cpu: "busy_jiffies total_jiffies gpu_process_jiffies" (the host's CPUs, and the GPU process's own).
+cpu() {
+  local gp
+  gp=$(stat gpu_process_pid)
+  awk -v g="$( [ -r "/proc/$gp/stat" ] && awk '{ print $14 + $15 }' "/proc/$gp/stat" || echo 0)" \
+    '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; printf "%d %d %d\n", t - $5 - $6, t, g; exit }' /proc/stat
+}
 snap() { psql -qAtc "SELECT queued_searches, coalesce(mean_queue_wait_us * queued_searches, 0), coalesce(mean_log_wait_us * queued_searches, 0), batches, queries_gpu, queries_cpu, gpu_fallbacks FROM gpu_ivfpq_status"; }
 
 say ""
 say "## k-NN against the same-shape ceiling (10-row key range) and SELECT 1"
-say "| clients | k-NN QPS | k-NN p50 ms | ceiling QPS | ceiling p50 ms | k-NN / ceiling | SELECT 1 QPS | mean batch | queue wait us | GPU us per batch | delivery us per batch |"
-say "|---|---|---|---|---|---|---|---|---|---|---|"
+say "(CPU busy: the host's CPUs during the k-NN row, then the ceiling's; GPU process cores: its threads' CPU time over the k-NN row's)"
+say "| clients | k-NN QPS | k-NN p50 ms | ceiling QPS | ceiling p50 ms | k-NN / ceiling | SELECT 1 QPS | mean batch | queue wait us | GPU us per batch | delivery us per batch | CPU busy k-NN / ceiling | GPU process cores |"
+say "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for c in 1 64 128; do
   IFS='|' read -r s0 w0 _ b0 q0 _ _ < <(snap)
   g0=$(stat "mean_gpu_us * batches"); d0=$(stat "mean_deliver_us * batches")
+  read -r cb0 ct0 cg0 < <(cpu)
   read -r knn knn50 < <(bench "$c" "$work/knn.sql")
+  read -r cb1 ct1 cg1 < <(cpu)
   IFS='|' read -r s1 w1 _ b1 q1 _ _ < <(snap)
   g1=$(stat "mean_gpu_us * batches"); d1=$(stat "mean_deliver_us * batches")
+  read -r rb0 rt0 _ < <(cpu)
   read -r ceil ceil50 < <(bench "$c" "$work/range.sql")
+  read -r rb1 rt1 _ < <(cpu)
   read -r one _ < <(bench "$c" "$work/one.sql" 5)
   say "$(awk -v c="$c" -v k="$knn" -v k50="$knn50" -v r="$ceil" -v r50="$ceil50" -v one="$one" \
-    -v s="$((s1 - s0))" -v w="$w0 $w1" -v b="$((b1 - b0))" -v q="$((q1 - q0))" -v g="$g0 $g1" -v d="$d0 $d1" 'BEGIN {
-      split(w, W, " "); split(g, G, " "); split(d, D, " ");
-      printf "| %d | %d | %.3f | %d | %.3f | %.2f | %d | %.1f | %.1f | %.1f | %.1f |", c, k, k50, r, r50, (r > 0 ? k / r : 0), one,
-        (b > 0 ? q / b : 0), (s > 0 ? (W[2] - W[1]) / s : 0), (b > 0 ? (G[2] - G[1]) / b : 0), (b > 0 ? (D[2] - D[1]) / b : 0) }')"
+    -v s="$((s1 - s0))" -v w="$w0 $w1" -v b="$((b1 - b0))" -v q="$((q1 - q0))" -v g="$g0 $g1" -v d="$d0 $d1" \
+    -v kb="$((cb1 - cb0)) $((ct1 - ct0)) $((cg1 - cg0))" -v rb="$((rb1 - rb0)) $((rt1 - rt0))" -v ncpu="$(nproc)" 'BEGIN {
+      split(w, W, " "); split(g, G, " "); split(d, D, " "); split(kb, K, " "); split(rb, R, " ");
+      printf "| %d | %d | %.3f | %d | %.3f | %.2f | %d | %.1f | %.1f | %.1f | %.1f | %.2f / %.2f | %.2f |", c, k, k50, r, r50, (r > 0 ? k / r : 0), one,
+        (b > 0 ? q / b : 0), (s > 0 ? (W[2] - W[1]) / s : 0), (b > 0 ? (G[2] - G[1]) / b : 0), (b > 0 ? (D[2] - D[1]) / b : 0),
+        (K[2] > 0 ? K[1] / K[2] : 0), (R[2] > 0 ? R[1] / R[2] : 0), (K[2] > 0 ? K[3] / K[2] * ncpu : 0) }')"
 done
 
+say ""
+say "## gpu_ivfpq.gpu_poll (how long the GPU process polls for the next search before it sleeps)"
+say "| gpu_poll us | clients | k-NN QPS | p50 ms | mean batch |"
+say "|---|---|---|---|---|"
+for p in 0 200; do
+  psql -qc "ALTER SYSTEM SET gpu_ivfpq.gpu_poll = $p" -c "SELECT pg_reload_conf()" >/dev/null
+  sleep 0.5
+  for c in 1 64; do
+    IFS='|' read -r _ _ _ b0 q0 _ _ < <(snap)
+    read -r knn knn50 < <(bench "$c" "$work/knn.sql")
+    IFS='|' read -r _ _ _ b1 q1 _ _ < <(snap)
+    say "$(awk -v p="$p" -v c="$c" -v k="$knn" -v l="$knn50" -v b="$((b1 - b0))" -v q="$((q1 - q0))" 'BEGIN {
+      printf "| %d | %d | %d | %.3f | %.1f |", p, c, k, l, (b > 0 ? q / b : 0) }')"
+  done
+done
+psql -qc "ALTER SYSTEM RESET gpu_ivfpq.gpu_poll" -c "SELECT pg_reload_conf()" >/dev/null
+
+if [ "${IN_FLIGHT:-1}" = 1 ]; then
 say ""
 say "## 64 clients by gpu_ivfpq.batches_in_flight (serving threads of the GPU process; 0: one per GPU)"
 say "| batches_in_flight | k-NN QPS | p50 ms | mean batch |"
@@ -118,6 +150,7 @@ for f in 1 2 3; do
     printf "| %d | %d | %.3f | %.1f |", f, k, p, (b > 0 ? q / b : 0) }')"
 done
 psql -qc "ALTER SYSTEM RESET gpu_ivfpq.batches_in_flight" -c "SELECT pg_reload_conf()" >/dev/null
+fi
 
 # Two lanes on one GPU: the GPU process opens GPU 0 twice (two device
 # contexts, each with its stream and a replica of the mirror), so that two

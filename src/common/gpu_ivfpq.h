@@ -22,6 +22,7 @@ extern int	gpu_ivfpq_device;
 extern int	gpu_ivfpq_gpu_memory_budget_kb;
 extern int	gpu_ivfpq_batch_size;
 extern int	gpu_ivfpq_batch_wait_us;
+extern int	gpu_ivfpq_gpu_poll_us;
 extern int	gpu_ivfpq_gpu_timeout_s;
 extern bool gpu_ivfpq_service_emulate_gpu;
 extern int	gpu_ivfpq_service_emulate_devices;

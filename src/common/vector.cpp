@@ -48,9 +48,25 @@ GpuIvfpqArrayVector(ArrayType *arr, int *dim, const char *what)
 void
 GpuIvfpqCheckFinite(const float *v, int n, const char *what)
 {
+	uint32		bad = 0;
+
+	/*
+	 * A branch-free pass first (every row the executor projects comes here
+	 * twice): an exponent of all ones is NaN or infinity. Only a vector that
+	 * holds one is walked again for the element to name.
+	 */
 	for (int i = 0; i < n; i++)
 	{
-		if (unlikely(!std::isfinite(v[i])))
+		uint32		bits;
+
+		memcpy(&bits, &v[i], sizeof(bits));
+		bad |= (uint32) ((bits & 0x7f800000) == 0x7f800000);
+	}
+	if (likely(bad == 0))
+		return;
+	for (int i = 0; i < n; i++)
+	{
+		if (!std::isfinite(v[i]))
 			ereport(ERROR,
 					(errcode(ERRCODE_DATA_EXCEPTION),
 					 errmsg("%s element %d is %s", what, i + 1,

@@ -38,7 +38,7 @@ namespace queue {
 constexpr uint32_t kMagic = 0x47495151;  // "GIQQ"
 // Raised with every change of the layout below (the GPU process program is
 // installed apart from the library that creates the segment).
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;
 constexpr size_t kPayload = 32 * 1024;  // a query in; labels and distances out
 constexpr int kHistBuckets = 8;         // batch sizes 1, 2-3, 4-7, ..., 128+
 constexpr int kQueueFd = 5;             // where the GPU process finds the segment
@@ -129,6 +129,7 @@ struct alignas(64) Header {
     alignas(64) std::atomic<uint64_t> applied{0};     // change-log position the mirrors include
     std::atomic<uint32_t> batch_size{256};            // settings, written by the service
     std::atomic<uint32_t> batch_wait_us{0};
+    std::atomic<uint32_t> poll_us{0};                 // the GPU process polls this long before it sleeps
     std::atomic<uint32_t> servers{0};                 // batches in flight at once (0: the process decides)
     std::atomic<uint32_t> gpu_pid{0};                 // the process serving the queue, 0: none
     // Per serving thread: since when its batch runs (0: none).

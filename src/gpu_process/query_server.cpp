@@ -94,7 +94,8 @@ QueryServer::QueryServer(queue::Queue q, MirrorStore& store, DeviceSet& devices,
     pthread_sigmask(SIG_BLOCK, &all, &old);
     for (int t = 0; t < threads; t++)
         threads_.emplace_back([this, t] { loop(t); });
-    deliverer_ = std::thread([this] { deliver_loop(); });
+    for (int t = 0; t < kDeliverers; t++)
+        deliverers_.emplace_back([this] { deliver_loop(); });
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
     q_.header().gpu_pid.store(uint32_t(getpid()), std::memory_order_release);
 }
@@ -108,33 +109,55 @@ QueryServer::~QueryServer()
         q_.wake_server();
         t.join();
     }
-    if (deliverer_.joinable()) {
+    {
+        std::lock_guard<std::mutex> g(deliver_mutex_);
         deliver_cv_.notify_all();
-        deliverer_.join();
     }
+    for (auto& t : deliverers_)
+        t.join();
 }
 
 void QueryServer::deliver_loop()
 {
     for (;;) {
-        Answers a;
+        Delivery d;
         {
             std::unique_lock<std::mutex> g(deliver_mutex_);
             deliver_cv_.wait(g, [&] { return stop_.load() || !to_deliver_.empty(); });
             if (to_deliver_.empty())
                 return;
-            a = std::move(to_deliver_.front());
+            d = std::move(to_deliver_.front());
             to_deliver_.pop_front();
         }
-        deliver(a);
+        deliver(*d.a, d.begin, d.end);
     }
 }
 
-void QueryServer::deliver(Answers& r)
+void QueryServer::hand_over(Answers&& a)
+{
+    const size_t nq = a.slots.size();
+    if (deliverers_.empty() || nq <= kDeliveryShare) {
+        deliver(a, 0, nq);  // a hand-over would cost more than the wake-ups
+        return;
+    }
+    const size_t shares = std::min<size_t>(kDeliverers, (nq + kDeliveryShare - 1) / kDeliveryShare);
+    auto shared = std::make_shared<const Answers>(std::move(a));
+    {
+        std::lock_guard<std::mutex> g(deliver_mutex_);
+        for (size_t s = 0; s < shares; s++)
+            to_deliver_.push_back({shared, nq * s / shares, nq * (s + 1) / shares});
+    }
+    if (shares == 1)
+        deliver_cv_.notify_one();
+    else
+        deliver_cv_.notify_all();
+}
+
+void QueryServer::deliver(const Answers& r, size_t from, size_t to)
 {
     uint64_t begin = queue::now_ns();
     size_t nq = r.slots.size(), k = r.k;
-    for (size_t i = 0; i < nq; i++) {
+    for (size_t i = from; i < to; i++) {
         uint32_t s = r.slots[i];
         queue::Slot& slot = q_.slot(s);
         queue::SearchAnswer& a = slot.ans;
@@ -159,8 +182,22 @@ void QueryServer::deliver(Answers& r)
     q_.header().stats.deliver_ns.fetch_add(queue::now_ns() - begin, std::memory_order_relaxed);
 }
 
+namespace {
+
+inline void cpu_relax()
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+}
+
+}  // namespace
+
 void QueryServer::loop(int t)
 {
+    uint64_t last_work = 0;
     while (!stop_.load(std::memory_order_relaxed)) {
         uint32_t seen = q_.header().submit_seq.load(std::memory_order_acquire);
         uint32_t servers = q_.header().servers.load(std::memory_order_relaxed);
@@ -172,8 +209,22 @@ void QueryServer::loop(int t)
             std::this_thread::sleep_for(std::chrono::milliseconds(100));
             continue;
         }
-        if (serve_once(t))
+        if (serve_once(t)) {
+            last_work = queue::now_ns();
             continue;
+        }
+        // gpu_ivfpq.gpu_poll: for a while after a batch, poll for the
+        // next search instead of sleeping: a backend that finds no sleeper
+        // makes no wake-up call, and the search is taken at once.
+        const uint64_t poll_ns = uint64_t(q_.header().poll_us.load(std::memory_order_relaxed)) * 1000;
+        if (poll_ns > 0 && held_[t].empty() && queue::now_ns() - last_work < poll_ns) {
+            while (!stop_.load(std::memory_order_relaxed) &&
+                   q_.header().submit_seq.load(std::memory_order_acquire) == seen &&
+                   queue::now_ns() - last_work < poll_ns)
+                cpu_relax();
+            if (q_.header().submit_seq.load(std::memory_order_acquire) != seen)
+                continue;
+        }
         // Searches held for the change log are woken by the service's
         // advance; the timeout is a backstop.
         q_.wait_work(seen, held_[t].empty() ? 100 : 2);
@@ -553,17 +604,7 @@ void QueryServer::serve_batch(int t, std::vector<Held>& ready)
             st.queries.fetch_add(nq, std::memory_order_relaxed);
             st.hist[bucket_of(nq)].fetch_add(1, std::memory_order_relaxed);
             st.gpu_ns.fetch_add(device_end - device_start, std::memory_order_relaxed);
-            // Written and woken by the delivery thread, while this one
-            // goes on to the next batch; inline without one (tests).
-            if (deliverer_.joinable()) {
-                {
-                    std::lock_guard<std::mutex> dg(deliver_mutex_);
-                    to_deliver_.push_back(std::move(out));
-                }
-                deliver_cv_.notify_one();
-            } else {
-                deliver(out);
-            }
+            hand_over(std::move(out));
         }
         g = e;
     }

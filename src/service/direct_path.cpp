@@ -112,7 +112,8 @@ GpuIvfpqQueueCreate(char *error, Size errlen)
 	service_base = base;
 	service_bytes = bytes;
 	service_queue.header().applied.store(pg_atomic_read_u64(&s->log_applied));
-	GpuIvfpqQueueSettings(gpu_ivfpq_batch_size, gpu_ivfpq_batch_wait_us, gpu_ivfpq_batches_in_flight);
+	GpuIvfpqQueueSettings(gpu_ivfpq_batch_size, gpu_ivfpq_batch_wait_us, gpu_ivfpq_batches_in_flight,
+						  gpu_ivfpq_gpu_poll_us);
 	SpinLockAcquire(&s->mutex);
 	strlcpy(s->queue_name, name, sizeof(s->queue_name));
 	s->queue_bytes = bytes;
@@ -161,13 +162,14 @@ GpuIvfpqQueueSetApplied(uint64 pos)
 }
 
 void
-GpuIvfpqQueueSettings(int batch_size, int batch_wait_us, int batches_in_flight)
+GpuIvfpqQueueSettings(int batch_size, int batch_wait_us, int batches_in_flight, int poll_us)
 {
 	if (!service_queue.ok())
 		return;
 	service_queue.header().servers.store((uint32) Max(0, batches_in_flight));
 	service_queue.header().batch_size.store((uint32) Max(1, batch_size));
 	service_queue.header().batch_wait_us.store((uint32) Max(0, batch_wait_us));
+	service_queue.header().poll_us.store((uint32) Max(0, poll_us));
 }
 
 /* The GPU process died: whatever it held or was queued is answered "gone". */

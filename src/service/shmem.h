@@ -433,7 +433,7 @@ extern bool GpuIvfpqQueueCreate(char *error, Size errlen);
 extern void GpuIvfpqQueueDestroy(const char *message);
 extern int	GpuIvfpqQueueFd(void);
 extern void GpuIvfpqQueueSetApplied(uint64 pos);
-extern void GpuIvfpqQueueSettings(int batch_size, int batch_wait_us, int batches_in_flight);
+extern void GpuIvfpqQueueSettings(int batch_size, int batch_wait_us, int batches_in_flight, int poll_us);
 extern void GpuIvfpqQueueFailAll(const char *message);
 extern uint64 GpuIvfpqQueueStalledSinceNs(void);
 extern uint64 GpuIvfpqQueueNowNs(void);

@@ -1404,7 +1404,8 @@ gpu_ivfpq_service_main(Datum arg)
 				PublishState(SERVICE_RESTARTING, NULL);
 				PublishStatus();
 			}
-			GpuIvfpqQueueSettings(gpu_ivfpq_batch_size, gpu_ivfpq_batch_wait_us, gpu_ivfpq_batches_in_flight);
+			GpuIvfpqQueueSettings(gpu_ivfpq_batch_size, gpu_ivfpq_batch_wait_us, gpu_ivfpq_batches_in_flight,
+								  gpu_ivfpq_gpu_poll_us);
 			if (GpuUp())
 				(void) Engine([&] {
 					gpu->set_timeout(gpu_ivfpq_gpu_timeout_s, GPU_BULK_TIMEOUT_FACTOR);

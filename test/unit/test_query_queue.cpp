@@ -344,8 +344,12 @@ TEST(QueryServer, HiddenMirrorAnswersLoadingUntilRevealed)
 }
 
 // Serving threads and many clients at once: every search answered, each
-// with its own query's answer.
-TEST(QueryServer, ThreadsServeConcurrentClients)
+// with its own query's answer, whether the serving threads sleep at once or
+// poll (gpu_ivfpq.gpu_poll); batches above kDeliveryShare are delivered in
+// shares by the delivery threads.
+class ThreadsServe : public ::testing::TestWithParam<uint32_t> {};
+
+TEST_P(ThreadsServe, ConcurrentClients)
 {
     Fixture f;
     auto dev = make_cpu_emulation_device();
@@ -353,8 +357,9 @@ TEST(QueryServer, ThreadsServeConcurrentClients)
     MirrorStore store(devices);
     const MirrorKey key{1, 12, 100, 1};
     ASSERT_NE(load_fixture(store, f, key), nullptr);
-    const uint32_t clients = 6, rounds = 40, k = 5, nprobe = 3;
+    const uint32_t clients = 24, rounds = 30, k = 5, nprobe = 3;
     Segment seg(clients);
+    seg.q.header().poll_us.store(GetParam());
     gpuproc::DeviceLock lock;
     // Reference answers first (the store is not shared with the server yet).
     std::vector<int64_t> want(clients * rounds * k);
@@ -387,7 +392,14 @@ TEST(QueryServer, ThreadsServeConcurrentClients)
             EXPECT_EQ(wrong[c], 0) << "client " << c;
     }
     EXPECT_EQ(seg.q.header().stats.queries.load(), uint64_t(clients) * rounds);
+    // Batches larger than one share formed (the delivery threads took part).
+    uint64_t shared = 0;
+    for (int b = 3; b < queue::kHistBuckets; b++)  // buckets 8-15 and up
+        shared += seg.q.header().stats.hist[b].load();
+    EXPECT_GT(shared, 0u);
 }
+
+INSTANTIATE_TEST_SUITE_P(QueryServer, ThreadsServe, ::testing::Values(0u, 200u));
 
 // gpu_metric searches through the queue: those of one mirror and kind are
 // one call (range searches of different radii together, k-NN per k), and
