@@ -1,6 +1,6 @@
 // A gpu_metric search request as it travels to the GPU process, in a slot
 // of the direct path (query_queue.h) or, too large for one, in a DSM segment
-// the service reads (src/service/worker.cpp): the queries' code points (ncps
+// the service reads (src/service/serve.cpp): the queries' code points (ncps
 // uint32), their offsets (nq + 1 uint64) and radii (nradii uint32), then
 // the answer: hit offsets (nq + 1 uint64) and the hits as (object id,
 // distance) uint32 pairs, as many as the rest of the room holds.
