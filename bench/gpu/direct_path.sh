@@ -8,9 +8,10 @@
 #   SELECT id FROM base WHERE id BETWEEN :r AND :r + 9 AND (SELECT v FROM queries WHERE qid = :q) IS NOT NULL
 # and SELECT 1, with their ratio; where each search's time goes (the status
 # view's stages: queue wait, waiting for the change log, the GPU's work and
-# the delivery per batch, the mean batch); then 64 readers beside 4 writers
-# (insert + delete) and autovacuum, against the static rate, with the scan
-# rounds the CPU engine served.
+# the delivery per batch, the mean batch) and the host's CPU use; then 1 and
+# 64 clients with gpu_ivfpq.gpu_poll 0 and 200, twice; then 64 readers
+# beside 4 writers (insert + delete) and autovacuum, against the static
+# rate, with the scan rounds the CPU engine served.
 #
 # Runs after bash .device/pg-up.sh and an install of the extension linked
 # with the kernels. usage: bench/gpu/direct_path.sh [M] [N]
@@ -122,7 +123,7 @@ say ""
 say "## gpu_ivfpq.gpu_poll (how long the GPU process polls for the next search before it sleeps)"
 say "| gpu_poll us | clients | k-NN QPS | p50 ms | mean batch |"
 say "|---|---|---|---|---|"
-for p in 0 200; do
+for p in 0 200 0 200; do
   psql -qc "ALTER SYSTEM SET gpu_ivfpq.gpu_poll = $p" -c "SELECT pg_reload_conf()" >/dev/null
   sleep 0.5
   for c in 1 64; do

@@ -725,60 +725,94 @@ void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t
     }
     for (size_t l = 0; l < I.lists; ++l)
         count[l + 1] += count[l];  // count[l] = first slot of list l
+    std::vector<int32_t> touched;
+    for (size_t l = 0; l < I.lists; ++l)
+        if (count[l + 1] > count[l])
+            touched.push_back(static_cast<int32_t>(l));
+    const size_t nt = touched.size();
     // The batch, sorted by list, staged in pinned memory in one block (codes,
-    // ids, list ids, vectors, keys) and copied to the device in one copy.
-    // Both allocated before any list changes, so that their failure leaves
-    // the index as it was.
+    // ids, list ids, vectors, keys, each entry's position in its list, the
+    // touched lists and their new lengths) and copied to the device in one
+    // copy; one launch then writes every entry into its list and the lists'
+    // lengths (a copy per list and array, and the lists' pointers uploaded
+    // again, cost ~130 us for an append of one row). Both allocated before
+    // any list changes, so that their failure leaves the index as it was.
     Carver sz;
     sz.take<uint8_t>(n * I.m);
     sz.take<int64_t>(n);
     sz.take<int32_t>(n);
     sz.take<float>(vectors ? n * I.d : 0);
     sz.take<int64_t>(keys ? n : 0);
+    sz.take<int32_t>(n);   // positions
+    sz.take<int32_t>(nt);  // touched lists
+    sz.take<int32_t>(nt);  // their new lengths
     sz.take<float>(I.per_vector() ? n : 0);  // the entries' vector terms, computed on the device
     I.ctx.synchronize();  // an earlier batch's copy may still read the staging
     char* host = I.add_host.reserve(sz.size());
     // From the context's scratch arena: a cudaMalloc/cudaFree pair per
     // append (a change-log run of a few rows) cost more than the copies.
     Scratch dbatch(I.ctx, sz.size());
-    // Grow every touched list: an out-of-memory error leaves the contents
-    // and sizes as they were, and the kernels' pointer arrays name the lists
-    // that did grow (their old buffers are gone).
-    {
-        size_t grown_to = 0;
-        try {
-            for (size_t l = 0; l < I.lists; ++l, grown_to = l)
-                if (count[l + 1] > count[l])
-                    I.grow(l, I.lst[l].size + (count[l + 1] - count[l]));
-        } catch (...) {
-            I.upload_meta(0, grown_to);
-            I.ctx.synchronize();
-            throw;
+    // Grow the touched lists that lack room: an out-of-memory error leaves
+    // the contents and sizes as they were, and the kernels' pointer arrays
+    // name the lists that did grow (their old buffers are gone).
+    std::vector<size_t> grown;
+    try {
+        for (int32_t l : touched) {
+            const size_t need = I.lst[l].size + (count[l + 1] - count[l]);
+            if (need > I.lst[l].cap) {
+                I.grow(l, need);
+                grown.push_back(size_t(l));
+            }
         }
+    } catch (...) {
+        for (size_t l : grown)
+            I.upload_meta(l, l + 1);
+        I.ctx.synchronize();
+        throw;
     }
+    // The grown lists' new buffers (and their sizes, still the old ones)
+    // before the launch that writes there.
+    if (grown.size() <= 4)
+        for (size_t l : grown)
+            I.upload_meta(l, l + 1);
+    else
+        I.upload_meta(grown.front(), grown.back() + 1);
     Carver hc(host), dc(dbatch.data());
     uint8_t* scodes = hc.take<uint8_t>(n * I.m);
     int64_t* sids = hc.take<int64_t>(n);
     int32_t* slists = hc.take<int32_t>(n);
     float* svecs = hc.take<float>(vectors ? n * I.d : 0);
     int64_t* skeys = hc.take<int64_t>(keys ? n : 0);
+    int32_t* spos = hc.take<int32_t>(n);
+    int32_t* stouched = hc.take<int32_t>(nt);
+    int32_t* slen = hc.take<int32_t>(nt);
     const uint8_t* dcodes = dc.take<uint8_t>(n * I.m);
     const int64_t* dids = dc.take<int64_t>(n);
     const int32_t* dl = dc.take<int32_t>(n);
     const float* dvecs = dc.take<float>(vectors ? n * I.d : 0);
     const int64_t* dkeys = dc.take<int64_t>(keys ? n : 0);
+    const int32_t* dpos = dc.take<int32_t>(n);
+    const int32_t* dtouched = dc.take<int32_t>(nt);
+    const int32_t* dlen = dc.take<int32_t>(nt);
     float* dvt = dc.take<float>(I.per_vector() ? n : 0);
     {
         std::vector<size_t> fill(count.begin(), count.end() - 1);
         for (size_t i = 0; i < n; ++i) {
-            const size_t s = fill[list_ids[i]]++;
+            const int32_t l = list_ids[i];
+            const size_t s = fill[l]++;
             std::copy(codes + i * I.m, codes + (i + 1) * I.m, scodes + s * I.m);
             sids[s] = ids[i];
-            slists[s] = list_ids[i];
+            slists[s] = l;
+            spos[s] = static_cast<int32_t>(I.lst[l].size + (s - count[l]));
             if (vectors)
                 std::copy(vectors + i * I.d, vectors + (i + 1) * I.d, svecs + s * I.d);
             if (keys)
                 skeys[s] = keys[i];
+        }
+        for (size_t t = 0; t < nt; ++t) {
+            const int32_t l = touched[t];
+            stouched[t] = l;
+            slen[t] = static_cast<int32_t>(I.lst[l].size + (count[l + 1] - count[l]));
         }
     }
     GPU_CUDA_CHECK(cudaMemcpyAsync(dbatch.data(), host, sz.size(), cudaMemcpyHostToDevice, I.st()));
@@ -786,38 +820,17 @@ void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t
         launch_vector_term1(dcodes, dl, static_cast<int64_t>(n), I.centroids.as<float>(),
                             I.codebooks.as<float>(), static_cast<int>(I.d), static_cast<int>(I.m), dvt,
                             I.st());
-    for (size_t l = 0; l < I.lists; ++l) {
-        const size_t c = count[l + 1] - count[l];
-        if (!c)
-            continue;
-        Impl::List& L = I.lst[l];
-        GPU_CUDA_CHECK(cudaMemcpyAsync(L.codes.as<uint8_t>() + L.size * I.m, dcodes + count[l] * I.m,
-                                       c * I.m, cudaMemcpyDeviceToDevice, I.st()));
-        GPU_CUDA_CHECK(cudaMemcpyAsync(L.ids.as<int64_t>() + L.size, dids + count[l],
-                                       c * sizeof(int64_t), cudaMemcpyDeviceToDevice, I.st()));
-        if (I.per_vector())
-            GPU_CUDA_CHECK(cudaMemcpyAsync(L.vt.as<float>() + L.size, dvt + count[l],
-                                           c * sizeof(float), cudaMemcpyDeviceToDevice, I.st()));
-        if (vectors)
-            GPU_CUDA_CHECK(cudaMemcpyAsync(L.vecs.as<float>() + L.size * I.d, dvecs + count[l] * I.d,
-                                           c * I.d * sizeof(float), cudaMemcpyDeviceToDevice, I.st()));
-        if (keys)
-            GPU_CUDA_CHECK(cudaMemcpyAsync(L.keys.as<int64_t>() + L.size, dkeys + count[l],
-                                           c * sizeof(int64_t), cudaMemcpyDeviceToDevice, I.st()));
-        L.size += c;
+    launch_append_entries(I.code_ptrs.as<uint8_t* const>(), I.id_ptrs.as<int64_t* const>(),
+                          I.vt_ptrs.as<float* const>(), I.vec_ptrs.as<float* const>(),
+                          I.key_ptrs.as<int64_t* const>(), I.lens.as<int32_t>(), dl, dpos,
+                          static_cast<int64_t>(n), static_cast<int>(I.m), static_cast<int>(I.d), dcodes, dids,
+                          I.per_vector() ? dvt : nullptr, vectors ? dvecs : nullptr, keys ? dkeys : nullptr,
+                          dtouched, dlen, static_cast<int64_t>(nt), I.st());
+    for (int32_t l : touched) {
+        I.lst[l].size += count[l + 1] - count[l];
+        I.max_len = std::max(I.max_len, I.lst[l].size);
     }
     I.ntotal += n;
-    // Only the touched lists' entries changed (their pointers when they
-    // grew): a few lists one by one, more as the range that holds them.
-    std::vector<size_t> touched;
-    for (size_t l = 0; l < I.lists; ++l)
-        if (count[l + 1] > count[l])
-            touched.push_back(l);
-    if (touched.size() <= 4)
-        for (size_t l : touched)
-            I.upload_meta(l, l + 1);
-    else
-        I.upload_meta(touched.front(), touched.back() + 1);
     I.ctx.synchronize();
 }
 

@@ -382,6 +382,53 @@ void launch_remove_ids(uint8_t* const* list_codes, int64_t* const* list_ids, flo
     GPU_KERNEL_CHECK();
 }
 
+constexpr int kAppendThreads = 128;
+
+// One block per appended entry (see launch_append_entries).
+__global__ void __launch_bounds__(kAppendThreads)
+    append_entries_kernel(uint8_t* const* list_codes, int64_t* const* list_ids, float* const* list_vt,
+                          float* const* list_vectors, int64_t* const* list_keys, int32_t* list_len,
+                          const int32_t* lists, const int32_t* pos, int m, int d, const uint8_t* codes,
+                          const int64_t* ids, const float* vt, const float* vectors, const int64_t* keys,
+                          const int32_t* touched, const int32_t* new_len, int64_t nt)
+{
+    const int64_t s = blockIdx.x;
+    const int l = lists[s];
+    const int64_t p = pos[s];
+    uint8_t* dc = list_codes[l] + p * m;
+    for (int j = threadIdx.x; j < m; j += blockDim.x)
+        dc[j] = codes[s * m + j];
+    if (vectors != nullptr) {
+        float* dv = list_vectors[l] + p * d;
+        for (int j = threadIdx.x; j < d; j += blockDim.x)
+            dv[j] = vectors[s * d + j];
+    }
+    if (threadIdx.x == 0) {
+        list_ids[l][p] = ids[s];
+        if (vt != nullptr)
+            list_vt[l][p] = vt[s];
+        if (keys != nullptr)
+            list_keys[l][p] = keys[s];
+        if (s < nt)
+            list_len[touched[s]] = new_len[s];
+    }
+}
+
+void launch_append_entries(uint8_t* const* list_codes, int64_t* const* list_ids, float* const* list_vt,
+                           float* const* list_vectors, int64_t* const* list_keys, int32_t* list_len,
+                           const int32_t* lists, const int32_t* pos, int64_t n, int m, int d,
+                           const uint8_t* codes, const int64_t* ids, const float* vt, const float* vectors,
+                           const int64_t* keys, const int32_t* touched, const int32_t* new_len, int64_t nt,
+                           cudaStream_t st)
+{
+    if (n <= 0)
+        return;
+    append_entries_kernel<<<static_cast<unsigned>(n), kAppendThreads, 0, st>>>(
+        list_codes, list_ids, list_vt, list_vectors, list_keys, list_len, lists, pos, m, d, codes, ids, vt,
+        vectors, keys, touched, new_len, nt);
+    GPU_KERNEL_CHECK();
+}
+
 void launch_decode_labels(const int32_t* pos, int64_t nq, int k, int nprobe, const int32_t* prefix,
                           const int32_t* probe_lists, const int64_t* const* list_ids,
                           int64_t* out, cudaStream_t st)

@@ -20,7 +20,7 @@ int			gpu_ivfpq_device = GPU_IVFPQ_DEVICE_AUTO;
 int			gpu_ivfpq_gpu_memory_budget_kb = 0;
 int			gpu_ivfpq_batch_size = 256;
 int			gpu_ivfpq_batch_wait_us = 0;
-int			gpu_ivfpq_gpu_poll_us = 200;
+int			gpu_ivfpq_gpu_poll_us = 0;
 int			gpu_ivfpq_gpu_timeout_s = 60;
 bool		gpu_ivfpq_service_emulate_gpu = false;
 int			gpu_ivfpq_service_emulate_devices = 1;
@@ -128,7 +128,7 @@ _PG_init(void)
 	DefineCustomIntVariable("gpu_ivfpq.gpu_poll",
 							"How long (microseconds) the GPU process keeps polling for searches after a batch before it sleeps.",
 							"Polling takes the next search at once and spares backends a wake-up call; it keeps a CPU core busy while searches keep coming. 0: sleep at once.",
-							&gpu_ivfpq_gpu_poll_us, 200, 0, 100000, PGC_SIGHUP, 0,
+							&gpu_ivfpq_gpu_poll_us, 0, 0, 100000, PGC_SIGHUP, 0,
 							NULL, NULL, NULL);
 	DefineCustomIntVariable("gpu_ivfpq.batches_in_flight",
 							"How many scan batches the GPU process runs at once (0 = one per GPU).",
