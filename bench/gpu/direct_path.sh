@@ -136,6 +136,38 @@ for p in 0 200 0 200; do
 done
 psql -qc "ALTER SYSTEM RESET gpu_ivfpq.gpu_poll" -c "SELECT pg_reload_conf()" >/dev/null
 
+# Delivery threads of the GPU process (DELIVERY_AB=1): the server restarted
+# with GPU_IVFPQ_DELIVERY_THREADS 1, 4 (the default) and 0 (every answer on
+# the serving thread), twice, then with the default again.
+restart_with() {
+  as_pg env ${1:+GPU_IVFPQ_DELIVERY_THREADS=$1} pg_ctl -D "$PGDATA" -l /tmp/pgkit-server.log -w restart >/dev/null
+  for _ in $(seq 300); do
+    [ "$(psql -qAtc "SELECT state = 'running (GPU)' FROM gpu_ivfpq_status" 2>/dev/null)" = t ] && break
+    sleep 0.2
+  done
+  psql -qAtc "SELECT gpu_ivfpq_prewarm('base_idx')" >/dev/null
+}
+if [ "${DELIVERY_AB:-0}" = 1 ]; then
+  say ""
+  say "## Delivery threads (GPU_IVFPQ_DELIVERY_THREADS; the server restarted for each)"
+  say "| delivery threads | clients | k-NN QPS | p50 ms | mean batch | GPU us per batch | delivery us per batch (work) |"
+  say "|---|---|---|---|---|---|---|"
+  for dt in 1 4 0 1 4 0; do
+    restart_with "$dt"
+    for c in 1 64; do
+      IFS='|' read -r _ _ _ b0 q0 _ _ < <(snap)
+      g0=$(stat "mean_gpu_us * batches"); d0=$(stat "mean_deliver_us * batches")
+      read -r knn knn50 < <(bench "$c" "$work/knn.sql")
+      IFS='|' read -r _ _ _ b1 q1 _ _ < <(snap)
+      g1=$(stat "mean_gpu_us * batches"); d1=$(stat "mean_deliver_us * batches")
+      say "$(awk -v dt="$dt" -v c="$c" -v k="$knn" -v l="$knn50" -v b="$((b1 - b0))" -v q="$((q1 - q0))" -v g="$g0 $g1" -v d="$d0 $d1" 'BEGIN {
+        split(g, G, " "); split(d, D, " ");
+        printf "| %d | %d | %d | %.3f | %.1f | %.1f | %.1f |", dt, c, k, l, (b > 0 ? q / b : 0), (b > 0 ? (G[2] - G[1]) / b : 0), (b > 0 ? (D[2] - D[1]) / b : 0) }')"
+    done
+  done
+  restart_with ""
+fi
+
 if [ "${IN_FLIGHT:-1}" = 1 ]; then
 say ""
 say "## 64 clients by gpu_ivfpq.batches_in_flight (serving threads of the GPU process; 0: one per GPU)"

@@ -94,7 +94,12 @@ QueryServer::QueryServer(queue::Queue q, MirrorStore& store, DeviceSet& devices,
     pthread_sigmask(SIG_BLOCK, &all, &old);
     for (int t = 0; t < threads; t++)
         threads_.emplace_back([this, t] { loop(t); });
-    for (int t = 0; t < kDeliverers; t++)
+    int deliverers = kDeliverers;
+    // Diagnostics: GPU_IVFPQ_DELIVERY_THREADS (0-16) in the server's
+    // environment overrides the count; 0 delivers on the serving threads.
+    if (const char* v = std::getenv("GPU_IVFPQ_DELIVERY_THREADS"))
+        deliverers = std::min(16, std::max(0, std::atoi(v)));
+    for (int t = 0; t < deliverers; t++)
         deliverers_.emplace_back([this] { deliver_loop(); });
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
     q_.header().gpu_pid.store(uint32_t(getpid()), std::memory_order_release);
@@ -121,6 +126,7 @@ void QueryServer::deliver_loop()
 {
     for (;;) {
         Delivery d;
+        bool more = false;
         {
             std::unique_lock<std::mutex> g(deliver_mutex_);
             deliver_cv_.wait(g, [&] { return stop_.load() || !to_deliver_.empty(); });
@@ -128,7 +134,13 @@ void QueryServer::deliver_loop()
                 return;
             d = std::move(to_deliver_.front());
             to_deliver_.pop_front();
+            more = !to_deliver_.empty();
         }
+        // The serving thread woke one delivery thread: each wakes the next
+        // while shares are left, so that the wake-ups cost the serving
+        // thread (the GPU's feeder) one call per batch, not one per share.
+        if (more)
+            deliver_cv_.notify_one();
         deliver(*d.a, d.begin, d.end);
     }
 }
@@ -140,17 +152,14 @@ void QueryServer::hand_over(Answers&& a)
         deliver(a, 0, nq);  // a hand-over would cost more than the wake-ups
         return;
     }
-    const size_t shares = std::min<size_t>(kDeliverers, (nq + kDeliveryShare - 1) / kDeliveryShare);
+    const size_t shares = std::min<size_t>(deliverers_.size(), (nq + kDeliveryShare - 1) / kDeliveryShare);
     auto shared = std::make_shared<const Answers>(std::move(a));
     {
         std::lock_guard<std::mutex> g(deliver_mutex_);
         for (size_t s = 0; s < shares; s++)
             to_deliver_.push_back({shared, nq * s / shares, nq * (s + 1) / shares});
     }
-    if (shares == 1)
-        deliver_cv_.notify_one();
-    else
-        deliver_cv_.notify_all();
+    deliver_cv_.notify_one();  // the others follow from the delivery threads (deliver_loop)
 }
 
 void QueryServer::deliver(const Answers& r, size_t from, size_t to)
