@@ -51,12 +51,16 @@ public:
     // batches cost the GPU less per search).
     static int default_servers(size_t devices) { return int(std::max<size_t>(1, devices)); }
 
-    // Delivery threads, and the fewest answers worth a share of their own:
-    // waking a backend costs about as much as a futex wake-up (3-4 us on
-    // a 16-core host), so a batch of 20 delivered by one thread would keep
-    // its last owner waiting ~70 us. A group of at most kDeliveryShare
-    // answers is delivered by the serving thread itself (no hand-over).
-    static constexpr int kDeliverers = 4;
+    // Delivery threads, and the fewest answers worth a share of their own.
+    // Waking a backend costs a futex wake-up (3-5 us on a 16-core host), so
+    // a batch of 20 delivered by one thread keeps its last owner waiting
+    // ~80 us; yet four threads sharing a batch served fewer searches at 64
+    // clients than one (they contend: 4.6-5.5 us a wake-up; an H200 host,
+    // bench/gpu/direct_path.sh DELIVERY_AB=1), and no thread at all fewer
+    // still (the serving thread then wakes every owner before the next
+    // batch). A group of at most kDeliveryShare answers is delivered by
+    // the serving thread itself (no hand-over).
+    static constexpr int kDeliverers = 1;
     static constexpr size_t kDeliveryShare = 4;
 
     // One pass of serving thread t: takes what is queued and serves what is
