@@ -124,8 +124,7 @@ say "## gpu_ivfpq.gpu_poll (how long the GPU process polls for the next search b
 say "| gpu_poll us | clients | k-NN QPS | p50 ms | mean batch |"
 say "|---|---|---|---|---|"
 for p in 0 200 0 200; do
-  psql -qc "ALTER SYSTEM SET gpu_ivfpq.gpu_poll = $p" -c "SELECT pg_reload_conf()" >/dev/null
-  sleep 0.5
+  set_reload gpu_ivfpq.gpu_poll "$p"
   for c in 1 64; do
     IFS='|' read -r _ _ _ b0 q0 _ _ < <(snap)
     read -r knn knn50 < <(bench "$c" "$work/knn.sql")
@@ -134,7 +133,7 @@ for p in 0 200 0 200; do
       printf "| %d | %d | %d | %.3f | %.1f |", p, c, k, l, (b > 0 ? q / b : 0) }')"
   done
 done
-psql -qc "ALTER SYSTEM RESET gpu_ivfpq.gpu_poll" -c "SELECT pg_reload_conf()" >/dev/null
+set_reload gpu_ivfpq.gpu_poll
 
 # Delivery threads of the GPU process (DELIVERY_AB=1): the server restarted
 # with GPU_IVFPQ_DELIVERY_THREADS 1, 4 (the default) and 0 (every answer on
@@ -174,15 +173,14 @@ say "## 64 clients by gpu_ivfpq.batches_in_flight (serving threads of the GPU pr
 say "| batches_in_flight | k-NN QPS | p50 ms | mean batch |"
 say "|---|---|---|---|"
 for f in 1 2 3; do
-  psql -qc "ALTER SYSTEM SET gpu_ivfpq.batches_in_flight = $f" -c "SELECT pg_reload_conf()" >/dev/null
-  sleep 0.5
+  set_reload gpu_ivfpq.batches_in_flight "$f"
   IFS='|' read -r _ _ _ b0 q0 _ _ < <(snap)
   read -r knn knn50 < <(bench 64 "$work/knn.sql")
   IFS='|' read -r _ _ _ b1 q1 _ _ < <(snap)
   say "$(awk -v f="$f" -v k="$knn" -v p="$knn50" -v b="$((b1 - b0))" -v q="$((q1 - q0))" 'BEGIN {
     printf "| %d | %d | %.3f | %.1f |", f, k, p, (b > 0 ? q / b : 0) }')"
 done
-psql -qc "ALTER SYSTEM RESET gpu_ivfpq.batches_in_flight" -c "SELECT pg_reload_conf()" >/dev/null
+set_reload gpu_ivfpq.batches_in_flight
 fi
 
 # Two lanes on one GPU: the GPU process opens GPU 0 twice (two device
@@ -195,7 +193,7 @@ if [ "${LANES:-1}" = 1 ]; then
   say "| devices | clients | k-NN QPS | p50 ms | mean batch | GPU us per batch |"
   say "|---|---|---|---|---|---|"
   for devs in 0 0,0; do
-    psql -qc "ALTER SYSTEM SET gpu_ivfpq.devices = '$devs'" -c "SELECT pg_reload_conf()" >/dev/null
+    set_reload gpu_ivfpq.devices "'$devs'"
     want=$(echo "$devs" | tr ',' '\n' | wc -l)
     for _ in $(seq 300); do
       [ "$(psql -qAtc "SELECT (SELECT count(*) FROM gpu_ivfpq_devices) = $want AND (SELECT state = 'running (GPU)' FROM gpu_ivfpq_status)")" = t ] && break
@@ -213,7 +211,7 @@ if [ "${LANES:-1}" = 1 ]; then
         split(g, G, " "); printf "| %s | %d | %d | %.3f | %.1f | %.1f |", dv, c, k, p, (b > 0 ? q / b : 0), (b > 0 ? (G[2] - G[1]) / b : 0) }')"
     done
   done
-  psql -qc "ALTER SYSTEM RESET gpu_ivfpq.devices" -c "SELECT pg_reload_conf()" >/dev/null
+  set_reload gpu_ivfpq.devices
   for _ in $(seq 300); do
     [ "$(psql -qAtc "SELECT (SELECT count(*) FROM gpu_ivfpq_devices) >= 1 AND (SELECT state = 'running (GPU)' FROM gpu_ivfpq_status)")" = t ] && break
     sleep 0.2

@@ -46,3 +46,14 @@ SELECT round(avg(hit) / 10, 4) FROM queries q, LATERAL (
   WHERE r.id = ANY (q.gt[1:10])) h;
 SQL
 }
+
+# set_reload NAME [VALUE]: ALTER SYSTEM SET NAME = VALUE (RESET without a
+# value) and a reload, then a moment for the service to pass it on.
+set_reload() {
+  if [ $# -ge 2 ]; then
+    psql -qc "ALTER SYSTEM SET $1 = $2" -c "SELECT pg_reload_conf()" >/dev/null
+  else
+    psql -qc "ALTER SYSTEM RESET $1" -c "SELECT pg_reload_conf()" >/dev/null
+  fi
+  sleep 0.5
+}

@@ -112,13 +112,12 @@ say "## gpu_ivfpq.batch_wait (probes 32): 64-client throughput vs 1-client laten
 say "| batch_wait us | 64 clients QPS | mean batch | 1 client p50 ms | p99 ms |"
 say "|---|---|---|---|---|"
 for w in 0 50 200 1000; do
-  psql -qc "ALTER SYSTEM SET gpu_ivfpq.batch_wait = $w" -c "SELECT pg_reload_conf()" >/dev/null
-  sleep 0.5
+  set_reload gpu_ivfpq.batch_wait "$w"
   q0=$(stat queries_gpu); b0=$(stat batches)
   read -r g _ _ < <(bench 64 /tmp/knn.sql "-c gpu_ivfpq.device=gpu -c gpu_ivfpq.probes=32 -c enable_seqscan=off" 5)
   q1=$(stat queries_gpu); b1=$(stat batches)
   read -r _ p50 p99 < <(bench 1 /tmp/knn.sql "-c gpu_ivfpq.device=gpu -c gpu_ivfpq.probes=32 -c enable_seqscan=off" 5)
   say "| $w | $g | $(mean_batch "$q0" "$q1" "$b0" "$b1") | $p50 | $p99 |"
 done
-psql -qc "ALTER SYSTEM RESET gpu_ivfpq.batch_wait" -c "SELECT pg_reload_conf()" >/dev/null
+set_reload gpu_ivfpq.batch_wait
 psql -qAtxc "SELECT * FROM gpu_ivfpq_status" | sed 's/^/# /' | tee -a "$RES"

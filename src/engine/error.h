@@ -25,4 +25,14 @@ inline void require(bool cond, const std::string& msg)
         throw Error(ErrorKind::InvalidArgument, msg);
 }
 
+// The same for a literal: no std::string is built unless cond is false (the
+// checks of per-page and per-row routines, such as adc_scan, run millions
+// of times a second; a message longer than the small-string buffer would
+// cost an allocation each time).
+inline void require(bool cond, const char* msg)
+{
+    if (!cond)
+        throw Error(ErrorKind::InvalidArgument, msg);
+}
+
 }  // namespace gpuivfpq
