@@ -3,7 +3,10 @@
 // SIFT-like set, the data the SQL benchmarks load (bench/gpu/run_on_device.sh
 // makes them). Prints markdown tables.
 //   gpu_bench --base BASE.fvecs --queries QUERIES.fvecs [--quick] [--stages]
+//   gpu_bench --rabitq
 // `--quick` shrinks the copy, k-selection and IVF sizes for a smoke run.
+// `--rabitq` times the RaBitQ list scan alone (random codes: its speed does
+// not depend on their values) and needs no files.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -24,6 +27,7 @@
 #include "gpu_ivfpq/ivfpq_index.h"
 #include "gpu_ivfpq/k_select.h"
 #include "gpu_ivfpq/kmeans_gpu.h"
+#include "gpu_ivfpq/rabitq_scan.h"
 #include "../../tools/common.h"  // read_fvecs: the tools' reader of the generator's files
 #include "bench_util.h"  // ck, time_ms, recall_at
 #include "uniform.h"
@@ -64,10 +68,76 @@ struct PinnedCall {
     PinnedCall& operator=(const PinnedCall&) = delete;
 };
 
+// The RaBitQ list scan (rabitq_scan): n rows in `lists` lists of equal
+// size, nq queries probing nprobe lists each (spread over the lists), every
+// row's estimate and bound; random codes, factors and tables.
+int rabitq_bench()
+{
+    if (device_count() <= 0) {
+        std::printf("no CUDA device: benchmark skipped\n");
+        return 0;
+    }
+    GpuContext ctx(0);
+    cudaDeviceProp prop{};
+    ck(cudaGetDeviceProperties(&prop, 0), "props");
+    std::printf("# RaBitQ list scan on %s (%d SMs): a block per (query, list) pair, a thread per row\n\n",
+                prop.name, prop.multiProcessorCount);
+    std::printf("| d | bits | rows | lists | queries | nprobe | rows scanned | ms | rows/s | code+factor GB/s |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+    struct Shape {
+        size_t d, n, lists;
+    };
+    for (const Shape sh : {Shape{128, 1000000, 4096}, Shape{768, 200000, 1024}})
+        for (int bits : {4, 7}) {
+            const size_t cb = rabitq_code_bytes(sh.d, bits), per = sh.n / sh.lists;
+            const size_t lut_floats = rabitq_plane_words(sh.d) * 4 * 256;
+            DeviceBuffer codes(ctx, sh.n * cb), factors(ctx, sh.n * sizeof(RabitqFactors));
+            fill_uniform(codes.as<float>(), int64_t(sh.n * cb / 4), 11, ctx.stream());
+            fill_uniform(factors.as<float>(), int64_t(sh.n * 3), 12, ctx.stream());
+            for (size_t nq : {size_t(1), size_t(32), size_t(1000)}) {
+                const size_t nprobe = 32, npairs = nq * nprobe;
+                std::vector<RabitqPair> pairs(npairs);
+                for (size_t i = 0; i < npairs; i++) {
+                    const size_t list = (i * 2654435761u) % sh.lists;  // spread over the lists
+                    pairs[i].first = list * per;
+                    pairs[i].count = uint32_t(per);
+                    pairs[i].out = i * per;
+                    pairs[i].base = 1.0f;
+                    pairs[i].add_scale = 1.0f;
+                    pairs[i].ip_scale = -2.0f;
+                    pairs[i].bound_scale = 1.0f;
+                }
+                DeviceBuffer dpairs(ctx, npairs * sizeof(RabitqPair)), luts(ctx, npairs * lut_floats * 4);
+                dpairs.upload(pairs.data(), npairs * sizeof(RabitqPair));
+                fill_uniform(luts.as<float>(), int64_t(npairs * lut_floats), 13, ctx.stream());
+                DeviceBuffer est(ctx, npairs * per * 4), bound(ctx, npairs * per * 4);
+                const double ms = time_ms(ctx, [&] {
+                    rabitq_scan(ctx, dpairs.as<RabitqPair>(), npairs, luts.as<float>(), sh.d, bits,
+                                codes.as<uint8_t>(), cb, factors.as<RabitqFactors>(), kRabitqDefaultEps0,
+                                est.as<float>(), bound.as<float>());
+                }, 10, 2);
+                const double rows = double(npairs * per);
+                std::printf("| %zu | %d | %zu | %zu | %zu | %zu | %.0f | %.3f | %.2fG | %.0f |\n", sh.d, bits, sh.n,
+                            sh.lists, nq, nprobe, rows, ms, rows / (ms * 1e-3) / 1e9,
+                            rows * (cb + sizeof(RabitqFactors)) / (ms * 1e-3) / 1e9);
+                std::fflush(stdout);
+            }
+        }
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv)
 {
+    if (argc == 2 && !std::strcmp(argv[1], "--rabitq")) {
+        try {
+            return rabitq_bench();
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "gpu_bench: %s\n", e.what());
+            return 1;
+        }
+    }
     bool quick = false, stages_only = false;
     std::string base_path, queries_path;
     for (int i = 1; i < argc; ++i) {
@@ -80,7 +150,8 @@ int main(int argc, char** argv)
         else if (!std::strcmp(argv[i], "--queries") && i + 1 < argc)
             queries_path = argv[++i];
         else {
-            std::fprintf(stderr, "usage: gpu_bench --base BASE.fvecs --queries QUERIES.fvecs [--quick] [--stages]\n");
+            std::fprintf(stderr, "usage: gpu_bench --base BASE.fvecs --queries QUERIES.fvecs [--quick] [--stages]\n"
+                                 "       gpu_bench --rabitq\n");
             return 2;
         }
     }
