@@ -10,15 +10,11 @@
 // shared memory, so the postmaster does not reinitialise the cluster. The
 // requests in flight are answered "service gone" (their backends use the
 // CPU engine), and the process is started again after a backoff.
-#include <algorithm>
-#include <chrono>
-#include <exception>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "engine/error.h"
 #include "gpu_process/reply_checks.h"
 #include "service/worker.h"
 
