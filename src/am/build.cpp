@@ -7,6 +7,8 @@
 
 extern "C" {
 #include "utils/sampling.h"
+
+#include <sys/mman.h>
 }
 
 /* Build phases, as pg_stat_progress_create_index shows them. */
@@ -57,12 +59,14 @@ typedef struct BuildState
 	int64	   *row_keys;		/* keyed */
 	Size		rows_n;
 	Size		rows_alloc;
+	Size		rows_hint;		/* rows the table is expected to hold (its reltuples) */
 
 	/* pass 2: encode in batches, buffer entries by list, flush when full */
 	gpuivfpq::IvfPqModel *model;	/* owned by the build's memory context */
 	float	   *batch;
 	ItemPointerData *batch_tids;
 	int64	   *batch_keys;		/* filter keys (keyed) */
+	int64	   *batch_src;		/* each row's index in rows (kept rows only) */
 	int			batch_n;
 	int			batch_cap;		/* rows, up to ENCODE_BATCH, or the GPU encoder's segment */
 	GpuIvfpqRemoteEncoder *gpu_encoder; /* encodes on the service's GPU when set */
@@ -74,7 +78,8 @@ typedef struct BuildState
 	ItemPointerData *pend_tids;
 	int64	   *pend_keys;		/* keyed */
 	uint8	   *pend_codes;
-	float	   *pend_vectors;	/* vdim floats each */
+	float	   *pend_vectors;	/* vdim floats each (rows not kept) */
+	int64	   *pend_src;		/* each entry's index in rows (kept rows: no copy) */
 	float	   *list_radius;	/* per list, max over pending entries */
 	float	   *list_qerror;	/* per list, max quantization error of pending entries */
 	int			pend_n;
@@ -163,6 +168,26 @@ RowVector(BuildState *bs, Datum value)
 	return v;
 }
 
+/*
+ * Asks the kernel to back a large buffer the build is about to fill with
+ * huge pages (Linux, transparent huge pages in "madvise" mode): filling
+ * half a gigabyte of rows otherwise takes a page fault, and a page cleared,
+ * every 4 kB, which cost as much as reading the table. Only whole 2 MB
+ * pages inside the buffer; a kernel that declines is fine.
+ */
+static void
+AdviseHugePages(void *p, Size bytes)
+{
+#ifdef MADV_HUGEPAGE
+	const uintptr_t huge = (uintptr_t) 2 << 20;
+	uintptr_t	start = ((uintptr_t) p + huge - 1) & ~(huge - 1);
+	uintptr_t	end = ((uintptr_t) p + bytes) & ~(huge - 1);
+
+	if (end > start)
+		(void) madvise((void *) start, end - start, MADV_HUGEPAGE);
+#endif
+}
+
 /* Stops keeping the rows of pass 1: pass 2 will read the table. */
 static void
 DropKeptRows(BuildState *bs)
@@ -193,7 +218,8 @@ KeepRow(BuildState *bs, ItemPointer tid, const float *v, int64 key)
 		Size		per_row = (Size) bs->dim * sizeof(float) + sizeof(ItemPointerData) +
 			(bs->keyed ? sizeof(int64) : 0);
 		Size		limit = MaintenanceBytes() / 4 / per_row;
-		Size		grow = Min(limit, Max((Size) 1024, bs->rows_alloc * 2));
+		/* The first allocation takes what the table is expected to hold: no copies on growing. */
+		Size		grow = Min(limit, Max((Size) 1024, bs->rows_alloc == 0 ? bs->rows_hint : bs->rows_alloc * 2));
 
 		if (grow <= bs->rows_n)
 		{
@@ -215,6 +241,7 @@ KeepRow(BuildState *bs, ItemPointer tid, const float *v, int64 key)
 				bs->row_keys = (int64 *) repalloc_huge(bs->row_keys, grow * sizeof(int64));
 		}
 		bs->rows_alloc = grow;
+		AdviseHugePages(bs->rows, grow * bs->dim * sizeof(float));
 	}
 	memcpy(bs->rows + bs->rows_n * bs->dim, v, (Size) bs->dim * sizeof(float));
 	bs->row_tids[bs->rows_n] = *tid;
@@ -263,6 +290,7 @@ SampleCallback(Relation index, ItemPointer tid, Datum *values, bool *isnull,
 			bs->sample = bs->sample == NULL
 				? (float *) palloc_extended((Size) bs->sample_alloc * row, MCXT_ALLOC_HUGE)
 				: (float *) repalloc_huge(bs->sample, (Size) bs->sample_alloc * row);
+			AdviseHugePages(bs->sample, (Size) bs->sample_alloc * row);
 		}
 		slot = bs->sample_n++;
 	}
@@ -333,11 +361,18 @@ SampleRows(BuildState *bs, Relation heap, IndexInfo *indexInfo)
 	}
 	/* Pass 2 sees these very rows: the same scan of the same snapshot. */
 	bs->keep_rows = true;
+	bs->rows_hint = heap->rd_rel->reltuples > 0 ? (Size) Min((double) heap->rd_rel->reltuples * 1.05 + 1024, 1e12) : 0;
 	table_index_build_scan(heap, bs->index, indexInfo, true, true, SampleCallback, bs, NULL);
 	bs->vectors_estimate = bs->sample_seen;
 }
 
-/* Writes the pending entries to their lists, grouped by list. */
+/*
+ * Writes the pending entries to their lists, grouped by list. Each list's
+ * entries are packed into one buffer, reused from list to list (a buffer
+ * for every entry at once would cost as much memory again as the pending
+ * vectors, touched for the first time); a vector comes from the kept rows
+ * when pass 1 kept them, else from the pending copies.
+ */
 static void
 FlushPending(BuildState *bs)
 {
@@ -345,7 +380,8 @@ FlushPending(BuildState *bs)
 	int			esz = el.xsize;
 	int		   *counts = (int *) palloc0(sizeof(int) * (bs->lists + 1));
 	int		   *order = (int *) palloc(sizeof(int) * Max(bs->pend_n, 1));
-	char	   *packed = (char *) palloc_extended((Size) Max(bs->pend_n, 1) * esz, MCXT_ALLOC_HUGE);
+	int			longest = 0;
+	char	   *packed;
 	TimestampTz began = GetCurrentTimestamp();
 
 	pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_WRITE);
@@ -353,29 +389,34 @@ FlushPending(BuildState *bs)
 	for (int i = 0; i < bs->pend_n; i++)
 		counts[bs->pend_lists[i] + 1]++;
 	for (int l = 0; l < bs->lists; l++)
+	{
+		longest = Max(longest, counts[l + 1]);
 		counts[l + 1] += counts[l];
+	}
 	for (int i = 0; i < bs->pend_n; i++)
 		order[counts[bs->pend_lists[i]]++] = i;
+	packed = (char *) palloc_extended((Size) Max(longest, 1) * esz, MCXT_ALLOC_HUGE);
 	/* counts[l] is now the end of list l, counts[l-1] its start. */
-	for (int i = 0; i < bs->pend_n; i++)
-	{
-		int			e = order[i];
-		char	   *dst = packed + (Size) i * esz;
-
-		if (bs->vdim > 0)
-			memcpy(dst, bs->pend_vectors + (Size) e * bs->vdim, sizeof(float) * bs->vdim);
-		memcpy(dst + el.xtid, &bs->pend_tids[e], GPU_IVFPQ_TID_BYTES);
-		memcpy(dst + el.xcode, bs->pend_codes + (Size) e * bs->m, bs->m);
-		if (bs->keyed)
-			memcpy(dst + el.xkey, &bs->pend_keys[e], GPU_IVFPQ_FILTER_KEY_BYTES);
-	}
 	for (int l = 0; l < bs->lists; l++)
 	{
 		int			start = l == 0 ? 0 : counts[l - 1];
 		int			n = counts[l] - start;
 
+		for (int i = 0; i < n; i++)
+		{
+			int			e = order[start + i];
+			char	   *dst = packed + (Size) i * esz;
+
+			if (bs->vdim > 0)
+				memcpy(dst, bs->pend_src != NULL ? bs->rows + (Size) bs->pend_src[e] * bs->dim
+					   : bs->pend_vectors + (Size) e * bs->vdim, sizeof(float) * bs->vdim);
+			memcpy(dst + el.xtid, &bs->pend_tids[e], GPU_IVFPQ_TID_BYTES);
+			memcpy(dst + el.xcode, bs->pend_codes + (Size) e * bs->m, bs->m);
+			if (bs->keyed)
+				memcpy(dst + el.xkey, &bs->pend_keys[e], GPU_IVFPQ_FILTER_KEY_BYTES);
+		}
 		if (n > 0)
-			GpuIvfpqAppendEntries(bs->index, bs->meta, l, packed + (Size) start * esz, n,
+			GpuIvfpqAppendEntries(bs->index, bs->meta, l, packed, n,
 								  bs->list_radius[l], bs->list_qerror[l], true);
 		bs->list_radius[l] = 0.0f;
 		bs->list_qerror[l] = 0.0f;
@@ -431,7 +472,9 @@ EncodeBatch(BuildState *bs)
 		if (bs->keyed)
 			bs->pend_keys[p] = bs->batch_keys[i];
 		memcpy(bs->pend_codes + (Size) p * bs->m, bs->batch_codes + (Size) i * bs->m, bs->m);
-		if (bs->vdim > 0)
+		if (bs->pend_src != NULL)
+			bs->pend_src[p] = bs->batch_src[i];
+		else if (bs->vdim > 0)
 			memcpy(bs->pend_vectors + (Size) p * bs->vdim, bs->batch + (Size) i * bs->dim,
 				   sizeof(float) * bs->vdim);
 		if (bs->batch_radius[i] > bs->list_radius[l])
@@ -443,11 +486,16 @@ EncodeBatch(BuildState *bs)
 	bs->batch_n = 0;
 }
 
-/* Adds one row to the encode batch, encoding the batch once full. */
+/*
+ * Adds one row to the encode batch, encoding the batch once full; src is
+ * the row's index in the kept rows (-1: not kept).
+ */
 static void
-EncodeRow(BuildState *bs, ItemPointer tid, const float *v, int64 key)
+EncodeRow(BuildState *bs, ItemPointer tid, const float *v, int64 key, int64 src)
 {
 	memcpy(bs->batch + (Size) bs->batch_n * bs->dim, v, (Size) bs->dim * sizeof(float));
+	if (bs->pend_src != NULL)
+		bs->batch_src[bs->batch_n] = src;
 	if (bs->keyed)
 		bs->batch_keys[bs->batch_n] = key;
 	bs->batch_tids[bs->batch_n++] = *tid;
@@ -470,7 +518,7 @@ EncodeCallback(Relation index, ItemPointer tid, Datum *values, bool *isnull,
 		return;
 	old = MemoryContextSwitchTo(bs->tmpctx);
 	EncodeRow(bs, tid, RowVector(bs, values[0]),
-			  bs->keyed ? GpuIvfpqFilterKeyOf(index, values[1], isnull[1]) : 0);
+			  bs->keyed ? GpuIvfpqFilterKeyOf(index, values[1], isnull[1]) : 0, -1);
 	MemoryContextSwitchTo(old);
 	MemoryContextReset(bs->tmpctx);
 }
@@ -734,8 +782,10 @@ EncodeAndWrite(BuildState *bs, Relation heap, IndexInfo *indexInfo, TimestampTz 
 	int			batch = (int) Min((double) ENCODE_BATCH, Max(ceil(estimate), 1.0));
 	Size		batch_bytes = (Size) batch * (bs->dim * sizeof(float) + sizeof(ItemPointerData) +
 											  sizeof(int64) + sizeof(int32) + bs->m + 2 * sizeof(float));
+	/* Pending entries point into the kept rows, if any, instead of copying their vectors. */
+	bool		from_kept = bs->rows != NULL && bs->vdim > 0;
 	Size		entry_bytes = sizeof(int32) + sizeof(ItemPointerData) + sizeof(int64) + bs->m +
-		sizeof(float) * bs->vdim;
+		(from_kept ? sizeof(int64) : sizeof(float) * bs->vdim);
 
 	/* The rows pass 1 kept, if any, count against maintenance_work_mem too. */
 	Size		kept_bytes = bs->rows_alloc * ((Size) bs->dim * sizeof(float) + sizeof(ItemPointerData) +
@@ -764,7 +814,12 @@ EncodeAndWrite(BuildState *bs, Relation heap, IndexInfo *indexInfo, TimestampTz 
 	bs->pend_tids = (ItemPointerData *) palloc_extended(sizeof(ItemPointerData) * bs->pend_cap, MCXT_ALLOC_HUGE);
 	bs->pend_keys = (int64 *) palloc_extended(sizeof(int64) * bs->pend_cap, MCXT_ALLOC_HUGE);
 	bs->pend_codes = (uint8 *) palloc_extended((Size) bs->pend_cap * bs->m, MCXT_ALLOC_HUGE);
-	if (bs->vdim > 0)
+	if (from_kept)
+	{
+		bs->batch_src = (int64 *) palloc(sizeof(int64) * bs->batch_cap);
+		bs->pend_src = (int64 *) palloc_extended(sizeof(int64) * bs->pend_cap, MCXT_ALLOC_HUGE);
+	}
+	else if (bs->vdim > 0)
 		bs->pend_vectors = (float *) palloc_extended((Size) bs->pend_cap * bs->vdim * sizeof(float),
 													 MCXT_ALLOC_HUGE);
 	bs->list_radius = (float *) palloc0(sizeof(float) * bs->lists);
@@ -777,11 +832,11 @@ EncodeAndWrite(BuildState *bs, Relation heap, IndexInfo *indexInfo, TimestampTz 
 		/* Pass 1 kept every row (and counted them): encode them from memory. */
 		for (Size i = 0; i < bs->rows_n; i++)
 		{
-			EncodeRow(bs, &bs->row_tids[i], bs->rows + i * bs->dim, bs->keyed ? bs->row_keys[i] : 0);
+			EncodeRow(bs, &bs->row_tids[i], bs->rows + i * bs->dim, bs->keyed ? bs->row_keys[i] : 0,
+					  (int64) i);
 			if ((i & 1023) == 0)
 				CHECK_FOR_INTERRUPTS();
 		}
-		DropKeptRows(bs);
 	}
 	else
 	{
@@ -790,6 +845,8 @@ EncodeAndWrite(BuildState *bs, Relation heap, IndexInfo *indexInfo, TimestampTz 
 	}
 	EncodeBatch(bs);
 	FlushPending(bs);
+	if (bs->rows != NULL)
+		DropKeptRows(bs);		/* the pending entries' vectors were there */
 	elog(DEBUG1, "gpu_ivfpq build: of which encoding %.3f s, radii and errors %.3f s, writing lists %.3f s",
 		 bs->encode_secs, bs->bounds_secs, bs->write_secs);
 	ReportPhase(bs->gpu_encoder ? "encoding (service GPU) and writing" : "encoding and writing",
