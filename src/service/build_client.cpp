@@ -9,6 +9,7 @@
 
 extern "C" {
 #include "miscadmin.h"
+#include "utils/timestamp.h"
 }
 
 /* Rows per encode request: a DSM segment of about this many bytes of vectors. */
@@ -84,6 +85,8 @@ GpuIvfpqServiceTrain(const float *sample, int64 n, int d, int lists, int m, int 
 	dsm_segment *seg;
 	char	   *base;
 	bool		ok;
+	TimestampTz started;
+	TimestampTz copied;
 
 	if (!BuildCanUseService(d, m))
 		return false;
@@ -97,13 +100,17 @@ GpuIvfpqServiceTrain(const float *sample, int64 n, int d, int lists, int m, int 
 	h.max_points_per_centroid = max_points_per_centroid;
 	h.seed = seed;
 	l = GpuIvfpqDsmLayoutFor(REQ_TRAIN, &h);
+	started = GetCurrentTimestamp();
 	seg = GpuIvfpqCreateSegment(l.total, "training");
 	if (seg == NULL)
 		return false;
 	base = (char *) dsm_segment_address(seg);
 	memcpy(base, &h, sizeof(h));
 	memcpy(base + l.rows, sample, sizeof(float) * n * d);
+	copied = GetCurrentTimestamp();
 	ok = Submit(seg, REQ_TRAIN, n, 0, "training");
+	elog(DEBUG1, "gpu_ivfpq build: training request: %.3f s to place the sample, %.3f s in the service",
+		 (double) (copied - started) / 1000000.0, (double) (GetCurrentTimestamp() - copied) / 1000000.0);
 	if (ok)
 	{
 		memcpy(centroids, base + l.centroids, sizeof(float) * lists * d);
