@@ -52,6 +52,9 @@ table (--table) or a file.
                         (default 3.0: an IVF of 1000 lists over 1M rows needs
                         ~32 probes for recall@10 0.95; 2.0: ~12; 1.2: ~2)
   --threads T           generator threads (default 2; output is the same for any T)
+  --part P/K            COPY rows only: every K-th chunk of 1024 rows from chunk P
+                        (0 <= P < K), so that K loaders run side by side and
+                        together load the very rows of one run
   --help
 
 Examples:
@@ -252,6 +255,7 @@ struct Options {
     std::string what = "base", format = "copy", out = "-", table, conninfo;
     long long rows = 1000000, queries = 10000, dim = 128, id_start = 1;
     long long clusters = 2000, latent = 24, rank = 12, threads = 2;
+    long long part = 0, parts = 1;
     uint64_t seed = 42;
     double overlap = 3.0;
 };
@@ -260,7 +264,7 @@ struct Options {
 Options parse_options(int argc, char** argv)
 {
     enum { kWhat = 256, kTable, kConninfo, kFormat, kOut, kRows, kQueries, kDim, kSeed,
-           kIdStart, kClusters, kLatent, kRank, kOverlap, kThreads, kHelp };
+           kIdStart, kClusters, kLatent, kRank, kOverlap, kThreads, kPart, kHelp };
     static const option longopts[] = {
         {"what", required_argument, nullptr, kWhat},
         {"table", required_argument, nullptr, kTable},
@@ -277,6 +281,7 @@ Options parse_options(int argc, char** argv)
         {"rank", required_argument, nullptr, kRank},
         {"overlap", required_argument, nullptr, kOverlap},
         {"threads", required_argument, nullptr, kThreads},
+        {"part", required_argument, nullptr, kPart},
         {"help", no_argument, nullptr, kHelp},
         {nullptr, 0, nullptr, 0}};
     Options o;
@@ -299,6 +304,11 @@ Options parse_options(int argc, char** argv)
         case kRank: o.rank = opt_int("rank"); break;
         case kOverlap: o.overlap = opt_real("overlap"); break;
         case kThreads: o.threads = opt_int("threads"); break;
+        case kPart:
+            if (std::sscanf(optarg, "%lld/%lld", &o.part, &o.parts) != 2 || o.parts < 1 || o.part < 0 ||
+                o.part >= o.parts)
+                die("--part takes P/K with 0 <= P < K");
+            break;
         case kHelp: std::fputs(kUsage, stdout); std::exit(0);
         default: die("see --help");  // getopt_long has named the bad option
         }
@@ -311,6 +321,8 @@ Options parse_options(int argc, char** argv)
         die("--format must be copy or fvecs");
     if (!o.table.empty() && (have_out || o.format != "copy"))
         die("--table loads the rows itself: no --out or --format with it");
+    if (o.parts > 1 && o.format != "copy")
+        die("--part writes COPY rows only");
     if (o.rows < 0 || o.queries < 0 || o.dim < 1 || o.clusters < 1 || o.latent < 1 || o.rank < 1 ||
         o.threads < 1 || !(o.overlap > 0))
         die("invalid sizes (rows, queries >= 0; dim, clusters, latent, rank, threads >= 1; overlap > 0)");
@@ -343,10 +355,14 @@ void run(const Options& o)
     // parallel, written in order.
     std::vector<std::vector<float>> vec_buf(nthreads, std::vector<float>(chunk_rows * d));
     std::vector<std::vector<std::string>> text_buf(nthreads, std::vector<std::string>(chunk_rows));
-    for (size_t wave = 0; wave < nchunks; wave += nthreads) {
-        const size_t in_wave = std::min(nthreads, nchunks - wave);
+    // This part's chunks (all of them unless --part).
+    std::vector<size_t> mine;
+    for (size_t c = size_t(o.part); c < nchunks; c += size_t(o.parts))
+        mine.push_back(c);
+    for (size_t wave = 0; wave < mine.size(); wave += nthreads) {
+        const size_t in_wave = std::min(nthreads, mine.size() - wave);
         auto work = [&](size_t t) {
-            const size_t chunk = wave + t;
+            const size_t chunk = mine[wave + t];
             const size_t n = std::min(chunk_rows, total - chunk * chunk_rows);
             generate(model, o.seed, stream, chunk, n, vec_buf[t].data());
             if (!fvecs)
@@ -362,7 +378,7 @@ void run(const Options& o)
         for (auto& th : pool)
             th.join();
         for (size_t t = 0; t < in_wave; t++) {
-            const size_t first = (wave + t) * chunk_rows;
+            const size_t first = mine[wave + t] * chunk_rows;
             const size_t n = std::min(chunk_rows, total - first);
             for (size_t i = 0; i < n; i++) {
                 if (fvecs)

@@ -15,7 +15,9 @@
 #
 # Runs after bash .device/pg-up.sh and an install of the extension linked
 # with the kernels. usage: bench/gpu/direct_path.sh [M] [N]
-# (SECS: pgbench seconds per row, default 10; CHURN_SECS default 20)
+# (SECS: pgbench seconds per row, default 10; CHURN_SECS default 20;
+# PROBES default 32, or auto: the fewest of 32, 48, 64, 96, ... reaching
+# recall@10 0.95; LISTS default 4096; POLL_AB=0 skips the gpu_poll rows)
 set -euo pipefail
 M=${1:-32}
 N=${2:-1000000}
@@ -68,8 +70,20 @@ Q
 chmod 644 "$work"/*.sql
 OPTS="-c gpu_ivfpq.probes=$PROBES -c enable_seqscan=off"
 
-r=$(recall_at_10 gpu "$PROBES")
-say "recall@10 (probes $PROBES, GPU): $r"
+# PROBES=auto: the fewest probes of a doubling-and-halving sweep whose recall@10 reaches 0.95.
+if [ "$PROBES" = auto ]; then
+  for p in 32 48 64 96 128 192 256 384 512; do
+    r=$(recall_at_10 gpu "$p")
+    say "recall@10 (probes $p, GPU): $r"
+    PROBES=$p
+    awk -v r="$r" 'BEGIN { exit !(r >= 0.95) }' && break
+  done
+  OPTS="-c gpu_ivfpq.probes=$PROBES -c enable_seqscan=off"
+  say "probes $PROBES from here on"
+else
+  r=$(recall_at_10 gpu "$PROBES")
+  say "recall@10 (probes $PROBES, GPU): $r"
+fi
 
 # pgbench CLIENTS SCRIPT [SECS]: "tps p50_ms" (p50 from the per-transaction log).
 bench() {
@@ -119,6 +133,7 @@ for c in 1 64 128; do
         (K[2] > 0 ? K[1] / K[2] : 0), (R[2] > 0 ? R[1] / R[2] : 0), (K[2] > 0 ? K[3] / K[2] * ncpu : 0) }')"
 done
 
+if [ "${POLL_AB:-1}" = 1 ]; then
 say ""
 say "## gpu_ivfpq.gpu_poll (how long the GPU process polls for the next search before it sleeps)"
 say "| gpu_poll us | clients | k-NN QPS | p50 ms | mean batch |"
@@ -134,6 +149,7 @@ for p in 0 200 0 200; do
   done
 done
 set_reload gpu_ivfpq.gpu_poll
+fi
 
 # Delivery threads of the GPU process (DELIVERY_AB=1): the server restarted
 # with GPU_IVFPQ_DELIVERY_THREADS 1, 4 (the default) and 0 (every answer on

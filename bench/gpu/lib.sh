@@ -32,8 +32,14 @@ CREATE TABLE base (id int4, v real[]);
 CREATE TABLE queries (qid int PRIMARY KEY, v real[], gt int[]);
 COPY queries FROM '$DATA/queries.txt';
 SQL
-  # The base rows straight from the generator, as COPY text.
-  "$GEN" --rows "$N" --threads "$(nproc)" | psql -qc "COPY base (id, v) FROM STDIN" || return 1
+  # The base rows straight from the generator, as COPY text; a large set
+  # through several COPYs side by side (one server process parses each).
+  local parts=$(( N >= 2000000 ? ($(nproc) / 2 > 8 ? 8 : ($(nproc) / 2 < 1 ? 1 : $(nproc) / 2)) : 1 )) p pids=()
+  for p in $(seq 0 $((parts - 1))); do
+    "$GEN" --rows "$N" --threads "$(( parts > 1 ? 2 : $(nproc) ))" --part "$p/$parts" | psql -qc "COPY base (id, v) FROM STDIN" &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || return 1; done
   psql -qc "VACUUM ANALYZE base"
 }
 
