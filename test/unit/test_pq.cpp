@@ -1,4 +1,5 @@
 // Product quantizer: encode/decode, error vs m, distance tables and adc_scan.
+#include <cstring>
 #include <cmath>
 #include <limits>
 
@@ -191,6 +192,35 @@ TEST(PQ, AdcScanMatchesDecodedDistanceWithStrides)
                 ASSERT_NEAR(out[i], ref, 1e-5 * ref) << "i=" << i;
                 ASSERT_NEAR(out[i], base + adc_lookup(buf.data() + i * stride, table.data(), m),
                             1e-5 * ref);
+            }
+        }
+    }
+}
+
+// Codes scanned side by side give each code the bits it gets alone (the
+// order of its sums does not depend on its neighbours or on n).
+TEST(PQ, AdcScanSameBitsWhateverTheBatch)
+{
+    std::mt19937_64 gen(11);
+    for (size_t m : {4, 8, 16, 32, 64, 12}) {
+        for (size_t stride : {m, m + 3, size_t(560)}) {
+            const size_t n = 23;
+            std::vector<uint8_t> buf(n * stride);
+            for (auto& b : buf)
+                b = uint8_t(gen() & 255);
+            std::vector<float> table(m * 256);
+            std::normal_distribution<float> g(0.0f, 3.0f);
+            for (auto& t : table)
+                t = g(gen);
+            for (size_t count = 1; count <= n; count++) {
+                std::vector<float> out(count);
+                adc_scan(buf.data(), count, stride, table.data(), m, 0.3f, out.data());
+                for (size_t i = 0; i < count; i++) {
+                    float one = 0.0f;
+                    adc_scan(buf.data() + i * stride, 1, stride, table.data(), m, 0.3f, &one);
+                    ASSERT_EQ(std::memcmp(&one, &out[i], sizeof(float)), 0)
+                        << "m=" << m << " stride=" << stride << " count=" << count << " i=" << i;
+                }
             }
         }
     }
