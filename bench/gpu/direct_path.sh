@@ -85,18 +85,8 @@ else
   say "recall@10 (probes $PROBES, GPU): $r"
 fi
 
-# pgbench CLIENTS SCRIPT [SECS]: "tps p50_ms" (p50 from the per-transaction log).
-bench() {
-  local clients=$1 script=$2 secs=${3:-$SECS} dir tps
-  dir=$(mktemp -d)
-  chmod 777 "$dir"
-  (cd "$dir" && PGOPTIONS="$OPTS" pgbench -n -M prepared -c "$clients" -j "$((clients < 16 ? clients : 16))" \
-    -T "$secs" -f "$script" --log --log-prefix=lat postgres >out.txt 2>&1) || { cat "$dir/out.txt" >&2; return 1; }
-  tps=$(grep -oP 'tps = \K[0-9.]+(?= \(without)' "$dir/out.txt")
-  cat "$dir"/lat* | awk '{print $3}' | sort -n | awk -v tps="$tps" '
-    { a[NR] = $1 } END { printf "%.0f %.3f\n", tps, a[int(NR * 0.5)] / 1000 }'
-  rm -rf "$dir"
-}
+# pgbench CLIENTS SCRIPT [SECS]: "tps p50_ms" (lib.sh's pg_rate with this run's settings).
+bench() { pg_rate "$1" "$2" "${3:-$SECS}" "$OPTS"; }
 stat() { psql -qAtc "SELECT coalesce($1, 0) FROM gpu_ivfpq_status"; }
 # cpu: "busy_jiffies total_jiffies gpu_process_jiffies" (the host's CPUs, and the GPU process's own).
 cpu() {
