@@ -27,11 +27,11 @@ say() { echo "$*" | tee -a "$RES"; }
 
 . bench/gpu/lib.sh
 bench_setup "" "hbase, hqueries"
+psql -qc "CREATE EXTENSION IF NOT EXISTS vector"
 say "# the CPU engine (gpu_ivfpq.device = cpu) beside pgvector HNSW: $N x 128 synthetic (tools/gen_synthetic, seed 42)"
-say "# host: $(nproc) CPU cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); pgvector $(psql -qAtc "SELECT extversion FROM pg_extension WHERE extname = 'vector'" 2>/dev/null || true); $SECS s per row"
+say "# host: $(nproc) CPU cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); pgvector $(psql -qAtc "SELECT extversion FROM pg_extension WHERE extname = 'vector'"); $SECS s per row"
 say "# $(date -u +%F' '%T) UTC"
 
-psql -qc "CREATE EXTENSION IF NOT EXISTS vector"
 psql -qc "CREATE TABLE hbase AS SELECT id, v::vector(128) AS v FROM base" -c "CREATE TABLE hqueries AS SELECT qid, v::vector(128) AS v, gt FROM queries" \
   -c "ALTER TABLE hqueries ADD PRIMARY KEY (qid)" -c "VACUUM ANALYZE hbase"
 t0=$(date +%s.%N)

@@ -414,12 +414,18 @@ CpuRound(IndexScanDesc scan, int want, int64 **labels, double *exact, int *nlabe
 	 * evicted (and freed) the model this scan used before.
 	 */
 	so->model = GpuIvfpqGetModel(scan->indexRelation, &so->meta);
-	if (!so->query_prepared)
+	/*
+	 * The query is prepared for the lists this round probes, and again when a
+	 * later round probes more (the lists nearest by the coarse quantizer, as
+	 * the GPU picks them): ordering every list up front cost more than a
+	 * first round's list scan at 4096 lists.
+	 */
+	if (!so->query_prepared || so->prepared->lists.size() < (size_t) Min(so->probes, (int) so->meta.lists))
 	{
 		if (so->prepared == NULL)
 			so->prepared = GpuIvfpqMakeOwned<gpuivfpq::IvfPqQuery>(so->scanctx, "query preparation");
 		GpuIvfpqGuard("query preparation", [&] {
-			so->model->prepare_query(so->query, so->meta.lists, *so->prepared);
+			so->model->prepare_query(so->query, (size_t) Max(so->probes, 1), *so->prepared);
 		});
 		so->query_prepared = true;
 	}

@@ -266,9 +266,12 @@ void IvfPqModel::prepare_query(const float* q, size_t nprobe, IvfPqQuery& out) c
         normalize_rows(out.q.data(), 1, d_);
     const float* qq = out.q.data();
 
-    // Coarse ranking of all lists from one GEMM row.
+    // Coarse ranking of all lists: one dot product per centroid (a GEMM of
+    // one row would first copy all the centroids into its packed layout, as
+    // much memory traffic again as reading them).
     std::vector<float> dist(lists_);
-    detail::gemm_nt(1, lists_, d_, qq, d_, centroids_.data(), d_, dist.data(), lists_);
+    for (size_t l = 0; l < lists_; l++)
+        dist[l] = inner_product(qq, centroids_.data() + l * d_, d_);
     const float qn = norm_sqr(qq, d_);
     // A list whose distance overflowed is still probed, after the others
     // (the GPU's coarse selection ranks it alike).
