@@ -509,6 +509,14 @@ run_tools() {
     b=\$('$T/gen_synthetic' --rows 3000 --threads 2 | md5sum)
     c=\$('$T/gen_synthetic' --what queries --queries 3000 | md5sum)
     [ \"\$a\" = \"\$b\" ] && [ \"\$a\" != \"\$c\" ]"
+  # --part P/K: K loaders together write the rows of one run, each once.
+  tools_check "gen_synthetic --part" bash -c "
+    a=\$('$T/gen_synthetic' --rows 5000 | md5sum)
+    b=\$(for p in 0 1 2; do '$T/gen_synthetic' --rows 5000 --part \$p/3; done | sort -n | md5sum)
+    n=\$('$T/gen_synthetic' --rows 5000 --part 1/3 | wc -l)
+    [ \"\$a\" = \"\$b\" ] && [ \"\$n\" -gt 0 ] && [ \"\$n\" -lt 5000 ] &&
+      ! '$T/gen_synthetic' --rows 10 --part 3/3 >/dev/null 2>&1 &&
+      ! '$T/gen_synthetic' --rows 10 --part 0/2 --format fvecs >/dev/null 2>&1"
 
   local srv=$WORK/tools-server
   mkdir -p "$srv"
