@@ -12,6 +12,8 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
+use CrashRestart;
+
 my $node = PostgreSQL::Test::Cluster->new('main');
 $node->init;
 $node->append_conf('postgresql.conf', "maintenance_work_mem = '64MB'");
@@ -173,7 +175,7 @@ my $pid = $node->safe_psql(
 ok($pid =~ /^\d+$/, 'found a pgbench backend');
 kill 'KILL', $pid;
 $load->finish;
-$node->poll_query_until('postgres', 'SELECT true')
+CrashRestart::poll_until($node, 'SELECT true')
   or die "the server did not come back";
 check_table('after backend crash', 'items');
 check_table('after backend crash', 'fresh');

@@ -10,6 +10,8 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
+use CrashRestart;
+
 my $node = PostgreSQL::Test::Cluster->new('service');
 $node->init;
 $node->append_conf('postgresql.conf', "shared_preload_libraries = 'gpu_ivfpq'\nrestart_after_crash = on");
@@ -75,8 +77,8 @@ my $pid2 = $node->safe_psql('postgres', 'SELECT service_pid FROM gpu_ivfpq_statu
 kill 'KILL', $pid2;
 # Until the postmaster has noticed the crash the old state is still visible:
 # wait for a running service with another pid.
-ok( $node->poll_query_until(
-		'postgres',
+ok( CrashRestart::poll_until(
+		$node,
 		"SELECT state LIKE 'running%' AND service_pid IS NOT NULL AND service_pid <> $pid2 FROM gpu_ivfpq_status"),
 	'a new service process runs after SIGKILL and crash restart');
 is($node->safe_psql('postgres', $knn), $exact, 'queries work after the crash restart');
