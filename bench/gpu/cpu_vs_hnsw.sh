@@ -58,8 +58,8 @@ SQL
 row() {  # NAME TABLE QUERIES OPTS
   local r a b
   r=$(recall "$2" "$3" "$4")
-  read -r a a50 < <(pg_rate 1 "$work/$2.sql" "$SECS" "$4")
-  read -r b _ < <(pg_rate 64 "$work/$2.sql" "$SECS" "$4")
+  read -r a a50 _ < <(pg_rate 1 "$work/$2.sql" "$SECS" "$4")
+  read -r b _ _ < <(pg_rate 64 "$work/$2.sql" "$SECS" "$4")
   say "| $1 | $r | $a | $b | $a50 |"
 }
 say ""

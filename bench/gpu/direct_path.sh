@@ -85,7 +85,7 @@ else
   say "recall@10 (probes $PROBES, GPU): $r"
 fi
 
-# pgbench CLIENTS SCRIPT [SECS]: "tps p50_ms" (lib.sh's pg_rate with this run's settings).
+# pgbench CLIENTS SCRIPT [SECS]: "tps p50_ms p99_ms" (lib.sh's pg_rate with this run's settings).
 bench() { pg_rate "$1" "$2" "${3:-$SECS}" "$OPTS"; }
 stat() { psql -qAtc "SELECT coalesce($1, 0) FROM gpu_ivfpq_status"; }
 # cpu: "busy_jiffies total_jiffies gpu_process_jiffies" (the host's CPUs, and the GPU process's own).
@@ -106,14 +106,14 @@ for c in 1 64 128; do
   IFS='|' read -r s0 w0 _ b0 q0 _ _ < <(snap)
   g0=$(stat "mean_gpu_us * batches"); d0=$(stat "mean_deliver_us * batches")
   read -r cb0 ct0 cg0 < <(cpu)
-  read -r knn knn50 < <(bench "$c" "$work/knn.sql")
+  read -r knn knn50 _ < <(bench "$c" "$work/knn.sql")
   read -r cb1 ct1 cg1 < <(cpu)
   IFS='|' read -r s1 w1 _ b1 q1 _ _ < <(snap)
   g1=$(stat "mean_gpu_us * batches"); d1=$(stat "mean_deliver_us * batches")
   read -r rb0 rt0 _ < <(cpu)
-  read -r ceil ceil50 < <(bench "$c" "$work/range.sql")
+  read -r ceil ceil50 _ < <(bench "$c" "$work/range.sql")
   read -r rb1 rt1 _ < <(cpu)
-  read -r one _ < <(bench "$c" "$work/one.sql" 5)
+  read -r one _ _ < <(bench "$c" "$work/one.sql" 5)
   say "$(awk -v c="$c" -v k="$knn" -v k50="$knn50" -v r="$ceil" -v r50="$ceil50" -v one="$one" \
     -v s="$((s1 - s0))" -v w="$w0 $w1" -v b="$((b1 - b0))" -v q="$((q1 - q0))" -v g="$g0 $g1" -v d="$d0 $d1" \
     -v kb="$((cb1 - cb0)) $((ct1 - ct0)) $((cg1 - cg0))" -v rb="$((rb1 - rb0)) $((rt1 - rt0))" -v ncpu="$(nproc)" 'BEGIN {
@@ -132,7 +132,7 @@ for p in 0 200 0 200; do
   set_reload gpu_ivfpq.gpu_poll "$p"
   for c in 1 64; do
     IFS='|' read -r _ _ _ b0 q0 _ _ < <(snap)
-    read -r knn knn50 < <(bench "$c" "$work/knn.sql")
+    read -r knn knn50 _ < <(bench "$c" "$work/knn.sql")
     IFS='|' read -r _ _ _ b1 q1 _ _ < <(snap)
     say "$(awk -v p="$p" -v c="$c" -v k="$knn" -v l="$knn50" -v b="$((b1 - b0))" -v q="$((q1 - q0))" 'BEGIN {
       printf "| %d | %d | %d | %.3f | %.1f |", p, c, k, l, (b > 0 ? q / b : 0) }')"
@@ -162,7 +162,7 @@ if [ "${DELIVERY_AB:-0}" = 1 ]; then
     for c in 1 64; do
       IFS='|' read -r _ _ _ b0 q0 _ _ < <(snap)
       g0=$(stat "mean_gpu_us * batches"); d0=$(stat "mean_deliver_us * batches")
-      read -r knn knn50 < <(bench "$c" "$work/knn.sql")
+      read -r knn knn50 _ < <(bench "$c" "$work/knn.sql")
       IFS='|' read -r _ _ _ b1 q1 _ _ < <(snap)
       g1=$(stat "mean_gpu_us * batches"); d1=$(stat "mean_deliver_us * batches")
       say "$(awk -v dt="$dt" -v c="$c" -v k="$knn" -v l="$knn50" -v b="$((b1 - b0))" -v q="$((q1 - q0))" -v g="$g0 $g1" -v d="$d0 $d1" 'BEGIN {
@@ -181,7 +181,7 @@ say "|---|---|---|---|"
 for f in 1 2 3; do
   set_reload gpu_ivfpq.batches_in_flight "$f"
   IFS='|' read -r _ _ _ b0 q0 _ _ < <(snap)
-  read -r knn knn50 < <(bench 64 "$work/knn.sql")
+  read -r knn knn50 _ < <(bench 64 "$work/knn.sql")
   IFS='|' read -r _ _ _ b1 q1 _ _ < <(snap)
   say "$(awk -v f="$f" -v k="$knn" -v p="$knn50" -v b="$((b1 - b0))" -v q="$((q1 - q0))" 'BEGIN {
     printf "| %d | %d | %.3f | %.1f |", f, k, p, (b > 0 ? q / b : 0) }')"
@@ -210,7 +210,7 @@ if [ "${LANES:-1}" = 1 ]; then
     for c in 64 128; do
       IFS='|' read -r _ _ _ b0 q0 _ _ < <(snap)
       g0=$(stat "mean_gpu_us * batches")
-      read -r knn knn50 < <(bench "$c" "$work/knn.sql")
+      read -r knn knn50 _ < <(bench "$c" "$work/knn.sql")
       IFS='|' read -r _ _ _ b1 q1 _ _ < <(snap)
       g1=$(stat "mean_gpu_us * batches")
       say "$(awk -v dv="$devs" -v c="$c" -v k="$knn" -v p="$knn50" -v b="$((b1 - b0))" -v q="$((q1 - q0))" -v g="$g0 $g1" 'BEGIN {

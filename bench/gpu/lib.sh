@@ -64,8 +64,8 @@ set_reload() {
   sleep 0.5
 }
 
-# pg_rate CLIENTS SCRIPT SECS [PGOPTIONS]: "tps p50_ms" of pgbench -M prepared
-# running SCRIPT (p50 from the per-transaction log).
+# pg_rate CLIENTS SCRIPT SECS [PGOPTIONS]: "tps p50_ms p99_ms" of pgbench -M
+# prepared running SCRIPT (latencies from the per-transaction log).
 pg_rate() {
   local dir tps
   dir=$(mktemp -d)
@@ -74,6 +74,6 @@ pg_rate() {
     -T "$3" -f "$2" --log --log-prefix=lat postgres >out.txt 2>&1) || { cat "$dir/out.txt" >&2; return 1; }
   tps=$(grep -oP 'tps = \K[0-9.]+(?= \(without)' "$dir/out.txt")
   cat "$dir"/lat* | awk '{print $3}' | sort -n | awk -v tps="$tps" '
-    { a[NR] = $1 } END { printf "%.0f %.3f\n", tps, a[int(NR * 0.5)] / 1000 }'
+    { a[NR] = $1 } END { printf "%.0f %.3f %.3f\n", tps, a[int(NR * 0.5)] / 1000, a[int(NR * 0.99)] / 1000 }'
   rm -rf "$dir"
 }

@@ -76,15 +76,11 @@ SELECT q.qid, (SELECT array_agg(id) FROM (SELECT id FROM base ORDER BY v <-> q.v
 FROM queries q ORDER BY q.qid;
 SQL
 }
+# bench CLIENTS: k-NN q/s at probes 32 on the GPU (lib.sh's pg_rate).
 bench() {
-  local clients=$1 dir
-  dir=$(mktemp -d)
-  chmod 777 "$dir"
-  (cd "$dir" && PGOPTIONS="-c gpu_ivfpq.device=gpu -c gpu_ivfpq.probes=32 -c enable_seqscan=off" \
-    pgbench -n -M prepared -c "$clients" -j 16 -T "$SECS" -f /tmp/knn.sql postgres >out.txt 2>&1) ||
-    { cat "$dir/out.txt"; return 1; }
-  grep -oP 'tps = \K[0-9.]+(?= \(without)' "$dir/out.txt" | awk '{printf "%.0f", $1}'
-  rm -rf "$dir"
+  local tps
+  read -r tps _ < <(pg_rate "$1" /tmp/knn.sql "$SECS" "-c gpu_ivfpq.device=gpu -c gpu_ivfpq.probes=32 -c enable_seqscan=off") || return 1
+  printf '%s' "$tps"
 }
 devices_now() {
   psql -qAtc "SELECT string_agg(device || ': ' || queries || ' queries, ' || batches || ' batches, busy ' ||

@@ -54,19 +54,8 @@ SELECT id FROM base ORDER BY v <-> (SELECT v FROM queries WHERE qid = :q) LIMIT 
 Q
 echo 'SELECT 1;' >/tmp/one.sql
 
-# pgbench; prints "tps p50_ms p99_ms" (latencies from the per-transaction log).
-bench() {
-  local clients=$1 script=$2 opts=$3 secs=${4:-$SECS} dir
-  dir=$(mktemp -d)
-  chmod 777 "$dir"
-  (cd "$dir" && PGOPTIONS="$opts" pgbench -n -M prepared -c "$clients" -j "$((clients < 16 ? clients : 16))" \
-    -T "$secs" -f "$script" --log --log-prefix=lat postgres >out.txt 2>&1) || { cat "$dir/out.txt"; return 1; }
-  local tps
-  tps=$(grep -oP 'tps = \K[0-9.]+(?= \(without)' "$dir/out.txt")
-  cat "$dir"/lat* | awk '{print $3}' | sort -n | awk -v tps="$tps" '
-    { a[NR] = $1 } END { printf "%.0f %.3f %.3f\n", tps, a[int(NR * 0.5)] / 1000, a[int(NR * 0.99)] / 1000 }'
-  rm -rf "$dir"
-}
+# pgbench CLIENTS SCRIPT OPTS [SECS]: "tps p50_ms p99_ms" (lib.sh's pg_rate).
+bench() { pg_rate "$1" "$2" "${4:-$SECS}" "$3"; }
 
 say ""
 say "## single connection, prepared ORDER BY v <-> q LIMIT 10 (rerank 100)"

@@ -79,18 +79,8 @@ SELECT round(avg(hit) / 10, 4) FROM fgt g, LATERAL (
 SQL
 }
 
-# pgbench; prints "tps p50_ms p99_ms" (latencies from the per-transaction log).
-bench() {
-  local clients=$1 script=$2 opts=$3 dir tps
-  dir=$(mktemp -d)
-  chmod 777 "$dir"
-  (cd "$dir" && PGOPTIONS="$opts" pgbench -n -M prepared -c "$clients" -j "$((clients < 16 ? clients : 16))" \
-    -T "$SECS" -f "$script" --log --log-prefix=lat postgres >out.txt 2>&1) || { cat "$dir/out.txt"; return 1; }
-  tps=$(grep -oP 'tps = \K[0-9.]+(?= \(without)' "$dir/out.txt")
-  cat "$dir"/lat* | awk '{print $3}' | sort -n | awk -v tps="$tps" '
-    { a[NR] = $1 } END { printf "%.0f %.3f %.3f\n", tps, a[int(NR * 0.5)] / 1000, a[int(NR * 0.99)] / 1000 }'
-  rm -rf "$dir"
-}
+# pgbench CLIENTS SCRIPT OPTS: "tps p50_ms p99_ms" (lib.sh's pg_rate).
+bench() { pg_rate "$1" "$2" "$SECS" "$3"; }
 script() {
   local f=/tmp/filter-$1.sql
   printf '\\set q random(1, %d)\nSELECT id FROM fbase WHERE %s ORDER BY v <-> (SELECT v FROM fgt WHERE qid = :q) LIMIT 10;\n' \
