@@ -6,6 +6,7 @@
 
 namespace gpuivfpq {
 class IvfPqModel;
+class RabitqModel;
 class TopK;
 struct IvfPqQuery;
 }
@@ -79,9 +80,25 @@ StaticAssertDecl(sizeof(GpuIvfpqMetaPageData) == 64, "the metapage struct change
 #define GPU_IVFPQ_FEATURE_RETIRED	0x2
 /* Entries carry the filter column's value (a second, integer key column). */
 #define GPU_IVFPQ_FEATURE_FILTER	0x8
+/*
+ * The entries' codes are RaBitQ codes (codes = rabitq), not PQ codes: m is
+ * then the bytes of a row's code and its three float factors
+ * (gpuivfpq::rabitq_row_bytes), nbits the bits per dimension, and the
+ * codebook blob holds the random rotation (dimensions x dimensions
+ * floats). Such entries keep no vector copies. See docs/rabitq-codes.md.
+ */
+#define GPU_IVFPQ_FEATURE_RABITQ	0x10
 /* Every feature this version reads; an index with another bit set is refused. */
 #define GPU_IVFPQ_FEATURES_KNOWN \
-	(GPU_IVFPQ_FEATURE_QERROR | GPU_IVFPQ_FEATURE_VECTORS | GPU_IVFPQ_FEATURE_FILTER)
+	(GPU_IVFPQ_FEATURE_QERROR | GPU_IVFPQ_FEATURE_VECTORS | GPU_IVFPQ_FEATURE_FILTER | \
+	 GPU_IVFPQ_FEATURE_RABITQ)
+
+/* The most dimensions RaBitQ codes take (gpuivfpq::kRabitqMaxDims: a dense rotation). */
+#define GPU_IVFPQ_RABITQ_MAX_DIM	2000
+
+/* Whether an index's entries hold RaBitQ codes. */
+#define GpuIvfpqIsRabitq(meta) \
+	((meta)->trained && ((meta)->features & GPU_IVFPQ_FEATURE_RABITQ) != 0)
 
 /*
  * The index was inserted into or vacuumed on a server that did not preload
@@ -474,7 +491,13 @@ typedef struct GpuIvfpqOptions
 	int			nbits;
 	bool		store_vectors;	/* keep each row's exact vector in its entry */
 	int			placement;		/* GPU_IVFPQ_PLACEMENT_*: replicas or shards over several GPUs */
+	int			codes;			/* GPU_IVFPQ_CODES_*: what the entries' codes are */
+	int			bits;			/* RaBitQ bits per dimension */
 } GpuIvfpqOptions;
+
+#define GPU_IVFPQ_CODES_PQ			0
+#define GPU_IVFPQ_CODES_RABITQ		1
+#define GPU_IVFPQ_DEFAULT_RABITQ_BITS 4
 
 #define GPU_IVFPQ_DEFAULT_LISTS 100
 
@@ -514,6 +537,7 @@ extern int64 GpuIvfpqFilterKeyOf(Relation index, Datum value, bool isnull);
 
 /* ---- model_cache.cpp ---- */
 extern gpuivfpq::IvfPqModel *GpuIvfpqGetModel(Relation index, const GpuIvfpqMetaPageData *meta);
+extern gpuivfpq::RabitqModel *GpuIvfpqGetRabitqModel(Relation index, const GpuIvfpqMetaPageData *meta);
 extern void GpuIvfpqModelTables(gpuivfpq::IvfPqModel *model);
 
 /* ---- lists.cpp ---- */
@@ -543,6 +567,17 @@ typedef struct GpuIvfpqAdcBound
 extern int64 GpuIvfpqCollectList(Relation index, const GpuIvfpqMetaPageData *meta, BlockNumber head,
 								 const GpuIvfpqAdcBound *bound, const GpuIvfpqKeyRange *range,
 								 GpuIvfpqLabels *out);
+
+/* ---- rabitq.cpp ---- */
+extern int	GpuIvfpqRabitqRowBytes(int dim, int bits);
+extern void GpuIvfpqRabitqCheckDim(Relation index, int dim);
+extern void GpuIvfpqRabitqEncode(const gpuivfpq::RabitqModel *model, const float *x, int n, int32 *lists,
+								 uint8 *codes, float *radius, int threads);
+extern int64 GpuIvfpqRabitqRankLists(Relation index, const GpuIvfpqMetaPageData *meta,
+									 const GpuIvfpqListDirEntry *dir, const float *query, int probes,
+									 const GpuIvfpqKeyRange *range, gpuivfpq::TopK *topk,
+									 int64 *labels, int *nlabels);
+extern void GpuIvfpqRefuseRabitq(Relation index, const GpuIvfpqMetaPageData *meta, const char *what);
 
 /* ---- build.cpp ---- */
 extern IndexBuildResult *gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo);

@@ -4,6 +4,7 @@
 #include "service/service.h"
 #include "common/guard.h"
 #include "engine/ivfpq.h"
+#include "engine/rabitq.h"
 
 extern "C" {
 #include "utils/sampling.h"
@@ -30,7 +31,9 @@ typedef struct BuildState
 	int			metric;
 	GpuIvfpqVectorFormat format;	/* how the column stores its vectors */
 	int			lists;
-	int			m;
+	int			m;				/* bytes of an entry's code */
+	bool		rabitq;			/* codes = rabitq: RaBitQ codes, no vector copies */
+	int			bits;			/* RaBitQ bits per dimension */
 	bool		store_vectors;	/* the option: entries keep their vector when it fits */
 	int			vdim;			/* floats of vector per entry (0: none) */
 	bool		keyed;			/* entries carry the filter column's value */
@@ -62,7 +65,8 @@ typedef struct BuildState
 	Size		rows_hint;		/* rows the table is expected to hold (its reltuples) */
 
 	/* pass 2: encode in batches, buffer entries by list, flush when full */
-	gpuivfpq::IvfPqModel *model;	/* owned by the build's memory context */
+	gpuivfpq::IvfPqModel *model;	/* owned by the build's memory context (PQ codes) */
+	gpuivfpq::RabitqModel *rabitq_model;	/* the same, RaBitQ codes */
 	float	   *batch;
 	ItemPointerData *batch_tids;
 	int64	   *batch_keys;		/* filter keys (keyed) */
@@ -129,6 +133,29 @@ CheckBuildMemory(Size needed, const char *what)
 				 errhint("Increase maintenance_work_mem, or use fewer lists.")));
 }
 
+/* Whether the index's options ask for RaBitQ codes. */
+static bool
+WantsRabitq(Relation index)
+{
+	GpuIvfpqOptions *opts = (GpuIvfpqOptions *) index->rd_options;
+
+	return opts != NULL && opts->codes == GPU_IVFPQ_CODES_RABITQ;
+}
+
+/*
+ * Errors unless the index's codes can take vectors of dim dimensions: m
+ * must divide dim (PQ codes), or dim be within RaBitQ's limit.
+ */
+static void
+CheckCodesDim(Relation index, int dim)
+{
+	GpuIvfpqCheckIndexableDim(dim);
+	if (WantsRabitq(index))
+		GpuIvfpqRabitqCheckDim(index, dim);
+	else
+		(void) GpuIvfpqChooseM(index, dim, false);
+}
+
 /*
  * A pgvector column declares its dimension (vector(n), halfvec(n)): it is
  * checked, and m against it, at CREATE INDEX, before any row and even on
@@ -140,10 +167,7 @@ CheckDeclaredDim(Relation index, GpuIvfpqVectorFormat format)
 	int32		typmod = TupleDescAttr(RelationGetDescr(index), 0)->atttypmod;
 
 	if ((format == GPU_IVFPQ_FORMAT_VECTOR || format == GPU_IVFPQ_FORMAT_HALFVEC) && typmod > 0)
-	{
-		GpuIvfpqCheckIndexableDim(typmod);
-		(void) GpuIvfpqChooseM(index, typmod, false);
-	}
+		CheckCodesDim(index, typmod);
 }
 
 /* Validates one indexed value and returns its elements (in tmpctx). */
@@ -156,8 +180,7 @@ RowVector(BuildState *bs, Datum value)
 	if (bs->dim == 0)
 	{
 		/* The first row: the dimension is known, m is checked before reading on. */
-		GpuIvfpqCheckIndexableDim(dim);
-		(void) GpuIvfpqChooseM(bs->index, dim, false);
+		CheckCodesDim(bs->index, dim);
 		bs->dim = dim;
 	}
 	else if (dim != bs->dim)
@@ -445,22 +468,29 @@ EncodeBatch(BuildState *bs)
 	start = GetCurrentTimestamp();
 	on_gpu = bs->gpu_encoder != NULL &&
 		GpuIvfpqServiceEncode(bs->gpu_encoder, bs->batch_n, bs->batch_lists, bs->batch_codes);
-	if (!on_gpu)
+	if (bs->rabitq)
+	{
+		GpuIvfpqRabitqEncode(bs->rabitq_model, bs->batch, bs->batch_n, bs->batch_lists, bs->batch_codes,
+							 bs->batch_radius, threads);
+		memset(bs->batch_qerror, 0, sizeof(float) * bs->batch_n);
+	}
+	else if (!on_gpu)
 		GpuIvfpqGuard("encoding", [&] {
 			bs->model->encode(bs->batch, bs->batch_n, bs->batch_lists, bs->batch_codes,
 							  bs->batch_radius, threads);
 		});
 	bs->encode_secs += SecondsSince(start);
 	start = GetCurrentTimestamp();
-	GpuIvfpqGuard("encoding", [&] {
-		/* The GPU assigned and encoded; the covering radii are cheap here. */
-		if (on_gpu)
-			bs->model->centroid_distances(bs->batch, bs->batch_n, bs->batch_lists, bs->batch_radius,
-										  threads);
-		/* How far each code is from its vector: range search's ADC bound. */
-		bs->model->quantization_errors(bs->batch, bs->batch_n, bs->batch_lists, bs->batch_codes,
-									   bs->batch_qerror, threads);
-	});
+	if (!bs->rabitq)
+		GpuIvfpqGuard("encoding", [&] {
+			/* The GPU assigned and encoded; the covering radii are cheap here. */
+			if (on_gpu)
+				bs->model->centroid_distances(bs->batch, bs->batch_n, bs->batch_lists, bs->batch_radius,
+											  threads);
+			/* How far each code is from its vector: range search's ADC bound. */
+			bs->model->quantization_errors(bs->batch, bs->batch_n, bs->batch_lists, bs->batch_codes,
+										   bs->batch_qerror, threads);
+		});
 	bs->bounds_secs += SecondsSince(start);
 	for (int i = 0; i < bs->batch_n; i++)
 	{
@@ -632,12 +662,14 @@ WriteEmptyListDir(Relation index, int lists, uint32 *npages)
 
 /* The options of an index, with defaults when it has none. */
 static void
-IndexOptions(Relation index, int *lists, bool *store_vectors)
+IndexOptions(Relation index, BuildState *bs)
 {
 	GpuIvfpqOptions *opts = (GpuIvfpqOptions *) index->rd_options;
 
-	*lists = opts ? opts->lists : GPU_IVFPQ_DEFAULT_LISTS;
-	*store_vectors = opts ? opts->store_vectors : true;
+	bs->lists = opts ? opts->lists : GPU_IVFPQ_DEFAULT_LISTS;
+	bs->store_vectors = opts ? opts->store_vectors : true;
+	bs->rabitq = WantsRabitq(index);
+	bs->bits = opts ? opts->bits : GPU_IVFPQ_DEFAULT_RABITQ_BITS;
 }
 
 /*
@@ -770,6 +802,68 @@ TrainQuantizers(BuildState *bs, GpuIvfpqMetaPageData *meta, TimestampTz *phase_s
 }
 
 /*
+ * Phase 2 of an index with RaBitQ codes: the list centroids, trained as
+ * those of PQ codes are (on the service's GPU when it can: it trains a
+ * one-sub-quantizer PQ beside them, unused here), and the random rotation
+ * from the build's seed; both written to the index; fills meta.
+ */
+static void
+TrainRabitq(BuildState *bs, GpuIvfpqMetaPageData *meta, TimestampTz *phase_start)
+{
+	gpuivfpq::IvfPqTrainParams params;
+	Size		rotation_bytes = (Size) bs->dim * bs->dim * sizeof(float);
+	float	   *centroids;
+	float	   *codebooks;
+	float	   *rotation;
+	bool		on_gpu;
+
+	bs->m = GpuIvfpqRabitqRowBytes(bs->dim, bs->bits);
+	pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_TRAIN);
+	DropUnrankedSample(bs);
+	params.threads = Max(1, max_parallel_maintenance_workers + 1);
+	params.max_points_per_centroid = SAMPLES_PER_LIST;
+	centroids = (float *) palloc_extended(sizeof(float) * bs->lists * bs->dim, MCXT_ALLOC_HUGE);
+	codebooks = (float *) palloc(sizeof(float) * 256 * bs->dim);
+	rotation = (float *) palloc_extended(rotation_bytes, MCXT_ALLOC_HUGE);
+	on_gpu = GpuIvfpqServiceTrain(bs->sample, bs->sample_n, bs->dim, bs->lists, 1, bs->metric,
+								  params.iterations, (int) params.max_points_per_centroid,
+								  params.seed, centroids, codebooks);
+	GpuIvfpqGuard("training", [&] {
+		if (on_gpu)
+			gpuivfpq::clamp_to_finite(centroids, (size_t) bs->lists * bs->dim);
+		else
+			gpuivfpq::ivfpq_train_coarse(bs->sample, (size_t) bs->sample_n, (size_t) bs->dim,
+										 (size_t) bs->lists, (gpuivfpq::Metric) bs->metric, params,
+										 centroids);
+		gpuivfpq::RabitqRotation r = gpuivfpq::RabitqRotation::generate((size_t) bs->dim, BUILD_SEED,
+																		params.threads);
+
+		memcpy(rotation, r.matrix().data(), rotation_bytes);
+	});
+	bs->rabitq_model = GpuIvfpqMakeOwned<gpuivfpq::RabitqModel>(CurrentMemoryContext, "training",
+																(size_t) bs->dim, (size_t) bs->lists,
+																bs->bits, (gpuivfpq::Metric) bs->metric,
+																(const float *) rotation);
+	GpuIvfpqGuard("training", [&] { bs->rabitq_model->set_centroids(centroids); });
+	ReportPhase(on_gpu ? "training (service GPU) and rotation" : "training and rotation", bs->sample_n,
+				phase_start);
+	pfree(bs->sample);
+	bs->sample = NULL;
+
+	meta->lists = bs->lists;
+	meta->m = (uint16) bs->m;
+	meta->nbits = (uint16) bs->bits;
+	meta->trained = true;
+	meta->features |= GPU_IVFPQ_FEATURE_RABITQ;
+	bs->vdim = 0;
+	meta->centroid_start = GpuIvfpqWriteBlob(bs->index, centroids, sizeof(float) * bs->lists * bs->dim);
+	meta->codebook_start = GpuIvfpqWriteBlob(bs->index, rotation, rotation_bytes);
+	pfree(centroids);
+	pfree(codebooks);
+	pfree(rotation);
+}
+
+/*
  * Phase 3: reads the table once, assigns and encodes every row (on the
  * service's GPU when it can) and writes the lists; pending entries are
  * bounded by maintenance_work_mem.
@@ -797,9 +891,10 @@ EncodeAndWrite(BuildState *bs, Relation heap, IndexInfo *indexInfo, TimestampTz 
 							 / entry_bytes);
 	bs->pend_cap = (int) Min((double) bs->pend_cap, Max(ceil(estimate), (double) batch));
 	bs->batch_cap = batch;
-	bs->gpu_encoder = GpuIvfpqServiceEncoderBegin(bs->model->centroids().data(),
-												  bs->model->pq().codebooks().data(), bs->dim,
-												  bs->lists, bs->m, bs->metric, &bs->batch_cap);
+	/* RaBitQ codes are encoded by the CPU engine (threads of the build). */
+	bs->gpu_encoder = bs->rabitq ? NULL :
+		GpuIvfpqServiceEncoderBegin(bs->model->centroids().data(), bs->model->pq().codebooks().data(),
+									bs->dim, bs->lists, bs->m, bs->metric, &bs->batch_cap);
 	/* Rows go straight into the GPU request's segment when there is one. */
 	bs->batch = bs->gpu_encoder != NULL ? GpuIvfpqServiceEncoderRows(bs->gpu_encoder)
 		: (float *) palloc_extended((Size) bs->batch_cap * bs->dim * sizeof(float), MCXT_ALLOC_HUGE);
@@ -879,7 +974,7 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 	bs.metric = GpuIvfpqMetricOf(index);
 	bs.format = GpuIvfpqIndexFormat(index);
 	bs.keyed = GpuIvfpqHasFilterColumn(index);
-	IndexOptions(index, &bs.lists, &bs.store_vectors);
+	IndexOptions(index, &bs);
 	CheckDeclaredDim(index, bs.format);
 	bs.tmpctx = AllocSetContextCreate(buildctx, "gpu_ivfpq build row", ALLOCSET_DEFAULT_SIZES);
 	pg_prng_seed(&bs.prng, BUILD_SEED);
@@ -935,7 +1030,10 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 							RelationGetRelationName(index), bs.vectors_estimate, bs.lists),
 					 errdetail("Some centroids repeat and their lists stay empty; results remain correct."),
 					 errhint("Use lists of about sqrt(rows), or REINDEX once the table has grown.")));
-		TrainQuantizers(&bs, &meta, &phase_start);
+		if (bs.rabitq)
+			TrainRabitq(&bs, &meta, &phase_start);
+		else
+			TrainQuantizers(&bs, &meta, &phase_start);
 	}
 	meta.listdir_start = WriteEmptyListDir(index, meta.lists, &meta.listdir_pages);
 	bs.meta = &meta;

@@ -24,7 +24,13 @@ static relopt_enum_elt_def placement_values[] = {
 	{(const char *) NULL}
 };
 
-/* Registers the index options (lists, m, nbits, store_vectors, placement); called once from _PG_init. */
+static relopt_enum_elt_def codes_values[] = {
+	{"pq", GPU_IVFPQ_CODES_PQ},
+	{"rabitq", GPU_IVFPQ_CODES_RABITQ},
+	{(const char *) NULL}
+};
+
+/* Registers the index options (lists, m, nbits, store_vectors, placement, codes, bits); called once from _PG_init. */
 void
 GpuIvfpqRegisterOptions(void)
 {
@@ -45,9 +51,15 @@ GpuIvfpqRegisterOptions(void)
 					   "How the GPU service places the index over several GPUs: auto, replicate or shard",
 					   placement_values, GPU_IVFPQ_PLACEMENT_AUTO,
 					   "Valid values are \"auto\", \"replicate\" and \"shard\".", ShareUpdateExclusiveLock);
+	add_enum_reloption(gpu_ivfpq_relopt_kind, "codes",
+					   "What the index keeps of each row: pq (PQ codes and a vector copy) or rabitq (RaBitQ codes only)",
+					   codes_values, GPU_IVFPQ_CODES_PQ,
+					   "Valid values are \"pq\" and \"rabitq\".", AccessExclusiveLock);
+	add_int_reloption(gpu_ivfpq_relopt_kind, "bits", "Bits per dimension of RaBitQ codes (codes = rabitq)",
+					  GPU_IVFPQ_DEFAULT_RABITQ_BITS, 1, 8, AccessExclusiveLock);
 }
 
-/* amoptions: parses WITH (lists, m, nbits, store_vectors, placement). */
+/* amoptions: parses WITH (lists, m, nbits, store_vectors, placement, codes, bits). */
 bytea *
 gpuivfpqoptions(Datum reloptions, bool validate)
 {
@@ -57,6 +69,8 @@ gpuivfpqoptions(Datum reloptions, bool validate)
 		{"nbits", RELOPT_TYPE_INT, offsetof(GpuIvfpqOptions, nbits)},
 		{"store_vectors", RELOPT_TYPE_BOOL, offsetof(GpuIvfpqOptions, store_vectors)},
 		{"placement", RELOPT_TYPE_ENUM, offsetof(GpuIvfpqOptions, placement)},
+		{"codes", RELOPT_TYPE_ENUM, offsetof(GpuIvfpqOptions, codes)},
+		{"bits", RELOPT_TYPE_INT, offsetof(GpuIvfpqOptions, bits)},
 	};
 
 	return (bytea *) build_reloptions(reloptions, validate, gpu_ivfpq_relopt_kind,
@@ -272,7 +286,8 @@ gpuivfpqcostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
 	else if (index->rd_options)
 	{
 		lists = ((GpuIvfpqOptions *) index->rd_options)->lists;
-		copies = ((GpuIvfpqOptions *) index->rd_options)->store_vectors;
+		copies = ((GpuIvfpqOptions *) index->rd_options)->store_vectors &&
+			((GpuIvfpqOptions *) index->rd_options)->codes == GPU_IVFPQ_CODES_PQ;
 	}
 	index_close(index, NoLock);
 

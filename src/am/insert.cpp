@@ -34,7 +34,11 @@ gpuivfpqinsert(Relation index, Datum *values, bool *isnull, ItemPointer heap_tid
 	{
 		/* An index built on an empty table: its first vector sets the dimension m must divide. */
 		GpuIvfpqCheckIndexableDim(dim);
-		(void) GpuIvfpqChooseM(index, dim, true);
+		if (index->rd_options != NULL &&
+			((GpuIvfpqOptions *) index->rd_options)->codes == GPU_IVFPQ_CODES_RABITQ)
+			GpuIvfpqRabitqCheckDim(index, dim);
+		else
+			(void) GpuIvfpqChooseM(index, dim, true);
 		GpuIvfpqSetDimensions(index, &meta, dim);
 	}
 	if ((uint32) dim != meta.dimensions)
@@ -55,7 +59,10 @@ gpuivfpqinsert(Relation index, Datum *values, bool *isnull, ItemPointer heap_tid
 
 		memcpy(entry + el.xkey, &key, GPU_IVFPQ_FILTER_KEY_BYTES);
 	}
-	if (meta.trained)
+	if (GpuIvfpqIsRabitq(&meta))
+		GpuIvfpqRabitqEncode(GpuIvfpqGetRabitqModel(index, &meta), v, 1, &list,
+							 (uint8 *) entry + el.xcode, &radius, 1);
+	else if (meta.trained)
 	{
 		gpuivfpq::IvfPqModel *model = GpuIvfpqGetModel(index, &meta);
 		uint8	   *code = (uint8 *) entry + el.xcode;

@@ -4,6 +4,7 @@
 #include "am/am.h"
 #include "common/guard.h"
 #include "engine/ivfpq.h"
+#include "engine/rabitq.h"
 
 #define MODEL_CACHE_SLOTS 8
 
@@ -18,7 +19,8 @@ typedef struct ModelCacheSlot
 	uint32		build_id;
 	uint64		last_used;
 	MemoryContext cxt;			/* owns the model; deleted on eviction */
-	gpuivfpq::IvfPqModel *model;
+	gpuivfpq::IvfPqModel *model;	/* PQ codes: this, */
+	gpuivfpq::RabitqModel *rabitq;	/* or RaBitQ codes: this */
 } ModelCacheSlot;
 
 static ModelCacheSlot model_cache[MODEL_CACHE_SLOTS];
@@ -29,6 +31,7 @@ static void
 ReleaseSlot(ModelCacheSlot *slot)
 {
 	slot->model = NULL;
+	slot->rabitq = NULL;
 	if (slot->cxt != NULL)
 		MemoryContextDelete(slot->cxt);
 	slot->cxt = NULL;
@@ -50,28 +53,31 @@ GpuIvfpqModelTables(gpuivfpq::IvfPqModel *model)
 		GpuIvfpqGuard("lookup tables", [&] { model->precompute_tables(table_budget); });
 }
 
-/* Returns the trained model of index, loading it into the cache if needed. */
-gpuivfpq::IvfPqModel *
-GpuIvfpqGetModel(Relation index, const GpuIvfpqMetaPageData *meta)
+/*
+ * The cache's slot of index as meta describes it, loaded by load (which
+ * fills the slot's model or rabitq from the pages, allocating in the
+ * context it is given) when not cached.
+ */
+template <typename Load>
+static ModelCacheSlot *
+CachedSlot(Relation index, const GpuIvfpqMetaPageData *meta, Load &&load)
 {
 	ModelCacheSlot *victim = &model_cache[0];
 	MemoryContext cxt;
-	float	   *centroids;
-	float	   *codebooks;
-	gpuivfpq::IvfPqModel *model;
 
 	Assert(meta->trained);
 	for (int i = 0; i < MODEL_CACHE_SLOTS; i++)
 	{
 		ModelCacheSlot *slot = &model_cache[i];
+		bool		used = slot->model != NULL || slot->rabitq != NULL;
 
-		if (slot->model != NULL && GpuIvfpqRelFileEquals(slot->node, GpuIvfpqRelFileOf(index)) &&
+		if (used && GpuIvfpqRelFileEquals(slot->node, GpuIvfpqRelFileOf(index)) &&
 			slot->build_id == meta->build_id)
 		{
 			slot->last_used = ++model_cache_clock;
-			return slot->model;
+			return slot;
 		}
-		if (slot->model == NULL || slot->last_used < victim->last_used)
+		if (!used || slot->last_used < victim->last_used)
 			victim = slot;
 	}
 
@@ -82,22 +88,62 @@ GpuIvfpqGetModel(Relation index, const GpuIvfpqMetaPageData *meta)
 	 * TopMemoryContext for the cache.
 	 */
 	cxt = AllocSetContextCreate(CurrentMemoryContext, "gpu_ivfpq model", ALLOCSET_SMALL_SIZES);
-	GpuIvfpqReadQuantizers(index, meta, cxt, &centroids, &codebooks);
-	model = GpuIvfpqMakeOwned<gpuivfpq::IvfPqModel>(cxt, "model load", (size_t) meta->dimensions,
-													(size_t) meta->lists, (size_t) meta->m,
-													(gpuivfpq::Metric) meta->metric);
-	GpuIvfpqGuard("model load", [&] {
-		model->set_centroids(centroids);
-		model->set_codebooks(codebooks);
-	});
+	load(cxt, victim);
 	MemoryContextSetParent(cxt, TopMemoryContext);
-	pfree(centroids);
-	pfree(codebooks);
-
 	victim->node = GpuIvfpqRelFileOf(index);
 	victim->build_id = meta->build_id;
 	victim->last_used = ++model_cache_clock;
 	victim->cxt = cxt;
-	victim->model = model;
-	return model;
+	return victim;
+}
+
+/* Returns the trained model of index (PQ codes), loading it into the cache if needed. */
+gpuivfpq::IvfPqModel *
+GpuIvfpqGetModel(Relation index, const GpuIvfpqMetaPageData *meta)
+{
+	if (GpuIvfpqIsRabitq(meta))
+		elog(ERROR, "gpu_ivfpq: index \"%s\" has RaBitQ codes, not PQ codes", RelationGetRelationName(index));
+	return CachedSlot(index, meta, [&](MemoryContext cxt, ModelCacheSlot *slot) {
+		float	   *centroids;
+		float	   *codebooks;
+		gpuivfpq::IvfPqModel *model;
+
+		GpuIvfpqReadQuantizers(index, meta, cxt, &centroids, &codebooks);
+		model = GpuIvfpqMakeOwned<gpuivfpq::IvfPqModel>(cxt, "model load", (size_t) meta->dimensions,
+														(size_t) meta->lists, (size_t) meta->m,
+														(gpuivfpq::Metric) meta->metric);
+		GpuIvfpqGuard("model load", [&] {
+			model->set_centroids(centroids);
+			model->set_codebooks(codebooks);
+		});
+		pfree(centroids);
+		pfree(codebooks);
+		slot->model = model;
+	})->model;
+}
+
+/*
+ * Returns the trained model of an index with RaBitQ codes (its centroids,
+ * rotation and bits), loading it into the cache if needed.
+ */
+gpuivfpq::RabitqModel *
+GpuIvfpqGetRabitqModel(Relation index, const GpuIvfpqMetaPageData *meta)
+{
+	if (!GpuIvfpqIsRabitq(meta))
+		elog(ERROR, "gpu_ivfpq: index \"%s\" has no RaBitQ codes", RelationGetRelationName(index));
+	return CachedSlot(index, meta, [&](MemoryContext cxt, ModelCacheSlot *slot) {
+		float	   *centroids;
+		float	   *rotation;
+		gpuivfpq::RabitqModel *model;
+
+		GpuIvfpqReadQuantizers(index, meta, cxt, &centroids, &rotation);
+		/* A rotation that is no finite matrix is refused (corrupt pages): an ERROR. */
+		model = GpuIvfpqMakeOwned<gpuivfpq::RabitqModel>(
+			cxt, "model load", (size_t) meta->dimensions, (size_t) meta->lists, (int) meta->nbits,
+			(gpuivfpq::Metric) meta->metric, (const float *) rotation);
+		GpuIvfpqGuard("model load", [&] { model->set_centroids(centroids); });
+		pfree(centroids);
+		pfree(rotation);
+		slot->rabitq = model;
+	})->rabitq;
 }

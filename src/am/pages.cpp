@@ -161,7 +161,24 @@ GpuIvfpqCheckMeta(Relation index, const GpuIvfpqMetaPageData *meta)
 	memcpy(&trained, &meta->trained, 1);
 	if (trained > 1)
 		GpuIvfpqReportCorrupt(index, blk, "metapage trained flag is %u, not 0 or 1", (unsigned int) trained);
-	if (meta->nbits != GPU_IVFPQ_NBITS)
+	if (GpuIvfpqIsRabitq(meta))
+	{
+		/* RaBitQ codes: bits per dimension, and m the bytes of a code with its factors. */
+		if (meta->nbits < 1 || meta->nbits > 8)
+			GpuIvfpqReportCorrupt(index, blk, "metapage has %u bits per dimension of RaBitQ codes, not 1..8",
+								  (unsigned int) meta->nbits);
+		if (meta->dimensions < 1 || meta->dimensions > GPU_IVFPQ_RABITQ_MAX_DIM ||
+			meta->m != GpuIvfpqRabitqRowBytes((int) meta->dimensions, meta->nbits))
+			GpuIvfpqReportCorrupt(index, blk, "metapage has %u-byte RaBitQ codes for %u dimensions of %u bits",
+								  (unsigned int) meta->m, meta->dimensions, (unsigned int) meta->nbits);
+		if (meta->features & (GPU_IVFPQ_FEATURE_VECTORS | GPU_IVFPQ_FEATURE_QERROR))
+			GpuIvfpqReportCorrupt(index, blk, "metapage features 0x%x: RaBitQ entries keep no vectors and no PQ error",
+								  meta->features);
+	}
+	else if (meta->features & GPU_IVFPQ_FEATURE_RABITQ)
+		GpuIvfpqReportCorrupt(index, blk, "untrained index has features 0x%x: RaBitQ codes need trained quantizers",
+							  meta->features);
+	else if (meta->nbits != GPU_IVFPQ_NBITS)
 		GpuIvfpqReportCorrupt(index, blk, "metapage has %u bits per code, gpu_ivfpq writes %d",
 							  (unsigned int) meta->nbits, GPU_IVFPQ_NBITS);
 	if (meta->metric > (uint8) gpuivfpq::Metric::Cosine)
@@ -172,7 +189,9 @@ GpuIvfpqCheckMeta(Relation index, const GpuIvfpqMetaPageData *meta)
 							  meta->dimensions, GPU_IVFPQ_MAX_DIM);
 	if (meta->lists < 1 || meta->lists > GPU_IVFPQ_MAX_LISTS)
 		GpuIvfpqReportCorrupt(index, blk, "metapage lists %u is outside 1..%d", meta->lists, GPU_IVFPQ_MAX_LISTS);
-	if (trained)
+	if (trained && GpuIvfpqIsRabitq(meta))
+		;						/* m checked above */
+	else if (trained)
 	{
 		if (meta->m < 1 || meta->m > GPU_IVFPQ_MAX_M)
 			GpuIvfpqReportCorrupt(index, blk, "metapage m %u is outside 1..%d", (unsigned int) meta->m,
@@ -234,10 +253,15 @@ GpuIvfpqCentroidBytes(const GpuIvfpqMetaPageData *meta)
 	return (Size) meta->lists * meta->dimensions * sizeof(float);
 }
 
-/* Bytes of the codebooks blob: m x 256 x dim/m floats. */
+/*
+ * Bytes of the codebooks blob: m x 256 x dim/m floats; in an index with
+ * RaBitQ codes the rotation, dim x dim floats.
+ */
 Size
 GpuIvfpqCodebookBytes(const GpuIvfpqMetaPageData *meta)
 {
+	if (GpuIvfpqIsRabitq(meta))
+		return (Size) meta->dimensions * meta->dimensions * sizeof(float);
 	return (Size) 256 * meta->dimensions * sizeof(float);
 }
 

@@ -406,6 +406,7 @@ static void
 CpuRound(IndexScanDesc scan, int want, int64 **labels, double *exact, int *nlabels)
 {
 	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
+	bool		rabitq = GpuIvfpqIsRabitq(&so->meta);
 	MemoryContext roundctx;
 	gpuivfpq::TopK *topk;
 
@@ -413,14 +414,16 @@ CpuRound(IndexScanDesc scan, int want, int64 **labels, double *exact, int *nlabe
 	 * Each round asks the cache again: between rounds other scans may have
 	 * evicted (and freed) the model this scan used before.
 	 */
-	so->model = GpuIvfpqGetModel(scan->indexRelation, &so->meta);
+	so->model = rabitq ? NULL : GpuIvfpqGetModel(scan->indexRelation, &so->meta);
 	/*
 	 * The query is prepared for the lists this round probes, and again when a
 	 * later round probes more (the lists nearest by the coarse quantizer, as
 	 * the GPU picks them): ordering every list up front cost more than a
-	 * first round's list scan at 4096 lists.
+	 * first round's list scan at 4096 lists. (RaBitQ codes: prepared per
+	 * round, GpuIvfpqRabitqRankLists.)
 	 */
-	if (!so->query_prepared || so->prepared->lists.size() < (size_t) Min(so->probes, (int) so->meta.lists))
+	if (!rabitq &&
+		(!so->query_prepared || so->prepared->lists.size() < (size_t) Min(so->probes, (int) so->meta.lists)))
 	{
 		if (so->prepared == NULL)
 			so->prepared = GpuIvfpqMakeOwned<gpuivfpq::IvfPqQuery>(so->scanctx, "query preparation");
@@ -435,9 +438,15 @@ CpuRound(IndexScanDesc scan, int want, int64 **labels, double *exact, int *nlabe
 	roundctx = AllocSetContextCreate(CurrentMemoryContext, "gpu_ivfpq scan round", ALLOCSET_SMALL_SIZES);
 	topk = GpuIvfpqMakeOwned<gpuivfpq::TopK>(roundctx, "k-selection", (size_t) want);
 	*labels = (int64 *) palloc_extended(sizeof(int64) * Max(want, 1), MCXT_ALLOC_HUGE);
-	so->entries_seen = GpuIvfpqRankLists(scan->indexRelation, &so->meta, so->dir, so->model,
-										 so->prepared, so->probes, so->filtered ? &so->range : NULL, topk,
-										 so->query, *labels, exact, nlabels);
+	if (rabitq)
+		/* Candidates by the codes' estimates, re-ranked from the heap (no exact here). */
+		so->entries_seen = GpuIvfpqRabitqRankLists(scan->indexRelation, &so->meta, so->dir, so->query,
+												   so->probes, so->filtered ? &so->range : NULL, topk,
+												   *labels, nlabels);
+	else
+		so->entries_seen = GpuIvfpqRankLists(scan->indexRelation, &so->meta, so->dir, so->model,
+											 so->prepared, so->probes, so->filtered ? &so->range : NULL,
+											 topk, so->query, *labels, exact, nlabels);
 	so->codes_scanned += so->entries_seen;
 	MemoryContextDelete(roundctx);
 }

@@ -106,6 +106,17 @@ KMeansParams ivfpq_pq_params(const IvfPqTrainParams& params, size_t pq_rows)
     return kp;
 }
 
+void ivfpq_train_coarse(const float* x, size_t n, size_t d, size_t lists, Metric metric,
+                        const IvfPqTrainParams& params, float* centroids)
+{
+    require(n >= 1 && x != nullptr && centroids != nullptr, "IVF: no training vectors");
+    const IvfPqTrainingRows rows = ivfpq_training_rows(
+        n, lists, params.seed, params.max_points_per_centroid, params.pq_max_training);
+    const std::vector<float> sample = gather_rows(x, rows.coarse, d, metric == Metric::Cosine);
+    kmeans_train(sample.data(), rows.coarse.size(), d, lists, ivfpq_coarse_params(params),
+                 centroids);
+}
+
 void IvfPqModel::train(const float* x, size_t n, const IvfPqTrainParams& params)
 {
     require(n >= 1, "IVFPQ: need at least one training vector");
@@ -119,10 +130,8 @@ void IvfPqModel::train(const float* x, size_t n, const IvfPqTrainParams& params)
 
     // Coarse quantizer on its sample.
     {
-        const std::vector<float> sample = gather_rows(x, rows.coarse, d_, cosine);
         std::vector<float> cent(centroids_.size());
-        kmeans_train(sample.data(), rows.coarse.size(), d_, lists_, ivfpq_coarse_params(params),
-                     cent.data());
+        ivfpq_train_coarse(x, n, d_, lists_, metric_, params, cent.data());
         set_centroids(cent.data());
     }
 

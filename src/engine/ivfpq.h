@@ -40,6 +40,13 @@ IvfPqTrainingRows ivfpq_training_rows(size_t n, size_t lists, uint64_t seed,
 // The coarse quantizer's k-means parameters (it trains on the coarse rows).
 KMeansParams ivfpq_coarse_params(const IvfPqTrainParams& params);
 
+// Trains the coarse quantizer alone (lists x d floats into centroids) as
+// IvfPqModel::train does (the same rows, seeds and normalisation for
+// Cosine): for indexes whose rows are coded against the list centroids by
+// other codes (RaBitQ).
+void ivfpq_train_coarse(const float* x, size_t n, size_t d, size_t lists, Metric metric,
+                        const IvfPqTrainParams& params, float* centroids);
+
 // The PQ's k-means parameters, for pq_rows residuals (no further
 // subsample); sub-quantizer j uses pq_subquantizer_seed(seed, j).
 KMeansParams ivfpq_pq_params(const IvfPqTrainParams& params, size_t pq_rows);

@@ -405,6 +405,12 @@ void RabitqRotation::apply_rows(const double* x, size_t n, double* out) const
 
 // ---- The model ----
 
+RabitqModel::RabitqModel(size_t d, size_t lists, int bits, Metric metric,
+                         const float* rotation_matrix)
+    : RabitqModel(d, lists, bits, metric, RabitqRotation::from_matrix(d, rotation_matrix))
+{
+}
+
 RabitqModel::RabitqModel(size_t d, size_t lists, int bits, Metric metric, RabitqRotation rotation)
     : d_(d), lists_(lists), bits_(bits), metric_(metric), rotation_(std::move(rotation))
 {

@@ -188,6 +188,8 @@ class RabitqModel {
 public:
     // rotation.d() must equal d.
     RabitqModel(size_t d, size_t lists, int bits, Metric metric, RabitqRotation rotation);
+    // The same with the rotation's d * d floats (RabitqRotation::from_matrix).
+    RabitqModel(size_t d, size_t lists, int bits, Metric metric, const float* rotation_matrix);
 
     size_t d() const { return d_; }
     size_t lists() const { return lists_; }

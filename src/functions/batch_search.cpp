@@ -131,6 +131,13 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 				else if (on_gpu)
 					while (n < want && bs->labels[i * want + n] >= 0)
 						n++;
+				else if (GpuIvfpqIsRabitq(&bs->meta))
+				{
+					/* RaBitQ codes: candidates by estimate, re-ranked from the heap below. */
+					(void) GpuIvfpqRabitqRankLists(bs->index, &bs->meta, bs->dir, queries + (c0 + i) * dim,
+												   bs->probes, NULL, bs->topk, bs->labels + i * want, &n);
+					GpuIvfpqCountCpuQuery();
+				}
 				else
 				{
 					/* Asked again per query: other scans may have evicted it since. */

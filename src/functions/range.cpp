@@ -195,6 +195,7 @@ gpu_ivfpq_range(PG_FUNCTION_ARGS)
 				 errhint("Only inner-product indexes (real_ip_ops, vector_ip_ops, halfvec_ip_ops) take negative radii.")));
 	q = GpuIvfpqQueryVector(fcinfo, 1, &dim);
 	GpuIvfpqReadMeta(index, &meta);
+	GpuIvfpqRefuseRabitq(index, &meta, "gpu_ivfpq_range");
 	if (meta.dimensions != 0 && (uint32) dim != meta.dimensions)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATA_EXCEPTION),

@@ -101,7 +101,8 @@ GpuIvfpqServiceLogAppend(Relation index, const GpuIvfpqMetaPageData *meta, int l
 {
 	GpuIvfpqLogEntry e;
 
-	if (gpu_ivfpq_service == NULL || !meta->trained || meta->m > GPU_IVFPQ_SERVICE_MAX_M)
+	if (gpu_ivfpq_service == NULL || !meta->trained || meta->m > GPU_IVFPQ_SERVICE_MAX_M ||
+		GpuIvfpqIsRabitq(meta))
 		return;
 	memset(&e, 0, offsetof(GpuIvfpqLogEntry, code));
 	GpuIvfpqFillKey(&e.key, index, meta);
@@ -298,7 +299,8 @@ GpuIvfpqServiceLogRemove(Relation index, const GpuIvfpqMetaPageData *meta, const
 	GpuIvfpqKey key;
 	uint64		pos;
 
-	if (gpu_ivfpq_service == NULL || n <= 0 || !meta->trained || meta->m > GPU_IVFPQ_SERVICE_MAX_M)
+	if (gpu_ivfpq_service == NULL || n <= 0 || !meta->trained || meta->m > GPU_IVFPQ_SERVICE_MAX_M ||
+		GpuIvfpqIsRabitq(meta))
 		return 0;				/* no mirror can exist */
 	GpuIvfpqFillKey(&key, index, meta);
 	pos = GpuIvfpqLogPushRemove(&key, labels, n);

@@ -67,6 +67,8 @@ GpuIvfpqNotServableReason(const GpuIvfpqMetaPageData *meta)
 			"REINDEX it on a primary that preloads gpu_ivfpq (or change it there: its next insert or VACUUM clears this)";
 	if ((int) meta->dimensions > GPU_IVFPQ_SERVICE_MAX_DIM)
 		return psprintf("The GPU path handles up to %d dimensions", GPU_IVFPQ_SERVICE_MAX_DIM);
+	if (GpuIvfpqIsRabitq(meta))
+		return "The GPU path does not serve indexes with codes = rabitq yet";
 	if (meta->m > GPU_IVFPQ_SERVICE_MAX_M)
 		return psprintf("The GPU path handles up to m = %d sub-quantizers", GPU_IVFPQ_SERVICE_MAX_M);
 	return NULL;

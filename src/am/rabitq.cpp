@@ -1,0 +1,161 @@
+// Indexes with RaBitQ codes (codes = rabitq): their entries' layout, the
+// encoding of rows into entries, and the CPU engine's ranking of the probed
+// lists by the codes' distance estimates (docs/rabitq-codes.md). Scans
+// re-rank the candidates from the heap: such an index keeps no vectors.
+#include "am/am.h"
+#include "common/guard.h"
+
+#include "engine/rabitq.h"
+#include "engine/topk.h"
+
+StaticAssertDecl(GPU_IVFPQ_RABITQ_MAX_DIM == (int) gpuivfpq::kRabitqMaxDims,
+				 "the AM's RaBitQ dimension limit is the engine's");
+StaticAssertDecl(sizeof(gpuivfpq::RabitqFactors) == 3 * sizeof(float4),
+				 "an entry's factors are three float4");
+
+/*
+ * Bytes of one entry's code in an index with RaBitQ codes of bits per
+ * dimension: the bit planes, then the factors (meta->m).
+ */
+int
+GpuIvfpqRabitqRowBytes(int dim, int bits)
+{
+	return (int) gpuivfpq::rabitq_row_bytes((size_t) dim, bits);
+}
+
+/* Errors unless RaBitQ codes can index vectors of dim dimensions. */
+void
+GpuIvfpqRabitqCheckDim(Relation index, int dim)
+{
+	if (dim > GPU_IVFPQ_RABITQ_MAX_DIM)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("gpu_ivfpq index \"%s\" with codes = rabitq takes vectors of up to %d dimensions, not %d",
+						RelationGetRelationName(index), GPU_IVFPQ_RABITQ_MAX_DIM, dim),
+				 errhint("Use codes = pq for vectors of more dimensions.")));
+}
+
+/*
+ * Assigns n rows to their nearest lists and encodes them: codes gets each
+ * row's entry code (GpuIvfpqRabitqRowBytes: bit planes, then factors),
+ * radius each row's covering distance (0: an index with RaBitQ codes keeps
+ * no covering radii).
+ */
+void
+GpuIvfpqRabitqEncode(const gpuivfpq::RabitqModel *model, const float *x, int n, int32 *lists,
+					 uint8 *codes, float *radius, int threads)
+{
+	size_t		cb = model->code_bytes();
+	size_t		rb = cb + sizeof(gpuivfpq::RabitqFactors);
+	uint8	   *planes = (uint8 *) palloc_extended(Max((Size) n * cb, (Size) 1), MCXT_ALLOC_HUGE);
+	gpuivfpq::RabitqFactors *factors = (gpuivfpq::RabitqFactors *)
+		palloc_extended(sizeof(gpuivfpq::RabitqFactors) * Max(n, 1), MCXT_ALLOC_HUGE);
+
+	GpuIvfpqGuard("encoding", [&] {
+		model->assign(x, (size_t) n, lists, threads);
+		model->encode(x, (size_t) n, lists, planes, factors, threads);
+	});
+	for (int i = 0; i < n; i++)
+	{
+		memcpy(codes + (Size) i * rb, planes + (Size) i * cb, cb);
+		memcpy(codes + (Size) i * rb + cb, &factors[i], sizeof(gpuivfpq::RabitqFactors));
+		radius[i] = 0.0f;
+	}
+	pfree(planes);
+	pfree(factors);
+}
+
+/*
+ * The CPU engine's candidates in an index with RaBitQ codes: ranks every
+ * entry of the probes lists nearest to query by its code's distance
+ * estimate through topk (emptied again on return) and writes the best
+ * labels, nearest first, to labels (room for topk->k()); *nlabels says how
+ * many. With range, only entries whose filter key lies in it are ranked.
+ * Returns how many entries those lists hold (within range). The caller
+ * re-ranks the labels with exact distances from the heap.
+ */
+int64
+GpuIvfpqRabitqRankLists(Relation index, const GpuIvfpqMetaPageData *meta, const GpuIvfpqListDirEntry *dir,
+						const float *query, int probes, const GpuIvfpqKeyRange *range,
+						gpuivfpq::TopK *topk, int64 *labels, int *nlabels)
+{
+	gpuivfpq::RabitqModel *model = GpuIvfpqGetRabitqModel(index, meta);
+	GpuIvfpqEntryLayout el = GpuIvfpqLayoutOf(meta);
+	int			capacity = GpuIvfpqEntriesPerPage(&el);
+	size_t		cb = model->code_bytes();
+	MemoryContext roundctx = AllocSetContextCreate(CurrentMemoryContext, "gpu_ivfpq RaBitQ round",
+												   ALLOCSET_SMALL_SIZES);
+	MemoryContext old = MemoryContextSwitchTo(roundctx);
+	gpuivfpq::RabitqQuery *q = GpuIvfpqMakeOwned<gpuivfpq::RabitqQuery>(roundctx, "query preparation");
+	gpuivfpq::RabitqListQuery *lq = GpuIvfpqMakeOwned<gpuivfpq::RabitqListQuery>(roundctx, "query preparation");
+	gpuivfpq::RabitqFactors *factors = (gpuivfpq::RabitqFactors *)
+		palloc(sizeof(gpuivfpq::RabitqFactors) * capacity);
+	float	   *est = (float *) palloc(sizeof(float) * capacity);
+	int32	   *probed = (int32 *) palloc(sizeof(int32) * Max(probes, 1));
+	int			nprobed = 0;
+	int64		seen = 0;
+
+	if (range != NULL && !el.keyed)
+		elog(ERROR, "gpu_ivfpq: filter range on an index without filter keys");
+	GpuIvfpqGuard("query preparation", [&] {
+		model->prepare_query(query, *q);
+		for (int32_t l : model->probe_lists(*q, (size_t) Max(probes, 1)))
+			probed[nprobed++] = l;
+	});
+	for (int p = 0; p < nprobed; p++)
+	{
+		int			list = probed[p];
+
+		if (dir[list].head == InvalidBlockNumber)
+			continue;
+		if (p + 1 < nprobed && dir[probed[p + 1]].head != InvalidBlockNumber)
+			GpuIvfpqPrefetchHinted(index, dir[probed[p + 1]].head);
+		GpuIvfpqGuard("lookup tables", [&] { model->prepare_list(*q, list, *lq); });
+		GpuIvfpqWalkListHinted(index, dir[list].head, &el, true, [&](const char *ent, int n, BlockNumber) {
+			/* The factors follow each code, unaligned on the page: copied out. */
+			for (int i = 0; i < n; i++)
+				memcpy(&factors[i], GpuIvfpqEntryCode(ent, i, &el) + cb, sizeof(gpuivfpq::RabitqFactors));
+			GpuIvfpqGuard("list scan", [&] {
+				model->scan(*lq, GpuIvfpqEntryCode(ent, 0, &el), (size_t) el.size, factors, (size_t) n,
+							0.0f, est, nullptr);
+			});
+			for (int i = 0; i < n; i++)
+			{
+				if (range != NULL)
+				{
+					int64		key = GpuIvfpqEntryFilterKey(ent, i, &el);
+
+					if (key < range->lo || key > range->hi)
+						continue;
+				}
+				seen++;
+				if (!(est[i] < topk->threshold()))
+					continue;
+				GpuIvfpqGuard("list scan", [&] { topk->push(est[i], GpuIvfpqEntryLabel(ent, i, &el)); });
+			}
+		});
+	}
+	*nlabels = 0;
+	GpuIvfpqGuard("k-selection", [&] {
+		for (const auto &nb : topk->take_sorted())
+			labels[(*nlabels)++] = nb.label;
+	});
+	MemoryContextSwitchTo(old);
+	MemoryContextDelete(roundctx);
+	return seen;
+}
+
+/*
+ * Errors when index has RaBitQ codes and what (a function's name) does not
+ * work with them yet.
+ */
+void
+GpuIvfpqRefuseRabitq(Relation index, const GpuIvfpqMetaPageData *meta, const char *what)
+{
+	if (GpuIvfpqIsRabitq(meta))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("%s does not support gpu_ivfpq index \"%s\" with codes = rabitq",
+						what, RelationGetRelationName(index)),
+				 errhint("Use an index with codes = pq (the default) for %s.", what)));
+}
