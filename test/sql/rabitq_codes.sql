@@ -1,0 +1,128 @@
+-- codes = rabitq: indexes whose entries hold RaBitQ codes (bits per
+-- dimension, no vector copies). With every list probed and every row
+-- re-ranked the answers equal a sequential scan's, for each operator class,
+-- a filter column, inserts after the build, deletes and VACUUM, the batch
+-- functions; with fewer lists, recall as an index with PQ codes gets it;
+-- an index a fraction of the size; the options' and limits' errors; the
+-- index checker; what does not take such an index yet.
+SET client_min_messages = warning;
+CREATE EXTENSION IF NOT EXISTS gpu_ivfpq;
+RESET client_min_messages;
+
+\i test/sql/knn_function.inc
+-- 3000 rows of 32 dimensions around 20 centres, a tenant column, 5 queries.
+SELECT setseed(0.28);
+CREATE TABLE rq (id int, tenant int, v real[]);
+INSERT INTO rq
+SELECT i, i % 7, ARRAY(SELECT ((i % 20) * 0.3 + random())::real FROM generate_series(1, 32) WHERE i > 0)
+FROM generate_series(1, 3000) i;
+INSERT INTO rq VALUES (3001, 1, NULL);
+CREATE TABLE rqq (qid int, qv real[]);
+INSERT INTO rqq
+SELECT i, ARRAY(SELECT ((i * 3) * 0.3 + random())::real FROM generate_series(1, 32) WHERE i > 0)
+FROM generate_series(1, 5) i;
+
+-- The options: codes and bits (1..8); bad values are refused.
+CREATE INDEX rq_bad ON rq USING gpu_ivfpq (v) WITH (codes = opq);
+CREATE INDEX rq_bad ON rq USING gpu_ivfpq (v) WITH (codes = rabitq, bits = 0);
+CREATE INDEX rq_bad ON rq USING gpu_ivfpq (v) WITH (codes = rabitq, bits = 9);
+
+CREATE INDEX rq_l2 ON rq USING gpu_ivfpq (v) WITH (lists = 16, codes = rabitq);
+CREATE INDEX rq_ip ON rq USING gpu_ivfpq (v real_ip_ops) WITH (lists = 16, codes = rabitq, bits = 7);
+CREATE INDEX rq_cos ON rq USING gpu_ivfpq (v real_cosine_ops) WITH (lists = 16, codes = rabitq, bits = 1);
+-- The same rows in a second table, indexed with PQ codes and vector copies.
+CREATE TABLE rqp AS SELECT * FROM rq;
+CREATE INDEX rqp_pq ON rqp USING gpu_ivfpq (v) WITH (lists = 16, m = 8);
+SELECT relname, reloptions FROM pg_class WHERE relname LIKE 'rq%\_%' AND relkind = 'i' ORDER BY relname;
+-- Codes only: a fraction of the index with PQ codes and vector copies.
+SELECT pg_relation_size('rq_l2') * 2 < pg_relation_size('rqp_pq') AS under_half;
+SELECT i AS index, gpu_ivfpq_check(i, true) AS checked FROM unnest('{rq_l2,rq_ip,rq_cos}'::regclass[]) i;
+
+-- Every list, every row re-ranked (from the table): exact answers.
+-- (One index per operator on rq: each operator's scan uses its own.)
+CREATE FUNCTION same_as_seq(op text, lim int DEFAULT 10, tab text DEFAULT 'rq', filter text DEFAULT 'true')
+RETURNS TABLE (qid int, same bool) LANGUAGE sql AS $$
+	SELECT q.qid,
+		knn(format('SELECT id FROM %s WHERE %s ORDER BY v %s %L LIMIT %s', tab, filter, op, q.qv, lim), true) =
+		knn(format('SELECT id FROM %s WHERE %s ORDER BY v %s %L LIMIT %s', tab, filter, op, q.qv, lim), false)
+	FROM rqq q ORDER BY 1
+$$;
+SET gpu_ivfpq.probes = 16;
+SET gpu_ivfpq.rerank = 3001;
+SELECT * FROM same_as_seq('<->');
+SELECT * FROM same_as_seq('<#>');
+SELECT * FROM same_as_seq('<=>');
+-- Past the first round: the scan goes on in distance order.
+SET gpu_ivfpq.rerank = 20;
+SELECT * FROM same_as_seq('<->', 60);
+
+-- Fewer lists: the codes' estimates pick the candidates, the table's rows
+-- order them; recall@10 over the queries as good as the PQ index's here.
+CREATE FUNCTION recall(tab text, probes int) RETURNS numeric LANGUAGE plpgsql AS $$
+DECLARE
+	hits int := 0;
+	q record;
+BEGIN
+	PERFORM set_config('gpu_ivfpq.probes', probes::text, true);
+	PERFORM set_config('gpu_ivfpq.rerank', '100', true);
+	FOR q IN SELECT * FROM rqq LOOP
+		hits := hits + cardinality(ARRAY(
+			SELECT unnest(knn(format('SELECT id FROM %s ORDER BY v <-> %L LIMIT 10', tab, q.qv), true))
+			INTERSECT
+			SELECT unnest(knn(format('SELECT id FROM %s ORDER BY v <-> %L LIMIT 10', tab, q.qv), false))));
+	END LOOP;
+	RETURN hits / 50.0;
+END $$;
+SELECT recall('rq', 4) >= recall('rqp', 4) - 0.1 AS as_good, recall('rq', 4) >= 0.8 AS recall_ok;
+
+-- Filter column: filtered answers equal a sequential scan's.
+DROP INDEX rqp_pq;
+CREATE INDEX rqp_tenant ON rqp USING gpu_ivfpq (v, tenant) WITH (lists = 16, codes = rabitq, bits = 3);
+SET gpu_ivfpq.rerank = 3001;
+SELECT * FROM same_as_seq('<->', 10, 'rqp', 'tenant = 3');
+SELECT * FROM same_as_seq('<->', 10, 'rqp', 'tenant BETWEEN 2 AND 4');
+
+-- Inserts after the build are encoded into their lists; deletes and VACUUM.
+INSERT INTO rq
+SELECT 3001 + i, i % 7, ARRAY(SELECT (1.5 + random())::real FROM generate_series(1, 32) WHERE i > 0)
+FROM generate_series(1, 300) i;
+DELETE FROM rq WHERE id % 5 = 0;
+VACUUM rq;
+SELECT i AS index, gpu_ivfpq_check(i, true) AS checked FROM unnest('{rq_l2,rq_ip,rq_cos}'::regclass[]) i;
+SELECT * FROM same_as_seq('<->');
+SELECT * FROM same_as_seq('<=>');
+
+-- Batch k-NN and the k-NN graph: the same answers as the scans.
+SET gpu_ivfpq.rerank = 100;
+SELECT count(*) FILTER (WHERE b.ids = s.ids) AS same, count(*) AS queries
+FROM (SELECT query, array_agg(rq.id ORDER BY rank) AS ids
+      FROM gpu_ivfpq_knn_batch('rq_ip', (SELECT array_agg(qv ORDER BY qid) FROM rqq), 10) r
+      JOIN rq ON rq.ctid = r.tid GROUP BY query) b
+JOIN (SELECT qid AS query, ARRAY(SELECT id FROM rq ORDER BY v <#> rqq.qv, id LIMIT 10) AS ids FROM rqq) s
+USING (query);
+SET gpu_ivfpq.probes = 4;
+SET client_min_messages = warning;
+SELECT count(*) = 10 * (SELECT count(v) FROM rq) AS graph_rows FROM gpu_ivfpq_knn_graph('rq_l2', 10);
+RESET client_min_messages;
+
+-- Not yet with these codes: range search. RaBitQ codes stop at 2000 dimensions.
+SELECT * FROM gpu_ivfpq_range('rq_l2', (SELECT qv FROM rqq WHERE qid = 1), 1.0);
+CREATE TABLE rq_wide (v real[]);
+INSERT INTO rq_wide SELECT array_fill(1.0::real, ARRAY[2001]);
+CREATE INDEX rq_wide_idx ON rq_wide USING gpu_ivfpq (v) WITH (codes = rabitq);
+-- An index built on an empty table takes RaBitQ codes at its REINDEX.
+CREATE TABLE rq_empty (id int, v real[]);
+CREATE INDEX rq_empty_idx ON rq_empty USING gpu_ivfpq (v) WITH (lists = 4, codes = rabitq, bits = 5);
+INSERT INTO rq_wide SELECT NULL;
+INSERT INTO rq_empty SELECT id, v FROM rq WHERE id <= 400;
+REINDEX INDEX rq_empty_idx;
+SELECT gpu_ivfpq_check('rq_empty_idx', true) AS checked;
+SET gpu_ivfpq.probes = 4;
+SET enable_seqscan = off;
+SELECT count(*) AS rows FROM (SELECT id FROM rq_empty ORDER BY v <-> (SELECT qv FROM rqq WHERE qid = 1) LIMIT 500) x;
+RESET enable_seqscan;
+
+DROP TABLE rq, rqp, rqq, rq_wide, rq_empty;
+DROP FUNCTION same_as_seq(text, int, text, text);
+DROP FUNCTION recall(text, int);
+DROP FUNCTION knn(text, bool);
