@@ -1,0 +1,70 @@
+#!/bin/bash
+# Codes = rabitq beside codes = pq on the set of the SQL benchmarks
+# (tools/gen_synthetic, seed 42, N x 128, default 1M): the same table indexed
+# one way after the other, lists LISTS (4096). For each index: CREATE INDEX
+# time, its size and bytes per row; then recall@10 over the 1000 queries
+# against their exact top 10, q/s with 1 and 64 clients and the median
+# latency at 1 client, for
+#   SELECT id FROM base ORDER BY v <-> (SELECT v FROM queries WHERE qid = :q) LIMIT 10
+# PQ (m 32, vector copies) on the GPU and on the CPU engine; RaBitQ codes of
+# BITS bits per dimension on the CPU engine (the GPU does not serve them
+# yet), re-ranked from the table.
+#
+# Runs after bash .device/pg-up.sh and an install of the extension linked
+# with the kernels. usage: bench/gpu/rabitq_codes.sh (N, LISTS, SECS
+# (pgbench seconds per row, default 6), BITS ("2 4 7"), PROBES ("16 32"))
+set -euo pipefail
+N=${N:-1000000}
+LISTS=${LISTS:-4096}
+SECS=${SECS:-6}
+BITS=${BITS:-"2 4 7"}
+PROBES=${PROBES:-"16 32"}
+DATA=${DATA:-/tmp/gpu_ivfpq-synthetic-$N}
+RES=${OUT:-/tmp}/rabitq-codes.txt
+. "${PGENV:-/opt/pg/env.sh}"
+say() { echo "$*" | tee -a "$RES"; }
+: >"$RES"
+
+. bench/gpu/lib.sh
+bench_setup "" ""
+say "# codes = rabitq beside codes = pq: $N x 128 synthetic (tools/gen_synthetic, seed 42), lists $LISTS"
+say "# host: $(nproc) CPU cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $SECS s per row; $(date -u +%F' '%T) UTC"
+work=$(mktemp -d)
+chmod 755 "$work"
+printf '\\set q random(1, 1000)\nSELECT id FROM base ORDER BY v <-> (SELECT v FROM queries WHERE qid = :q) LIMIT 10;\n' >"$work/knn.sql"
+chmod 644 "$work/knn.sql"
+
+build() {  # WITH-OPTIONS: builds base_idx, says time, size and bytes per row
+  local t0
+  psql -qc "DROP INDEX IF EXISTS base_idx"
+  t0=$(date +%s.%N)
+  psql -qc "CREATE INDEX base_idx ON base USING gpu_ivfpq (v) WITH ($1)"
+  say "CREATE INDEX ... WITH ($1): $(awk "BEGIN { printf \"%.2f\", $(date +%s.%N) - $t0 }") s, $(psql -qAtc "SELECT pg_size_pretty(pg_relation_size('base_idx')) || ', ' || round(pg_relation_size('base_idx')::numeric / $N, 1) || ' bytes per row'")"
+}
+row() {  # NAME DEVICE PROBES RERANK
+  local r a a50 b opts="-c gpu_ivfpq.device=$2 -c gpu_ivfpq.probes=$3 -c gpu_ivfpq.rerank=$4"
+  r=$(recall_at_10 "$2" "$3" "-c gpu_ivfpq.rerank=$4")
+  read -r a a50 _ < <(pg_rate 1 "$work/knn.sql" "$SECS" "$opts")
+  read -r b _ _ < <(pg_rate 64 "$work/knn.sql" "$SECS" "$opts")
+  say "| $1 | $3 | $4 | $r | $a | $b | $a50 |"
+}
+header() {
+  say ""
+  say "| index | probes | rerank | recall@10 | q/s, 1 client | q/s, 64 clients | p50 ms, 1 client |"
+  say "|---|---|---|---|---|---|---|"
+}
+
+build "lists = $LISTS, m = 32"
+psql -qAtc "SELECT gpu_ivfpq_prewarm('base_idx')" >/dev/null || true
+say "PQ mirror on the GPU: $(psql -qAtc "SELECT sum(memory_used_mb) FROM gpu_ivfpq_devices") MB"
+header
+row "pq m 32 + vectors, GPU" auto 32 100
+for p in $PROBES; do row "pq m 32 + vectors, CPU" cpu "$p" 100; done
+for b in $BITS; do
+  say ""
+  build "lists = $LISTS, codes = rabitq, bits = $b"
+  header
+  for p in $PROBES; do row "rabitq bits $b, CPU" cpu "$p" 100; done
+  [ "$b" = 4 ] && row "rabitq bits $b, CPU" cpu 32 20
+done
+rm -rf "$work"
