@@ -577,6 +577,7 @@ extern int64 GpuIvfpqRabitqRankLists(Relation index, const GpuIvfpqMetaPageData 
 									 const GpuIvfpqListDirEntry *dir, const float *query, int probes,
 									 const GpuIvfpqKeyRange *range, gpuivfpq::TopK *topk,
 									 int64 *labels, int *nlabels);
+extern const char *GpuIvfpqRabitqCodeProblem(const GpuIvfpqMetaPageData *meta, const uint8 *code);
 extern void GpuIvfpqRefuseRabitq(Relation index, const GpuIvfpqMetaPageData *meta, const char *what);
 
 /* ---- build.cpp ---- */

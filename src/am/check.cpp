@@ -304,6 +304,13 @@ CheckList(CheckState *cs, uint32 l)
 										  l, i, hblk, (unsigned int) off, RelationGetRelationName(cs->heap),
 										  cs->heap_nblocks);
 			}
+			if (GpuIvfpqIsRabitq(&cs->meta))
+			{
+				const char *problem = GpuIvfpqRabitqCodeProblem(&cs->meta, GpuIvfpqEntryCode(entries, i, &cs->el));
+
+				if (problem != NULL)
+					GpuIvfpqReportCorrupt(cs->index, blk, "list %u entry %d has %s", l, i, problem);
+			}
 			AddTid(cs, &tid, blk, l);
 		}
 		from = blk;

@@ -146,6 +146,34 @@ GpuIvfpqRabitqRankLists(Relation index, const GpuIvfpqMetaPageData *meta, const 
 }
 
 /*
+ * What is wrong with the entry code of an index with RaBitQ codes (NULL:
+ * nothing): a padding bit set past the dimensions in a bit plane, or a
+ * factor no encoding writes (NaN; a negative rescale or error bound).
+ */
+const char *
+GpuIvfpqRabitqCodeProblem(const GpuIvfpqMetaPageData *meta, const uint8 *code)
+{
+	size_t		d = meta->dimensions;
+	size_t		words = gpuivfpq::rabitq_plane_words(d);
+	size_t		cb = gpuivfpq::rabitq_code_bytes(d, meta->nbits);
+	uint32		pad = d % 32 == 0 ? 0 : ~(((uint32) 1 << (d % 32)) - 1);
+	gpuivfpq::RabitqFactors f;
+
+	for (int p = 0; p < meta->nbits; p++)
+	{
+		uint32		last;
+
+		memcpy(&last, code + ((Size) p * words + words - 1) * 4, sizeof(last));
+		if (last & pad)
+			return "a bit set past the dimensions in its code";
+	}
+	memcpy(&f, code + cb, sizeof(f));
+	if (isnan(f.add) || !(f.rescale >= 0.0f) || !(f.error >= 0.0f))
+		return "factors that no encoding writes";
+	return NULL;
+}
+
+/*
  * Errors when index has RaBitQ codes and what (a function's name) does not
  * work with them yet.
  */

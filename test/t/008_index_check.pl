@@ -306,6 +306,41 @@ write_file_bytes($kfile, $koriginal);
 $node->start;
 $node->safe_psql('postgres', q{DROP INDEX key_idx});
 
+# An index with RaBitQ codes (codes = rabitq, bits = 2): an entry is the TID,
+# two bit planes of one 32-bit word each (8 dimensions: bits 8..31 are
+# padding, always 0), then three float4 factors (add, rescale, error). The
+# checker reports a padding bit set and a factor no encoding writes; scans
+# of the damaged index still return rows (a NaN estimate ranks last).
+$node->safe_psql('postgres',
+	q{DROP INDEX items_idx; CREATE INDEX rq_idx ON items USING gpu_ivfpq (v) WITH (lists = 2, codes = rabitq, bits = 2); CHECKPOINT;});
+is($node->safe_psql('postgres', q{SELECT gpu_ivfpq_check('rq_idx', true)}), '', 'the index with RaBitQ codes passes');
+my $rfile = $pgdata . '/' . $node->safe_psql('postgres', q{SELECT pg_relation_filepath('rq_idx')});
+$node->stop;
+my $roriginal = read_file_bytes($rfile);
+is(u16(substr($roriginal, 0, $BLCKSZ), $HEADER + 16), 2 * 4 + 12, 'm counts the planes and factors');
+my $rdir = u32(substr($roriginal, 0, $BLCKSZ), $HEADER + 36);
+my $rhead = u32(substr($roriginal, $rdir * $BLCKSZ, $BLCKSZ), $HEADER);
+for my $r (
+	[ 'a padding bit', $HEADER + 6 + 4 + 3, pack('C', 0x80), qr/list \d+ entry 0 has a bit set past the dimensions in its code/ ],
+	[ 'a NaN factor', $HEADER + 6 + 8, pack('V', 0x7FC00000), qr/list \d+ entry 0 has factors that no encoding writes/ ])
+{
+	my ($what, $at, $bytes, $says) = @$r;
+	my $rcopy = $roriginal;
+	substr($rcopy, $rhead * $BLCKSZ + $at, length($bytes)) = $bytes;
+	write_file_bytes($rfile, $rcopy);
+	$node->start;
+	my ($rret, $rout, $rerr) = $node->psql('postgres', q{SELECT gpu_ivfpq_check('rq_idx', false)});
+	isnt($rret, 0, "RaBitQ codes, $what: the checker fails");
+	like($rerr, qr/index "rq_idx" block $rhead: .*$says/, "RaBitQ codes, $what: the checker says which entry");
+	($rret, $rout, $rerr) = $node->psql('postgres', q{SET enable_seqscan = off; SET gpu_ivfpq.probes = 2;
+		SELECT count(*) FROM (SELECT id FROM items ORDER BY v <-> '{0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8}' LIMIT 5) x;});
+	is($rout, '5', "RaBitQ codes, $what: a scan still returns rows");
+	$node->stop;
+}
+write_file_bytes($rfile, $roriginal);
+$node->start;
+$node->safe_psql('postgres', q{DROP INDEX rq_idx});
+
 # No false alarms under load: pgbench clients insert, update, delete and
 # VACUUM (which frees TIDs that inserts then reuse) while others run the
 # checker with heapallindexed; any error fails pgbench.
