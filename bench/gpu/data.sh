@@ -3,8 +3,8 @@
 # taken on the same vectors. Source it from the repository root; it needs
 # cmake and a C++ compiler only (no PostgreSQL, no network).
 #
-# make_data DIR ROWS: writes DIR/base.fvecs (ROWS x 128) and DIR/queries.fvecs
-# (10000 x 128, fresh draws of the same distribution: gpu_bench takes them
+# make_data DIR ROWS: writes DIR/base.fvecs (ROWS x DIM, DIM 128 unless set) and
+# DIR/queries.fvecs (10000 x DIM, fresh draws of the same distribution: gpu_bench takes them
 # all, the SQL benchmarks the first 1000, which are the CPU benchmark's
 # queries), keeping files already there. GEN is the gen_synthetic binary.
 GEN_BUILD=${GEN_BUILD:-/tmp/gpu_ivfpq-build-tools}
@@ -26,7 +26,7 @@ make_data() {
   build_gen_synthetic || return 1
   mkdir -p "$dir"
   [ -s "$dir/base.fvecs" ] ||
-    "$GEN" --rows "$rows" --format fvecs --threads "$(nproc)" --out "$dir/base.fvecs" || return 1
+    "$GEN" --rows "$rows" --dim "${DIM:-128}" --format fvecs --threads "$(nproc)" --out "$dir/base.fvecs" || return 1
   [ -s "$dir/queries.fvecs" ] ||
-    "$GEN" --what queries --queries 10000 --format fvecs --out "$dir/queries.fvecs" || return 1
+    "$GEN" --what queries --queries 10000 --dim "${DIM:-128}" --format fvecs --out "$dir/queries.fvecs" || return 1
 }

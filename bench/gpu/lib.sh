@@ -36,7 +36,7 @@ SQL
   # through several COPYs side by side (one server process parses each).
   local parts=$(( N >= 2000000 ? ($(nproc) / 2 > 8 ? 8 : ($(nproc) / 2 < 1 ? 1 : $(nproc) / 2)) : 1 )) p pids=()
   for p in $(seq 0 $((parts - 1))); do
-    "$GEN" --rows "$N" --threads "$(( parts > 1 ? 2 : $(nproc) ))" --part "$p/$parts" | psql -qc "COPY base (id, v) FROM STDIN" &
+    "$GEN" --rows "$N" --dim "${DIM:-128}" --threads "$(( parts > 1 ? 2 : $(nproc) ))" --part "$p/$parts" | psql -qc "COPY base (id, v) FROM STDIN" &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || return 1; done

@@ -1,33 +1,36 @@
 #!/bin/bash
 # Codes = rabitq beside codes = pq on the set of the SQL benchmarks
-# (tools/gen_synthetic, seed 42, N x 128, default 1M): the same table indexed
+# (tools/gen_synthetic, seed 42, N x DIM, default 1M x 128): the same table indexed
 # one way after the other, lists LISTS (4096). For each index: CREATE INDEX
 # time, its size and bytes per row; then recall@10 over the 1000 queries
 # against their exact top 10, q/s with 1 and 64 clients and the median
 # latency at 1 client, for
 #   SELECT id FROM base ORDER BY v <-> (SELECT v FROM queries WHERE qid = :q) LIMIT 10
-# PQ (m 32, vector copies) on the GPU and on the CPU engine; RaBitQ codes of
+# PQ (m M, default 32, vector copies) on the GPU and on the CPU engine; RaBitQ codes of
 # BITS bits per dimension on the CPU engine (the GPU does not serve them
 # yet), re-ranked from the table.
 #
 # Runs after bash .device/pg-up.sh and an install of the extension linked
-# with the kernels. usage: bench/gpu/rabitq_codes.sh (N, LISTS, SECS
+# with the kernels. usage: bench/gpu/rabitq_codes.sh (N, DIM, LISTS, M, SECS
 # (pgbench seconds per row, default 6), BITS ("2 4 7"), PROBES ("16 32"))
 set -euo pipefail
 N=${N:-1000000}
+DIM=${DIM:-128}
+export DIM
 LISTS=${LISTS:-4096}
+M=${M:-32}
 SECS=${SECS:-6}
 BITS=${BITS:-"2 4 7"}
 PROBES=${PROBES:-"16 32"}
-DATA=${DATA:-/tmp/gpu_ivfpq-synthetic-$N}
-RES=${OUT:-/tmp}/rabitq-codes.txt
+DATA=${DATA:-/tmp/gpu_ivfpq-synthetic-$N-$DIM}
+RES=${OUT:-/tmp}/rabitq-codes-$DIM.txt
 . "${PGENV:-/opt/pg/env.sh}"
 say() { echo "$*" | tee -a "$RES"; }
 : >"$RES"
 
 . bench/gpu/lib.sh
 bench_setup "" ""
-say "# codes = rabitq beside codes = pq: $N x 128 synthetic (tools/gen_synthetic, seed 42), lists $LISTS"
+say "# codes = rabitq beside codes = pq: $N x $DIM synthetic (tools/gen_synthetic, seed 42), lists $LISTS"
 say "# host: $(nproc) CPU cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $SECS s per row; $(date -u +%F' '%T) UTC"
 work=$(mktemp -d)
 chmod 755 "$work"
@@ -54,12 +57,12 @@ header() {
   say "|---|---|---|---|---|---|---|"
 }
 
-build "lists = $LISTS, m = 32"
+build "lists = $LISTS, m = $M"
 psql -qAtc "SELECT gpu_ivfpq_prewarm('base_idx')" >/dev/null || true
 say "PQ mirror on the GPU: $(psql -qAtc "SELECT sum(memory_used_mb) FROM gpu_ivfpq_devices") MB"
 header
-row "pq m 32 + vectors, GPU" auto 32 100
-for p in $PROBES; do row "pq m 32 + vectors, CPU" cpu "$p" 100; done
+row "pq m $M + vectors, GPU" auto 32 100
+for p in $PROBES; do row "pq m $M + vectors, CPU" cpu "$p" 100; done
 for b in $BITS; do
   say ""
   build "lists = $LISTS, codes = rabitq, bits = $b"

@@ -1,9 +1,13 @@
 #!/bin/bash
-# codes = rabitq beside codes = pq at 1M x 128 on the GPU machine (PostgreSQL kit in .device,
-# kernels from build-gpu).
+# codes = rabitq beside codes = pq on the GPU machine (PostgreSQL kit in .device, kernels from
+# build-gpu): WHAT=128 (1M x 128, lists 4096, m 32) or WHAT=768 (200k x 768, lists 1024, m 96).
 set -uo pipefail
 . bench/gpu/device_build.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > $OUT/device.txt; nproc >> $OUT/device.txt
-DATA=/tmp/d SECS=${SECS:-6} timeout ${SQL_TIMEOUT:-540} bash bench/gpu/rabitq_codes.sh
+if [ "${WHAT:-128}" = 768 ]; then
+  N=200000 DIM=768 LISTS=1024 M=96 BITS=${BITS:-"2 4"} DATA=/tmp/d768 SECS=${SECS:-6} timeout ${SQL_TIMEOUT:-540} bash bench/gpu/rabitq_codes.sh
+else
+  DATA=/tmp/d SECS=${SECS:-6} timeout ${SQL_TIMEOUT:-540} bash bench/gpu/rabitq_codes.sh
+fi
 echo "rabitq_codes rc=$?"
 grep -E "gpu_ivfpq|PANIC|FATAL|terminat" /tmp/pgkit-server.log | tail -20 > $OUT/server-log.txt
