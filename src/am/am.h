@@ -84,8 +84,9 @@ StaticAssertDecl(sizeof(GpuIvfpqMetaPageData) == 64, "the metapage struct change
  * The entries' codes are RaBitQ codes (codes = rabitq), not PQ codes: m is
  * then the bytes of a row's code and its three float factors
  * (gpuivfpq::rabitq_row_bytes), nbits the bits per dimension, and the
- * codebook blob holds the random rotation (dimensions x dimensions
- * floats). Such entries keep no vector copies. See docs/rabitq-codes.md.
+ * codebook blob holds the random rotation (dimensions x dimensions floats)
+ * and the rotated list centroids (GpuIvfpqRabitqRotatedOffset). Such
+ * entries keep no vector copies. See docs/rabitq-codes.md.
  */
 #define GPU_IVFPQ_FEATURE_RABITQ	0x10
 /* Every feature this version reads; an index with another bit set is refused. */
@@ -95,6 +96,10 @@ StaticAssertDecl(sizeof(GpuIvfpqMetaPageData) == 64, "the metapage struct change
 
 /* The most dimensions RaBitQ codes take (gpuivfpq::kRabitqMaxDims: a dense rotation). */
 #define GPU_IVFPQ_RABITQ_MAX_DIM	2000
+
+/* Where the rotated centroids start in the codebook blob of RaBitQ codes: after the rotation, 8-aligned. */
+#define GpuIvfpqRabitqRotatedOffset(dim) \
+	TYPEALIGN(sizeof(double), (Size) (dim) * (dim) * sizeof(float))
 
 /* Whether an index's entries hold RaBitQ codes. */
 #define GpuIvfpqIsRabitq(meta) \

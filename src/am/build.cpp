@@ -804,17 +804,20 @@ TrainQuantizers(BuildState *bs, GpuIvfpqMetaPageData *meta, TimestampTz *phase_s
 /*
  * Phase 2 of an index with RaBitQ codes: the list centroids, trained as
  * those of PQ codes are (on the service's GPU when it can: it trains a
- * one-sub-quantizer PQ beside them, unused here), and the random rotation
- * from the build's seed; both written to the index; fills meta.
+ * one-sub-quantizer PQ beside them, unused here), the random rotation from
+ * the build's seed and the rotated centroids; written to the index; fills
+ * meta.
  */
 static void
 TrainRabitq(BuildState *bs, GpuIvfpqMetaPageData *meta, TimestampTz *phase_start)
 {
 	gpuivfpq::IvfPqTrainParams params;
 	Size		rotation_bytes = (Size) bs->dim * bs->dim * sizeof(float);
+	Size		rotated_at = GpuIvfpqRabitqRotatedOffset(bs->dim);
+	Size		blob_bytes = rotated_at + (Size) bs->lists * bs->dim * sizeof(double);
 	float	   *centroids;
 	float	   *codebooks;
-	float	   *rotation;
+	char	   *blob;			/* the rotation, then the rotated centroids */
 	bool		on_gpu;
 
 	bs->m = GpuIvfpqRabitqRowBytes(bs->dim, bs->bits);
@@ -824,7 +827,8 @@ TrainRabitq(BuildState *bs, GpuIvfpqMetaPageData *meta, TimestampTz *phase_start
 	params.max_points_per_centroid = SAMPLES_PER_LIST;
 	centroids = (float *) palloc_extended(sizeof(float) * bs->lists * bs->dim, MCXT_ALLOC_HUGE);
 	codebooks = (float *) palloc(sizeof(float) * 256 * bs->dim);
-	rotation = (float *) palloc_extended(rotation_bytes, MCXT_ALLOC_HUGE);
+	CheckBuildMemory(blob_bytes + sizeof(float) * bs->lists * bs->dim * 2, "the rotation and centroids");
+	blob = (char *) palloc_extended(blob_bytes, MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
 	on_gpu = GpuIvfpqServiceTrain(bs->sample, bs->sample_n, bs->dim, bs->lists, 1, bs->metric,
 								  params.iterations, (int) params.max_points_per_centroid,
 								  params.seed, centroids, codebooks);
@@ -838,13 +842,17 @@ TrainRabitq(BuildState *bs, GpuIvfpqMetaPageData *meta, TimestampTz *phase_start
 		gpuivfpq::RabitqRotation r = gpuivfpq::RabitqRotation::generate((size_t) bs->dim, BUILD_SEED,
 																		params.threads);
 
-		memcpy(rotation, r.matrix().data(), rotation_bytes);
+		memcpy(blob, r.matrix().data(), rotation_bytes);
 	});
 	bs->rabitq_model = GpuIvfpqMakeOwned<gpuivfpq::RabitqModel>(CurrentMemoryContext, "training",
 																(size_t) bs->dim, (size_t) bs->lists,
 																bs->bits, (gpuivfpq::Metric) bs->metric,
-																(const float *) rotation);
-	GpuIvfpqGuard("training", [&] { bs->rabitq_model->set_centroids(centroids); });
+																(const float *) blob);
+	GpuIvfpqGuard("training", [&] {
+		bs->rabitq_model->set_centroids(centroids, params.threads);
+		memcpy(blob + rotated_at, bs->rabitq_model->rotated_centroids().data(),
+			   (Size) bs->lists * bs->dim * sizeof(double));
+	});
 	ReportPhase(on_gpu ? "training (service GPU) and rotation" : "training and rotation", bs->sample_n,
 				phase_start);
 	pfree(bs->sample);
@@ -857,10 +865,10 @@ TrainRabitq(BuildState *bs, GpuIvfpqMetaPageData *meta, TimestampTz *phase_start
 	meta->features |= GPU_IVFPQ_FEATURE_RABITQ;
 	bs->vdim = 0;
 	meta->centroid_start = GpuIvfpqWriteBlob(bs->index, centroids, sizeof(float) * bs->lists * bs->dim);
-	meta->codebook_start = GpuIvfpqWriteBlob(bs->index, rotation, rotation_bytes);
+	meta->codebook_start = GpuIvfpqWriteBlob(bs->index, blob, blob_bytes);
 	pfree(centroids);
 	pfree(codebooks);
-	pfree(rotation);
+	pfree(blob);
 }
 
 /*

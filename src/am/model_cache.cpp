@@ -141,7 +141,10 @@ GpuIvfpqGetRabitqModel(Relation index, const GpuIvfpqMetaPageData *meta)
 		model = GpuIvfpqMakeOwned<gpuivfpq::RabitqModel>(
 			cxt, "model load", (size_t) meta->dimensions, (size_t) meta->lists, (int) meta->nbits,
 			(gpuivfpq::Metric) meta->metric, (const float *) rotation);
-		GpuIvfpqGuard("model load", [&] { model->set_centroids(centroids); });
+		GpuIvfpqGuard("model load", [&] {
+			model->set_centroids(centroids, (const double *) ((const char *) rotation +
+															  GpuIvfpqRabitqRotatedOffset(meta->dimensions)));
+		});
 		pfree(centroids);
 		pfree(rotation);
 		slot->rabitq = model;

@@ -255,13 +255,15 @@ GpuIvfpqCentroidBytes(const GpuIvfpqMetaPageData *meta)
 
 /*
  * Bytes of the codebooks blob: m x 256 x dim/m floats; in an index with
- * RaBitQ codes the rotation, dim x dim floats.
+ * RaBitQ codes the rotation (dim x dim floats) and, from
+ * GpuIvfpqRabitqRotatedOffset, the rotated centroids (lists x dim doubles).
  */
 Size
 GpuIvfpqCodebookBytes(const GpuIvfpqMetaPageData *meta)
 {
 	if (GpuIvfpqIsRabitq(meta))
-		return (Size) meta->dimensions * meta->dimensions * sizeof(float);
+		return GpuIvfpqRabitqRotatedOffset(meta->dimensions) +
+			(Size) meta->lists * meta->dimensions * sizeof(double);
 	return (Size) 256 * meta->dimensions * sizeof(float);
 }
 

@@ -424,12 +424,35 @@ RabitqModel::RabitqModel(size_t d, size_t lists, int bits, Metric metric, Rabitq
                                     std::to_string(rotation_.d()) + ", the model " +
                                     std::to_string(d));
     centroids_.assign(detail::checked_mul(lists, d, "RaBitQ centroids"), 0.0f);
+    rotated_.assign(centroids_.size(), 0.0);  // P 0
 }
 
-void RabitqModel::set_centroids(const float* data)
+void RabitqModel::set_centroids(const float* data, int threads)
 {
     require(data != nullptr, "RaBitQ: null centroids");
     std::copy(data, data + centroids_.size(), centroids_.begin());
+    // P c per list, in tiles of rows (each row's sums in apply's order).
+    std::vector<double> c(centroids_.begin(), centroids_.end());
+    rotated_.assign(centroids_.size(), 0.0);
+    const size_t ntiles = (lists_ + kEncodeTile - 1) / kEncodeTile;
+    parallel_for(ntiles, threads, [&](size_t t0, size_t t1) {
+        std::vector<double> acc(kEncodeTile * d_ * 4);
+        for (size_t t = t0; t < t1; t++) {
+            check_interrupt();
+            const size_t r0 = t * kEncodeTile, nr = std::min(kEncodeTile, lists_ - r0);
+            rotate_rows(rotation_.matrix().data(), d_, c.data() + r0 * d_, nr,
+                        rotated_.data() + r0 * d_, acc.data());
+        }
+    });
+}
+
+void RabitqModel::set_centroids(const float* data, const double* rotated)
+{
+    require(data != nullptr && rotated != nullptr, "RaBitQ: null centroids");
+    for (size_t i = 0; i < centroids_.size(); i++)
+        require(std::isfinite(rotated[i]), "RaBitQ: a rotated centroid is not finite");
+    std::copy(data, data + centroids_.size(), centroids_.begin());
+    rotated_.assign(rotated, rotated + centroids_.size());
 }
 
 void RabitqModel::assign(const float* x, size_t n, int32_t* list_ids, int threads) const
@@ -539,19 +562,26 @@ void RabitqModel::prepare_query(const float* q, RabitqQuery& out) const
     out.q.assign(q, q + d_);
     if (metric_ == Metric::Cosine)
         normalize_rows(out.q.data(), 1, d_);
+    const std::vector<double> qd(out.q.begin(), out.q.end());
+    out.rotated.assign(d_, 0.0);
+    rotation_.apply(qd.data(), out.rotated.data());
 }
 
 void RabitqModel::prepare_list(const RabitqQuery& query, int32_t list, RabitqListQuery& out) const
 {
     require(query.q.size() == d_, "RaBitQ: query was not prepared by a model of this dimension");
     require(list >= 0 && size_t(list) < lists_, "RaBitQ: list id out of range");
+    require(query.rotated.size() == d_, "RaBitQ: query was not prepared by a model of this dimension");
     const float* c = centroids_.data() + size_t(list) * d_;
+    const double* pc = rotated_.data() + size_t(list) * d_;
     const size_t groups = rabitq_plane_words(d_) * 4;  // code bytes per plane
     std::vector<double> qr(d_), rot(groups * 8, 0.0);
     for (size_t k = 0; k < d_; k++)
         qr[k] = double(query.q[k]) - double(c[k]);
     const double qsq = dot_double(qr.data(), qr.data(), d_);
-    rotation_.apply(qr.data(), rot.data());
+    // q' = P (q - c) = P q - P c: O(d) per list instead of a rotation.
+    for (size_t k = 0; k < d_; k++)
+        rot[k] = query.rotated[k] - pc[k];
 
     out.list = list;
     out.lut.resize(groups * 256);

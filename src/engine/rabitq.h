@@ -133,9 +133,11 @@ private:
     std::vector<float> p_;
 };
 
-// A query prepared for an index: the query (unit length for Cosine).
+// A query prepared for an index: the query (unit length for Cosine) and
+// its rotation P q (double).
 struct RabitqQuery {
     std::vector<float> q;
+    std::vector<double> rotated;
 };
 
 // What scanning one list needs for one query: q' = P (q - c) folded into
@@ -198,9 +200,17 @@ public:
     size_t code_bytes() const { return rabitq_code_bytes(d_, bits_); }
     const RabitqRotation& rotation() const { return rotation_; }
     const std::vector<float>& centroids() const { return centroids_; }  // lists x d
+    // P c of every list centroid c (lists x d doubles), which prepare_list
+    // subtracts from P q.
+    const std::vector<double>& rotated_centroids() const { return rotated_; }
 
-    // Loads the list centroids (lists x d floats).
-    void set_centroids(const float* data);
+    // Loads the list centroids (lists x d floats) and rotates them
+    // (lists x d^2 multiply-adds over `threads` threads; the same bits for
+    // any thread count).
+    void set_centroids(const float* data, int threads = 1);
+    // Loads the list centroids with their rotations as rotated_centroids()
+    // gave them (an index keeps both; they must be finite).
+    void set_centroids(const float* data, const double* rotated);
 
     // list_ids[i] = the L2-nearest centroid of row i (normalised for Cosine):
     // the list a row belongs to (assign_nearest, as IVFPQ assigns).
@@ -215,8 +225,8 @@ public:
     // Normalises the query for Cosine.
     void prepare_query(const float* q, RabitqQuery& out) const;
 
-    // Prepares the scan of one list for a prepared query: O(d^2) (the
-    // rotation of q - c) plus 256 * d / 8 lookup entries.
+    // Prepares the scan of one list for a prepared query: q' = P q - P c in
+    // double, then 256 * d / 8 lookup entries (O(d) besides the tables).
     void prepare_list(const RabitqQuery& query, int32_t list, RabitqListQuery& out) const;
 
     // The estimate and bound of one row of the prepared list.
@@ -259,6 +269,7 @@ private:
     Metric metric_;
     RabitqRotation rotation_;
     std::vector<float> centroids_;
+    std::vector<double> rotated_;  // P c per list
 };
 
 }  // namespace gpuivfpq

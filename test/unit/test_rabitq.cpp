@@ -955,6 +955,44 @@ TEST(Rabitq, ScanIsEstimateBitForBit)
     }
 }
 
+// P c per list: the same bits for any thread count; a model loaded with them
+// (as an index loads its pages) prepares the same tables; q' = P q - P c is
+// P (q - c) up to rounding.
+TEST(Rabitq, RotatedCentroids)
+{
+    const uint64_t seed = test_seed(5150);
+    const size_t d = 70, lists = 37;
+    const auto rot = RabitqRotation::generate(d, seed);
+    auto c = testutil::uniform_vectors(lists + 1, d, seed);
+    RabitqModel a(d, lists, 4, Metric::L2, rot), b(d, lists, 4, Metric::L2, rot),
+        l(d, lists, 4, Metric::L2, rot);
+    a.set_centroids(c.data(), 1);
+    b.set_centroids(c.data(), 3);
+    ASSERT_EQ(std::memcmp(a.rotated_centroids().data(), b.rotated_centroids().data(),
+                          lists * d * sizeof(double)),
+              0);
+    l.set_centroids(c.data(), a.rotated_centroids().data());
+    RabitqQuery qa, ql;
+    a.prepare_query(c.data() + lists * d, qa);
+    l.prepare_query(c.data() + lists * d, ql);
+    for (int32_t li : {0, 17, 36}) {
+        RabitqListQuery la, ll;
+        a.prepare_list(qa, li, la);
+        l.prepare_list(ql, li, ll);
+        ASSERT_EQ(la.lut, ll.lut);
+        // Against the rotation of q - c itself.
+        std::vector<double> qc(d), want(d);
+        for (size_t k = 0; k < d; k++)
+            qc[k] = double(qa.q[k]) - double(c[size_t(li) * d + k]);
+        rot.apply(qc.data(), want.data());
+        for (size_t k = 0; k < d; k++)
+            EXPECT_NEAR(qa.rotated[k] - a.rotated_centroids()[size_t(li) * d + k], want[k], 1e-12);
+    }
+    std::vector<double> bad(a.rotated_centroids());
+    bad[5] = std::numeric_limits<double>::quiet_NaN();
+    EXPECT_THROW(l.set_centroids(c.data(), bad.data()), Error);
+}
+
 TEST(Rabitq, RejectsBadArguments)
 {
     const auto rot = RabitqRotation::generate(8, 1);
