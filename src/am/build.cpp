@@ -739,6 +739,27 @@ DropUnrankedSample(BuildState *bs)
 }
 
 /*
+ * Starts phase 2: the training parameters, the sample without the rows the
+ * quantizers cannot rank, and room for centroids and m sub-quantizers'
+ * codebooks, trained on the service's GPU when it can (returns whether it
+ * did; else the caller trains on the CPU engine).
+ */
+static bool
+TrainOnService(BuildState *bs, gpuivfpq::IvfPqTrainParams *params, int m, float **centroids,
+			   float **codebooks)
+{
+	pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_TRAIN);
+	DropUnrankedSample(bs);
+	params->threads = Max(1, max_parallel_maintenance_workers + 1);
+	params->max_points_per_centroid = SAMPLES_PER_LIST;
+	*centroids = (float *) palloc_extended(sizeof(float) * bs->lists * bs->dim, MCXT_ALLOC_HUGE);
+	*codebooks = (float *) palloc(sizeof(float) * 256 * bs->dim);
+	return GpuIvfpqServiceTrain(bs->sample, bs->sample_n, bs->dim, bs->lists, m, bs->metric,
+								params->iterations, (int) params->max_points_per_centroid,
+								params->seed, *centroids, *codebooks);
+}
+
+/*
  * Phase 2: trains the quantizers on the sample (on the service's GPU when it
  * can, else the CPU engine) and writes them to the index; fills meta.
  */
@@ -751,15 +772,7 @@ TrainQuantizers(BuildState *bs, GpuIvfpqMetaPageData *meta, TimestampTz *phase_s
 	bool		on_gpu;
 
 	bs->m = GpuIvfpqChooseM(bs->index, bs->dim, false);
-	pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_TRAIN);
-	DropUnrankedSample(bs);
-	params.threads = Max(1, max_parallel_maintenance_workers + 1);
-	params.max_points_per_centroid = SAMPLES_PER_LIST;
-	centroids = (float *) palloc_extended(sizeof(float) * bs->lists * bs->dim, MCXT_ALLOC_HUGE);
-	codebooks = (float *) palloc(sizeof(float) * 256 * bs->dim);
-	on_gpu = GpuIvfpqServiceTrain(bs->sample, bs->sample_n, bs->dim, bs->lists, bs->m, bs->metric,
-								  params.iterations, (int) params.max_points_per_centroid,
-								  params.seed, centroids, codebooks);
+	on_gpu = TrainOnService(bs, &params, bs->m, &centroids, &codebooks);
 	bs->model = GpuIvfpqMakeOwned<gpuivfpq::IvfPqModel>(CurrentMemoryContext, "training",
 														(size_t) bs->dim, (size_t) bs->lists,
 														(size_t) bs->m, (gpuivfpq::Metric) bs->metric);
@@ -821,17 +834,9 @@ TrainRabitq(BuildState *bs, GpuIvfpqMetaPageData *meta, TimestampTz *phase_start
 	bool		on_gpu;
 
 	bs->m = GpuIvfpqRabitqRowBytes(bs->dim, bs->bits);
-	pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_TRAIN);
-	DropUnrankedSample(bs);
-	params.threads = Max(1, max_parallel_maintenance_workers + 1);
-	params.max_points_per_centroid = SAMPLES_PER_LIST;
-	centroids = (float *) palloc_extended(sizeof(float) * bs->lists * bs->dim, MCXT_ALLOC_HUGE);
-	codebooks = (float *) palloc(sizeof(float) * 256 * bs->dim);
 	CheckBuildMemory(blob_bytes + sizeof(float) * bs->lists * bs->dim * 2, "the rotation and centroids");
 	blob = (char *) palloc_extended(blob_bytes, MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
-	on_gpu = GpuIvfpqServiceTrain(bs->sample, bs->sample_n, bs->dim, bs->lists, 1, bs->metric,
-								  params.iterations, (int) params.max_points_per_centroid,
-								  params.seed, centroids, codebooks);
+	on_gpu = TrainOnService(bs, &params, 1, &centroids, &codebooks);
 	GpuIvfpqGuard("training", [&] {
 		if (on_gpu)
 			gpuivfpq::clamp_to_finite(centroids, (size_t) bs->lists * bs->dim);
