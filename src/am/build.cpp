@@ -670,6 +670,11 @@ IndexOptions(Relation index, BuildState *bs)
 	bs->store_vectors = opts ? opts->store_vectors : true;
 	bs->rabitq = WantsRabitq(index);
 	bs->bits = opts ? opts->bits : GPU_IVFPQ_DEFAULT_RABITQ_BITS;
+	if (bs->rabitq && opts->m != 0)
+		ereport(NOTICE,
+				(errmsg("gpu_ivfpq index \"%s\" ignores m = %d: its codes are RaBitQ codes of %d bits per dimension",
+						RelationGetRelationName(index), opts->m, bs->bits),
+				 errhint("m sets the bytes of PQ codes (codes = pq).")));
 }
 
 /*
@@ -736,6 +741,19 @@ DropUnrankedSample(BuildState *bs)
 	}
 	if (kept > 0)
 		bs->sample_n = kept;
+}
+
+/*
+ * Bytes of a build's RaBitQ model (0 for PQ codes): its rotation, centroids
+ * and rotated centroids.
+ */
+static Size
+RabitqModelBytes(BuildState *bs)
+{
+	if (!bs->rabitq)
+		return 0;
+	return (Size) bs->dim * bs->dim * sizeof(float) +
+		(Size) bs->lists * bs->dim * (sizeof(float) + sizeof(double));
 }
 
 /*
@@ -834,7 +852,9 @@ TrainRabitq(BuildState *bs, GpuIvfpqMetaPageData *meta, TimestampTz *phase_start
 	bool		on_gpu;
 
 	bs->m = GpuIvfpqRabitqRowBytes(bs->dim, bs->bits);
-	CheckBuildMemory(blob_bytes + sizeof(float) * bs->lists * bs->dim * 2, "the rotation and centroids");
+	/* The blob, the model it comes from, and the centroids as trained. */
+	CheckBuildMemory(blob_bytes + RabitqModelBytes(bs) + sizeof(float) * bs->lists * bs->dim,
+					 "the rotation and centroids");
 	blob = (char *) palloc_extended(blob_bytes, MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
 	on_gpu = TrainOnService(bs, &params, 1, &centroids, &codebooks);
 	GpuIvfpqGuard("training", [&] {
@@ -895,7 +915,8 @@ EncodeAndWrite(BuildState *bs, Relation heap, IndexInfo *indexInfo, TimestampTz 
 		(from_kept ? sizeof(int64) : sizeof(float) * bs->vdim);
 
 	/* The rows pass 1 kept, if any, count against maintenance_work_mem too. */
-	Size		kept_bytes = bs->rows_alloc * ((Size) bs->dim * sizeof(float) + sizeof(ItemPointerData) +
+	Size		kept_bytes = RabitqModelBytes(bs) +
+		bs->rows_alloc * ((Size) bs->dim * sizeof(float) + sizeof(ItemPointerData) +
 											   (bs->keyed ? sizeof(int64) : 0));
 
 	CheckBuildMemory(batch_bytes + (Size) batch * entry_bytes, "encoding");

@@ -64,6 +64,7 @@ CachedSlot(Relation index, const GpuIvfpqMetaPageData *meta, Load &&load)
 {
 	ModelCacheSlot *victim = &model_cache[0];
 	MemoryContext cxt;
+	bool		rabitq = GpuIvfpqIsRabitq(meta);
 
 	Assert(meta->trained);
 	for (int i = 0; i < MODEL_CACHE_SLOTS; i++)
@@ -71,8 +72,9 @@ CachedSlot(Relation index, const GpuIvfpqMetaPageData *meta, Load &&load)
 		ModelCacheSlot *slot = &model_cache[i];
 		bool		used = slot->model != NULL || slot->rabitq != NULL;
 
+		/* The kind of model too: a build id may repeat (a random 32 bits). */
 		if (used && GpuIvfpqRelFileEquals(slot->node, GpuIvfpqRelFileOf(index)) &&
-			slot->build_id == meta->build_id)
+			slot->build_id == meta->build_id && (rabitq ? slot->rabitq != NULL : slot->model != NULL))
 		{
 			slot->last_used = ++model_cache_clock;
 			return slot;

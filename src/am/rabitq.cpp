@@ -154,18 +154,20 @@ const char *
 GpuIvfpqRabitqCodeProblem(const GpuIvfpqMetaPageData *meta, const uint8 *code)
 {
 	size_t		d = meta->dimensions;
-	size_t		words = gpuivfpq::rabitq_plane_words(d);
+	size_t		plane = gpuivfpq::rabitq_plane_words(d) * 4;
 	size_t		cb = gpuivfpq::rabitq_code_bytes(d, meta->nbits);
-	uint32		pad = d % 32 == 0 ? 0 : ~(((uint32) 1 << (d % 32)) - 1);
 	gpuivfpq::RabitqFactors f;
 
+	/* Bit i of a plane is bit i % 8 of its byte i / 8 (little-endian words). */
 	for (int p = 0; p < meta->nbits; p++)
 	{
-		uint32		last;
+		const uint8 *bytes = code + (Size) p * plane;
 
-		memcpy(&last, code + ((Size) p * words + words - 1) * 4, sizeof(last));
-		if (last & pad)
+		if (d % 8 != 0 && (bytes[d / 8] >> (d % 8)) != 0)
 			return "a bit set past the dimensions in its code";
+		for (size_t b = (d + 7) / 8; b < plane; b++)
+			if (bytes[b] != 0)
+				return "a bit set past the dimensions in its code";
 	}
 	memcpy(&f, code + cb, sizeof(f));
 	if (isnan(f.add) || !(f.rescale >= 0.0f) || !(f.error >= 0.0f))

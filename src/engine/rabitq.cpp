@@ -432,16 +432,16 @@ void RabitqModel::set_centroids(const float* data, int threads)
     require(data != nullptr, "RaBitQ: null centroids");
     std::copy(data, data + centroids_.size(), centroids_.begin());
     // P c per list, in tiles of rows (each row's sums in apply's order).
-    std::vector<double> c(centroids_.begin(), centroids_.end());
     rotated_.assign(centroids_.size(), 0.0);
     const size_t ntiles = (lists_ + kEncodeTile - 1) / kEncodeTile;
     parallel_for(ntiles, threads, [&](size_t t0, size_t t1) {
-        std::vector<double> acc(kEncodeTile * d_ * 4);
+        std::vector<double> acc(kEncodeTile * d_ * 4), c(kEncodeTile * d_);
         for (size_t t = t0; t < t1; t++) {
             check_interrupt();
             const size_t r0 = t * kEncodeTile, nr = std::min(kEncodeTile, lists_ - r0);
-            rotate_rows(rotation_.matrix().data(), d_, c.data() + r0 * d_, nr,
-                        rotated_.data() + r0 * d_, acc.data());
+            std::copy(centroids_.begin() + r0 * d_, centroids_.begin() + (r0 + nr) * d_, c.begin());
+            rotate_rows(rotation_.matrix().data(), d_, c.data(), nr, rotated_.data() + r0 * d_,
+                        acc.data());
         }
     });
 }

@@ -26,6 +26,9 @@ FROM generate_series(1, 5) i;
 CREATE INDEX rq_bad ON rq USING gpu_ivfpq (v) WITH (codes = opq);
 CREATE INDEX rq_bad ON rq USING gpu_ivfpq (v) WITH (codes = rabitq, bits = 0);
 CREATE INDEX rq_bad ON rq USING gpu_ivfpq (v) WITH (codes = rabitq, bits = 9);
+-- m is for PQ codes: RaBitQ codes say they ignore it.
+CREATE INDEX rq_m ON rqq USING gpu_ivfpq (qv) WITH (lists = 1, codes = rabitq, m = 4);
+DROP INDEX rq_m;
 
 CREATE INDEX rq_l2 ON rq USING gpu_ivfpq (v) WITH (lists = 16, codes = rabitq);
 CREATE INDEX rq_ip ON rq USING gpu_ivfpq (v real_ip_ops) WITH (lists = 16, codes = rabitq, bits = 7);
