@@ -368,6 +368,8 @@ HeapRerank(IndexScanDesc scan, int64 *labels, int n)
 	spec.query = so->null_query ? NULL : so->query;
 	spec.dim = so->meta.dimensions;
 	spec.seen = so->seen;
+	/* The executor follows a HOT chain from its root, the TID the index holds. */
+	spec.index_tids = true;
 	so->results = (GpuIvfpqHit *) MemoryContextAllocHuge(so->batchctx, sizeof(GpuIvfpqHit) * Max(n, 1));
 	so->nresults = (int) GpuIvfpqRerank(&so->hf, &spec, labels, n, so->results, &fetched);
 	so->next = 0;

@@ -78,6 +78,7 @@ GpuIvfpqRerank(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spec, int64 *lab
 	for (int64 i = 0; i < n; i++)
 	{
 		ItemPointerData tid;
+		ItemPointerData row_tid;
 		int			vdim;
 		const float *v;
 		double		dist;
@@ -94,7 +95,8 @@ GpuIvfpqRerank(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spec, int64 *lab
 				continue;
 		}
 		looked++;
-		v = GpuIvfpqHeapFetchVector(hf, &tid, &vdim);
+		row_tid = tid;
+		v = GpuIvfpqHeapFetchVector(hf, &row_tid, &vdim);
 		CHECK_FOR_INTERRUPTS();
 		if (v == NULL || (spec->query != NULL && vdim != spec->dim))
 			continue;
@@ -104,7 +106,7 @@ GpuIvfpqRerank(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spec, int64 *lab
 		if (spec->bounded && !(dist <= spec->radius))
 			continue;
 		hits[nhits].dist = dist;
-		hits[nhits].tid = tid;
+		hits[nhits].tid = spec->index_tids ? tid : row_tid;
 		nhits++;
 	}
 	if (spec->query != NULL)

@@ -48,7 +48,11 @@ typedef struct GpuIvfpqHeapFetch
 
 extern void GpuIvfpqHeapFetchBegin(GpuIvfpqHeapFetch *hf, Relation heap, Relation index,
 								   Snapshot snapshot);
-/* The indexed vector of the row at tid if visible and not NULL (valid until the next call). */
+/*
+ * The indexed vector of the row at tid if visible and not NULL (valid until
+ * the next call). An index's TID of a HOT chain is the chain's root: on
+ * return *tid is the visible row's own TID (its ctid).
+ */
 extern const float *GpuIvfpqHeapFetchVector(GpuIvfpqHeapFetch *hf, ItemPointer tid, int *dim);
 extern void GpuIvfpqHeapFetchEnd(GpuIvfpqHeapFetch *hf);
 
@@ -61,6 +65,12 @@ typedef struct GpuIvfpqRerankSpec
 	bool		bounded;		/* keep only rows with distance <= radius */
 	double		radius;
 	HTAB	   *seen;			/* if set: TIDs re-ranked before are skipped, new ones added */
+	/*
+	 * Hits keep the index's TIDs (an index scan's, which the executor
+	 * follows along a HOT chain from its root), else the rows' own TIDs
+	 * (functions, whose callers join on ctid).
+	 */
+	bool		index_tids;
 } GpuIvfpqRerankSpec;
 
 /*

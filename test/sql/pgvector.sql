@@ -105,6 +105,16 @@ SELECT 'vector <=>' AS class, * FROM same_as_seqscan('v', '<=>', 'v');
 SELECT 'halfvec <->' AS class, * FROM same_as_seqscan('h', '<->', 'h');
 SELECT 'halfvec <#>' AS class, * FROM same_as_seqscan('h', '<#>', 'h');
 SELECT 'halfvec <=>' AS class, * FROM same_as_seqscan('h', '<=>', 'h');
+-- RaBitQ codes on pgvector's types: the same answers too (the PQ indexes
+-- rebuilt as they were afterwards).
+DROP INDEX pv_v_l2, pv_h_cos;
+CREATE INDEX pv_v_rq ON pv USING gpu_ivfpq (v vector_l2_ops) WITH (lists = 16, codes = rabitq, bits = 3);
+CREATE INDEX pv_h_rq ON pv USING gpu_ivfpq (h halfvec_cosine_ops) WITH (lists = 16, codes = rabitq);
+SELECT 'vector <->, rabitq' AS class, * FROM same_as_seqscan('v', '<->', 'v');
+SELECT 'halfvec <=>, rabitq' AS class, * FROM same_as_seqscan('h', '<=>', 'h');
+DROP INDEX pv_v_rq, pv_h_rq;
+CREATE INDEX pv_v_l2 ON pv USING gpu_ivfpq (v vector_l2_ops) WITH (lists = 16, m = 3);
+CREATE INDEX pv_h_cos ON pv USING gpu_ivfpq (h halfvec_cosine_ops) WITH (lists = 16, m = 3);
 -- The values the executor sees are pgvector's: <#> is the negative inner
 -- product, <=> one minus the cosine similarity.
 SET enable_seqscan = off;

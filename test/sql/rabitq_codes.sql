@@ -125,6 +125,25 @@ SET enable_seqscan = off;
 SELECT count(*) AS rows FROM (SELECT id FROM rq_empty ORDER BY v <-> (SELECT qv FROM rqq WHERE qid = 1) LIMIT 500) x;
 RESET enable_seqscan;
 
+-- Rows updated in place (HOT: the index holds the chain's root, the row has
+-- moved on) come back from scans that re-rank from the table, with RaBitQ
+-- codes and with PQ codes without vector copies alike.
+CREATE TABLE rqh (id int, v real[], w int) WITH (fillfactor = 50);
+INSERT INTO rqh SELECT i, ARRAY[i, i * 0.5, 1]::real[], 0 FROM generate_series(1, 200) i;
+CREATE INDEX rqh_rq ON rqh USING gpu_ivfpq (v) WITH (lists = 2, codes = rabitq);
+CREATE INDEX rqh_pq ON rqh USING gpu_ivfpq (v real_ip_ops) WITH (lists = 2, m = 1, store_vectors = off);
+UPDATE rqh SET w = 1 WHERE id <= 5;
+SELECT count(*) AS moved_in_place FROM rqh WHERE id <= 5 AND ctid > '(0,50)';
+SET gpu_ivfpq.probes = 2;
+SET gpu_ivfpq.rerank = 1000;
+SELECT knn('SELECT id FROM rqh ORDER BY v <-> ''{1,1,1}'' LIMIT 200', true) =
+       knn('SELECT id FROM rqh ORDER BY v <-> ''{1,1,1}'' LIMIT 200', false) AS rabitq_same,
+       knn('SELECT id FROM rqh ORDER BY v <#> ''{-1,-1,-1}'' LIMIT 200', true) =
+       knn('SELECT id FROM rqh ORDER BY v <#> ''{-1,-1,-1}'' LIMIT 200', false) AS pq_same;
+-- The functions return the rows' own TIDs (their ctid).
+SELECT count(*) AS joined FROM gpu_ivfpq_knn_batch('rqh_rq', '{1,1,1}'::real[], 200) r JOIN rqh ON rqh.ctid = r.tid;
+DROP TABLE rqh;
+
 DROP TABLE rq, rqp, rqq, rq_wide, rq_empty;
 DROP FUNCTION same_as_seq(text, int, text, text);
 DROP FUNCTION recall(text, int);
