@@ -583,7 +583,6 @@ extern int64 GpuIvfpqRabitqRankLists(Relation index, const GpuIvfpqMetaPageData 
 									 const GpuIvfpqKeyRange *range, gpuivfpq::TopK *topk,
 									 int64 *labels, int *nlabels);
 extern const char *GpuIvfpqRabitqCodeProblem(const GpuIvfpqMetaPageData *meta, const uint8 *code);
-extern void GpuIvfpqRefuseRabitq(Relation index, const GpuIvfpqMetaPageData *meta, const char *what);
 
 /* ---- build.cpp ---- */
 extern IndexBuildResult *gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo);

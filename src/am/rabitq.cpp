@@ -38,8 +38,9 @@ GpuIvfpqRabitqCheckDim(Relation index, int dim)
 /*
  * Assigns n rows to their nearest lists and encodes them: codes gets each
  * row's entry code (GpuIvfpqRabitqRowBytes: bit planes, then factors),
- * radius each row's covering distance (0: an index with RaBitQ codes keeps
- * no covering radii).
+ * radius each row's distance to its list's centroid (normalised for
+ * Cosine: the lists' covering radii, for range search; 0 for inner
+ * product, which prunes no list).
  */
 void
 GpuIvfpqRabitqEncode(const gpuivfpq::RabitqModel *model, const float *x, int n, int32 *lists,
@@ -59,7 +60,9 @@ GpuIvfpqRabitqEncode(const gpuivfpq::RabitqModel *model, const float *x, int n, 
 	{
 		memcpy(codes + (Size) i * rb, planes + (Size) i * cb, cb);
 		memcpy(codes + (Size) i * rb + cb, &factors[i], sizeof(gpuivfpq::RabitqFactors));
-		radius[i] = 0.0f;
+		/* add is ||x - c||^2 for L2 and Cosine (<c, x - c> for inner product). */
+		radius[i] = model->metric() == gpuivfpq::Metric::InnerProduct ? 0.0f
+			: sqrtf(Max(factors[i].add, 0.0f));
 	}
 	pfree(planes);
 	pfree(factors);
@@ -173,19 +176,4 @@ GpuIvfpqRabitqCodeProblem(const GpuIvfpqMetaPageData *meta, const uint8 *code)
 	if (isnan(f.add) || !(f.rescale >= 0.0f) || !(f.error >= 0.0f))
 		return "factors that no encoding writes";
 	return NULL;
-}
-
-/*
- * Errors when index has RaBitQ codes and what (a function's name) does not
- * work with them yet.
- */
-void
-GpuIvfpqRefuseRabitq(Relation index, const GpuIvfpqMetaPageData *meta, const char *what)
-{
-	if (GpuIvfpqIsRabitq(meta))
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("%s does not support gpu_ivfpq index \"%s\" with codes = rabitq",
-						what, RelationGetRelationName(index)),
-				 errhint("Use an index with codes = pq (the default) for %s.", what)));
 }

@@ -21,6 +21,7 @@
 #include "functions/queries.h"
 #include "engine/distances.h"
 #include "engine/ivfpq.h"
+#include "engine/rabitq.h"
 #include "engine/pq.h"
 
 extern "C" {
@@ -42,7 +43,7 @@ PG_FUNCTION_INFO_V1(gpu_ivfpq_range);
  */
 static void
 ListsToProbe(const GpuIvfpqMetaPageData *meta, const GpuIvfpqListDirEntry *dir,
-			 const gpuivfpq::IvfPqModel *model, int metric, const float *q, double radius,
+			 const float *cent, int metric, const float *q, double radius,
 			 bool *probe, double *adc_limit, int *pruned)
 {
 	std::vector<float> qn(q, q + meta->dimensions);
@@ -62,7 +63,6 @@ ListsToProbe(const GpuIvfpqMetaPageData *meta, const GpuIvfpqListDirEntry *dir,
 		r = radius;
 
 	uint32		d = meta->dimensions;
-	const float *cent = model->centroids().data();
 	std::vector<double> dq(meta->lists), cn(meta->lists);
 	uint32		nearest = 0;
 	double		qnorm = std::sqrt(std::inner_product(qn.begin(), qn.end(), qn.begin(), 0.0));
@@ -160,6 +160,7 @@ gpu_ivfpq_range(PG_FUNCTION_ARGS)
 	GpuIvfpqMetaPageData meta;
 	GpuIvfpqListDirEntry *dir;
 	gpuivfpq::IvfPqModel *model = NULL;
+	const float *centroids = NULL;
 	gpuivfpq::IvfPqQuery *prepared = NULL;
 	int			metric;
 	int			dim;
@@ -195,22 +196,25 @@ gpu_ivfpq_range(PG_FUNCTION_ARGS)
 				 errhint("Only inner-product indexes (real_ip_ops, vector_ip_ops, halfvec_ip_ops) take negative radii.")));
 	q = GpuIvfpqQueryVector(fcinfo, 1, &dim);
 	GpuIvfpqReadMeta(index, &meta);
-	GpuIvfpqRefuseRabitq(index, &meta, "gpu_ivfpq_range");
 	if (meta.dimensions != 0 && (uint32) dim != meta.dimensions)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATA_EXCEPTION),
 				 errmsg("query vector has %d dimensions, the index \"%s\" has %u",
 						dim, RelationGetRelationName(index), meta.dimensions)));
 	dir = GpuIvfpqReadListDir(index, &meta);
-	if (meta.trained)
+	/* The list centroids, of either kind of codes (RaBitQ codes: no ADC bound, below). */
+	if (GpuIvfpqIsRabitq(&meta))
+		centroids = GpuIvfpqGetRabitqModel(index, &meta)->centroids().data();
+	else if (meta.trained)
 	{
 		model = GpuIvfpqGetModel(index, &meta);
 		GpuIvfpqModelTables(model);
+		centroids = model->centroids().data();
 	}
 	probe = (bool *) palloc(sizeof(bool) * meta.lists);
 	adc_limit = (double *) palloc(sizeof(double) * meta.lists);
 	GpuIvfpqGuard("range pruning", [&] {
-		ListsToProbe(&meta, dir, model, metric, q, radius, probe, adc_limit, &pruned);
+		ListsToProbe(&meta, dir, centroids, metric, q, radius, probe, adc_limit, &pruned);
 	});
 	/* ADC filtering needs the quantization errors, kept by newer builds. */
 	use_adc = meta.trained && (meta.features & GPU_IVFPQ_FEATURE_QERROR) &&

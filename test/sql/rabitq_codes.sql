@@ -108,8 +108,24 @@ SET client_min_messages = warning;
 SELECT count(*) = 10 * (SELECT count(v) FROM rq) AS graph_rows FROM gpu_ivfpq_knn_graph('rq_l2', 10);
 RESET client_min_messages;
 
--- Not yet with these codes: range search. RaBitQ codes stop at 2000 dimensions.
-SELECT * FROM gpu_ivfpq_range('rq_l2', (SELECT qv FROM rqq WHERE qid = 1), 1.0);
+-- Range search: every row within the radius (the 30th nearest distance of
+-- each query), as a sequential scan finds them, for each operator class
+-- (lists pruned by their covering radii, the others' rows checked in the table).
+CREATE FUNCTION range_same(idx text, op text) RETURNS TABLE (qid int, rows bigint, same bool)
+LANGUAGE plpgsql AS $$
+BEGIN
+	RETURN QUERY EXECUTE format($q$
+	SELECT q.qid, (SELECT count(*) FROM gpu_ivfpq_range(%1$L, q.qv, r.r)),
+	       (SELECT array_agg(rq.id ORDER BY rq.id) FROM gpu_ivfpq_range(%1$L, q.qv, r.r) g JOIN rq ON rq.ctid = g.tid) =
+	       (SELECT array_agg(id ORDER BY id) FROM rq WHERE v %2$s q.qv <= r.r)
+	FROM rqq q, LATERAL (SELECT v %2$s q.qv AS r FROM rq WHERE v IS NOT NULL ORDER BY 1 OFFSET 29 LIMIT 1) r
+	ORDER BY 1$q$, idx, op);
+END $$;
+SELECT * FROM range_same('rq_l2', '<->');
+SELECT * FROM range_same('rq_ip', '<#>');
+SELECT * FROM range_same('rq_cos', '<=>');
+DROP FUNCTION range_same(text, text);
+-- RaBitQ codes stop at 2000 dimensions.
 CREATE TABLE rq_wide (v real[]);
 INSERT INTO rq_wide SELECT array_fill(1.0::real, ARRAY[2001]);
 CREATE INDEX rq_wide_idx ON rq_wide USING gpu_ivfpq (v) WITH (codes = rabitq);
