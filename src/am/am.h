@@ -265,6 +265,19 @@ typedef struct GpuIvfpqKeyRange
 	int64		hi;
 } GpuIvfpqKeyRange;
 
+/* Whether entry i passes a scan's filter: no range, or its filter key within it. */
+static inline bool
+GpuIvfpqEntryInRange(const char *entries, int i, const GpuIvfpqEntryLayout *el,
+					 const GpuIvfpqKeyRange *range)
+{
+	int64		key;
+
+	if (range == NULL)
+		return true;
+	key = GpuIvfpqEntryFilterKey(entries, i, el);
+	return key >= range->lo && key <= range->hi;
+}
+
 /*
  * The exact vector of entry i (el->vdim floats, aligned), if the layout has
  * one; entries is the page's PageGetContents.

@@ -101,10 +101,8 @@ GpuIvfpqRankLists(Relation index, const GpuIvfpqMetaPageData *meta, const GpuIvf
 				/* Only entries within the filter's range get a distance (+inf: skipped). */
 				for (int i = 0; i < n; i++)
 				{
-					int64		key = GpuIvfpqEntryFilterKey(ent, i, &el);
-
 					dists[i] = INFINITY;
-					if (key < range->lo || key > range->hi)
+					if (!GpuIvfpqEntryInRange(ent, i, &el, range))
 						continue;
 					seen++;
 					GpuIvfpqGuard("list scan", [&] {
@@ -227,13 +225,8 @@ GpuIvfpqCollectList(Relation index, const GpuIvfpqMetaPageData *meta, BlockNumbe
 			});
 		for (int i = 0; i < n; i++)
 		{
-			if (range != NULL)
-			{
-				int64		key = GpuIvfpqEntryFilterKey(ent, i, &el);
-
-				if (key < range->lo || key > range->hi)
-					continue;
-			}
+			if (!GpuIvfpqEntryInRange(ent, i, &el, range))
+				continue;
 			entries++;
 
 			/*

@@ -124,13 +124,8 @@ GpuIvfpqRabitqRankLists(Relation index, const GpuIvfpqMetaPageData *meta, const 
 			});
 			for (int i = 0; i < n; i++)
 			{
-				if (range != NULL)
-				{
-					int64		key = GpuIvfpqEntryFilterKey(ent, i, &el);
-
-					if (key < range->lo || key > range->hi)
-						continue;
-				}
+				if (!GpuIvfpqEntryInRange(ent, i, &el, range))
+					continue;
 				seen++;
 				if (!(est[i] < topk->threshold()))
 					continue;

@@ -75,7 +75,8 @@ GpuIvfpqBatchBegin(GpuIvfpqBatchSearch *bs, Relation index, Relation heap, int d
 	if (bs->meta.trained)
 	{
 		/* The model is loaded for the queries the CPU engine searches, if any. */
-		bs->prepared = GpuIvfpqMakeOwned<gpuivfpq::IvfPqQuery>(CurrentMemoryContext, "query preparation");
+		if (!GpuIvfpqIsRabitq(&bs->meta))
+			bs->prepared = GpuIvfpqMakeOwned<gpuivfpq::IvfPqQuery>(CurrentMemoryContext, "query preparation");
 		bs->topk = GpuIvfpqMakeOwned<gpuivfpq::TopK>(CurrentMemoryContext, "k-selection", (size_t) want);
 	}
 
