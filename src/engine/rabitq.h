@@ -66,6 +66,20 @@ inline size_t rabitq_row_bytes(size_t d, int bits)
     return rabitq_code_bytes(d, bits) + sizeof(RabitqFactors);
 }
 
+// The model of an index with RaBitQ codes as its pages, the service and the
+// GPU mirrors pass it on, one blob: the rotation P (d x d floats, row-major,
+// RabitqRotation::matrix()), then from rabitq_rotated_offset(d) (8-byte
+// aligned) P c of every list centroid c (lists x d doubles,
+// RabitqModel::rotated_centroids()).
+constexpr size_t rabitq_rotated_offset(size_t d)
+{
+    return (d * d * sizeof(float) + sizeof(double) - 1) / sizeof(double) * sizeof(double);
+}
+constexpr size_t rabitq_model_bytes(size_t d, size_t lists)
+{
+    return rabitq_rotated_offset(d) + lists * d * sizeof(double);
+}
+
 // Writes the code of the d unsigned values x (each below 2^bits) into
 // code (rabitq_code_bytes(d, bits) bytes, padding zeroed).
 void rabitq_pack(const uint8_t* x, size_t d, int bits, uint8_t* code);

@@ -33,6 +33,15 @@ struct MirrorSpec {
     // Entries carry a filter key (an int64, the index's filter column), so
     // that a search can skip entries outside a per-query key range.
     bool filter_keys = false;
+    // RaBitQ codes (codes = rabitq; 0: PQ codes): bits per dimension. An
+    // entry's code is then m = rabitq_row_bytes(d, bits) bytes (its bit
+    // planes, then its RabitqFactors: the index pages' entry code),
+    // codebooks is unused and rabitq_model points at the model blob
+    // (rabitq_model_bytes(d, lists): the rotation, then P c; engine/rabitq.h).
+    // Such a mirror keeps no vectors: search ranks by the codes' estimates
+    // and the backends re-rank from the heap.
+    int rabitq_bits = 0;
+    const void* rabitq_model = nullptr;
 };
 
 // A per-query range on the entries' filter keys (host pointers, nq each):
