@@ -24,6 +24,7 @@
 #include "gpu_ivfpq/kmeans_gpu.h"
 #include "ivf_scan.cuh"
 #include "ivfpq_kernels.h"
+#include "list_store.h"
 #include "search_graphs.h"
 #include "select_args.h"
 #include "small_search.h"
@@ -43,66 +44,16 @@ void check_subquantizers(const char* who, size_t d, size_t m)
     }
 }
 
-// Page-locked host memory, grown on demand: copies from it are truly
-// asynchronous, where a copy from pageable memory blocks the host for each
-// call (an append used to make a dozen such copies). The owner synchronises
-// its stream before it writes the memory again or frees it.
-class PinnedHost {
-public:
-    PinnedHost() = default;
-    PinnedHost(const PinnedHost&) = delete;
-    PinnedHost& operator=(const PinnedHost&) = delete;
-    ~PinnedHost()
-    {
-        if (p_)
-            cudaFreeHost(p_);  // nothing to report from a destructor
-    }
-    // At least bytes of memory; the contents are not kept when it grows.
-    char* reserve(size_t bytes)
-    {
-        if (bytes > bytes_) {
-            if (p_)
-                GPU_CUDA_CHECK(cudaFreeHost(p_));
-            p_ = nullptr;
-            bytes_ = 0;
-            void* p = nullptr;
-            GPU_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
-            p_ = static_cast<char*>(p);
-            bytes_ = bytes;
-        }
-        return p_;
-    }
-    char* data() const { return p_; }
-
-private:
-    char* p_ = nullptr;
-    size_t bytes_ = 0;
-};
-
 }  // namespace
 
-struct GpuIvfPqIndex::Impl {
-    GpuContext& ctx;
-    size_t d, lists, m, dsub;
-    Metric metric;
+struct GpuIvfPqIndex::Impl : ListStore {
+    size_t dsub = 0;
+    Metric metric = Metric::L2;
     GpuIvfPqOptions opt;
     DeviceBuffer centroids, centroid_norms, codebooks, term1;
     bool precomputed = false;
     bool term1_half = false;
 
-    struct List {
-        DeviceBuffer codes, ids, vt;  // vt: per-vector term 1 (per_vector())
-        DeviceBuffer vecs;            // stored vectors, d floats each (opt.store_vectors)
-        DeviceBuffer keys;            // filter keys, one int64 each (opt.filter_keys)
-        size_t size = 0, cap = 0;
-    };
-    std::vector<List> lst;
-    // vec_ptrs: store_vectors only; key_ptrs: filter_keys only.
-    DeviceBuffer code_ptrs, id_ptrs, vt_ptrs, vec_ptrs, key_ptrs, lens;
-    size_t ntotal = 0, max_len = 0;
-    // Host side of the per-list arrays (six sections of lists entries, in
-    // the order of upload_meta) and the staging of appended entries.
-    PinnedHost meta_host, add_host;
     // A small search's inputs and answers staged in page-locked memory (one
     // copy each way instead of a driver-staged copy per pageable buffer).
     PinnedHost io_host;
@@ -132,7 +83,7 @@ struct GpuIvfPqIndex::Impl {
             GPU_CUDA_CHECK(cudaEventRecord(ev[which], st()));
     }
 
-    Impl(GpuContext& c) : ctx(c) {}
+    Impl(GpuContext& c) : ListStore(c) {}
     ~Impl()
     {
         for (cudaEvent_t e : ev)
@@ -174,85 +125,6 @@ struct GpuIvfPqIndex::Impl {
                      static_cast<int>(d), static_cast<int>(m), term1.data(), opt.float16_tables, st());
         precomputed = true;
         term1_half = opt.float16_tables;
-    }
-
-    void grow(size_t l, size_t need)
-    {
-        List& L = lst[l];
-        if (need <= L.cap)
-            return;
-        const size_t cap = std::max(need, L.cap + L.cap / 2);
-        DeviceBuffer codes(ctx, cap * m), ids(ctx, cap * sizeof(int64_t));
-        DeviceBuffer vt = per_vector() ? DeviceBuffer(ctx, cap * sizeof(float)) : DeviceBuffer();
-        DeviceBuffer vecs = opt.store_vectors ? DeviceBuffer(ctx, cap * d * sizeof(float)) : DeviceBuffer();
-        DeviceBuffer keys = opt.filter_keys ? DeviceBuffer(ctx, cap * sizeof(int64_t)) : DeviceBuffer();
-        if (L.size && per_vector())
-            GPU_CUDA_CHECK(cudaMemcpyAsync(vt.data(), L.vt.data(), L.size * sizeof(float),
-                                           cudaMemcpyDeviceToDevice, st()));
-        if (L.size && opt.store_vectors)
-            GPU_CUDA_CHECK(cudaMemcpyAsync(vecs.data(), L.vecs.data(), L.size * d * sizeof(float),
-                                           cudaMemcpyDeviceToDevice, st()));
-        if (L.size && opt.filter_keys)
-            GPU_CUDA_CHECK(cudaMemcpyAsync(keys.data(), L.keys.data(), L.size * sizeof(int64_t),
-                                           cudaMemcpyDeviceToDevice, st()));
-        if (L.size) {
-            GPU_CUDA_CHECK(cudaMemcpyAsync(codes.data(), L.codes.data(), L.size * m,
-                                           cudaMemcpyDeviceToDevice, st()));
-            GPU_CUDA_CHECK(cudaMemcpyAsync(ids.data(), L.ids.data(), L.size * sizeof(int64_t),
-                                           cudaMemcpyDeviceToDevice, st()));
-        }
-        L.codes = std::move(codes);
-        L.ids = std::move(ids);
-        L.vt = std::move(vt);
-        L.vecs = std::move(vecs);
-        L.keys = std::move(keys);
-        L.cap = cap;
-    }
-
-    // The per-list pointer and length arrays the kernels read, for lists
-    // [lo, hi) (all by default). An append touches a few lists: only their
-    // range is uploaded (six whole arrays per call cost ~0.1 ms, most of an
-    // append's time under a stream of single-row inserts). Lists only grow
-    // in between full uploads, so max_len only rises here.
-    void upload_meta(size_t lo = 0, size_t hi = SIZE_MAX)
-    {
-        hi = std::min(hi, lists);
-        if (lo == 0 && hi == lists)
-            max_len = 0;
-        if (lo >= hi)
-            return;
-        // Callers synchronise before they return, so no copy of an earlier
-        // call still reads the pinned host copy.
-        char* h = meta_host.reserve(lists * (5 * sizeof(void*) + sizeof(int32_t)));
-        const void** cp = reinterpret_cast<const void**>(h);
-        const void** ip = cp + lists;
-        const void** vp = ip + lists;
-        const void** xp = vp + lists;
-        const void** kp = xp + lists;
-        int32_t* ln = reinterpret_cast<int32_t*>(kp + lists);
-        for (size_t l = lo; l < hi; ++l) {
-            cp[l] = lst[l].codes.data();
-            ip[l] = lst[l].ids.data();
-            vp[l] = lst[l].vt.data();
-            xp[l] = lst[l].vecs.data();
-            kp[l] = lst[l].keys.data();
-            ln[l] = static_cast<int32_t>(lst[l].size);
-            max_len = std::max(max_len, lst[l].size);
-        }
-        const size_t n = hi - lo;
-        auto put = [&](const DeviceBuffer& dst, const void* src, size_t elem) {
-            GPU_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst.data()) + lo * elem,
-                                           static_cast<const char*>(src) + lo * elem, n * elem,
-                                           cudaMemcpyHostToDevice, st()));
-        };
-        put(code_ptrs, cp, sizeof(void*));
-        put(id_ptrs, ip, sizeof(void*));
-        put(vt_ptrs, vp, sizeof(void*));
-        if (opt.store_vectors)
-            put(vec_ptrs, xp, sizeof(void*));
-        if (opt.filter_keys)
-            put(key_ptrs, kp, sizeof(void*));
-        put(lens, ln, sizeof(int32_t));
     }
 
     // Queries to use on the device (normalised copy for Cosine).
@@ -539,7 +411,7 @@ GpuIvfPqIndex::GpuIvfPqIndex(GpuContext& ctx, size_t d, size_t lists, size_t m, 
             "GPU IVFPQ: unknown metric");
     require(lists >= 1 && lists < (size_t(1) << 31), "GPU IVFPQ: lists must be in [1, 2^31)");
     Impl& I = *impl_;
-    I.d = d;
+    I.d = d;  // init_lists sets them again, after the model's buffers
     I.lists = lists;
     I.m = m;
     I.dsub = d / m;
@@ -552,16 +424,7 @@ GpuIvfPqIndex::GpuIvfPqIndex(GpuContext& ctx, size_t d, size_t lists, size_t m, 
     I.codebooks = DeviceBuffer(ctx, m * 256 * I.dsub * sizeof(float));
     I.codebooks.upload(codebooks, m * 256 * I.dsub * sizeof(float));
     I.build_term1();
-    I.lst.resize(lists);
-    I.code_ptrs = DeviceBuffer(ctx, lists * sizeof(void*));
-    I.id_ptrs = DeviceBuffer(ctx, lists * sizeof(void*));
-    I.vt_ptrs = DeviceBuffer(ctx, lists * sizeof(void*));
-    if (opt.store_vectors)
-        I.vec_ptrs = DeviceBuffer(ctx, lists * sizeof(void*));
-    if (opt.filter_keys)
-        I.key_ptrs = DeviceBuffer(ctx, lists * sizeof(void*));
-    I.lens = DeviceBuffer(ctx, lists * sizeof(int32_t));
-    I.upload_meta();
+    I.init_lists(d, lists, m, I.per_vector(), opt.store_vectors, opt.filter_keys);
     ctx.synchronize();
 }
 
@@ -587,15 +450,12 @@ GpuMemoryUse GpuIvfPqIndex::memory_use() const
     u.centroids = I.centroids.bytes() + I.centroid_norms.bytes();
     u.codebooks = I.codebooks.bytes();
     u.term1 = I.term1.bytes();
-    for (const auto& L : I.lst) {
-        u.codes += L.codes.bytes();
-        u.ids += L.ids.bytes();
-        u.vector_terms += L.vt.bytes();
-        u.vectors += L.vecs.bytes();
-        u.keys += L.keys.bytes();
-    }
-    u.list_meta = I.code_ptrs.bytes() + I.id_ptrs.bytes() + I.vt_ptrs.bytes() + I.vec_ptrs.bytes() +
-                  I.key_ptrs.bytes() + I.lens.bytes();
+    u.codes = I.code_bytes();
+    u.ids = I.id_bytes();
+    u.vector_terms = I.vt_bytes();
+    u.vectors = I.vector_bytes();
+    u.keys = I.key_bytes();
+    u.list_meta = I.meta_bytes();
     return u;
 }
 
@@ -702,174 +562,15 @@ void GpuIvfPqIndex::add_encoded(size_t n, const int32_t* list_ids, const uint8_t
                                 const int64_t* ids, const float* vectors, const int64_t* keys)
 {
     Impl& I = *impl_;
-    if (!n)
-        return;  // an empty batch may come with any pointers (an empty vector's data())
-    if (I.opt.store_vectors && !vectors)
-        throw Error(ErrorKind::InvalidArgument,
-                    "add_encoded: the index stores vectors (store_vectors) but none were given");
-    if (!I.opt.store_vectors && vectors)
-        throw Error(ErrorKind::InvalidArgument,
-                    "add_encoded: vectors given to an index without store_vectors");
-    if (I.opt.filter_keys && !keys)
-        throw Error(ErrorKind::InvalidArgument,
-                    "add_encoded: the index keeps filter keys (filter_keys) but none were given");
-    if (!I.opt.filter_keys && keys)
-        throw Error(ErrorKind::InvalidArgument,
-                    "add_encoded: filter keys given to an index without filter_keys");
-    require(I.ntotal + n < (size_t(1) << 31), "GPU IVFPQ: more than 2^31 vectors");
-    std::vector<size_t> count(I.lists + 1, 0);
-    for (size_t i = 0; i < n; ++i) {
-        require(list_ids[i] >= 0 && static_cast<size_t>(list_ids[i]) < I.lists,
-                "add_encoded: list id out of range");
-        count[list_ids[i] + 1]++;
-    }
-    for (size_t l = 0; l < I.lists; ++l)
-        count[l + 1] += count[l];  // count[l] = first slot of list l
-    std::vector<int32_t> touched;
-    for (size_t l = 0; l < I.lists; ++l)
-        if (count[l + 1] > count[l])
-            touched.push_back(static_cast<int32_t>(l));
-    const size_t nt = touched.size();
-    // The batch, sorted by list, staged in pinned memory in one block (codes,
-    // ids, list ids, vectors, keys, each entry's position in its list, the
-    // touched lists and their new lengths) and copied to the device in one
-    // copy; one launch then writes every entry into its list and the lists'
-    // lengths (a copy per list and array, and the lists' pointers uploaded
-    // again, cost ~130 us for an append of one row). Both allocated before
-    // any list changes, so that their failure leaves the index as it was.
-    Carver sz;
-    sz.take<uint8_t>(n * I.m);
-    sz.take<int64_t>(n);
-    sz.take<int32_t>(n);
-    sz.take<float>(vectors ? n * I.d : 0);
-    sz.take<int64_t>(keys ? n : 0);
-    sz.take<int32_t>(n);   // positions
-    sz.take<int32_t>(nt);  // touched lists
-    sz.take<int32_t>(nt);  // their new lengths
-    sz.take<float>(I.per_vector() ? n : 0);  // the entries' vector terms, computed on the device
-    I.ctx.synchronize();  // an earlier batch's copy may still read the staging
-    char* host = I.add_host.reserve(sz.size());
-    // From the context's scratch arena: a cudaMalloc/cudaFree pair per
-    // append (a change-log run of a few rows) cost more than the copies.
-    Scratch dbatch(I.ctx, sz.size());
-    // Grow the touched lists that lack room: an out-of-memory error leaves
-    // the contents and sizes as they were, and the kernels' pointer arrays
-    // name the lists that did grow (their old buffers are gone).
-    std::vector<size_t> grown;
-    try {
-        for (int32_t l : touched) {
-            const size_t need = I.lst[l].size + (count[l + 1] - count[l]);
-            if (need > I.lst[l].cap) {
-                I.grow(l, need);
-                grown.push_back(size_t(l));
-            }
-        }
-    } catch (...) {
-        for (size_t l : grown)
-            I.upload_meta(l, l + 1);
-        I.ctx.synchronize();
-        throw;
-    }
-    // The grown lists' new buffers (and their sizes, still the old ones)
-    // before the launch that writes there.
-    if (grown.size() <= 4)
-        for (size_t l : grown)
-            I.upload_meta(l, l + 1);
-    else
-        I.upload_meta(grown.front(), grown.back() + 1);
-    Carver hc(host), dc(dbatch.data());
-    uint8_t* scodes = hc.take<uint8_t>(n * I.m);
-    int64_t* sids = hc.take<int64_t>(n);
-    int32_t* slists = hc.take<int32_t>(n);
-    float* svecs = hc.take<float>(vectors ? n * I.d : 0);
-    int64_t* skeys = hc.take<int64_t>(keys ? n : 0);
-    int32_t* spos = hc.take<int32_t>(n);
-    int32_t* stouched = hc.take<int32_t>(nt);
-    int32_t* slen = hc.take<int32_t>(nt);
-    const uint8_t* dcodes = dc.take<uint8_t>(n * I.m);
-    const int64_t* dids = dc.take<int64_t>(n);
-    const int32_t* dl = dc.take<int32_t>(n);
-    const float* dvecs = dc.take<float>(vectors ? n * I.d : 0);
-    const int64_t* dkeys = dc.take<int64_t>(keys ? n : 0);
-    const int32_t* dpos = dc.take<int32_t>(n);
-    const int32_t* dtouched = dc.take<int32_t>(nt);
-    const int32_t* dlen = dc.take<int32_t>(nt);
-    float* dvt = dc.take<float>(I.per_vector() ? n : 0);
-    {
-        std::vector<size_t> fill(count.begin(), count.end() - 1);
-        for (size_t i = 0; i < n; ++i) {
-            const int32_t l = list_ids[i];
-            const size_t s = fill[l]++;
-            std::copy(codes + i * I.m, codes + (i + 1) * I.m, scodes + s * I.m);
-            sids[s] = ids[i];
-            slists[s] = l;
-            spos[s] = static_cast<int32_t>(I.lst[l].size + (s - count[l]));
-            if (vectors)
-                std::copy(vectors + i * I.d, vectors + (i + 1) * I.d, svecs + s * I.d);
-            if (keys)
-                skeys[s] = keys[i];
-        }
-        for (size_t t = 0; t < nt; ++t) {
-            const int32_t l = touched[t];
-            stouched[t] = l;
-            slen[t] = static_cast<int32_t>(I.lst[l].size + (count[l + 1] - count[l]));
-        }
-    }
-    GPU_CUDA_CHECK(cudaMemcpyAsync(dbatch.data(), host, sz.size(), cudaMemcpyHostToDevice, I.st()));
-    if (I.per_vector())
-        launch_vector_term1(dcodes, dl, static_cast<int64_t>(n), I.centroids.as<float>(),
-                            I.codebooks.as<float>(), static_cast<int>(I.d), static_cast<int>(I.m), dvt,
-                            I.st());
-    launch_append_entries(I.code_ptrs.as<uint8_t* const>(), I.id_ptrs.as<int64_t* const>(),
-                          I.vt_ptrs.as<float* const>(), I.vec_ptrs.as<float* const>(),
-                          I.key_ptrs.as<int64_t* const>(), I.lens.as<int32_t>(), dl, dpos,
-                          static_cast<int64_t>(n), static_cast<int>(I.m), static_cast<int>(I.d), dcodes, dids,
-                          I.per_vector() ? dvt : nullptr, vectors ? dvecs : nullptr, keys ? dkeys : nullptr,
-                          dtouched, dlen, static_cast<int64_t>(nt), I.st());
-    for (int32_t l : touched) {
-        I.lst[l].size += count[l + 1] - count[l];
-        I.max_len = std::max(I.max_len, I.lst[l].size);
-    }
-    I.ntotal += n;
-    I.ctx.synchronize();
+    I.append("add_encoded", n, list_ids, codes, ids, vectors, keys,
+             [&I](const uint8_t* dcodes, const int32_t* dl, size_t nn, float* dvt) {
+                 launch_vector_term1(dcodes, dl, static_cast<int64_t>(nn), I.centroids.as<float>(),
+                                     I.codebooks.as<float>(), static_cast<int>(I.d), static_cast<int>(I.m), dvt,
+                                     I.st());
+             });
 }
 
-size_t GpuIvfPqIndex::remove_ids(const int64_t* ids, size_t n)
-{
-    Impl& I = *impl_;
-    if (!n || !I.ntotal)
-        return 0;
-    // The ids are found on the device: each list's block binary-searches the
-    // sorted removal set for every stored id and compacts the list in place.
-    std::vector<int64_t> gone(ids, ids + n);
-    std::sort(gone.begin(), gone.end());
-    gone.erase(std::unique(gone.begin(), gone.end()), gone.end());
-    Carver sz;
-    sz.take<int64_t>(gone.size());
-    sz.take<int32_t>(I.lists);
-    Scratch s(I.ctx, sz.size());
-    Carver c(s.data());
-    int64_t* dgone = c.take<int64_t>(gone.size());
-    int32_t* dlen = c.take<int32_t>(I.lists);
-    copy_to_device(I.ctx, dgone, gone.data(), gone.size() * sizeof(int64_t));
-    launch_remove_ids(I.code_ptrs.as<uint8_t* const>(), I.id_ptrs.as<int64_t* const>(),
-                      I.vt_ptrs.as<float* const>(), I.vec_ptrs.as<float* const>(),
-                      I.key_ptrs.as<int64_t* const>(), I.lens.as<int32_t>(), static_cast<int64_t>(I.lists),
-                      static_cast<int>(I.m), static_cast<int>(I.d), dgone, static_cast<int64_t>(gone.size()),
-                      dlen, I.st());
-    std::vector<int32_t> kept(I.lists);
-    copy_to_host(I.ctx, kept.data(), dlen, I.lists * sizeof(int32_t));  // waits
-    size_t removed = 0;
-    for (size_t l = 0; l < I.lists; ++l) {
-        removed += I.lst[l].size - static_cast<size_t>(kept[l]);
-        I.lst[l].size = static_cast<size_t>(kept[l]);
-    }
-    I.ntotal -= removed;
-    if (removed)
-        I.upload_meta();
-    I.ctx.synchronize();
-    return removed;
-}
+size_t GpuIvfPqIndex::remove_ids(const int64_t* ids, size_t n) { return impl_->remove(ids, n); }
 
 void GpuIvfPqIndex::encode(const float* x, size_t n, int32_t* list_ids, uint8_t* codes) const
 {

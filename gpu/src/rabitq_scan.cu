@@ -1,8 +1,6 @@
 // The RaBitQ list scan (gpu_ivfpq/rabitq_scan.h): a block per (query, list)
-// pair, its byte tables in shared memory, a thread per row. A row's sum
-// runs over its planes and their bytes in RabitqModel::scan's order, with
-// round-to-nearest intrinsics so that nvcc fuses no multiply-add: the
-// estimate is the CPU engine's bit for bit.
+// pair, its byte tables in shared memory, a thread per row; each row's
+// estimate is the CPU engine's bit for bit (rabitq_row.cuh).
 #include <algorithm>
 
 #include "context_impl.h"
@@ -11,6 +9,7 @@
 #include "engine/search_limits.h"
 #include "gpu_ivfpq/gpu_context.h"
 #include "gpu_ivfpq/rabitq_scan.h"
+#include "rabitq_row.cuh"
 
 namespace gpuivfpq::gpu {
 
@@ -32,22 +31,9 @@ __global__ void __launch_bounds__(kScanThreads)
     __syncthreads();
     for (uint32_t r = threadIdx.x; r < pair.count; r += blockDim.x) {
         const uint64_t row = pair.first + r;
-        const uint8_t* code = codes + row * code_stride;
-        float ip = 0.0f;
-        for (int p = 0; p < bits; p++) {
-            const uint32_t* plane = reinterpret_cast<const uint32_t*>(code + size_t(p) * plane_bytes);
-            float s = 0.0f;
-            for (int w = 0; w < plane_bytes / 4; w++) {
-                const uint32_t word = plane[w];  // bytes 4w .. 4w + 3, little endian
-                for (int b = 0; b < 4; b++)
-                    s = __fadd_rn(s, lut[(4 * w + b) * 256 + ((word >> (8 * b)) & 0xff)]);
-            }
-            ip = __fadd_rn(__fmul_rn(2.0f, ip), s);
-        }
+        const float ip = rabitq_code_ip(lut, codes + row * code_stride, plane_bytes, bits);
         const RabitqFactors f = factors[row];
-        const float est = __fadd_rn(__fadd_rn(pair.base, __fmul_rn(pair.add_scale, f.add)),
-                                    __fmul_rn(pair.ip_scale, __fmul_rn(f.rescale, ip)));
-        estimate[pair.out + r] = rank_distance(est);
+        estimate[pair.out + r] = rabitq_estimate(pair.base, pair.add_scale, pair.ip_scale, f, ip);
         if (bound != nullptr) {
             const float b = __fmul_rn(__fmul_rn(pair.bound_scale, f.error), eps0);
             bound[pair.out + r] = b >= 0.0f ? b : __int_as_float(0x7f800000);  // NaN: +inf

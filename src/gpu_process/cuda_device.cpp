@@ -1,5 +1,5 @@
 // The service's compute device on a CUDA GPU: mirrors are GpuIvfPqIndex
-// objects, builds train with the GPU k-means and encode on the GPU. Built
+// objects (GpuRabitqIndex for indexes with RaBitQ codes), builds train with the GPU k-means and encode on the GPU. Built
 // only when the extension is linked with the kernels (no postgres.h here).
 #include <cstring>
 #include <memory>
@@ -12,6 +12,7 @@
 #include "gpu_ivfpq/gpu_context.h"
 #include "gpu_ivfpq/ivfpq_index.h"
 #include "gpu_ivfpq/metric_index.h"
+#include "gpu_ivfpq/rabitq_index.h"
 
 namespace gpuivfpq {
 namespace {
@@ -33,6 +34,19 @@ GpuIvfPqOptions MirrorOptions(bool vectors = false, bool filter_keys = false)
     opt.term1_per_vector = true;
     opt.precompute_term1 = false;
     return opt;
+}
+
+// The service's ranges as an index takes them (host pointers all); the
+// index refuses them without keys.
+KeyRange to_gpu(const KeyRanges* ranges)
+{
+    KeyRange r;
+    if (ranges) {
+        r.lo = ranges->lo;
+        r.hi = ranges->hi;
+        r.matched = ranges->matched;
+    }
+    return r;
 }
 
 class CudaMirror final : public Mirror {
@@ -88,19 +102,6 @@ public:
     size_t bytes() const override { return index_.memory_use().total(); }
 
 private:
-    // The service's ranges as the index takes them (host pointers all);
-    // the index refuses them without keys.
-    static KeyRange to_gpu(const KeyRanges* ranges)
-    {
-        KeyRange r;
-        if (ranges) {
-            r.lo = ranges->lo;
-            r.hi = ranges->hi;
-            r.matched = ranges->matched;
-        }
-        return r;
-    }
-
     // The device is made current before the index is built (current_) and
     // before every call: this process may serve several GPUs.
     struct Current {
@@ -110,6 +111,68 @@ private:
     Current current_;
     GpuIvfPqIndex index_;
     bool vectors_, keys_;
+};
+
+// The mirror of an index with RaBitQ codes: the codes' estimates rank the
+// candidates; no vectors, so the backends re-rank from the heap.
+class CudaRabitqMirror final : public Mirror {
+public:
+    CudaRabitqMirror(GpuContext& ctx, const MirrorSpec& s)
+        : ctx_(ctx), current_(ctx),
+          index_(ctx, s.d, s.lists, s.rabitq_bits, s.metric, s.centroids, s.rabitq_model, s.filter_keys)
+    {
+        if (s.vectors)
+            throw Error(ErrorKind::InvalidArgument, "a mirror with RaBitQ codes keeps no vectors");
+        if (s.m != index_.row_bytes())
+            throw Error(ErrorKind::InvalidArgument, "RaBitQ mirror: m is not the bytes of a row's code");
+    }
+    void add(size_t n, const int32_t* list_ids, const uint8_t* codes, const int64_t* labels,
+             const float* vectors, const int64_t* keys) override
+    {
+        if (vectors && n)
+            throw Error(ErrorKind::InvalidArgument, "vectors given to a mirror with RaBitQ codes");
+        ctx_.make_current();
+        index_.add(n, list_ids, codes, labels, keys);
+    }
+    bool has_vectors() const override { return false; }
+    bool has_keys() const override { return index_.has_keys(); }
+    void search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist, int64_t* labels,
+                const KeyRanges* ranges) override
+    {
+        ctx_.make_current();
+        const KeyRange r = to_gpu(ranges);
+        index_.search(queries, nq, k, nprobe, dist, labels, ranges ? &r : nullptr);
+    }
+    void search_exact(const float*, size_t, size_t, size_t, double*, int64_t*, const KeyRanges*) override
+    {
+        throw Error(ErrorKind::Unsupported, "a mirror with RaBitQ codes keeps no vectors to re-rank with");
+    }
+    void brute_force(const float*, size_t, size_t, double*, int64_t*) override
+    {
+        throw Error(ErrorKind::Unsupported, "a mirror with RaBitQ codes keeps no vectors for an exact search");
+    }
+    size_t remove(size_t n, const int64_t* labels) override
+    {
+        ctx_.make_current();
+        return index_.remove_ids(labels, n);
+    }
+    ~CudaRabitqMirror() override
+    {
+        try {
+            ctx_.make_current();
+        } catch (const Error&) {
+        }
+    }
+    size_t entries() const override { return index_.ntotal(); }
+    size_t bytes() const override { return index_.memory_use().total(); }
+
+private:
+    struct Current {
+        explicit Current(GpuContext& c) { c.make_current(); }
+    };
+    GpuContext& ctx_;
+    Current current_;
+    gpu::GpuRabitqIndex index_;
 };
 
 // A metric index's mirror on the GPU: MetricMirror's labels, ids and
@@ -188,6 +251,13 @@ public:
     size_t memory_capacity() const override { return ctx_.budget(); }
     size_t mirror_bytes(const MirrorSpec& s, size_t n) const override
     {
+        if (s.rabitq_bits) {
+            // Rows (code and factors), ids, keys; a quarter more for the
+            // lists' growth; centroids and norms, rotation, P c; per list.
+            const size_t lists = n * (s.m + sizeof(int64_t) + (s.filter_keys ? sizeof(int64_t) : 0));
+            return lists + lists / 4 + s.lists * (s.d + 1) * sizeof(float) + rabitq_model_bytes(s.d, s.lists) +
+                   s.lists * 64;
+        }
         // codes, ids and the per-vector term 1 (and the vectors, the filter
         // keys when kept); centroids, norms, codebooks; a list's capacity
         // grows by half when full, so allow a quarter more; per list, its
@@ -199,6 +269,8 @@ public:
     }
     std::unique_ptr<Mirror> create_mirror(const MirrorSpec& spec) override
     {
+        if (spec.rabitq_bits)
+            return std::make_unique<CudaRabitqMirror>(ctx_, spec);
         return std::make_unique<CudaMirror>(ctx_, spec);
     }
     void train(const float* x, size_t n, size_t d, size_t lists, size_t m, Metric metric,
@@ -226,6 +298,8 @@ public:
                 uint8_t* codes) override
     {
         // One encoder per model: a build sends many batches with the same one.
+        if (s.rabitq_bits)
+            throw Error(ErrorKind::Unsupported, "the GPU does not encode RaBitQ codes");
         ctx_.make_current();
         bool same = encoder_ && enc_d_ == s.d && enc_lists_ == s.lists && enc_m_ == s.m &&
                     enc_metric_ == s.metric &&

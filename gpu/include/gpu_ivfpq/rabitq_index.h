@@ -1,0 +1,80 @@
+// Device-resident IVF index with RaBitQ codes (src/engine/rabitq.h,
+// docs/rabitq-codes.md): the list centroids, the rotation P and each list's
+// P c, and inverted lists of rows (a code's bit planes, then its
+// RabitqFactors, as the index pages hold them) with ids and optionally
+// filter keys. A search ranks each query's probed lists by the codes'
+// distance estimates: per (query, list) pair one block builds the byte
+// tables from q' = P q - P c in shared memory and scans the list; then a
+// k-selection per query. The estimates are RabitqModel::scan's bit for bit
+// (the same sums in the same order, no fused multiply-add).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "engine/distances.h"
+#include "engine/rabitq.h"
+#include "gpu_ivfpq/ivfpq_index.h"
+
+namespace gpuivfpq::gpu {
+
+class GpuContext;
+
+class GpuRabitqIndex {
+public:
+    // centroids: lists x d floats (normalised rows' centroids for Cosine);
+    // model: rabitq_model_bytes(d, lists) bytes, the rotation then P c
+    // (engine/rabitq.h); host pointers. With filter_keys each entry keeps
+    // an int64 key (KeyRange). Throws InvalidArgument for d outside 1 ..
+    // kRabitqMaxDims, bits outside 1..8 or non-finite model values,
+    // Unsupported when a list's byte tables (d / 8 * 256 floats) do not fit
+    // a block's shared memory, OutOfMemory beyond the budget.
+    GpuRabitqIndex(GpuContext& ctx, size_t d, size_t lists, int bits, Metric metric, const float* centroids,
+                   const void* model, bool filter_keys = false);
+    ~GpuRabitqIndex();
+    GpuRabitqIndex(const GpuRabitqIndex&) = delete;
+    GpuRabitqIndex& operator=(const GpuRabitqIndex&) = delete;
+
+    size_t d() const;
+    size_t lists() const;
+    int bits() const;
+    Metric metric() const;
+    // Bytes of an entry's row: rabitq_row_bytes(d, bits).
+    size_t row_bytes() const;
+    size_t ntotal() const;
+    size_t list_size(size_t list) const;
+    bool has_keys() const;
+    GpuMemoryUse memory_use() const;
+
+    // Appends n entries (host): list_ids[i], rows[i * row_bytes() ..],
+    // ids[i] and, exactly with filter_keys, keys[i] (else
+    // Error(InvalidArgument), the index unchanged).
+    void add(size_t n, const int32_t* list_ids, const uint8_t* rows, const int64_t* ids,
+             const int64_t* keys = nullptr);
+    // Removes every entry whose id is in ids[0..n) (duplicates and unknown
+    // ids allowed); returns how many went.
+    size_t remove_ids(const int64_t* ids, size_t n);
+
+    // The k entries with the smallest estimates among each query's nprobe
+    // nearest lists (L2 to the centroids; inner product for InnerProduct),
+    // ascending, padded with (+inf, -1): dist the estimates, labels the ids.
+    // With ranges (filter_keys only, else Error(InvalidArgument)), only the
+    // entries within each query's key range, and matched (when set) counts
+    // them over its probed lists. Host pointers: queries nq x d, dist and
+    // labels nq x k. Throws InvalidArgument for k outside 1..kMaxSelectK or
+    // nprobe (clamped to the lists) above kMaxSelectK.
+    void search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist, int64_t* labels,
+                const KeyRange* ranges = nullptr) const;
+
+    // Test aid: the probed lists of each query as the search picks them
+    // (nq x nprobe, nearest first; host).
+    void probe_lists(const float* queries, size_t nq, size_t nprobe, int32_t* lists) const;
+
+    struct Impl;
+
+private:
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gpuivfpq::gpu

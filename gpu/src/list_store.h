@@ -1,0 +1,124 @@
+// The inverted lists of a device index (GpuIvfPqIndex, GpuRabitqIndex): per
+// list, its entries' codes (m bytes each) and ids and, where the index keeps
+// them, one float term per entry, the entries' vectors (d floats each) and
+// their filter keys; the per-list pointer and length arrays the kernels
+// read; appends in one launch and removals that compact each list in place.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "cuda_check.h"
+#include "gpu_ivfpq/device_buffer.h"
+
+namespace gpuivfpq::gpu {
+
+class GpuContext;
+
+// Page-locked host memory, grown on demand: copies from it are truly
+// asynchronous, where a copy from pageable memory blocks the host for each
+// call (an append used to make a dozen such copies). The owner synchronises
+// its stream before it writes the memory again or frees it.
+class PinnedHost {
+public:
+    PinnedHost() = default;
+    PinnedHost(const PinnedHost&) = delete;
+    PinnedHost& operator=(const PinnedHost&) = delete;
+    ~PinnedHost()
+    {
+        if (p_)
+            cudaFreeHost(p_);  // nothing to report from a destructor
+    }
+    // At least bytes of memory; the contents are not kept when it grows.
+    char* reserve(size_t bytes)
+    {
+        if (bytes > bytes_) {
+            if (p_)
+                GPU_CUDA_CHECK(cudaFreeHost(p_));
+            p_ = nullptr;
+            bytes_ = 0;
+            void* p = nullptr;
+            GPU_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
+            p_ = static_cast<char*>(p);
+            bytes_ = bytes;
+        }
+        return p_;
+    }
+    char* data() const { return p_; }
+
+private:
+    char* p_ = nullptr;
+    size_t bytes_ = 0;
+};
+
+struct ListStore {
+    GpuContext& ctx;
+    size_t d = 0, lists = 0, m = 0;
+    // What each entry keeps besides its code and id.
+    bool has_vt = false, has_vectors = false, has_keys = false;
+
+    struct List {
+        DeviceBuffer codes, ids, vt;  // vt: one float term per entry (has_vt)
+        DeviceBuffer vecs;            // vectors, d floats each (has_vectors)
+        DeviceBuffer keys;            // filter keys, one int64 each (has_keys)
+        size_t size = 0, cap = 0;
+    };
+    std::vector<List> lst;
+    // vt_ptrs: has_vt only (nulls otherwise); vec_ptrs: has_vectors only;
+    // key_ptrs: has_keys only.
+    DeviceBuffer code_ptrs, id_ptrs, vt_ptrs, vec_ptrs, key_ptrs, lens;
+    size_t ntotal = 0, max_len = 0;
+    // Host side of the per-list arrays (six sections of lists entries, in
+    // the order of upload_meta) and the staging of appended entries.
+    PinnedHost meta_host, add_host;
+
+    explicit ListStore(GpuContext& c) : ctx(c) {}
+
+    // Allocates lists empty lists and their pointer arrays (on the device,
+    // uploaded). d may be 0 without vectors.
+    void init_lists(size_t d, size_t lists, size_t m, bool vt, bool vectors, bool keys);
+
+    // Grows list l to hold need entries (contents kept; capacity by half
+    // at least).
+    void grow(size_t l, size_t need);
+
+    // The per-list pointer and length arrays the kernels read, for lists
+    // [lo, hi) (all by default). An append touches a few lists: only their
+    // range is uploaded (six whole arrays per call cost ~0.1 ms, most of an
+    // append's time under a stream of single-row inserts). Lists only grow
+    // in between full uploads, so max_len only rises here.
+    void upload_meta(size_t lo = 0, size_t hi = SIZE_MAX);
+
+    // Computes the entries' float terms on the device before they are
+    // written: (codes n x m, list ids n, n, terms out n), device pointers.
+    using TermFn = std::function<void(const uint8_t*, const int32_t*, size_t, float*)>;
+
+    // Appends n entries (host): list_ids[i], codes[i*m..], ids[i], with
+    // has_vectors their vectors[i*d..] and with has_keys their keys[i];
+    // with has_vt, term computes their terms. Each of vectors and keys is
+    // required when kept and refused otherwise (Error(InvalidArgument), the
+    // lists unchanged; who names the caller in the message); an
+    // out-of-memory error leaves them as they were.
+    void append(const char* who, size_t n, const int32_t* list_ids, const uint8_t* codes, const int64_t* ids,
+                const float* vectors, const int64_t* keys, const TermFn& term);
+
+    // Removes every entry whose id is in ids[0..n) (duplicates and unknown
+    // ids allowed); returns how many went. The ids are found on the device
+    // and each list is compacted in place, order kept.
+    size_t remove(const int64_t* ids, size_t n);
+
+    // Bytes of the lists: codes, ids, terms, vectors, keys; and of the
+    // per-list arrays.
+    size_t code_bytes() const;
+    size_t id_bytes() const;
+    size_t vt_bytes() const;
+    size_t vector_bytes() const;
+    size_t key_bytes() const;
+    size_t meta_bytes() const;
+};
+
+}  // namespace gpuivfpq::gpu

@@ -1,0 +1,449 @@
+// GpuRabitqIndex (gpu_ivfpq/rabitq_index.h): the IVF search over RaBitQ
+// codes. Per tile of queries: the coarse step (exact_knn_i32 over the
+// centroids), P q in double (a thread per coordinate, the CPU engine's
+// order), then a block per (query, probed list) that computes q' = P q - P c,
+// ||q - c||^2 (or <q, c>) and the list's byte tables in shared memory, as
+// RabitqModel::prepare_list does, and writes every row's estimate (+inf past
+// the list's end and outside the query's key range) into the query's row of
+// candidates; a k-selection per row; the positions mapped to ids.
+#include "gpu_ivfpq/rabitq_index.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "context_impl.h"
+#include "cuda_check.h"
+#include "engine/error.h"
+#include "engine/search_limits.h"
+#include "gpu_ivfpq/device_buffer.h"
+#include "gpu_ivfpq/exact_search.h"
+#include "gpu_ivfpq/gpu_context.h"
+#include "gpu_ivfpq/k_select.h"
+#include "list_store.h"
+#include "rabitq_row.cuh"
+
+namespace gpuivfpq::gpu {
+
+namespace {
+
+constexpr int kThreads = 256;
+// The candidates of one tile of queries (nq x nprobe x the longest list
+// floats) are kept below this many bytes, unless one query alone needs more.
+constexpr size_t kTileBytes = size_t(256) << 20;
+
+// P q for each query: coordinate i is sum_k P[i*d + k] q_k in double, in
+// four partial sums by k % 4 over the first d - d % 4 terms, the rest added
+// to the first, then (p0 + p1) + (p2 + p3): RabitqRotation::apply's order.
+__global__ void __launch_bounds__(128)
+    rotate_queries_kernel(const float* P, int d, const float* queries, double* out)
+{
+    extern __shared__ double xs[];
+    const int q = blockIdx.y;
+    for (int k = threadIdx.x; k < d; k += blockDim.x)
+        xs[k] = double(queries[size_t(q) * d + k]);
+    __syncthreads();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= d)
+        return;
+    const float* row = P + size_t(i) * d;
+    double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
+    const int full = d / 4 * 4;
+    for (int k = 0; k < full; k += 4) {
+        a0 = __dadd_rn(a0, __dmul_rn(double(row[k]), xs[k]));
+        a1 = __dadd_rn(a1, __dmul_rn(double(row[k + 1]), xs[k + 1]));
+        a2 = __dadd_rn(a2, __dmul_rn(double(row[k + 2]), xs[k + 2]));
+        a3 = __dadd_rn(a3, __dmul_rn(double(row[k + 3]), xs[k + 3]));
+    }
+    for (int k = full; k < d; k++)
+        a0 = __dadd_rn(a0, __dmul_rn(double(row[k]), xs[k]));
+    out[size_t(q) * d + i] = __dadd_rn(__dadd_rn(a0, a1), __dadd_rn(a2, a3));
+}
+
+struct PairArgs {
+    const float* queries;    // nq x d (unit length for Cosine)
+    const double* rotated;   // nq x d: P q
+    const float* centroids;  // lists x d
+    const double* pc;        // lists x d: P c
+    const int32_t* probe;    // nq x nprobe
+    const uint8_t* const* list_rows;
+    const int64_t* const* list_keys;
+    const int32_t* list_len;
+    const int64_t* key_lo;   // nq each, or null
+    const int64_t* key_hi;
+    unsigned long long* matched;  // nq, or null
+    float* cand;             // nq x ld
+    int d, bits, plane_bytes, code_bytes, row_bytes, nprobe, max_len, metric;
+    int64_t ld;
+};
+
+__global__ void __launch_bounds__(kThreads) rabitq_pairs_kernel(PairArgs a)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    double* rot = reinterpret_cast<double*>(smem);                        // plane_bytes * 8
+    float* lut = reinterpret_cast<float*>(rot + size_t(a.plane_bytes) * 8);  // plane_bytes * 256
+    __shared__ double part[8];
+    __shared__ float base, add_scale, ip_scale;
+    __shared__ unsigned long long in_range;
+
+    const int q = blockIdx.y, p = blockIdx.x;
+    const int list = a.probe[size_t(q) * a.nprobe + p];
+    float* out = a.cand + size_t(q) * a.ld + size_t(p) * a.max_len;
+    const float inf = __int_as_float(0x7f800000);
+    if (list < 0) {  // the coarse step found fewer lists (never expected)
+        for (int r = threadIdx.x; r < a.max_len; r += blockDim.x)
+            out[r] = inf;
+        return;
+    }
+    const int n = a.list_len[list];
+    const int d = a.d;
+    const float* qv = a.queries + size_t(q) * d;
+    const float* c = a.centroids + size_t(list) * d;
+    const double* pq = a.rotated + size_t(q) * d;
+    const double* pc = a.pc + size_t(list) * d;
+    // q' = P q - P c, zero past d (prepare_list's padded groups).
+    for (int k = threadIdx.x; k < a.plane_bytes * 8; k += blockDim.x)
+        rot[k] = k < d ? __dsub_rn(pq[k], pc[k]) : 0.0;
+    // ||q - c||^2 (lanes 0-3) and <q, c> (lanes 4-7) in dot_double's four
+    // partial sums, the tail added to the first.
+    if (threadIdx.x < 8) {
+        const int t = threadIdx.x & 3;
+        const bool dot = threadIdx.x >= 4;
+        const int full = d / 4 * 4;
+        double s = 0.0;
+        auto term = [&](int k) {
+            if (dot)
+                return __dmul_rn(double(qv[k]), double(c[k]));
+            const double r = __dsub_rn(double(qv[k]), double(c[k]));
+            return __dmul_rn(r, r);
+        };
+        for (int k = t; k < full; k += 4)
+            s = __dadd_rn(s, term(k));
+        if (t == 0)
+            for (int k = full; k < d; k++)
+                s = __dadd_rn(s, term(k));
+        part[threadIdx.x] = s;
+    }
+    if (threadIdx.x == 0)
+        in_range = 0;
+    __syncthreads();
+    // The byte tables: entry b of group j is the sum of q'[8j + t] over the
+    // set bits t of b, added highest bit first to minus half the group's
+    // sum (prepare_list's tab[b] = tab[b & (b - 1)] + v[ctz(b)]).
+    for (int e = threadIdx.x; e < a.plane_bytes * 256; e += blockDim.x) {
+        const double* v = rot + (e >> 8) * 8;
+        const int b = e & 255;
+        double t = __dmul_rn(-0.5, __dadd_rn(__dadd_rn(__dadd_rn(v[0], v[1]), __dadd_rn(v[2], v[3])),
+                                             __dadd_rn(__dadd_rn(v[4], v[5]), __dadd_rn(v[6], v[7]))));
+        for (int bit = 7; bit >= 0; bit--)
+            if ((b >> bit) & 1)
+                t = __dadd_rn(t, v[bit]);
+        lut[e] = __double2float_rn(t);
+    }
+    if (threadIdx.x == 0) {
+        const double qsq = __dadd_rn(__dadd_rn(part[0], part[1]), __dadd_rn(part[2], part[3]));
+        switch (a.metric) {
+        case int(Metric::L2):
+            base = __double2float_rn(qsq);
+            add_scale = 1.0f;
+            ip_scale = -2.0f;
+            break;
+        case int(Metric::Cosine):
+            base = __double2float_rn(__dmul_rn(0.5, qsq));
+            add_scale = 0.5f;
+            ip_scale = -1.0f;
+            break;
+        default: {  // InnerProduct
+            const double qc = __dadd_rn(__dadd_rn(part[4], part[5]), __dadd_rn(part[6], part[7]));
+            base = __double2float_rn(-qc);
+            add_scale = -1.0f;
+            ip_scale = -1.0f;
+        }
+        }
+    }
+    __syncthreads();
+    const uint8_t* rows = a.list_rows[list];
+    const int64_t* keys = a.key_lo ? a.list_keys[list] : nullptr;
+    const int64_t lo = a.key_lo ? a.key_lo[q] : 0, hi = a.key_lo ? a.key_hi[q] : 0;
+    unsigned long long mine = 0;
+    for (int r = threadIdx.x; r < a.max_len; r += blockDim.x) {
+        if (r >= n) {
+            out[r] = inf;
+            continue;
+        }
+        if (keys) {
+            const int64_t key = keys[r];
+            if (!(lo <= key && key <= hi)) {
+                out[r] = inf;
+                continue;
+            }
+            mine++;
+        }
+        const uint8_t* row = rows + size_t(r) * a.row_bytes;
+        const float ip = rabitq_code_ip(lut, row, a.plane_bytes, a.bits);
+        const RabitqFactors f = *reinterpret_cast<const RabitqFactors*>(row + a.code_bytes);
+        out[r] = rabitq_estimate(base, add_scale, ip_scale, f, ip);
+    }
+    if (a.matched && keys) {
+        if (mine)
+            atomicAdd(&in_range, mine);
+        __syncthreads();
+        if (threadIdx.x == 0 && in_range)
+            atomicAdd(a.matched + q, in_range);
+    }
+}
+
+// Positions in a query's candidate row to ids: position i is row i %
+// max_len of its (i / max_len)-th probed list; +inf and -1 stay absent.
+__global__ void rabitq_labels_kernel(const int32_t* idx, float* dist, int64_t nq, int k, const int32_t* probe,
+                                     int nprobe, int max_len, const int64_t* const* list_ids, int64_t* labels)
+{
+    const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e >= nq * k)
+        return;
+    const int64_t q = e / k;
+    const int32_t i = idx[e];
+    if (i < 0 || dist[e] == __int_as_float(0x7f800000)) {
+        dist[e] = __int_as_float(0x7f800000);
+        labels[e] = -1;
+        return;
+    }
+    const int list = probe[q * nprobe + i / max_len];
+    labels[e] = list_ids[list][i % max_len];
+}
+
+size_t smem_bytes(size_t plane_bytes) { return plane_bytes * 8 * sizeof(double) + plane_bytes * 256 * sizeof(float); }
+
+}  // namespace
+
+struct GpuRabitqIndex::Impl : ListStore {
+    int bits = 0;
+    Metric metric = Metric::L2;
+    size_t plane_bytes = 0, code_len = 0;  // bytes of a plane, of a code
+    DeviceBuffer centroids, centroid_norms, rotation, rotated;
+    explicit Impl(GpuContext& c) : ListStore(c) {}
+    cudaStream_t st() const { return ctx.impl().stream; }
+    Metric coarse_metric() const { return metric == Metric::InnerProduct ? Metric::InnerProduct : Metric::L2; }
+
+    // nt queries (device, d floats each; normalised for Cosine) through
+    // nprobe lists into dist / labels (device, nt x k), with the key range
+    // and counts (device) when lo is set.
+    void search_tile(float* dq, size_t nt, size_t k, size_t nprobe, const int64_t* lo, const int64_t* hi,
+                     int64_t* matched, float* dist, int64_t* labels)
+    {
+        const size_t ml = std::max<size_t>(max_len, 1);
+        const size_t ld = nprobe * ml;
+        Carver sz;
+        sz.take<float>(nt * nprobe);
+        sz.take<int32_t>(nt * nprobe);
+        sz.take<double>(nt * d);
+        sz.take<float>(nt * ld);
+        sz.take<int32_t>(nt * k);
+        Scratch s(ctx, sz.size());
+        Carver c(s.data());
+        float* pdist = c.take<float>(nt * nprobe);
+        int32_t* probe = c.take<int32_t>(nt * nprobe);
+        double* rq = c.take<double>(nt * d);
+        float* cand = c.take<float>(nt * ld);
+        int32_t* idx = c.take<int32_t>(nt * k);
+        if (metric == Metric::Cosine)
+            normalize_rows(ctx, dq, nt, d);
+        exact_knn_i32(ctx, dq, nt, centroids.as<float>(), lists, d, coarse_metric(), nprobe, pdist, probe,
+                      centroid_norms.as<float>());
+        rotate_queries_kernel<<<dim3(unsigned((d + 127) / 128), unsigned(nt)), 128, d * sizeof(double), st()>>>(
+            rotation.as<float>(), int(d), dq, rq);
+        GPU_KERNEL_CHECK();
+        if (matched)
+            GPU_CUDA_CHECK(cudaMemsetAsync(matched, 0, nt * sizeof(int64_t), st()));
+        PairArgs a;
+        a.queries = dq;
+        a.rotated = rq;
+        a.centroids = centroids.as<float>();
+        a.pc = rotated.as<double>();
+        a.probe = probe;
+        a.list_rows = code_ptrs.as<const uint8_t* const>();
+        a.list_keys = has_keys ? key_ptrs.as<const int64_t* const>() : nullptr;
+        a.list_len = lens.as<int32_t>();
+        a.key_lo = lo;
+        a.key_hi = hi;
+        a.matched = reinterpret_cast<unsigned long long*>(matched);
+        a.cand = cand;
+        a.d = int(d);
+        a.bits = bits;
+        a.plane_bytes = int(plane_bytes);
+        a.code_bytes = int(code_len);
+        a.row_bytes = int(m);
+        a.nprobe = int(nprobe);
+        a.max_len = int(ml);
+        a.metric = int(metric);
+        a.ld = int64_t(ld);
+        rabitq_pairs_kernel<<<dim3(unsigned(nprobe), unsigned(nt)), kThreads, smem_bytes(plane_bytes), st()>>>(a);
+        GPU_KERNEL_CHECK();
+        k_select(ctx, cand, nt, ld, ld, k, false, dist, idx);
+        const int64_t total = int64_t(nt * k);
+        rabitq_labels_kernel<<<unsigned((total + 255) / 256), 256, 0, st()>>>(
+            idx, dist, int64_t(nt), int(k), probe, int(nprobe), int(ml), id_ptrs.as<const int64_t* const>(),
+            labels);
+        GPU_KERNEL_CHECK();
+    }
+};
+
+GpuRabitqIndex::GpuRabitqIndex(GpuContext& ctx, size_t d, size_t lists, int bits, Metric metric,
+                               const float* centroids, const void* model, bool filter_keys)
+    : impl_(new Impl(ctx))
+{
+    require(d >= 1 && d <= kRabitqMaxDims, "GPU RaBitQ: d outside [1, kRabitqMaxDims]");
+    require(bits >= kRabitqMinBits && bits <= kRabitqMaxBits, "GPU RaBitQ: bits outside [1, 8]");
+    require(metric == Metric::L2 || metric == Metric::InnerProduct || metric == Metric::Cosine,
+            "GPU RaBitQ: unknown metric");
+    require(lists >= 1 && lists < (size_t(1) << 31), "GPU RaBitQ: lists must be in [1, 2^31)");
+    require(centroids && model, "GPU RaBitQ: null model");
+    Impl& I = *impl_;
+    I.bits = bits;
+    I.metric = metric;
+    I.plane_bytes = rabitq_plane_words(d) * 4;
+    I.code_len = rabitq_code_bytes(d, bits);
+    const size_t smem = smem_bytes(I.plane_bytes);
+    int dev = 0, optin = 0;
+    GPU_CUDA_CHECK(cudaGetDevice(&dev));
+    GPU_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if (smem + 1024 > size_t(optin))
+        throw Error(ErrorKind::Unsupported, "GPU RaBitQ: the byte tables of d = " + std::to_string(d) +
+                                                " do not fit a block's shared memory");
+    if (smem > 48 * 1024)
+        GPU_CUDA_CHECK(
+            cudaFuncSetAttribute(rabitq_pairs_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    const float* rotation = static_cast<const float*>(model);
+    const double* pc =
+        reinterpret_cast<const double*>(static_cast<const char*>(model) + rabitq_rotated_offset(d));
+    for (size_t i = 0; i < d * d; i++)
+        require(std::isfinite(rotation[i]), "GPU RaBitQ: the rotation holds a value that is not finite");
+    for (size_t i = 0; i < lists * d; i++)
+        require(std::isfinite(pc[i]) && std::isfinite(centroids[i]),
+                "GPU RaBitQ: a centroid holds a value that is not finite");
+    I.centroids = DeviceBuffer(ctx, lists * d * sizeof(float));
+    I.centroids.upload(centroids, lists * d * sizeof(float));
+    I.centroid_norms = DeviceBuffer(ctx, lists * sizeof(float));
+    row_norms(ctx, I.centroids.as<float>(), lists, d, I.centroid_norms.as<float>());
+    I.rotation = DeviceBuffer(ctx, d * d * sizeof(float));
+    I.rotation.upload(rotation, d * d * sizeof(float));
+    I.rotated = DeviceBuffer(ctx, lists * d * sizeof(double));
+    I.rotated.upload(pc, lists * d * sizeof(double));
+    I.init_lists(d, lists, rabitq_row_bytes(d, bits), false, false, filter_keys);  // no vectors, no terms
+    ctx.synchronize();
+}
+
+GpuRabitqIndex::~GpuRabitqIndex() = default;
+
+size_t GpuRabitqIndex::d() const { return impl_->d; }
+size_t GpuRabitqIndex::lists() const { return impl_->lists; }
+int GpuRabitqIndex::bits() const { return impl_->bits; }
+Metric GpuRabitqIndex::metric() const { return impl_->metric; }
+size_t GpuRabitqIndex::row_bytes() const { return impl_->m; }
+size_t GpuRabitqIndex::ntotal() const { return impl_->ntotal; }
+bool GpuRabitqIndex::has_keys() const { return impl_->has_keys; }
+
+size_t GpuRabitqIndex::list_size(size_t list) const
+{
+    require(list < impl_->lists, "list index out of range");
+    return impl_->lst[list].size;
+}
+
+GpuMemoryUse GpuRabitqIndex::memory_use() const
+{
+    const Impl& I = *impl_;
+    GpuMemoryUse u;
+    u.centroids = I.centroids.bytes() + I.centroid_norms.bytes();
+    u.codebooks = I.rotation.bytes() + I.rotated.bytes();
+    u.codes = I.code_bytes();
+    u.ids = I.id_bytes();
+    u.keys = I.key_bytes();
+    u.list_meta = I.meta_bytes();
+    return u;
+}
+
+void GpuRabitqIndex::add(size_t n, const int32_t* list_ids, const uint8_t* rows, const int64_t* ids,
+                         const int64_t* keys)
+{
+    Impl& I = *impl_;
+    I.append("GPU RaBitQ add", n, list_ids, rows, ids, nullptr, keys, nullptr);
+}
+
+size_t GpuRabitqIndex::remove_ids(const int64_t* ids, size_t n) { return impl_->remove(ids, n); }
+
+void GpuRabitqIndex::search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist,
+                            int64_t* labels, const KeyRange* ranges) const
+{
+    Impl& I = *impl_;
+    if (k < 1 || k > kMaxSelectK)
+        throw Error(ErrorKind::InvalidArgument,
+                    "GPU RaBitQ search: k must be in [1, " + std::to_string(kMaxSelectK) + "]");
+    nprobe = std::min(std::max<size_t>(nprobe, 1), I.lists);
+    if (nprobe > kMaxSelectK)
+        throw Error(ErrorKind::InvalidArgument,
+                    "GPU RaBitQ search: nprobe above " + std::to_string(kMaxSelectK));
+    if (ranges && !I.has_keys)
+        throw Error(ErrorKind::InvalidArgument, "GPU RaBitQ search: key ranges given to an index without filter_keys");
+    if (ranges && (!ranges->lo || !ranges->hi))
+        throw Error(ErrorKind::InvalidArgument, "GPU RaBitQ search: key range without lo or hi");
+    if (nq == 0)
+        return;
+    require(queries && dist && labels, "GPU RaBitQ search: null pointer");
+    const size_t d = I.d;
+    const size_t ld = nprobe * std::max<size_t>(I.max_len, 1);
+    const size_t tile = std::max<size_t>(1, std::min<size_t>({nq, kTileBytes / (ld * sizeof(float)), 65535}));
+    for (size_t t0 = 0; t0 < nq; t0 += tile) {
+        const size_t nt = std::min(tile, nq - t0);
+        const bool keyed = ranges != nullptr;
+        const bool counted = keyed && ranges->matched;
+        Carver sz;
+        sz.take<float>(nt * d);
+        sz.take<int64_t>(keyed ? nt : 0);
+        sz.take<int64_t>(keyed ? nt : 0);
+        sz.take<int64_t>(counted ? nt : 0);
+        sz.take<float>(nt * k);
+        sz.take<int64_t>(nt * k);
+        Scratch s(I.ctx, sz.size());
+        Carver c(s.data());
+        float* dq = c.take<float>(nt * d);
+        int64_t* lo = c.take<int64_t>(keyed ? nt : 0);
+        int64_t* hi = c.take<int64_t>(keyed ? nt : 0);
+        int64_t* matched = c.take<int64_t>(counted ? nt : 0);
+        float* dd = c.take<float>(nt * k);
+        int64_t* dl = c.take<int64_t>(nt * k);
+        copy_to_device(I.ctx, dq, queries + t0 * d, nt * d * sizeof(float));
+        if (keyed) {
+            copy_to_device(I.ctx, lo, ranges->lo + t0, nt * sizeof(int64_t));
+            copy_to_device(I.ctx, hi, ranges->hi + t0, nt * sizeof(int64_t));
+        }
+        I.search_tile(dq, nt, k, nprobe, keyed ? lo : nullptr, keyed ? hi : nullptr, counted ? matched : nullptr,
+                      dd, dl);
+        copy_to_host_async(I.ctx, dist + t0 * k, dd, nt * k * sizeof(float));
+        copy_to_host_async(I.ctx, labels + t0 * k, dl, nt * k * sizeof(int64_t));
+        if (counted)
+            copy_to_host_async(I.ctx, ranges->matched + t0, matched, nt * sizeof(int64_t));
+        I.ctx.synchronize();
+    }
+}
+
+void GpuRabitqIndex::probe_lists(const float* queries, size_t nq, size_t nprobe, int32_t* out) const
+{
+    Impl& I = *impl_;
+    nprobe = std::min(std::max<size_t>(nprobe, 1), I.lists);
+    require(nprobe <= kMaxSelectK, "GPU RaBitQ: nprobe above kMaxSelectK");
+    if (nq == 0)
+        return;
+    DeviceBuffer dq(I.ctx, nq * I.d * sizeof(float)), pd(I.ctx, nq * nprobe * sizeof(float)),
+        pl(I.ctx, nq * nprobe * sizeof(int32_t));
+    dq.upload(queries, nq * I.d * sizeof(float));
+    if (I.metric == Metric::Cosine)
+        normalize_rows(I.ctx, dq.as<float>(), nq, I.d);
+    exact_knn_i32(I.ctx, dq.as<float>(), nq, I.centroids.as<float>(), I.lists, I.d, I.coarse_metric(), nprobe,
+                  pd.as<float>(), pl.as<int32_t>(), I.centroid_norms.as<float>());
+    pl.download(out, nq * nprobe * sizeof(int32_t));
+}
+
+}  // namespace gpuivfpq::gpu

@@ -1,0 +1,41 @@
+// One RaBitQ row's estimate from its list's byte tables in shared memory,
+// RabitqModel::scan's sums in its order with round-to-nearest intrinsics (no
+// fused multiply-add): the CPU engine's estimate bit for bit. Shared by the
+// list scan of rabitq_scan.h and the searches of rabitq_index.h.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/rabitq.h"
+#include "engine/search_limits.h"
+
+namespace gpuivfpq::gpu {
+
+// <y, q'> of a code: per plane the sum of its bytes' table entries, planes
+// combined most significant first.
+__device__ __forceinline__ float rabitq_code_ip(const float* lut, const uint8_t* code, int plane_bytes, int bits)
+{
+    float ip = 0.0f;
+    for (int p = 0; p < bits; p++) {
+        const uint32_t* plane = reinterpret_cast<const uint32_t*>(code + size_t(p) * plane_bytes);
+        float s = 0.0f;
+        for (int w = 0; w < plane_bytes / 4; w++) {
+            const uint32_t word = plane[w];  // bytes 4w .. 4w + 3, little endian
+            for (int b = 0; b < 4; b++)
+                s = __fadd_rn(s, lut[(4 * w + b) * 256 + ((word >> (8 * b)) & 0xff)]);
+        }
+        ip = __fadd_rn(__fmul_rn(2.0f, ip), s);
+    }
+    return ip;
+}
+
+// The ranking estimate: base + add_scale * add + ip_scale * (rescale * ip).
+__device__ __forceinline__ float rabitq_estimate(float base, float add_scale, float ip_scale,
+                                                 const RabitqFactors& f, float ip)
+{
+    const float est =
+        __fadd_rn(__fadd_rn(base, __fmul_rn(add_scale, f.add)), __fmul_rn(ip_scale, __fmul_rn(f.rescale, ip)));
+    return rank_distance(est);
+}
+
+}  // namespace gpuivfpq::gpu

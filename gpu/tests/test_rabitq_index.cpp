@@ -1,0 +1,279 @@
+// GpuRabitqIndex (the GPU mirror of an index with RaBitQ codes) against the
+// CPU engine: for every metric, code widths 1 to 8 and a dimension with
+// plane padding, each query's k best estimates over its probed lists are
+// RabitqModel::scan's bit for bit (L2 and inner product; Cosine within
+// rounding, the GPU normalising the query itself), with key ranges and their
+// counts, after appends in several batches and after removals; a
+// sentence-embedding size; every list probed returns every entry; the
+// argument checks.
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <numeric>
+#include <tuple>
+
+#include "engine/distances.h"
+#include "engine/rabitq.h"
+#include "gpu_ivfpq/rabitq_index.h"
+#include "gpu_test_util.h"
+
+using namespace gputest;
+using gpuivfpq::ErrorKind;
+using gpuivfpq::Metric;
+using gpuivfpq::RabitqFactors;
+using gpuivfpq::RabitqListQuery;
+using gpuivfpq::RabitqModel;
+using gpuivfpq::RabitqQuery;
+using gpuivfpq::RabitqRotation;
+using gpuivfpq::gpu::GpuRabitqIndex;
+using gpuivfpq::gpu::KeyRange;
+
+namespace {
+
+uint32_t bits_of(float f)
+{
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof(u));
+    return u;
+}
+
+// An index's rows as the pages hold them (code, then factors), and the
+// model, on the host.
+struct Fixture {
+    size_t d, lists, n;
+    int bits;
+    Metric metric;
+    std::unique_ptr<RabitqModel> model;
+    std::vector<float> cent;
+    std::vector<uint8_t> blob, rows;
+    std::vector<int32_t> list_ids;
+    std::vector<int64_t> ids, keys;
+
+    Fixture(size_t d_, size_t lists_, size_t n_, int bits_, Metric metric_, uint64_t s)
+        : d(d_), lists(lists_), n(n_), bits(bits_), metric(metric_)
+    {
+        std::vector<float> x = clustered(n, d, 8, 3.0f, s);
+        model = std::make_unique<RabitqModel>(d, lists, bits, metric, RabitqRotation::generate(d, s, 4));
+        cent.assign(x.begin(), x.begin() + lists * d);
+        if (metric == Metric::Cosine)
+            gpuivfpq::normalize_rows(cent.data(), lists, d);
+        model->set_centroids(cent.data(), 4);
+        list_ids.resize(n);
+        model->assign(x.data(), n, list_ids.data(), 4);
+        const size_t cb = model->code_bytes(), rb = gpuivfpq::rabitq_row_bytes(d, bits);
+        std::vector<uint8_t> codes(n * cb);
+        std::vector<RabitqFactors> f(n);
+        model->encode(x.data(), n, list_ids.data(), codes.data(), f.data(), 4);
+        rows.resize(n * rb);
+        for (size_t i = 0; i < n; i++) {
+            std::memcpy(rows.data() + i * rb, codes.data() + i * cb, cb);
+            std::memcpy(rows.data() + i * rb + cb, &f[i], sizeof(RabitqFactors));
+            ids.push_back(int64_t(i) * 7 + 3);
+            keys.push_back(int64_t(i % 10));
+        }
+        blob.assign(gpuivfpq::rabitq_model_bytes(d, lists), 0);
+        std::memcpy(blob.data(), model->rotation().matrix().data(), d * d * sizeof(float));
+        std::memcpy(blob.data() + gpuivfpq::rabitq_rotated_offset(d), model->rotated_centroids().data(),
+                    lists * d * sizeof(double));
+    }
+    size_t rb() const { return gpuivfpq::rabitq_row_bytes(d, bits); }
+};
+
+struct Hit {
+    float est;
+    int64_t label;
+};
+
+// The CPU engine's k best (estimate, label) of a query over the given
+// lists, the entries in `live` and within [lo, hi] only; *matched counts
+// those in range.
+std::vector<Hit> cpu_best(const Fixture& fx, const float* q, const int32_t* probed, size_t nprobe, size_t k,
+                          const std::vector<bool>& live, int64_t lo, int64_t hi, int64_t* matched)
+{
+    RabitqQuery query;
+    fx.model->prepare_query(q, query);
+    std::vector<Hit> all;
+    *matched = 0;
+    const size_t cb = fx.model->code_bytes();
+    for (size_t p = 0; p < nprobe; p++) {
+        RabitqListQuery lq;
+        fx.model->prepare_list(query, probed[p], lq);
+        for (size_t i = 0; i < fx.n; i++) {
+            if (fx.list_ids[i] != probed[p] || !live[i] || fx.keys[i] < lo || fx.keys[i] > hi)
+                continue;
+            (*matched)++;
+            RabitqFactors f;
+            std::memcpy(&f, fx.rows.data() + i * fx.rb() + cb, sizeof(f));
+            float e = 0;
+            fx.model->scan(lq, fx.rows.data() + i * fx.rb(), fx.rb(), &f, 1, 0.0f, &e, nullptr);
+            all.push_back({e, fx.ids[i]});
+        }
+    }
+    std::sort(all.begin(), all.end(), [](const Hit& a, const Hit& b) {
+        return std::tie(a.est, a.label) < std::tie(b.est, b.label);
+    });
+    if (all.size() > k)
+        all.resize(k);
+    return all;
+}
+
+// The GPU's answers against cpu_best for nq queries: the same estimates in
+// the same order (bit for bit, or within rounding for Cosine), each label
+// one whose estimate that is, padding where the CPU found fewer.
+void compare(GpuRabitqIndex& index, const Fixture& fx, const std::vector<float>& q, size_t nq, size_t k,
+             size_t nprobe, const std::vector<bool>& live, bool ranged)
+{
+    const size_t d = fx.d;
+    std::vector<int64_t> lo(nq), hi(nq), matched(nq, -1);
+    for (size_t i = 0; i < nq; i++) {
+        lo[i] = ranged ? int64_t(i % 4) : INT64_MIN;
+        hi[i] = ranged ? int64_t(i % 4) + 5 : INT64_MAX;
+    }
+    KeyRange r;
+    r.lo = lo.data();
+    r.hi = hi.data();
+    r.matched = matched.data();
+    std::vector<float> dist(nq * k);
+    std::vector<int64_t> labels(nq * k);
+    index.search(q.data(), nq, k, nprobe, dist.data(), labels.data(), ranged ? &r : nullptr);
+    std::vector<int32_t> probed(nq * std::min(nprobe, fx.lists));
+    const size_t np = std::min(nprobe, fx.lists);
+    index.probe_lists(q.data(), nq, np, probed.data());
+    std::map<int64_t, size_t> row_of;
+    for (size_t i = 0; i < fx.n; i++)
+        row_of[fx.ids[i]] = i;
+    for (size_t i = 0; i < nq; i++) {
+        int64_t want_matched = 0;
+        const std::vector<Hit> want =
+            cpu_best(fx, q.data() + i * d, probed.data() + i * np, np, k, live, lo[i], hi[i], &want_matched);
+        if (ranged)
+            ASSERT_EQ(matched[i], want_matched) << "query " << i << ": entries in range";
+        for (size_t j = 0; j < k; j++) {
+            const float got = dist[i * k + j];
+            const int64_t label = labels[i * k + j];
+            if (j >= want.size()) {
+                ASSERT_EQ(label, -1) << "query " << i << " rank " << j << ": padding";
+                ASSERT_TRUE(std::isinf(got));
+                continue;
+            }
+            ASSERT_NE(label, -1) << "query " << i << " rank " << j;
+            ASSERT_TRUE(row_of.count(label)) << "unknown label " << label;
+            const size_t row = row_of[label];
+            ASSERT_TRUE(live[row]) << "a removed entry came back: " << label;
+            if (ranged)
+                ASSERT_TRUE(fx.keys[row] >= lo[i] && fx.keys[row] <= hi[i]) << "entry out of range";
+            if (fx.metric == Metric::Cosine)
+                ASSERT_NEAR(got, want[j].est, 1e-5f * (1.0f + std::fabs(want[j].est)))
+                    << "query " << i << " rank " << j;
+            else
+                ASSERT_EQ(bits_of(got), bits_of(want[j].est))
+                    << "query " << i << " rank " << j << ": " << got << " vs " << want[j].est;
+        }
+    }
+}
+
+void check_index(size_t d, int bits, Metric metric, uint64_t s)
+{
+    const size_t n = d >= 512 ? 600 : 2000, lists = 12, nq = 6;
+    Fixture fx(d, lists, n, bits, metric, s);
+    std::vector<float> q = clustered(nq, d, 8, 3.0f, s + 1);
+    GpuRabitqIndex index(ctx(), d, lists, bits, metric, fx.cent.data(), fx.blob.data(), true);
+    ASSERT_EQ(index.row_bytes(), fx.rb());
+    // Appends in three batches of different sizes.
+    const size_t cuts[] = {0, 1, n / 3, n};
+    for (int c = 0; c < 3; c++) {
+        const size_t a = cuts[c], b = cuts[c + 1];
+        index.add(b - a, fx.list_ids.data() + a, fx.rows.data() + a * fx.rb(), fx.ids.data() + a,
+                  fx.keys.data() + a);
+    }
+    ASSERT_EQ(index.ntotal(), n);
+    std::vector<bool> live(n, true);
+    for (size_t k : {size_t(1), size_t(10), size_t(100)}) {
+        SCOPED_TRACE("k " + std::to_string(k));
+        compare(index, fx, q, nq, k, 4, live, false);
+        compare(index, fx, q, nq, k, 4, live, true);
+    }
+    // Every list probed, k = n: every entry, in estimate order.
+    compare(index, fx, q, 2, n, lists, live, false);
+    // Removals (unknown ids and duplicates among them).
+    std::vector<int64_t> gone;
+    for (size_t i = 0; i < n; i += 3) {
+        gone.push_back(fx.ids[i]);
+        live[i] = false;
+    }
+    gone.push_back(-5);
+    gone.push_back(gone.front());
+    ASSERT_EQ(index.remove_ids(gone.data(), gone.size()), (n + 2) / 3);
+    ASSERT_EQ(index.ntotal(), n - (n + 2) / 3);
+    compare(index, fx, q, nq, 50, 6, live, false);
+    compare(index, fx, q, nq, 50, 6, live, true);
+}
+
+}  // namespace
+
+TEST(RabitqIndex, SameEstimatesAsCpu)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(4501);
+    for (Metric metric : {Metric::L2, Metric::InnerProduct, Metric::Cosine})
+        for (size_t d : {size_t(100), size_t(128)})
+            for (int bits : {1, 4, 8}) {
+                SCOPED_TRACE(shape("rabitq index", {{"metric", double(int(metric))}, {"d", double(d)},
+                                                    {"bits", double(bits)}}, s));
+                check_index(d, bits, metric, s);
+            }
+}
+
+TEST(RabitqIndex, SentenceEmbeddingSize)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(4502);
+    SCOPED_TRACE(shape("rabitq index 768", {{"bits", 4.0}}, s));
+    check_index(768, 4, Metric::L2, s);
+}
+
+TEST(RabitqIndex, EmptyAndArgumentChecks)
+{
+    GPU_REQUIRE_DEVICE();
+    const size_t d = 64, lists = 4;
+    Fixture fx(d, lists, 200, 4, Metric::L2, seed(4503));
+    GpuRabitqIndex plain(ctx(), d, lists, 4, Metric::L2, fx.cent.data(), fx.blob.data(), false);
+    std::vector<float> q(d, 0.5f), dist(3);
+    std::vector<int64_t> labels(3, 7);
+    // Empty: padding only.
+    plain.search(q.data(), 1, 3, 2, dist.data(), labels.data());
+    for (size_t j = 0; j < 3; j++) {
+        EXPECT_EQ(labels[j], -1);
+        EXPECT_TRUE(std::isinf(dist[j]));
+    }
+    int64_t lo = 0, hi = 1;
+    KeyRange r;
+    r.lo = &lo;
+    r.hi = &hi;
+    EXPECT_EQ(kind_of([&] { plain.search(q.data(), 1, 0, 2, dist.data(), labels.data()); }),
+              ErrorKind::InvalidArgument);
+    EXPECT_EQ(kind_of([&] {
+                  plain.search(q.data(), 1, gpuivfpq::kMaxSelectK + 1, 2, dist.data(), labels.data());
+              }),
+              ErrorKind::InvalidArgument);
+    EXPECT_EQ(kind_of([&] { plain.search(q.data(), 1, 3, 2, dist.data(), labels.data(), &r); }),
+              ErrorKind::InvalidArgument);
+    EXPECT_EQ(kind_of([&] {
+                  plain.add(1, fx.list_ids.data(), fx.rows.data(), fx.ids.data(), fx.keys.data());
+              }),
+              ErrorKind::InvalidArgument);
+    int32_t bad = int32_t(lists);
+    EXPECT_EQ(kind_of([&] { plain.add(1, &bad, fx.rows.data(), fx.ids.data()); }), ErrorKind::InvalidArgument);
+    EXPECT_EQ(plain.ntotal(), 0u);
+    EXPECT_EQ(kind_of([&] {
+                  GpuRabitqIndex x(ctx(), d, lists, 9, Metric::L2, fx.cent.data(), fx.blob.data());
+              }),
+              ErrorKind::InvalidArgument);
+    std::vector<uint8_t> nan_blob = fx.blob;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(nan_blob.data(), &nan, sizeof(nan));
+    EXPECT_EQ(kind_of([&] {
+                  GpuRabitqIndex x(ctx(), d, lists, 4, Metric::L2, fx.cent.data(), nan_blob.data());
+              }),
+              ErrorKind::InvalidArgument);
+}
