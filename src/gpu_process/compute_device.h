@@ -136,6 +136,13 @@ public:
     virtual bool healthy() { return true; }
 };
 
+// Throws Error(InvalidArgument) unless spec's shape (rabitq_bits != 0) is
+// one of RaBitQ codes a mirror can hold: bits in 1..8, 1 <= d <=
+// kRabitqMaxDims, lists >= 1, m = rabitq_row_bytes(d, bits), no vectors
+// (the pointers are the caller's to check). Every device's create_mirror,
+// the service's client and the GPU process check it alike.
+void require_rabitq_spec(const MirrorSpec& spec);
+
 // The CPU emulation (single-threaded, the CPU engine's own ADC and k-selection).
 std::unique_ptr<ComputeDevice> make_cpu_emulation_device();
 

@@ -1,7 +1,7 @@
 // The CPU emulation of the service's compute device: mirrors are per-list
-// arrays in process memory, searched with the CPU engine's IVFADC and
-// re-ranked with the exact distance the GPU kernel computes. Tests use it to
-// exercise the service without a GPU.
+// arrays in process memory, searched with the CPU engine's IVFADC (or its
+// RaBitQ estimates) and re-ranked with the exact distance the GPU kernel
+// computes. Tests use it to exercise the service without a GPU.
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -10,6 +10,7 @@
 
 #include "engine/error.h"
 #include "engine/exact_distance.h"
+#include "engine/rabitq.h"
 #include "engine/search_limits.h"
 #include "engine/topk.h"
 #include "gpu_process/compute_device.h"
@@ -34,28 +35,40 @@ void require_gpu_m(size_t d, size_t m)
                         " and d a multiple of m)");
 }
 
+// A mirror of either kind of codes: PQ codes ranked by ADC distance, or
+// RaBitQ codes (each entry's bit planes, then its RabitqFactors, as the
+// index pages hold them) ranked by their distance estimates.
 class CpuMirror final : public Mirror {
 public:
     explicit CpuMirror(const MirrorSpec& spec)
-        : model_(spec.d, spec.lists, spec.m, spec.metric), codes_(spec.lists), labels_(spec.lists),
+        : d_(spec.d), m_(spec.m), lists_(spec.lists), codes_(spec.lists), labels_(spec.lists),
           vectors_(spec.vectors ? spec.lists : 0), keys_(spec.filter_keys ? spec.lists : 0),
           metric_(spec.metric)
     {
-        model_.set_centroids(spec.centroids);
-        model_.set_codebooks(spec.codebooks);
+        if (spec.rabitq_bits != 0) {
+            const auto* blob = static_cast<const uint8_t*>(spec.rabitq_model);
+            rabitq_ = std::make_unique<RabitqModel>(spec.d, spec.lists, spec.rabitq_bits, spec.metric,
+                                                    reinterpret_cast<const float*>(blob));
+            rabitq_->set_centroids(spec.centroids,
+                                   reinterpret_cast<const double*>(blob + rabitq_rotated_offset(spec.d)));
+        } else {
+            pq_ = std::make_unique<IvfPqModel>(spec.d, spec.lists, spec.m, spec.metric);
+            pq_->set_centroids(spec.centroids);
+            pq_->set_codebooks(spec.codebooks);
+        }
     }
 
     void add(size_t n, const int32_t* list_ids, const uint8_t* codes, const int64_t* labels,
              const float* vectors, const int64_t* keys) override
     {
-        size_t m = model_.m(), d = model_.d();
+        const size_t m = m_, d = d_;
         // Nothing to add takes any pointers (as the GPU index does).
         require(n == 0 || (vectors != nullptr) == has_vectors(),
                 has_vectors() ? "mirror: entries need their vectors" : "mirror: keeps no vectors");
         require(n == 0 || (keys != nullptr) == has_keys(),
                 has_keys() ? "mirror: entries need their filter keys" : "mirror: keeps no filter keys");
         for (size_t i = 0; i < n; i++)
-            require(list_ids[i] >= 0 && size_t(list_ids[i]) < model_.lists(), "mirror: list out of range");
+            require(list_ids[i] >= 0 && size_t(list_ids[i]) < lists_, "mirror: list out of range");
         for (size_t i = 0; i < n; i++) {
             auto& c = codes_[list_ids[i]];
             c.insert(c.end(), codes + i * m, codes + (i + 1) * m);
@@ -105,28 +118,25 @@ private:
         require_select_k(k, "GPU IVFPQ search");
         if (ranges != nullptr && !has_keys())
             throw Error(ErrorKind::InvalidArgument, "GPU IVFPQ search: key ranges for a mirror without filter keys");
-        const size_t probes = std::min(std::max<size_t>(nprobe, 1), model_.lists());
+        const size_t probes = std::min(std::max<size_t>(nprobe, 1), lists_);
         if (probes > kMaxSelectK)
             throw Error(ErrorKind::InvalidArgument, "GPU IVFPQ search: nprobe = " +
                                                         std::to_string(probes) + " above " +
                                                         std::to_string(kMaxSelectK));
-        size_t m = model_.m();
-        std::vector<float> table(m * kPqCentroids), d;
-        IvfPqQuery prepared;
+        std::vector<float> d;
+        ListScanner scanner(*this);
 
         for (size_t q = 0; q < nq; q++) {
             TopK topk(k);
-            model_.prepare_query(queries + q * model_.d(), probes, prepared);
+            const std::vector<int32_t>& probed = scanner.prepare(queries + q * d_, probes);
             std::vector<Taken> taken;
             size_t seq = 0;
             int64_t matched = 0;
-            for (size_t p = 0; p < prepared.lists.size(); p++) {
-                int32_t list = prepared.lists[p];
+            for (size_t p = 0; p < probed.size(); p++) {
+                int32_t list = probed[p];
                 const auto& lab = labels_[list];
-                float base = 0;
-                model_.list_table(prepared, p, table.data(), &base);
                 d.resize(lab.size());
-                adc_scan(codes_[list].data(), lab.size(), m, table.data(), m, base, d.data());
+                scanner.distances(p, list, d.data());
                 for (size_t i = 0; i < lab.size(); i++) {
                     if (ranges != nullptr &&
                         (keys_[list][i] < ranges->lo[q] || keys_[list][i] > ranges->hi[q]))
@@ -144,7 +154,7 @@ private:
                                                        [t](const Taken& x) { return x.adc > t; }),
                                         taken.end());
                         }
-                        taken.push_back({lab[i], seq++, &vectors_[list][i * model_.d()], d[i]});
+                        taken.push_back({lab[i], seq++, &vectors_[list][i * d_], d[i]});
                     }
                 }
             }
@@ -156,7 +166,7 @@ private:
                 labels[q * k + i] = i < best.size() ? best[i].label : -1;
             }
             if (exact != nullptr)
-                rerank(queries + q * model_.d(), best, taken, k, exact + q * k, labels + q * k);
+                rerank(queries + q * d_, best, taken, k, exact + q * k, labels + q * k);
         }
     }
 
@@ -174,7 +184,7 @@ private:
             auto at = std::upper_bound(taken.begin(), taken.end(), Taken{nb.label, SIZE_MAX, nullptr, 0.0f},
                                        by_label);
             require(at != taken.begin() && (at - 1)->label == nb.label, "mirror: lost a candidate's vector");
-            out.emplace_back(exact_distance(metric_, query, (at - 1)->vector, model_.d()), nb.label);
+            out.emplace_back(exact_distance(metric_, query, (at - 1)->vector, d_), nb.label);
         }
         std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
             return exact_less(a.first, a.second, b.first, b.second);
@@ -192,7 +202,7 @@ public:
         require_select_k(k, "GPU IVFPQ brute force");
         if (!has_vectors())
             throw Error(ErrorKind::Unsupported, "GPU IVFPQ brute force: the mirror keeps no vectors");
-        const size_t d = model_.d();
+        const size_t d = d_;
         std::vector<std::pair<double, int64_t>> all;
         for (size_t q = 0; q < nq; q++) {
             all.clear();
@@ -214,7 +224,8 @@ public:
     {
         std::vector<int64_t> gone(labels, labels + n);
         std::sort(gone.begin(), gone.end());
-        size_t m = model_.m(), d = model_.d(), removed = 0;
+        const size_t m = m_, d = d_;
+        size_t removed = 0;
         for (size_t l = 0; l < labels_.size(); l++) {
             auto& lab = labels_[l];
             auto& codes = codes_[l];
@@ -246,12 +257,70 @@ public:
     size_t entries() const override { return entries_; }
     size_t bytes() const override
     {
-        return entries_ * (model_.m() + sizeof(int64_t) + (has_vectors() ? model_.d() * sizeof(float) : 0) +
+        return entries_ * (m_ + sizeof(int64_t) + (has_vectors() ? d_ * sizeof(float) : 0) +
                            (has_keys() ? sizeof(int64_t) : 0));
     }
 
 private:
-    IvfPqModel model_;
+    // One query's probed lists and each list's distances, for either kind
+    // of codes: the engine's own routines (IVFADC tables, or RaBitQ's
+    // prepare_list and scan), as the CPU path ranks the pages' entries.
+    class ListScanner {
+    public:
+        explicit ListScanner(const CpuMirror& mirror) : mirror_(mirror)
+        {
+            if (mirror_.pq_)
+                table_.resize(mirror_.m_ * kPqCentroids);
+        }
+
+        // Prepares the query; returns its probes lists, nearest first.
+        const std::vector<int32_t>& prepare(const float* query, size_t probes)
+        {
+            if (mirror_.pq_) {
+                mirror_.pq_->prepare_query(query, probes, prepared_);
+                return prepared_.lists;
+            }
+            mirror_.rabitq_->prepare_query(query, rabitq_query_);
+            probed_ = mirror_.rabitq_->probe_lists(rabitq_query_, probes);
+            return probed_;
+        }
+
+        // Distances (ADC, or RaBitQ estimates) of every entry of the p-th
+        // probed list, list.
+        void distances(size_t p, int32_t list, float* out)
+        {
+            const size_t n = mirror_.labels_[list].size(), m = mirror_.m_;
+            const uint8_t* codes = mirror_.codes_[list].data();
+            if (mirror_.pq_) {
+                float base = 0;
+                mirror_.pq_->list_table(prepared_, p, table_.data(), &base);
+                adc_scan(codes, n, m, table_.data(), m, base, out);
+                return;
+            }
+            if (n == 0)
+                return;
+            // An entry's factors follow its bit planes, unaligned: copied out for scan.
+            const size_t planes = mirror_.rabitq_->code_bytes();
+            factors_.resize(n);
+            for (size_t i = 0; i < n; i++)
+                std::memcpy(&factors_[i], codes + i * m + planes, sizeof(RabitqFactors));
+            mirror_.rabitq_->prepare_list(rabitq_query_, list, list_query_);
+            mirror_.rabitq_->scan(list_query_, codes, m, factors_.data(), n, 0.0f, out, nullptr);
+        }
+
+    private:
+        const CpuMirror& mirror_;
+        std::vector<float> table_;
+        IvfPqQuery prepared_;
+        RabitqQuery rabitq_query_;
+        RabitqListQuery list_query_;
+        std::vector<int32_t> probed_;
+        std::vector<RabitqFactors> factors_;
+    };
+
+    size_t d_, m_, lists_;
+    std::unique_ptr<IvfPqModel> pq_;       // PQ codes (else null)
+    std::unique_ptr<RabitqModel> rabitq_;  // RaBitQ codes (else null)
     std::vector<std::vector<uint8_t>> codes_;
     std::vector<std::vector<int64_t>> labels_;
     std::vector<std::vector<float>> vectors_;  // per list, d floats per entry (empty: none)
@@ -266,12 +335,20 @@ public:
     size_t memory_capacity() const override { return size_t(1) << 30; }
     size_t mirror_bytes(const MirrorSpec& spec, size_t n) const override
     {
-        return n * (spec.m + sizeof(int64_t) + (spec.vectors ? spec.d * sizeof(float) : 0) +
-                    (spec.filter_keys ? sizeof(int64_t) : 0));
+        // A RaBitQ mirror also holds its model (the rotation and P c).
+        const size_t model = spec.rabitq_bits != 0 ? rabitq_model_bytes(spec.d, spec.lists) : 0;
+        return model + n * (spec.m + sizeof(int64_t) + (spec.vectors ? spec.d * sizeof(float) : 0) +
+                            (spec.filter_keys ? sizeof(int64_t) : 0));
     }
     std::unique_ptr<Mirror> create_mirror(const MirrorSpec& spec) override
     {
-        require_gpu_m(spec.d, spec.m);
+        if (spec.rabitq_bits != 0) {
+            require_rabitq_spec(spec);
+            if (spec.rabitq_model == nullptr || spec.centroids == nullptr)
+                throw Error(ErrorKind::InvalidArgument, "RaBitQ mirror: no model");
+        } else {
+            require_gpu_m(spec.d, spec.m);
+        }
         return std::make_unique<CpuMirror>(spec);
     }
     void train(const float* x, size_t n, size_t d, size_t lists, size_t m, Metric metric,
@@ -293,6 +370,8 @@ public:
     void encode(const MirrorSpec& spec, const float* x, size_t n, int32_t* list_ids,
                 uint8_t* codes) override
     {
+        if (spec.rabitq_bits != 0)
+            throw Error(ErrorKind::Unsupported, "GPU encode: RaBitQ codes are encoded by the CPU engine");
         require_gpu_m(spec.d, spec.m);
         IvfPqModel model(spec.d, spec.lists, spec.m, spec.metric);
         model.set_centroids(spec.centroids);
@@ -307,6 +386,24 @@ public:
 };
 
 }  // namespace
+
+void require_rabitq_spec(const MirrorSpec& spec)
+{
+    const auto bad = [](const std::string& why) { throw Error(ErrorKind::InvalidArgument, "RaBitQ mirror: " + why); };
+    if (spec.rabitq_bits < kRabitqMinBits || spec.rabitq_bits > kRabitqMaxBits)
+        bad(std::to_string(spec.rabitq_bits) + " bits per dimension, outside [" + std::to_string(kRabitqMinBits) +
+            ", " + std::to_string(kRabitqMaxBits) + "]");
+    if (spec.d < 1 || spec.d > kRabitqMaxDims)
+        bad("d = " + std::to_string(spec.d) + " outside [1, " + std::to_string(kRabitqMaxDims) + "]");
+    if (spec.lists < 1)
+        bad("no lists");
+    if (spec.m != rabitq_row_bytes(spec.d, spec.rabitq_bits))
+        bad("m = " + std::to_string(spec.m) + " bytes a row, not the " +
+            std::to_string(rabitq_row_bytes(spec.d, spec.rabitq_bits)) + " of d = " + std::to_string(spec.d) +
+            " at " + std::to_string(spec.rabitq_bits) + " bits");
+    if (spec.vectors)
+        bad("RaBitQ mirrors keep no vectors");
+}
 
 std::unique_ptr<ComputeDevice> make_cpu_emulation_device()
 {

@@ -205,7 +205,8 @@ struct GpuProcess::Layout {
 namespace {
 
 // The model part of a Load or Encode request: its shape, and regions 0 and
-// 1 (centroids, codebooks) taken from layout first.
+// 1 (centroids, then codebooks or RaBitQ codes' model blob) taken from
+// layout first.
 template <typename Layout>
 void describe_model(Request& q, Layout& l, const MirrorSpec& spec)
 {
@@ -213,15 +214,17 @@ void describe_model(Request& q, Layout& l, const MirrorSpec& spec)
     q.lists = spec.lists;
     q.m = spec.m;
     q.metric = static_cast<uint64_t>(spec.metric);
+    q.rabitq_bits = static_cast<uint64_t>(spec.rabitq_bits);
     q.region[0] = l.take(centroid_bytes(spec.d, spec.lists));
-    q.region[1] = l.take(codebook_bytes(spec.d));
+    q.region[1] = l.take(model_bytes(spec.d, spec.lists, q.rabitq_bits));
 }
 
 // Copies the model into the exchange at the regions describe_model took.
 void copy_model(char* x, const Request& q, const MirrorSpec& spec)
 {
     std::memcpy(x + q.region[0].offset, spec.centroids, q.region[0].bytes);
-    std::memcpy(x + q.region[1].offset, spec.codebooks, q.region[1].bytes);
+    std::memcpy(x + q.region[1].offset, spec.rabitq_bits != 0 ? spec.rabitq_model : spec.codebooks,
+                q.region[1].bytes);
 }
 
 }  // namespace
@@ -566,6 +569,8 @@ void GpuProcess::load(const MirrorKey& key, const MirrorSpec& spec, size_t n, co
 {
     if ((spec.vectors && vectors == nullptr) || (spec.filter_keys && keys == nullptr))
         throw Error(ErrorKind::InvalidArgument, "GPU process load: the spec's vectors or filter keys are missing");
+    if (spec.rabitq_bits != 0)
+        require_rabitq_spec(spec);
     Request q;
     Layout l;
     q.op = Op::Load;

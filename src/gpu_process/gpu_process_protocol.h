@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "engine/error.h"
+#include "engine/rabitq.h"
 #include "gpu_process/mirror_store.h"
 
 namespace gpuivfpq {
@@ -23,7 +24,7 @@ constexpr uint32_t kMagic = 0x47495650;  // "GIVP"
 // Raised with every change of Request or Reply. The program is installed
 // apart from the extension's library: after an upgrade, a server still
 // running the old library may start the new program (or the reverse).
-constexpr uint64_t kVersion = 11;
+constexpr uint64_t kVersion = 12;
 constexpr int kRegions = 8;
 constexpr size_t kAlign = 64;
 constexpr size_t kMaxStatusMirrors = 64;  // mirrors a Status reply lists
@@ -48,7 +49,8 @@ enum class Op : uint32_t {
     SetBudget = 1,  // budget
     EnforceBudget,  //
     Status,         // r0 out: MirrorInfo[kMaxStatusMirrors]; value: count, bytes, budget, evictions
-    Load,           // key, d, lists, m, metric, n, vectors, keys, placement, hidden; r0 centroids, r1 codebooks,
+    Load,           // key, d, lists, m, metric, rabitq_bits, n, vectors, keys, placement, hidden; r0 centroids,
+                    // r1 codebooks (RaBitQ codes: the model blob, model_bytes),
                     // r2 list ids, r3 codes, r4 labels, r5 vectors (n x d floats, when vectors),
                     // r6 filter keys (n int64, when keys)
     Add,            // key, m, n, vectors (then d), keys; r2 list ids, r3 codes, r4 labels,
@@ -114,6 +116,7 @@ struct Request {
     uint64_t brute = 0;    // Search: exact k-NN over every stored vector (no probing)
     uint64_t placement = 0;  // Load: a Placement (replicas or shards over the process's devices)
     uint64_t hidden = 0;     // Load: not searched on the direct path until Reveal
+    uint64_t rabitq_bits = 0;  // Load, Encode: RaBitQ codes of these bits per dimension (0: PQ codes)
     // MetricLoad / MetricSearch
     uint64_t method = 0;        // a MetricMethod
     uint64_t clusters = 0;      // LC clusters or SSS pivots
@@ -164,9 +167,14 @@ inline ErrorKind kind_of(Status s)
     }
 }
 
-// Bytes of the arrays of a Load/Encode model (centroids, codebooks).
+// Bytes of the arrays of a Load/Encode model (centroids, codebooks; with
+// RaBitQ codes the model blob of engine/rabitq.h in place of the codebooks).
 inline uint64_t centroid_bytes(uint64_t d, uint64_t lists) { return d * lists * sizeof(float); }
 inline uint64_t codebook_bytes(uint64_t d) { return kPqCentroids * d * sizeof(float); }
+inline uint64_t model_bytes(uint64_t d, uint64_t lists, uint64_t rabitq_bits)
+{
+    return rabitq_bits != 0 ? rabitq_model_bytes(d, lists) : codebook_bytes(d);
+}
 
 }  // namespace gpuproc
 }  // namespace gpuivfpq

@@ -116,6 +116,8 @@ private:
     bool pinned_ = false;
 };
 
+// The model a Load or Encode request carries; RaBitQ codes' shape checked
+// (require_rabitq_spec) before their model blob is read.
 MirrorSpec spec_of(const Request& q, const Exchange& x)
 {
     MirrorSpec s;
@@ -123,10 +125,20 @@ MirrorSpec spec_of(const Request& q, const Exchange& x)
     s.lists = q.lists;
     s.m = q.m;
     s.metric = static_cast<Metric>(q.metric);
-    s.centroids = x.at<float>(q.region[0], mul(q.d, q.lists));
-    s.codebooks = x.at<float>(q.region[1], mul(kPqCentroids, q.d));
     s.vectors = q.vectors != 0;
     s.filter_keys = q.keys != 0;
+    if (q.rabitq_bits > uint64_t(kRabitqMaxBits))
+        throw Error(ErrorKind::InvalidArgument,
+                    "GPU process: " + std::to_string(q.rabitq_bits) + " bits per dimension of RaBitQ codes");
+    s.rabitq_bits = static_cast<int>(q.rabitq_bits);
+    if (s.rabitq_bits != 0)
+        require_rabitq_spec(s);
+    // The centroids' region bounds lists * d first: the model's size below cannot overflow.
+    s.centroids = x.at<float>(q.region[0], mul(q.d, q.lists));
+    if (s.rabitq_bits != 0)
+        s.rabitq_model = x.at<uint8_t>(q.region[1], model_bytes(q.d, q.lists, q.rabitq_bits));
+    else
+        s.codebooks = x.at<float>(q.region[1], mul(kPqCentroids, q.d));
     return s;
 }
 
