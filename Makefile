@@ -64,7 +64,7 @@ OBJS = $(PG_OBJS) $(CORE_OBJS)
 # pg_regress: test/sql/NAME.sql against test/expected/NAME.out, in this order.
 REGRESS = operators options build_edge scan_basic scan_hints filter_pushdown dml_vacuum search_functions rabitq_codes zero_vectors large_values index_stats privileges index_check model_cache settings gpu_metric extension_update
 # Run last, on the preloaded instance only (installcheck-service).
-REGRESS_SERVICE = service_status gpu_metric_service
+REGRESS_SERVICE = service_status service_rabitq gpu_metric_service
 REGRESS_OPTS = --inputdir=test
 # Made before pg_regress runs (PGXS reads it when it defines installcheck).
 REGRESS_PREP = tmp_check/.dir

@@ -2,6 +2,7 @@
 // options, and the prototypes of each file of src/am.
 #pragma once
 
+#include "engine/rabitq.h"
 #include "common/gpu_ivfpq.h"
 
 namespace gpuivfpq {
@@ -97,9 +98,13 @@ StaticAssertDecl(sizeof(GpuIvfpqMetaPageData) == 64, "the metapage struct change
 /* The most dimensions RaBitQ codes take (gpuivfpq::kRabitqMaxDims: a dense rotation). */
 #define GPU_IVFPQ_RABITQ_MAX_DIM	2000
 
-/* Where the rotated centroids start in the codebook blob of RaBitQ codes: after the rotation, 8-aligned. */
+/*
+ * Where the rotated centroids start in the codebook blob of RaBitQ codes:
+ * after the rotation, 8-aligned (the engine's layout, which the GPU
+ * mirrors read too).
+ */
 #define GpuIvfpqRabitqRotatedOffset(dim) \
-	TYPEALIGN(sizeof(double), (Size) (dim) * (dim) * sizeof(float))
+	((Size) gpuivfpq::rabitq_rotated_offset((size_t) (dim)))
 
 /* Whether an index's entries hold RaBitQ codes. */
 #define GpuIvfpqIsRabitq(meta) \

@@ -262,8 +262,7 @@ Size
 GpuIvfpqCodebookBytes(const GpuIvfpqMetaPageData *meta)
 {
 	if (GpuIvfpqIsRabitq(meta))
-		return GpuIvfpqRabitqRotatedOffset(meta->dimensions) +
-			(Size) meta->lists * meta->dimensions * sizeof(double);
+		return (Size) gpuivfpq::rabitq_model_bytes(meta->dimensions, meta->lists);
 	return (Size) 256 * meta->dimensions * sizeof(float);
 }
 

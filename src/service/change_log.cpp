@@ -101,8 +101,7 @@ GpuIvfpqServiceLogAppend(Relation index, const GpuIvfpqMetaPageData *meta, int l
 {
 	GpuIvfpqLogEntry e;
 
-	if (gpu_ivfpq_service == NULL || !meta->trained || meta->m > GPU_IVFPQ_SERVICE_MAX_M ||
-		GpuIvfpqIsRabitq(meta))
+	if (gpu_ivfpq_service == NULL || !meta->trained || meta->m > GPU_IVFPQ_SERVICE_MAX_M)
 		return;
 	memset(&e, 0, offsetof(GpuIvfpqLogEntry, code));
 	GpuIvfpqFillKey(&e.key, index, meta);
@@ -299,8 +298,7 @@ GpuIvfpqServiceLogRemove(Relation index, const GpuIvfpqMetaPageData *meta, const
 	GpuIvfpqKey key;
 	uint64		pos;
 
-	if (gpu_ivfpq_service == NULL || n <= 0 || !meta->trained || meta->m > GPU_IVFPQ_SERVICE_MAX_M ||
-		GpuIvfpqIsRabitq(meta))
+	if (gpu_ivfpq_service == NULL || n <= 0 || !meta->trained || meta->m > GPU_IVFPQ_SERVICE_MAX_M)
 		return 0;				/* no mirror can exist */
 	GpuIvfpqFillKey(&key, index, meta);
 	pos = GpuIvfpqLogPushRemove(&key, labels, n);

@@ -67,8 +67,11 @@ GpuIvfpqNotServableReason(const GpuIvfpqMetaPageData *meta)
 			"REINDEX it on a primary that preloads gpu_ivfpq (or change it there: its next insert or VACUUM clears this)";
 	if ((int) meta->dimensions > GPU_IVFPQ_SERVICE_MAX_DIM)
 		return psprintf("The GPU path handles up to %d dimensions", GPU_IVFPQ_SERVICE_MAX_DIM);
-	if (GpuIvfpqIsRabitq(meta))
-		return "The GPU path does not serve indexes with codes = rabitq yet";
+	/* Change log entries carry a row's code: RaBitQ codes' rows are bounded alike. */
+	if (GpuIvfpqIsRabitq(meta) && meta->m > GPU_IVFPQ_SERVICE_MAX_M)
+		return psprintf("RaBitQ codes of more than %d bytes a row are not served by the GPU path "
+						"(%u dimensions at %u bits take %u bytes)",
+						GPU_IVFPQ_SERVICE_MAX_M, meta->dimensions, (unsigned) meta->nbits, (unsigned) meta->m);
 	if (meta->m > GPU_IVFPQ_SERVICE_MAX_M)
 		return psprintf("The GPU path handles up to m = %d sub-quantizers", GPU_IVFPQ_SERVICE_MAX_M);
 	return NULL;

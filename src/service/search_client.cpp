@@ -123,6 +123,7 @@ LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
 	h.vectors = vectors != NULL;
 	h.filter_keys = keys != NULL;
 	h.placement = GpuIvfpqPlacementOf(index);
+	h.rabitq_bits = GpuIvfpqIsRabitq(meta) ? (int32) meta->nbits : 0;
 	l = GpuIvfpqDsmLayoutFor(REQ_LOAD, &h);
 	seg = GpuIvfpqCreateSegment(l.total, "loading the mirror");
 	if (seg == NULL)
@@ -140,10 +141,15 @@ LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
 	}
 	base = (char *) dsm_segment_address(seg);
 	memcpy(base, &h, sizeof(h));
-	/* The quantizers straight from the pages: no CPU model (and its tables) is built. */
+	/*
+	 * The quantizers straight from the pages: no CPU model (and its tables)
+	 * is built. RaBitQ codes' blob (the rotation, then P c) is the model
+	 * the mirror takes as it is.
+	 */
 	GpuIvfpqReadQuantizers(index, meta, CurrentMemoryContext, &centroids, &codebooks);
-	memcpy(base + l.centroids, centroids, sizeof(float) * meta->lists * meta->dimensions);
-	memcpy(base + l.codebooks, codebooks, sizeof(float) * 256 * meta->dimensions);
+	Assert(GpuIvfpqDsmModelBytes(&h) == GpuIvfpqCodebookBytes(meta));
+	memcpy(base + l.centroids, centroids, GpuIvfpqCentroidBytes(meta));
+	memcpy(base + l.codebooks, codebooks, GpuIvfpqCodebookBytes(meta));
 	pfree(centroids);
 	pfree(codebooks);
 	memcpy(base + l.lists, lists, sizeof(int32) * n);

@@ -81,6 +81,13 @@ SpecFrom(const GpuIvfpqDsmHeader *h, const char *base, const GpuIvfpqDsmLayout &
 	spec.codebooks = (const float *) (base + l.codebooks);
 	spec.vectors = h->vectors != 0;
 	spec.filter_keys = h->filter_keys != 0;
+	/* RaBitQ codes: the blob in the codebooks' place is their model. */
+	spec.rabitq_bits = h->rabitq_bits;
+	if (h->rabitq_bits != 0)
+	{
+		spec.codebooks = nullptr;
+		spec.rabitq_model = base + l.codebooks;
+	}
 	return spec;
 }
 

@@ -1,6 +1,7 @@
 // The GPU service's shared state: reserved when gpu_ivfpq is in
 // shared_preload_libraries, with the background worker (worker.cpp)
 // registered beside it; and the layout of the requests' DSM segments.
+#include "gpu_process/gpu_process_protocol.h"
 #include "service/shmem.h"
 
 extern "C" {
@@ -101,6 +102,16 @@ GpuIvfpqServiceRegister(void)
 	RegisterBackgroundWorker(&worker);
 }
 
+/*
+ * Bytes of a request's codebooks: PQ codebooks, or the model blob of RaBitQ
+ * codes (the GPU process's model_bytes, which it checks the region against).
+ */
+Size
+GpuIvfpqDsmModelBytes(const GpuIvfpqDsmHeader *h)
+{
+	return (Size) gpuivfpq::gpuproc::model_bytes((uint64) h->d, (uint64) h->lists, (uint64) h->rabitq_bits);
+}
+
 /* Array offsets of a request's DSM segment (service_shmem.h). */
 GpuIvfpqDsmLayout
 GpuIvfpqDsmLayoutFor(RequestKind kind, const GpuIvfpqDsmHeader *h)
@@ -108,7 +119,7 @@ GpuIvfpqDsmLayoutFor(RequestKind kind, const GpuIvfpqDsmHeader *h)
 	GpuIvfpqDsmLayout l;
 	Size		n = (Size) h->n;
 	Size		model_c = (Size) h->lists * h->d * sizeof(float);
-	Size		model_b = (Size) 256 * h->d * sizeof(float);
+	Size		model_b = GpuIvfpqDsmModelBytes(h);
 	Size		off = MAXALIGN(sizeof(GpuIvfpqDsmHeader));
 
 	memset(&l, 0, sizeof(l));

@@ -254,11 +254,13 @@ typedef struct GpuIvfpqDsmHeader
 	int32		vectors;		/* LOAD: the entries' vectors follow (n x d floats) */
 	int32		filter_keys;	/* LOAD: the entries' filter keys follow (n int64) */
 	int32		placement;		/* LOAD: GPU_IVFPQ_PLACEMENT_* over the service's GPUs */
+	int32		rabitq_bits;	/* LOAD: RaBitQ codes of these bits per dimension (0: PQ codes) */
 } GpuIvfpqDsmHeader;
 
 /*
  * Offsets of the arrays after the header, each MAXALIGNed:
- * LOAD:   centroids, codebooks, list ids (n int32), codes (n x m), labels (n int64),
+ * LOAD:   centroids, codebooks (RaBitQ codes: the model blob, GpuIvfpqDsmModelBytes),
+ *         list ids (n int32), codes (n x m), labels (n int64),
  *         vectors (n x d floats, when the header says so), filter keys (n int64, likewise)
  * TRAIN:  sample (n x d), centroids out, codebooks out
  * ENCODE: centroids, codebooks, rows (n x d), list ids out (n int32), codes out (n x m)
@@ -277,6 +279,7 @@ typedef struct GpuIvfpqDsmLayout
 } GpuIvfpqDsmLayout;
 
 extern GpuIvfpqDsmLayout GpuIvfpqDsmLayoutFor(RequestKind kind, const GpuIvfpqDsmHeader *h);
+extern Size GpuIvfpqDsmModelBytes(const GpuIvfpqDsmHeader *h);
 
 /*
  * REQ_SEARCH_BATCH segment: slot->n queries of slot->dim floats from

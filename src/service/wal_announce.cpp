@@ -306,7 +306,7 @@ GpuIvfpqWalNoteChange(Relation index, GpuIvfpqMetaPageData *meta)
 	bool		flagged = (meta->flags & GPU_IVFPQ_META_UNANNOUNCED) != 0;
 
 	/* Indexes that no server mirrors, or that no standby sees. */
-	if (!meta->trained || meta->m > GPU_IVFPQ_SERVICE_MAX_M || GpuIvfpqIsRabitq(meta) || !RelationNeedsWAL(index) ||
+	if (!meta->trained || meta->m > GPU_IVFPQ_SERVICE_MAX_M || !RelationNeedsWAL(index) ||
 		!XLogStandbyInfoActive())
 		return;
 	if (!Announcing() && !flagged)

@@ -34,18 +34,19 @@ SELECT array_agg(id) AS gpu FROM (SELECT id FROM svc ORDER BY v <-> '{0.5,0.5,0.
 SET gpu_ivfpq.device = cpu;
 SELECT array_agg(id) AS cpu FROM (SELECT id FROM svc ORDER BY v <-> '{0.5,0.5,0.1,0.2}' LIMIT 8) s;
 
--- An index with RaBitQ codes: not served by the GPU yet. With device = gpu
--- scans and prewarming say why; with auto the CPU engine answers.
+-- An index with RaBitQ codes is mirrored too (service_rabitq tests it in
+-- full): with device = gpu scans and prewarming succeed, and the GPU's
+-- estimates re-ranked from the table give the CPU engine's rows.
 CREATE TABLE svc_rq AS SELECT * FROM svc;
 CREATE INDEX svc_rq_idx ON svc_rq USING gpu_ivfpq (v) WITH (lists = 8, codes = rabitq);
 SET gpu_ivfpq.device = gpu;
-SELECT id FROM svc_rq ORDER BY v <-> '{0.5,0.5,0.1,0.2}' LIMIT 1;
-SELECT gpu_ivfpq_prewarm('svc_rq_idx');
-SET gpu_ivfpq.device = auto;
 SET gpu_ivfpq.probes = 8;
+SELECT array_agg(id) AS gpu FROM (SELECT id FROM svc_rq ORDER BY v <-> '{0.5,0.5,0.1,0.2}' LIMIT 8) s;
+SELECT gpu_ivfpq_prewarm('svc_rq_idx');
+SELECT count(*) AS rabitq_mirrors, bool_and(NOT vectors) AS codes_only FROM gpu_ivfpq_mirrors WHERE index = 'svc_rq_idx';
+SET gpu_ivfpq.device = cpu;
 SELECT array_agg(id) AS cpu FROM (SELECT id FROM svc_rq ORDER BY v <-> '{0.5,0.5,0.1,0.2}' LIMIT 8) s;
 RESET gpu_ivfpq.probes;
-SELECT count(*) AS rabitq_mirrors FROM gpu_ivfpq_mirrors WHERE index = 'svc_rq_idx';
 DROP TABLE svc_rq;
 
 -- An insert reaches the mirror before the next query.

@@ -1,0 +1,129 @@
+-- Indexes with RaBitQ codes (codes = rabitq) served by the GPU service: a
+-- mirror of the codes and the model, scans answered by the GPU's estimates
+-- and re-ranked from the table. With every list probed and every row
+-- re-ranked, gpu_ivfpq.device = gpu answers as device = cpu for each
+-- operator class, with a filter column, after inserts (the change log) and
+-- DELETE + VACUUM (removals), and through gpu_ivfpq_knn_batch; a row too
+-- wide for the GPU path falls back (auto) or errors (gpu) with the reason.
+SET client_min_messages = warning;
+CREATE EXTENSION IF NOT EXISTS gpu_ivfpq;
+RESET client_min_messages;
+
+\i test/sql/knn_function.inc
+-- 1200 rows of 24 dimensions around 12 centres, a tenant column, 5 queries.
+SELECT setseed(0.41);
+CREATE TABLE srq (id int, tenant int, v real[]);
+INSERT INTO srq
+SELECT i, i % 7, ARRAY(SELECT ((i % 12) * 0.3 + random())::real FROM generate_series(1, 24) WHERE i > 0)
+FROM generate_series(1, 1200) i;
+CREATE TABLE srqq (qid int, qv real[]);
+INSERT INTO srqq
+SELECT i, ARRAY(SELECT ((i * 2) * 0.3 + random())::real FROM generate_series(1, 24) WHERE i > 0)
+FROM generate_series(1, 5) i;
+
+CREATE INDEX srq_l2 ON srq USING gpu_ivfpq (v) WITH (lists = 8, codes = rabitq);
+CREATE INDEX srq_ip ON srq USING gpu_ivfpq (v real_ip_ops) WITH (lists = 8, codes = rabitq, bits = 7);
+CREATE INDEX srq_cos ON srq USING gpu_ivfpq (v real_cosine_ops) WITH (lists = 8, codes = rabitq, bits = 1);
+
+-- Mirrored: every entry, no vector copies.
+SELECT i AS index, gpu_ivfpq_prewarm(i) AS entries FROM unnest('{srq_l2,srq_ip,srq_cos}'::regclass[]) i;
+SELECT index, entries, vectors, filter_keys FROM gpu_ivfpq_mirrors WHERE index LIKE 'srq%' ORDER BY index;
+
+-- The GPU's answers (device = gpu: an error rather than the CPU) equal the
+-- CPU engine's, every list probed and every row re-ranked, and a
+-- sequential scan's.
+CREATE FUNCTION gpu_equals_cpu(op text, filter text DEFAULT 'true', lim int DEFAULT 10)
+RETURNS TABLE (qid int, same bool, exact bool) LANGUAGE plpgsql AS $$
+DECLARE
+	q record;
+	sql text;
+	gpu int[];
+	cpu int[];
+BEGIN
+	FOR q IN SELECT * FROM srqq ORDER BY 1 LOOP
+		sql := format('SELECT id FROM srq WHERE %s ORDER BY v %s %L LIMIT %s', filter, op, q.qv, lim);
+		PERFORM set_config('gpu_ivfpq.device', 'gpu', true);
+		gpu := knn(sql, true);
+		PERFORM set_config('gpu_ivfpq.device', 'cpu', true);
+		cpu := knn(sql, true);
+		PERFORM set_config('gpu_ivfpq.device', 'gpu', true);
+		qid := q.qid;
+		same := gpu = cpu;
+		exact := gpu = knn(sql, false);
+		RETURN NEXT;
+	END LOOP;
+END $$;
+SET gpu_ivfpq.probes = 8;
+SET gpu_ivfpq.rerank = 2000;
+SELECT queries_gpu AS gpu_before FROM gpu_ivfpq_status \gset
+SELECT * FROM gpu_equals_cpu('<->');
+SELECT * FROM gpu_equals_cpu('<#>');
+SELECT * FROM gpu_equals_cpu('<=>');
+-- Those scans were the GPU's: the status view counted them.
+SELECT (SELECT queries_gpu FROM gpu_ivfpq_status) - :gpu_before >= 15 AS gpu_served;
+-- Past the first round: the scan goes on in distance order.
+SET gpu_ivfpq.rerank = 20;
+SELECT * FROM gpu_equals_cpu('<->', 'true', 60);
+SET gpu_ivfpq.rerank = 2000;
+
+-- Rows inserted after the mirror loaded reach it through the change log:
+-- each new row is the nearest to its own vector on the GPU.
+SET gpu_ivfpq.device = gpu;
+INSERT INTO srq
+SELECT 1200 + i, i % 7, ARRAY(SELECT (9 + i + random())::real FROM generate_series(1, 24) WHERE i > 0)
+FROM generate_series(1, 20) i;
+SELECT count(*) AS found_on_gpu FROM srq s
+WHERE s.id > 1200 AND (SELECT t.id FROM srq t ORDER BY t.v <-> s.v LIMIT 1) = s.id;
+
+-- DELETE + VACUUM: the mirrors lose the entries in place (as many entries
+-- as rows), and answer as the CPU engine.
+DELETE FROM srq WHERE id % 5 = 0;
+VACUUM srq;
+SELECT index, entries = (SELECT count(*) FROM srq) AS entries_are_rows FROM gpu_ivfpq_mirrors
+WHERE index LIKE 'srq%' ORDER BY index;
+SELECT * FROM gpu_equals_cpu('<->');
+SELECT * FROM gpu_equals_cpu('<=>');
+
+-- gpu_ivfpq_knn_batch on the GPU equals the CPU engine's and the scans'.
+CREATE FUNCTION batch_ids(idx text) RETURNS TABLE (query int, ids int[]) LANGUAGE sql AS $$
+	SELECT query, array_agg(srq.id ORDER BY rank)
+	FROM gpu_ivfpq_knn_batch(idx::regclass, (SELECT array_agg(qv ORDER BY qid) FROM srqq), 10) r
+	JOIN srq ON srq.ctid = r.tid GROUP BY query ORDER BY query
+$$;
+CREATE TEMP TABLE batch_gpu AS SELECT * FROM batch_ids('srq_ip');
+SET gpu_ivfpq.device = cpu;
+CREATE TEMP TABLE batch_cpu AS SELECT * FROM batch_ids('srq_ip');
+SET gpu_ivfpq.device = gpu;
+SELECT count(*) FILTER (WHERE g.ids = c.ids) AS same_as_cpu,
+       count(*) FILTER (WHERE g.ids = ARRAY(SELECT id FROM srq ORDER BY v <#> q.qv, id LIMIT 10)) AS same_as_seq
+FROM batch_gpu g JOIN batch_cpu c USING (query) JOIN srqq q ON q.qid = g.query;
+
+-- A filter column: the mirror keeps the keys; filtered answers equal the CPU's.
+DROP INDEX srq_l2, srq_ip, srq_cos;
+CREATE INDEX srq_tenant ON srq USING gpu_ivfpq (v, tenant) WITH (lists = 8, codes = rabitq, bits = 3);
+SELECT gpu_ivfpq_prewarm('srq_tenant') = (SELECT count(*) FROM srq) AS mirrored;
+SELECT filter_keys, vectors FROM gpu_ivfpq_mirrors WHERE index = 'srq_tenant';
+SELECT * FROM gpu_equals_cpu('<->', 'tenant = 3');
+SELECT * FROM gpu_equals_cpu('<->', 'tenant BETWEEN 2 AND 4');
+RESET gpu_ivfpq.probes;
+RESET gpu_ivfpq.rerank;
+
+-- A row of more than the GPU path's 128 bytes (1000 dimensions at 8 bits):
+-- with auto the CPU engine answers, with gpu the scan says why.
+CREATE TABLE srq_wide (id int, v real[]);
+INSERT INTO srq_wide SELECT i, array_fill((i % 3)::real, ARRAY[1000]) FROM generate_series(1, 30) i;
+CREATE INDEX srq_wide_idx ON srq_wide USING gpu_ivfpq (v) WITH (lists = 2, codes = rabitq, bits = 8);
+SET enable_seqscan = off;
+SET gpu_ivfpq.device = auto;
+SELECT count(*) AS rows_on_cpu FROM (SELECT id FROM srq_wide ORDER BY v <-> array_fill(1::real, ARRAY[1000]) LIMIT 5) s;
+SET gpu_ivfpq.device = gpu;
+SELECT id FROM srq_wide ORDER BY v <-> array_fill(1::real, ARRAY[1000]) LIMIT 5;
+SELECT gpu_ivfpq_prewarm('srq_wide_idx');
+SELECT count(*) AS wide_mirrors FROM gpu_ivfpq_mirrors WHERE index = 'srq_wide_idx';
+RESET enable_seqscan;
+RESET gpu_ivfpq.device;
+
+DROP TABLE srq, srqq, srq_wide;
+DROP FUNCTION gpu_equals_cpu(text, text, int);
+DROP FUNCTION batch_ids(text);
+DROP FUNCTION knn(text, bool);
