@@ -5,8 +5,9 @@
 //   gpu_bench --base BASE.fvecs --queries QUERIES.fvecs [--quick] [--stages]
 //   gpu_bench --rabitq
 // `--quick` shrinks the copy, k-selection and IVF sizes for a smoke run.
-// `--rabitq` times the RaBitQ list scan alone (random codes: its speed does
-// not depend on their values) and needs no files.
+// `--rabitq` times the RaBitQ list scan alone and the GPU mirror's whole
+// search (GpuRabitqIndex::search) over random codes (their speed does not
+// depend on the values) and needs no files.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -27,6 +28,7 @@
 #include "gpu_ivfpq/ivfpq_index.h"
 #include "gpu_ivfpq/k_select.h"
 #include "gpu_ivfpq/kmeans_gpu.h"
+#include "gpu_ivfpq/rabitq_index.h"
 #include "gpu_ivfpq/rabitq_scan.h"
 #include "../../tools/common.h"  // read_fvecs: the tools' reader of the generator's files
 #include "bench_util.h"  // ck, time_ms, recall_at
@@ -67,6 +69,72 @@ struct PinnedCall {
     PinnedCall(const PinnedCall&) = delete;
     PinnedCall& operator=(const PinnedCall&) = delete;
 };
+
+// The GPU mirror of an index with RaBitQ codes (GpuRabitqIndex::search, as
+// the service calls it): coarse step, tables, scan and k-selection of k =
+// 100 candidates per query through nprobe 32 lists, host to host; random
+// rows spread evenly over the lists.
+void rabitq_index_bench(GpuContext& ctx)
+{
+    std::printf("\n# RaBitQ mirror search (GpuRabitqIndex::search, host to host), k 100, nprobe 32\n\n");
+    std::printf("| d | bits | rows | lists | batch | ms per call | queries/s |\n");
+    std::printf("|---|---|---|---|---|---|---|\n");
+    struct Shape {
+        size_t d, n, lists;
+    };
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    auto next = [&rng] {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        return rng;
+    };
+    auto unit = [&] { return float(next() >> 40) / float(1 << 24) * 2.0f - 1.0f; };
+    for (const Shape sh : {Shape{128, 1000000, 4096}, Shape{768, 200000, 1024}})
+        for (int bits : {2, 4}) {
+            const size_t rb = rabitq_row_bytes(sh.d, bits), cb = rabitq_code_bytes(sh.d, bits);
+            std::vector<float> cent(sh.lists * sh.d);
+            for (float& v : cent)
+                v = unit();
+            std::vector<uint8_t> blob(rabitq_model_bytes(sh.d, sh.lists));
+            float* rot = reinterpret_cast<float*>(blob.data());
+            for (size_t i = 0; i < sh.d * sh.d; i++)
+                rot[i] = unit() / std::sqrt(float(sh.d));
+            double* pc = reinterpret_cast<double*>(blob.data() + rabitq_rotated_offset(sh.d));
+            for (size_t i = 0; i < sh.lists * sh.d; i++)
+                pc[i] = unit();
+            GpuRabitqIndex index(ctx, sh.d, sh.lists, bits, Metric::L2, cent.data(), blob.data());
+            const size_t step = 100000;
+            std::vector<uint8_t> rows(step * rb);
+            std::vector<int32_t> lists(step);
+            std::vector<int64_t> ids(step);
+            for (size_t a = 0; a < sh.n; a += step) {
+                const size_t nb = std::min(step, sh.n - a);
+                for (size_t i = 0; i < nb; i++) {
+                    uint8_t* r = rows.data() + i * rb;
+                    for (size_t b = 0; b < cb; b++)
+                        r[b] = uint8_t(next());
+                    const float f[3] = {1.0f + unit(), 1.0f + unit(), 0.1f};
+                    std::memcpy(r + cb, f, sizeof(f));
+                    lists[i] = int32_t((a + i) % sh.lists);
+                    ids[i] = int64_t(a + i);
+                }
+                index.add(nb, lists.data(), rows.data(), ids.data());
+            }
+            for (size_t nq : {size_t(1), size_t(16), size_t(64), size_t(1000), size_t(10000)}) {
+                std::vector<float> q(nq * sh.d), dist(nq * 100);
+                std::vector<int64_t> labels(nq * 100);
+                for (float& v : q)
+                    v = unit();
+                const double ms = time_ms(ctx, [&] {
+                    index.search(q.data(), nq, 100, 32, dist.data(), labels.data());
+                }, nq >= 1000 ? 3 : 20, 2);
+                std::printf("| %zu | %d | %zu | %zu | %zu | %.3f | %.0f |\n", sh.d, bits, sh.n, sh.lists, nq, ms,
+                            double(nq) / (ms * 1e-3));
+                std::fflush(stdout);
+            }
+        }
+}
 
 // The RaBitQ list scan (rabitq_scan): n rows in `lists` lists of equal
 // size, nq queries probing nprobe lists each (spread over the lists), every
@@ -123,6 +191,7 @@ int rabitq_bench()
                 std::fflush(stdout);
             }
         }
+    rabitq_index_bench(ctx);
     return 0;
 }
 

@@ -186,19 +186,44 @@ __device__ bool sorted_contains(const int64_t* sorted, int64_t n, int64_t v)
 constexpr int kRemoveThreads = 256;
 // Stored vectors move this many rows at a time (see remove_ids_kernel).
 constexpr int kRemoveRowGroup = 8;
+// Codes up to this many bytes are staged a chunk at a time in shared
+// memory (PQ codes); wider ones (RaBitQ rows, a multiple of 4 bytes) move
+// column-wise as 32-bit words, like the vectors.
+constexpr int kRemoveStagedMaxM = 128;
+
+// Moves the kept rows of a chunk (width elements each, rows base .. base +
+// chunk) to their slots column-wise: each thread owns columns threadIdx.x +
+// i * blockDim.x of every row and moves them row after row in list order,
+// as a sequential in-place compaction does; a slot lies below its row, so
+// within a column every value is read (by its owner) before a later row's
+// move can overwrite it, with no barrier. Rows go kRemoveRowGroup at a
+// time, all read before any is written (memory-level parallelism), which
+// keeps that order within the group. move_to[r]: row base + r's slot, or -1.
+template <typename T>
+__device__ void move_rows(T* rows, int width, int base, int chunk, const int* move_to)
+{
+    for (int r0 = 0; r0 < chunk; r0 += kRemoveRowGroup) {
+        const int nr = min(kRemoveRowGroup, chunk - r0);
+        for (int t = threadIdx.x; t < width; t += kRemoveThreads) {
+            T v[kRemoveRowGroup];
+#pragma unroll
+            for (int u = 0; u < kRemoveRowGroup; ++u)
+                v[u] = u < nr && move_to[r0 + u] >= 0 ? rows[(static_cast<int64_t>(base) + r0 + u) * width + t] : T();
+#pragma unroll
+            for (int u = 0; u < kRemoveRowGroup; ++u)
+                if (u < nr && move_to[r0 + u] >= 0)
+                    rows[static_cast<int64_t>(move_to[r0 + u]) * width + t] = v[u];
+        }
+    }
+}
 
 // A block per list compacts it in place, keeping order: chunk by chunk, each
-// thread reads its entry (the chunk's codes staged in shared memory), a block
-// scan gives the kept entries their slots, then they are written. Slots are
-// never past the entry's own position and the next chunk is read after the
-// barrier, so nothing is overwritten before it is read.
-// Stored vectors (d floats, too many to stage a chunk of) move column-wise:
-// each thread owns columns threadIdx.x + i * blockDim.x of every row and
-// moves them row after row in list order, as a sequential in-place
-// compaction does; a slot lies below its row, so within a column every value
-// is read (by its owner) before a later row's move can overwrite it, with no
-// barrier. Rows go kRemoveRowGroup at a time, all read before any is written
-// (memory-level parallelism), which keeps that order within the group.
+// thread reads its entry (the chunk's codes staged in shared memory when
+// they are narrow), a block scan gives the kept entries their slots, then
+// they are written. Slots are never past the entry's own position and the
+// next chunk is read after the barrier, so nothing is overwritten before it
+// is read. Stored vectors (d floats, too many to stage a chunk of) and wide
+// codes move column-wise (move_rows).
 __global__ void __launch_bounds__(kRemoveThreads)
     remove_ids_kernel(uint8_t* const* list_codes, int64_t* const* list_ids, float* const* list_vt,
                       float* const* list_vectors, int64_t* const* list_keys, const int32_t* list_len,
@@ -207,7 +232,8 @@ __global__ void __launch_bounds__(kRemoveThreads)
     using BlockScan = cub::BlockScan<int, kRemoveThreads>;
     __shared__ typename BlockScan::TempStorage scan_storage;
     __shared__ int move_to[kRemoveThreads];  // chunk entry -> its new row, -1: stays or goes
-    extern __shared__ uint8_t staged_codes[];  // kRemoveThreads x m
+    extern __shared__ uint8_t staged_codes[];  // kRemoveThreads x m (narrow codes)
+    const bool staged = m <= kRemoveStagedMaxM;
     const int list = blockIdx.x;
     const int len = list_len[list];
     uint8_t* codes = list_codes[list];
@@ -230,9 +256,11 @@ __global__ void __launch_bounds__(kRemoveThreads)
             if (keys)
                 key = keys[i];
         }
-        const uint8_t* src = codes + static_cast<int64_t>(base) * m;
-        for (int e = threadIdx.x; e < chunk * m; e += kRemoveThreads)
-            staged_codes[e] = src[e];
+        if (staged) {
+            const uint8_t* src = codes + static_cast<int64_t>(base) * m;
+            for (int e = threadIdx.x; e < chunk * m; e += kRemoveThreads)
+                staged_codes[e] = src[e];
+        }
         int slot = 0, chunk_kept = 0;
         BlockScan(scan_storage).ExclusiveSum(keep, slot, chunk_kept);
         __syncthreads();  // the whole chunk is read before any write
@@ -243,28 +271,19 @@ __global__ void __launch_bounds__(kRemoveThreads)
                 vt[dst] = term;
             if (keys)
                 keys[dst] = key;
-            uint8_t* out = codes + static_cast<int64_t>(dst) * m;
-            for (int j = 0; j < m; ++j)
-                out[j] = staged_codes[threadIdx.x * m + j];
+            if (staged) {
+                uint8_t* out = codes + static_cast<int64_t>(dst) * m;
+                for (int j = 0; j < m; ++j)
+                    out[j] = staged_codes[threadIdx.x * m + j];
+            }
         }
-        if (vecs) {
+        if (vecs || !staged) {
             move_to[threadIdx.x] = i < len && keep && dst != i ? dst : -1;
             __syncthreads();
-            for (int r0 = 0; r0 < chunk; r0 += kRemoveRowGroup) {
-                const int nr = min(kRemoveRowGroup, chunk - r0);
-                for (int t = threadIdx.x; t < d; t += kRemoveThreads) {
-                    float v[kRemoveRowGroup];
-#pragma unroll
-                    for (int u = 0; u < kRemoveRowGroup; ++u)
-                        v[u] = u < nr && move_to[r0 + u] >= 0
-                                   ? vecs[(static_cast<int64_t>(base) + r0 + u) * d + t]
-                                   : 0.0f;
-#pragma unroll
-                    for (int u = 0; u < kRemoveRowGroup; ++u)
-                        if (u < nr && move_to[r0 + u] >= 0)
-                            vecs[static_cast<int64_t>(move_to[r0 + u]) * d + t] = v[u];
-                }
-            }
+            if (vecs)
+                move_rows(vecs, d, base, chunk, move_to);
+            if (!staged)
+                move_rows(reinterpret_cast<uint32_t*>(codes), m / 4, base, chunk, move_to);
         }
         kept += chunk_kept;
         __syncthreads();  // staged codes, scan storage and move_to are reused
@@ -376,8 +395,9 @@ void launch_remove_ids(uint8_t* const* list_codes, int64_t* const* list_ids, flo
 {
     if (!lists)
         return;
+    require(m <= kRemoveStagedMaxM || m % 4 == 0, "remove_ids: codes wider than 128 bytes must be whole words");
     remove_ids_kernel<<<static_cast<unsigned>(lists), kRemoveThreads,
-                        static_cast<size_t>(kRemoveThreads) * m, st>>>(
+                        m <= kRemoveStagedMaxM ? static_cast<size_t>(kRemoveThreads) * m : 0, st>>>(
         list_codes, list_ids, list_vt, list_vectors, list_keys, list_len, m, d, sorted_ids, n, new_len);
     GPU_KERNEL_CHECK();
 }
