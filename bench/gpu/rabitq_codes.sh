@@ -6,13 +6,16 @@
 # against their exact top 10, q/s with 1 and 64 clients and the median
 # latency at 1 client, for
 #   SELECT id FROM base ORDER BY v <-> (SELECT v FROM queries WHERE qid = :q) LIMIT 10
-# PQ (m M, default 32, vector copies) on the GPU and on the CPU engine; RaBitQ codes of
-# BITS bits per dimension on the CPU engine (the GPU does not serve them
-# yet), re-ranked from the table.
+# PQ (m M, default 32, vector copies) and RaBitQ codes of BITS bits per
+# dimension, each on the GPU (its mirror's size; RERANKS candidates
+# re-ranked, default "100 40 20": PQ on the GPU from its vector copies,
+# RaBitQ from the table) and on the CPU engine; and gpu_ivfpq_knn_batch of
+# 10,000 queries (table rows) on the GPU.
 #
 # Runs after bash .device/pg-up.sh and an install of the extension linked
 # with the kernels. usage: bench/gpu/rabitq_codes.sh (N, DIM, LISTS, M, SECS
-# (pgbench seconds per row, default 6), BITS ("2 4 7"), PROBES ("16 32"))
+# (pgbench seconds per row, default 6), BITS ("2 4 7"), PROBES ("16 32"),
+# RERANKS ("100 40 20"))
 set -euo pipefail
 N=${N:-1000000}
 DIM=${DIM:-128}
@@ -22,6 +25,7 @@ M=${M:-32}
 SECS=${SECS:-6}
 BITS=${BITS:-"2 4 7"}
 PROBES=${PROBES:-"16 32"}
+RERANKS=${RERANKS:-"100 40 20"}
 DATA=${DATA:-/tmp/gpu_ivfpq-synthetic-$N-$DIM}
 RES=${OUT:-/tmp}/rabitq-codes-$DIM.txt
 . "${PGENV:-/opt/pg/env.sh}"
@@ -29,7 +33,7 @@ say() { echo "$*" | tee -a "$RES"; }
 : >"$RES"
 
 . bench/gpu/lib.sh
-bench_setup "" ""
+bench_setup "work_mem = '256MB'" "q10k"
 say "# codes = rabitq beside codes = pq: $N x $DIM synthetic (tools/gen_synthetic, seed 42), lists $LISTS"
 say "# host: $(nproc) CPU cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $SECS s per row; $(date -u +%F' '%T) UTC"
 work=$(mktemp -d)
@@ -57,17 +61,33 @@ header() {
   say "|---|---|---|---|---|---|---|"
 }
 
+psql -qc "CREATE TABLE q10k AS SELECT array_agg(v ORDER BY id) AS m FROM base WHERE id % $((N / 10000)) = 0 AND id <= $N"
+batch() {  # NAME: gpu_ivfpq_knn_batch of 10,000 queries, k 10, probes 32, on the GPU
+  local t0 t
+  psql -qAtc "SET gpu_ivfpq.device = gpu; SET gpu_ivfpq.probes = 32; SELECT count(*) FROM gpu_ivfpq_knn_batch('base_idx', (SELECT m FROM q10k), 10)" >/dev/null
+  t0=$(date +%s.%N)
+  psql -qAtc "SET gpu_ivfpq.device = gpu; SET gpu_ivfpq.probes = 32; SELECT count(*) FROM gpu_ivfpq_knn_batch('base_idx', (SELECT m FROM q10k), 10)" >/dev/null
+  t=$(awk "BEGIN { printf \"%.3f\", $(date +%s.%N) - $t0 }")
+  say "$1: gpu_ivfpq_knn_batch, 10000 queries, k 10, probes 32, rerank 100, GPU: $t s ($(awk "BEGIN { printf \"%.0f\", 10000 / $t }") queries/s)"
+}
+mirror() {
+  psql -qAtc "SELECT gpu_ivfpq_prewarm('base_idx')" >/dev/null || true
+  say "mirror on the GPU: $(psql -qAtc "SELECT sum(memory_used_mb) FROM gpu_ivfpq_devices") MB ($(psql -qAtc "SELECT round(sum(memory_used_mb) * 1048576.0 / $N, 1) FROM gpu_ivfpq_devices") bytes per row)"
+}
+
 build "lists = $LISTS, m = $M"
-psql -qAtc "SELECT gpu_ivfpq_prewarm('base_idx')" >/dev/null || true
-say "PQ mirror on the GPU: $(psql -qAtc "SELECT sum(memory_used_mb) FROM gpu_ivfpq_devices") MB"
+mirror
+batch "pq m $M + vectors"
 header
-row "pq m $M + vectors, GPU" auto 32 100
+for r in $RERANKS; do row "pq m $M + vectors, GPU" auto 32 "$r"; done
 for p in $PROBES; do row "pq m $M + vectors, CPU" cpu "$p" 100; done
 for b in $BITS; do
   say ""
   build "lists = $LISTS, codes = rabitq, bits = $b"
+  mirror
+  batch "rabitq bits $b"
   header
+  for r in $RERANKS; do row "rabitq bits $b, GPU" auto 32 "$r"; done
   for p in $PROBES; do row "rabitq bits $b, CPU" cpu "$p" 100; done
-  [ "$b" = 4 ] && row "rabitq bits $b, CPU" cpu 32 20
 done
 rm -rf "$work"
