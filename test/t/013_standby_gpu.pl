@@ -10,7 +10,8 @@
 # the primary preloads again, its next change clears the flag and the
 # standby serves from a fresh mirror. The standby is promoted, takes
 # inserts and still serves them through the GPU, equal to sequential scans.
-# A standby that does not preload gpu_ivfpq stops at the first record.
+# A standby that does not preload gpu_ivfpq stops at the first record. An
+# index with RaBitQ codes is mirrored and followed by replay alike.
 #
 # Without a GPU both servers use the service's CPU emulation of the GPU;
 # GPU_IVFPQ_EXPECT_GPU=1 (the GPU machine) uses the GPU.
@@ -48,17 +49,19 @@ sub insert_rows
 	});
 }
 
-foreach my $table ('items', 'others')
+foreach my $table ('items', 'others', 'rq_items')
 {
 	$primary->safe_psql('postgres',
 		"CREATE TABLE $table (id int PRIMARY KEY, v real[]) WITH (autovacuum_enabled = off)");
 }
 insert_rows($primary, 'items',  1, 3000, 0.1);
 insert_rows($primary, 'others', 1, 1000, 0.2);
+insert_rows($primary, 'rq_items', 1, 800, 0.6);
 $primary->safe_psql(
 	'postgres', qq{
 	CREATE INDEX items_idx ON items USING gpu_ivfpq (v) WITH (lists = $lists, m = 4);
 	CREATE INDEX others_idx ON others USING gpu_ivfpq (v) WITH (lists = 8, m = 4);
+	CREATE INDEX rq_items_idx ON rq_items USING gpu_ivfpq (v) WITH (lists = $lists, codes = rabitq);
 });
 
 $primary->backup('backup');
@@ -156,6 +159,18 @@ sub check_standby
 
 check_standby('build', 'items', 'items_idx', 3000);
 my ($node0, undef, $queries0) = split / /, mirror('items_idx');
+
+# RaBitQ codes: the standby mirrors them too, and replay carries their
+# inserts and VACUUM's removals into that mirror.
+check_standby('rabitq build', 'rq_items', 'rq_items_idx', 800);
+insert_rows($primary, 'rq_items', 801, 900, 0.7);
+check_standby('rabitq inserts', 'rq_items', 'rq_items_idx', 900);
+is(nearest_to_themselves($standby, 'rq_items', 801, 830), 't',
+	'rabitq inserts: each new row is the nearest to itself on the standby\'s GPU');
+$primary->safe_psql('postgres', 'DELETE FROM rq_items WHERE id % 3 = 0; VACUUM rq_items');
+check_standby('rabitq vacuum', 'rq_items', 'rq_items_idx', 600);
+is(knn($standby, 'rq_items', 'gpu'), knn_seqscan($standby, 'rq_items'),
+	'rabitq vacuum: the standby\'s GPU answers equal a sequential scan\'s');
 
 # Inserts reach the standby's mirror by replay, in place: the same mirror
 # (its query count goes on) finds each new row.
