@@ -39,10 +39,10 @@ constexpr float kRabitqDefaultEps0 = 1.9f;
 // truncated to p bits.
 
 // 32-bit words per bit plane: ceil(d / 32).
-inline size_t rabitq_plane_words(size_t d) { return (d + 31) / 32; }
+constexpr size_t rabitq_plane_words(size_t d) { return (d + 31) / 32; }
 
 // Bytes of one row's code: bits * plane_words * 4.
-inline size_t rabitq_code_bytes(size_t d, int bits)
+constexpr size_t rabitq_code_bytes(size_t d, int bits)
 {
     return size_t(bits) * rabitq_plane_words(d) * 4;
 }
@@ -61,10 +61,15 @@ struct RabitqFactors {
 static_assert(sizeof(RabitqFactors) == 12, "RabitqFactors is stored as three float32");
 
 // Bytes one row takes in an index: its code and its factors.
-inline size_t rabitq_row_bytes(size_t d, int bits)
+constexpr size_t rabitq_row_bytes(size_t d, int bits)
 {
     return rabitq_code_bytes(d, bits) + sizeof(RabitqFactors);
 }
+
+// The widest row any index with RaBitQ codes has (kRabitqMaxDims at
+// kRabitqMaxBits: 2028 bytes): what the GPU service's change log and its WAL
+// announcements must carry.
+constexpr size_t kRabitqMaxRowBytes = rabitq_row_bytes(kRabitqMaxDims, kRabitqMaxBits);
 
 // The model of an index with RaBitQ codes as its pages, the service and the
 // GPU mirrors pass it on, one blob: the rotation P (d x d floats, row-major,

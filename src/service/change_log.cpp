@@ -53,37 +53,52 @@ static List *pending_drops = NIL;
  */
 static uint64 xact_log_pos = 0;
 
-/* Appends entry (and its vector of entry->vdim floats, if any) to the log. */
+/*
+ * Appends entry to the log, with its vector of entry->vdim floats (vector:
+ * NULL for none) and, for an append, its code of entry->m bytes (code: NULL
+ * when entry->code holds it already). A code too long for the entry goes to
+ * the vector ring after the vector: one region per entry, which readers
+ * copy whole or find overwritten.
+ */
 uint64
-GpuIvfpqLogPush(const GpuIvfpqLogEntry *entry, const float *vector)
+GpuIvfpqLogPush(const GpuIvfpqLogEntry *entry, const float *vector, const uint8 *code)
 {
 	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+	bool		wide = entry->kind == LOG_APPEND && entry->m > GPU_IVFPQ_LOG_INLINE_CODE;
 	uint64		seq;
 	GpuIvfpqLogEntry *e;
 
+	Assert(entry->m <= (entry->kind == LOG_APPEND ? GPU_IVFPQ_LOG_MAX_CODE : GPU_IVFPQ_LOG_INLINE_CODE));
+	Assert(!wide || code != NULL);
 	LWLockAcquire(s->log_lock, LW_EXCLUSIVE);
 	seq = s->log_head++;
 	pg_atomic_write_u64(&s->log_head_pub, s->log_head);
 	e = &s->log[seq % GPU_IVFPQ_LOG_SIZE];
 	*e = *entry;
 	e->seq = seq;
-	if (vector != NULL && entry->vdim > 0)
+	if (vector == NULL || e->vdim < 0)
+		e->vdim = 0;
+	if (code != NULL && !wide)
+		memcpy(e->code, code, entry->m);
+	if (e->vdim > 0 || wide)
 	{
-		Size		bytes = sizeof(float) * entry->vdim;
+		Size		bytes = GpuIvfpqLogRingBytes(e);
 		Size		at = s->vec_head % GPU_IVFPQ_VECTOR_RING_BYTES;
+		Size		vbytes = sizeof(float) * (Size) e->vdim;
 
-		/* Each vector lies in one piece: a tail too short for it is skipped. */
+		/* Each region lies in one piece: a tail too short for it is skipped. */
 		if (at + bytes > GPU_IVFPQ_VECTOR_RING_BYTES)
 		{
 			s->vec_head += GPU_IVFPQ_VECTOR_RING_BYTES - at;
 			at = 0;
 		}
 		e->vec_pos = s->vec_head;
-		memcpy(s->vec_ring + at, vector, bytes);
+		if (vbytes > 0)
+			memcpy(s->vec_ring + at, vector, vbytes);
+		if (wide)
+			memcpy(s->vec_ring + at + vbytes, code, entry->m);
 		s->vec_head += bytes;
 	}
-	else
-		e->vdim = 0;
 	LWLockRelease(s->log_lock);
 	return seq;
 }
@@ -101,12 +116,12 @@ GpuIvfpqServiceLogAppend(Relation index, const GpuIvfpqMetaPageData *meta, int l
 {
 	GpuIvfpqLogEntry e;
 
-	if (gpu_ivfpq_service == NULL || !meta->trained || meta->m > GPU_IVFPQ_SERVICE_MAX_M)
+	if (gpu_ivfpq_service == NULL || !GpuIvfpqLogsChanges(meta))
 		return;
 	memset(&e, 0, offsetof(GpuIvfpqLogEntry, code));
 	GpuIvfpqFillKey(&e.key, index, meta);
 	e.kind = LOG_APPEND;
-	e.m = (uint8) meta->m;
+	e.m = (uint16) meta->m;
 	e.list = list;
 	e.label = label;
 	e.vdim = vector != NULL ? (int32) meta->dimensions : 0;
@@ -114,8 +129,7 @@ GpuIvfpqServiceLogAppend(Relation index, const GpuIvfpqMetaPageData *meta, int l
 	e.filter_key = 0;
 	if (filter_key != NULL)
 		memcpy(&e.filter_key, filter_key, sizeof(int64));
-	memcpy(e.code, code, meta->m);
-	xact_log_pos = GpuIvfpqLogPush(&e, vector) + 1;
+	xact_log_pos = GpuIvfpqLogPush(&e, vector, code) + 1;
 	/* The commit (and this transaction's own searches) wait until the service applied it: now. */
 	GpuIvfpqServiceWake();
 	/*
@@ -123,7 +137,7 @@ GpuIvfpqServiceLogAppend(Relation index, const GpuIvfpqMetaPageData *meta, int l
 	 * transaction aborts, and a mirror that took the entry only offers a TID
 	 * whose row no snapshot sees (as when any inserting transaction aborts).
 	 */
-	GpuIvfpqWalAnnounceAppend(index, &e, vector);
+	GpuIvfpqWalAnnounceAppend(index, &e, vector, code);
 }
 
 /*
@@ -143,9 +157,9 @@ GpuIvfpqLogPushRemove(const GpuIvfpqKey *key, const int64 *labels, int n)
 	{
 		int			count = Min(GPU_IVFPQ_LOG_REMOVE_LABELS, n - i);
 
-		e.m = (uint8) count;
+		e.m = (uint16) count;
 		memcpy(e.code, labels + i, sizeof(int64) * count);
-		pos = GpuIvfpqLogPush(&e, NULL) + 1;
+		pos = GpuIvfpqLogPush(&e, NULL, NULL) + 1;
 	}
 	return pos;
 }
@@ -277,7 +291,7 @@ LogInvalidate(Oid indexoid, bool logged)
 	e.key.db = MyDatabaseId;
 	e.key.index = indexoid;
 	e.kind = LOG_INVALIDATE;
-	pos = GpuIvfpqLogPush(&e, NULL) + 1;
+	pos = GpuIvfpqLogPush(&e, NULL, NULL) + 1;
 	GpuIvfpqWalAnnounceInvalidate(&e.key, logged);
 	GpuIvfpqServiceWake();
 	return pos;
@@ -298,7 +312,7 @@ GpuIvfpqServiceLogRemove(Relation index, const GpuIvfpqMetaPageData *meta, const
 	GpuIvfpqKey key;
 	uint64		pos;
 
-	if (gpu_ivfpq_service == NULL || n <= 0 || !meta->trained || meta->m > GPU_IVFPQ_SERVICE_MAX_M)
+	if (gpu_ivfpq_service == NULL || n <= 0 || !GpuIvfpqLogsChanges(meta))
 		return 0;				/* no mirror can exist */
 	GpuIvfpqFillKey(&key, index, meta);
 	pos = GpuIvfpqLogPushRemove(&key, labels, n);

@@ -28,13 +28,14 @@ static TimestampTz db_check_at;	/* when to look for mirrors of dropped databases
 
 /*
  * Copies the change log from position from to its head (*head), only the
- * entries of one index when only is set, with the vectors that wanted(entry)
- * asks for: each such entry's vec_pos becomes the offset of its vector in
- * log_vectors, or its vdim -1 when writers overwrote the vector before this
- * read (its mirror cannot take the entry: the caller drops it). false when
- * writers lapped the log itself. entries must have room for the whole ring
- * reserved and wanted must not allocate: nothing may throw while the lock
- * is held. The copies hold until the next call.
+ * entries of one index when only is set, with the ring bytes (vectors, and
+ * codes too long for an entry) that wanted(entry) asks for: each such
+ * entry's vec_pos becomes the offset of its bytes in log_vectors
+ * (LoggedCode finds its code), or its vdim -1 when writers overwrote them
+ * before this read (its mirror cannot take the entry: the caller drops
+ * it). false when writers lapped the log itself. entries must have room
+ * for the whole ring reserved and wanted must not allocate: nothing may
+ * throw while the lock is held. The copies hold until the next call.
  */
 bool
 CopyLog(uint64 from, uint64 *head, const MirrorKey *only, std::vector<GpuIvfpqLogEntry> &entries,
@@ -50,7 +51,7 @@ CopyLog(uint64 from, uint64 *head, const MirrorKey *only, std::vector<GpuIvfpqLo
 	for (uint64 seq = from; !lapped && seq < *head; seq++)
 	{
 		const GpuIvfpqLogEntry *e = &s->log[seq % GPU_IVFPQ_LOG_SIZE];
-		Size		bytes = sizeof(float) * Max(e->vdim, 0);
+		Size		bytes = GpuIvfpqLogRingBytes(e);
 
 		if (only != NULL && (e->key.db != only->db || e->key.index != only->index))
 			continue;
@@ -59,12 +60,12 @@ CopyLog(uint64 from, uint64 *head, const MirrorKey *only, std::vector<GpuIvfpqLo
 			continue;
 		if (!wanted(*e))
 		{
-			entries.back().vdim = 0;	/* not applied: its vector is not needed */
+			entries.back().vdim = 0;	/* not applied: its ring bytes are not needed */
 			continue;
 		}
 		/*
-		 * Intact vectors lie in the ring's last GPU_IVFPQ_VECTOR_RING_BYTES,
-		 * one region each: their copies fit log_vectors.
+		 * Intact regions lie in the ring's last GPU_IVFPQ_VECTOR_RING_BYTES,
+		 * one per entry: their copies fit log_vectors.
 		 */
 		if (s->vec_head - e->vec_pos > GPU_IVFPQ_VECTOR_RING_BYTES)
 		{
@@ -77,6 +78,18 @@ CopyLog(uint64 from, uint64 *head, const MirrorKey *only, std::vector<GpuIvfpqLo
 	}
 	LWLockRelease(s->log_lock);
 	return !lapped;
+}
+
+/*
+ * The code of an append that CopyLog copied: in the entry, or after its
+ * vector in log_vectors when too long for the entry.
+ */
+static const uint8 *
+LoggedCode(const GpuIvfpqLogEntry *e)
+{
+	if (e->m <= GPU_IVFPQ_LOG_INLINE_CODE)
+		return e->code;
+	return (const uint8 *) (log_vectors + e->vec_pos + sizeof(float) * (Size) Max(e->vdim, 0));
 }
 
 /*
@@ -96,10 +109,15 @@ AddLogged(const MirrorKey &key, size_t m, const std::vector<const GpuIvfpqLogEnt
 
 	for (const GpuIvfpqLogEntry *e : entries)
 	{
+		const uint8 *code = LoggedCode(e);
+
+		/* One index version has one code size: a mismatch is a bug, the mirror is dropped. */
+		if (e->m != m || e->vdim < 0)
+			throw gpuivfpq::Error(gpuivfpq::ErrorKind::Internal, "logged codes of another size, or lost");
 		lists.push_back(e->list);
 		labels.push_back(e->label);
 		keys.push_back(e->filter_key);
-		codes.insert(codes.end(), e->code, e->code + m);
+		codes.insert(codes.end(), code, code + m);
 		if (d > 0)
 		{
 			const float *v = (const float *) (log_vectors + e->vec_pos);
@@ -223,7 +241,7 @@ DrainLog(void)
 			{
 				std::string err;
 
-				/* Its vector was overwritten before this read: the mirror reloads from the pages. */
+				/* Its vector or wide code was overwritten before this read: the mirror reloads from the pages. */
 				(void) Engine([&] { GpuSync()->drop_index(key.db, key.index); }, err);
 				ereport(LOG,
 						(errmsg("gpu_ivfpq service: the vector ring overflowed, the mirror of index %u dropped",

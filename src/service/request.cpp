@@ -67,11 +67,13 @@ GpuIvfpqNotServableReason(const GpuIvfpqMetaPageData *meta)
 			"REINDEX it on a primary that preloads gpu_ivfpq (or change it there: its next insert or VACUUM clears this)";
 	if ((int) meta->dimensions > GPU_IVFPQ_SERVICE_MAX_DIM)
 		return psprintf("The GPU path handles up to %d dimensions", GPU_IVFPQ_SERVICE_MAX_DIM);
-	/* Change log entries carry a row's code: RaBitQ codes' rows are bounded alike. */
-	if (GpuIvfpqIsRabitq(meta) && meta->m > GPU_IVFPQ_SERVICE_MAX_M)
-		return psprintf("RaBitQ codes of more than %d bytes a row are not served by the GPU path "
-						"(%u dimensions at %u bits take %u bytes)",
-						GPU_IVFPQ_SERVICE_MAX_M, meta->dimensions, (unsigned) meta->nbits, (unsigned) meta->m);
+	/*
+	 * RaBitQ rows of any size are mirrored (the change log carries wide
+	 * ones in its vector ring); the GPU itself may refuse a shape, which
+	 * the load then reports.
+	 */
+	if (GpuIvfpqIsRabitq(meta))
+		return NULL;
 	if (meta->m > GPU_IVFPQ_SERVICE_MAX_M)
 		return psprintf("The GPU path handles up to m = %d sub-quantizers", GPU_IVFPQ_SERVICE_MAX_M);
 	return NULL;
@@ -136,10 +138,13 @@ GpuIvfpqSearchFellBack(Relation index, RequestResult result, const char *error, 
 	else
 	{
 		ereport(WARNING,
-				(errmsg("%s: the GPU failed to serve a %s of \"%s\", using the CPU",
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("%s: the GPU failed to serve a %s of \"%s\", using the CPU",
 						am, noun, RelationGetRelationName(index)),
-				 errdetail("%s", error[0] ? error : "the service exited")));
-		reason = "The GPU service failed";
+				 errdetail("%s", error[0] ? error : "the service exited"),
+				 errhint("gpu_ivfpq_status shows the service's last error; gpu_ivfpq.device = cpu keeps this index off the GPU.")));
+		/* The real reason, also where device = gpu turns this into an error. */
+		reason = error[0] ? psprintf("The GPU service failed: %s", error) : "The GPU service failed";
 	}
 	GpuIvfpqCountFallback();
 	if (required)

@@ -133,7 +133,8 @@ Load(GpuIvfpqSlot *slot, const char *base, std::string &err)
 			{
 				/*
 				 * The pages changed under the reader beyond appends, or a
-				 * vector was overwritten before it was read: load again later.
+				 * vector or wide code was overwritten in the vector ring
+				 * before it was read: load again later.
 				 */
 				if (e.kind == LOG_INVALIDATE || e.kind == LOG_REMOVE || e.vdim < 0)
 				{

@@ -17,9 +17,9 @@ extern "C" {
 /* A search's query goes in, its labels and distances come back, in place. */
 #define GPU_IVFPQ_SLOT_PAYLOAD	(32 * 1024)
 #define GPU_IVFPQ_SERVICE_MAX_DIM ((int) (GPU_IVFPQ_SLOT_PAYLOAD / sizeof(float)))
-#define GPU_IVFPQ_SERVICE_MAX_M ((int) gpuivfpq::kMaxGpuSubQuantizers)	/* log entries hold such codes */
+#define GPU_IVFPQ_SERVICE_MAX_M ((int) gpuivfpq::kMaxGpuSubQuantizers)	/* PQ sub-quantizers the GPU handles */
 #define GPU_IVFPQ_LOG_SIZE		16384	/* change-log entries kept for the service */
-/* Bytes of the ring that carries appended entries' vectors (1 KiB per log entry). */
+/* Bytes of the ring that carries appended entries' vectors and wide codes (1 KiB per log entry). */
 #define GPU_IVFPQ_VECTOR_RING_BYTES ((Size) GPU_IVFPQ_LOG_SIZE * 1024)
 #define GPU_IVFPQ_STATUS_MIRRORS 64		/* mirrors listed by gpu_ivfpq_mirrors() */
 #define GPU_IVFPQ_BATCH_BUCKETS 8		/* batch sizes 1, 2-3, 4-7, ..., 128+ */
@@ -129,22 +129,55 @@ typedef enum LogKind
 	LOG_REMOVE					/* VACUUM removed entries: m labels in code[] */
 } LogKind;
 
+/*
+ * Code bytes a log entry holds in place: every PQ code (at most
+ * GPU_IVFPQ_SERVICE_MAX_M sub-quantizers) and narrow RaBitQ rows. A longer
+ * code (a RaBitQ row of up to GPU_IVFPQ_LOG_MAX_CODE bytes) travels in the
+ * vector ring, after the entry's vector if it has one.
+ */
+#define GPU_IVFPQ_LOG_INLINE_CODE 128
+/* The longest code an entry carries: the widest RaBitQ row. */
+#define GPU_IVFPQ_LOG_MAX_CODE	((int) gpuivfpq::kRabitqMaxRowBytes)
 /* Labels one LOG_REMOVE entry carries (in its code bytes). */
-#define GPU_IVFPQ_LOG_REMOVE_LABELS ((int) (GPU_IVFPQ_SERVICE_MAX_M / sizeof(int64)))
+#define GPU_IVFPQ_LOG_REMOVE_LABELS ((int) (GPU_IVFPQ_LOG_INLINE_CODE / sizeof(int64)))
 
 typedef struct GpuIvfpqLogEntry
 {
 	uint64		seq;
 	GpuIvfpqKey key;
 	uint8		kind;
-	uint8		m;
+	uint16		m;				/* APPEND: code bytes; REMOVE: labels in code[] */
 	int32		list;
 	int64		label;
-	int32		vdim;			/* APPEND: floats of its vector in the vector ring (0: none) */
-	uint64		vec_pos;		/* where they start (a byte count that only grows) */
+	/*
+	 * APPEND: floats of its vector in the vector ring (0: none; -1 in a
+	 * reader's copy: the ring's bytes were overwritten before it read them)
+	 */
+	int32		vdim;
+	/* where its ring bytes start (a byte count that only grows): vector, then a code too long for code[] */
+	uint64		vec_pos;
 	int64		filter_key;		/* APPEND: the entry's filter key (an index with a filter column) */
-	uint8		code[GPU_IVFPQ_SERVICE_MAX_M];
+	uint8		code[GPU_IVFPQ_LOG_INLINE_CODE];	/* the code when m <= GPU_IVFPQ_LOG_INLINE_CODE */
 } GpuIvfpqLogEntry;
+
+StaticAssertDecl(GPU_IVFPQ_SERVICE_MAX_M <= GPU_IVFPQ_LOG_INLINE_CODE, "PQ codes lie in a log entry");
+StaticAssertDecl(GPU_IVFPQ_LOG_MAX_CODE <= PG_UINT16_MAX, "a log entry's m holds the widest RaBitQ row");
+StaticAssertDecl(GPU_IVFPQ_LOG_MAX_CODE % sizeof(float) == 0, "RaBitQ rows keep the ring's vectors aligned");
+
+/*
+ * Bytes an append's entry takes in the vector ring: its vector, then its
+ * code when that does not lie in the entry, rounded up to whole floats so
+ * the next vector stays aligned.
+ */
+static inline Size
+GpuIvfpqLogRingBytes(const GpuIvfpqLogEntry *e)
+{
+	Size		bytes = sizeof(float) * (Size) Max(e->vdim, 0);
+
+	if (e->kind == LOG_APPEND && e->m > GPU_IVFPQ_LOG_INLINE_CODE)
+		bytes += TYPEALIGN(sizeof(float), e->m);
+	return bytes;
+}
 
 typedef struct GpuIvfpqMirrorStatus
 {
@@ -226,9 +259,10 @@ typedef struct GpuIvfpqServiceShared
 	uint64		log_head;
 	GpuIvfpqLogEntry log[GPU_IVFPQ_LOG_SIZE];
 	/*
-	 * The appended entries' vectors, a byte ring of its own (vectors vary in
-	 * size; under log_lock): bytes [vec_pos, vec_pos + 4 vdim) of an entry
-	 * are intact while vec_head <= vec_pos + GPU_IVFPQ_VECTOR_RING_BYTES.
+	 * The appended entries' vectors and codes too long for an entry, a byte
+	 * ring of its own (they vary in size; under log_lock): bytes [vec_pos,
+	 * vec_pos + GpuIvfpqLogRingBytes) of an entry are intact while vec_head
+	 * <= vec_pos + GPU_IVFPQ_VECTOR_RING_BYTES.
 	 */
 	uint64		vec_head;
 	char	   *vec_ring;
@@ -409,12 +443,27 @@ extern void GpuIvfpqFinishSlot(GpuIvfpqSlot *slot);
  * last); GpuIvfpqLogDropAll makes the service drop every mirror, as when
  * writers lap it.
  */
-extern uint64 GpuIvfpqLogPush(const GpuIvfpqLogEntry *entry, const float *vector);
-extern uint64 GpuIvfpqLogHead(void);
+extern uint64 GpuIvfpqLogPush(const GpuIvfpqLogEntry *entry, const float *vector, const uint8 *code);
 extern uint64 GpuIvfpqSearchLogPos(void);
 extern void GpuIvfpqLogAppliedAdvanced(void);
 extern uint64 GpuIvfpqLogPushRemove(const GpuIvfpqKey *key, const int64 *labels, int n);
 extern void GpuIvfpqLogDropAll(void);
+
+/*
+ * Whether a mirror of the index can exist, so that its changes go to the
+ * change log (and to WAL for standbys): trained, with RaBitQ codes (rows of
+ * any size an index has) or PQ codes of at most GPU_IVFPQ_SERVICE_MAX_M
+ * sub-quantizers.
+ */
+static inline bool
+GpuIvfpqLogsChanges(const GpuIvfpqMetaPageData *meta)
+{
+	if (!meta->trained)
+		return false;
+	if (GpuIvfpqIsRabitq(meta))
+		return meta->m <= GPU_IVFPQ_LOG_MAX_CODE;
+	return meta->m <= GPU_IVFPQ_SERVICE_MAX_M;
+}
 extern void GpuIvfpqServiceWake(void);
 
 /*
@@ -422,7 +471,8 @@ extern void GpuIvfpqServiceWake(void);
  * after the page's own record (nothing when gpu_ivfpq's resource manager
  * is not registered or the index is not WAL-logged).
  */
-extern void GpuIvfpqWalAnnounceAppend(Relation index, const GpuIvfpqLogEntry *entry, const float *vector);
+extern void GpuIvfpqWalAnnounceAppend(Relation index, const GpuIvfpqLogEntry *entry, const float *vector,
+									  const uint8 *code);
 extern void GpuIvfpqWalAnnounceRemove(Relation index, const GpuIvfpqKey *key, const int64 *labels, int n);
 extern void GpuIvfpqWalAnnounceInvalidate(const GpuIvfpqKey *key, bool logged);
 

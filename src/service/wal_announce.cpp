@@ -22,7 +22,8 @@ extern "C" {
 /*
  * Every record starts with this. APPEND: then the entry's vector (vdim
  * floats, aligned since the header is and replay gets the data MAXALIGNed)
- * and its code (count bytes); REMOVE: count labels (int64); INVALIDATE:
+ * and its code (count bytes, up to the widest RaBitQ row,
+ * GPU_IVFPQ_LOG_MAX_CODE); REMOVE: count labels (int64); INVALIDATE:
  * nothing, and only key.db and key.index are set. Replay checks the length
  * against these fields, so a record of another layout is never misread.
  */
@@ -68,9 +69,12 @@ InsertChange(uint8 info, const GpuIvfpqWalChange *rec, const void *part1, Size l
 	(void) XLogInsert(GPU_IVFPQ_RMGR_ID, info);
 }
 
-/* Announces an insert's log entry, with its vector (entry->vdim floats) or without (NULL). */
+/*
+ * Announces an insert's log entry, with its vector (entry->vdim floats) or
+ * without (NULL), and its code (entry->m bytes).
+ */
 void
-GpuIvfpqWalAnnounceAppend(Relation index, const GpuIvfpqLogEntry *entry, const float *vector)
+GpuIvfpqWalAnnounceAppend(Relation index, const GpuIvfpqLogEntry *entry, const float *vector, const uint8 *code)
 {
 	GpuIvfpqWalChange rec;
 
@@ -83,7 +87,7 @@ GpuIvfpqWalAnnounceAppend(Relation index, const GpuIvfpqLogEntry *entry, const f
 	rec.list = entry->list;
 	rec.vdim = vector != NULL ? entry->vdim : 0;
 	rec.count = entry->m;
-	InsertChange(XLOG_GPU_IVFPQ_APPEND, &rec, vector, sizeof(float) * rec.vdim, entry->code, rec.count);
+	InsertChange(XLOG_GPU_IVFPQ_APPEND, &rec, vector, sizeof(float) * rec.vdim, code, rec.count);
 }
 
 /* Announces VACUUM's removal of n labels from the mirror of key, in one record. */
@@ -144,7 +148,7 @@ LayoutMatches(uint8 info, const GpuIvfpqWalChange *rec, Size len)
 	switch (info)
 	{
 		case XLOG_GPU_IVFPQ_APPEND:
-			return rec->count >= 1 && rec->count <= GPU_IVFPQ_SERVICE_MAX_M &&
+			return rec->count >= 1 && rec->count <= GPU_IVFPQ_LOG_MAX_CODE &&
 				rec->vdim >= 0 && rec->vdim <= GPU_IVFPQ_SERVICE_MAX_DIM &&
 				len == sizeof(*rec) + sizeof(float) * rec->vdim + rec->count;
 		case XLOG_GPU_IVFPQ_REMOVE:
@@ -165,7 +169,7 @@ PushInvalidate(Oid db, Oid index)
 	e.key.db = db;
 	e.key.index = index;
 	e.kind = LOG_INVALIDATE;
-	(void) GpuIvfpqLogPush(&e, NULL);
+	(void) GpuIvfpqLogPush(&e, NULL, NULL);
 }
 
 /*
@@ -207,17 +211,18 @@ GpuIvfpqWalRedo(XLogReaderState *record)
 		{
 			GpuIvfpqLogEntry e;
 			const float *vector = (const float *) (data + sizeof(rec));
+			const uint8 *code = (const uint8 *) (data + sizeof(rec) + sizeof(float) * rec.vdim);
 
+			/* A wide code (a RaBitQ row) goes to the vector ring, as on the primary. */
 			memset(&e, 0, offsetof(GpuIvfpqLogEntry, code));
 			e.key = rec.key;
 			e.kind = LOG_APPEND;
-			e.m = (uint8) rec.count;
+			e.m = (uint16) rec.count;
 			e.list = rec.list;
 			e.label = rec.label;
 			e.vdim = rec.vdim;
 			e.filter_key = rec.filter_key;
-			memcpy(e.code, data + sizeof(rec) + sizeof(float) * rec.vdim, rec.count);
-			(void) GpuIvfpqLogPush(&e, rec.vdim > 0 ? vector : NULL);
+			(void) GpuIvfpqLogPush(&e, rec.vdim > 0 ? vector : NULL, code);
 		}
 		else if (info == XLOG_GPU_IVFPQ_REMOVE)
 			(void) GpuIvfpqLogPushRemove(&rec.key, (const int64 *) (data + sizeof(rec)), rec.count);
@@ -306,7 +311,7 @@ GpuIvfpqWalNoteChange(Relation index, GpuIvfpqMetaPageData *meta)
 	bool		flagged = (meta->flags & GPU_IVFPQ_META_UNANNOUNCED) != 0;
 
 	/* Indexes that no server mirrors, or that no standby sees. */
-	if (!meta->trained || meta->m > GPU_IVFPQ_SERVICE_MAX_M || !RelationNeedsWAL(index) ||
+	if (!GpuIvfpqLogsChanges(meta) || !RelationNeedsWAL(index) ||
 		!XLogStandbyInfoActive())
 		return;
 	if (!Announcing() && !flagged)

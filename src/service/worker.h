@@ -25,7 +25,7 @@ extern std::unique_ptr<GpuProcess> gpu;			/* null while none runs */
 extern std::map<MirrorKey, uint64> mirror_from;	/* log entries from here apply */
 extern std::map<MirrorKey, TimestampTz> load_claims;	/* a backend was told to load */
 extern uint64 log_cursor;				/* the change log is applied up to here */
-extern char *log_vectors;				/* CopyLog's copies of logged vectors (the ring's size) */
+extern char *log_vectors;				/* CopyLog's copies of the vector ring's bytes (its size) */
 /* The requests taken by the current round (a plain array: it outlives an ERROR). */
 extern GpuIvfpqSlot **taken;
 extern int	ntaken;

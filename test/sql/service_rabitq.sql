@@ -3,8 +3,8 @@
 -- and re-ranked from the table. With every list probed and every row
 -- re-ranked, gpu_ivfpq.device = gpu answers as device = cpu for each
 -- operator class, with a filter column, after inserts (the change log) and
--- DELETE + VACUUM (removals), and through gpu_ivfpq_knn_batch; a row too
--- wide for the GPU path falls back (auto) or errors (gpu) with the reason.
+-- DELETE + VACUUM (removals), and through gpu_ivfpq_knn_batch; so do rows
+-- wider than a change-log entry's code bytes (300 and 1000 dimensions).
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS gpu_ivfpq;
 RESET client_min_messages;
@@ -108,22 +108,90 @@ SELECT * FROM gpu_equals_cpu('<->', 'tenant BETWEEN 2 AND 4');
 RESET gpu_ivfpq.probes;
 RESET gpu_ivfpq.rerank;
 
--- A row of more than the GPU path's 128 bytes (1000 dimensions at 8 bits):
--- with auto the CPU engine answers, with gpu the scan says why.
+-- Rows wider than the 128 code bytes a change-log entry holds: 300
+-- dimensions at 4 bits (160 code bytes and 12 of factors) and 1000 at 8
+-- (1036 bytes). Mirrored like any other; rows inserted after the mirror
+-- loaded reach it through the change log, their codes in its vector ring;
+-- DELETE + VACUUM removes entries in place; answers equal the CPU engine's.
+CREATE FUNCTION wide_equals_cpu(tbl text, qids int[]) RETURNS TABLE (qid int, same bool, exact bool)
+LANGUAGE plpgsql AS $$
+DECLARE
+	qv real[];
+	sql text;
+	gpu int[];
+	cpu int[];
+BEGIN
+	FOREACH qid IN ARRAY qids LOOP
+		EXECUTE format('SELECT v FROM %I WHERE id = $1', tbl) INTO qv USING qid;
+		sql := format('SELECT id FROM %I ORDER BY v <-> %L LIMIT 10', tbl, qv);
+		PERFORM set_config('gpu_ivfpq.device', 'gpu', true);
+		gpu := knn(sql, true);
+		PERFORM set_config('gpu_ivfpq.device', 'cpu', true);
+		cpu := knn(sql, true);
+		PERFORM set_config('gpu_ivfpq.device', 'gpu', true);
+		same := gpu = cpu;
+		exact := gpu = knn(sql, false);
+		RETURN NEXT;
+	END LOOP;
+END $$;
 CREATE TABLE srq_wide (id int, v real[]);
-INSERT INTO srq_wide SELECT i, array_fill((i % 3)::real, ARRAY[1000]) FROM generate_series(1, 30) i;
-CREATE INDEX srq_wide_idx ON srq_wide USING gpu_ivfpq (v) WITH (lists = 2, codes = rabitq, bits = 8);
-SET enable_seqscan = off;
-SET gpu_ivfpq.device = auto;
-SELECT count(*) AS rows_on_cpu FROM (SELECT id FROM srq_wide ORDER BY v <-> array_fill(1::real, ARRAY[1000]) LIMIT 5) s;
+INSERT INTO srq_wide
+SELECT i, ARRAY(SELECT ((i % 6) + random())::real FROM generate_series(1, 300) WHERE i > 0)
+FROM generate_series(1, 400) i;
+CREATE INDEX srq_wide_idx ON srq_wide USING gpu_ivfpq (v) WITH (lists = 4, codes = rabitq, bits = 4);
+CREATE TABLE srq_wider (id int, v real[]);
+INSERT INTO srq_wider
+SELECT i, ARRAY(SELECT ((i % 4) + random())::real FROM generate_series(1, 1000) WHERE i > 0)
+FROM generate_series(1, 150) i;
+CREATE INDEX srq_wider_idx ON srq_wider USING gpu_ivfpq (v) WITH (lists = 2, codes = rabitq, bits = 8);
+SELECT i AS index, gpu_ivfpq_prewarm(i) AS entries FROM unnest('{srq_wide_idx,srq_wider_idx}'::regclass[]) i;
+SELECT index, entries, vectors FROM gpu_ivfpq_mirrors WHERE index LIKE 'srq_wide%' ORDER BY index;
+SET gpu_ivfpq.probes = 4;
+SET gpu_ivfpq.rerank = 2000;
+SELECT * FROM wide_equals_cpu('srq_wide', '{3,50,222}');
+SELECT * FROM wide_equals_cpu('srq_wider', '{1,77}');
+
+-- Inserts: committed once the mirrors took them (appends to the GPU's
+-- mirrors). With one candidate re-ranked, each new row is the nearest to
+-- its own vector only if the GPU has its code.
+SELECT append_calls AS appends_before FROM gpu_ivfpq_status \gset
+INSERT INTO srq_wide
+SELECT 400 + i, ARRAY(SELECT (9 + i + random())::real FROM generate_series(1, 300) WHERE i > 0)
+FROM generate_series(1, 20) i;
+INSERT INTO srq_wider
+SELECT 150 + i, ARRAY(SELECT (7 + i + random())::real FROM generate_series(1, 1000) WHERE i > 0)
+FROM generate_series(1, 10) i;
+SELECT (SELECT append_calls FROM gpu_ivfpq_status) > :appends_before AS appended_on_gpu;
 SET gpu_ivfpq.device = gpu;
-SELECT id FROM srq_wide ORDER BY v <-> array_fill(1::real, ARRAY[1000]) LIMIT 5;
-SELECT gpu_ivfpq_prewarm('srq_wide_idx');
-SELECT count(*) AS wide_mirrors FROM gpu_ivfpq_mirrors WHERE index = 'srq_wide_idx';
+SET gpu_ivfpq.rerank = 1;
+SET enable_seqscan = off;
+SELECT count(*) AS found_on_gpu FROM srq_wide s
+WHERE s.id > 400 AND (SELECT t.id FROM srq_wide t ORDER BY t.v <-> s.v LIMIT 1) = s.id;
+SELECT count(*) AS found_on_gpu FROM srq_wider s
+WHERE s.id > 150 AND (SELECT t.id FROM srq_wider t ORDER BY t.v <-> s.v LIMIT 1) = s.id;
 RESET enable_seqscan;
+SET gpu_ivfpq.rerank = 2000;
+SELECT * FROM wide_equals_cpu('srq_wide', '{3,405,420}');
+SELECT * FROM wide_equals_cpu('srq_wider', '{1,152,160}');
+
+-- DELETE + VACUUM: as many entries as rows, answers as the CPU engine's.
+-- The mirrors counted every GPU query since the prewarm (3 + 20 + 3 and
+-- 2 + 10 + 3): the inserts did not make them reload from the pages.
+DELETE FROM srq_wide WHERE id % 3 = 0;
+DELETE FROM srq_wider WHERE id % 3 = 0;
+VACUUM srq_wide, srq_wider;
+SELECT index, entries = CASE index WHEN 'srq_wide_idx' THEN (SELECT count(*) FROM srq_wide)
+                                   ELSE (SELECT count(*) FROM srq_wider) END AS entries_are_rows,
+       queries
+FROM gpu_ivfpq_mirrors WHERE index LIKE 'srq_wide%' ORDER BY index;
+SELECT * FROM wide_equals_cpu('srq_wide', '{4,50,404}');
+SELECT * FROM wide_equals_cpu('srq_wider', '{1,77,160}');
+RESET gpu_ivfpq.probes;
+RESET gpu_ivfpq.rerank;
 RESET gpu_ivfpq.device;
 
-DROP TABLE srq, srqq, srq_wide;
+DROP TABLE srq, srqq, srq_wide, srq_wider;
 DROP FUNCTION gpu_equals_cpu(text, text, int);
 DROP FUNCTION batch_ids(text);
+DROP FUNCTION wide_equals_cpu(text, int[]);
 DROP FUNCTION knn(text, bool);
