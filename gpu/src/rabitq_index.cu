@@ -5,7 +5,10 @@
 // ||q - c||^2 (or <q, c>) and the list's byte tables in shared memory, as
 // RabitqModel::prepare_list does, and writes every row's estimate (+inf past
 // the list's end and outside the query's key range) into the query's row of
-// candidates; a k-selection per row; the positions mapped to ids.
+// candidates; a k-selection per row; the positions mapped to ids. The
+// block keeps nibble tables (16 entries per half byte, an eighth of the
+// byte tables' 256: 2 KiB of shared memory at d = 128, 12 KiB at 768) and
+// sums a byte's two entries as the CPU engine forms its byte entry.
 #include "gpu_ivfpq/rabitq_index.h"
 
 #include <algorithm>
@@ -84,7 +87,7 @@ __global__ void __launch_bounds__(kThreads) rabitq_pairs_kernel(PairArgs a)
 {
     extern __shared__ __align__(16) unsigned char smem[];
     double* rot = reinterpret_cast<double*>(smem);                        // plane_bytes * 8
-    float* lut = reinterpret_cast<float*>(rot + size_t(a.plane_bytes) * 8);  // plane_bytes * 256
+    float* lut = reinterpret_cast<float*>(rot + size_t(a.plane_bytes) * 8);  // plane_bytes * 32 (nibbles)
     __shared__ double part[8];
     __shared__ float base, add_scale, ip_scale;
     __shared__ unsigned long long in_range;
@@ -130,17 +133,19 @@ __global__ void __launch_bounds__(kThreads) rabitq_pairs_kernel(PairArgs a)
     if (threadIdx.x == 0)
         in_range = 0;
     __syncthreads();
-    // The byte tables: entry b of group j is the sum of q'[8j + t] over the
-    // set bits t of b, added highest bit first to minus half the group's
-    // sum (prepare_list's tab[b] = tab[b & (b - 1)] + v[ctz(b)]).
-    for (int e = threadIdx.x; e < a.plane_bytes * 256; e += blockDim.x) {
-        const double* v = rot + (e >> 8) * 8;
-        const int b = e & 255;
-        double t = __dmul_rn(-0.5, __dadd_rn(__dadd_rn(__dadd_rn(v[0], v[1]), __dadd_rn(v[2], v[3])),
-                                             __dadd_rn(__dadd_rn(v[4], v[5]), __dadd_rn(v[6], v[7]))));
-        for (int bit = 7; bit >= 0; bit--)
+    // The nibble tables (prepare_list's, before it sums them into bytes):
+    // entry v of group j's low half is minus half the group's sum plus
+    // q'[8j + t] over the set bits t of v, of its high half the sum of
+    // q'[8j + 4 + t], each added highest bit first and rounded to float.
+    for (int e = threadIdx.x; e < a.plane_bytes * 32; e += blockDim.x) {
+        const double* v = rot + (e >> 5) * 8;
+        const int high = (e >> 4) & 1, b = e & 15;
+        double t = high ? 0.0
+                        : __dmul_rn(-0.5, __dadd_rn(__dadd_rn(__dadd_rn(v[0], v[1]), __dadd_rn(v[2], v[3])),
+                                                    __dadd_rn(__dadd_rn(v[4], v[5]), __dadd_rn(v[6], v[7]))));
+        for (int bit = 3; bit >= 0; bit--)
             if ((b >> bit) & 1)
-                t = __dadd_rn(t, v[bit]);
+                t = __dadd_rn(t, v[4 * high + bit]);
         lut[e] = __double2float_rn(t);
     }
     if (threadIdx.x == 0) {
@@ -183,7 +188,7 @@ __global__ void __launch_bounds__(kThreads) rabitq_pairs_kernel(PairArgs a)
             mine++;
         }
         const uint8_t* row = rows + size_t(r) * a.row_bytes;
-        const float ip = rabitq_code_ip(lut, row, a.plane_bytes, a.bits);
+        const float ip = rabitq_code_ip_nibbles(lut, row, a.plane_bytes, a.bits);
         const RabitqFactors f = *reinterpret_cast<const RabitqFactors*>(row + a.code_bytes);
         out[r] = rabitq_estimate(base, add_scale, ip_scale, f, ip);
     }
@@ -215,7 +220,8 @@ __global__ void rabitq_labels_kernel(const int32_t* idx, float* dist, int64_t nq
     labels[e] = list_ids[list][i % max_len];
 }
 
-size_t smem_bytes(size_t plane_bytes) { return plane_bytes * 8 * sizeof(double) + plane_bytes * 256 * sizeof(float); }
+// q' (8 doubles a byte group) and the nibble tables (32 floats a group).
+size_t smem_bytes(size_t plane_bytes) { return plane_bytes * 8 * sizeof(double) + plane_bytes * 32 * sizeof(float); }
 
 }  // namespace
 

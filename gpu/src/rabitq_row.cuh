@@ -29,6 +29,30 @@ __device__ __forceinline__ float rabitq_code_ip(const float* lut, const uint8_t*
     return ip;
 }
 
+// The same from the nibble tables of the list: nib[j * 32 + v] the low
+// nibble v's entry of byte group j, nib[j * 32 + 16 + v] the high one's; a
+// byte's entry is their float sum, as RabitqModel::prepare_list forms its
+// byte tables, so the sums are those of rabitq_code_ip.
+__device__ __forceinline__ float rabitq_code_ip_nibbles(const float* nib, const uint8_t* code, int plane_bytes,
+                                                        int bits)
+{
+    float ip = 0.0f;
+    for (int p = 0; p < bits; p++) {
+        const uint32_t* plane = reinterpret_cast<const uint32_t*>(code + size_t(p) * plane_bytes);
+        float s = 0.0f;
+        for (int w = 0; w < plane_bytes / 4; w++) {
+            const uint32_t word = plane[w];  // bytes 4w .. 4w + 3, little endian
+            for (int b = 0; b < 4; b++) {
+                const float* g = nib + (4 * w + b) * 32;
+                const uint32_t byte = (word >> (8 * b)) & 0xff;
+                s = __fadd_rn(s, __fadd_rn(g[byte & 15], g[16 + (byte >> 4)]));
+            }
+        }
+        ip = __fadd_rn(__fmul_rn(2.0f, ip), s);
+    }
+    return ip;
+}
+
 // The ranking estimate: base + add_scale * add + ip_scale * (rescale * ip).
 __device__ __forceinline__ float rabitq_estimate(float base, float add_scale, float ip_scale,
                                                  const RabitqFactors& f, float ip)

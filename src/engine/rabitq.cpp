@@ -586,13 +586,25 @@ void RabitqModel::prepare_list(const RabitqQuery& query, int32_t list, RabitqLis
     out.list = list;
     out.lut.resize(groups * 256);
     for (size_t j = 0; j < groups; j++) {
+        // A byte's entry is the float sum of its two nibbles' entries, each
+        // rounded to float once: the GPU keeps only the 2 x 16 nibble
+        // entries of a group (an eighth of the shared memory) and sums the
+        // same two floats (gpu/src/rabitq_index.cu).
         const double* v = rot.data() + j * 8;
-        double tab[256];
-        tab[0] = -0.5 * (((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])));
-        for (unsigned b = 1; b < 256; b++)
-            tab[b] = tab[b & (b - 1)] + v[__builtin_ctz(b)];
+        double lo[16], hi[16];
+        lo[0] = -0.5 * (((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])));
+        hi[0] = 0.0;
+        for (unsigned b = 1; b < 16; b++) {
+            lo[b] = lo[b & (b - 1)] + v[__builtin_ctz(b)];
+            hi[b] = hi[b & (b - 1)] + v[4 + __builtin_ctz(b)];
+        }
+        float flo[16], fhi[16];
+        for (unsigned b = 0; b < 16; b++) {
+            flo[b] = float(lo[b]);
+            fhi[b] = float(hi[b]);
+        }
         for (unsigned b = 0; b < 256; b++)
-            out.lut[j * 256 + b] = float(tab[b]);
+            out.lut[j * 256 + b] = flo[b & 15] + fhi[b >> 4];
     }
     const double qn = std::sqrt(qsq);
     out.qr_norm = float(qn);

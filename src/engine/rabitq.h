@@ -166,6 +166,9 @@ struct RabitqListQuery {
     // lut[j * 256 + v] = sum over the set bits t of v of q'[8j + t], minus
     // half the sum of q'[8j .. 8j + 8): the centred sum of one code byte,
     // so <y, q'> = sum_p 2^(bits-1-p) sum_j lut[j*256 + byte j of plane p].
+    // Computed as the float sum of the byte's two nibble entries (low: bits
+    // 0-3 and the minus half, high: bits 4-7), each summed in double
+    // (highest set bit first) and rounded to float.
     std::vector<float> lut;
     float qr_norm = 0;  // ||q - c||
     // estimate = base + add_scale * add + ip_scale * rescale * <y, q'>;

@@ -3,7 +3,7 @@
 // P c, and inverted lists of rows (a code's bit planes, then its
 // RabitqFactors, as the index pages hold them) with ids and optionally
 // filter keys. A search ranks each query's probed lists by the codes'
-// distance estimates: per (query, list) pair one block builds the byte
+// distance estimates: per (query, list) pair one block builds the nibble
 // tables from q' = P q - P c in shared memory and scans the list; then a
 // k-selection per query. The estimates are RabitqModel::scan's bit for bit
 // (the same sums in the same order, no fused multiply-add).
@@ -28,8 +28,9 @@ public:
     // (engine/rabitq.h); host pointers. With filter_keys each entry keeps
     // an int64 key (KeyRange). Throws InvalidArgument for d outside 1 ..
     // kRabitqMaxDims, bits outside 1..8 or non-finite model values,
-    // Unsupported when a list's byte tables (d / 8 * 256 floats) do not fit
-    // a block's shared memory, OutOfMemory beyond the budget.
+    // Unsupported when a list's tables (d / 8 * 32 floats and d doubles, 48
+    // KiB at d = 2000) do not fit a block's shared memory, OutOfMemory
+    // beyond the budget.
     GpuRabitqIndex(GpuContext& ctx, size_t d, size_t lists, int bits, Metric metric, const float* centroids,
                    const void* model, bool filter_keys = false);
     ~GpuRabitqIndex();
