@@ -11,7 +11,9 @@
 # standby serves from a fresh mirror. The standby is promoted, takes
 # inserts and still serves them through the GPU, equal to sequential scans.
 # A standby that does not preload gpu_ivfpq stops at the first record. An
-# index with RaBitQ codes is mirrored and followed by replay alike.
+# index with RaBitQ codes is mirrored and followed by replay alike, its rows
+# (300 dimensions at 4 bits: 172 bytes) wider than a change-log entry's
+# code bytes, so that replay puts them in the vector ring.
 #
 # Without a GPU both servers use the service's CPU emulation of the GPU;
 # GPU_IVFPQ_EXPECT_GPU=1 (the GPU machine) uses the GPU.
@@ -28,6 +30,9 @@ gpu_ivfpq.service_emulate_gpu = $emulate
 };
 my $dim = 8;
 my $lists = 16;
+# Dimensions of a table's vectors ($dim unless named here).
+my %dims = (rq_items => 300);
+sub dim_of { my ($table) = @_; return $dims{$table} // $dim; }
 
 my $primary = PostgreSQL::Test::Cluster->new('primary');
 $primary->init(allows_streaming => 1);
@@ -40,11 +45,12 @@ $primary->safe_psql('postgres',
 sub insert_rows
 {
 	my ($node, $table, $from, $to, $seed) = @_;
+	my $d = dim_of($table);
 	$node->safe_psql(
 		'postgres', qq{
 		SELECT setseed($seed);
 		INSERT INTO $table
-		SELECT i, ARRAY(SELECT (random() * 2 - 1)::real FROM generate_series(1, $dim) WHERE i > 0)
+		SELECT i, ARRAY(SELECT (random() * 2 - 1)::real FROM generate_series(1, $d) WHERE i > 0)
 		FROM generate_series($from, $to) i;
 	});
 }
@@ -83,11 +89,12 @@ my $exact = "SET enable_seqscan = off; SET gpu_ivfpq.probes = $lists; SET gpu_iv
 sub knn
 {
 	my ($node, $table, $device) = @_;
+	my $d = dim_of($table);
 	return $node->safe_psql(
 		'postgres', qq{$exact SET gpu_ivfpq.device = $device;
 		SELECT setseed(0.5);
 		WITH queries AS MATERIALIZED (
-			SELECT q, ARRAY(SELECT (random() * 2 - 1)::real FROM generate_series(1, $dim) WHERE q > 0) AS qv
+			SELECT q, ARRAY(SELECT (random() * 2 - 1)::real FROM generate_series(1, $d) WHERE q > 0) AS qv
 			FROM generate_series(1, 8) q)
 		SELECT string_agg(ARRAY(SELECT id FROM $table ORDER BY v <-> queries.qv LIMIT 10)::text, ' ' ORDER BY q)
 		FROM queries;
@@ -98,11 +105,12 @@ sub knn
 sub knn_seqscan
 {
 	my ($node, $table) = @_;
+	my $d = dim_of($table);
 	return $node->safe_psql(
 		'postgres', qq{SET enable_indexscan = off; SET enable_bitmapscan = off;
 		SELECT setseed(0.5);
 		WITH queries AS MATERIALIZED (
-			SELECT q, ARRAY(SELECT (random() * 2 - 1)::real FROM generate_series(1, $dim) WHERE q > 0) AS qv
+			SELECT q, ARRAY(SELECT (random() * 2 - 1)::real FROM generate_series(1, $d) WHERE q > 0) AS qv
 			FROM generate_series(1, 8) q)
 		SELECT string_agg(ARRAY(SELECT id FROM $table ORDER BY v <-> queries.qv LIMIT 10)::text, ' ' ORDER BY q)
 		FROM queries;
@@ -161,10 +169,24 @@ check_standby('build', 'items', 'items_idx', 3000);
 my ($node0, undef, $queries0) = split / /, mirror('items_idx');
 
 # RaBitQ codes: the standby mirrors them too, and replay carries their
-# inserts and VACUUM's removals into that mirror.
+# inserts (rows wider than an entry's code bytes, through the vector ring)
+# and VACUUM's removals into that mirror: the same mirror, whose query
+# count goes on past both checks' 8 queries.
 check_standby('rabitq build', 'rq_items', 'rq_items_idx', 800);
+my $rq_lsn = $primary->safe_psql('postgres', 'SELECT pg_current_wal_lsn()');
 insert_rows($primary, 'rq_items', 801, 900, 0.7);
+like(
+	$primary->safe_psql(
+		'postgres',
+		"SELECT description FROM pg_get_wal_records_info('$rq_lsn', pg_current_wal_lsn())
+		 WHERE resource_manager = 'gpu_ivfpq' AND record_type = 'APPEND' LIMIT 1"),
+	qr/: list \d+ tid \(\d+,\d+\) code 172 bytes vector 0 floats/,
+	'pg_walinspect: a RaBitQ row of 172 bytes announced whole');
 check_standby('rabitq inserts', 'rq_items', 'rq_items_idx', 900);
+ok( $standby->poll_query_until(
+		'postgres', "SELECT queries >= 16 FROM gpu_ivfpq_mirrors WHERE index = 'rq_items_idx'"),
+	'rabitq inserts: replay appended the wide rows to the mirror, which did not reload')
+  or diag(mirror('rq_items_idx'));
 is(nearest_to_themselves($standby, 'rq_items', 801, 830), 't',
 	'rabitq inserts: each new row is the nearest to itself on the standby\'s GPU');
 $primary->safe_psql('postgres', 'DELETE FROM rq_items WHERE id % 3 = 0; VACUUM rq_items');
