@@ -118,13 +118,9 @@ private:
 class CudaRabitqMirror final : public Mirror {
 public:
     CudaRabitqMirror(GpuContext& ctx, const MirrorSpec& s)
-        : ctx_(ctx), current_(ctx),
+        : ctx_(ctx), current_((require_rabitq_spec(s), ctx)),
           index_(ctx, s.d, s.lists, s.rabitq_bits, s.metric, s.centroids, s.rabitq_model, s.filter_keys)
     {
-        if (s.vectors)
-            throw Error(ErrorKind::InvalidArgument, "a mirror with RaBitQ codes keeps no vectors");
-        if (s.m != index_.row_bytes())
-            throw Error(ErrorKind::InvalidArgument, "RaBitQ mirror: m is not the bytes of a row's code");
     }
     void add(size_t n, const int32_t* list_ids, const uint8_t* codes, const int64_t* labels,
              const float* vectors, const int64_t* keys) override
