@@ -47,8 +47,9 @@ struct RabitqSet {
     std::vector<int64_t> labels, keys;
     std::vector<uint8_t> blob;
 
-    RabitqSet(Metric metric_, int bits_)
-        : bits(bits_), metric(metric_), model(d, lists, bits_, metric_, RabitqRotation::generate(d, 5))
+    RabitqSet(Metric metric_, int bits_, size_t d_ = 40, size_t n_ = 1500)
+        : d(d_), n(n_), bits(bits_), metric(metric_),
+          model(d_, lists, bits_, metric_, RabitqRotation::generate(d_, 5))
     {
         x = testutil::gaussian_vectors(n, d, 3);
         std::vector<float> train = x;
@@ -302,6 +303,45 @@ TEST(RabitqMirror, ThroughTheProcessAndPlaced)
         m->search(queries.data(), nq, k, nprobe, dist.data(), got.data(), nullptr);
         EXPECT_EQ(got, want);
         EXPECT_EQ(dist, wd);
+    }
+}
+
+// Rows wider than the GPU service's change-log entries hold in place (172
+// and 1036 bytes): loaded through the channel, then the rest appended as the
+// service appends logged entries (m bytes a row), then removals; the
+// answers stay the engine's.
+TEST(RabitqMirror, WideRowsLoadedAndAppended)
+{
+    for (auto [d, bits] : {std::pair<size_t, int>{300, 4}, std::pair<size_t, int>{1000, 8}}) {
+        SCOPED_TRACE("d = " + std::to_string(d) + ", " + std::to_string(bits) + " bits");
+        RabitqSet s(Metric::L2, bits, d, 400);
+        ASSERT_GT(s.m(), size_t(128));
+        const size_t nq = 10, k = 10, nprobe = 3, half = s.n / 2;
+        std::vector<float> queries = testutil::gaussian_vectors(nq, s.d, 29);
+
+        Channel ch(emulated_server);
+        auto gp = ch.connect();
+        const MirrorKey key{1, 11, 110, 1};
+        gp->load(key, s.spec(), half, s.list_ids.data(), s.rows.data(), s.labels.data(), nullptr, nullptr);
+        ASSERT_TRUE(gp->add(key, s.m(), s.n - half, s.list_ids.data() + half, s.rows.data() + half * s.m(),
+                            s.labels.data() + half, nullptr, 0, s.keys.data() + half));
+        std::vector<float> wd;
+        std::vector<int64_t> want, got(nq * k);
+        std::vector<double> exact(nq * k);
+        bool is_exact = true;
+        s.reference(queries.data(), nq, k, nprobe, [](size_t) { return true; }, wd, want);
+        ASSERT_TRUE(gp->search(key, s.d, queries.data(), nq, k, nprobe, nullptr, nullptr, nullptr, got.data(),
+                               exact.data(), &is_exact));
+        EXPECT_EQ(got, want);
+
+        std::vector<int64_t> gone;
+        for (size_t i = 0; i < s.n; i += 4)
+            gone.push_back(s.labels[i]);
+        gp->remove(key, gone.size(), gone.data());
+        s.reference(queries.data(), nq, k, nprobe, [](size_t i) { return i % 4 != 0; }, wd, want);
+        ASSERT_TRUE(gp->search(key, s.d, queries.data(), nq, k, nprobe, nullptr, nullptr, nullptr, got.data(),
+                               exact.data(), &is_exact));
+        EXPECT_EQ(got, want);
     }
 }
 
