@@ -11,9 +11,11 @@
 
 namespace gpuivfpq::gpu {
 
-// <y, q'> of a code: per plane the sum of its bytes' table entries, planes
-// combined most significant first.
-__device__ __forceinline__ float rabitq_code_ip(const float* lut, const uint8_t* code, int plane_bytes, int bits)
+// <y, q'> of a code: per plane the sum of its bytes' table entries
+// (entry(j, byte): byte group j's entry of that byte), planes combined most
+// significant first.
+template <typename Entry>
+__device__ __forceinline__ float rabitq_code_ip_by(const uint8_t* code, int plane_bytes, int bits, Entry entry)
 {
     float ip = 0.0f;
     for (int p = 0; p < bits; p++) {
@@ -22,35 +24,30 @@ __device__ __forceinline__ float rabitq_code_ip(const float* lut, const uint8_t*
         for (int w = 0; w < plane_bytes / 4; w++) {
             const uint32_t word = plane[w];  // bytes 4w .. 4w + 3, little endian
             for (int b = 0; b < 4; b++)
-                s = __fadd_rn(s, lut[(4 * w + b) * 256 + ((word >> (8 * b)) & 0xff)]);
+                s = __fadd_rn(s, entry(4 * w + b, (word >> (8 * b)) & 0xff));
         }
         ip = __fadd_rn(__fmul_rn(2.0f, ip), s);
     }
     return ip;
 }
 
-// The same from the nibble tables of the list: nib[j * 32 + v] the low
-// nibble v's entry of byte group j, nib[j * 32 + 16 + v] the high one's; a
-// byte's entry is their float sum, as RabitqModel::prepare_list forms its
-// byte tables, so the sums are those of rabitq_code_ip.
+// From the byte tables: lut[j * 256 + byte].
+__device__ __forceinline__ float rabitq_code_ip(const float* lut, const uint8_t* code, int plane_bytes, int bits)
+{
+    return rabitq_code_ip_by(code, plane_bytes, bits,
+                             [lut](int j, uint32_t byte) { return lut[j * 256 + byte]; });
+}
+
+// From the nibble tables: nib[j * 32 + v] the low nibble v's entry of byte
+// group j, nib[j * 32 + 16 + v] the high one's; a byte's entry is their
+// float sum, as RabitqModel::prepare_list forms its byte tables, so the
+// sums are those of rabitq_code_ip.
 __device__ __forceinline__ float rabitq_code_ip_nibbles(const float* nib, const uint8_t* code, int plane_bytes,
                                                         int bits)
 {
-    float ip = 0.0f;
-    for (int p = 0; p < bits; p++) {
-        const uint32_t* plane = reinterpret_cast<const uint32_t*>(code + size_t(p) * plane_bytes);
-        float s = 0.0f;
-        for (int w = 0; w < plane_bytes / 4; w++) {
-            const uint32_t word = plane[w];  // bytes 4w .. 4w + 3, little endian
-            for (int b = 0; b < 4; b++) {
-                const float* g = nib + (4 * w + b) * 32;
-                const uint32_t byte = (word >> (8 * b)) & 0xff;
-                s = __fadd_rn(s, __fadd_rn(g[byte & 15], g[16 + (byte >> 4)]));
-            }
-        }
-        ip = __fadd_rn(__fmul_rn(2.0f, ip), s);
-    }
-    return ip;
+    return rabitq_code_ip_by(code, plane_bytes, bits, [nib](int j, uint32_t byte) {
+        return __fadd_rn(nib[j * 32 + (byte & 15)], nib[j * 32 + 16 + (byte >> 4)]);
+    });
 }
 
 // The ranking estimate: base + add_scale * add + ip_scale * (rescale * ip).

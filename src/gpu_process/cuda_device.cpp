@@ -3,6 +3,7 @@
 // only when the extension is linked with the kernels (no postgres.h here).
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "gpu_process/cuda_device.h"
@@ -49,11 +50,47 @@ KeyRange to_gpu(const KeyRanges* ranges)
     return r;
 }
 
-class CudaMirror final : public Mirror {
+// What the CUDA mirrors share: the device made current before the index is
+// built (current_) and before every call (this process may serve several
+// GPUs), removals and sizes.
+template <typename Index>
+class CudaMirrorOf : public Mirror {
+public:
+    template <typename... Args>
+    explicit CudaMirrorOf(GpuContext& ctx, Args&&... args)
+        : ctx_(ctx), current_(ctx), index_(ctx, std::forward<Args>(args)...)
+    {
+    }
+    ~CudaMirrorOf() override
+    {
+        // The index frees its memory next, on this device.
+        try {
+            ctx_.make_current();
+        } catch (const Error&) {
+        }
+    }
+    size_t remove(size_t n, const int64_t* labels) override
+    {
+        ctx_.make_current();
+        return index_.remove_ids(labels, n);
+    }
+    size_t entries() const override { return index_.ntotal(); }
+    size_t bytes() const override { return index_.memory_use().total(); }
+
+protected:
+    struct Current {
+        explicit Current(GpuContext& c) { c.make_current(); }
+    };
+    GpuContext& ctx_;
+    Current current_;
+    Index index_;
+};
+
+class CudaMirror final : public CudaMirrorOf<GpuIvfPqIndex> {
 public:
     CudaMirror(GpuContext& ctx, const MirrorSpec& s)
-        : ctx_(ctx), current_(ctx), index_(ctx, s.d, s.lists, s.m, s.metric, s.centroids, s.codebooks,
-                 MirrorOptions(s.vectors, s.filter_keys)),
+        : CudaMirrorOf(ctx, s.d, s.lists, s.m, s.metric, s.centroids, s.codebooks,
+                       MirrorOptions(s.vectors, s.filter_keys)),
           vectors_(s.vectors),
           keys_(s.filter_keys)
     {
@@ -85,41 +122,18 @@ public:
         ctx_.make_current();
         index_.search_brute_force(queries, nq, k, dist, labels);
     }
-    size_t remove(size_t n, const int64_t* labels) override
-    {
-        ctx_.make_current();
-        return index_.remove_ids(labels, n);
-    }
-    ~CudaMirror() override
-    {
-        // The index frees its memory next, on this device.
-        try {
-            ctx_.make_current();
-        } catch (const Error&) {
-        }
-    }
-    size_t entries() const override { return index_.ntotal(); }
-    size_t bytes() const override { return index_.memory_use().total(); }
 
 private:
-    // The device is made current before the index is built (current_) and
-    // before every call: this process may serve several GPUs.
-    struct Current {
-        explicit Current(GpuContext& c) { c.make_current(); }
-    };
-    GpuContext& ctx_;
-    Current current_;
-    GpuIvfPqIndex index_;
     bool vectors_, keys_;
 };
 
 // The mirror of an index with RaBitQ codes: the codes' estimates rank the
 // candidates; no vectors, so the backends re-rank from the heap.
-class CudaRabitqMirror final : public Mirror {
+class CudaRabitqMirror final : public CudaMirrorOf<gpu::GpuRabitqIndex> {
 public:
     CudaRabitqMirror(GpuContext& ctx, const MirrorSpec& s)
-        : ctx_(ctx), current_((require_rabitq_spec(s), ctx)),
-          index_(ctx, s.d, s.lists, s.rabitq_bits, s.metric, s.centroids, s.rabitq_model, s.filter_keys)
+        : CudaMirrorOf(ctx, (require_rabitq_spec(s), s.d), s.lists, s.rabitq_bits, s.metric, s.centroids,
+                       s.rabitq_model, s.filter_keys)
     {
     }
     void add(size_t n, const int32_t* list_ids, const uint8_t* codes, const int64_t* labels,
@@ -147,28 +161,6 @@ public:
     {
         throw Error(ErrorKind::Unsupported, "a mirror with RaBitQ codes keeps no vectors for an exact search");
     }
-    size_t remove(size_t n, const int64_t* labels) override
-    {
-        ctx_.make_current();
-        return index_.remove_ids(labels, n);
-    }
-    ~CudaRabitqMirror() override
-    {
-        try {
-            ctx_.make_current();
-        } catch (const Error&) {
-        }
-    }
-    size_t entries() const override { return index_.ntotal(); }
-    size_t bytes() const override { return index_.memory_use().total(); }
-
-private:
-    struct Current {
-        explicit Current(GpuContext& c) { c.make_current(); }
-    };
-    GpuContext& ctx_;
-    Current current_;
-    gpu::GpuRabitqIndex index_;
 };
 
 // A metric index's mirror on the GPU: MetricMirror's labels, ids and
