@@ -72,7 +72,7 @@ batch() {  # NAME: gpu_ivfpq_knn_batch of 10,000 queries, k 10, probes 32, on th
 }
 mirror() {
   psql -qAtc "SELECT gpu_ivfpq_prewarm('base_idx')" >/dev/null || true
-  say "mirror on the GPU: $(psql -qAtc "SELECT sum(memory_used_mb) FROM gpu_ivfpq_devices") MB ($(psql -qAtc "SELECT round(sum(memory_used_mb) * 1048576.0 / $N, 1) FROM gpu_ivfpq_devices") bytes per row)"
+  say "mirror on the GPU: $(psql -qAtc "SELECT sum(memory_used_mb) FROM gpu_ivfpq_devices") MB ($(psql -qAtc "SELECT round((sum(memory_used_mb) * 1048576.0 / $N)::numeric, 1) FROM gpu_ivfpq_devices") bytes per row)"
 }
 
 build "lists = $LISTS, m = $M"
