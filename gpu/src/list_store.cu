@@ -124,7 +124,8 @@ void ListStore::append(const char* who, size_t n, const int32_t* list_ids, const
     require(ntotal + n < (size_t(1) << 31), "GPU index: more than 2^31 vectors");
     std::vector<size_t> count(lists + 1, 0);
     for (size_t i = 0; i < n; ++i) {
-        require(list_ids[i] >= 0 && static_cast<size_t>(list_ids[i]) < lists, w + ": list id out of range");
+        if (list_ids[i] < 0 || static_cast<size_t>(list_ids[i]) >= lists)  // no message built per entry
+            throw Error(ErrorKind::InvalidArgument, w + ": list id out of range");
         count[list_ids[i] + 1]++;
     }
     for (size_t l = 0; l < lists; ++l)
