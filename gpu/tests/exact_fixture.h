@@ -21,13 +21,6 @@
 
 namespace gputest {
 
-inline uint64_t bits_of(double v)
-{
-    uint64_t b;
-    std::memcpy(&b, &v, sizeof b);
-    return b;
-}
-
 // A trained model, its CPU encoding of n clustered vectors (ids unlike
 // positions) and every stored vector by id, as the index was given it.
 // Every row also has a filter key (used only by indexes with filter_keys):

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <sstream>
 #include <string>
@@ -109,6 +110,34 @@ inline std::string shape(const char* what, std::initializer_list<std::pair<const
     for (auto& p : kv)
         os << " " << p.first << "=" << p.second;
     return os.str();
+}
+
+// The bits of a value, to compare results bit for bit.
+inline uint32_t bits_of(float v)
+{
+    uint32_t b;
+    std::memcpy(&b, &v, sizeof b);
+    return b;
+}
+inline uint64_t bits_of(double v)
+{
+    uint64_t b;
+    std::memcpy(&b, &v, sizeof b);
+    return b;
+}
+
+// check(d, bits, metric) for every metric, d = 100 (plane padding) and 128,
+// and each of bits, under a trace naming the shape and the seed s.
+template <typename Check>
+void for_each_rabitq_shape(const char* what, uint64_t s, std::initializer_list<int> bits, Check check)
+{
+    for (gpuivfpq::Metric metric :
+         {gpuivfpq::Metric::L2, gpuivfpq::Metric::InnerProduct, gpuivfpq::Metric::Cosine})
+        for (size_t d : {size_t(100), size_t(128)})
+            for (int b : bits) {
+                SCOPED_TRACE(shape(what, {{"metric", double(int(metric))}, {"d", double(d)}, {"bits", double(b)}}, s));
+                check(d, b, metric);
+            }
 }
 
 // The inverted lists of a CPU-encoded database, and the CPU engine's

@@ -30,13 +30,6 @@ using gpuivfpq::gpu::KeyRange;
 
 namespace {
 
-uint32_t bits_of(float f)
-{
-    uint32_t u;
-    std::memcpy(&u, &f, sizeof(u));
-    return u;
-}
-
 // An index's rows as the pages hold them (code, then factors), and the
 // model, on the host.
 struct Fixture {
@@ -215,13 +208,8 @@ TEST(RabitqIndex, SameEstimatesAsCpu)
 {
     GPU_REQUIRE_DEVICE();
     const uint64_t s = seed(4501);
-    for (Metric metric : {Metric::L2, Metric::InnerProduct, Metric::Cosine})
-        for (size_t d : {size_t(100), size_t(128)})
-            for (int bits : {1, 4, 8}) {
-                SCOPED_TRACE(shape("rabitq index", {{"metric", double(int(metric))}, {"d", double(d)},
-                                                    {"bits", double(bits)}}, s));
-                check_index(d, bits, metric, s);
-            }
+    for_each_rabitq_shape("rabitq index", s, {1, 4, 8},
+                          [s](size_t d, int bits, Metric metric) { check_index(d, bits, metric, s); });
 }
 
 TEST(RabitqIndex, SentenceEmbeddingSize)

@@ -25,13 +25,6 @@ using gpuivfpq::gpu::RabitqPair;
 
 namespace {
 
-uint32_t bits_of(float f)
-{
-    uint32_t u;
-    std::memcpy(&u, &f, sizeof(u));
-    return u;
-}
-
 // Rows encoded with `bits` bits against `lists` centroids (rows of the set),
 // sorted by list; queries scanned over their `probes` nearest lists on both
 // engines.
@@ -117,13 +110,8 @@ TEST(RabitqScan, SameBitsAsCpu)
 {
     GPU_REQUIRE_DEVICE();
     const uint64_t s = seed(4401);
-    for (Metric metric : {Metric::L2, Metric::InnerProduct, Metric::Cosine})
-        for (size_t d : {size_t(100), size_t(128)})
-            for (int bits : {1, 2, 4, 7, 8}) {
-                SCOPED_TRACE(shape("rabitq scan", {{"metric", double(int(metric))}, {"d", double(d)},
-                                                   {"bits", double(bits)}}, s));
-                check_scan(d, bits, metric, s);
-            }
+    for_each_rabitq_shape("rabitq scan", s, {1, 2, 4, 7, 8},
+                          [s](size_t d, int bits, Metric metric) { check_scan(d, bits, metric, s); });
 }
 
 TEST(RabitqScan, SentenceEmbeddingSize)
