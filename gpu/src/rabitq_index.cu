@@ -79,6 +79,7 @@ struct PairArgs {
     const int64_t* key_hi;
     unsigned long long* matched;  // nq, or null
     float* cand;             // nq x ld
+    float eps0;              // > 0: rank by lower bounds (RabitqModel::scan_keys)
     int d, bits, plane_bytes, code_bytes, row_bytes, nprobe, max_len, metric;
     int64_t ld;
 };
@@ -89,7 +90,7 @@ __global__ void __launch_bounds__(kThreads) rabitq_pairs_kernel(PairArgs a)
     double* rot = reinterpret_cast<double*>(smem);                        // plane_bytes * 8
     float* lut = reinterpret_cast<float*>(rot + size_t(a.plane_bytes) * 8);  // plane_bytes * 32 (nibbles)
     __shared__ double part[8];
-    __shared__ float base, add_scale, ip_scale;
+    __shared__ float base, add_scale, ip_scale, bound_scale;
     __shared__ unsigned long long in_range;
 
     const int q = blockIdx.y, p = blockIdx.x;
@@ -150,6 +151,9 @@ __global__ void __launch_bounds__(kThreads) rabitq_pairs_kernel(PairArgs a)
     }
     if (threadIdx.x == 0) {
         const double qsq = __dadd_rn(__dadd_rn(part[0], part[1]), __dadd_rn(part[2], part[3]));
+        // prepare_list's bound scale: 2 ||q - c|| for L2, ||q - c|| else.
+        const double qn = __dsqrt_rn(qsq);
+        bound_scale = __double2float_rn(a.metric == int(Metric::L2) ? __dmul_rn(2.0, qn) : qn);
         switch (a.metric) {
         case int(Metric::L2):
             base = __double2float_rn(qsq);
@@ -190,7 +194,16 @@ __global__ void __launch_bounds__(kThreads) rabitq_pairs_kernel(PairArgs a)
         const uint8_t* row = rows + size_t(r) * a.row_bytes;
         const float ip = rabitq_code_ip_nibbles(lut, row, a.plane_bytes, a.bits);
         const RabitqFactors f = *reinterpret_cast<const RabitqFactors*>(row + a.code_bytes);
-        out[r] = rabitq_estimate(base, add_scale, ip_scale, f, ip);
+        const float est = rabitq_estimate(base, add_scale, ip_scale, f, ip);
+        if (a.eps0 > 0.0f) {
+            // finish_estimate's bound (+inf where it is not a number >= 0), subtracted.
+            float bound = __fmul_rn(__fmul_rn(bound_scale, f.error), a.eps0);
+            if (!(bound >= 0.0f))
+                bound = inf;
+            out[r] = __fsub_rn(est, bound);
+        } else {
+            out[r] = est;
+        }
     }
     if (a.matched && keys) {
         if (mine)
@@ -238,7 +251,7 @@ struct GpuRabitqIndex::Impl : ListStore {
     // nprobe lists into dist / labels (device, nt x k), with the key range
     // and counts (device) when lo is set.
     void search_tile(float* dq, size_t nt, size_t k, size_t nprobe, const int64_t* lo, const int64_t* hi,
-                     int64_t* matched, float* dist, int64_t* labels)
+                     int64_t* matched, float eps0, float* dist, int64_t* labels)
     {
         const size_t ml = std::max<size_t>(max_len, 1);
         const size_t ld = nprobe * ml;
@@ -277,6 +290,7 @@ struct GpuRabitqIndex::Impl : ListStore {
         a.key_hi = hi;
         a.matched = reinterpret_cast<unsigned long long*>(matched);
         a.cand = cand;
+        a.eps0 = eps0;
         a.d = int(d);
         a.bits = bits;
         a.plane_bytes = int(plane_bytes);
@@ -381,9 +395,11 @@ void GpuRabitqIndex::add(size_t n, const int32_t* list_ids, const uint8_t* rows,
 size_t GpuRabitqIndex::remove_ids(const int64_t* ids, size_t n) { return impl_->remove(ids, n); }
 
 void GpuRabitqIndex::search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist,
-                            int64_t* labels, const KeyRange* ranges) const
+                            int64_t* labels, const KeyRange* ranges, float eps0) const
 {
     Impl& I = *impl_;
+    if (!(eps0 >= 0.0f) || std::isinf(eps0))
+        throw Error(ErrorKind::InvalidArgument, "GPU RaBitQ search: eps0 must be a number >= 0");
     if (k < 1 || k > kMaxSelectK)
         throw Error(ErrorKind::InvalidArgument,
                     "GPU RaBitQ search: k must be in [1, " + std::to_string(kMaxSelectK) + "]");
@@ -426,7 +442,7 @@ void GpuRabitqIndex::search(const float* queries, size_t nq, size_t k, size_t np
             copy_to_device(I.ctx, hi, ranges->hi + t0, nt * sizeof(int64_t));
         }
         I.search_tile(dq, nt, k, nprobe, keyed ? lo : nullptr, keyed ? hi : nullptr, counted ? matched : nullptr,
-                      dd, dl);
+                      eps0, dd, dl);
         copy_to_host_async(I.ctx, dist + t0 * k, dd, nt * k * sizeof(float));
         copy_to_host_async(I.ctx, labels + t0 * k, dl, nt * k * sizeof(int64_t));
         if (counted)

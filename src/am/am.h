@@ -599,7 +599,7 @@ extern void GpuIvfpqRabitqEncode(const gpuivfpq::RabitqModel *model, const float
 extern int64 GpuIvfpqRabitqRankLists(Relation index, const GpuIvfpqMetaPageData *meta,
 									 const GpuIvfpqListDirEntry *dir, const float *query, int probes,
 									 const GpuIvfpqKeyRange *range, gpuivfpq::TopK *topk,
-									 int64 *labels, int *nlabels);
+									 int64 *labels, double *lower, int *nlabels);
 extern const char *GpuIvfpqRabitqCodeProblem(const GpuIvfpqMetaPageData *meta, const uint8 *code);
 
 /* ---- build.cpp ---- */

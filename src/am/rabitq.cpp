@@ -70,17 +70,19 @@ GpuIvfpqRabitqEncode(const gpuivfpq::RabitqModel *model, const float *x, int n, 
 
 /*
  * The CPU engine's candidates in an index with RaBitQ codes: ranks every
- * entry of the probes lists nearest to query by its code's distance
- * estimate through topk (emptied again on return) and writes the best
- * labels, nearest first, to labels (room for topk->k()); *nlabels says how
- * many. With range, only entries whose filter key lies in it are ranked.
- * Returns how many entries those lists hold (within range). The caller
- * re-ranks the labels with exact distances from the heap.
+ * entry of the probes lists nearest to query by the lower bound of its
+ * code's distance estimate (RabitqModel::scan_keys at kRabitqLowerEps0, as
+ * the GPU ranks them) through topk (emptied again on return) and writes the
+ * best labels, lowest bound first, to labels and their bounds to lower
+ * (room for topk->k() each); *nlabels says how many. With range, only
+ * entries whose filter key lies in it are ranked. Returns how many entries
+ * those lists hold (within range). The caller re-ranks the labels with
+ * exact distances from the heap, in that order (GpuIvfpqRerankBounded).
  */
 int64
 GpuIvfpqRabitqRankLists(Relation index, const GpuIvfpqMetaPageData *meta, const GpuIvfpqListDirEntry *dir,
 						const float *query, int probes, const GpuIvfpqKeyRange *range,
-						gpuivfpq::TopK *topk, int64 *labels, int *nlabels)
+						gpuivfpq::TopK *topk, int64 *labels, double *lower, int *nlabels)
 {
 	gpuivfpq::RabitqModel *model = GpuIvfpqGetRabitqModel(index, meta);
 	GpuIvfpqEntryLayout el = GpuIvfpqLayoutOf(meta);
@@ -119,8 +121,8 @@ GpuIvfpqRabitqRankLists(Relation index, const GpuIvfpqMetaPageData *meta, const 
 			for (int i = 0; i < n; i++)
 				memcpy(&factors[i], GpuIvfpqEntryCode(ent, i, &el) + cb, sizeof(gpuivfpq::RabitqFactors));
 			GpuIvfpqGuard("list scan", [&] {
-				model->scan(*lq, GpuIvfpqEntryCode(ent, 0, &el), (size_t) el.size, factors, (size_t) n,
-							0.0f, est, nullptr);
+				model->scan_keys(*lq, GpuIvfpqEntryCode(ent, 0, &el), (size_t) el.size, factors, (size_t) n,
+								 gpuivfpq::kRabitqLowerEps0, est);
 			});
 			for (int i = 0; i < n; i++)
 			{
@@ -136,7 +138,10 @@ GpuIvfpqRabitqRankLists(Relation index, const GpuIvfpqMetaPageData *meta, const 
 	*nlabels = 0;
 	GpuIvfpqGuard("k-selection", [&] {
 		for (const auto &nb : topk->take_sorted())
-			labels[(*nlabels)++] = nb.label;
+		{
+			labels[*nlabels] = nb.label;
+			lower[(*nlabels)++] = nb.dist;
+		}
 	});
 	MemoryContextSwitchTo(old);
 	MemoryContextDelete(roundctx);

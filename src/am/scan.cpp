@@ -57,6 +57,22 @@ typedef struct GpuIvfpqScanOpaqueData
 	int			nresults;
 	int			next;
 
+	/*
+	 * A round ranked by lower bounds (RaBitQ codes) is re-ranked lazily: its
+	 * candidates are fetched in bound order only while a bound is below the
+	 * nearest row fetched and not yet returned (LazyNext).
+	 */
+	bool		lazy;			/* the current round is such a round */
+	int64	   *cand_labels;	/* its candidates, lowest bound first */
+	double	   *cand_lower;		/* their bounds, as exact distances */
+	int			ncand;
+	int			cand_next;		/* the next candidate to fetch */
+	double		tail;			/* bound of every entry the round did not rank */
+	GpuIvfpqHit *pending;		/* fetched, not returned: a heap, nearest first */
+	int			npending;
+	int			pending_cap;
+	GpuIvfpqHit lazy_hit;		/* the row LazyNext returned last */
+
 	/* instrumentation, reported at DEBUG1 when the scan ends */
 	int			gpu_rounds;		/* rounds the GPU service served */
 	int			gpu_exact_rounds;	/* of which it re-ranked */
@@ -240,6 +256,12 @@ gpuivfpqrescan(IndexScanDesc scan, ScanKey keys, int nkeys, ScanKey orderbys, in
 	so->results = NULL;
 	so->nresults = 0;
 	so->next = 0;
+	so->lazy = false;
+	so->ncand = 0;
+	so->cand_next = 0;
+	so->pending = NULL;
+	so->npending = 0;
+	so->pending_cap = 0;
 	so->query = NULL;
 	so->null_query = true;
 	so->unranked = false;
@@ -377,6 +399,152 @@ HeapRerank(IndexScanDesc scan, int64 *labels, int n)
 	so->heap_reranked += fetched;
 }
 
+/* a sorts before b in the pending heap (GpuIvfpqHitLess: NaN distances last). */
+static inline bool
+PendingBefore(const GpuIvfpqHit &a, const GpuIvfpqHit &b)
+{
+	return GpuIvfpqHitLess(a, b);
+}
+
+static void
+PendingPush(GpuIvfpqScanOpaque so, const GpuIvfpqHit *h)
+{
+	int			i;
+
+	if (so->npending == so->pending_cap)
+	{
+		int			cap = Max(64, so->pending_cap * 2);
+
+		so->pending = so->pending == NULL
+			? (GpuIvfpqHit *) MemoryContextAlloc(so->batchctx, sizeof(GpuIvfpqHit) * cap)
+			: (GpuIvfpqHit *) repalloc(so->pending, sizeof(GpuIvfpqHit) * cap);
+		so->pending_cap = cap;
+	}
+	i = so->npending++;
+	while (i > 0 && PendingBefore(*h, so->pending[(i - 1) / 2]))
+	{
+		so->pending[i] = so->pending[(i - 1) / 2];
+		i = (i - 1) / 2;
+	}
+	so->pending[i] = *h;
+}
+
+static GpuIvfpqHit
+PendingPop(GpuIvfpqScanOpaque so)
+{
+	GpuIvfpqHit top = so->pending[0];
+	GpuIvfpqHit last = so->pending[--so->npending];
+	int			i = 0;
+
+	for (;;)
+	{
+		int			c = 2 * i + 1;
+
+		if (c >= so->npending)
+			break;
+		if (c + 1 < so->npending && PendingBefore(so->pending[c + 1], so->pending[c]))
+			c++;
+		if (!PendingBefore(so->pending[c], last))
+			break;
+		so->pending[i] = so->pending[c];
+		i = c;
+	}
+	if (so->npending > 0)
+		so->pending[i] = last;
+	return top;
+}
+
+/*
+ * Starts a round ranked by lower bounds (RaBitQ codes): labels and their
+ * bounds (ranking units), lowest first, are fetched by LazyNext. The rows
+ * the round did not rank are bounded by its last candidate's bound (the
+ * GPU and the CPU engine rank by bound); a round no other follows bounds
+ * nothing.
+ */
+static void
+LazyRound(IndexScanDesc scan, int64 *labels, const double *lower, int n, bool last_round)
+{
+	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
+	double	   *bounds = (double *) MemoryContextAllocHuge(so->batchctx, sizeof(double) * Max(n, 1));
+	double		prev = -get_float8_infinity();
+
+	EnsureHeapAccess(scan);
+	for (int i = 0; i < n; i++)
+	{
+		/*
+		 * Bounds come sorted; a device that sent them out of order (never
+		 * expected) must not stop the fetch early: each is at most the next.
+		 */
+		bounds[i] = Max(GpuIvfpqLowerToExact(so->metric, lower[i]), prev);
+		prev = bounds[i];
+	}
+	so->cand_labels = labels;
+	so->cand_lower = bounds;
+	so->ncand = n;
+	so->cand_next = 0;
+	so->tail = last_round || n == 0 ? get_float8_infinity() : bounds[n - 1];
+	so->lazy = true;
+}
+
+/*
+ * The next row of a lazy round, nearest first: fetches candidates in bound
+ * order while the next bound (or the round's tail) lies below the nearest
+ * row fetched and not yet returned. false when the round is done: rows
+ * fetched but past its tail wait in pending for the next, wider round (its
+ * candidates skip them: seen). With strict order, rows nearer than the last
+ * row returned (found by a wider round) are skipped, as ChooseReturned does.
+ */
+static bool
+LazyNext(IndexScanDesc scan, GpuIvfpqHit *out)
+{
+	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
+	GpuIvfpqRerankSpec spec;
+
+	memset(&spec, 0, sizeof(spec));
+	spec.metric = so->metric;
+	spec.query = so->query;
+	spec.dim = so->meta.dimensions;
+	spec.seen = so->seen;
+	spec.index_tids = true;
+	for (;;)
+	{
+		double		t = so->cand_next < so->ncand ? so->cand_lower[so->cand_next] : so->tail;
+
+		if (so->npending > 0 &&
+			(isinf(t) && t > 0 ? true : !isnan(so->pending[0].dist) && so->pending[0].dist <= t))
+		{
+			GpuIvfpqHit h = PendingPop(so);
+
+			if (gpu_ivfpq_strict_order && so->returned_any && DistanceBefore(h.dist, so->last.dist))
+			{
+				so->skipped_late++;
+				continue;
+			}
+			*out = h;
+			return true;
+		}
+		if (so->cand_next < so->ncand)
+		{
+			GpuIvfpqHit h;
+			int64		fetched = 0;
+			instr_time	start,
+						end;
+
+			INSTR_TIME_SET_CURRENT(start);
+			if (GpuIvfpqRerankOne(&so->hf, &spec, so->cand_labels[so->cand_next], &h, &fetched))
+				PendingPush(so, &h);
+			INSTR_TIME_SET_CURRENT(end);
+			INSTR_TIME_ACCUM_DIFF(so->rerank_time, end, start);
+			so->cand_next++;
+			so->reranked += fetched;
+			so->heap_reranked += fetched;
+			continue;
+		}
+		so->lazy = false;
+		return false;
+	}
+}
+
 /*
  * Takes candidates already re-ranked (by the GPU or from the list pages'
  * vector copies: exact distances, in exact order) as the next batch of
@@ -401,14 +569,17 @@ TakeExact(IndexScanDesc scan, const int64 *labels, const double *exact, int n)
 
 /*
  * One round on the CPU engine: the want best entries of the probed lists by
- * ADC distance, into labels (allocated here, in the batch context); with
- * exact (room for want; an index with vector copies), re-ranked.
+ * ADC distance, into labels (allocated here, in the batch context); exact
+ * (room for want) receives what GpuIvfpqAnswerDists the round returns says:
+ * in an index with vector copies, exact distances (re-ranked); with RaBitQ
+ * codes, the lower bounds the entries are ranked by.
  */
-static void
+static GpuIvfpqAnswerDists
 CpuRound(IndexScanDesc scan, int want, int64 **labels, double *exact, int *nlabels)
 {
 	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
 	bool		rabitq = GpuIvfpqIsRabitq(&so->meta);
+	bool		vectors = GpuIvfpqLayoutOf(&so->meta).vdim > 0;
 	MemoryContext roundctx;
 	gpuivfpq::TopK *topk;
 
@@ -441,16 +612,17 @@ CpuRound(IndexScanDesc scan, int want, int64 **labels, double *exact, int *nlabe
 	topk = GpuIvfpqMakeOwned<gpuivfpq::TopK>(roundctx, "k-selection", (size_t) want);
 	*labels = (int64 *) palloc_extended(sizeof(int64) * Max(want, 1), MCXT_ALLOC_HUGE);
 	if (rabitq)
-		/* Candidates by the codes' estimates, re-ranked from the heap (no exact here). */
+		/* Candidates by the bounds of the codes' estimates, re-ranked from the heap (LazyRound). */
 		so->entries_seen = GpuIvfpqRabitqRankLists(scan->indexRelation, &so->meta, so->dir, so->query,
 												   so->probes, so->filtered ? &so->range : NULL, topk,
-												   *labels, nlabels);
+												   *labels, exact, nlabels);
 	else
 		so->entries_seen = GpuIvfpqRankLists(scan->indexRelation, &so->meta, so->dir, so->model,
 											 so->prepared, so->probes, so->filtered ? &so->range : NULL,
-											 topk, so->query, *labels, exact, nlabels);
+											 topk, so->query, *labels, vectors ? exact : NULL, nlabels);
 	so->codes_scanned += so->entries_seen;
 	MemoryContextDelete(roundctx);
+	return vectors ? GPU_IVFPQ_DISTS_EXACT : rabitq ? GPU_IVFPQ_DISTS_LOWER : GPU_IVFPQ_DISTS_NONE;
 }
 
 /*
@@ -501,8 +673,9 @@ FilteredProbes(IndexScanDesc scan, int64 matched)
  * candidates were re-ranked or a round ranked every entry of every list.
  * Every entry of the probed lists is a candidate, its ADC distance finite
  * or not (gpuivfpq::rank_distance), so a round asks for no more than what
- * is there and the rounds end. What a round returns: ChooseReturned.
- * Returns false when nothing is left.
+ * is there and the rounds end. What a round returns: ChooseReturned; a
+ * round ranked by lower bounds (RaBitQ codes) returns its rows one by one
+ * instead (LazyRound, LazyNext). Returns false when nothing is left.
  */
 static bool
 NextBatch(IndexScanDesc scan)
@@ -520,7 +693,7 @@ NextBatch(IndexScanDesc scan)
 		MemoryContext old = MemoryContextSwitchTo(so->batchctx);
 		int64	   *labels = NULL;
 		double	   *exact = NULL;
-		bool		is_exact = false;
+		GpuIvfpqAnswerDists dists = GPU_IVFPQ_DISTS_NONE;
 		int			nlabels = 0;
 		int64		matched = 0;	/* a filtered round: entries of its lists in range */
 
@@ -619,7 +792,7 @@ NextBatch(IndexScanDesc scan)
 
 				nlabels = GpuIvfpqServiceSearch(scan->indexRelation, &so->meta, so->query, want,
 												so->probes, so->filtered ? &so->range : NULL,
-												&matched, labels, exact, &is_exact, &batch);
+												&matched, labels, exact, &dists, &batch);
 				if (nlabels >= 0)
 				{
 					/*
@@ -628,15 +801,14 @@ NextBatch(IndexScanDesc scan)
 					 */
 					so->entries_seen = nlabels < want ? nlabels : (int64) nlabels + 1;
 					so->gpu_rounds++;
-					so->gpu_exact_rounds += is_exact;
+					so->gpu_exact_rounds += dists == GPU_IVFPQ_DISTS_EXACT;
 					so->gpu_batch_sum += batch;
 				}
 			}
 			if (nlabels < 0)
 			{
 				pfree(labels);
-				CpuRound(scan, want, &labels, vectors ? exact : NULL, &nlabels);
-				is_exact = vectors;
+				dists = CpuRound(scan, want, &labels, exact, &nlabels);
 				matched = so->entries_seen;
 			}
 			INSTR_TIME_SET_CURRENT(end);
@@ -670,8 +842,17 @@ NextBatch(IndexScanDesc scan)
 		}
 		so->started = true;
 		MemoryContextSwitchTo(old);
-		so->heap_round = !is_exact;
-		if (is_exact)
+		so->heap_round = dists != GPU_IVFPQ_DISTS_EXACT;
+		/* The last round: every list probed and every entry of them ranked. */
+		so->final_round = so->exhausted ||
+			(so->probes >= (int) so->meta.lists && so->entries_seen <= (int64) nlabels);
+		if (dists == GPU_IVFPQ_DISTS_LOWER && !so->null_query)
+		{
+			LazyRound(scan, labels, exact, nlabels,
+					  so->final_round || so->reranked >= gpu_ivfpq_max_scan_tuples);
+			return true;
+		}
+		if (dists == GPU_IVFPQ_DISTS_EXACT)
 			TakeExact(scan, labels, exact, nlabels);
 		else
 		{
@@ -683,9 +864,6 @@ NextBatch(IndexScanDesc scan)
 			INSTR_TIME_SET_CURRENT(end);
 			INSTR_TIME_ACCUM_DIFF(so->rerank_time, end, start);
 		}
-		/* The last round: every list probed and every entry of them ranked. */
-		so->final_round = so->exhausted ||
-			(so->probes >= (int) so->meta.lists && so->entries_seen <= (int64) nlabels);
 		/* Only a round that another may follow holds its tail back. */
 		ChooseReturned(so, !so->final_round && so->reranked < gpu_ivfpq_max_scan_tuples);
 		if (so->nresults > 0)
@@ -703,9 +881,31 @@ gpuivfpqgettuple(IndexScanDesc scan, ScanDirection dir)
 
 	if (!ScanDirectionIsForward(dir))
 		elog(ERROR, "gpu_ivfpq only supports forward scans");
-	if (so->next >= so->nresults && !NextBatch(scan))
-		return false;
-	r = &so->results[so->next++];
+	for (;;)
+	{
+		if (so->lazy)
+		{
+			if (LazyNext(scan, &so->lazy_hit))
+			{
+				r = &so->lazy_hit;
+				break;
+			}
+		}
+		else if (so->next < so->nresults)
+		{
+			r = &so->results[so->next++];
+			break;
+		}
+		if (!NextBatch(scan))
+		{
+			/* No round follows: what a lazy round held back past its tail comes now. */
+			if (so->npending == 0)
+				return false;
+			so->ncand = so->cand_next = 0;
+			so->tail = get_float8_infinity();
+			so->lazy = true;
+		}
+	}
 	so->last = *r;
 	so->returned_any = true;
 	/* Every returned row, whichever way its round re-ranked (a heap round entered it already). */

@@ -66,6 +66,41 @@ GpuIvfpqHeapFetchEnd(GpuIvfpqHeapFetch *hf)
 	MemoryContextDelete(hf->rowctx);
 }
 
+bool
+GpuIvfpqRerankOne(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spec, int64 label, GpuIvfpqHit *hit,
+				  int64 *fetched)
+{
+	ItemPointerData tid;
+	ItemPointerData row_tid;
+	int			vdim;
+	const float *v;
+	double		dist;
+
+	GpuIvfpqLabelToTid(label, &tid);
+	if (spec->seen != NULL)
+	{
+		bool		found;
+
+		(void) hash_search(spec->seen, &tid, HASH_ENTER, &found);
+		if (found)
+			return false;
+	}
+	(*fetched)++;
+	row_tid = tid;
+	v = GpuIvfpqHeapFetchVector(hf, &row_tid, &vdim);
+	CHECK_FOR_INTERRUPTS();
+	if (v == NULL || (spec->query != NULL && vdim != spec->dim))
+		return false;
+	dist = spec->query != NULL ? GpuIvfpqExactDistance(spec->metric, spec->query, v, spec->dim)
+		: get_float8_nan();
+	/* NaN is never within a radius. */
+	if (spec->bounded && !(dist <= spec->radius))
+		return false;
+	hit->dist = dist;
+	hit->tid = spec->index_tids ? tid : row_tid;
+	return true;
+}
+
 int64
 GpuIvfpqRerank(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spec, int64 *labels, int64 n,
 			   GpuIvfpqHit *hits, int64 *fetched)
@@ -77,40 +112,101 @@ GpuIvfpqRerank(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spec, int64 *lab
 	std::sort(labels, labels + n);
 	for (int64 i = 0; i < n; i++)
 	{
-		ItemPointerData tid;
-		ItemPointerData row_tid;
-		int			vdim;
-		const float *v;
-		double		dist;
-
 		if (i > 0 && labels[i] == labels[i - 1])
 			continue;
-		GpuIvfpqLabelToTid(labels[i], &tid);
-		if (spec->seen != NULL)
-		{
-			bool		found;
-
-			(void) hash_search(spec->seen, &tid, HASH_ENTER, &found);
-			if (found)
-				continue;
-		}
-		looked++;
-		row_tid = tid;
-		v = GpuIvfpqHeapFetchVector(hf, &row_tid, &vdim);
-		CHECK_FOR_INTERRUPTS();
-		if (v == NULL || (spec->query != NULL && vdim != spec->dim))
-			continue;
-		dist = spec->query != NULL ? GpuIvfpqExactDistance(spec->metric, spec->query, v, spec->dim)
-			: get_float8_nan();
-		/* NaN is never within a radius. */
-		if (spec->bounded && !(dist <= spec->radius))
-			continue;
-		hits[nhits].dist = dist;
-		hits[nhits].tid = spec->index_tids ? tid : row_tid;
-		nhits++;
+		if (GpuIvfpqRerankOne(hf, spec, labels[i], &hits[nhits], &looked))
+			nhits++;
 	}
 	if (spec->query != NULL)
 		GpuIvfpqSortHits(hits, nhits);
+	if (fetched != NULL)
+		*fetched = looked;
+	return nhits;
+}
+
+double
+GpuIvfpqLowerToExact(int metric, double lower)
+{
+	if (isnan(lower))
+		return -get_float8_infinity();
+	/* L2 ranks by the square of the distance the operator returns. */
+	if ((gpuivfpq::Metric) metric == gpuivfpq::Metric::L2)
+		return lower > 0.0 ? sqrt(lower) : 0.0;
+	return lower;
+}
+
+/* The k-th smallest exact distance kept: a max-heap of k distances (NaN as +inf). */
+static void
+KthPush(double *heap, int64 *n, int64 k, double d)
+{
+	int64		i;
+
+	if (isnan(d))
+		d = get_float8_infinity();
+	if (*n == k)
+	{
+		/* Replace the largest if d is smaller, then sift it down. */
+		if (!(d < heap[0]))
+			return;
+		i = 0;
+		for (;;)
+		{
+			int64		c = 2 * i + 1;
+
+			if (c >= k)
+				break;
+			if (c + 1 < k && heap[c + 1] > heap[c])
+				c++;
+			if (!(heap[c] > d))
+				break;
+			heap[i] = heap[c];
+			i = c;
+		}
+		heap[i] = d;
+		return;
+	}
+	i = (*n)++;
+	while (i > 0 && heap[(i - 1) / 2] < d)
+	{
+		heap[i] = heap[(i - 1) / 2];
+		i = (i - 1) / 2;
+	}
+	heap[i] = d;
+}
+
+int64
+GpuIvfpqRerankBounded(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spec, const int64 *labels,
+					  const double *lower, int64 n, int64 k, GpuIvfpqHit *hits, int64 *fetched)
+{
+	int64		nhits = 0;
+	int64		looked = 0;
+	int64		nkth = 0;
+	double	   *kth = (double *) palloc(sizeof(double) * Max(k, 1));
+
+	for (int64 i = 0; i < n; i++)
+	{
+		/* Past the k-th exact distance: no later candidate can be nearer (where bounds hold). */
+		if (k > 0 && nkth == k && GpuIvfpqLowerToExact(spec->metric, lower[i]) > kth[0])
+			break;
+		if (GpuIvfpqRerankOne(hf, spec, labels[i], &hits[nhits], &looked))
+		{
+			if (k > 0)
+				KthPush(kth, &nkth, k, hits[nhits].dist);
+			nhits++;
+		}
+	}
+	pfree(kth);
+	if (spec->query != NULL)
+		GpuIvfpqSortHits(hits, nhits);
+	/* A label twice (never from a sound index): equal rows sort next to each other. */
+	{
+		int64		kept = 0;
+
+		for (int64 i = 0; i < nhits; i++)
+			if (kept == 0 || !ItemPointerEquals(&hits[kept - 1].tid, &hits[i].tid))
+				hits[kept++] = hits[i];
+		nhits = kept;
+	}
 	if (fetched != NULL)
 		*fetched = looked;
 	return nhits;

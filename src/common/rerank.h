@@ -84,6 +84,33 @@ extern int64 GpuIvfpqRerank(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spe
 							int64 n, GpuIvfpqHit *hits, int64 *fetched);
 
 /*
+ * Re-ranks one candidate label as GpuIvfpqRerank re-ranks each (seen,
+ * visibility, dimension, radius): true with *hit set when the row is kept.
+ */
+extern bool GpuIvfpqRerankOne(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spec, int64 label,
+							  GpuIvfpqHit *hit, int64 *fetched);
+
+/*
+ * A lower bound of the GPU or the CPU engine (RaBitQ codes rank candidates
+ * by them, in the metric's ranking units: squared for L2) as a bound of the
+ * exact distance the operators return; -inf for a value that is not a
+ * number (then it prunes nothing).
+ */
+extern double GpuIvfpqLowerToExact(int metric, double lower);
+
+/*
+ * Re-ranks candidates ranked by lower bounds (lower[i] of labels[i],
+ * ascending, ranking units): fetches them in that order and stops before
+ * the first whose bound exceeds the k-th smallest exact distance kept so
+ * far: where the bounds hold, the k nearest visible rows of the candidates
+ * are among those kept. Writes the kept rows to hits (room for n) in
+ * GpuIvfpqHitLess order, a label given twice once; returns how many.
+ * *fetched (if not NULL) counts the candidates looked up.
+ */
+extern int64 GpuIvfpqRerankBounded(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spec, const int64 *labels,
+								   const double *lower, int64 n, int64 k, GpuIvfpqHit *hits, int64 *fetched);
+
+/*
  * The TIDs of the rows of a table visible to a snapshot, one bit per line
  * pointer of each block: a function that checks the visibility of many
  * candidates of the whole table (the k-NN graph: k of every row) reads the

@@ -734,6 +734,25 @@ void RabitqModel::scan(const RabitqListQuery& lq, const uint8_t* codes, size_t c
     }
 }
 
+void RabitqModel::scan_keys(const RabitqListQuery& lq, const uint8_t* codes, size_t code_stride,
+                            const RabitqFactors* factors, size_t n, float eps0, float* key) const
+{
+    if (eps0 == 0.0f) {
+        scan(lq, codes, code_stride, factors, n, 0.0f, key, nullptr);
+        return;
+    }
+    // Bounds in chunks on the stack: scans run per list, inside callers
+    // that must not allocate per row.
+    constexpr size_t kChunk = 256;
+    float bound[kChunk];
+    for (size_t i = 0; i < n; i += kChunk) {
+        const size_t c = std::min(kChunk, n - i);
+        scan(lq, codes + i * code_stride, code_stride, factors + i, c, eps0, key + i, bound);
+        for (size_t r = 0; r < c; r++)
+            key[i + r] = key[i + r] - bound[r];
+    }
+}
+
 std::vector<int32_t> RabitqModel::probe_lists(const RabitqQuery& query, size_t nprobe) const
 {
     require(query.q.size() == d_, "RaBitQ: query was not prepared by a model of this dimension");
@@ -773,11 +792,13 @@ void RabitqModel::scan_probed(const RabitqList* lists, const float* q, size_t np
 }
 
 std::vector<Neighbor> RabitqModel::search(const RabitqList* lists, const float* q, size_t nprobe,
-                                          size_t k) const
+                                          size_t k, float eps0) const
 {
+    require(eps0 >= 0.0f, "RaBitQ: eps0 must not be negative");
     TopK top(k);
-    scan_probed(lists, q, nprobe, 0.0f, false,
-                [&](float est, float, int64_t label) { top.push(est, label); });
+    scan_probed(lists, q, nprobe, eps0, eps0 > 0.0f, [&](float est, float bound, int64_t label) {
+        top.push(eps0 > 0.0f ? est - bound : est, label);
+    });
     return top.take_sorted();
 }
 

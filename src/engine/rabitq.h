@@ -26,6 +26,13 @@ constexpr size_t kRabitqMaxDims = 2000;
 // scales (docs/rabitq-codes.md, "The error bound, and what eps0 means").
 constexpr float kRabitqDefaultEps0 = 1.9f;
 
+// The confidence of the lower bounds that scans rank candidates by and
+// re-rank against (estimate - bound: the true distance lies below it for
+// about 0.1% of pairs at eps0 = 3): a candidate whose lower bound exceeds
+// the k-th exact distance found so far is not fetched (docs/rabitq-codes.md,
+// "Re-ranking by lower bounds").
+constexpr float kRabitqLowerEps0 = 3.0f;
+
 // ---- Code layout (what the index pages and the GPU store per row) ----
 //
 // A row's code is `bits` bit planes of rabitq_plane_words(d) 32-bit words
@@ -263,14 +270,22 @@ public:
               const RabitqFactors* factors, size_t n, float eps0, float* estimate,
               float* bound) const;
 
+    // The rank keys of n rows of the prepared list (scan's arguments): the
+    // lower bound estimate - bound at eps0 (> 0), or the estimate (eps0 =
+    // 0). A bound of +inf (a row whose error is past the float range) gives
+    // -inf: such a row always ranks first.
+    void scan_keys(const RabitqListQuery& lq, const uint8_t* codes, size_t code_stride,
+                   const RabitqFactors* factors, size_t n, float eps0, float* key) const;
+
     // The nprobe lists nearest to a prepared query (brute_force_knn over the
     // centroids: L2, or -<q, c> for InnerProduct), nearest first.
     std::vector<int32_t> probe_lists(const RabitqQuery& query, size_t nprobe) const;
 
     // Reference search: the k rows of the nprobe nearest lists with the
-    // smallest estimates, ascending (lists: lists() entries).
-    std::vector<Neighbor> search(const RabitqList* lists, const float* q, size_t nprobe,
-                                 size_t k) const;
+    // smallest rank keys (scan_keys: the estimates, or with eps0 > 0 the
+    // lower bounds), ascending (lists: lists() entries).
+    std::vector<Neighbor> search(const RabitqList* lists, const float* q, size_t nprobe, size_t k,
+                                 float eps0 = 0.0f) const;
 
     // Candidates for an exact re-rank: every row of the probed lists whose
     // lower bound (estimate - bound) is at most the k-th smallest upper

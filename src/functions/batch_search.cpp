@@ -111,7 +111,7 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 	{
 		int64		cn = Min(bs->chunk, nq - c0);
 		bool		on_gpu = false;
-		bool		is_exact = false;
+		GpuIvfpqAnswerDists dists = GPU_IVFPQ_DISTS_NONE;
 		instr_time	t0,
 					t1;
 
@@ -120,7 +120,7 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 		if (bs->meta.trained)
 		{
 			on_gpu = GpuIvfpqServiceSearchBatch(bs->index, &bs->meta, queries + c0 * dim, cn, want,
-												bs->probes, false, bs->labels, bs->exact, &is_exact,
+												bs->probes, false, bs->labels, bs->exact, &dists,
 												&bs->segment);
 			for (int64 i = 0; i < cn; i++)
 			{
@@ -134,9 +134,10 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 						n++;
 				else if (GpuIvfpqIsRabitq(&bs->meta))
 				{
-					/* RaBitQ codes: candidates by estimate, re-ranked from the heap below. */
+					/* RaBitQ codes: candidates by lower bound, re-ranked from the heap below. */
 					(void) GpuIvfpqRabitqRankLists(bs->index, &bs->meta, bs->dir, queries + (c0 + i) * dim,
-												   bs->probes, NULL, bs->topk, bs->labels + i * want, &n);
+												   bs->probes, NULL, bs->topk, bs->labels + i * want,
+												   bs->exact + i * want, &n);
 					GpuIvfpqCountCpuQuery();
 				}
 				else
@@ -158,8 +159,10 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 				bs->gpu_queries += cn;
 			else
 				bs->cpu_queries += cn;
-			/* Re-ranked by the GPU, or by RankLists from the vector copies. */
-			is_exact = on_gpu ? is_exact : bs->vectors;
+			/* Re-ranked by the GPU, or by RankLists from the vector copies; RaBitQ: bounds. */
+			if (!on_gpu)
+				dists = bs->vectors ? GPU_IVFPQ_DISTS_EXACT
+					: GpuIvfpqIsRabitq(&bs->meta) ? GPU_IVFPQ_DISTS_LOWER : GPU_IVFPQ_DISTS_NONE;
 		}
 		INSTR_TIME_SET_CURRENT(t1);
 		INSTR_TIME_SUBTRACT(t1, t0);
@@ -173,9 +176,17 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 			/* Untrained, or a query too long to rank: it re-ranks every entry. */
 			if (!bs->meta.trained || !gpuivfpq::ivfpq_ranks_query(spec.query, (size_t) dim))
 				nh = GpuIvfpqRerank(&bs->hf, &spec, bs->all.labels, bs->all.n, bs->hits, NULL);
-			else if (is_exact)
+			else if (dists == GPU_IVFPQ_DISTS_EXACT)
 				nh = GpuIvfpqKeepVisible(&bs->hf, bs->visible, bs->labels + i * want, bs->exact + i * want,
 										 bs->counts[i], bs->k, bs->hits);
+			else if (dists == GPU_IVFPQ_DISTS_LOWER)
+			{
+				int64		fetched = 0;
+
+				nh = GpuIvfpqRerankBounded(&bs->hf, &spec, bs->labels + i * want, bs->exact + i * want,
+										   bs->counts[i], bs->k, bs->hits, &fetched);
+				bs->fetched += fetched;
+			}
 			else
 				nh = GpuIvfpqRerank(&bs->hf, &spec, bs->labels + i * want, bs->counts[i], bs->hits, NULL);
 			for (int64 r = 0; r < Min(nh, (int64) bs->k); r++)

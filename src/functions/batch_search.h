@@ -40,6 +40,7 @@ typedef struct GpuIvfpqBatchSearch
 	bool		all_read;		/* for an untrained index, or a query too long to rank */
 	int64		gpu_queries;
 	int64		cpu_queries;
+	int64		fetched;		/* candidates fetched from the heap by bound (RaBitQ codes) */
 	double		search_secs;	/* in the GPU requests or the CPU engine's list scans */
 	double		finish_secs;	/* visibility checks, re-ranks from the heap, the caller's rows */
 } GpuIvfpqBatchSearch;

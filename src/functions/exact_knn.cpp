@@ -210,10 +210,10 @@ ExactFromMirror(Relation heap, AttrNumber attnum, const float *queries, int64 nq
 	for (int64 c0 = 0; c0 < nq && served; c0 += chunk)
 	{
 		int64		cn = Min(chunk, nq - c0);
-		bool		is_exact = false;
+		GpuIvfpqAnswerDists dists = GPU_IVFPQ_DISTS_NONE;
 
 		if (!GpuIvfpqServiceSearchBatch(index, &meta, queries + c0 * d, cn, want, 1, true, labels,
-										exact, &is_exact, NULL) || !is_exact)
+										exact, &dists, NULL) || dists != GPU_IVFPQ_DISTS_EXACT)
 		{
 			served = false;
 			break;

@@ -38,8 +38,11 @@ struct MirrorSpec {
     // planes, then its RabitqFactors: the index pages' entry code),
     // codebooks is unused and rabitq_model points at the model blob
     // (rabitq_model_bytes(d, lists): the rotation, then P c; engine/rabitq.h).
-    // Such a mirror keeps no vectors: search ranks by the codes' estimates
-    // and the backends re-rank from the heap.
+    // Such a mirror keeps no vectors: search ranks by the lower bounds of
+    // the codes' estimates (estimate - bound at kRabitqLowerEps0, the rank
+    // keys of RabitqModel::scan_keys), returns them as the distances, and
+    // the backends re-rank from the heap, fetching candidates in that order
+    // until a lower bound passes the k-th exact distance.
     int rabitq_bits = 0;
     const void* rabitq_model = nullptr;
 };
@@ -69,6 +72,9 @@ public:
     virtual bool has_vectors() const = 0;
     // Whether entries carry filter keys (MirrorSpec::filter_keys).
     virtual bool has_keys() const = 0;
+    // Whether search's distances are lower bounds of the exact distances
+    // (a mirror with RaBitQ codes), not distances of their own.
+    virtual bool lower_bounds() const { return false; }
     // k best labels by ADC distance for nq queries through nprobe lists
     // (dist, labels: nq x k, padded with (+inf, -1)); with ranges (only on
     // a mirror with keys, else Error(InvalidArgument)), among the entries

@@ -37,7 +37,7 @@ void require_gpu_m(size_t d, size_t m)
 
 // A mirror of either kind of codes: PQ codes ranked by ADC distance, or
 // RaBitQ codes (each entry's bit planes, then its RabitqFactors, as the
-// index pages hold them) ranked by their distance estimates.
+// index pages hold them) ranked by their distances' lower bounds.
 class CpuMirror final : public Mirror {
 public:
     explicit CpuMirror(const MirrorSpec& spec)
@@ -85,6 +85,7 @@ public:
 
     bool has_vectors() const override { return !vectors_.empty(); }
     bool has_keys() const override { return !keys_.empty(); }
+    bool lower_bounds() const override { return rabitq_ != nullptr; }
 
     void search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist,
                 int64_t* labels, const KeyRanges* ranges) override
@@ -285,7 +286,7 @@ private:
             return probed_;
         }
 
-        // Distances (ADC, or RaBitQ estimates) of every entry of the p-th
+        // Distances (ADC, or RaBitQ lower bounds) of every entry of the p-th
         // probed list, list.
         void distances(size_t p, int32_t list, float* out)
         {
@@ -305,7 +306,8 @@ private:
             for (size_t i = 0; i < n; i++)
                 std::memcpy(&factors_[i], codes + i * m + planes, sizeof(RabitqFactors));
             mirror_.rabitq_->prepare_list(rabitq_query_, list, list_query_);
-            mirror_.rabitq_->scan(list_query_, codes, m, factors_.data(), n, 0.0f, out, nullptr);
+            // Ranked by lower bounds, as the GPU ranks them (rabitq_index.h).
+            mirror_.rabitq_->scan_keys(list_query_, codes, m, factors_.data(), n, kRabitqLowerEps0, out);
         }
 
     private:

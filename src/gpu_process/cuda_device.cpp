@@ -146,12 +146,14 @@ public:
     }
     bool has_vectors() const override { return false; }
     bool has_keys() const override { return index_.has_keys(); }
+    bool lower_bounds() const override { return true; }
     void search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist, int64_t* labels,
                 const KeyRanges* ranges) override
     {
         ctx_.make_current();
         const KeyRange r = to_gpu(ranges);
-        index_.search(queries, nq, k, nprobe, dist, labels, ranges ? &r : nullptr);
+        // Ranked by lower bounds: the backends re-rank in that order (compute_device.h).
+        index_.search(queries, nq, k, nprobe, dist, labels, ranges ? &r : nullptr, kRabitqLowerEps0);
     }
     void search_exact(const float*, size_t, size_t, size_t, double*, int64_t*, const KeyRanges*) override
     {

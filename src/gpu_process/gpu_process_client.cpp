@@ -116,12 +116,13 @@ const char* read_devices(const Reply& rep, const char* region, std::vector<Devic
 
 // Search (q, answered Ok and searched): nq x k labels, each -1 or a label
 // check passes, and nq counts of matched entries (with key ranges), none
-// negative; copied to labels, matched (or null) and exact (when re-ranked).
+// negative; copied to labels, matched (or null) and exact (when the reply
+// has distances).
 const char* read_search(const Request& q, const Reply& rep, const char* x, GpuProcess::LabelCheck check,
                         int64_t* labels, int64_t* matched, double* exact)
 {
-    if (rep.value[0] > 1)
-        return "a Search reply's re-rank flag is neither 0 nor 1";
+    if (rep.value[0] > GPU_IVFPQ_DISTS_LOWER)
+        return "a Search reply says its distances are of an unknown kind";
     const size_t n = q.region[1].bytes / sizeof(int64_t);
     std::memcpy(labels, x + q.region[1].offset, q.region[1].bytes);
     if (q.keys && matched != nullptr)
@@ -634,13 +635,13 @@ bool GpuProcess::add(const MirrorKey& key, size_t m, size_t n, const int32_t* li
 
 bool GpuProcess::search(const MirrorKey& key, size_t d, const float* queries, size_t nq, size_t k,
                         size_t nprobe, const int64_t* key_lo, const int64_t* key_hi, int64_t* matched,
-                        int64_t* labels, double* exact, bool* is_exact, bool brute)
+                        int64_t* labels, double* exact, GpuIvfpqAnswerDists* dists, bool brute)
 {
     if (inflight_ > 0)
         throw Error(ErrorKind::Internal, "GPU process: a call while a search is in flight");
     SearchCall c;
     (void)send_search(c, key, d, queries, nq, k, nprobe, key_lo, key_hi, brute);  // fits: nothing in flight
-    return receive_search(c, matched, labels, exact, is_exact);
+    return receive_search(c, matched, labels, exact, dists);
 }
 
 bool GpuProcess::send_search(SearchCall& c, const MirrorKey& key, size_t d, const float* queries, size_t nq,
@@ -712,7 +713,8 @@ bool GpuProcess::send_search(SearchCall& c, const MirrorKey& key, size_t d, cons
     return true;
 }
 
-bool GpuProcess::receive_search(SearchCall& c, int64_t* matched, int64_t* labels, double* exact, bool* is_exact)
+bool GpuProcess::receive_search(SearchCall& c, int64_t* matched, int64_t* labels, double* exact,
+                                GpuIvfpqAnswerDists* dists)
 {
     if (!c.open)
         throw Error(ErrorKind::Internal, "GPU process: receiving a search that was not sent");
@@ -729,11 +731,11 @@ bool GpuProcess::receive_search(SearchCall& c, int64_t* matched, int64_t* labels
     if (rep.status != Status::Ok)
         return false;
     if (q.brute && rep.value[0] == 0) {
-        *is_exact = false;
+        *dists = GPU_IVFPQ_DISTS_NONE;
         return true;  // the mirror keeps no vectors: nothing was searched
     }
     check_reply(read_search(q, rep, base_, label_check_, labels, matched, exact));
-    *is_exact = rep.value[0] != 0;
+    *dists = GpuIvfpqAnswerDists(rep.value[0]);
     return true;
 }
 

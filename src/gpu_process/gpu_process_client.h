@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "gpu_process/answer_dists.h"
 #include "gpu_process/gpu_process_protocol.h"
 
 namespace gpuivfpq {
@@ -112,18 +113,19 @@ public:
     // mirror without filter keys ignores them, one with them requires them.
     bool add(const MirrorKey& key, size_t m, size_t n, const int32_t* list_ids, const uint8_t* codes,
              const int64_t* labels, const float* vectors, size_t d, const int64_t* keys);
-    // false when the process holds no mirror of key. *is_exact: the mirror
-    // re-ranked (exact, nq x k, holds exact distances and each row is in
-    // exact order), else labels are in ADC order and exact is untouched.
+    // false when the process holds no mirror of key. *dists: what exact (nq
+    // x k) holds: EXACT when the mirror re-ranked (exact distances, each row
+    // in exact order), LOWER the lower bounds the rows are ranked by (RaBitQ
+    // codes), NONE when labels are in ADC order and exact is untouched.
     // key_lo / key_hi (nq each, or both null): each query's range of filter
     // keys (a mirror without filter keys refuses them: InvalidArgument);
     // matched (nq, or null) receives how many entries of each query's
     // probed lists lie in its range.
     // brute: exact k-NN over every stored vector instead (nprobe unused);
-    // *is_exact false when the mirror keeps no vectors (nothing written).
+    // *dists NONE when the mirror keeps no vectors (nothing written).
     bool search(const MirrorKey& key, size_t d, const float* queries, size_t nq, size_t k,
                 size_t nprobe, const int64_t* key_lo, const int64_t* key_hi, int64_t* matched,
-                int64_t* labels, double* exact, bool* is_exact, bool brute = false);
+                int64_t* labels, double* exact, GpuIvfpqAnswerDists* dists, bool brute = false);
     // The same search in two steps, so that the service can collect and
     // answer other requests while the process works: send_search queues it
     // and returns at once; receive_search waits for its answer and copies it
@@ -143,7 +145,8 @@ public:
     bool send_search(SearchCall& c, const MirrorKey& key, size_t d, const float* queries, size_t nq,
                      size_t k, size_t nprobe, const int64_t* key_lo, const int64_t* key_hi,
                      bool brute = false);
-    bool receive_search(SearchCall& c, int64_t* matched, int64_t* labels, double* exact, bool* is_exact);
+    bool receive_search(SearchCall& c, int64_t* matched, int64_t* labels, double* exact,
+                        GpuIvfpqAnswerDists* dists);
     int searches_in_flight() const { return inflight_; }
     // false when the process holds no mirror of key; *removed: entries that went.
     bool remove(const MirrorKey& key, size_t n, const int64_t* labels, size_t* removed = nullptr);

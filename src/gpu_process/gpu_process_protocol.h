@@ -24,7 +24,7 @@ constexpr uint32_t kMagic = 0x47495650;  // "GIVP"
 // Raised with every change of Request or Reply. The program is installed
 // apart from the extension's library: after an upgrade, a server still
 // running the old library may start the new program (or the reverse).
-constexpr uint64_t kVersion = 12;
+constexpr uint64_t kVersion = 13;
 constexpr int kRegions = 8;
 constexpr size_t kAlign = 64;
 constexpr size_t kMaxStatusMirrors = 64;  // mirrors a Status reply lists
@@ -58,9 +58,10 @@ enum class Op : uint32_t {
     Search,         // key, d, n queries, k, nprobe, keys; r0 queries, r1 labels out, r2 exact
                     // distances out (doubles), with keys r3 / r4 each query's lowest / highest
                     // filter key (int64) and r5 out how many entries of its probed lists lie
-                    // in its range (int64) -> value[0] 1 when re-ranked (the mirror keeps vectors:
-                    // r2 holds exact distances, rows in exact order), 0 for ADC order (r2
-                    // unused); NotFound without the mirror. With brute: exact k-NN over every
+                    // in its range (int64) -> value[0] what r2 holds (GpuIvfpqAnswerDists): 1
+                    // when re-ranked (the mirror keeps vectors: exact distances, rows in exact
+                    // order), 2 the lower bounds the rows are ranked by (RaBitQ codes), 0 for
+                    // ADC order (r2 unused); NotFound without the mirror. With brute: exact k-NN over every
                     // stored vector (value[0] 1), or value[0] 0 and nothing written when the
                     // mirror keeps no vectors
     Remove,         // key, n; r4 labels -> value[0] entries removed; NotFound without the mirror

@@ -175,7 +175,9 @@ std::function<void()> prepare_search(const Request& q, Reply& rep, MirrorStore& 
     const int64_t* key_lo = q.keys != 0 ? x.at<int64_t>(q.region[3], q.n) : nullptr;
     const int64_t* key_hi = q.keys != 0 ? x.at<int64_t>(q.region[4], q.n) : nullptr;
     int64_t* matched = q.keys != 0 ? x.at<int64_t>(q.region[5], q.n) : nullptr;
-    double* exact = (q.brute != 0 || mirror->has_vectors()) ? x.at<double>(q.region[2], mul(q.n, q.k)) : nullptr;
+    double* exact = (q.brute != 0 || mirror->has_vectors() || mirror->lower_bounds())
+                        ? x.at<double>(q.region[2], mul(q.n, q.k))
+                        : nullptr;
     store.count_queries(q.key, q.n);
     uint64_t n = q.n, d = q.d, k = q.k, nprobe = q.nprobe;
     bool brute = q.brute != 0;
@@ -188,16 +190,17 @@ std::function<void()> prepare_search(const Request& q, Reply& rep, MirrorStore& 
                 mirror->brute_force(queries, n, k, exact, labels);
                 rep.value[0] = 1;
             }
-        } else if (run_search(*mirror, queries, n, d, k, nprobe, key_lo, key_hi, matched, labels, exact)) {
-            rep.value[0] = 1;
+        } else {
+            rep.value[0] = run_search(*mirror, queries, n, d, k, nprobe, key_lo, key_hi, matched, labels, exact);
         }
     };
 }
 
 }  // namespace
 
-bool run_search(Mirror& mirror, const float* queries, uint64_t n, uint64_t d, uint64_t k, uint64_t nprobe,
-                const int64_t* key_lo, const int64_t* key_hi, int64_t* matched, int64_t* labels, double* exact)
+GpuIvfpqAnswerDists run_search(Mirror& mirror, const float* queries, uint64_t n, uint64_t d, uint64_t k,
+                               uint64_t nprobe, const int64_t* key_lo, const int64_t* key_hi, int64_t* matched,
+                               int64_t* labels, double* exact)
 {
     // Tiles keep the device's scratch space bounded for batch searches.
     const uint64_t tile = 4096;
@@ -214,15 +217,19 @@ bool run_search(Mirror& mirror, const float* queries, uint64_t n, uint64_t d, ui
         // (or shards) and runs each share in tiles of bounded scratch.
         KeyRanges r;
         mirror.search_exact(queries, n, k, nprobe, exact, labels, ranges_at(0, r));
-        return true;
+        return GPU_IVFPQ_DISTS_EXACT;
     }
+    const bool lower = mirror.lower_bounds();
     std::vector<float> dist(mul(std::min(tile, n), k));
     for (uint64_t i = 0; i < n; i += tile) {
         uint64_t nq = std::min(tile, n - i);
         KeyRanges r;
         mirror.search(queries + i * d, nq, k, nprobe, dist.data(), labels + i * k, ranges_at(i, r));
+        if (lower)
+            for (uint64_t j = 0; j < nq * k; j++)
+                exact[i * k + j] = double(dist[j]);
     }
-    return false;
+    return lower ? GPU_IVFPQ_DISTS_LOWER : GPU_IVFPQ_DISTS_NONE;
 }
 
 namespace {

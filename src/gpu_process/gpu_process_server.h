@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "gpu_process/answer_dists.h"
 #include "gpu_process/compute_device.h"
 #include "gpu_process/device_set.h"
 #include "gpu_process/gpu_process_protocol.h"
@@ -23,12 +24,14 @@ void announce(int sock, const DeviceSet& devices, Kind kind);
 
 // Runs n queries (d floats each) on a mirror, k candidates each over nprobe
 // lists, with per-query filter key ranges when key_lo is given (matched out):
-// labels (n x k, -1 padded) and, when the mirror keeps vectors, their exact
-// distances in exact order (then it returns true; else the labels are in
-// ADC order and exact is untouched). The Search request and the direct
-// path's query server both run their searches here.
-bool run_search(Mirror& mirror, const float* queries, uint64_t n, uint64_t d, uint64_t k, uint64_t nprobe,
-                const int64_t* key_lo, const int64_t* key_hi, int64_t* matched, int64_t* labels, double* exact);
+// labels (n x k, -1 padded) and what exact holds (n x k): when the mirror
+// keeps vectors, their exact distances in exact order (EXACT); for a mirror
+// ranking by lower bounds, those bounds (LOWER); else nothing (NONE, the
+// labels in ADC order). The Search request and the direct path's query
+// server both run their searches here.
+GpuIvfpqAnswerDists run_search(Mirror& mirror, const float* queries, uint64_t n, uint64_t d, uint64_t k,
+                               uint64_t nprobe, const int64_t* key_lo, const int64_t* key_hi, int64_t* matched,
+                               int64_t* labels, double* exact);
 
 // Serves requests on sock until the peer closes it (returns 0), the channel
 // fails (1) or no device is usable any more (kExitDeviceFailed, after the

@@ -46,6 +46,7 @@ public:
              const float* vectors, const int64_t* keys) override;
     bool has_vectors() const override { return parts_[0]->has_vectors(); }
     bool has_keys() const override { return parts_[0]->has_keys(); }
+    bool lower_bounds() const override { return parts_[0]->lower_bounds(); }
     void search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist, int64_t* labels,
                 const KeyRanges* ranges) override;
     void search_exact(const float* queries, size_t nq, size_t k, size_t nprobe, double* dist,

@@ -226,7 +226,7 @@ bool answer_sound(const SearchRequest& req, const SearchAnswer& ans, const int64
         return false;
     if (ans.result != int32_t(Result::Ok))
         return true;
-    if (ans.n > req.k || ans.exact > 1 || ans.batch == 0 || ans.batch > nslots)
+    if (ans.n > req.k || ans.exact > GPU_IVFPQ_DISTS_LOWER || ans.batch == 0 || ans.batch > nslots)
         return false;
     if (req.filtered == 0 && ans.matched != 0)
         return false;

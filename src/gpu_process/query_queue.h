@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "gpu_process/answer_dists.h"
 #include "gpu_process/metric_request.h"
 #include "gpu_process/mirror_store.h"
 
@@ -85,7 +86,7 @@ struct SearchRequest {
 struct SearchAnswer {
     int32_t result = 0;  // a Result
     uint32_t n = 0;      // labels in the payload (<= k)
-    uint32_t exact = 0;  // 1: re-ranked, the exact distances follow the k labels
+    uint32_t exact = 0;  // what follows the k labels (GpuIvfpqAnswerDists): 1 exact distances, 2 lower bounds
     uint32_t batch = 0;  // searches in the batch that served it
     int64_t matched = 0; // filtered: entries of its probed lists within its range
     uint64_t taken_ns = 0, done_ns = 0;
@@ -97,7 +98,8 @@ struct SearchAnswer {
 };
 
 // The payload. Knn: the query (d floats) in; out k labels (int64, -1 padded)
-// and, when exact, their k exact distances (double). Metric: the request
+// and, when exact is not 0, their k distances (double: exact, or lower
+// bounds). Metric: the request
 // and its answer as metric_request.h lays them out in kPayload bytes.
 struct alignas(64) Slot {
     SearchRequest req;

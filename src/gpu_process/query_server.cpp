@@ -175,11 +175,11 @@ void QueryServer::deliver(const Answers& r, size_t from, size_t to)
         while (n < k && r.labels[i * k + n] >= 0)
             n++;
         std::memcpy(slot.payload, &r.labels[i * k], k * sizeof(int64_t));
-        if (r.is_exact)
+        if (r.dists != GPU_IVFPQ_DISTS_NONE)
             std::memcpy(slot.payload + k * sizeof(int64_t), &r.exact[i * k], k * sizeof(double));
         a.result = int32_t(queue::Result::Ok);
         a.n = n;
-        a.exact = r.is_exact ? 1 : 0;
+        a.exact = uint32_t(r.dists);
         a.batch = uint32_t(nq);
         a.matched = r.filtered[i] ? r.matched[i] : 0;
         a.taken_ns = r.start;
@@ -537,7 +537,8 @@ void QueryServer::serve_batch(int t, std::vector<Held>& ready)
 
         queue::Result result = queue::Result::Ok;
         std::string error;
-        bool found = false, is_exact = false;
+        bool found = false;
+        GpuIvfpqAnswerDists dists = GPU_IVFPQ_DISTS_NONE;
         uint64_t device_start = 0, device_end = 0;
         guarded([&] {
             queries.resize(nq * d);
@@ -573,7 +574,7 @@ void QueryServer::serve_batch(int t, std::vector<Held>& ready)
             if (mirror != nullptr && md == d) {
                 found = true;
                 device_start = queue::now_ns();
-                is_exact = run_search(*mirror, queries.data(), nq, d, k, r0.nprobe,
+                dists = run_search(*mirror, queries.data(), nq, d, k, r0.nprobe,
                                       filtered ? key_lo.data() : nullptr, filtered ? key_hi.data() : nullptr,
                                       filtered ? matched.data() : nullptr, labels.data(), exact.data());
                 device_end = queue::now_ns();
@@ -607,7 +608,7 @@ void QueryServer::serve_batch(int t, std::vector<Held>& ready)
             if (filtered)
                 out.matched.swap(matched);
             out.k = k;
-            out.is_exact = is_exact;
+            out.dists = dists;
             out.start = start;
             st.batches.fetch_add(1, std::memory_order_relaxed);
             st.queries.fetch_add(nq, std::memory_order_relaxed);

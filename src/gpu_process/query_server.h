@@ -93,7 +93,7 @@ private:
         std::vector<int64_t> labels, matched;
         std::vector<double> exact;
         size_t k = 0;
-        bool is_exact = false;
+        GpuIvfpqAnswerDists dists = GPU_IVFPQ_DISTS_NONE;
         uint64_t start = 0;
     };
     // Answers [begin, end) of a group: a delivery thread's share.

@@ -401,15 +401,15 @@ QueueKey(const GpuIvfpqKey *key, uint64 change)
 
 /*
  * One scan round through the direct path: k candidates of query over nprobe
- * lists of the mirror of key. On RES_OK, labels (and, when *is_exact, their
- * exact distances) hold *nlabels rows. Every answer is copied out of the
+ * lists of the mirror of key. On RES_OK, labels (and, with *dists, their
+ * exact distances or lower bounds) hold *nlabels rows. Every answer is copied out of the
  * segment and checked before use: the GPU process is outside the fault
  * boundary.
  */
 RequestResult
 GpuIvfpqQueueSearch(const GpuIvfpqKey *key, int d, const float *query, int k, int nprobe,
 					const GpuIvfpqKeyRange *range, int64 *labels, double *exact, int *nlabels,
-					bool *is_exact, int *batch, int64 *matched, char *error, Size errlen)
+					GpuIvfpqAnswerDists *dists, int *batch, int64 *matched, char *error, Size errlen)
 {
 	RequestResult result = RES_ERROR;
 	int			i = -1;
@@ -449,7 +449,7 @@ GpuIvfpqQueueSearch(const GpuIvfpqKey *key, int d, const float *query, int k, in
 	if (ans.result == (int32) queue::Result::Ok && ans.n <= (uint32) k)
 	{
 		memcpy(labels, slot.payload, sizeof(int64) * ans.n);
-		if (ans.exact == 1)
+		if (ans.exact == GPU_IVFPQ_DISTS_EXACT || ans.exact == GPU_IVFPQ_DISTS_LOWER)
 			memcpy(exact, slot.payload + sizeof(int64) * k, sizeof(double) * ans.n);
 	}
 	q->release((uint32) i);
@@ -466,7 +466,7 @@ GpuIvfpqQueueSearch(const GpuIvfpqKey *key, int d, const float *query, int k, in
 		return ResultOf(ans.result);
 	}
 	*nlabels = (int) ans.n;
-	*is_exact = ans.exact == 1;
+	*dists = (GpuIvfpqAnswerDists) ans.exact;
 	*batch = (int) ans.batch;
 	*matched = ans.matched;
 	return RES_OK;

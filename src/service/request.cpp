@@ -236,7 +236,7 @@ GpuIvfpqSubmitAndWait(GpuIvfpqSlot *slot)
 	if (service_latch == NULL)
 		return RES_SERVICE_GONE;
 
-	slot->exact = false;		/* set by a search the service re-ranked */
+	slot->dists = GPU_IVFPQ_DISTS_NONE;	/* set by a search with distances */
 	SpinLockAcquire(&slot->mutex);
 	slot->latch = MyLatch;
 	slot->state = SLOT_PENDING;

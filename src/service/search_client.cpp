@@ -187,8 +187,9 @@ LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
 /*
  * One round of a scan on the GPU: the k best labels by ADC distance over
  * nprobe lists, as the CPU engine would rank them; when the mirror keeps
- * the vectors (*is_exact), re-ranked on the GPU: exact[i] is the exact
- * distance of labels[i], in exact order. With range, only entries whose
+ * the vectors (*dists EXACT), re-ranked on the GPU: exact[i] is the exact
+ * distance of labels[i], in exact order; with RaBitQ codes (*dists LOWER),
+ * exact[i] is the lower bound the labels are ranked by. With range, only entries whose
  * filter key lies in it are ranked, and *matched says how many the probed
  * lists hold. Returns how many labels came back, or
  * -1 when the GPU did not serve the round (the caller then runs it on the
@@ -197,7 +198,7 @@ LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
 int
 GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const float *query,
 					  int k, int nprobe, const GpuIvfpqKeyRange *range, int64 *matched,
-					  int64 *labels, double *exact, bool *is_exact, int *batch)
+					  int64 *labels, double *exact, GpuIvfpqAnswerDists *dists, int *batch)
 {
 	bool		required = gpu_ivfpq_device == GPU_IVFPQ_DEVICE_GPU;
 	const char *reason = GpuIvfpqNotServableReason(meta);
@@ -226,7 +227,7 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
 		int64		m = 0;
 
 		result = GpuIvfpqQueueSearch(&key, meta->dimensions, query, k, nprobe, range, labels, exact,
-									 &n, is_exact, batch, &m, error, sizeof(error));
+									 &n, dists, batch, &m, error, sizeof(error));
 		if (result == RES_OK)
 		{
 			if (range != NULL)
@@ -261,8 +262,9 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
 /*
  * Candidates for nq queries (the k best labels of each by ADC distance over
  * nprobe lists) in one GPU request; labels is nq x k, padded with -1. When
- * the mirror keeps the vectors (*is_exact), each row comes re-ranked, with
- * exact distances in exact (nq x k). Returns false when the GPU cannot
+ * the mirror keeps the vectors (*dists EXACT), each row comes re-ranked,
+ * with exact distances in exact (nq x k); with RaBitQ codes (*dists LOWER)
+ * exact holds the lower bounds the rows are ranked by. Returns false when the GPU cannot
  * serve it (the caller uses the CPU; with gpu_ivfpq.device = gpu that is an
  * error instead). With keep, the request's segment is kept in *keep for the
  * caller's next request (one as large or smaller reuses it: a search in
@@ -272,7 +274,7 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
 bool
 GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta, const float *queries,
 						   int64 nq, int k, int nprobe, bool brute, int64 *labels, double *exact,
-						   bool *is_exact, dsm_segment **keep)
+						   GpuIvfpqAnswerDists *dists, dsm_segment **keep)
 {
 	/* Brute force has the table path behind it: it never errors for being off the GPU. */
 	bool		required = gpu_ivfpq_device == GPU_IVFPQ_DEVICE_GPU && !brute;
@@ -334,7 +336,7 @@ GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta, con
 		slot->dsm = dsm_segment_handle(seg);
 		result = GpuIvfpqSubmitAndWait(slot);
 		strlcpy(error, slot->error, sizeof(error));
-		*is_exact = slot->exact;
+		*dists = (GpuIvfpqAnswerDists) slot->dists;
 		GpuIvfpqFinishSlot(slot);
 		if (result != RES_NOT_LOADED || attempt > 0)
 			break;
@@ -349,7 +351,12 @@ GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta, con
 	if (result == RES_OK)
 	{
 		memcpy(labels, base + loff, (Size) nq * k * sizeof(int64));
-		if (*is_exact)
+		if (*dists > GPU_IVFPQ_DISTS_LOWER)
+		{
+			result = RES_ERROR;
+			strlcpy(error, "the GPU service answered distances of an unknown kind", sizeof(error));
+		}
+		else if (*dists != GPU_IVFPQ_DISTS_NONE)
 			memcpy(exact, base + GpuIvfpqBatchExactOffset(nq, meta->dimensions, k),
 				   (Size) nq * k * sizeof(double));
 		if (!gpuivfpq::replycheck::tid_labels_sound(labels, (size_t) nq * k))

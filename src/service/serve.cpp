@@ -240,16 +240,16 @@ SearchBatch(GpuIvfpqSlot *slot, char *base, std::string &err)
 	double	   *exact = (double *) (base + GpuIvfpqBatchExactOffset(slot->n, slot->dim, slot->k));
 	bool		oom = false;
 	bool		found = false;
-	bool		is_exact = false;
+	GpuIvfpqAnswerDists dists = GPU_IVFPQ_DISTS_NONE;
 
 	if (!Engine([&] {
 			found = GpuSync()->search(key, slot->dim, queries, slot->n, slot->k, slot->nprobe, nullptr, nullptr,
-								nullptr, reinterpret_cast<int64_t *>(labels), exact, &is_exact, slot->brute);
+								nullptr, reinterpret_cast<int64_t *>(labels), exact, &dists, slot->brute);
 		}, err, &oom))
 		return Failed(oom);
 	if (!found)
 		return RES_NOT_LOADED;
-	slot->exact = is_exact;
+	slot->dists = (uint8) dists;
 	CountBatch((int) Min(slot->n, (int64) INT_MAX));
 	return RES_OK;
 }

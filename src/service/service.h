@@ -5,6 +5,7 @@
 #pragma once
 
 #include "am/am.h"
+#include "gpu_process/answer_dists.h"
 
 /* ---- setup (service/shmem.cpp, service/change_log.cpp) and searches (service/search_client.cpp) ---- */
 extern void GpuIvfpqServiceRegister(void);
@@ -14,10 +15,10 @@ extern bool GpuIvfpqServiceWanted(void);
 extern bool GpuIvfpqServiceCanServe(const GpuIvfpqMetaPageData *meta);
 extern int	GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const float *query,
 								  int k, int nprobe, const GpuIvfpqKeyRange *range, int64 *matched,
-								  int64 *labels, double *exact, bool *is_exact, int *batch);
+								  int64 *labels, double *exact, GpuIvfpqAnswerDists *dists, int *batch);
 extern bool GpuIvfpqServiceSearchBatch(Relation index, const GpuIvfpqMetaPageData *meta,
 									   const float *queries, int64 nq, int k, int nprobe, bool brute,
-									   int64 *labels, double *exact, bool *is_exact,
+									   int64 *labels, double *exact, GpuIvfpqAnswerDists *dists,
 									   dsm_segment **keep);
 extern void GpuIvfpqServiceLogAppend(Relation index, const GpuIvfpqMetaPageData *meta, int list,
 									 int64 label, const uint8 *code, const float *vector,

@@ -105,15 +105,15 @@ typedef struct GpuIvfpqSlot
 	RequestResult result;
 	int			batch;			/* SEARCH: queries in the GPU batch that served it */
 	int64		matched;		/* SEARCH, filtered: entries of the probed lists in its range */
-	bool		exact;			/* SEARCH, SEARCH_BATCH: re-ranked (exact distances, exact order) */
+	uint8		dists;			/* SEARCH, SEARCH_BATCH: a GpuIvfpqAnswerDists (exact distances, lower bounds) */
 	Size		needed;			/* METRIC_SEARCH: bytes its answer needs when they exceed capacity, else 0 */
 	int64		live;			/* METRIC_SEARCH: live objects of the mirror */
 	uint64		evaluations;	/* METRIC_SEARCH: distances the GPU computed for its queries */
 	char		error[256];
 
 	/*
-	 * SEARCH: the query (dim floats) in; out k labels (int64) and, when
-	 * exact, their k exact distances (double) after them (k <= 2048 fills it)
+	 * SEARCH: the query (dim floats) in; out k labels (int64) and, with
+	 * dists, their k distances (double) after them (k <= 2048 fills it)
 	 */
 	union
 	{
@@ -498,7 +498,7 @@ extern RequestResult GpuIvfpqQueueMetricSearch(const GpuIvfpqKey *key, uint64 ch
 											   uint64 *evaluations, char *error, Size errlen);
 extern RequestResult GpuIvfpqQueueSearch(const GpuIvfpqKey *key, int d, const float *query, int k, int nprobe,
 										 const GpuIvfpqKeyRange *range, int64 *labels, double *exact,
-										 int *nlabels, bool *is_exact, int *batch, int64 *matched,
+										 int *nlabels, GpuIvfpqAnswerDists *dists, int *batch, int64 *matched,
 										 char *error, Size errlen);
 /* The stage counters of the direct path (NULL without a segment mapped). */
 typedef struct GpuIvfpqQueueStats

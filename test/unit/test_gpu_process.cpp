@@ -100,10 +100,10 @@ bool search_adc(GpuProcess& gp, const MirrorKey& key, size_t d, const float* que
                 size_t k, size_t nprobe, int64_t* labels)
 {
     std::vector<double> exact(nq * k, -7.0);
-    bool is_exact = true;
+    GpuIvfpqAnswerDists is_exact = GPU_IVFPQ_DISTS_EXACT;
     const bool found = gp.search(key, d, queries, nq, k, nprobe, nullptr, nullptr, nullptr, labels, exact.data(), &is_exact);
     if (found) {
-        EXPECT_FALSE(is_exact) << "a codes-only mirror claimed an exact re-rank";
+        EXPECT_EQ(is_exact, GPU_IVFPQ_DISTS_NONE) << "a codes-only mirror claimed an exact re-rank";
         EXPECT_EQ(std::count(exact.begin(), exact.end(), -7.0), std::ptrdiff_t(exact.size()))
             << "the exact distances of an ADC search were written";
     }
@@ -411,10 +411,10 @@ TEST(GpuProcess, LoadWithVectorsSearchesExact)
 
         std::vector<int64_t> got(nq * k, -7);
         std::vector<double> exact(nq * k, -7.0);
-        bool is_exact = false;
+        GpuIvfpqAnswerDists is_exact = GPU_IVFPQ_DISTS_NONE;
         ASSERT_TRUE(gp->search(key, f.d, queries.data(), nq, k, nprobe, nullptr, nullptr, nullptr, got.data(), exact.data(),
                                &is_exact));
-        EXPECT_TRUE(is_exact);
+        EXPECT_EQ(is_exact, GPU_IVFPQ_DISTS_EXACT);
         EXPECT_EQ(got, want);
         EXPECT_EQ(exact, want_dist);
         for (size_t q = 0; q < std::min<size_t>(nq, 64); q++)
@@ -451,10 +451,10 @@ TEST(GpuProcess, SearchesInFlightAnswerInOrder)
         const size_t nq = q.size() / f.d;
         labels.assign(nq * k, -7);
         exact.assign(nq * k, -7.0);
-        bool is_exact = false;
+        GpuIvfpqAnswerDists is_exact = GPU_IVFPQ_DISTS_NONE;
         ASSERT_TRUE(gp->search(key, f.d, q.data(), nq, k, nprobe, nullptr, nullptr, nullptr, labels.data(),
                                exact.data(), &is_exact));
-        ASSERT_TRUE(is_exact);
+        ASSERT_EQ(is_exact, GPU_IVFPQ_DISTS_EXACT);
     };
     const std::vector<float> qa = testutil::gaussian_vectors(3, f.d, 21), qb = testutil::gaussian_vectors(40, f.d, 22);
     std::vector<int64_t> la, lb;
@@ -479,9 +479,9 @@ TEST(GpuProcess, SearchesInFlightAnswerInOrder)
             const size_t nq = small ? 3 : 40;
             std::vector<int64_t> g(nq * k);
             std::vector<double> x(nq * k);
-            bool is_exact = false;
+            GpuIvfpqAnswerDists is_exact = GPU_IVFPQ_DISTS_NONE;
             ASSERT_TRUE(gp->receive_search(c, nullptr, g.data(), x.data(), &is_exact));
-            EXPECT_TRUE(is_exact);
+            EXPECT_EQ(is_exact, GPU_IVFPQ_DISTS_EXACT);
             EXPECT_EQ(g, small ? la : lb);
             EXPECT_EQ(x, small ? ea : eb);
         };
@@ -505,7 +505,7 @@ TEST(GpuProcess, SearchesInFlightAnswerInOrder)
         EXPECT_EQ(gp->searches_in_flight(), 1);
         std::vector<int64_t> ga(3 * k), gb(big * k);
         std::vector<double> xa(3 * k), xb(big * k);
-        bool ex = false;
+        GpuIvfpqAnswerDists ex = GPU_IVFPQ_DISTS_NONE;
         ASSERT_TRUE(gp->receive_search(a, nullptr, ga.data(), xa.data(), &ex));
         EXPECT_EQ(ga, la);
         ASSERT_TRUE(gp->send_search(b, key, f.d, qbig.data(), big, k, nprobe, nullptr, nullptr));
@@ -527,7 +527,7 @@ TEST(GpuProcess, SearchesInFlightAnswerInOrder)
         ASSERT_TRUE(gp->send_search(b, key, f.d, qa.data(), 3, k, nprobe, lo.data(), hi.data()));
         std::vector<int64_t> gb(40 * k), g(3 * k);
         std::vector<double> xb(40 * k), x(3 * k);
-        bool ex = false;
+        GpuIvfpqAnswerDists ex = GPU_IVFPQ_DISTS_NONE;
         ASSERT_TRUE(gp->receive_search(a, nullptr, gb.data(), xb.data(), &ex));
         EXPECT_EQ(gb, lb);
         EXPECT_THROW(gp->receive_search(b, matched.data(), g.data(), x.data(), &ex), Error);
@@ -568,9 +568,9 @@ TEST(GpuProcess, AddWithVectorsFindsNewRowsExactly)
     std::vector<double> want_dist(nq * k), exact(nq * k);
     std::vector<int64_t> want(nq * k), got(nq * k);
     direct->search_exact(y.data(), nq, k, nprobe, want_dist.data(), want.data(), nullptr);
-    bool is_exact = false;
+    GpuIvfpqAnswerDists is_exact = GPU_IVFPQ_DISTS_NONE;
     ASSERT_TRUE(gp->search(key, f.d, y.data(), nq, k, nprobe, nullptr, nullptr, nullptr, got.data(), exact.data(), &is_exact));
-    EXPECT_TRUE(is_exact);
+    EXPECT_EQ(is_exact, GPU_IVFPQ_DISTS_EXACT);
     EXPECT_EQ(got, want);
     EXPECT_EQ(exact, want_dist);
     size_t own_first = 0;
@@ -631,9 +631,9 @@ TEST(GpuProcess, CodesOnlyMirrorIsNotExact)
     std::vector<int64_t> want(nq * k), got(nq * k);
     std::vector<double> exact(nq * k, -7.0);
     direct->search(f.x.data(), nq, k, nprobe, adc.data(), want.data(), nullptr);
-    bool is_exact = true;
+    GpuIvfpqAnswerDists is_exact = GPU_IVFPQ_DISTS_EXACT;
     ASSERT_TRUE(gp->search(key, f.d, f.x.data(), nq, k, nprobe, nullptr, nullptr, nullptr, got.data(), exact.data(), &is_exact));
-    EXPECT_FALSE(is_exact);
+    EXPECT_EQ(is_exact, GPU_IVFPQ_DISTS_NONE);
     EXPECT_EQ(got, want);
     EXPECT_EQ(std::count(exact.begin(), exact.end(), -7.0), std::ptrdiff_t(exact.size()));
 
@@ -644,9 +644,9 @@ TEST(GpuProcess, CodesOnlyMirrorIsNotExact)
     std::iota(labels.begin(), labels.end(), int64_t(5000000));
     EXPECT_TRUE(gp->add(key, f.m, 50, lists.data(), codes.data(), labels.data(), f.x.data(), f.d, nullptr));
     EXPECT_EQ(gp->status().mirrors.at(0).entries, f.n + 50);
-    is_exact = true;
+    is_exact = GPU_IVFPQ_DISTS_EXACT;
     ASSERT_TRUE(gp->search(key, f.d, f.x.data(), nq, k, nprobe, nullptr, nullptr, nullptr, got.data(), exact.data(), &is_exact));
-    EXPECT_FALSE(is_exact);
+    EXPECT_EQ(is_exact, GPU_IVFPQ_DISTS_NONE);
 
     // A budget that holds the codes but not the vectors: loaded without them.
     const size_t codes_bytes = dev->mirror_bytes(f.spec(false), f.n);
@@ -658,9 +658,9 @@ TEST(GpuProcess, CodesOnlyMirrorIsNotExact)
     ASSERT_EQ(st.mirrors.size(), 1u);
     EXPECT_FALSE(st.mirrors[0].vectors);
     EXPECT_EQ(st.mirrors[0].bytes, codes_bytes);
-    is_exact = true;
+    is_exact = GPU_IVFPQ_DISTS_EXACT;
     ASSERT_TRUE(gp->search(key, f.d, f.x.data(), nq, k, nprobe, nullptr, nullptr, nullptr, got.data(), exact.data(), &is_exact));
-    EXPECT_FALSE(is_exact);
+    EXPECT_EQ(is_exact, GPU_IVFPQ_DISTS_NONE);
     EXPECT_EQ(got, want);
     // With room, the same load keeps them.
     gp->set_budget(SIZE_MAX);
@@ -671,7 +671,7 @@ TEST(GpuProcess, CodesOnlyMirrorIsNotExact)
     EXPECT_TRUE(st.mirrors[0].vectors);
     EXPECT_EQ(st.mirrors[0].bytes, dev->mirror_bytes(f.spec(true), f.n));
     ASSERT_TRUE(gp->search(key, f.d, f.x.data(), nq, k, nprobe, nullptr, nullptr, nullptr, got.data(), exact.data(), &is_exact));
-    EXPECT_TRUE(is_exact);
+    EXPECT_EQ(is_exact, GPU_IVFPQ_DISTS_EXACT);
     EXPECT_EQ(got[0], f.labels[0]);
     EXPECT_EQ(exact[0], 0.0);
 }
@@ -692,10 +692,10 @@ TEST(GpuProcess, BruteForceThroughTheProcess)
     std::vector<double> want_dist(nq * k), exact(nq * k);
     std::vector<int64_t> want(nq * k), got(nq * k);
     direct->brute_force(f.x.data(), nq, k, want_dist.data(), want.data());
-    bool is_exact = false;
+    GpuIvfpqAnswerDists is_exact = GPU_IVFPQ_DISTS_NONE;
     ASSERT_TRUE(gp->search(key, f.d, f.x.data(), nq, k, 1, nullptr, nullptr, nullptr, got.data(), exact.data(),
                            &is_exact, true));
-    EXPECT_TRUE(is_exact);
+    EXPECT_EQ(is_exact, GPU_IVFPQ_DISTS_EXACT);
     EXPECT_EQ(got, want);
     EXPECT_EQ(exact, want_dist);
     // Not the probed search's answer: 1 list probed finds less than every entry.
@@ -706,10 +706,10 @@ TEST(GpuProcess, BruteForceThroughTheProcess)
 
     gp->load(key, f.spec(false), f.n, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr, nullptr);
     std::fill(got.begin(), got.end(), -7);
-    is_exact = true;
+    is_exact = GPU_IVFPQ_DISTS_EXACT;
     ASSERT_TRUE(gp->search(key, f.d, f.x.data(), nq, k, 1, nullptr, nullptr, nullptr, got.data(), exact.data(),
                            &is_exact, true));
-    EXPECT_FALSE(is_exact);
+    EXPECT_EQ(is_exact, GPU_IVFPQ_DISTS_NONE);
     EXPECT_EQ(std::count(got.begin(), got.end(), -7), std::ptrdiff_t(got.size()));
 }
 
@@ -1190,7 +1190,7 @@ TEST(GpuProcess, SeveralDevicesAnswerAsOne)
             const size_t nq = q->size() / f.d;
             std::vector<int64_t> want(nq * k), got1(nq * k), got2(nq * k);
             std::vector<double> wx(nq * k), gx1(nq * k), gx2(nq * k);
-            bool e0 = false, e1 = false, e2 = false;
+            GpuIvfpqAnswerDists e0 = GPU_IVFPQ_DISTS_NONE, e1 = GPU_IVFPQ_DISTS_NONE, e2 = GPU_IVFPQ_DISTS_NONE;
             ASSERT_TRUE(one->search(key, f.d, q->data(), nq, k, nprobe, nullptr, nullptr, nullptr, want.data(),
                                     wx.data(), &e0));
             // Two in flight: both run, answered in the order sent.
@@ -1199,7 +1199,7 @@ TEST(GpuProcess, SeveralDevicesAnswerAsOne)
             ASSERT_TRUE(gp->send_search(b, key, f.d, q->data(), nq, k, nprobe, nullptr, nullptr));
             ASSERT_TRUE(gp->receive_search(a, nullptr, got1.data(), gx1.data(), &e1));
             ASSERT_TRUE(gp->receive_search(b, nullptr, got2.data(), gx2.data(), &e2));
-            EXPECT_TRUE(e0 && e1 && e2);
+            EXPECT_TRUE(e0 == GPU_IVFPQ_DISTS_EXACT && e1 == e0 && e2 == e0);
             EXPECT_EQ(got1, want);
             EXPECT_EQ(gx1, wx);
             EXPECT_EQ(got2, want);

@@ -286,8 +286,8 @@ TEST(GpuProcessReplies, SearchAnswersLabelsOfTheMirrorAndNoNegativeCounts)
     const std::vector<int64_t> lo(nq, std::numeric_limits<int64_t>::min()),
         hi(nq, std::numeric_limits<int64_t>::max());
     const std::vector<Case> cases = {
-        {"a re-rank flag that is neither 0 nor 1",
-         on(Op::Search, [](const Request&, Reply& rep, char*) { rep.value[0] = 2; })},
+        {"a distance kind that is none of 0, 1 and 2",
+         on(Op::Search, [](const Request&, Reply& rep, char*) { rep.value[0] = 3; })},
         {"a label below -1",
          on(Op::Search, [](const Request& q, Reply&, char* x) { at<int64_t>(x, q, 1)[3] = -5; })},
         {"a label that is no heap TID (offset 0)",
@@ -308,7 +308,7 @@ TEST(GpuProcessReplies, SearchAnswersLabelsOfTheMirrorAndNoNegativeCounts)
     };
     std::vector<int64_t> labels(nq * k), matched(nq);
     std::vector<double> exact(nq * k);
-    bool is_exact = false;
+    GpuIvfpqAnswerDists is_exact = GPU_IVFPQ_DISTS_NONE;
     for (const Case& c : cases) {
         Channel ch(tampering(c.tamper));
         auto gp = ch.connect();
@@ -350,7 +350,7 @@ TEST(GpuProcessReplies, SearchesInFlightAreCheckedToo)
             gp->send_search(calls[i], kKey, f.d, f.x.data() + i * f.d, 1, k, 2, nullptr, nullptr));
     std::vector<int64_t> labels(k);
     std::vector<double> exact(k);
-    bool is_exact = false;
+    GpuIvfpqAnswerDists is_exact = GPU_IVFPQ_DISTS_NONE;
     ASSERT_TRUE(gp->receive_search(calls[0], nullptr, labels.data(), exact.data(), &is_exact));
     EXPECT_EQ(labels[0], f.labels[0]);
     expect_malformed(

@@ -696,10 +696,10 @@ TEST(MirrorFilterProcess, KeyedLoadAddSearchMatchTheMirrorInProcess)
         std::vector<int64_t> want(nq * k), got(nq * k, -7), want_matched(nq, -9), matched(nq, -7);
         KeyRanges r{b.lo.data(), b.hi.data(), want_matched.data()};
         direct_exact->search_exact(b.queries.data(), nq, k, nprobe, want_dist.data(), want.data(), &r);
-        bool is_exact = false;
+        GpuIvfpqAnswerDists is_exact = GPU_IVFPQ_DISTS_NONE;
         ASSERT_TRUE(gp->search(exact_key, f.d, b.queries.data(), nq, k, nprobe, b.lo.data(), b.hi.data(),
                                matched.data(), got.data(), exact.data(), &is_exact));
-        EXPECT_TRUE(is_exact);
+        EXPECT_EQ(is_exact, GPU_IVFPQ_DISTS_EXACT);
         EXPECT_EQ(got, want);
         EXPECT_EQ(exact, want_dist);
         EXPECT_EQ(matched, want_matched);
@@ -721,10 +721,10 @@ TEST(MirrorFilterProcess, KeyedLoadAddSearchMatchTheMirrorInProcess)
         std::vector<int64_t> want(nq * k), got(nq * k, -7), want_matched(nq, -9), matched(nq, -7);
         KeyRanges r{b.lo.data(), b.hi.data(), want_matched.data()};
         direct_adc->search(b.queries.data(), nq, k, nprobe, want_dist.data(), want.data(), &r);
-        bool is_exact = true;
+        GpuIvfpqAnswerDists is_exact = GPU_IVFPQ_DISTS_EXACT;
         ASSERT_TRUE(gp->search(adc_key, f.d, b.queries.data(), nq, k, nprobe, b.lo.data(), b.hi.data(),
                                matched.data(), got.data(), exact.data(), &is_exact));
-        EXPECT_FALSE(is_exact);
+        EXPECT_EQ(is_exact, GPU_IVFPQ_DISTS_NONE);
         EXPECT_EQ(got, want);
         EXPECT_EQ(matched, want_matched);
         EXPECT_EQ(std::count(exact.begin(), exact.end(), -7.0), std::ptrdiff_t(exact.size()));
@@ -745,7 +745,7 @@ TEST(MirrorFilterProcess, KeyedLoadAddSearchMatchTheMirrorInProcess)
         std::vector<int64_t> want(nq2 * k), got(nq2 * k, -7), want_matched(nq2, -9), matched(nq2, -7);
         KeyRanges r{b.lo.data(), b.hi.data(), want_matched.data()};
         direct_exact->search_exact(b.queries.data(), nq2, k, nprobe, want_dist.data(), want.data(), &r);
-        bool is_exact = false;
+        GpuIvfpqAnswerDists is_exact = GPU_IVFPQ_DISTS_NONE;
         ASSERT_TRUE(gp->search(exact_key, f.d, b.queries.data(), nq2, k, nprobe, b.lo.data(), b.hi.data(),
                                matched.data(), got.data(), exact.data(), &is_exact));
         EXPECT_EQ(got, want);
@@ -772,7 +772,7 @@ TEST(MirrorFilterProcess, KeyArgumentErrorsCrossWithTheirKind)
     const size_t k = 5, na = 50;
     std::vector<int64_t> labels(k), lo{kMinKey}, hi{kMaxKey}, matched{-7};
     std::vector<double> exact(k);
-    bool is_exact = false;
+    GpuIvfpqAnswerDists is_exact = GPU_IVFPQ_DISTS_NONE;
     EXPECT_EQ(error_kind([&] {
                   gp->search(plain, f.d, f.x.data(), 1, k, 2, lo.data(), hi.data(), matched.data(), labels.data(),
                              exact.data(), &is_exact);

@@ -119,7 +119,8 @@ struct RabitqSet {
         dist.assign(nq * k, std::numeric_limits<float>::infinity());
         out.assign(nq * k, -1);
         for (size_t q = 0; q < nq; q++) {
-            std::vector<Neighbor> best = model.search(ls.data(), queries + q * d, nprobe, k);
+            // Ranked by lower bounds, as every mirror of RaBitQ codes ranks them.
+            std::vector<Neighbor> best = model.search(ls.data(), queries + q * d, nprobe, k, kRabitqLowerEps0);
             for (size_t j = 0; j < best.size(); j++) {
                 dist[q * k + j] = best[j].dist;
                 out[q * k + j] = best[j].label;
@@ -275,15 +276,19 @@ TEST(RabitqMirror, ThroughTheProcessAndPlaced)
     gp->load(key, s.spec(true), s.n, s.list_ids.data(), s.rows.data(), s.labels.data(), nullptr, s.keys.data());
     std::vector<int64_t> got(nq * k);
     std::vector<double> exact(nq * k);
-    bool is_exact = true;
+    GpuIvfpqAnswerDists is_exact = GPU_IVFPQ_DISTS_NONE;
     ASSERT_TRUE(gp->search(key, s.d, queries.data(), nq, k, nprobe, nullptr, nullptr, nullptr, got.data(),
                            exact.data(), &is_exact));
-    EXPECT_FALSE(is_exact);
+    // The lower bounds the rows are ranked by come with them.
+    EXPECT_EQ(is_exact, GPU_IVFPQ_DISTS_LOWER);
     EXPECT_EQ(got, want);
+    for (size_t i = 0; i < nq * k; i++)
+        if (want[i] >= 0)
+            EXPECT_EQ(exact[i], double(wd[i])) << "row " << i;
     // Exact k-NN over the stored vectors: a RaBitQ mirror has none, so nothing is served.
     ASSERT_TRUE(gp->search(key, s.d, queries.data(), nq, k, nprobe, nullptr, nullptr, nullptr, got.data(),
                            exact.data(), &is_exact, true));
-    EXPECT_FALSE(is_exact);
+    EXPECT_EQ(is_exact, GPU_IVFPQ_DISTS_NONE);
     // A bad shape is refused by the client before anything is sent.
     MirrorSpec wrong = s.spec();
     wrong.m = 16;
@@ -328,7 +333,7 @@ TEST(RabitqMirror, WideRowsLoadedAndAppended)
         std::vector<float> wd;
         std::vector<int64_t> want, got(nq * k);
         std::vector<double> exact(nq * k);
-        bool is_exact = true;
+        GpuIvfpqAnswerDists is_exact = GPU_IVFPQ_DISTS_NONE;
         s.reference(queries.data(), nq, k, nprobe, [](size_t) { return true; }, wd, want);
         ASSERT_TRUE(gp->search(key, s.d, queries.data(), nq, k, nprobe, nullptr, nullptr, nullptr, got.data(),
                                exact.data(), &is_exact));

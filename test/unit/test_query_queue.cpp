@@ -172,7 +172,8 @@ TEST(QueryQueue, MalformedAnswersAreRefused)
     EXPECT_TRUE(refused([](queue::SearchAnswer& a) { a.result = 17; }));
     EXPECT_TRUE(refused([](queue::SearchAnswer& a) { a.result = -1; }));
     EXPECT_TRUE(refused([](queue::SearchAnswer& a) { a.n = 5; }));
-    EXPECT_TRUE(refused([](queue::SearchAnswer& a) { a.exact = 2; }));
+    EXPECT_TRUE(refused([](queue::SearchAnswer& a) { a.exact = 3; }));  // no kind of distances
+    EXPECT_FALSE(refused([](queue::SearchAnswer& a) { a.exact = GPU_IVFPQ_DISTS_LOWER; }));
     EXPECT_TRUE(refused([](queue::SearchAnswer& a) { a.batch = 0; }));
     EXPECT_TRUE(refused([](queue::SearchAnswer& a) { a.batch = 17; }));
     EXPECT_TRUE(refused([](queue::SearchAnswer& a) { a.matched = 3; }));  // not a filtered search

@@ -57,16 +57,18 @@ public:
     // ids allowed); returns how many went.
     size_t remove_ids(const int64_t* ids, size_t n);
 
-    // The k entries with the smallest estimates among each query's nprobe
+    // The k entries with the smallest rank keys among each query's nprobe
     // nearest lists (L2 to the centroids; inner product for InnerProduct),
-    // ascending, padded with (+inf, -1): dist the estimates, labels the ids.
+    // ascending, padded with (+inf, -1): dist the keys, labels the ids. The
+    // keys are RabitqModel::scan_keys's, bit for bit: the estimates (eps0 =
+    // 0), or the lower bounds estimate - bound at eps0 (> 0).
     // With ranges (filter_keys only, else Error(InvalidArgument)), only the
     // entries within each query's key range, and matched (when set) counts
     // them over its probed lists. Host pointers: queries nq x d, dist and
     // labels nq x k. Throws InvalidArgument for k outside 1..kMaxSelectK or
     // nprobe (clamped to the lists) above kMaxSelectK.
     void search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist, int64_t* labels,
-                const KeyRange* ranges = nullptr) const;
+                const KeyRange* ranges = nullptr, float eps0 = 0.0f) const;
 
     // Test aid: the probed lists of each query as the search picks them
     // (nq x nprobe, nearest first; host).
