@@ -77,11 +77,12 @@ struct Hit {
     int64_t label;
 };
 
-// The CPU engine's k best (estimate, label) of a query over the given
+// The CPU engine's k best (rank key, label) of a query over the given
 // lists, the entries in `live` and within [lo, hi] only; *matched counts
-// those in range.
+// those in range. The keys are scan_keys's at eps0: the estimates (0) or
+// their lower bounds.
 std::vector<Hit> cpu_best(const Fixture& fx, const float* q, const int32_t* probed, size_t nprobe, size_t k,
-                          const std::vector<bool>& live, int64_t lo, int64_t hi, int64_t* matched)
+                          const std::vector<bool>& live, int64_t lo, int64_t hi, int64_t* matched, float eps0)
 {
     RabitqQuery query;
     fx.model->prepare_query(q, query);
@@ -98,7 +99,7 @@ std::vector<Hit> cpu_best(const Fixture& fx, const float* q, const int32_t* prob
             RabitqFactors f;
             std::memcpy(&f, fx.rows.data() + i * fx.rb() + cb, sizeof(f));
             float e = 0;
-            fx.model->scan(lq, fx.rows.data() + i * fx.rb(), fx.rb(), &f, 1, 0.0f, &e, nullptr);
+            fx.model->scan_keys(lq, fx.rows.data() + i * fx.rb(), fx.rb(), &f, 1, eps0, &e);
             all.push_back({e, fx.ids[i]});
         }
     }
@@ -114,7 +115,7 @@ std::vector<Hit> cpu_best(const Fixture& fx, const float* q, const int32_t* prob
 // the same order (bit for bit, or within rounding for Cosine), each label
 // one whose estimate that is, padding where the CPU found fewer.
 void compare(GpuRabitqIndex& index, const Fixture& fx, const std::vector<float>& q, size_t nq, size_t k,
-             size_t nprobe, const std::vector<bool>& live, bool ranged)
+             size_t nprobe, const std::vector<bool>& live, bool ranged, float eps0 = 0.0f)
 {
     const size_t d = fx.d;
     std::vector<int64_t> lo(nq), hi(nq), matched(nq, -1);
@@ -128,7 +129,7 @@ void compare(GpuRabitqIndex& index, const Fixture& fx, const std::vector<float>&
     r.matched = matched.data();
     std::vector<float> dist(nq * k);
     std::vector<int64_t> labels(nq * k);
-    index.search(q.data(), nq, k, nprobe, dist.data(), labels.data(), ranged ? &r : nullptr);
+    index.search(q.data(), nq, k, nprobe, dist.data(), labels.data(), ranged ? &r : nullptr, eps0);
     std::vector<int32_t> probed(nq * std::min(nprobe, fx.lists));
     const size_t np = std::min(nprobe, fx.lists);
     index.probe_lists(q.data(), nq, np, probed.data());
@@ -138,7 +139,7 @@ void compare(GpuRabitqIndex& index, const Fixture& fx, const std::vector<float>&
     for (size_t i = 0; i < nq; i++) {
         int64_t want_matched = 0;
         const std::vector<Hit> want =
-            cpu_best(fx, q.data() + i * d, probed.data() + i * np, np, k, live, lo[i], hi[i], &want_matched);
+            cpu_best(fx, q.data() + i * d, probed.data() + i * np, np, k, live, lo[i], hi[i], &want_matched, eps0);
         if (ranged)
             ASSERT_EQ(matched[i], want_matched) << "query " << i << ": entries in range";
         for (size_t j = 0; j < k; j++) {
@@ -185,6 +186,9 @@ void check_index(size_t d, int bits, Metric metric, uint64_t s)
         SCOPED_TRACE("k " + std::to_string(k));
         compare(index, fx, q, nq, k, 4, live, false);
         compare(index, fx, q, nq, k, 4, live, true);
+        // Ranked by lower bounds, as the GPU service's mirrors rank them.
+        compare(index, fx, q, nq, k, 4, live, false, gpuivfpq::kRabitqLowerEps0);
+        compare(index, fx, q, nq, k, 4, live, true, gpuivfpq::kRabitqLowerEps0);
     }
     // Every list probed, k = n: every entry, in estimate order.
     compare(index, fx, q, 2, n, lists, live, false);
@@ -200,6 +204,7 @@ void check_index(size_t d, int bits, Metric metric, uint64_t s)
     ASSERT_EQ(index.ntotal(), n - (n + 2) / 3);
     compare(index, fx, q, nq, 50, 6, live, false);
     compare(index, fx, q, nq, 50, 6, live, true);
+    compare(index, fx, q, nq, 50, 6, live, true, gpuivfpq::kRabitqLowerEps0);
 }
 
 }  // namespace
@@ -238,6 +243,8 @@ TEST(RabitqIndex, EmptyAndArgumentChecks)
     KeyRange r;
     r.lo = &lo;
     r.hi = &hi;
+    EXPECT_EQ(kind_of([&] { plain.search(q.data(), 1, 3, 2, dist.data(), labels.data(), nullptr, -1.0f); }),
+              ErrorKind::InvalidArgument);
     EXPECT_EQ(kind_of([&] { plain.search(q.data(), 1, 0, 2, dist.data(), labels.data()); }),
               ErrorKind::InvalidArgument);
     EXPECT_EQ(kind_of([&] {
