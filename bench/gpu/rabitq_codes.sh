@@ -15,7 +15,7 @@
 # Runs after bash .device/pg-up.sh and an install of the extension linked
 # with the kernels. usage: bench/gpu/rabitq_codes.sh (N, DIM, LISTS, M, SECS
 # (pgbench seconds per row, default 6), BITS ("2 4 7"), PROBES ("16 32"),
-# RERANKS ("100 40 20"))
+# RERANKS ("100 40 20"), PQ (0: no PQ rows))
 set -euo pipefail
 N=${N:-1000000}
 DIM=${DIM:-128}
@@ -75,12 +75,14 @@ mirror() {
   say "mirror on the GPU: $(psql -qAtc "SELECT sum(memory_used_mb) FROM gpu_ivfpq_devices") MB ($(psql -qAtc "SELECT round((sum(memory_used_mb) * 1048576.0 / $N)::numeric, 1) FROM gpu_ivfpq_devices") bytes per row)"
 }
 
-build "lists = $LISTS, m = $M"
-mirror
-batch "pq m $M + vectors"
-header
-for r in $RERANKS; do row "pq m $M + vectors, GPU" auto 32 "$r"; done
-for p in $PROBES; do row "pq m $M + vectors, CPU" cpu "$p" 100; done
+if [ "${PQ:-1}" = 1 ]; then  # PQ=0: the RaBitQ rows only
+  build "lists = $LISTS, m = $M"
+  mirror
+  batch "pq m $M + vectors"
+  header
+  for r in $RERANKS; do row "pq m $M + vectors, GPU" auto 32 "$r"; done
+  for p in $PROBES; do row "pq m $M + vectors, CPU" cpu "$p" 100; done
+fi
 for b in $BITS; do
   say ""
   build "lists = $LISTS, codes = rabitq, bits = $b"
