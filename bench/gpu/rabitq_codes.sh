@@ -75,21 +75,20 @@ mirror() {
   say "mirror on the GPU: $(psql -qAtc "SELECT sum(memory_used_mb) FROM gpu_ivfpq_devices") MB ($(psql -qAtc "SELECT round((sum(memory_used_mb) * 1048576.0 / $N)::numeric, 1) FROM gpu_ivfpq_devices") bytes per row)"
 }
 
-if [ "${PQ:-1}" = 1 ]; then  # PQ=0: the RaBitQ rows only
-  build "lists = $LISTS, m = $M"
+section() {  # NAME OPTIONS: index the table WITH (OPTIONS), then NAME's rows
+  build "$2"
   mirror
-  batch "pq m $M + vectors"
+  batch "$1"
   header
-  for r in $RERANKS; do row "pq m $M + vectors, GPU" auto 32 "$r"; done
-  for p in $PROBES; do row "pq m $M + vectors, CPU" cpu "$p" 100; done
+  for r in $RERANKS; do row "$1, GPU" auto 32 "$r"; done
+  for p in $PROBES; do row "$1, CPU" cpu "$p" 100; done
+}
+
+if [ "${PQ:-1}" = 1 ]; then  # PQ=0: the RaBitQ rows only
+  section "pq m $M + vectors" "lists = $LISTS, m = $M"
 fi
 for b in $BITS; do
   say ""
-  build "lists = $LISTS, codes = rabitq, bits = $b"
-  mirror
-  batch "rabitq bits $b"
-  header
-  for r in $RERANKS; do row "rabitq bits $b, GPU" auto 32 "$r"; done
-  for p in $PROBES; do row "rabitq bits $b, CPU" cpu "$p" 100; done
+  section "rabitq bits $b" "lists = $LISTS, codes = rabitq, bits = $b"
 done
 rm -rf "$work"
