@@ -510,8 +510,9 @@ LazyNext(IndexScanDesc scan, GpuIvfpqHit *out)
 	{
 		double		t = so->cand_next < so->ncand ? so->cand_lower[so->cand_next] : so->tail;
 
+		/* Past an infinite tail every row is final, NaN distances (sorted last) too. */
 		if (so->npending > 0 &&
-			(isinf(t) && t > 0 ? true : !isnan(so->pending[0].dist) && so->pending[0].dist <= t))
+			(t == get_float8_infinity() || (!isnan(so->pending[0].dist) && so->pending[0].dist <= t)))
 		{
 			GpuIvfpqHit h = PendingPop(so);
 

@@ -103,6 +103,20 @@ FROM (SELECT query, array_agg(rq.id ORDER BY rank) AS ids
       JOIN rq ON rq.ctid = r.tid GROUP BY query) b
 JOIN (SELECT qid AS query, ARRAY(SELECT id FROM rq ORDER BY v <#> rqq.qv, id LIMIT 10) AS ids FROM rqq) s
 USING (query);
+-- Rows deleted but not vacuumed stay in the lists: candidates fetched in
+-- the order of their lower bounds pass over them, and the batch and the
+-- scans still return the nearest visible rows.
+BEGIN;
+DELETE FROM rq WHERE id % 3 = 0;
+SET LOCAL gpu_ivfpq.probes = 16;
+SELECT count(*) FILTER (WHERE b.ids = s.ids) AS same, count(*) AS queries
+FROM (SELECT query, array_agg(rq.id ORDER BY rank) AS ids
+      FROM gpu_ivfpq_knn_batch('rq_ip', (SELECT array_agg(qv ORDER BY qid) FROM rqq), 10) r
+      JOIN rq ON rq.ctid = r.tid GROUP BY query) b
+JOIN (SELECT qid AS query, ARRAY(SELECT id FROM rq ORDER BY v <#> rqq.qv, id LIMIT 10) AS ids FROM rqq) s
+USING (query);
+SELECT * FROM same_as_seq('<->', 30);
+ROLLBACK;
 SET gpu_ivfpq.probes = 4;
 SET client_min_messages = warning;
 SELECT count(*) = 10 * (SELECT count(v) FROM rq) AS graph_rows FROM gpu_ivfpq_knn_graph('rq_l2', 10);
