@@ -95,26 +95,25 @@ SELECT i AS index, gpu_ivfpq_check(i, true) AS checked FROM unnest('{rq_l2,rq_ip
 SELECT * FROM same_as_seq('<->');
 SELECT * FROM same_as_seq('<=>');
 
--- Batch k-NN and the k-NN graph: the same answers as the scans.
-SET gpu_ivfpq.rerank = 100;
+-- Batch k-NN: queries whose 10 rows equal a sequential scan's.
+CREATE FUNCTION batch_same(OUT same bigint, OUT queries bigint) LANGUAGE sql AS $$
 SELECT count(*) FILTER (WHERE b.ids = s.ids) AS same, count(*) AS queries
 FROM (SELECT query, array_agg(rq.id ORDER BY rank) AS ids
       FROM gpu_ivfpq_knn_batch('rq_ip', (SELECT array_agg(qv ORDER BY qid) FROM rqq), 10) r
       JOIN rq ON rq.ctid = r.tid GROUP BY query) b
 JOIN (SELECT qid AS query, ARRAY(SELECT id FROM rq ORDER BY v <#> rqq.qv, id LIMIT 10) AS ids FROM rqq) s
-USING (query);
+USING (query)
+$$;
+-- Batch k-NN and the k-NN graph: the same answers as the scans.
+SET gpu_ivfpq.rerank = 100;
+SELECT * FROM batch_same();
 -- Rows deleted but not vacuumed stay in the lists: candidates fetched in
 -- the order of their lower bounds pass over them, and the batch and the
 -- scans still return the nearest visible rows.
 BEGIN;
 DELETE FROM rq WHERE id % 3 = 0;
 SET LOCAL gpu_ivfpq.probes = 16;
-SELECT count(*) FILTER (WHERE b.ids = s.ids) AS same, count(*) AS queries
-FROM (SELECT query, array_agg(rq.id ORDER BY rank) AS ids
-      FROM gpu_ivfpq_knn_batch('rq_ip', (SELECT array_agg(qv ORDER BY qid) FROM rqq), 10) r
-      JOIN rq ON rq.ctid = r.tid GROUP BY query) b
-JOIN (SELECT qid AS query, ARRAY(SELECT id FROM rq ORDER BY v <#> rqq.qv, id LIMIT 10) AS ids FROM rqq) s
-USING (query);
+SELECT * FROM batch_same();
 SELECT * FROM same_as_seq('<->', 30);
 ROLLBACK;
 SET gpu_ivfpq.probes = 4;
