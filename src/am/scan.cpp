@@ -372,6 +372,19 @@ ChooseReturned(GpuIvfpqScanOpaque so, bool partial)
 	so->nresults = kept;
 }
 
+/* What a scan re-ranks from the heap against: its query, skipping rows seen before. */
+static void
+ScanRerankSpec(GpuIvfpqScanOpaque so, GpuIvfpqRerankSpec *spec)
+{
+	memset(spec, 0, sizeof(*spec));
+	spec->metric = so->metric;
+	spec->query = so->null_query ? NULL : so->query;
+	spec->dim = so->meta.dimensions;
+	spec->seen = so->seen;
+	/* The executor follows a HOT chain from its root, the TID the index holds. */
+	spec->index_tids = true;
+}
+
 /*
  * Re-ranks the candidate labels not seen before with exact distances from
  * the heap (rows no longer visible are skipped) into the next batch of
@@ -385,13 +398,7 @@ HeapRerank(IndexScanDesc scan, int64 *labels, int n)
 	int64		fetched = 0;
 
 	EnsureHeapAccess(scan);
-	memset(&spec, 0, sizeof(spec));
-	spec.metric = so->metric;
-	spec.query = so->null_query ? NULL : so->query;
-	spec.dim = so->meta.dimensions;
-	spec.seen = so->seen;
-	/* The executor follows a HOT chain from its root, the TID the index holds. */
-	spec.index_tids = true;
+	ScanRerankSpec(so, &spec);
 	so->results = (GpuIvfpqHit *) MemoryContextAllocHuge(so->batchctx, sizeof(GpuIvfpqHit) * Max(n, 1));
 	so->nresults = (int) GpuIvfpqRerank(&so->hf, &spec, labels, n, so->results, &fetched);
 	so->next = 0;
@@ -399,13 +406,7 @@ HeapRerank(IndexScanDesc scan, int64 *labels, int n)
 	so->heap_reranked += fetched;
 }
 
-/* a sorts before b in the pending heap (GpuIvfpqHitLess: NaN distances last). */
-static inline bool
-PendingBefore(const GpuIvfpqHit &a, const GpuIvfpqHit &b)
-{
-	return GpuIvfpqHitLess(a, b);
-}
-
+/* The pending heap: nearest first, in GpuIvfpqHitLess order (NaN distances last). */
 static void
 PendingPush(GpuIvfpqScanOpaque so, const GpuIvfpqHit *h)
 {
@@ -421,7 +422,7 @@ PendingPush(GpuIvfpqScanOpaque so, const GpuIvfpqHit *h)
 		so->pending_cap = cap;
 	}
 	i = so->npending++;
-	while (i > 0 && PendingBefore(*h, so->pending[(i - 1) / 2]))
+	while (i > 0 && GpuIvfpqHitLess(*h, so->pending[(i - 1) / 2]))
 	{
 		so->pending[i] = so->pending[(i - 1) / 2];
 		i = (i - 1) / 2;
@@ -442,9 +443,9 @@ PendingPop(GpuIvfpqScanOpaque so)
 
 		if (c >= so->npending)
 			break;
-		if (c + 1 < so->npending && PendingBefore(so->pending[c + 1], so->pending[c]))
+		if (c + 1 < so->npending && GpuIvfpqHitLess(so->pending[c + 1], so->pending[c]))
 			c++;
-		if (!PendingBefore(so->pending[c], last))
+		if (!GpuIvfpqHitLess(so->pending[c], last))
 			break;
 		so->pending[i] = so->pending[c];
 		i = c;
@@ -500,12 +501,7 @@ LazyNext(IndexScanDesc scan, GpuIvfpqHit *out)
 	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
 	GpuIvfpqRerankSpec spec;
 
-	memset(&spec, 0, sizeof(spec));
-	spec.metric = so->metric;
-	spec.query = so->query;
-	spec.dim = so->meta.dimensions;
-	spec.seen = so->seen;
-	spec.index_tids = true;
+	ScanRerankSpec(so, &spec);
 	for (;;)
 	{
 		double		t = so->cand_next < so->ncand ? so->cand_lower[so->cand_next] : so->tail;
