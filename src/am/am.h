@@ -602,6 +602,12 @@ extern int64 GpuIvfpqRabitqRankLists(Relation index, const GpuIvfpqMetaPageData 
 									 int64 *labels, double *lower, int *nlabels);
 extern const char *GpuIvfpqRabitqCodeProblem(const GpuIvfpqMetaPageData *meta, const uint8 *code);
 
+/* ---- build_read.cpp ---- */
+/* One row a build reads: its TID, its vector (dim floats) and filter key. */
+typedef void (*GpuIvfpqBuildRowFn) (void *state, ItemPointer tid, const float *v, int dim, int64 key);
+extern bool GpuIvfpqBuildReadParallel(Relation heap, Relation index, IndexInfo *indexInfo,
+									  GpuIvfpqBuildRowFn fn, void *state, double *heap_tuples);
+
 /* ---- build.cpp ---- */
 extern IndexBuildResult *gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo);
 extern void gpuivfpqbuildempty(Relation index);

@@ -6,6 +6,8 @@
 #include "engine/ivfpq.h"
 #include "engine/rabitq.h"
 
+#include <algorithm>
+
 extern "C" {
 #include "utils/sampling.h"
 
@@ -62,6 +64,7 @@ typedef struct BuildState
 	int64	   *row_keys;		/* keyed */
 	Size		rows_n;
 	Size		rows_alloc;
+	int64	   *row_order;		/* kept rows in TID order (a parallel read), or NULL: as kept */
 	Size		rows_hint;		/* rows the table is expected to hold (its reltuples) */
 
 	/* pass 2: encode in batches, buffer entries by list, flush when full */
@@ -170,13 +173,10 @@ CheckDeclaredDim(Relation index, GpuIvfpqVectorFormat format)
 		CheckCodesDim(index, typmod);
 }
 
-/* Validates one indexed value and returns its elements (in tmpctx). */
-static const float *
-RowVector(BuildState *bs, Datum value)
+/* Checks one indexed vector's dimension: the first row's sets the index's. */
+static void
+CheckRowDim(BuildState *bs, int dim)
 {
-	int			dim;
-	const float *v = GpuIvfpqDatumVector(value, bs->format, &dim, "indexed vector");
-
 	if (bs->dim == 0)
 	{
 		/* The first row: the dimension is known, m is checked before reading on. */
@@ -188,6 +188,16 @@ RowVector(BuildState *bs, Datum value)
 				(errcode(ERRCODE_DATA_EXCEPTION),
 				 errmsg("vector has %d dimensions, the index has %d", dim, bs->dim),
 				 errhint("Every indexed vector must have the same number of dimensions.")));
+}
+
+/* Validates one indexed value and returns its elements (in tmpctx). */
+static const float *
+RowVector(BuildState *bs, Datum value)
+{
+	int			dim;
+	const float *v = GpuIvfpqDatumVector(value, bs->format, &dim, "indexed vector");
+
+	CheckRowDim(bs, dim);
 	return v;
 }
 
@@ -221,19 +231,23 @@ DropKeptRows(BuildState *bs)
 		pfree(bs->row_tids);
 		if (bs->row_keys != NULL)
 			pfree(bs->row_keys);
+		if (bs->row_order != NULL)
+			pfree(bs->row_order);
 	}
 	bs->rows = NULL;
 	bs->row_tids = NULL;
 	bs->row_keys = NULL;
+	bs->row_order = NULL;
 	bs->rows_n = bs->rows_alloc = 0;
 	bs->keep_rows = false;
 }
 
 /*
  * Keeps one row of a full pass 1 for pass 2, growing the buffers by
- * doubling up to a quarter of maintenance_work_mem; past it, keeps none.
+ * doubling up to a quarter of maintenance_work_mem; returns false, keeping
+ * nothing more, when the row would pass it (the caller drops the rows).
  */
-static void
+static bool
 KeepRow(BuildState *bs, ItemPointer tid, const float *v, int64 key)
 {
 	if (bs->rows_n == bs->rows_alloc)
@@ -245,10 +259,7 @@ KeepRow(BuildState *bs, ItemPointer tid, const float *v, int64 key)
 		Size		grow = Min(limit, Max((Size) 1024, bs->rows_alloc == 0 ? bs->rows_hint : bs->rows_alloc * 2));
 
 		if (grow <= bs->rows_n)
-		{
-			DropKeptRows(bs);
-			return;
-		}
+			return false;
 		if (bs->rows == NULL)
 		{
 			bs->rows = (float *) palloc_extended(grow * bs->dim * sizeof(float), MCXT_ALLOC_HUGE);
@@ -271,26 +282,15 @@ KeepRow(BuildState *bs, ItemPointer tid, const float *v, int64 key)
 	if (bs->keyed)
 		bs->row_keys[bs->rows_n] = key;
 	bs->rows_n++;
+	return true;
 }
 
 /* Pass 1: keeps a uniform reservoir sample of the rows offered (Algorithm R). */
 static void
-SampleCallback(Relation index, ItemPointer tid, Datum *values, bool *isnull,
-			   bool tupleIsAlive, void *state)
+SampleRow(BuildState *bs, const float *v)
 {
-	BuildState *bs = (BuildState *) state;
-	MemoryContext old;
-	const float *v;
-	Size		row;
+	Size		row = (Size) bs->dim * sizeof(float);
 	int			slot = -1;
-
-	bs->heap_tuples++;
-	if (isnull[0])
-		return;
-	old = MemoryContextSwitchTo(bs->tmpctx);
-	v = RowVector(bs, values[0]);
-	MemoryContextSwitchTo(old);
-	row = (Size) bs->dim * sizeof(float);
 
 	if (bs->sample_floor == 0)
 	{
@@ -332,9 +332,90 @@ SampleCallback(Relation index, ItemPointer tid, Datum *values, bool *isnull,
 	if (slot >= 0)
 		memcpy(bs->sample + (Size) slot * bs->dim, v, (Size) bs->dim * sizeof(float));
 	bs->sample_seen++;
-	if (bs->keep_rows)
-		KeepRow(bs, tid, v, bs->keyed ? GpuIvfpqFilterKeyOf(index, values[1], isnull[1]) : 0);
+}
+
+/* Pass 1 from the table: samples each row, and keeps it while rows are kept. */
+static void
+SampleCallback(Relation index, ItemPointer tid, Datum *values, bool *isnull,
+			   bool tupleIsAlive, void *state)
+{
+	BuildState *bs = (BuildState *) state;
+	MemoryContext old;
+	const float *v;
+
+	bs->heap_tuples++;
+	if (isnull[0])
+		return;
+	old = MemoryContextSwitchTo(bs->tmpctx);
+	v = RowVector(bs, values[0]);
+	MemoryContextSwitchTo(old);
+	SampleRow(bs, v);
+	if (bs->keep_rows &&
+		!KeepRow(bs, tid, v, bs->keyed ? GpuIvfpqFilterKeyOf(index, values[1], isnull[1]) : 0))
+		DropKeptRows(bs);
 	MemoryContextReset(bs->tmpctx);
+}
+
+/* Offers the kept rows to the sample, in row_order when set. */
+static void
+SampleKeptRows(BuildState *bs)
+{
+	for (Size i = 0; i < bs->rows_n; i++)
+	{
+		Size		r = bs->row_order != NULL ? (Size) bs->row_order[i] : i;
+
+		SampleRow(bs, bs->rows + r * bs->dim);
+		if ((i & 1023) == 0)
+			CHECK_FOR_INTERRUPTS();
+	}
+}
+
+/*
+ * Pass 1 over parallel workers (GpuIvfpqBuildRowFn): the rows come in no
+ * particular order, so they are kept unsampled and sampled once all are
+ * read, in TID order (SampleRows): the index is then the one a serial read
+ * of the same table builds. Rows too many to keep are sampled as they come.
+ */
+static void
+SampleParallelRow(void *state, ItemPointer tid, const float *v, int dim, int64 key)
+{
+	BuildState *bs = (BuildState *) state;
+
+	CheckRowDim(bs, dim);
+	if (bs->keep_rows)
+	{
+		if (KeepRow(bs, tid, v, key))
+			return;
+		SampleKeptRows(bs);
+		DropKeptRows(bs);
+	}
+	SampleRow(bs, v);
+}
+
+/* row_order: the kept rows sorted by TID (a parallel read keeps them as they came). */
+static void
+OrderKeptRows(BuildState *bs)
+{
+	struct TidRow
+	{
+		uint64		tid;
+		int64		row;
+	};
+	TidRow	   *order = (TidRow *) palloc_extended(sizeof(TidRow) * Max(bs->rows_n, 1), MCXT_ALLOC_HUGE);
+
+	for (Size i = 0; i < bs->rows_n; i++)
+	{
+		const ItemPointerData *t = &bs->row_tids[i];
+
+		order[i].tid = ((uint64) ItemPointerGetBlockNumberNoCheck(t) << 16) |
+			ItemPointerGetOffsetNumberNoCheck(t);
+		order[i].row = (int64) i;
+	}
+	std::sort(order, order + bs->rows_n, [](const TidRow &a, const TidRow &b) { return a.tid < b.tid; });
+	bs->row_order = (int64 *) palloc_extended(sizeof(int64) * Max(bs->rows_n, 1), MCXT_ALLOC_HUGE);
+	for (Size i = 0; i < bs->rows_n; i++)
+		bs->row_order[i] = order[i].row;
+	pfree(order);
 }
 
 /*
@@ -385,7 +466,16 @@ SampleRows(BuildState *bs, Relation heap, IndexInfo *indexInfo)
 	/* Pass 2 sees these very rows: the same scan of the same snapshot. */
 	bs->keep_rows = true;
 	bs->rows_hint = heap->rd_rel->reltuples > 0 ? (Size) Min((double) heap->rd_rel->reltuples * 1.05 + 1024, 1e12) : 0;
-	table_index_build_scan(heap, bs->index, indexInfo, true, true, SampleCallback, bs, NULL);
+	if (GpuIvfpqBuildReadParallel(heap, bs->index, indexInfo, SampleParallelRow, bs, &bs->heap_tuples))
+	{
+		if (bs->rows != NULL)
+		{
+			OrderKeptRows(bs);
+			SampleKeptRows(bs);
+		}
+	}
+	else
+		table_index_build_scan(heap, bs->index, indexInfo, true, true, SampleCallback, bs, NULL);
 	bs->vectors_estimate = bs->sample_seen;
 }
 
@@ -551,6 +641,16 @@ EncodeCallback(Relation index, ItemPointer tid, Datum *values, bool *isnull,
 			  bs->keyed ? GpuIvfpqFilterKeyOf(index, values[1], isnull[1]) : 0, -1);
 	MemoryContextSwitchTo(old);
 	MemoryContextReset(bs->tmpctx);
+}
+
+/* Pass 2 over parallel workers (GpuIvfpqBuildRowFn). */
+static void
+EncodeParallelRow(void *state, ItemPointer tid, const float *v, int dim, int64 key)
+{
+	BuildState *bs = (BuildState *) state;
+
+	CheckRowDim(bs, dim);
+	EncodeRow(bs, tid, v, key, -1);
 }
 
 /* Whether typid is an integer type a filter column may have. */
@@ -917,7 +1017,7 @@ EncodeAndWrite(BuildState *bs, Relation heap, IndexInfo *indexInfo, TimestampTz 
 	/* The rows pass 1 kept, if any, count against maintenance_work_mem too. */
 	Size		kept_bytes = RabitqModelBytes(bs) +
 		bs->rows_alloc * ((Size) bs->dim * sizeof(float) + sizeof(ItemPointerData) +
-											   (bs->keyed ? sizeof(int64) : 0));
+						  (bs->keyed ? sizeof(int64) : 0) + (bs->row_order ? sizeof(int64) : 0));
 
 	CheckBuildMemory(batch_bytes + (Size) batch * entry_bytes, "encoding");
 	bs->pend_cap = (int) Min((Size) INT_MAX / 2,
@@ -958,11 +1058,13 @@ EncodeAndWrite(BuildState *bs, Relation heap, IndexInfo *indexInfo, TimestampTz 
 	pgstat_progress_update_param(PROGRESS_CREATEIDX_TUPLES_TOTAL, (int64) estimate);
 	if (bs->rows != NULL)
 	{
-		/* Pass 1 kept every row (and counted them): encode them from memory. */
+		/* Pass 1 kept every row (and counted them): encode them from memory, in TID order. */
 		for (Size i = 0; i < bs->rows_n; i++)
 		{
-			EncodeRow(bs, &bs->row_tids[i], bs->rows + i * bs->dim, bs->keyed ? bs->row_keys[i] : 0,
-					  (int64) i);
+			Size		r = bs->row_order != NULL ? (Size) bs->row_order[i] : i;
+
+			EncodeRow(bs, &bs->row_tids[r], bs->rows + r * bs->dim, bs->keyed ? bs->row_keys[r] : 0,
+					  (int64) r);
 			if ((i & 1023) == 0)
 				CHECK_FOR_INTERRUPTS();
 		}
@@ -970,7 +1072,8 @@ EncodeAndWrite(BuildState *bs, Relation heap, IndexInfo *indexInfo, TimestampTz 
 	else
 	{
 		bs->heap_tuples = 0;	/* pass 2 counts every row: ambuild reports them */
-		table_index_build_scan(heap, bs->index, indexInfo, true, true, EncodeCallback, bs, NULL);
+		if (!GpuIvfpqBuildReadParallel(heap, bs->index, indexInfo, EncodeParallelRow, bs, &bs->heap_tuples))
+			table_index_build_scan(heap, bs->index, indexInfo, true, true, EncodeCallback, bs, NULL);
 	}
 	EncodeBatch(bs);
 	FlushPending(bs);

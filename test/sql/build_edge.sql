@@ -423,4 +423,55 @@ SELECT knn('SELECT id FROM passes ORDER BY v <-> ''{0.5,0.5,0,-0.5}'' LIMIT 20',
 RESET maintenance_work_mem;
 DROP TABLE passes;
 
+--
+-- Large tables are read over parallel workers (as many as
+-- max_parallel_maintenance_workers and the table's size allow). Rows that
+-- fit in memory are then sampled and encoded in TID order, so the index is
+-- the one a serial read builds; rows that do not are sampled and encoded as
+-- they come. Either way every row is indexed once, and a vector a worker
+-- cannot index fails the build with the worker's error.
+CREATE TABLE par (id int, v real[], t int) WITH (autovacuum_enabled = off);
+INSERT INTO par SELECT i, ARRAY[sin(i), cos(i * 1.3), sin(i * 0.7), cos(i * 0.11),
+                                sin(i * 0.3), cos(i * 0.05), sin(i * 1.7), cos(i * 2.1)]::real[], i % 5
+FROM generate_series(1, 100000) i;
+SET min_parallel_table_scan_size = 0;
+SET maintenance_work_mem = '256MB';  -- room for two workers (32MB a participant)
+SET max_parallel_maintenance_workers = 0;
+CREATE INDEX par_serial ON par USING gpu_ivfpq (v, t) WITH (lists = 32, m = 1);
+SET max_parallel_maintenance_workers = 2;
+CREATE INDEX par_parallel ON par USING gpu_ivfpq (v, t) WITH (lists = 32, m = 1);
+SELECT gpu_ivfpq_check('par_parallel', true);
+-- Approximate settings: the two indexes give the same candidates.
+SET gpu_ivfpq.probes = 1;
+SET gpu_ivfpq.rerank = 10;
+WITH q AS (SELECT array_agg(v ORDER BY id) AS a FROM par WHERE id % 2000 = 0)
+SELECT (SELECT array_agg(b ORDER BY query, rank) FROM gpu_ivfpq_knn_batch('par_serial', (SELECT a FROM q), 10) b) =
+       (SELECT array_agg(b ORDER BY query, rank) FROM gpu_ivfpq_knn_batch('par_parallel', (SELECT a FROM q), 10) b)
+       AS same_index;
+SET gpu_ivfpq.probes = 65536;
+SET gpu_ivfpq.rerank = 1000000;
+DROP INDEX par_serial;
+SELECT knn('SELECT id FROM par WHERE t = 3 ORDER BY v <-> ''{0.5,0.5,0,-0.5,0,0,0,0}'' LIMIT 20', true) =
+       knn('SELECT id FROM par WHERE t = 3 ORDER BY v <-> ''{0.5,0.5,0,-0.5,0,0,0,0}'' LIMIT 20', false)
+       AS parallel_exact;
+DROP INDEX par_parallel;
+-- Rows too many for a quarter of maintenance_work_mem: read twice, in parallel.
+CREATE TABLE par_wide (id int, v real[]) WITH (autovacuum_enabled = off);
+INSERT INTO par_wide SELECT i, array(SELECT sin(i * 0.01 * j) FROM generate_series(1, 256) j)::real[]
+FROM generate_series(1, 20000) i;
+SET maintenance_work_mem = '64MB';
+CREATE INDEX par_wide_idx ON par_wide USING gpu_ivfpq (v) WITH (lists = 16, m = 16);
+SELECT gpu_ivfpq_check('par_wide_idx', true);
+SELECT knn('SELECT id FROM par_wide ORDER BY v <-> (SELECT v FROM par_wide WHERE id = 777) LIMIT 10', true) =
+       knn('SELECT id FROM par_wide ORDER BY v <-> (SELECT v FROM par_wide WHERE id = 777) LIMIT 10', false)
+       AS twice_parallel_exact;
+DROP INDEX par_wide_idx;
+-- A worker's error is the build's.
+UPDATE par SET v[3] = 'NaN' WHERE id = 9999;
+CREATE INDEX par_bad ON par USING gpu_ivfpq (v) WITH (lists = 32, m = 1);
+RESET maintenance_work_mem;
+RESET max_parallel_maintenance_workers;
+RESET min_parallel_table_scan_size;
+DROP TABLE par, par_wide;
+
 DROP FUNCTION knn(text, bool), explain_plan(text);
