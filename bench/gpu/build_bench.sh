@@ -8,10 +8,15 @@
 # radii and quantization errors, writing the lists), the WAL it wrote and
 # the index's size, then recall@10 (probes 32) over the first 1000 queries
 # of the 128-d set, so that a faster build is seen to build the same index.
+# The builds read the table over parallel workers (the server's
+# max_parallel_maintenance_workers, and as many as the table's size allows);
+# SERIAL=1 (the default) adds one build of the base index read by the
+# leader alone, for comparison, and RABITQ_BITS=B one of a RaBitQ index.
 #
 # Runs after bash .device/pg-up.sh and an install of the extension linked
 # with the kernels. usage: bench/gpu/build_bench.sh
-# (N=1000000 LISTS=4096 WIDE_N=200000 WIDE_LISTS=1024 REPEAT=2 DEVICE=gpu)
+# (N=1000000 LISTS=4096 WIDE_N=200000 WIDE_LISTS=1024 REPEAT=2 DEVICE=gpu
+#  SERIAL=1 RABITQ_BITS= NO_WAL_BUILD=1)
 set -euo pipefail
 N=${N:-1000000}
 LISTS=${LISTS:-4096}
@@ -38,9 +43,11 @@ if [ "$WIDE_N" != 0 ]; then
   psql -qc "CREATE TABLE wide (id int4, v real[])" -c "COPY wide FROM '$wide'" -c "VACUUM ANALYZE wide"
 fi
 
-# build TABLE LISTS M [OPTIONS [REPEATS]]: builds of TABLE's index, each with its phases.
+# build TABLE LISTS M [OPTIONS [REPEATS]]: builds of TABLE's index, each with
+# its phases (M "-": no m option); BUILD_SET: SQL run before each build.
 build() {
-  local table=$1 lists=$2 m=$3 opts=${4:-} i t0 wal0 log
+  local table=$1 lists=$2 m=$3 opts=${4:-} i t0 wal0 log with
+  with="lists = $lists$([ "$m" != - ] && echo ", m = $m")$opts"
   for i in $(seq "${5:-$REPEAT}"); do
     psql -qc "DROP INDEX IF EXISTS ${table}_idx" -c "CHECKPOINT"
     wal0=$(psql -qAtc "SELECT pg_current_wal_insert_lsn()")
@@ -48,10 +55,11 @@ build() {
     log=$(psql -qX 2>&1 <<SQL
 SET client_min_messages = debug1;
 SET gpu_ivfpq.device = $DEVICE;
-CREATE INDEX ${table}_idx ON $table USING gpu_ivfpq (v) WITH (lists = $lists, m = $m$opts);
+${BUILD_SET:-}
+CREATE INDEX ${table}_idx ON $table USING gpu_ivfpq (v) WITH ($with);
 SQL
 )
-    say "$table build $i${opts:+ ($opts)}: $(awk "BEGIN { printf \"%.2f\", $(date +%s.%N) - $t0 }") s, WAL $(psql -qAtc "SELECT pg_size_pretty(pg_current_wal_insert_lsn() - '$wal0')"), index $(psql -qAtc "SELECT pg_size_pretty(pg_relation_size('${table}_idx'))")"
+    say "$table build $i${opts:+ ($opts)}${BUILD_SET:+ [$BUILD_SET]}: $(awk "BEGIN { printf \"%.2f\", $(date +%s.%N) - $t0 }") s, WAL $(psql -qAtc "SELECT pg_size_pretty(pg_current_wal_insert_lsn() - '$wal0')"), index $(psql -qAtc "SELECT pg_size_pretty(pg_relation_size('${table}_idx'))")"
     echo "$log" | grep "gpu_ivfpq build" | sed 's/^DEBUG:  /    /' | tee -a "$RES"
   done
 }
@@ -61,7 +69,13 @@ r=$(recall_at_10 "$DEVICE" 32)
 say "base recall@10 (probes 32): $r"
 psql -qAtc "SELECT gpu_ivfpq_check('base_idx', true)" >/dev/null 2>&1 && say "base_idx: gpu_ivfpq_check(heapallindexed) passed" ||
   say "base_idx: gpu_ivfpq_check FAILED: $(psql -qAtc "SELECT gpu_ivfpq_check('base_idx', true)" 2>&1 | tail -2)"
+# The same build with the table read by the leader alone.
+[ "${SERIAL:-1}" = 1 ] && BUILD_SET="SET max_parallel_maintenance_workers = 0;" build base "$LISTS" 32 "" 1
 [ "$WIDE_N" != 0 ] && build wide "$WIDE_LISTS" 96
+if [ -n "${RABITQ_BITS:-}" ]; then
+  build base "$LISTS" - ", codes = rabitq, bits = $RABITQ_BITS" 1
+  say "base rabitq recall@10 (probes 32): $(recall_at_10 "$DEVICE" 32)"
+fi
 # What the vector copies cost: the index without them (re-ranks read the table).
 build base "$LISTS" 32 ", store_vectors = off" 1
 # What the WAL costs: wal_level = minimal logs no page of an index built

@@ -4,6 +4,7 @@
 #include "service/service.h"
 #include "common/guard.h"
 #include "engine/ivfpq.h"
+#include "engine/parallel.h"
 #include "engine/rabitq.h"
 
 #include <algorithm>
@@ -202,15 +203,20 @@ RowVector(BuildState *bs, Datum value)
 }
 
 /*
- * Asks the kernel to back a large buffer the build is about to fill with
- * huge pages (Linux, transparent huge pages in "madvise" mode): filling
- * half a gigabyte of rows otherwise takes a page fault, and a page cleared,
- * every 4 kB, which cost as much as reading the table. Only whole 2 MB
- * pages inside the buffer; a kernel that declines is fine.
+ * Readies a large buffer the build is about to fill. It asks the kernel to
+ * back it with huge pages (Linux, transparent huge pages in "madvise"
+ * mode): filling half a gigabyte of rows otherwise takes a page fault, and
+ * a page cleared, every 4 kB, which cost as much as reading the table (only
+ * whole 2 MB pages inside the buffer; a kernel that declines is fine). Then
+ * the build's threads touch every page, so that the kernel clears them on
+ * several cores rather than on the one that fills the buffer (that clearing
+ * was most of a parallel read's time in the leader).
  */
 static void
-AdviseHugePages(void *p, Size bytes)
+PrepareBuffer(void *p, Size bytes)
 {
+	int			threads = Max(1, max_parallel_maintenance_workers + 1);
+
 #ifdef MADV_HUGEPAGE
 	const uintptr_t huge = (uintptr_t) 2 << 20;
 	uintptr_t	start = ((uintptr_t) p + huge - 1) & ~(huge - 1);
@@ -219,6 +225,8 @@ AdviseHugePages(void *p, Size bytes)
 	if (end > start)
 		(void) madvise((void *) start, end - start, MADV_HUGEPAGE);
 #endif
+	if (threads > 1)
+		GpuIvfpqGuard("allocating", [&] { gpuivfpq::prefault_pages(p, bytes, threads); });
 }
 
 /* Stops keeping the rows of pass 1: pass 2 will read the table. */
@@ -275,7 +283,7 @@ KeepRow(BuildState *bs, ItemPointer tid, const float *v, int64 key)
 				bs->row_keys = (int64 *) repalloc_huge(bs->row_keys, grow * sizeof(int64));
 		}
 		bs->rows_alloc = grow;
-		AdviseHugePages(bs->rows, grow * bs->dim * sizeof(float));
+		PrepareBuffer(bs->rows, grow * bs->dim * sizeof(float));
 	}
 	memcpy(bs->rows + bs->rows_n * bs->dim, v, (Size) bs->dim * sizeof(float));
 	bs->row_tids[bs->rows_n] = *tid;
@@ -306,14 +314,18 @@ SampleRow(BuildState *bs, const float *v)
 
 	if (bs->sample_n < bs->sample_cap)
 	{
-		/* It grows with the rows: a small table's sample takes what its rows do. */
+		/*
+		 * It grows with the rows: a small table's sample takes what its rows
+		 * do. A full read knows about how many rows the table has.
+		 */
 		if (bs->sample_n == bs->sample_alloc)
 		{
-			bs->sample_alloc = Min(bs->sample_cap, Max(64, bs->sample_alloc * 2));
+			bs->sample_alloc = Min(bs->sample_cap,
+								   Max(64, Max(bs->sample_alloc * 2, (int) Min(bs->rows_hint, (Size) INT_MAX))));
 			bs->sample = bs->sample == NULL
 				? (float *) palloc_extended((Size) bs->sample_alloc * row, MCXT_ALLOC_HUGE)
 				: (float *) repalloc_huge(bs->sample, (Size) bs->sample_alloc * row);
-			AdviseHugePages(bs->sample, (Size) bs->sample_alloc * row);
+			PrepareBuffer(bs->sample, (Size) bs->sample_alloc * row);
 		}
 		slot = bs->sample_n++;
 	}

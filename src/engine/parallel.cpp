@@ -3,6 +3,7 @@
 #include "parallel.h"
 
 #include "internal.h"
+#include "interrupt.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -107,6 +108,23 @@ void parallel_for(size_t n, int threads, const std::function<void(size_t, size_t
         w.join();
     if (first)
         std::rethrow_exception(first);
+}
+
+void prefault_pages(void* p, size_t bytes, int threads)
+{
+    constexpr size_t kPage = 4096, kChunk = size_t(8) << 20;
+    if (p == nullptr || bytes == 0)
+        return;
+    char* c = static_cast<char*>(p);
+    const size_t chunks = (bytes + kChunk - 1) / kChunk;
+    parallel_for(chunks, threads, [&](size_t c0, size_t c1) {
+        for (size_t k = c0; k < c1; k++) {
+            check_interrupt();
+            const size_t end = std::min(bytes, (k + 1) * kChunk);
+            for (size_t o = k * kChunk; o < end; o += kPage)
+                c[o] = 0;
+        }
+    });
 }
 
 }  // namespace gpuivfpq

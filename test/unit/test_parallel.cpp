@@ -7,6 +7,7 @@
 #include <set>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 #include "engine/parallel.h"
 #include "test_util.h"
@@ -106,4 +107,30 @@ TEST(Parallel, PropagatesEngineErrorKind)
     } catch (const Error& e) {
         EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
     }
+}
+
+// prefault_pages writes a zero at the start of every 4 kB page of the range
+// and nothing else, on any thread count, and an empty range is a no-op.
+TEST(Parallel, PrefaultTouchesEveryPageOnly)
+{
+    constexpr size_t kPage = 4096;
+    for (int threads : {1, 3, 8}) {
+        // 20 MiB and a ragged tail: more than one 8 MiB chunk.
+        const size_t bytes = (size_t(20) << 20) + 1234;
+        std::vector<unsigned char> buf(bytes, 0xAB);
+        prefault_pages(buf.data(), bytes, threads);
+        size_t zeros = 0, others = 0;
+        for (size_t i = 0; i < bytes; i++) {
+            if (i % kPage == 0)
+                zeros += buf[i] == 0;
+            else
+                others += buf[i] == 0xAB;
+        }
+        EXPECT_EQ(zeros, (bytes + kPage - 1) / kPage) << threads;
+        EXPECT_EQ(others, bytes - (bytes + kPage - 1) / kPage) << threads;
+    }
+    prefault_pages(nullptr, 0, 4);
+    unsigned char one = 7;
+    prefault_pages(&one, 0, 4);
+    EXPECT_EQ(one, 7);
 }
