@@ -203,18 +203,22 @@ RowVector(BuildState *bs, Datum value)
 }
 
 /*
- * Readies a large buffer the build is about to fill. It asks the kernel to
+ * Readies a large buffer the build is about to fill past its first `filled`
+ * bytes (those of a buffer just grown by repalloc). It asks the kernel to
  * back it with huge pages (Linux, transparent huge pages in "madvise"
  * mode): filling half a gigabyte of rows otherwise takes a page fault, and
  * a page cleared, every 4 kB, which cost as much as reading the table (only
  * whole 2 MB pages inside the buffer; a kernel that declines is fine). Then
- * the build's threads touch every page, so that the kernel clears them on
- * several cores rather than on the one that fills the buffer (that clearing
- * was most of a parallel read's time in the leader).
+ * the build's threads touch every page wholly past the filled bytes, so that
+ * the kernel clears them on several cores rather than on the one that fills
+ * the buffer (that clearing was most of a parallel read's time in the
+ * leader).
  */
 static void
-PrepareBuffer(void *p, Size bytes)
+PrepareBuffer(void *p, Size bytes, Size filled)
 {
+	uintptr_t	from = TYPEALIGN(4096, (uintptr_t) p + filled);
+	uintptr_t	to = (uintptr_t) p + bytes;
 	int			threads = Max(1, max_parallel_maintenance_workers + 1);
 
 #ifdef MADV_HUGEPAGE
@@ -225,8 +229,8 @@ PrepareBuffer(void *p, Size bytes)
 	if (end > start)
 		(void) madvise((void *) start, end - start, MADV_HUGEPAGE);
 #endif
-	if (threads > 1)
-		GpuIvfpqGuard("allocating", [&] { gpuivfpq::prefault_pages(p, bytes, threads); });
+	if (threads > 1 && to > from)
+		GpuIvfpqGuard("allocating", [&] { gpuivfpq::prefault_pages((void *) from, to - from, threads); });
 }
 
 /* Stops keeping the rows of pass 1: pass 2 will read the table. */
@@ -283,7 +287,7 @@ KeepRow(BuildState *bs, ItemPointer tid, const float *v, int64 key)
 				bs->row_keys = (int64 *) repalloc_huge(bs->row_keys, grow * sizeof(int64));
 		}
 		bs->rows_alloc = grow;
-		PrepareBuffer(bs->rows, grow * bs->dim * sizeof(float));
+		PrepareBuffer(bs->rows, grow * bs->dim * sizeof(float), bs->rows_n * bs->dim * sizeof(float));
 	}
 	memcpy(bs->rows + bs->rows_n * bs->dim, v, (Size) bs->dim * sizeof(float));
 	bs->row_tids[bs->rows_n] = *tid;
@@ -325,7 +329,7 @@ SampleRow(BuildState *bs, const float *v)
 			bs->sample = bs->sample == NULL
 				? (float *) palloc_extended((Size) bs->sample_alloc * row, MCXT_ALLOC_HUGE)
 				: (float *) repalloc_huge(bs->sample, (Size) bs->sample_alloc * row);
-			PrepareBuffer(bs->sample, (Size) bs->sample_alloc * row);
+			PrepareBuffer(bs->sample, (Size) bs->sample_alloc * row, (Size) bs->sample_n * row);
 		}
 		slot = bs->sample_n++;
 	}

@@ -13,7 +13,7 @@ namespace gpuivfpq {
 // thrown by any chunk is rethrown on the caller's thread after all join.
 void parallel_for(size_t n, int threads, const std::function<void(size_t, size_t)>& body);
 
-// Writes a zero byte into every 4 kB page of [p, p + bytes) on up to
+// Writes a zero byte at p and every 4 kB after it, up to p + bytes, on up to
 // `threads` threads: a buffer just allocated, about to be filled, has the
 // kernel clear its pages at first touch, which on one thread costs as much
 // as filling it. The contents are undefined before and after, as those of
