@@ -47,7 +47,9 @@ fi
 # its phases (M "-": no m option); BUILD_SET: SQL run before each build.
 build() {
   local table=$1 lists=$2 m=$3 opts=${4:-} i t0 wal0 log with
-  with="lists = $lists$([ "$m" != - ] && echo ", m = $m")$opts"
+  with="lists = $lists"
+  [ "$m" = - ] || with="$with, m = $m"
+  with="$with$opts"
   for i in $(seq "${5:-$REPEAT}"); do
     psql -qc "DROP INDEX IF EXISTS ${table}_idx" -c "CHECKPOINT"
     wal0=$(psql -qAtc "SELECT pg_current_wal_insert_lsn()")
