@@ -208,18 +208,21 @@ int main(int argc, char** argv)
         }
     }
     bool quick = false, stages_only = false;
+    size_t stage_nprobe = 32;
     std::string base_path, queries_path;
     for (int i = 1; i < argc; ++i) {
         if (!std::strcmp(argv[i], "--quick"))
             quick = true;
         else if (!std::strcmp(argv[i], "--stages"))
             stages_only = true;  // only the search_exact stage table (a short device call)
+        else if (!std::strcmp(argv[i], "--nprobe") && i + 1 < argc)
+            stage_nprobe = std::strtoul(argv[++i], nullptr, 10);  // the stage tables' probes (default 32)
         else if (!std::strcmp(argv[i], "--base") && i + 1 < argc)
             base_path = argv[++i];
         else if (!std::strcmp(argv[i], "--queries") && i + 1 < argc)
             queries_path = argv[++i];
         else {
-            std::fprintf(stderr, "usage: gpu_bench --base BASE.fvecs --queries QUERIES.fvecs [--quick] [--stages]\n"
+            std::fprintf(stderr, "usage: gpu_bench --base BASE.fvecs --queries QUERIES.fvecs [--quick] [--stages] [--nprobe N]\n"
                                  "       gpu_bench --rabitq\n");
             return 2;
         }
@@ -462,7 +465,7 @@ int main(int argc, char** argv)
         // candidates re-ranked). Device stages by CUDA events; "host" is the
         // call's wall time not covered by them (launches, waits).
         {
-            const size_t m = 32, kk = 100, np = 32;
+            const size_t m = 32, kk = 100, np = std::max<size_t>(1, std::min(stage_nprobe, lists));
             std::vector<float> cb(m * 256 * (d / m)), c2(lists * d);
             train(m, c2, cb);
             GpuIvfPqOptions with_vectors;
@@ -488,7 +491,8 @@ int main(int argc, char** argv)
                         quick ? 20 : 200);
             std::printf("| batch | upload | coarse | prefix | scan | merge | decode | rerank | download | "
                         "device | wall | host |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-            for (size_t b : {size_t(1), size_t(8), size_t(16), size_t(32), size_t(64), size_t(128), size_t(256)}) {
+            for (size_t b : {size_t(1), size_t(8), size_t(16), size_t(24), size_t(32), size_t(64), size_t(128),
+                             size_t(256)}) {
                 if (b > nq)
                     continue;
                 if (path == 1 && !idx.small_batch_path(b, kk, np))
@@ -737,6 +741,31 @@ int main(int argc, char** argv)
             }
             idx.set_small_shared_coarse_from(GpuIvfPqOptions().small_shared_coarse_from);
             idx.set_small_batch_max(default_small);
+            std::printf("\n");
+            // What a change-log append costs the device: add_encoded of n
+            // rows (codes, ids, vectors; rows of the base under new ids) into
+            // this 1M index, wall time per call, and a search after them.
+            std::printf("## appends to the index (add_encoded with vectors, wall us per call, means of %d calls)\n\n"
+                        "| rows | us per call | us per row |\n|---|---|---|\n", quick ? 20 : 200);
+            int64_t next_id = int64_t(n) + 1;
+            for (size_t rows : {size_t(1), size_t(4), size_t(16), size_t(64)}) {
+                const int reps = quick ? 20 : 200;
+                std::vector<int64_t> aid(rows);
+                double total = 0;
+                for (int c = 0; c < reps + 2; ++c) {
+                    const size_t at = (size_t(c) * rows * 7919) % (n - rows);
+                    for (size_t i = 0; i < rows; ++i)
+                        aid[i] = next_id++;
+                    const auto t0 = std::chrono::steady_clock::now();
+                    idx.add_encoded(rows, enc_l.data() + at, enc_c.data() + at * m, aid.data(), hbase.data() + at * d);
+                    const double us =
+                        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+                    if (c >= 2)
+                        total += us;
+                }
+                std::printf("| %zu | %.1f | %.2f |\n", rows, total / reps, total / reps / rows);
+                std::fflush(stdout);
+            }
             std::printf("\n");
         }
         std::printf("peak device memory through the context: %.2f GiB\n", ctx.bytes_peak() / double(1 << 30));

@@ -71,8 +71,7 @@ void ListStore::upload_meta(size_t lo, size_t hi)
         max_len = 0;
     if (lo >= hi)
         return;
-    // Callers synchronise before they return, so no copy of an earlier
-    // call still reads the pinned host copy.
+    // reserve waits for an earlier call's copies from the pinned host copy.
     char* h = meta_host.reserve(lists * (5 * sizeof(void*) + sizeof(int32_t)));
     const void** cp = reinterpret_cast<const void**>(h);
     const void** ip = cp + lists;
@@ -104,6 +103,7 @@ void ListStore::upload_meta(size_t lo, size_t hi)
     if (has_keys)
         put(key_ptrs, kp, sizeof(void*));
     put(lens, ln, sizeof(int32_t));
+    meta_host.after_copy(st);
 }
 
 void ListStore::append(const char* who, size_t n, const int32_t* list_ids, const uint8_t* codes,
@@ -152,7 +152,7 @@ void ListStore::append(const char* who, size_t n, const int32_t* list_ids, const
     sz.take<int32_t>(nt);  // touched lists
     sz.take<int32_t>(nt);  // their new lengths
     sz.take<float>(has_vt ? n : 0);  // the entries' terms, computed on the device
-    ctx.synchronize();  // an earlier batch's copy may still read the staging
+    // reserve waits for an earlier append's copy from the staging.
     char* host = add_host.reserve(sz.size());
     // From the context's scratch arena: a cudaMalloc/cudaFree pair per
     // append (a change-log run of a few rows) cost more than the copies.
@@ -222,6 +222,7 @@ void ListStore::append(const char* who, size_t n, const int32_t* list_ids, const
     }
     const cudaStream_t st = ctx.impl().stream;
     GPU_CUDA_CHECK(cudaMemcpyAsync(dbatch.data(), host, sz.size(), cudaMemcpyHostToDevice, st));
+    add_host.after_copy(st);
     if (has_vt)
         term(dcodes, dl, n, dvt);
     launch_append_entries(code_ptrs.as<uint8_t* const>(), id_ptrs.as<int64_t* const>(), vt_ptrs.as<float* const>(),
@@ -234,7 +235,13 @@ void ListStore::append(const char* who, size_t n, const int32_t* list_ids, const
         max_len = std::max(max_len, lst[l].size);
     }
     ntotal += n;
-    ctx.synchronize();
+    // No wait for the device: whatever runs next on the context's stream
+    // (a search, another change) runs after these writes, the scratch
+    // batch is stream-ordered like all scratch, and the staging waits in
+    // reserve. A fault of these kernels surfaces at the next wait (a
+    // search's), as a device error. (Two waits here made a one-row append
+    // hold the GPU process's exclusive lock ~100 us; a search waits for
+    // the append's few microseconds of device work instead.)
 }
 
 size_t ListStore::remove(const int64_t* ids, size_t n)

@@ -21,8 +21,10 @@ class GpuContext;
 
 // Page-locked host memory, grown on demand: copies from it are truly
 // asynchronous, where a copy from pageable memory blocks the host for each
-// call (an append used to make a dozen such copies). The owner synchronises
-// its stream before it writes the memory again or frees it.
+// call (an append used to make a dozen such copies). An owner that returns
+// before its copies ran marks them with after_copy: reserve, which hands the
+// memory out for writing, first waits for them; other owners synchronise
+// their stream before they write the memory again or free it.
 class PinnedHost {
 public:
     PinnedHost() = default;
@@ -30,12 +32,21 @@ public:
     PinnedHost& operator=(const PinnedHost&) = delete;
     ~PinnedHost()
     {
+        // Nothing to report from a destructor; freeing page-locked memory
+        // waits for the device's work.
+        if (done_)
+            cudaEventDestroy(done_);
         if (p_)
-            cudaFreeHost(p_);  // nothing to report from a destructor
+            cudaFreeHost(p_);
     }
-    // At least bytes of memory; the contents are not kept when it grows.
+    // At least bytes of memory, no copy from it still queued; the contents
+    // are not kept when it grows.
     char* reserve(size_t bytes)
     {
+        if (pending_) {
+            pending_ = false;
+            GPU_CUDA_CHECK(cudaEventSynchronize(done_));
+        }
         if (bytes > bytes_) {
             if (p_)
                 GPU_CUDA_CHECK(cudaFreeHost(p_));
@@ -48,11 +59,22 @@ public:
         }
         return p_;
     }
+    // The copies from this memory queued on stream so far are its last
+    // readers: the next reserve waits for them (the caller's device current).
+    void after_copy(cudaStream_t stream)
+    {
+        if (!done_)
+            GPU_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+        GPU_CUDA_CHECK(cudaEventRecord(done_, stream));
+        pending_ = true;
+    }
     char* data() const { return p_; }
 
 private:
     char* p_ = nullptr;
     size_t bytes_ = 0;
+    cudaEvent_t done_ = nullptr;
+    bool pending_ = false;
 };
 
 struct ListStore {

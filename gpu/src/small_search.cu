@@ -5,8 +5,10 @@
 //   1. the term-3 lookup table: each block computes 1/C of its entries and
 //      stores them into every block's table;
 //   2. the coarse step: each block ranks 1/C of the centroids (GEMM form,
-//      as exact_knn), selected in shared memory (radix select) or by a
-//      WarpSelect per warp; the C sorted lists' keys go to every block and
+//      as exact_knn), selected in shared memory (radix select; a share
+//      larger than the key buffer keeps only the keys below a running bar,
+//      cut to the best whenever the buffer fills, FilterSink); the C sorted
+//      lists' keys go to every block and
 //      each block finds the global rank of its own entries by binary search
 //      in the others (a merge with no sorting network; only the entries
 //      that can rank below k); the winners' direct base distances go to
@@ -47,7 +49,7 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kMaxCluster = 16;
 
 // Keys a block selects from in shared memory (radix select); a block with
-// more candidates than this streams them through WarpSelect instead.
+// more candidates than this keeps those below a running bar (FilterSink).
 constexpr int kKeysPerThread = 16;
 constexpr int kKeyCap = kThreads * kKeysPerThread;
 static_assert(kThreads == 256, "the radix select's histogram has a bin per thread");
@@ -81,8 +83,8 @@ __host__ __device__ inline Layout layout_of(int m, int d, int cluster, int kq)
     L.keys = b.take(kKeyCap * sizeof(float));
     L.hist = b.take(256 * sizeof(int));
     L.scan = b.take(64 * sizeof(int));
-    L.merge_k = b.take(static_cast<size_t>(kWarps / 2) * kq * sizeof(float));
-    L.merge_v = b.take(static_cast<size_t>(kWarps / 2) * kq * sizeof(int));
+    L.merge_k = b.take(static_cast<size_t>(kq) * sizeof(float));  // a select's kk keys, a cut's scratch
+    L.merge_v = b.take(static_cast<size_t>(kq) * sizeof(int));
     L.all_k = b.take(lists * sizeof(float));
     L.all_v = b.take(lists * sizeof(int));
     L.rank = b.take(kq * sizeof(int));
@@ -297,21 +299,24 @@ __device__ void broadcast_list(float* all_k, int kk, int own, int C)
     }
 }
 
-// The kk smallest of keys[0 .. n) (shared memory, n <= kKeyCap; +inf is no
-// candidate) in (key, index) order, as (key, label0 + index) into list
-// `own` of this block's all_k / all_v (stride kQ + 1), the keys also into
-// every other block's all_k, padded with (+inf, -1): a radix select of the
-// k-th key over digits of its ordered bits (stopping at the first digit
-// whose bin holds exactly the entries still needed), the entries below it,
-// the tied ones by index, then a rank count among the kk. The digits start at the highest bit in which the
-// valid keys differ (the bits above it are common to all of them: distances
-// of one query share their sign and most of their exponent, so a first
-// digit over the top 8 bits would put nearly every key into one bin, each
-// a contended shared-memory atomic); the digits below it are 8 bits wide,
-// the last one narrower. Every thread calls it.
-template <int kQ>
-__device__ void select_smem(const float* keys, int n, int kk, int label0, int* hist, int* scan, int* sel,
-                            float* selk, float* all_k, int* all_v, int own, int C, unsigned long long* tr)
+// Where the kk smallest of keys[0 .. n) (shared memory; +inf is no
+// candidate) end, in (key, position) order: a radix select of the k-th key
+// over digits of its ordered bits (stopping at the first digit whose bin
+// holds exactly the entries still needed). The digits start at the highest
+// bit in which the valid keys differ (the bits above it are common to all
+// of them: distances of one query share their sign and most of their
+// exponent, so a first digit over the top 8 bits would put nearly every key
+// into one bin, each a contended shared-memory atomic); the digits below it
+// are 8 bits wide, the last one narrower. An entry is among the kk when
+// cut_takes says so (ties by position: the caller counts them in order).
+// Every thread calls it; scan[0 .. 36] and hist are its scratch.
+struct RadixCut {
+    uint32_t prefix, mask;
+    int remaining, nvalid;
+    bool ties;  // entries equal to the k-th in all of mask's bits: by position
+};
+
+__device__ RadixCut radix_cut(const float* keys, int n, int kk, int* hist, int* scan)
 {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int* ctl = scan + 32;  // [0] prefix, [2] remaining, [3] ties, [4] selected count
@@ -320,8 +325,6 @@ __device__ void select_smem(const float* keys, int n, int kk, int label0, int* h
     uint32_t* warp_and = reinterpret_cast<uint32_t*>(scan + 16);
     uint32_t* warp_or = reinterpret_cast<uint32_t*>(scan + 24);
     static_assert(kWarps <= 8, "scan holds 8 AND and 8 OR words from offset 16");
-    if (tid == 0)
-        ctl[4] = 0;  // before the scan's barriers
     // Valid entries, and the bits they share.
     int valid = 0;
     uint32_t band = 0xffffffffu, bor = 0u;
@@ -418,30 +421,61 @@ __device__ void select_smem(const float* keys, int n, int kk, int label0, int* h
                 break;  // the bin's entries are exactly those still needed
         }
     }
+    return RadixCut{prefix, mask, remaining, nvalid, ties};
+}
+
+// Whether the entry of key f is among radix_cut's kk; eq_before: the tied
+// entries before it (in position order) taken so far, counted up.
+__device__ __forceinline__ bool cut_takes(const RadixCut& c, int kk, float f, int& eq_before)
+{
+    if (f == INFINITY)
+        return false;
+    const uint32_t u = order_bits(f) & c.mask;
+    bool take = c.nvalid <= kk || u < c.prefix;
+    if (!take && u == c.prefix)
+        take = !c.ties || eq_before++ < c.remaining;
+    return take;
+}
+
+// The tied entries (equal to the cut in mask's bits) of keys[c0 .. c1).
+__device__ __forceinline__ int cut_ties(const RadixCut& c, const float* keys, int c0, int c1)
+{
+    int eq = 0;
+    if (c.ties)
+        for (int i = c0; i < c1; ++i)
+            eq += keys[i] != INFINITY && (order_bits(keys[i]) & c.mask) == c.prefix;
+    return eq;
+}
+
+// The kk smallest of keys[0 .. n) (shared memory, n <= kKeyCap; +inf is no
+// candidate) in (key, position) order, as (key, label) into list `own` of
+// this block's all_k / all_v (stride kQ + 1), the keys also into every
+// other block's all_k, padded with (+inf, -1); an entry's label is
+// label0 + its position, or lab[position] where lab is given (its
+// positions then in label order). radix_cut finds the k-th key; the
+// entries below it, the tied ones by position, then a rank count among the
+// kk. Every thread calls it.
+template <int kQ>
+__device__ void select_smem(const float* keys, int n, int kk, int label0, const int* lab, int* hist, int* scan,
+                            int* sel, float* selk, float* all_k, int* all_v, int own, int C, unsigned long long* tr)
+{
+    const int tid = threadIdx.x, lane = tid & 31;
+    int* ctl = scan + 32;  // [4] selected count
+    if (tid == 0)
+        ctl[4] = 0;  // before radix_cut's barriers
+    const RadixCut cut = radix_cut(keys, n, kk, hist, scan);
     SELECT_TRACE(1);
     // Selected: below the bin, or in it (all of it, or by index when tied).
     // Each thread takes a contiguous chunk (the ties by index need the
     // order); the warp claims its places in sel with one atomic per step.
-    int eq = 0;  // tied entries in this thread's contiguous chunk
     const int per = (n + kThreads - 1) / kThreads;
     const int c0 = min(n, tid * per), c1 = min(n, c0 + per);
-    if (ties)
-        for (int i = c0; i < c1; ++i)
-            eq += keys[i] != INFINITY && (order_bits(keys[i]) & mask) == prefix;
+    const int eq = cut_ties(cut, keys, c0, c1);  // tied entries in this thread's contiguous chunk
     int eq_total;
-    int eq_before = ties ? block_exclusive_scan(eq, scan, &eq_total) : 0;
+    int eq_before = cut.ties ? block_exclusive_scan(eq, scan, &eq_total) : 0;
     for (int j = 0; j < per; ++j) {  // uniform over the block
         const int i = c0 + j;
-        bool take = false;
-        if (i < c1) {
-            const float f = keys[i];
-            if (f != INFINITY) {
-                const uint32_t u = order_bits(f) & mask;
-                take = nvalid <= kk || u < prefix;
-                if (!take && u == prefix)
-                    take = !ties || eq_before++ < remaining;
-            }
-        }
+        const bool take = i < c1 && cut_takes(cut, kk, keys[i], eq_before);
         const unsigned ballot = __ballot_sync(kFullMask, take);
         if (ballot) {
             int at = 0;
@@ -489,7 +523,7 @@ __device__ void select_smem(const float* keys, int n, int kk, int label0, int* h
             if (e >= nsel)
                 at = e;  // padding after the selected
             mine_k[at] = key;
-            mine_v[at] = e < nsel ? label0 + i : -1;
+            mine_v[at] = e < nsel ? (lab ? lab[i] : label0 + i) : -1;
         }
     }
     __syncthreads();
@@ -498,49 +532,54 @@ __device__ void select_smem(const float* keys, int n, int kk, int label0, int* h
     SELECT_TRACE(4);
 }
 
-// BlockSelect's final step as a tree: in round s, warps w = s (mod 2s) hand
-// their queues to warps w - s, which merge them, all pairs at once (three
-// rounds for 8 warps, against seven one after another). Warp 0 ends with
-// the block's kQ smallest, sorted. Every thread of the block calls it.
-template <int kQ, int kT>
-__device__ void tree_merge(WarpSelect<kQ, kT>& ws, float* mk, int* mv)
+// Cuts keys / labels[0 .. n) (shared memory, in label order; every key a
+// candidate) to their kk smallest in (key, label) order, kept in label
+// order at [0 .. kk), through tk / tl (kk entries of scratch); returns how
+// many were kept (kk: n is larger) and puts the largest kept key's ordered
+// bits into *bar. Every thread calls it.
+__device__ int cut_to_best(float* keys, int* labels, int n, int kk, int* hist, int* scan, float* tk, int* tl,
+                           uint32_t* bar)
 {
-    const int warp = threadIdx.x >> 5;
-    for (int step = 1; step < kWarps; step <<= 1) {
-        const int slot = warp / (2 * step);
-        if ((warp & (2 * step - 1)) == step) {
-#pragma unroll
-            for (int s = 0; s < WarpSelect<kQ, kT>::kW; ++s) {
-                mk[slot * kQ + s * 32 + ws.lane] = ws.st->wk[s];
-                mv[slot * kQ + s * 32 + ws.lane] = ws.st->wv[s];
-            }
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    __syncthreads();  // the keys complete
+    const RadixCut cut = radix_cut(keys, n, kk, hist, scan);
+    const int per = (n + kThreads - 1) / kThreads;
+    const int c0 = min(n, tid * per), c1 = min(n, c0 + per);
+    const int eq = cut_ties(cut, keys, c0, c1);
+    int eq_total;
+    const int eq_first = cut.ties ? block_exclusive_scan(eq, scan, &eq_total) : 0;
+    int mine = 0, eq_before = eq_first;
+    for (int i = c0; i < c1; ++i)
+        mine += cut_takes(cut, kk, keys[i], eq_before);
+    int kept;
+    int at = block_exclusive_scan(mine, scan, &kept);
+    eq_before = eq_first;
+    for (int i = c0; i < c1; ++i)
+        if (cut_takes(cut, kk, keys[i], eq_before)) {
+            tk[at] = keys[i];
+            tl[at] = labels[i];
+            at++;
         }
-        __syncthreads();
-        if ((warp & (2 * step - 1)) == 0)
-            merge_shared_queue<kQ, kT>(ws.st, mk + slot * kQ, mv + slot * kQ);
-        __syncthreads();
+    __syncthreads();
+    uint32_t top = 0;
+    for (int e = tid; e < kept; e += kThreads) {
+        keys[e] = tk[e];
+        labels[e] = tl[e];
+        top = max(top, order_bits(tk[e]));
     }
-}
-
-// Warp 0's sorted queue (its first kk entries) into list `own` of every
-// block's all_k / all_v.
-template <int kQ, int kT>
-__device__ void push_list(const WarpSelect<kQ, kT>& ws, int kk, float* all_k, int* all_v, int own, int C)
-{
-    if (threadIdx.x >= 32)
-        return;
-    cg::cluster_group cluster = cg::this_cluster();
+    for (int off = 16; off > 0; off >>= 1)
+        top = max(top, __shfl_xor_sync(kFullMask, top, off));
+    uint32_t* tops = reinterpret_cast<uint32_t*>(scan + 48);
+    if (lane == 0)
+        tops[warp] = top;
+    __syncthreads();
+    top = 0;
 #pragma unroll
-    for (int s = 0; s < WarpSelect<kQ, kT>::kW; ++s) {
-        const int e = s * 32 + ws.lane;
-        if (e < kk) {
-            const float key = ws.st->wk[s];
-            const int val = ws.st->wv[s];
-            all_v[own * (kQ + 1) + e] = val;  // only this block reads its labels
-            for (int b = 0; b < C; ++b)
-                cluster.map_shared_rank(all_k, b)[own * (kQ + 1) + e] = key;
-        }
-    }
+    for (int w = 0; w < kWarps; ++w)
+        top = max(top, tops[w]);
+    *bar = top;
+    __syncthreads();  // tops and the kept entries read before any reuse
+    return kept;
 }
 
 // out[i] = the rank of entry i of this block's list (`own`) among the C
@@ -641,11 +680,11 @@ struct ScanShare {
 // entries' loads are in flight together rather than one entry's at a time.
 // Each key is what the staged scan computes (code_word16 in its order, the
 // probe's base first, the per-vector term after, rank_distance); an
-// out-of-range entry keeps +inf with its code unread. Keys go into keybuf
-// (smem) or through ws (every thread calls ws.add the same number of times).
-template <int kW, int kU, typename WS>
-__device__ __forceinline__ unsigned scan_share_batched(const ScanShare& s, int i0, int i1, int p, bool smem,
-                                                        float* keybuf, WS& ws)
+// out-of-range entry keeps +inf with its code unread. Each step's kU keys,
+// of entries b0 + u * kThreads + threadIdx.x, go to sink.step(b0, keys)
+// (every thread calls it the same number of times).
+template <int kW, int kU, typename Sink>
+__device__ __forceinline__ unsigned scan_share_batched(const ScanShare& s, int i0, int i1, int p, Sink& sink)
 {
     unsigned in_range_count = 0;
     for (int b0 = i0; b0 < i1; b0 += kU * kThreads) {  // uniform over the block
@@ -678,27 +717,139 @@ __device__ __forceinline__ unsigned scan_share_batched(const ScanShare& s, int i
                 }
             }
         }
+        float key[kU];
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
-            const int i = b0 + u * kThreads + static_cast<int>(threadIdx.x);
-            float key = INFINITY;
+            key[u] = INFINITY;
             if (live[u]) {
                 float sum = 0.0f;
 #pragma unroll
                 for (int w = 0; w < kW; ++w)
                     sum += code_word16(x[u][w], s.table + w * 16 * 256);
-                key = s.pbase[pp[u]] + sum;
+                float k = s.pbase[pp[u]] + sum;
                 if (s.pvt[pp[u]])
-                    key += vt[u];
-                key = rank_distance(key);
-            }
-            if (smem) {
-                if (i < i1)
-                    keybuf[i - i0] = key;
-            } else {
-                ws.add(key, i);
+                    k += vt[u];
+                key[u] = rank_distance(k);
             }
         }
+        sink.template step<kU>(b0, key);
+    }
+    return in_range_count;
+}
+
+// Scan sinks (scan_share_batched's and the one-entry loop's): keys into
+// shared memory at their position (a share that fits keybuf), or
+// FilterSink below.
+struct KeybufSink {
+    float* keybuf;
+    int i0, i1;
+    template <int kU>
+    __device__ __forceinline__ void step(int b0, const float* key)
+    {
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+            const int i = b0 + u * kThreads + static_cast<int>(threadIdx.x);
+            if (i < i1)
+                keybuf[i - i0] = key[u];
+        }
+    }
+};
+
+// A share larger than keybuf: the keys that can still be among the block's
+// kk best, with their positions (labels), appended to keys / labels in
+// position order; when a step might not fit, the buffer is cut to its kk
+// best (cut_to_best), whose largest key then bars every later entry whose
+// key is not below it (a later entry ranks after an equal one: its
+// position is larger). Before the first cut only +inf (no candidate) is
+// barred. n: the entries held, the same in every thread.
+struct FilterSink {
+    float* keys;
+    int* labels;
+    int kk;
+    int* hist;  // scratch: two sets of step counts (cut_to_best uses all of it)
+    int* scan;
+    float* tk;  // cut_to_best's scratch, kk entries each
+    int* tl;
+    int cap;  // entries keys and labels hold
+    int n = 0, steps = 0;
+    uint32_t bar = 0xff800000u;  // order_bits(+inf)
+    template <int kU>
+    __device__ __forceinline__ void step(int b0, const float* key)
+    {
+        static_assert(kU * kWarps <= 32, "a warp scans the step's counts");
+        const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+        if (n + kU * kThreads > cap)  // uniform
+            n = cut_to_best(keys, labels, n, kk, hist, scan, tk, tl, &bar);
+        // Counts per (u, warp), in position order; two sets used in turn, so
+        // that a step's counts never overwrite those another warp still reads.
+        int* cnt = hist + (steps++ & 1) * 96;
+        unsigned ballot[kU];
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+            ballot[u] = __ballot_sync(kFullMask, order_bits(key[u]) < bar);
+            if (lane == 0)
+                cnt[u * kWarps + warp] = __popc(ballot[u]);
+        }
+        __syncthreads();
+        if (warp == 0) {
+            const int v = lane < kU * kWarps ? cnt[lane] : 0;
+            int x = v;
+            for (int off = 1; off < 32; off <<= 1) {
+                const int y = __shfl_up_sync(kFullMask, x, off);
+                if (lane >= off)
+                    x += y;
+            }
+            cnt[32 + lane] = n + x - v;
+            if (lane == 31)
+                cnt[64] = n + x;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < kU; ++u)
+            if (ballot[u] & (1u << lane)) {
+                const int at = cnt[32 + u * kWarps + warp] + __popc(ballot[u] & ((1u << lane) - 1u));
+                keys[at] = key[u];
+                labels[at] = b0 + u * kThreads + tid;
+            }
+        n = cnt[64];
+    }
+};
+
+// The block's share [i0, i1) of the probed entries into sink: the common
+// code sizes (16-byte words) batched, the others one entry at a time
+// (none: an empty key range, every key +inf).
+template <typename Sink>
+__device__ __forceinline__ unsigned scan_share(const ScanShare& s, int i0, int i1, int p, bool none, Sink& sink)
+{
+    if (!none && s.m == 16)
+        return scan_share_batched<1, 4>(s, i0, i1, p, sink);
+    if (!none && s.m == 32)
+        return scan_share_batched<2, 4>(s, i0, i1, p, sink);
+    if (!none && s.m == 48)
+        return scan_share_batched<3, 2>(s, i0, i1, p, sink);
+    if (!none && s.m == 64)
+        return scan_share_batched<4, 2>(s, i0, i1, p, sink);
+    unsigned in_range_count = 0;
+    for (int b0 = i0; b0 < i1; b0 += kThreads) {  // uniform over the block
+        const int i = b0 + static_cast<int>(threadIdx.x);
+        float key = INFINITY;
+        if (i < i1 && !none) {
+            while (s.prefix[p + 1] <= i)
+                ++p;
+            const int off = i - s.prefix[p];
+            const int64_t* keys = s.pkeys[p];
+            // As the staged scan: an out-of-range entry keeps +inf (its
+            // code not read); an overflowed distance still competes.
+            const bool in_range = !keys || s.kw.passes(keys, off);
+            in_range_count += keys && in_range;
+            if (in_range) {
+                key = s.pbase[p] + code_distance(s.pcodes[p] + static_cast<int64_t>(off) * s.m, s.m, s.table);
+                if (s.pvt[p])
+                    key += __ldg(s.pvt[p] + off);
+                key = rank_distance(key);
+            }
+        }
+        sink.template step<1>(b0, &key);
     }
     return in_range_count;
 }
@@ -707,7 +858,6 @@ template <int kQ>
 __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchArgs a)
 {
     extern __shared__ __align__(16) unsigned char smem[];
-    constexpr int kT = ThreadQ<kQ>::value;
     constexpr int kS = kQ + 1;  // list stride
     cg::cluster_group cluster = cg::this_cluster();
     const int C = static_cast<int>(cluster.num_blocks());
@@ -742,6 +892,10 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     float* qnorm = reinterpret_cast<float*>(smem + L.misc + 16);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     float* tile = reinterpret_cast<float*>(smem + L.ctile) + warp * 32 * 32;
+    // The scan's kept positions (FilterSink) in the coarse step's tiles,
+    // free by then.
+    int* held_labels = reinterpret_cast<int*>(smem + L.ctile);
+    static_assert(kWarps * 32 * 32 >= kKeyCap, "the coarse tiles hold kKeyCap labels");
     const bool ip = a.metric == Metric::InnerProduct;
     const int d = a.d, m = a.m, dsub = d / m;
     const float* qraw = a.queries + static_cast<int64_t>(q) * d;
@@ -806,52 +960,43 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     // exact_knn's selection makes it. A warp takes 32 centroids at a time,
     // 32 columns at a time, through a tile in shared memory (tile_at's
     // swizzle): coalesced loads, conflict-free 16-byte reads.
-    // Kept in shared memory and radix-selected when they fit, else streamed
-    // through WarpSelect.
-    SelectState<kQ, kT> state;
-    WarpSelect<kQ, kT> ws;
+    // Kept in shared memory and radix-selected when they fit.
+    // A share larger than keybuf goes through FilterSink, keys in its first
+    // half and labels (centroids) in the second (the tiles are in use).
     const bool coarse_smem = c1 - c0 <= kKeyCap;  // uniform
-    ws.init(&state, a.nprobe);
-    if (a.coarse_keys) {
-        // Computed for the batch before this launch (coarse_keys_kernel):
-        // the same keys, fed in the same order as below.
-        const float* kq = a.coarse_keys + static_cast<int64_t>(q) * a.lists;
-        for (int g = c0 + warp * 32; g < c1; g += kWarps * 32) {  // uniform over the warp
-            const int c = g + lane;
-            float key = INFINITY;
-            if (c < c1) {
-                key = kq[c];
-                if (coarse_smem)
-                    keybuf[c - c0] = key;
-            }
-            if (!coarse_smem)
-                ws.add(key, c < c1 ? c : -1);
-        }
-    } else {
+    FilterSink coarse_sink{keybuf, reinterpret_cast<int*>(keybuf + kKeyCap / 2), a.nprobe, hist, scan, mk, mv,
+                           kKeyCap / 2};
+    {
+        // Keys computed for the batch before this launch (coarse_keys_kernel)
+        // are the same keys, fed in the same order.
+        const float* kq = a.coarse_keys ? a.coarse_keys + static_cast<int64_t>(q) * a.lists : nullptr;
         const float rn = ip ? 0.0f : *qnorm;
-        for (int g = c0 + warp * 32; g < c1; g += kWarps * 32) {  // uniform over the warp
-            const int c = g + lane;
-            float s[1] = {0.0f};
-            coarse_rows<1>(a.centroids + static_cast<int64_t>(g) * d, min(32, c1 - g), d, qv, 0, tile, lane, s);
+        for (int g0 = c0; g0 < c1; g0 += kWarps * 32) {  // uniform over the block
+            const int g = g0 + warp * 32, c = g + lane;
             float key = INFINITY;
-            if (c < c1) {
-                key = coarse_key(a, ip, s[0], rn, c);
-                if (coarse_smem)
-                    keybuf[c - c0] = key;
+            if (kq) {
+                if (c < c1)
+                    key = kq[c];
+            } else if (g < c1) {  // uniform over the warp
+                float s[1] = {0.0f};
+                coarse_rows<1>(a.centroids + static_cast<int64_t>(g) * d, min(32, c1 - g), d, qv, 0, tile, lane,
+                               s);
+                if (c < c1)
+                    key = coarse_key(a, ip, s[0], rn, c);
             }
             if (!coarse_smem)
-                ws.add(key, c < c1 ? c : -1);
+                coarse_sink.step<1>(g0, &key);  // labels g0 + tid: c
+            else if (c < c1)
+                keybuf[c - c0] = key;
         }
     }
     SMALL_TRACE(3);
-    if (coarse_smem) {
-        __syncthreads();
-        select_smem<kQ>(keybuf, c1 - c0, a.nprobe, c0, hist, scan, win, mk, all_k, all_v, r, C, nullptr);
-    } else {
-        ws.finish();
-        tree_merge(ws, mk, mv);
-        push_list(ws, a.nprobe, all_k, all_v, r, C);
-    }
+    __syncthreads();  // keybuf complete
+    if (coarse_smem)
+        select_smem<kQ>(keybuf, c1 - c0, a.nprobe, c0, nullptr, hist, scan, win, mk, all_k, all_v, r, C, nullptr);
+    else
+        select_smem<kQ>(keybuf, coarse_sink.n, a.nprobe, 0, coarse_sink.labels, hist, scan, win, mk, all_k, all_v,
+                        r, C, nullptr);
     SMALL_TRACE(4);
     cluster.sync();
     SMALL_TRACE(5);
@@ -915,7 +1060,8 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
 
     // This block's share of the concatenated probed entries (labels:
     // positions, as the staged scan's): keys into shared memory and radix
-    // selected when they fit, else a running top-k (WarpSelect).
+    // selected when they fit, else only those below a running bar kept
+    // (FilterSink) and radix selected from there.
     const int total = prefix[a.nprobe];
     const int i0 = static_cast<int>(static_cast<int64_t>(total) * r / C);
     const int i1 = static_cast<int>(static_cast<int64_t>(total) * (r + 1) / C);
@@ -923,7 +1069,6 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     const KeyWindow kw = filtered ? KeyWindow{a.key_lo[q], a.key_hi[q]} : KeyWindow{0, 0};
     const bool none = filtered && kw.empty();  // an empty key range passes nothing
     unsigned in_range_count = 0;
-    ws.init(&state, a.k);
     SMALL_TRACE(8);
     if (!none) {
         // The block's codes (and per-vector terms) on their way to L1: a
@@ -941,57 +1086,23 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     }
     const int p_start = !none && i0 + tid < total ? probe_of(prefix, a.nprobe, i0 + tid) : 0;
     const ScanShare share{prefix, a.nprobe, m, pcodes, pvt, pkeys, pbase, table, kw};
-    // The common code sizes (16-byte words) batched; the others one entry
-    // at a time below.
-    const bool batched = !none && (m == 16 || m == 32 || m == 48 || m == 64);
-    if (batched) {
-        if (m == 16)
-            in_range_count = scan_share_batched<1, 4>(share, i0, i1, p_start, scan_smem, keybuf, ws);
-        else if (m == 32)
-            in_range_count = scan_share_batched<2, 4>(share, i0, i1, p_start, scan_smem, keybuf, ws);
-        else if (m == 48)
-            in_range_count = scan_share_batched<3, 2>(share, i0, i1, p_start, scan_smem, keybuf, ws);
-        else
-            in_range_count = scan_share_batched<4, 2>(share, i0, i1, p_start, scan_smem, keybuf, ws);
+    int held = 0;  // a larger share: the entries FilterSink kept
+    if (scan_smem) {
+        KeybufSink sink{keybuf, i0, i1};
+        in_range_count = scan_share(share, i0, i1, p_start, none, sink);
     } else {
-        int p = p_start;
-        for (int b0 = i0; b0 < i1; b0 += kThreads) {
-            const int i = b0 + tid;
-            float key = INFINITY;
-            if (i < i1 && !none) {
-                while (prefix[p + 1] <= i)
-                    ++p;
-                const int off = i - prefix[p];
-                const int64_t* keys = pkeys[p];
-                // As the staged scan: an out-of-range entry keeps +inf (its
-                // code not read); an overflowed distance still competes.
-                const bool in_range = !keys || kw.passes(keys, off);
-                in_range_count += keys && in_range;
-                if (in_range) {
-                    key = pbase[p] + code_distance(pcodes[p] + static_cast<int64_t>(off) * m, m, table);
-                    if (pvt[p])
-                        key += __ldg(pvt[p] + off);
-                    key = rank_distance(key);
-                }
-            }
-            if (scan_smem) {
-                if (i < i1)
-                    keybuf[i - i0] = key;
-            } else {
-                ws.add(key, i);
-            }
-        }
+        FilterSink sink{keybuf, held_labels, a.k, hist, scan, mk, mv, kKeyCap};
+        in_range_count = scan_share(share, i0, i1, p_start, none, sink);
+        held = sink.n;
     }
     SMALL_TRACE(9);
     __syncthreads();  // keybuf complete
-    if (scan_smem) {
-        select_smem<kQ>(keybuf, i1 - i0, a.k, i0, hist, scan, win, mk, all_k, all_v, r, C,
+    if (scan_smem)
+        select_smem<kQ>(keybuf, i1 - i0, a.k, i0, nullptr, hist, scan, win, mk, all_k, all_v, r, C,
                         a.trace ? a.trace + 16 : nullptr);
-    } else {
-        ws.finish();
-        tree_merge(ws, mk, mv);
-        push_list(ws, a.k, all_k, all_v, r, C);
-    }
+    else
+        select_smem<kQ>(keybuf, held, a.k, 0, held_labels, hist, scan, win, mk, all_k, all_v, r, C,
+                        a.trace ? a.trace + 16 : nullptr);
     if (filtered) {
         for (int off = 16; off > 0; off >>= 1)
             in_range_count += __shfl_down_sync(kFullMask, in_range_count, off);
