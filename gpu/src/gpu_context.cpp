@@ -87,6 +87,16 @@ GpuContext::GpuContext(int device, size_t budget_bytes) : impl_(new Impl)
     int pools = 0;
     GPU_CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device));
     c.async_alloc = pools != 0;
+    if (c.async_alloc) {
+        // Freed blocks stay in the device's pool up to this many bytes, for
+        // the next allocation (the default keeps none past a wait, so that
+        // every list an append grows mapped fresh memory for its five
+        // buffers).
+        cudaMemPool_t pool = nullptr;
+        GPU_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+        uint64_t keep = uint64_t(256) << 20;
+        GPU_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    }
     GPU_CUDA_CHECK(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
     GPU_CUDA_CHECK(cudaStreamCreateWithFlags(&c.aux, cudaStreamNonBlocking));
     cublasStatus_t st = cublasCreate(&c.cublas);
