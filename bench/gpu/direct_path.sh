@@ -227,24 +227,35 @@ fi
 
 say ""
 say "## 64 readers alone, then beside 4 writers (insert + delete) and autovacuum ($CHURN_SECS s each)"
-say "| phase | read QPS | vs static | write TPS | rounds on CPU | GPU fallbacks | waited for the log us (mean per search) |"
-say "|---|---|---|---|---|---|---|"
+say "(mean batch, queue wait and GPU us per batch: the readers' searches; GPU busy: the share of the phase the GPU process spent in search calls, then in appends; appends: calls to the GPU process and its work per call; CPU busy: the host's CPUs)"
+say "| phase | read QPS | vs static | write TPS | rounds on CPU | GPU fallbacks | waited for the log us (mean per search) | mean batch | queue wait us | GPU us per batch | GPU busy: searches / appends | appends | us per append | CPU busy |"
+say "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 tps() { grep -oP 'tps = \K[0-9.]+(?= \(without)' "$1" | cut -d. -f1; }
 readers() { PGOPTIONS="$OPTS" pgbench -n -M prepared -c 64 -j 16 -T "$CHURN_SECS" -f "$work/knn.sql" postgres >"$1" 2>&1; }
 for phase in static churn; do
-  IFS='|' read -r s0 _ l0 _ _ c0 f0 < <(snap)
+  IFS='|' read -r s0 w0 l0 b0 q0 c0 f0 < <(snap)
+  g0=$(stat "mean_gpu_us * batches"); a0=$(stat append_calls); ad0=$(stat "mean_append_device_us * append_calls")
+  read -r cb0 ct0 _ < <(cpu); t0=$(date +%s%N)
   if [ "$phase" = churn ]; then
     pgbench -n -M prepared -c 4 -j 4 -T "$CHURN_SECS" -f "$work/write.sql" postgres >"$work/writers.txt" 2>&1 &
     writers=$!
   fi
   readers "$work/$phase.txt"
   [ "$phase" = churn ] && wait "$writers"
-  IFS='|' read -r s1 _ l1 _ _ c1 f1 < <(snap)
+  read -r cb1 ct1 _ < <(cpu); t1=$(date +%s%N)
+  IFS='|' read -r s1 w1 l1 b1 q1 c1 f1 < <(snap)
+  g1=$(stat "mean_gpu_us * batches"); a1=$(stat append_calls); ad1=$(stat "mean_append_device_us * append_calls")
   rate=$(tps "$work/$phase.txt")
   [ "$phase" = static ] && static=$rate
   say "$(awk -v p="$phase" -v r="$rate" -v st="$static" -v wt="$([ "$phase" = churn ] && tps "$work/writers.txt" || echo -)" \
-    -v c="$((c1 - c0))" -v f="$((f1 - f0))" -v s="$((s1 - s0))" -v l="$l0 $l1" 'BEGIN {
-      split(l, L, " "); printf "| %s | %d | %.2f | %s | %d | %d | %.1f |", p, r, (st > 0 ? r / st : 0), wt, c, f, (s > 0 ? (L[2] - L[1]) / s : 0) }')"
+    -v c="$((c1 - c0))" -v f="$((f1 - f0))" -v s="$((s1 - s0))" -v l="$l0 $l1" -v w="$w0 $w1" -v b="$((b1 - b0))" \
+    -v q="$((q1 - q0))" -v g="$g0 $g1" -v a="$((a1 - a0))" -v ad="$ad0 $ad1" -v us="$(( (t1 - t0) / 1000 ))" \
+    -v cpu="$((cb1 - cb0)) $((ct1 - ct0))" 'BEGIN {
+      split(l, L, " "); split(w, W, " "); split(g, G, " "); split(ad, AD, " "); split(cpu, K, " ");
+      printf "| %s | %d | %.2f | %s | %d | %d | %.1f | %.1f | %.1f | %.1f | %.2f / %.2f | %d | %.1f | %.2f |", p, r, (st > 0 ? r / st : 0), wt, c, f,
+        (s > 0 ? (L[2] - L[1]) / s : 0), (b > 0 ? q / b : 0), (s > 0 ? (W[2] - W[1]) / s : 0), (b > 0 ? (G[2] - G[1]) / b : 0),
+        (us > 0 ? (G[2] - G[1]) / us : 0), (us > 0 ? (AD[2] - AD[1]) / us : 0), a, (a > 0 ? (AD[2] - AD[1]) / a : 0),
+        (K[2] > 0 ? K[1] / K[2] : 0) }')"
 done
 grep -h "failed transactions" "$work"/*.txt | sed 's/^/# /' | tee -a "$RES"
 psql -qAtxc "SELECT * FROM gpu_ivfpq_status" | sed 's/^/# /' | tee -a "$RES"
