@@ -759,8 +759,9 @@ int serve(int sock, int exchange_fd, DeviceSet& devices, int queue_fd)
         if ((code = flush(true)) >= 0)
             return code;
         fifo.push_back(job);
-        {
-            std::unique_lock<DeviceLock> lock(device_lock);
+        // Under the device lock, exclusively: appends on a serving thread
+        // between its batches (run_between_batches), the rest here.
+        std::function<void()> work = [&] {
             store.drop_failed();
             run_request(rep, [&] {
                 exchange.map(q.exchange_bytes);
@@ -769,6 +770,10 @@ int serve(int sock, int exchange_fd, DeviceSet& devices, int queue_fd)
             if (rep.status == Status::Internal)
                 for (size_t i : devices.alive_devices())
                     (void)devices.check_health(i);
+        };
+        if (!(queries && q.op == Op::Add && queries->run_between_batches(work))) {
+            std::unique_lock<DeviceLock> lock(device_lock);
+            work();
         }
         job->done = true;
     }

@@ -204,10 +204,50 @@ inline void cpu_relax()
 
 }  // namespace
 
+bool QueryServer::run_between_batches(const std::function<void()>& fn)
+{
+    if (threads_.empty())
+        return false;
+    Job job{&fn};
+    {
+        std::lock_guard<std::mutex> g(jobs_mutex_);
+        jobs_.push_back(&job);
+        jobs_queued_.fetch_add(1, std::memory_order_release);
+    }
+    q_.wake_server();  // a sleeping serving thread looks at the jobs
+    std::unique_lock<std::mutex> g(jobs_mutex_);
+    jobs_cv_.wait(g, [&] { return job.done; });
+    if (job.error)
+        std::rethrow_exception(job.error);
+    return true;
+}
+
+void QueryServer::run_jobs()
+{
+    std::unique_lock<std::mutex> g(jobs_mutex_);
+    while (!jobs_.empty()) {
+        Job* job = jobs_.front();
+        jobs_.pop_front();
+        jobs_queued_.fetch_sub(1, std::memory_order_relaxed);
+        g.unlock();
+        try {
+            std::unique_lock<DeviceLock> lock(device_lock_);
+            (*job->fn)();
+        } catch (...) {
+            job->error = std::current_exception();
+        }
+        g.lock();
+        job->done = true;
+        jobs_cv_.notify_all();
+    }
+}
+
 void QueryServer::loop(int t)
 {
     uint64_t last_work = 0;
     while (!stop_.load(std::memory_order_relaxed)) {
+        if (jobs_queued_.load(std::memory_order_acquire) > 0)
+            run_jobs();
         uint32_t seen = q_.header().submit_seq.load(std::memory_order_acquire);
         uint32_t servers = q_.header().servers.load(std::memory_order_relaxed);
         if (servers == 0)

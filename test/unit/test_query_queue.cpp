@@ -5,15 +5,18 @@
 // as the mirror itself answers them, held until the change log is applied.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <string>
 #include <shared_mutex>
 #include <thread>
 #include <vector>
 
+#include "engine/error.h"
 #include "engine/metric/lc_index.h"
 #include "gpu_process/device_set.h"
 #include "gpu_process/gpu_process_server.h"
@@ -401,6 +404,91 @@ TEST_P(ThreadsServe, ConcurrentClients)
 }
 
 INSTANTIATE_TEST_SUITE_P(QueryServer, ThreadsServe, ::testing::Values(0u, 200u));
+
+// run_between_batches (the change log's appends): with no serving thread
+// the caller is told to run the job itself; with serving threads busy
+// serving clients, each job runs once, on a serving thread, holding the
+// device lock exclusively (no search can take it meanwhile), and is done
+// when the call returns: a row appended by a job is in the next search's
+// answer. What a job throws reaches the caller.
+TEST(QueryServer, JobsRunOnAServingThreadBetweenBatches)
+{
+    Fixture f;
+    auto dev = make_cpu_emulation_device();
+    DeviceSet devices(*dev);
+    MirrorStore store(devices);
+    const MirrorKey key{1, 13, 100, 1};
+    ASSERT_NE(load_fixture(store, f, key), nullptr);
+    const uint32_t clients = 6, k = 10, nprobe = 8;
+    Segment seg(clients + 1);
+    gpuproc::DeviceLock lock;
+    {
+        gpuproc::QueryServer none(seg.q, store, devices, lock, nullptr, 0);
+        bool ran = false;
+        EXPECT_FALSE(none.run_between_batches([&] { ran = true; }));
+        EXPECT_FALSE(ran);
+    }
+    gpuproc::QueryServer server(seg.q, store, devices, lock, [] { std::abort(); }, 2);
+    std::atomic<bool> stop{false};
+    std::atomic<int> wrong{0};
+    std::vector<std::thread> threads;
+    for (uint32_t c = 0; c < clients; c++)
+        threads.emplace_back([&, c] {
+            for (uint32_t r = 0; !stop.load(); r++) {
+                fill(seg.q, c, key, f.x.data() + ((c * 97 + r) % f.n) * f.d, uint32_t(f.d), k, nprobe);
+                seg.q.submit(c);
+                while (!seg.q.wait_done(c, 1000)) {
+                }
+                if (seg.q.slot(c).ans.result != int32_t(queue::Result::Ok))
+                    wrong++;
+                seg.q.release(c);
+            }
+        });
+    const std::thread::id caller = std::this_thread::get_id();
+    int runs = 0, elsewhere = 0, exclusive = 0;
+    std::deque<std::atomic<bool>> took(40);
+    std::vector<std::thread> readers;
+    for (int j = 0; j < 40; j++) {
+        EXPECT_TRUE(server.run_between_batches([&] {
+            runs++;
+            elsewhere += std::this_thread::get_id() != caller;
+            // A reader of the lock waits until the job is over.
+            std::atomic<bool>& mine = took[j];
+            readers.emplace_back([&lock, &mine] {
+                std::shared_lock<gpuproc::DeviceLock> g(lock);
+                mine = true;
+            });
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+            exclusive += !mine.load();
+        }));
+    }
+    for (auto& t : readers)
+        t.join();
+    EXPECT_EQ(runs, 40);
+    EXPECT_EQ(elsewhere, 40);
+    EXPECT_EQ(exclusive, 40);
+    // Appended by a job: row 5 again under a new label, found by its own vector.
+    const int64_t label = 999999;
+    const size_t r = 5;
+    EXPECT_TRUE(server.run_between_batches([&] {
+        store.find(key)->add(1, f.list_ids.data() + r, f.codes.data() + r * f.m, &label, f.x.data() + r * f.d,
+                             nullptr);
+    }));
+    fill(seg.q, clients, key, f.x.data() + r * f.d, uint32_t(f.d), k, nprobe);
+    seg.q.submit(clients);
+    while (!seg.q.wait_done(clients, 1000)) {
+    }
+    ASSERT_EQ(seg.q.slot(clients).ans.result, int32_t(queue::Result::Ok)) << seg.q.slot(clients).ans.error;
+    const int64_t* got = reinterpret_cast<const int64_t*>(seg.q.slot(clients).payload);
+    EXPECT_NE(std::find(got, got + k, label), got + k);
+    EXPECT_NE(std::find(got, got + k, f.labels[r]), got + k);
+    seg.q.release(clients);
+    EXPECT_THROW(server.run_between_batches([] { throw Error(ErrorKind::Internal, "a failed job"); }), Error);
+    stop = true;
+    for (auto& t : threads)
+        t.join();
+    EXPECT_EQ(wrong.load(), 0);
+}
 
 // gpu_metric searches through the queue: those of one mirror and kind are
 // one call (range searches of different radii together, k-NN per k), and
