@@ -235,14 +235,20 @@ void expect_metric_answer(const Queue& q, uint32_t i, const MetricBatchResult& w
     }
 }
 
+// The QueryServer tests' setting: an encoded set and a mirror store over
+// the CPU emulation (each test loads what it serves).
+class QueryServer : public ::testing::Test {
+protected:
+    Fixture f;
+    std::unique_ptr<ComputeDevice> dev = make_cpu_emulation_device();
+    DeviceSet devices{*dev};
+    MirrorStore store{devices};
+};
+
 // Searches through the queue get what the mirror itself answers; a search
 // carrying a change-log position beyond what the service applied waits.
-TEST(QueryServer, ServesAsTheMirrorAnswersAndWaitsForTheLog)
+TEST_F(QueryServer, ServesAsTheMirrorAnswersAndWaitsForTheLog)
 {
-    Fixture f;
-    auto dev = make_cpu_emulation_device();
-    DeviceSet devices(*dev);
-    MirrorStore store(devices);
     const MirrorKey key{1, 10, 100, 1};
     ASSERT_NE(load_fixture(store, f, key), nullptr);
     Segment seg(8);
@@ -290,12 +296,8 @@ TEST(QueryServer, ServesAsTheMirrorAnswersAndWaitsForTheLog)
 
 // No mirror: the first asker loads it, the others use the CPU meanwhile;
 // malformed requests are answered with an error, never served.
-TEST(QueryServer, NotLoadedOnceThenLoadingAndBadRequestsRefused)
+TEST_F(QueryServer, NotLoadedOnceThenLoadingAndBadRequestsRefused)
 {
-    Fixture f;
-    auto dev = make_cpu_emulation_device();
-    DeviceSet devices(*dev);
-    MirrorStore store(devices);
     Segment seg(8);
     gpuproc::DeviceLock lock;
     gpuproc::QueryServer server(seg.q, store, devices, lock, nullptr, 0);
@@ -324,12 +326,8 @@ TEST(QueryServer, NotLoadedOnceThenLoadingAndBadRequestsRefused)
 
 // A mirror loaded hidden (the service catches it up with the changes
 // logged while it loaded) is not searched until revealed.
-TEST(QueryServer, HiddenMirrorAnswersLoadingUntilRevealed)
+TEST_F(QueryServer, HiddenMirrorAnswersLoadingUntilRevealed)
 {
-    Fixture f;
-    auto dev = make_cpu_emulation_device();
-    DeviceSet devices(*dev);
-    MirrorStore store(devices);
     const MirrorKey key{1, 13, 100, 1};
     ASSERT_NE(load_fixture(store, f, key, true), nullptr);
     EXPECT_FALSE(store.servable(key));
@@ -351,14 +349,10 @@ TEST(QueryServer, HiddenMirrorAnswersLoadingUntilRevealed)
 // with its own query's answer, whether the serving threads sleep at once or
 // poll (gpu_ivfpq.gpu_poll); batches above kDeliveryShare are delivered in
 // shares by the delivery threads.
-class ThreadsServe : public ::testing::TestWithParam<uint32_t> {};
+class ThreadsServe : public QueryServer, public ::testing::WithParamInterface<uint32_t> {};
 
 TEST_P(ThreadsServe, ConcurrentClients)
 {
-    Fixture f;
-    auto dev = make_cpu_emulation_device();
-    DeviceSet devices(*dev);
-    MirrorStore store(devices);
     const MirrorKey key{1, 12, 100, 1};
     ASSERT_NE(load_fixture(store, f, key), nullptr);
     const uint32_t clients = 24, rounds = 30, k = 5, nprobe = 3;
@@ -411,12 +405,8 @@ INSTANTIATE_TEST_SUITE_P(QueryServer, ThreadsServe, ::testing::Values(0u, 200u))
 // device lock exclusively (no search can take it meanwhile), and is done
 // when the call returns: a row appended by a job is in the next search's
 // answer. What a job throws reaches the caller.
-TEST(QueryServer, JobsRunOnAServingThreadBetweenBatches)
+TEST_F(QueryServer, JobsRunOnAServingThreadBetweenBatches)
 {
-    Fixture f;
-    auto dev = make_cpu_emulation_device();
-    DeviceSet devices(*dev);
-    MirrorStore store(devices);
     const MirrorKey key{1, 13, 100, 1};
     ASSERT_NE(load_fixture(store, f, key), nullptr);
     const uint32_t clients = 6, k = 10, nprobe = 8;
@@ -496,7 +486,7 @@ TEST(QueryServer, JobsRunOnAServingThreadBetweenBatches)
 // pass are served beside them; an answer larger than the payload says how
 // many bytes it needs; another change count is not loaded; malformed
 // requests are refused.
-TEST(QueryServer, MetricSearchesBatchedPerMirrorAndKind)
+TEST_F(QueryServer, MetricSearchesBatchedPerMirrorAndKind)
 {
     using metricwords::Word;
     const uint64_t seed = testutil::test_seed(4242);
@@ -507,10 +497,6 @@ TEST(QueryServer, MetricSearchesBatchedPerMirrorAndKind)
         lc.remove(id);
     const metricspec::SpecStore state(lc);
 
-    Fixture f;
-    auto dev = make_cpu_emulation_device();
-    DeviceSet devices(*dev);
-    MirrorStore store(devices);
     MirrorKey key{1, 20, 120, 2};
     key.change = 17;
     ASSERT_NE(store.load_metric(key, state.spec), nullptr);
