@@ -170,17 +170,17 @@ void ListStore::append(const char* who, size_t n, const int32_t* list_ids, const
             }
         }
     } catch (...) {
-        for (size_t l : grown)
-            upload_meta(l, l + 1);
+        // grown is in list order: one upload covers them (a reserve per
+        // list would wait for the previous one's copy, queued behind the
+        // grown lists' copies).
+        if (!grown.empty())
+            upload_meta(grown.front(), grown.back() + 1);
         ctx.synchronize();
         throw;
     }
     // The grown lists' new buffers (and their sizes, still the old ones)
-    // before the launch that writes there.
-    if (grown.size() <= 4)
-        for (size_t l : grown)
-            upload_meta(l, l + 1);
-    else
+    // before the launch that writes there, in one upload (as above).
+    if (!grown.empty())
         upload_meta(grown.front(), grown.back() + 1);
     Carver hc(host), dc(dbatch.data());
     uint8_t* scodes = hc.take<uint8_t>(n * m);
@@ -238,8 +238,10 @@ void ListStore::append(const char* who, size_t n, const int32_t* list_ids, const
     // No wait for the device: whatever runs next on the context's stream
     // (a search, another change) runs after these writes, the scratch
     // batch is stream-ordered like all scratch, and the staging waits in
-    // reserve. A fault of these kernels surfaces at the next wait (a
-    // search's), as a device error. (Two waits here made a one-row append
+    // reserve. A fault of these kernels surfaces at the next wait (the
+    // next search, change or reserve on this context), reported there as a
+    // device error; such faults are sticky, so the device is then taken
+    // out of service rather than serving the unwritten entries. (Two waits here made a one-row append
     // hold the GPU process's exclusive lock ~100 us; a search waits for
     // the append's few microseconds of device work instead.)
 }

@@ -32,8 +32,10 @@ public:
     PinnedHost& operator=(const PinnedHost&) = delete;
     ~PinnedHost()
     {
-        // Nothing to report from a destructor; freeing page-locked memory
-        // waits for the device's work.
+        // Nothing to report from a destructor: the last copies from the
+        // memory end before it is freed.
+        if (pending_)
+            cudaEventSynchronize(done_);
         if (done_)
             cudaEventDestroy(done_);
         if (p_)

@@ -334,6 +334,32 @@ TEST(SmallBatch, LongListsPastSharedMemory)
     }
 }
 
+// Many lists: a block's share of the centroids past its key buffer (5000
+// lists and one block a query: 5000 centroids a block) keeps only the keys
+// below a running bar, from each query's own coarse keys and from the
+// batch's shared ones; the same answers as the staged path and the host.
+TEST(SmallBatch, ManyListsPastTheKeyBuffer)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(3110);
+    const std::string what = shape("many lists", {}, s);
+    SCOPED_TRACE(what);
+    ExactFixture f(16, 5000, 4, 20000, 8, Metric::L2, s);
+    auto idx = f.empty({});
+    f.add_rows(*idx, 0, f.n);
+    for (int cluster : {1, 2, 0})
+        for (int shared : {0, 1}) {
+            idx->set_small_cluster(cluster);
+            idx->set_small_shared_coarse_from(shared);
+            for (size_t nq : {1, 8})
+                check_small(f, *idx, first_queries(f, nq), 10, 16,
+                            what + " cluster=" + std::to_string(cluster) + " shared=" + std::to_string(shared) +
+                                " nq=" + std::to_string(nq));
+        }
+    idx->set_small_cluster(GpuIvfPqOptions().small_cluster);
+    idx->set_small_shared_coarse_from(GpuIvfPqOptions().small_shared_coarse_from);
+}
+
 // Hundreds of entries with one code in one list (the same ADC distance)
 // across the k-th candidate: the radix select resolves the tie by
 // position, the same way on every call, and the rows stay exact.

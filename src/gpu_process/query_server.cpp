@@ -246,9 +246,12 @@ void QueryServer::loop(int t)
 {
     uint64_t last_work = 0;
     while (!stop_.load(std::memory_order_relaxed)) {
+        // seen first: a job queued after this check bumps submit_seq past
+        // it (run_between_batches wakes the servers), so wait_work below
+        // returns at once instead of sleeping on an unchanged word.
+        uint32_t seen = q_.header().submit_seq.load(std::memory_order_acquire);
         if (jobs_queued_.load(std::memory_order_acquire) > 0)
             run_jobs();
-        uint32_t seen = q_.header().submit_seq.load(std::memory_order_acquire);
         uint32_t servers = q_.header().servers.load(std::memory_order_relaxed);
         if (servers == 0)
             servers = uint32_t(default_servers(devices_.size()));

@@ -235,6 +235,17 @@ void expect_metric_answer(const Queue& q, uint32_t i, const MetricBatchResult& w
     }
 }
 
+// Whether slot i is answered within ms (wait_done may return early: its
+// futex also wakes at the slot's other changes).
+static bool answered_within(const Queue& q, uint32_t i, int ms)
+{
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    while (!q.wait_done(i, 100))
+        if (std::chrono::steady_clock::now() > end)
+            return false;
+    return true;
+}
+
 // The QueryServer tests' setting: an encoded set and a mirror store over
 // the CPU emulation (each test loads what it serves).
 class QueryServer : public ::testing::Test {
@@ -419,6 +430,15 @@ TEST_F(QueryServer, JobsRunOnAServingThreadBetweenBatches)
         EXPECT_FALSE(ran);
     }
     gpuproc::QueryServer server(seg.q, store, devices, lock, [] { std::abort(); }, 2);
+    // With nothing else to serve, a job wakes a sleeping serving thread
+    // at once (its wait is 100 ms without a wake-up).
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    for (int j = 0; j < 5; j++) {
+        const auto t0 = std::chrono::steady_clock::now();
+        EXPECT_TRUE(server.run_between_batches([] {}));
+        EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(50)) << "job " << j;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
     std::atomic<bool> stop{false};
     std::atomic<int> wrong{0};
     std::vector<std::thread> threads;
@@ -427,10 +447,10 @@ TEST_F(QueryServer, JobsRunOnAServingThreadBetweenBatches)
             for (uint32_t r = 0; !stop.load(); r++) {
                 fill(seg.q, c, key, f.x.data() + ((c * 97 + r) % f.n) * f.d, uint32_t(f.d), k, nprobe);
                 seg.q.submit(c);
-                while (!seg.q.wait_done(c, 1000)) {
-                }
-                if (seg.q.slot(c).ans.result != int32_t(queue::Result::Ok))
+                if (!answered_within(seg.q, c, 30000) || seg.q.slot(c).ans.result != int32_t(queue::Result::Ok)) {
                     wrong++;
+                    return;
+                }
                 seg.q.release(c);
             }
         });
@@ -466,13 +486,15 @@ TEST_F(QueryServer, JobsRunOnAServingThreadBetweenBatches)
     }));
     fill(seg.q, clients, key, f.x.data() + r * f.d, uint32_t(f.d), k, nprobe);
     seg.q.submit(clients);
-    while (!seg.q.wait_done(clients, 1000)) {
+    const bool answered = answered_within(seg.q, clients, 30000);
+    EXPECT_TRUE(answered);
+    EXPECT_EQ(seg.q.slot(clients).ans.result, int32_t(queue::Result::Ok)) << seg.q.slot(clients).ans.error;
+    if (answered && seg.q.slot(clients).ans.result == int32_t(queue::Result::Ok)) {
+        const int64_t* got = reinterpret_cast<const int64_t*>(seg.q.slot(clients).payload);
+        EXPECT_NE(std::find(got, got + k, label), got + k);
+        EXPECT_NE(std::find(got, got + k, f.labels[r]), got + k);
+        seg.q.release(clients);
     }
-    ASSERT_EQ(seg.q.slot(clients).ans.result, int32_t(queue::Result::Ok)) << seg.q.slot(clients).ans.error;
-    const int64_t* got = reinterpret_cast<const int64_t*>(seg.q.slot(clients).payload);
-    EXPECT_NE(std::find(got, got + k, label), got + k);
-    EXPECT_NE(std::find(got, got + k, f.labels[r]), got + k);
-    seg.q.release(clients);
     EXPECT_THROW(server.run_between_batches([] { throw Error(ErrorKind::Internal, "a failed job"); }), Error);
     stop = true;
     for (auto& t : threads)
