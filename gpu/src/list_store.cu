@@ -241,9 +241,10 @@ void ListStore::append(const char* who, size_t n, const int32_t* list_ids, const
     // reserve. A fault of these kernels surfaces at the next wait (the
     // next search, change or reserve on this context), reported there as a
     // device error; such faults are sticky, so the device is then taken
-    // out of service rather than serving the unwritten entries. (Two waits here made a one-row append
-    // hold the GPU process's exclusive lock ~100 us; a search waits for
-    // the append's few microseconds of device work instead.)
+    // out of service rather than serving the unwritten entries. (Two waits
+    // here made a one-row append hold the GPU process's exclusive lock
+    // ~100 us; a search waits for the append's few microseconds of device
+    // work instead.)
 }
 
 size_t ListStore::remove(const int64_t* ids, size_t n)
