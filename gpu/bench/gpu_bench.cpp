@@ -208,7 +208,8 @@ int main(int argc, char** argv)
         }
     }
     bool quick = false, stages_only = false;
-    size_t stage_nprobe = 32;
+    size_t stage_nprobe = 32, profile_batch = 0;
+    bool small_ab = false;
     std::string base_path, queries_path;
     for (int i = 1; i < argc; ++i) {
         if (!std::strcmp(argv[i], "--quick"))
@@ -217,12 +218,22 @@ int main(int argc, char** argv)
             stages_only = true;  // only the search_exact stage table (a short device call)
         else if (!std::strcmp(argv[i], "--nprobe") && i + 1 < argc)
             stage_nprobe = std::strtoul(argv[++i], nullptr, 10);  // the stage tables' probes (default 32)
+        else if (!std::strcmp(argv[i], "--small-ab")) {
+            // only the one-launch variants table (a short device call)
+            small_ab = true;
+            stages_only = true;
+        } else if (!std::strcmp(argv[i], "--profile") && i + 1 < argc) {
+            // for a profiler: the stage section's index, then 50 one-launch
+            // calls at this batch, nothing else
+            profile_batch = std::strtoul(argv[++i], nullptr, 10);
+            stages_only = true;
+        }
         else if (!std::strcmp(argv[i], "--base") && i + 1 < argc)
             base_path = argv[++i];
         else if (!std::strcmp(argv[i], "--queries") && i + 1 < argc)
             queries_path = argv[++i];
         else {
-            std::fprintf(stderr, "usage: gpu_bench --base BASE.fvecs --queries QUERIES.fvecs [--quick] [--stages] [--nprobe N]\n"
+            std::fprintf(stderr, "usage: gpu_bench --base BASE.fvecs --queries QUERIES.fvecs [--quick] [--stages] [--nprobe N] [--profile BATCH] [--small-ab]\n"
                                  "       gpu_bench --rabitq\n");
             return 2;
         }
@@ -475,6 +486,75 @@ int main(int argc, char** argv)
             std::vector<uint8_t> enc_c(n * m);
             idx.encode(hbase.data(), n, enc_l.data(), enc_c.data());
             idx.add_encoded(n, enc_l.data(), enc_c.data(), ids.data(), hbase.data());
+            if (profile_batch > 0) {
+                const size_t b = std::min(profile_batch, nq);
+                std::vector<double> od(b * kk);
+                std::vector<int64_t> ol(b * kk);
+                idx.set_small_batch_max(256);
+                for (int c = 0; c < 50; ++c)
+                    idx.search_exact(hq.data() + (c % (nq / b)) * b * d, b, kk, np, od.data(), ol.data());
+                std::printf("profile: 50 calls at batch %zu, nprobe %zu, one launch %s\n", b, np,
+                            idx.small_batch_path(b, kk, np) ? "yes" : "no");
+                return 0;
+            }
+            if (small_ab) {
+                // The one-launch kernel's variants, wall us per call (graphs
+                // on; each call a different slice of the queries, as a
+                // service's batches are), two rounds alternating; answers
+                // compared with the first column's on one slice.
+                idx.set_small_batch_max(256);
+                auto variants = [&](const char* title, const std::vector<int>& values,
+                                    const std::function<void(int)>& set) {
+                    std::printf("## one launch by %s (wall us per call, means of 200 calls in two rounds; nprobe %zu)"
+                                "\n\n| batch |", title, np);
+                    for (int v : values)
+                        std::printf(" %d |", v);
+                    std::printf("\n|---|");
+                    for (size_t v = 0; v < values.size(); ++v)
+                        std::printf("---|");
+                    std::printf("\n");
+                    for (size_t b : {size_t(1), size_t(8), size_t(16), size_t(24), size_t(32), size_t(64)}) {
+                        if (b > nq)
+                            continue;
+                        std::vector<double> od(b * kk), want_d;
+                        std::vector<int64_t> ol(b * kk), want_l;
+                        std::vector<double> us(values.size(), 0.0);
+                        std::vector<char> same(values.size(), 1);
+                        for (int round = 0; round < 2; ++round)
+                            for (size_t v = 0; v < values.size(); ++v) {
+                                set(values[v]);
+                                idx.search_exact(hq.data(), b, kk, np, od.data(), ol.data());
+                                if (round == 0 && v == 0) {
+                                    want_d = od;
+                                    want_l = ol;
+                                }
+                                same[v] = same[v] && ol == want_l &&
+                                          std::memcmp(od.data(), want_d.data(), od.size() * sizeof(double)) == 0;
+                                for (int w = 0; w < 3; ++w)
+                                    idx.search_exact(hq.data() + (w + 1) * b * d, b, kk, np, od.data(), ol.data());
+                                const auto t0 = std::chrono::steady_clock::now();
+                                for (int c = 0; c < 100; ++c)
+                                    idx.search_exact(hq.data() + (c % (nq / b)) * b * d, b, kk, np, od.data(),
+                                                     ol.data());
+                                us[v] += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() -
+                                                                                    t0).count() / 200.0;
+                            }
+                        std::printf("| %zu |", b);
+                        for (size_t v = 0; v < values.size(); ++v)
+                            std::printf(" %.1f%s |", us[v], same[v] ? "" : " (answers differ!)");
+                        std::printf("\n");
+                        std::fflush(stdout);
+                    }
+                    std::printf("\n");
+                };
+                variants("scan prefetch (0 share to L1 before the scan, 1 none, 2 share to L2, 3 two steps ahead)",
+                         {0, 1, 2, 3}, [&](int v) { idx.set_small_scan_prefetch(v); });
+                idx.set_small_scan_prefetch(GpuIvfPqOptions().small_scan_prefetch);
+                variants("zero copy (0 copies, 1 answers in place, 2 queries and answers in place)", {0, 1, 2},
+                         [&](int v) { idx.set_small_zero_copy(v); });
+                idx.set_small_zero_copy(GpuIvfPqOptions().small_zero_copy);
+                return 0;
+            }
             // Twice: the staged pipeline forced (small_batch_max 0), then the
             // one-launch path (forced up to 256 to find where it stops paying;
             // its single kernel shows as "scan").

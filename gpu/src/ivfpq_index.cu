@@ -225,7 +225,9 @@ struct GpuIvfPqIndex::Impl : ListStore {
                                  opt.scan == ScanAlgo::TwoPass || table_mode() != kTableQuery ? max_len : 0,
                                  reinterpret_cast<uintptr_t>(c.arena), c.arena_bytes, c.arena_generation,
                                  c.arena_top, opt.small_batch_max, static_cast<uint64_t>(opt.small_cluster),
-                                 opt.small_spread, opt.small_shared_coarse_from};
+                                 opt.small_spread, opt.small_shared_coarse_from,
+                                 static_cast<uint64_t>(opt.small_scan_prefetch),
+                                 static_cast<uint64_t>(opt.small_zero_copy)};
         for (int i = 0; i < 6; ++i)
             key.push_back(reinterpret_cast<uintptr_t>(staged[i]));
         for (const DeviceBuffer* b : {&centroids, &centroid_norms, &codebooks, &term1, &code_ptrs, &id_ptrs,
@@ -254,9 +256,15 @@ struct GpuIvfPqIndex::Impl : ListStore {
     // Calls whose inputs and answers take at most this many bytes stage them
     // in io_host.
     static constexpr size_t kStagedIoBytes = size_t(4) << 20;
+    // zero_copy (kZeroCopyIn, kZeroCopyOut): the device work reads its
+    // inputs from, or writes its answers into, the page-locked staging
+    // itself (mapped into the device's address space), with no copy; only
+    // where the call is staged there and the staging is mapped.
+    static constexpr int kZeroCopyIn = 1, kZeroCopyOut = 2;
     template <typename Dist, typename Run>
     void host_search(const float* queries, size_t nq, size_t k, size_t nprobe, int variant,
-                     const KeyRange* ranges, Dist* dist, int64_t* labels, bool timed, Run&& run)
+                     const KeyRange* ranges, Dist* dist, int64_t* labels, bool timed, Run&& run,
+                     int zero_copy = 0)
     {
         const size_t nr = ranges ? nq : 0;
         const size_t nm = ranges && ranges->matched ? nq : 0;
@@ -276,13 +284,16 @@ struct GpuIvfPqIndex::Impl : ListStore {
         const bool staged_io = in_bytes + out_bytes <= kStagedIoBytes;
         char* in_host = staged_io ? io_host.reserve(in_bytes + out_bytes) : nullptr;
         char* out_host = staged_io ? in_host + in_bytes : nullptr;
+        if (!staged_io || !io_host.mapped())
+            zero_copy = 0;
+        const bool zc_in = zero_copy & kZeroCopyIn, zc_out = zero_copy & kZeroCopyOut;
         Dist* hd = nullptr;
         int64_t* hl = nullptr;
         int64_t* hm = nullptr;
         {
-            Scratch s(ctx, in_bytes + out_bytes);
-            char* in_dev = static_cast<char*>(s.data());
-            char* out_dev = in_dev + in_bytes;
+            Scratch s(ctx, (zc_in ? 0 : in_bytes) + (zc_out ? 0 : out_bytes));
+            char* in_dev = zc_in ? in_host : static_cast<char*>(s.data());
+            char* out_dev = zc_out ? out_host : static_cast<char*>(s.data()) + (zc_in ? 0 : in_bytes);
             Carver c(in_dev), co(out_dev);
             float* dq = c.take<float>(nq * d);
             int64_t* dlo = c.take<int64_t>(nr);
@@ -304,7 +315,8 @@ struct GpuIvfPqIndex::Impl : ListStore {
             mark(kEvStart);
             KeyRange dr;
             if (staged_io) {
-                GPU_CUDA_CHECK(cudaMemcpyAsync(in_dev, in_host, in_bytes, cudaMemcpyHostToDevice, st()));
+                if (!zc_in)
+                    GPU_CUDA_CHECK(cudaMemcpyAsync(in_dev, in_host, in_bytes, cudaMemcpyHostToDevice, st()));
                 if (ranges) {
                     dr.lo = dlo;
                     dr.hi = dhi;
@@ -327,7 +339,8 @@ struct GpuIvfPqIndex::Impl : ListStore {
             if (!done)
                 work();
             if (staged_io) {
-                GPU_CUDA_CHECK(cudaMemcpyAsync(out_host, out_dev, out_bytes, cudaMemcpyDeviceToHost, st()));
+                if (!zc_out)
+                    GPU_CUDA_CHECK(cudaMemcpyAsync(out_host, out_dev, out_bytes, cudaMemcpyDeviceToHost, st()));
             } else {
                 copy_to_host_async(ctx, dist, dd, nq * k * sizeof(Dist));
                 copy_to_host_async(ctx, labels, dl, nq * k * sizeof(int64_t));
@@ -378,6 +391,7 @@ struct GpuIvfPqIndex::Impl : ListStore {
         a.list_term1 = per_vector() ? vt_ptrs.as<const float* const>() : nullptr;
         a.list_vectors = vec_ptrs.as<const float* const>();
         a.list_ids = id_ptrs.as<const int64_t* const>();
+        a.scan_prefetch = opt.small_scan_prefetch;
         return a;
     }
     // Blocks per query of the one-launch path for a search_exact of nq
@@ -484,6 +498,8 @@ void GpuIvfPqIndex::set_small_cluster(int blocks)
 void GpuIvfPqIndex::set_small_spread(bool on) { impl_->opt.small_spread = on; }
 
 void GpuIvfPqIndex::set_small_shared_coarse_from(size_t queries) { impl_->opt.small_shared_coarse_from = queries; }
+void GpuIvfPqIndex::set_small_scan_prefetch(int mode) { impl_->opt.small_scan_prefetch = mode; }
+void GpuIvfPqIndex::set_small_zero_copy(int mode) { impl_->opt.small_zero_copy = mode; }
 
 bool GpuIvfPqIndex::small_batch_path(size_t nq, size_t k, size_t nprobe) const
 {
@@ -863,10 +879,20 @@ void GpuIvfPqIndex::search_exact(const float* queries, size_t nq, size_t k, size
     if (!nq)
         return;
     require(k >= 1, "GPU IVFPQ search_exact: k must be >= 1");
+    // The one-launch kernel may read and write the call's staging in place
+    // (GpuIvfPqOptions::small_zero_copy).
+    int zero_copy = 0;
+    if (I.opt.small_zero_copy > 0 && I.small_launch(nq, k, I.plan_search(nq, k, nprobe).nprobe).cluster) {
+        zero_copy = Impl::kZeroCopyOut;
+        const size_t shared_from = I.opt.small_shared_coarse_from;
+        if (I.opt.small_zero_copy > 1 && I.d <= 8192 && (shared_from == 0 || nq < shared_from))
+            zero_copy |= Impl::kZeroCopyIn;
+    }
     I.host_search(queries, nq, k, nprobe, -1, ranges, dist, labels, true,
                   [&](const float* dq, double* dd, int64_t* dl, const KeyRange* dr) {
                       search_exact_device(dq, nq, k, nprobe, dd, dl, dr);
-                  });
+                  },
+                  zero_copy);
 }
 
 void GpuIvfPqIndex::set_stage_timing(SearchStages* stages)

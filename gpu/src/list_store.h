@@ -55,12 +55,21 @@ public:
             p_ = nullptr;
             bytes_ = 0;
             void* p = nullptr;
-            GPU_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
+            GPU_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocMapped));
             p_ = static_cast<char*>(p);
             bytes_ = bytes;
+            // With unified addressing a kernel reaches the memory through
+            // the host's own pointer.
+            void* dp = nullptr;
+            const cudaError_t e = cudaHostGetDevicePointer(&dp, p, 0);
+            if (e != cudaSuccess)
+                (void)cudaGetLastError();
+            mapped_ = e == cudaSuccess && dp == p;
         }
         return p_;
     }
+    // Kernels may read and write the memory at data() (reserve made it).
+    bool mapped() const { return mapped_; }
     // The copies from this memory queued on stream so far are its last
     // readers: the next reserve waits for them (the caller's device current).
     void after_copy(cudaStream_t stream)
@@ -76,7 +85,7 @@ private:
     char* p_ = nullptr;
     size_t bytes_ = 0;
     cudaEvent_t done_ = nullptr;
-    bool pending_ = false;
+    bool pending_ = false, mapped_ = false;
 };
 
 struct ListStore {

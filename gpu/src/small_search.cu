@@ -672,48 +672,95 @@ struct ScanShare {
     const float* pbase;
     const float* table;
     KeyWindow kw;
+    int ahead;  // > 0: each step asks for the lines of the entries this far ahead in L1
 };
 
 // The block's share [i0, i1) of the probed entries, kU entries per thread
 // at a time: their codes (kW 16-byte words each, m == 16 * kW), filter keys
 // and per-vector terms are loaded before any of them is summed, so that kU
 // entries' loads are in flight together rather than one entry's at a time.
-// Each key is what the staged scan computes (code_word16 in its order, the
-// probe's base first, the per-vector term after, rank_distance); an
-// out-of-range entry keeps +inf with its code unread. Each step's kU keys,
-// of entries b0 + u * kThreads + threadIdx.x, go to sink.step(b0, keys)
-// (every thread calls it the same number of times).
+// A thread's entries rise, so the probe they fall in only moves forward:
+// its bounds and pointers stay in registers (Probe) and are read from
+// shared memory again only when an entry passes the probe's end. Each key
+// is what the staged scan computes (code_word16 in its order, the probe's
+// base first, the per-vector term after, rank_distance); an out-of-range
+// entry keeps +inf with its code unread. Each step's kU keys, of entries
+// b0 + u * kThreads + threadIdx.x, go to sink.step(b0, keys) (every thread
+// calls it the same number of times). p: the probe of the thread's first
+// entry (any probe when it has none).
+struct Probe {
+    int p, lo, hi;  // the probe and its entries' positions [lo, hi)
+    const uint8_t* codes;
+    const float* vt;
+    const int64_t* keys;
+    float base;
+    __device__ __forceinline__ void load(const ScanShare& s)
+    {
+        lo = s.prefix[p];
+        hi = s.prefix[p + 1];
+        codes = s.pcodes[p];
+        vt = s.pvt[p];
+        keys = s.pkeys[p];
+        base = s.pbase[p];
+    }
+    // To the probe holding position i (i below the concatenation's end, at
+    // or past this probe's start).
+    __device__ __forceinline__ void reach(const ScanShare& s, int i)
+    {
+        if (i >= hi) {
+            do
+                ++p;
+            while (s.prefix[p + 1] <= i);
+            load(s);
+        }
+    }
+};
+
 template <int kW, int kU, typename Sink>
 __device__ __forceinline__ unsigned scan_share_batched(const ScanShare& s, int i0, int i1, int p, Sink& sink)
 {
+    constexpr int kM = 16 * kW;
     unsigned in_range_count = 0;
+    Probe pr;
+    pr.p = p;
+    pr.load(s);
     for (int b0 = i0; b0 < i1; b0 += kU * kThreads) {  // uniform over the block
+        if (s.ahead > 0) {
+            constexpr int per_line = 128 / kM;
+            const int j1 = min(i1, b0 + s.ahead + kU * kThreads);
+            for (int j = b0 + s.ahead + static_cast<int>(threadIdx.x) * per_line; j < j1; j += kThreads * per_line) {
+                const int pj = probe_of(s.prefix, s.nprobe, j);
+                const int off = j - s.prefix[pj];
+                prefetch_l1(s.pcodes[pj] + static_cast<int64_t>(off) * kM);
+                if (s.pvt[pj] && (off & 31) < per_line)
+                    prefetch_l1(s.pvt[pj] + off);
+            }
+        }
         uint4 x[kU][kW];
-        float vt[kU];
-        int pp[kU];
-        bool live[kU];
+        float vt[kU], base[kU];
+        bool live[kU], has_vt[kU];
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
             const int i = b0 + u * kThreads + static_cast<int>(threadIdx.x);
             live[u] = false;
-            pp[u] = p;
+            has_vt[u] = false;
             vt[u] = 0.0f;
+            base[u] = 0.0f;
             if (i < i1) {
-                while (s.prefix[p + 1] <= i)
-                    ++p;
-                pp[u] = p;
-                const int off = i - s.prefix[p];
-                const int64_t* keys = s.pkeys[p];
-                const bool in_range = !keys || s.kw.passes(keys, off);
-                in_range_count += keys && in_range;
+                pr.reach(s, i);
+                const int off = i - pr.lo;
+                const bool in_range = !pr.keys || s.kw.passes(pr.keys, off);
+                in_range_count += pr.keys && in_range;
                 live[u] = in_range;
                 if (in_range) {
-                    const uint4* c = reinterpret_cast<const uint4*>(s.pcodes[p] + static_cast<int64_t>(off) * s.m);
+                    const uint4* c = reinterpret_cast<const uint4*>(pr.codes + static_cast<int64_t>(off) * kM);
 #pragma unroll
                     for (int w = 0; w < kW; ++w)
                         x[u][w] = __ldg(c + w);
-                    if (s.pvt[p])
-                        vt[u] = __ldg(s.pvt[p] + off);
+                    base[u] = pr.base;
+                    has_vt[u] = pr.vt != nullptr;
+                    if (pr.vt)
+                        vt[u] = __ldg(pr.vt + off);
                 }
             }
         }
@@ -726,8 +773,8 @@ __device__ __forceinline__ unsigned scan_share_batched(const ScanShare& s, int i
 #pragma unroll
                 for (int w = 0; w < kW; ++w)
                     sum += code_word16(x[u][w], s.table + w * 16 * 256);
-                float k = s.pbase[pp[u]] + sum;
-                if (s.pvt[pp[u]])
+                float k = base[u] + sum;
+                if (has_vt[u])
                     k += vt[u];
                 key[u] = rank_distance(k);
             }
@@ -1070,14 +1117,22 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     const bool none = filtered && kw.empty();  // an empty key range passes nothing
     unsigned in_range_count = 0;
     SMALL_TRACE(8);
-    if (!none) {
+    // Entries the scan asks for ahead of its steps (scan_prefetch 3), the
+    // first window before it.
+    constexpr int kAhead = 2048;
+    const int ahead = a.scan_prefetch == 3 && (m == 16 || m == 32 || m == 48 || m == 64) ? kAhead : 0;
+    if (!none && a.scan_prefetch != 1) {
         // The block's codes (and per-vector terms) on their way to L1: a
         // line per thread and step, found by its probe.
         const int per_line = m >= 128 ? 1 : 128 / m;
-        for (int i = i0 + tid * per_line; i < i1; i += kThreads * per_line) {
+        const int pf1 = ahead > 0 ? min(i1, i0 + ahead) : i1;
+        for (int i = i0 + tid * per_line; i < pf1; i += kThreads * per_line) {
             const int pp = probe_of(prefix, a.nprobe, i);
             const int off = i - prefix[pp];
-            prefetch_l1(pcodes[pp] + static_cast<int64_t>(off) * m);
+            if (a.scan_prefetch == 2)
+                prefetch_l2(pcodes[pp] + static_cast<int64_t>(off) * m);
+            else
+                prefetch_l1(pcodes[pp] + static_cast<int64_t>(off) * m);
             if (m > 128)
                 prefetch_span(pcodes[pp] + static_cast<int64_t>(off) * m, m, 0, 1);
             if (pvt[pp] && (off & 31) < per_line)
@@ -1085,7 +1140,7 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
         }
     }
     const int p_start = !none && i0 + tid < total ? probe_of(prefix, a.nprobe, i0 + tid) : 0;
-    const ScanShare share{prefix, a.nprobe, m, pcodes, pvt, pkeys, pbase, table, kw};
+    const ScanShare share{prefix, a.nprobe, m, pcodes, pvt, pkeys, pbase, table, kw, ahead};
     int held = 0;  // a larger share: the entries FilterSink kept
     if (scan_smem) {
         KeybufSink sink{keybuf, i0, i1};
@@ -1148,11 +1203,12 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
             cluster.map_shared_rank(spos, b)[rank[win[w]]] = all_v[r * kS + win[w]];
         }
     }
-    // The query as given, staged while the positions travel.
+    // The query as given, staged while the positions travel (qv holds it
+    // unless cosine normalised it: the queries may be in host memory).
     float* qs = d <= kWarps * 32 * 32 ? reinterpret_cast<float*>(smem + L.ctile) : nullptr;
     if (qs)
         for (int j = tid; j < d; j += kThreads)
-            qs[j] = qraw[j];
+            qs[j] = a.metric == Metric::Cosine ? qraw[j] : qv[j];
     cluster.sync();  // every slot's position in every block
     SMALL_TRACE(21);
     // This block's slots: their vectors (as many as fit the key buffer,

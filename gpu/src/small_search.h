@@ -49,6 +49,7 @@ struct SmallSearchArgs {
     // blocks, three words: its global timer (ns) at its start and its end,
     // and the multiprocessor it ran on.
     unsigned long long* trace = nullptr;
+    int scan_prefetch = 1;  // GpuIvfPqOptions::small_scan_prefetch
 };
 
 constexpr int kSmallTracePoints = 24;

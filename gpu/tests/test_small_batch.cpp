@@ -7,6 +7,7 @@
 // keep the staged path.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <set>
@@ -248,6 +249,60 @@ TEST(SmallBatch, KeyRanges)
                 check_small(f, *idx, q, k, 16,
                             what + " nq=" + std::to_string(nq) + " k=" + std::to_string(k), &kr);
         }
+    }
+}
+
+// The kernel reading its queries and key ranges from, and writing its
+// answers and in-range counts into, the call's page-locked staging
+// (small_zero_copy 1 and 2) answers as it does through device copies:
+// every metric, with and without ranges, batches below and above
+// small_shared_coarse_from (where the queries are copied again).
+TEST(SmallBatch, ZeroCopySameAnswers)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(3107);
+    for (Metric metric : kMetrics) {
+        const std::string what = shape("small zero copy", {{"metric", double(int(metric))}}, s);
+        SCOPED_TRACE(what);
+        ExactFixture f(128, 32, 16, 4000, 40, metric, s);
+        GpuIvfPqOptions opt;
+        opt.filter_keys = true;
+        auto idx = f.empty(opt);
+        f.add_rows(*idx, 0, f.n, true, true);
+        idx->set_small_batch_max(kForcedMax);
+        std::vector<int64_t> lo(f.nq), hi(f.nq);
+        for (size_t i = 0; i < f.nq; ++i) {
+            lo[i] = i % 3 == 0 ? 5 : -(int64_t(8) << 32);  // every third range empty
+            hi[i] = i % 3 == 0 ? 4 : int64_t(8) << 32;
+        }
+        for (size_t nq : {1, 5, 40}) {
+            const std::vector<float> q = first_queries(f, nq);
+            const size_t k = 50;
+            ASSERT_TRUE(idx->small_batch_path(nq, k, 16));
+            for (bool ranged : {false, true}) {
+                std::vector<double> want_d;
+                std::vector<int64_t> want_l, want_m;
+                for (int mode : {0, 1, 2, 0}) {
+                    idx->set_small_zero_copy(mode);
+                    std::vector<double> dd(nq * k, -1.0);
+                    std::vector<int64_t> dl(nq * k, -5), matched(nq, -7);
+                    const KeyRange kr{lo.data(), hi.data(), matched.data()};
+                    idx->search_exact(q.data(), nq, k, 16, dd.data(), dl.data(), ranged ? &kr : nullptr);
+                    if (want_d.empty()) {
+                        want_d = dd;
+                        want_l = dl;
+                        want_m = matched;
+                        continue;
+                    }
+                    const std::string at = what + " nq=" + std::to_string(nq) + " ranged=" +
+                                           std::to_string(ranged) + " mode=" + std::to_string(mode);
+                    EXPECT_EQ(dl, want_l) << at;
+                    EXPECT_EQ(0, std::memcmp(dd.data(), want_d.data(), dd.size() * sizeof(double))) << at;
+                    EXPECT_EQ(matched, want_m) << at;
+                }
+            }
+        }
+        idx->set_small_zero_copy(GpuIvfPqOptions().small_zero_copy);
     }
 }
 

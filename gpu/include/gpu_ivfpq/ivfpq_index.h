@@ -101,6 +101,24 @@ struct GpuIvfPqOptions {
     // 123.9 / 132.4, 64: 193.1 / 225.6, 128: 245.4 / 299.7 (gpu_bench
     // --stages, its table "coarse keys shared by the batch / per query").
     size_t small_shared_coarse_from = 32;
+    // One-launch path, bench aid: how a block's codes are asked for ahead
+    // of its list scan: 0 every line of the block's share into L1 before
+    // the scan, 1 none, 2 every line into L2, 3 into L1 two scan steps
+    // ahead (the first two before the scan). Same answers either way. 1:
+    // on an H200 (IVF4096,PQ32, 100 candidates, nprobe 80 and 32) none was
+    // the fastest at every batch from 1 to 64, by 1-4% (gpu_bench
+    // --small-ab): a block's share of the codes (up to 285 KB at nprobe
+    // 80) does not fit its L1, and finding each line's probe costs a
+    // binary search.
+    int small_scan_prefetch = 1;
+    // One-launch path, calls from host memory: the kernel reads the
+    // queries (and key ranges) from, and writes its answers into, the
+    // call's page-locked staging itself instead of copies to and from
+    // device memory: 0 copies both ways, 1 answers written in place, 2
+    // both (inputs only below small_shared_coarse_from queries, and
+    // dimensions up to 8192: the kernel reads them twice a block). Same
+    // answers either way.
+    int small_zero_copy = 0;
 };
 
 struct GpuMemoryUse {
@@ -179,6 +197,8 @@ public:
     void set_small_cluster(int blocks);        // GpuIvfPqOptions::small_cluster: 0, or 1 .. 16
     void set_small_spread(bool on);            // GpuIvfPqOptions::small_spread
     void set_small_shared_coarse_from(size_t queries);  // GpuIvfPqOptions::small_shared_coarse_from
+    void set_small_scan_prefetch(int mode);             // GpuIvfPqOptions::small_scan_prefetch
+    void set_small_zero_copy(int mode);                 // GpuIvfPqOptions::small_zero_copy
     // Whether a search_exact of nq queries with this k and nprobe would run
     // as one launch (test and bench aid).
     bool small_batch_path(size_t nq, size_t k, size_t nprobe) const;
