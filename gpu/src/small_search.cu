@@ -214,56 +214,84 @@ __device__ __forceinline__ int tile_at(int row, int col)
 // Q queries at qv + i * qstride (shared memory), every sum in column order
 // with fmaf. The warp takes 32 columns at a time through tile (32 x 32
 // floats of shared memory, tile_at's swizzle): coalesced loads,
-// conflict-free 16-byte reads. Called by the whole warp.
+// conflict-free 16-byte reads. With d a multiple of 4, the next 32
+// columns are loaded (into registers, eight 16-byte words a lane) while
+// the warp sums the current ones, so that a row's loads do not wait on
+// memory one chunk at a time. Called by the whole warp.
+template <int Q>
+__device__ __forceinline__ void coarse_sum_chunk(const float* qv, int qstride, const float* tile, int lane, int j0,
+                                                 int w, float (&acc)[Q])
+{
+    if (w == 32) {
+        // Four columns per shared load, in column order.
+#pragma unroll
+        for (int c4 = 0; c4 < 32; c4 += 4) {
+            const float4 t4 = *reinterpret_cast<const float4*>(tile + tile_at(lane, c4));
+#pragma unroll
+            for (int i = 0; i < Q; ++i) {
+                const float4 q4 = *reinterpret_cast<const float4*>(qv + i * qstride + j0 + c4);
+                acc[i] = fmaf(q4.x, t4.x, acc[i]);
+                acc[i] = fmaf(q4.y, t4.y, acc[i]);
+                acc[i] = fmaf(q4.z, t4.z, acc[i]);
+                acc[i] = fmaf(q4.w, t4.w, acc[i]);
+            }
+        }
+    } else {
+        for (int col = 0; col < w; ++col) {
+            const float t = tile[tile_at(lane, col)];
+#pragma unroll
+            for (int i = 0; i < Q; ++i)
+                acc[i] = fmaf(qv[i * qstride + j0 + col], t, acc[i]);
+        }
+    }
+}
+
 template <int Q>
 __device__ __forceinline__ void coarse_rows(const float* base, int rows, int d, const float* qv, int qstride,
                                             float* tile, int lane, float (&acc)[Q])
 {
+    if ((d & 3) == 0) {
+        // Lane's words: rows lane / 8 + 4 i, columns 4 (lane % 8) .. + 3.
+        float4 next[8];
+        auto fetch = [&](int j0) {
+            const int w = min(32, d - j0);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int f = lane + 32 * i, row = f >> 3, c4 = (f & 7) * 4;
+                next[i] = row < rows && c4 < w ? __ldg(reinterpret_cast<const float4*>(
+                                                     base + static_cast<int64_t>(row) * d + j0 + c4))
+                                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+        };
+        fetch(0);
+        for (int j0 = 0; j0 < d; j0 += 32) {
+            const int w = min(32, d - j0);
+            __syncwarp();  // the previous chunk read
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int f = lane + 32 * i, row = f >> 3, c4 = (f & 7) * 4;
+                if (row < rows && c4 < w)
+                    *reinterpret_cast<float4*>(tile + tile_at(row, c4)) = next[i];
+            }
+            if (j0 + 32 < d)
+                fetch(j0 + 32);
+            __syncwarp();
+            if (lane < rows)
+                coarse_sum_chunk<Q>(qv, qstride, tile, lane, j0, w, acc);
+        }
+        return;
+    }
     for (int j0 = 0; j0 < d; j0 += 32) {
         const int w = min(32, d - j0);
         __syncwarp();  // the previous chunk read
-        if ((d & 3) == 0) {
-#pragma unroll 4
-            for (int f = lane; f < 32 * 8; f += 32) {
-                const int row = f >> 3, c4 = (f & 7) * 4;
-                if (row < rows && c4 < w) {
-                    const float4 x =
-                        __ldg(reinterpret_cast<const float4*>(base + static_cast<int64_t>(row) * d + j0 + c4));
-                    *reinterpret_cast<float4*>(tile + tile_at(row, c4)) = x;
-                }
-            }
-        } else {
-            for (int f = lane; f < 32 * 32; f += 32) {
-                const int row = f >> 5, col = f & 31;
-                if (row < rows && col < w)
-                    tile[tile_at(row, col)] = __ldg(base + static_cast<int64_t>(row) * d + j0 + col);
-            }
+        for (int f = lane; f < 32 * 32; f += 32) {
+            const int row = f >> 5, col = f & 31;
+            if (row < rows && col < w)
+                tile[tile_at(row, col)] = __ldg(base + static_cast<int64_t>(row) * d + j0 + col);
         }
         __syncwarp();
-        if (lane < rows) {
-            if (w == 32) {
-                // Four columns per shared load, in column order.
-#pragma unroll
-                for (int c4 = 0; c4 < 32; c4 += 4) {
-                    const float4 t4 = *reinterpret_cast<const float4*>(tile + tile_at(lane, c4));
-#pragma unroll
-                    for (int i = 0; i < Q; ++i) {
-                        const float4 q4 = *reinterpret_cast<const float4*>(qv + i * qstride + j0 + c4);
-                        acc[i] = fmaf(q4.x, t4.x, acc[i]);
-                        acc[i] = fmaf(q4.y, t4.y, acc[i]);
-                        acc[i] = fmaf(q4.z, t4.z, acc[i]);
-                        acc[i] = fmaf(q4.w, t4.w, acc[i]);
-                    }
-                }
-            } else {
-                for (int col = 0; col < w; ++col) {
-                    const float t = tile[tile_at(lane, col)];
-#pragma unroll
-                    for (int i = 0; i < Q; ++i)
-                        acc[i] = fmaf(qv[i * qstride + j0 + col], t, acc[i]);
-                }
-            }
-        }
+        if (lane < rows)
+            coarse_sum_chunk<Q>(qv, qstride, tile, lane, j0, w, acc);
     }
 }
 
