@@ -504,7 +504,7 @@ int main(int argc, char** argv)
                 // compared with the first column's on one slice.
                 idx.set_small_batch_max(256);
                 auto variants = [&](const char* title, const std::vector<int>& values,
-                                    const std::function<void(int)>& set) {
+                                    const std::function<void(int, size_t)>& set) {
                     std::printf("## one launch by %s (wall us per call, means of 200 calls in two rounds; nprobe %zu)"
                                 "\n\n| batch |", title, np);
                     for (int v : values)
@@ -513,7 +513,8 @@ int main(int argc, char** argv)
                     for (size_t v = 0; v < values.size(); ++v)
                         std::printf("---|");
                     std::printf("\n");
-                    for (size_t b : {size_t(1), size_t(8), size_t(16), size_t(24), size_t(32), size_t(64)}) {
+                    for (size_t b : {size_t(1), size_t(8), size_t(10), size_t(12), size_t(14), size_t(16), size_t(20),
+                                     size_t(24), size_t(32), size_t(64)}) {
                         if (b > nq)
                             continue;
                         std::vector<double> od(b * kk), want_d;
@@ -522,7 +523,7 @@ int main(int argc, char** argv)
                         std::vector<char> same(values.size(), 1);
                         for (int round = 0; round < 2; ++round)
                             for (size_t v = 0; v < values.size(); ++v) {
-                                set(values[v]);
+                                set(values[v], b);
                                 idx.search_exact(hq.data(), b, kk, np, od.data(), ol.data());
                                 if (round == 0 && v == 0) {
                                     want_d = od;
@@ -548,11 +549,24 @@ int main(int argc, char** argv)
                     std::printf("\n");
                 };
                 variants("scan prefetch (0 share to L1 before the scan, 1 none, 2 share to L2, 3 two steps ahead)",
-                         {0, 1, 2, 3}, [&](int v) { idx.set_small_scan_prefetch(v); });
+                         {0, 1, 2, 3}, [&](int v, size_t) { idx.set_small_scan_prefetch(v); });
                 idx.set_small_scan_prefetch(GpuIvfPqOptions().small_scan_prefetch);
                 variants("zero copy (0 copies, 1 answers in place, 2 queries and answers in place)", {0, 1, 2},
-                         [&](int v) { idx.set_small_zero_copy(v); });
+                         [&](int v, size_t) { idx.set_small_zero_copy(v); });
                 idx.set_small_zero_copy(GpuIvfPqOptions().small_zero_copy);
+                // Blocks per query: the default choice (0), or the most that
+                // keeps the batch's blocks at one per multiprocessor (1: at
+                // most 16, the multiprocessors over the batch).
+                variants("blocks per query (0 the default, 1 the multiprocessors over the batch, at most 16)", {0, 1},
+                         [&](int v, size_t b) {
+                             idx.set_small_cluster(v == 0 ? 0
+                                                          : static_cast<int>(std::max<size_t>(
+                                                                1, std::min<size_t>(16, prop.multiProcessorCount / b))));
+                         });
+                idx.set_small_cluster(GpuIvfPqOptions().small_cluster);
+                variants("coarse keys (0 each query's blocks, 1 a kernel for the batch first)", {0, 1},
+                         [&](int v, size_t) { idx.set_small_shared_coarse_from(v == 0 ? 0 : 1); });
+                idx.set_small_shared_coarse_from(GpuIvfPqOptions().small_shared_coarse_from);
                 return 0;
             }
             // Twice: the staged pipeline forced (small_batch_max 0), then the

@@ -1356,7 +1356,7 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
 // step sees (normalised by warp_normalize for cosine, its squared norm by
 // warp_sqr_norm), and the sums and keys are made by the same code, so that
 // every key has the kernel's bits.
-constexpr int kCoarseQueries = kWarps;  // a warp prepares each query
+constexpr int kCoarseQueries = kWarps / 2;  // a warp prepares each query
 constexpr int kCoarseRows = kWarps * 32;  // centroids a block: 32 a warp
 
 __global__ void __launch_bounds__(kThreads) coarse_keys_kernel(SmallSearchArgs a, float* keys)
