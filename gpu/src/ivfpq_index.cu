@@ -832,7 +832,7 @@ void GpuIvfPqIndex::search_exact_device(const float* queries, size_t nq, size_t 
         a.out_labels = labels;
         a.trace = I.small_trace.as<unsigned long long>();
         // From small_shared_coarse_from queries on, the batch's coarse keys
-        // first, each centroid row read once per 8 queries (each query's
+        // first, each centroid row read once per 4 queries (each query's
         // blocks read all of them: 64 MB from L2 at batch 32).
         std::optional<Scratch> keys;
         if (I.opt.small_shared_coarse_from > 0 && nq >= I.opt.small_shared_coarse_from) {

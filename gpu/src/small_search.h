@@ -89,7 +89,7 @@ SmallOccupancy small_search_occupancy(const SmallSearchArgs& a, int cluster, siz
 
 // The coarse keys of a's nq queries into keys (nq x a.lists, device), from
 // GpuIvfPqOptions::small_shared_coarse_from queries on: each centroid row
-// read once per 8 queries instead of once per query. For
+// read once per 4 queries instead of once per query. For
 // query q and centroid c the key the one-launch kernel's coarse step makes,
 // bit for bit (the query as it sees it, the dot product summed in column
 // order, the same transform).

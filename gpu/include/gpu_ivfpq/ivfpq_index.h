@@ -95,12 +95,13 @@ struct GpuIvfPqOptions {
     bool small_spread = false;
     // One-launch path, batches of this many queries or more: the batch's
     // coarse keys computed first by a kernel of their own (each centroid
-    // row read once per 8 queries) instead of by each query's blocks; 0:
-    // never. Same answers either way. 32: on an H200 (as above; wall us per
-    // call, shared / per query) 16: 97.3 / 98.0, 24: 106.3 / 106.7, 32:
-    // 123.9 / 132.4, 64: 193.1 / 225.6, 128: 245.4 / 299.7 (gpu_bench
-    // --stages, its table "coarse keys shared by the batch / per query").
-    size_t small_shared_coarse_from = 32;
+    // row read once per 4 queries) instead of by each query's blocks; 0:
+    // never. Same answers either way. 16: on an H200 (IVF4096,PQ32, 100
+    // candidates; wall us per call, the batch's kernel / each query's
+    // blocks, nprobe 80) 8: 82.1 / 80.3, 14: 90.3 / 89.9, 16: 103.2 /
+    // 106.1, 24: 110.5 / 112.3, 32: 123.3 / 126.6, 64: 222.1 / 230.6
+    // (nprobe 32 alike; gpu_bench --small-ab, its table "coarse keys").
+    size_t small_shared_coarse_from = 16;
     // One-launch path, bench aid: how a block's codes are asked for ahead
     // of its list scan: 0 every line of the block's share into L1 before
     // the scan, 1 none, 2 every line into L2, 3 into L1 two scan steps
