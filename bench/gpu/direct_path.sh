@@ -47,7 +47,7 @@ psql -qc "CREATE INDEX base_id ON base (id)"
 t0=$(date +%s.%N)
 psql -qc "CREATE INDEX base_idx ON base USING gpu_ivfpq (v) WITH (lists = $LISTS, m = $M)"
 say "CREATE INDEX (GPU): $(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $t0 }") s"
-psql -qc "CREATE SEQUENCE churn_id START $((N + 1))"
+psql -qc "DROP SEQUENCE IF EXISTS churn_id" -c "CREATE SEQUENCE churn_id START $((N + 1))"
 psql -qAtc "SELECT 'prewarm: ' || gpu_ivfpq_prewarm('base_idx') || ' entries'" | tee -a "$RES"
 
 work=$(mktemp -d)

@@ -37,7 +37,7 @@ say "# $(date -u +%F' '%T) UTC"
 
 psql -qc "CREATE INDEX base_id ON base (id)"
 psql -qc "CREATE INDEX base_idx ON base USING gpu_ivfpq (v) WITH (lists = $LISTS, m = $M)"
-psql -qc "CREATE SEQUENCE churn_id START $((N + 1))"
+psql -qc "DROP SEQUENCE IF EXISTS churn_id" -c "CREATE SEQUENCE churn_id START $((N + 1))"
 psql -qAtc "SELECT 'prewarm: ' || gpu_ivfpq_prewarm('base_idx') || ' entries'" | tee -a "$RES"
 
 work=$(mktemp -d)
