@@ -532,7 +532,8 @@ int main(int argc, char** argv)
                                 same[v] = same[v] && ol == want_l &&
                                           std::memcmp(od.data(), want_d.data(), od.size() * sizeof(double)) == 0;
                                 for (int w = 0; w < 3; ++w)
-                                    idx.search_exact(hq.data() + (w + 1) * b * d, b, kk, np, od.data(), ol.data());
+                                    idx.search_exact(hq.data() + ((w + 1) % (nq / b)) * b * d, b, kk, np,
+                                                     od.data(), ol.data());
                                 const auto t0 = std::chrono::steady_clock::now();
                                 for (int c = 0; c < 100; ++c)
                                     idx.search_exact(hq.data() + (c % (nq / b)) * b * d, b, kk, np, od.data(),

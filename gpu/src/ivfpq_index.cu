@@ -7,6 +7,7 @@
 #include "gpu_ivfpq/ivfpq_index.h"
 
 #include <algorithm>
+#include <exception>
 #include <optional>
 #include <chrono>
 #include <cstring>
@@ -57,6 +58,7 @@ struct GpuIvfPqIndex::Impl : ListStore {
     // A small search's inputs and answers staged in page-locked memory (one
     // copy each way instead of a driver-staged copy per pageable buffer).
     PinnedHost io_host;
+    size_t zero_copy_calls = 0;  // host_search calls that read or wrote io_host in place
     // Bench aid (set_small_batch_trace): the one-launch kernel's phase clocks.
     DeviceBuffer small_trace;
     // The trace's words after the last call (empty without a trace).
@@ -250,8 +252,10 @@ struct GpuIvfPqIndex::Impl : ListStore {
     // ranges) staged on the device, run(dq, dd, dl, ranges) searching there,
     // the answers (and in-range counts) copied back, one wait at the end.
     // For a small batch the device work between the copies replays a CUDA
-    // graph (search_graphs.h; the copies stay outside it, so a graph never
-    // holds host memory that may be freed); with timed and a stage timer
+    // graph (search_graphs.h; the copies stay outside it; with zero copy
+    // below its kernel holds pointers into io_host, and graphs are keyed by
+    // them, so one replays only while io_host is where it was captured);
+    // with timed and a stage timer
     // (set_stage_timing), the call's stages are added to it instead.
     // Calls whose inputs and answers take at most this many bytes stage them
     // in io_host.
@@ -287,6 +291,19 @@ struct GpuIvfPqIndex::Impl : ListStore {
         if (!staged_io || !io_host.mapped())
             zero_copy = 0;
         const bool zc_in = zero_copy & kZeroCopyIn, zc_out = zero_copy & kZeroCopyOut;
+        zero_copy_calls += zero_copy != 0;
+        // An error after device work was queued leaves that work reading or
+        // writing the staging: the stream is drained before the staging
+        // can be written again (by the next call) or freed.
+        struct DrainOnError {
+            cudaStream_t s;
+            bool armed;
+            ~DrainOnError()
+            {
+                if (armed && std::uncaught_exceptions() > 0 && cudaStreamSynchronize(s) != cudaSuccess)
+                    (void)cudaGetLastError();
+            }
+        } drain{st(), staged_io};
         Dist* hd = nullptr;
         int64_t* hl = nullptr;
         int64_t* hm = nullptr;
@@ -907,6 +924,8 @@ void GpuIvfPqIndex::set_stage_timing(SearchStages* stages)
 void GpuIvfPqIndex::set_search_graphs(bool on) { impl_->graphs.set_enabled(on); }
 
 size_t GpuIvfPqIndex::search_graph_launches() const { return impl_->graphs.launches(); }
+
+size_t GpuIvfPqIndex::zero_copy_calls() const { return impl_->zero_copy_calls; }
 
 void GpuIvfPqIndex::search_brute_force(const float* queries, size_t nq, size_t k, double* dist,
                                        int64_t* labels) const

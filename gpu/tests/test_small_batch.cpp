@@ -256,11 +256,16 @@ TEST(SmallBatch, KeyRanges)
 // answers and in-range counts into, the call's page-locked staging
 // (small_zero_copy 1 and 2) answers as it does through device copies:
 // every metric, with and without ranges, batches below and above
-// small_shared_coarse_from (where the queries are copied again).
+// small_shared_coarse_from (where the queries are copied again). Before
+// each checked call another call of the same shape (other queries, other
+// ranges) leaves other answers in the staging, so that a kernel that wrote
+// nothing there would fail; each mode runs its pair three times, so that
+// the checked call also replays its CUDA graph.
 TEST(SmallBatch, ZeroCopySameAnswers)
 {
     GPU_REQUIRE_DEVICE();
     const uint64_t s = seed(3107);
+    const int64_t kMin = std::numeric_limits<int64_t>::min(), kMax = std::numeric_limits<int64_t>::max();
     for (Metric metric : kMetrics) {
         const std::string what = shape("small zero copy", {{"metric", double(int(metric))}}, s);
         SCOPED_TRACE(what);
@@ -270,35 +275,49 @@ TEST(SmallBatch, ZeroCopySameAnswers)
         auto idx = f.empty(opt);
         f.add_rows(*idx, 0, f.n, true, true);
         idx->set_small_batch_max(kForcedMax);
-        std::vector<int64_t> lo(f.nq), hi(f.nq);
+        std::vector<int64_t> lo(f.nq), hi(f.nq), lo2(f.nq, kMin), hi2(f.nq, kMax);
         for (size_t i = 0; i < f.nq; ++i) {
             lo[i] = i % 3 == 0 ? 5 : -(int64_t(8) << 32);  // every third range empty
             hi[i] = i % 3 == 0 ? 4 : int64_t(8) << 32;
         }
         for (size_t nq : {1, 5, 40}) {
             const std::vector<float> q = first_queries(f, nq);
+            std::vector<float> q2(nq * f.d);  // the other call's: each row the next query's
+            for (size_t i = 0; i < nq; ++i)
+                std::copy(f.q.begin() + ((i + 1) % f.nq) * f.d, f.q.begin() + ((i + 1) % f.nq + 1) * f.d,
+                          q2.begin() + i * f.d);
             const size_t k = 50;
             ASSERT_TRUE(idx->small_batch_path(nq, k, 16));
             for (bool ranged : {false, true}) {
-                std::vector<double> want_d;
-                std::vector<int64_t> want_l, want_m;
-                for (int mode : {0, 1, 2, 0}) {
+                const std::string at0 = what + " nq=" + std::to_string(nq) + " ranged=" + std::to_string(ranged);
+                auto call = [&](const std::vector<float>& qq, const std::vector<int64_t>& l,
+                                const std::vector<int64_t>& h, std::vector<double>& dd, std::vector<int64_t>& dl,
+                                std::vector<int64_t>& matched) {
+                    dd.assign(nq * k, -1.0);
+                    dl.assign(nq * k, -5);
+                    matched.assign(nq, -7);
+                    const KeyRange kr{l.data(), h.data(), matched.data()};
+                    idx->search_exact(qq.data(), nq, k, 16, dd.data(), dl.data(), ranged ? &kr : nullptr);
+                };
+                std::vector<double> want_d, dd;
+                std::vector<int64_t> want_l, want_m, dl, matched;
+                idx->set_small_zero_copy(0);
+                call(q, lo, hi, want_d, want_l, want_m);
+                for (int mode : {1, 2, 0}) {
                     idx->set_small_zero_copy(mode);
-                    std::vector<double> dd(nq * k, -1.0);
-                    std::vector<int64_t> dl(nq * k, -5), matched(nq, -7);
-                    const KeyRange kr{lo.data(), hi.data(), matched.data()};
-                    idx->search_exact(q.data(), nq, k, 16, dd.data(), dl.data(), ranged ? &kr : nullptr);
-                    if (want_d.empty()) {
-                        want_d = dd;
-                        want_l = dl;
-                        want_m = matched;
-                        continue;
+                    const size_t zc0 = idx->zero_copy_calls();
+                    for (int rep = 0; rep < 3; ++rep) {
+                        const std::string at = at0 + " mode=" + std::to_string(mode) + " rep=" + std::to_string(rep);
+                        call(q2, lo2, hi2, dd, dl, matched);
+                        ASSERT_NE(dl, want_l) << at << ": the other call should leave other answers";
+                        call(q, lo, hi, dd, dl, matched);
+                        EXPECT_EQ(dl, want_l) << at;
+                        EXPECT_EQ(0, std::memcmp(dd.data(), want_d.data(), dd.size() * sizeof(double))) << at;
+                        if (ranged)
+                            EXPECT_EQ(matched, want_m) << at;
                     }
-                    const std::string at = what + " nq=" + std::to_string(nq) + " ranged=" +
-                                           std::to_string(ranged) + " mode=" + std::to_string(mode);
-                    EXPECT_EQ(dl, want_l) << at;
-                    EXPECT_EQ(0, std::memcmp(dd.data(), want_d.data(), dd.size() * sizeof(double))) << at;
-                    EXPECT_EQ(matched, want_m) << at;
+                    // Every call of modes 1 and 2 went in place, none of mode 0.
+                    EXPECT_EQ(idx->zero_copy_calls() - zc0, mode == 0 ? 0u : 6u) << at0 << " mode=" << mode;
                 }
             }
         }

@@ -103,9 +103,10 @@ struct GpuIvfPqOptions {
     // (nprobe 32 alike; gpu_bench --small-ab, its table "coarse keys").
     size_t small_shared_coarse_from = 16;
     // One-launch path, bench aid: how a block's codes are asked for ahead
-    // of its list scan: 0 every line of the block's share into L1 before
-    // the scan, 1 none, 2 every line into L2, 3 into L1 two scan steps
-    // ahead (the first two before the scan). Same answers either way. 1:
+    // of its list scan: 0 (or any other value) every line of the block's
+    // share into L1 before the scan, 1 none, 2 every line into L2, 3 into
+    // L1 2048 entries ahead of each scan step (the first 2048 before the
+    // scan). Same answers either way. 1:
     // on an H200 (IVF4096,PQ32, 100 candidates, nprobe 80 and 32) none was
     // the fastest at every batch from 1 to 64, by 1-4% (gpu_bench
     // --small-ab): a block's share of the codes (up to 285 KB at nprobe
@@ -190,6 +191,9 @@ public:
     // switch them, and count the calls a graph served.
     void set_search_graphs(bool on);
     size_t search_graph_launches() const;
+    // Test aid: host calls whose kernel read its inputs from, or wrote its
+    // answers into, the page-locked staging in place (small_zero_copy).
+    size_t zero_copy_calls() const;
 
     // Bench aids (gpu/bench): switch the table precision (rebuilding any
     // per-list term 1) or the scan between timings on one index.
