@@ -74,6 +74,16 @@ struct ExactFixture {
                                                               model->pq().codebooks().data(), opt);
     }
 
+    // An index with filter keys (opt's other settings) holding every row
+    // of the fixture with its vector and key.
+    std::unique_ptr<gpuivfpq::gpu::GpuIvfPqIndex> keyed(gpuivfpq::gpu::GpuIvfPqOptions opt = {}) const
+    {
+        opt.filter_keys = true;
+        auto idx = empty(opt);
+        add_rows(*idx, 0, n, true, true);
+        return idx;
+    }
+
     // Rows [i0, i1) of the fixture, with their vectors when the index keeps
     // them and their keys when it keeps keys.
     void add_rows(gpuivfpq::gpu::GpuIvfPqIndex& idx, size_t i0, size_t i1, bool store = true,

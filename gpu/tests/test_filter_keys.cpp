@@ -162,8 +162,7 @@ TEST(IvfPqFilterKeys, MatchesSubsetIndexEveryMetricAndWidth)
             ExactFixture f(128, 16, m, 3000, 28, metric, s + m);
             GpuIvfPqOptions opt;
             opt.filter_keys = true;
-            auto idx = f.empty(opt);
-            f.add_rows(*idx, 0, f.n, true, true);
+            auto idx = f.keyed(opt);
             // One batch into empty lists: each list's key buffer is exactly its size.
             EXPECT_EQ(idx->memory_use().keys, f.n * sizeof(int64_t));
             EXPECT_LE(idx->memory_use().total(), ctx().bytes_in_use());
@@ -283,10 +282,7 @@ TEST(IvfPqFilterKeys, EmptyFullAndPaddedRanges)
         const std::string what = shape("ranges", {{"metric", double(int(metric))}}, s);
         SCOPED_TRACE(what);
         ExactFixture f(64, 16, 16, 2500, 12, metric, s);
-        GpuIvfPqOptions opt;
-        opt.filter_keys = true;
-        auto idx = f.empty(opt);
-        f.add_rows(*idx, 0, f.n, true, true);
+        auto idx = f.keyed();
         const size_t k = 50, nprobe = 4;
         std::vector<float> ud(f.nq * k), fd(f.nq * k);
         std::vector<int64_t> ul(f.nq * k), fl(f.nq * k);

@@ -225,10 +225,7 @@ TEST(SmallBatch, KeyRanges)
         const std::string what = shape("small ranges", {{"metric", double(int(metric))}}, s);
         SCOPED_TRACE(what);
         ExactFixture f(128, 32, 16, 4000, 31, metric, s);
-        GpuIvfPqOptions opt;
-        opt.filter_keys = true;
-        auto idx = f.empty(opt);
-        f.add_rows(*idx, 0, f.n, true, true);
+        auto idx = f.keyed();
         // Per query: empty, everything, single keys, a band, the extremes.
         const int64_t kMin = std::numeric_limits<int64_t>::min(), kMax = std::numeric_limits<int64_t>::max();
         std::vector<int64_t> lo(f.nq), hi(f.nq);
@@ -270,10 +267,7 @@ TEST(SmallBatch, ZeroCopySameAnswers)
         const std::string what = shape("small zero copy", {{"metric", double(int(metric))}}, s);
         SCOPED_TRACE(what);
         ExactFixture f(128, 32, 16, 4000, 40, metric, s);
-        GpuIvfPqOptions opt;
-        opt.filter_keys = true;
-        auto idx = f.empty(opt);
-        f.add_rows(*idx, 0, f.n, true, true);
+        auto idx = f.keyed();
         idx->set_small_batch_max(kForcedMax);
         std::vector<int64_t> lo(f.nq), hi(f.nq), lo2(f.nq, kMin), hi2(f.nq, kMax);
         for (size_t i = 0; i < f.nq; ++i) {
