@@ -424,6 +424,14 @@ struct GpuIvfPqIndex::Impl : ListStore {
         return small_search_plan(small_args(nq, k, nprobe), ctx.multiprocessors(), opt.small_cluster,
                                  opt.small_spread);
     }
+    // The one-launch path computes the batch's coarse keys first
+    // (GpuIvfPqOptions::small_shared_coarse_from).
+    bool shared_keys(size_t nq) const
+    {
+        return opt.small_shared_coarse_from > 0 && nq >= opt.small_shared_coarse_from;
+    }
+    void exact_on_device(const float* queries, size_t nq, size_t k, const Plan& p, const SmallLaunch& plan,
+                         double* dist, int64_t* labels, const KeyRange* ranges);
 
     // key_lo / key_hi: device, nq each (the tile's), or null: no filter;
     // key_matched (device, nq, or null) receives the in-range counts.
@@ -826,16 +834,14 @@ void GpuIvfPqIndex::search(const float* queries, size_t nq, size_t k, size_t npr
                   });
 }
 
-void GpuIvfPqIndex::search_exact_device(const float* queries, size_t nq, size_t k, size_t nprobe,
-                                        double* dist, int64_t* labels, const KeyRange* ranges) const
+// search_exact's device work for a call of plan p and one-launch plan
+// (cluster 0: the staged pipeline), both decided once by the caller.
+void GpuIvfPqIndex::Impl::exact_on_device(const float* queries, size_t nq, size_t k, const Plan& p,
+                                          const SmallLaunch& plan, double* dist, int64_t* labels,
+                                          const KeyRange* ranges)
 {
-    Impl& I = *impl_;
-    if (!I.opt.store_vectors)
-        throw Error(ErrorKind::Unsupported,
-                    "GPU IVFPQ search_exact: the index keeps no vectors (store_vectors is off)");
-    I.check_ranges("GPU IVFPQ search_exact", ranges);
-    const Impl::Plan p = I.plan_search(nq, k, nprobe);
-    if (const SmallLaunch plan = I.small_launch(nq, k, p.nprobe); plan.cluster) {
+    Impl& I = *this;
+    if (plan.cluster) {
         // One launch; the stage timer sees it as the scan.
         SmallSearchArgs a = I.small_args(nq, k, p.nprobe);
         a.queries = queries;
@@ -852,7 +858,7 @@ void GpuIvfPqIndex::search_exact_device(const float* queries, size_t nq, size_t 
         // first, each centroid row read once per 4 queries (each query's
         // blocks read all of them: 64 MB from L2 at batch 32).
         std::optional<Scratch> keys;
-        if (I.opt.small_shared_coarse_from > 0 && nq >= I.opt.small_shared_coarse_from) {
+        if (I.shared_keys(nq)) {
             keys.emplace(I.ctx, nq * I.lists * sizeof(float));
             a.coarse_keys = static_cast<const float*>(keys->data());
             launch_coarse_keys(a, static_cast<float*>(keys->data()), I.st());
@@ -885,6 +891,18 @@ void GpuIvfPqIndex::search_exact_device(const float* queries, size_t nq, size_t 
     }
 }
 
+void GpuIvfPqIndex::search_exact_device(const float* queries, size_t nq, size_t k, size_t nprobe,
+                                        double* dist, int64_t* labels, const KeyRange* ranges) const
+{
+    Impl& I = *impl_;
+    if (!I.opt.store_vectors)
+        throw Error(ErrorKind::Unsupported,
+                    "GPU IVFPQ search_exact: the index keeps no vectors (store_vectors is off)");
+    I.check_ranges("GPU IVFPQ search_exact", ranges);
+    const Impl::Plan p = I.plan_search(nq, k, nprobe);
+    I.exact_on_device(queries, nq, k, p, I.small_launch(nq, k, p.nprobe), dist, labels, ranges);
+}
+
 void GpuIvfPqIndex::search_exact(const float* queries, size_t nq, size_t k, size_t nprobe, double* dist,
                                  int64_t* labels, const KeyRange* ranges) const
 {
@@ -896,18 +914,20 @@ void GpuIvfPqIndex::search_exact(const float* queries, size_t nq, size_t k, size
     if (!nq)
         return;
     require(k >= 1, "GPU IVFPQ search_exact: k must be >= 1");
+    const Impl::Plan p = I.plan_search(nq, k, nprobe);
+    const SmallLaunch plan = I.small_launch(nq, k, p.nprobe);
     // The one-launch kernel may read and write the call's staging in place
-    // (GpuIvfPqOptions::small_zero_copy).
+    // (GpuIvfPqOptions::small_zero_copy); the batch's coarse-keys kernel
+    // reads the queries once per block, so they are copied for it.
     int zero_copy = 0;
-    if (I.opt.small_zero_copy > 0 && I.small_launch(nq, k, I.plan_search(nq, k, nprobe).nprobe).cluster) {
+    if (I.opt.small_zero_copy > 0 && plan.cluster) {
         zero_copy = Impl::kZeroCopyOut;
-        const size_t shared_from = I.opt.small_shared_coarse_from;
-        if (I.opt.small_zero_copy > 1 && I.d <= 8192 && (shared_from == 0 || nq < shared_from))
+        if (I.opt.small_zero_copy > 1 && I.d <= 8192 && !I.shared_keys(nq))
             zero_copy |= Impl::kZeroCopyIn;
     }
     I.host_search(queries, nq, k, nprobe, -1, ranges, dist, labels, true,
                   [&](const float* dq, double* dd, int64_t* dl, const KeyRange* dr) {
-                      search_exact_device(dq, nq, k, nprobe, dd, dl, dr);
+                      I.exact_on_device(dq, nq, k, p, plan, dd, dl, dr);
                   },
                   zero_copy);
 }
