@@ -208,7 +208,7 @@ int main(int argc, char** argv)
         }
     }
     bool quick = false, stages_only = false;
-    size_t stage_nprobe = 32, profile_batch = 0;
+    size_t stage_nprobe = 32, profile_batch = 0, stage_m = 32, lists_arg = 0;
     bool small_ab = false;
     std::string base_path, queries_path;
     for (int i = 1; i < argc; ++i) {
@@ -228,12 +228,16 @@ int main(int argc, char** argv)
             profile_batch = std::strtoul(argv[++i], nullptr, 10);
             stages_only = true;
         }
+        else if (!std::strcmp(argv[i], "--m") && i + 1 < argc)
+            stage_m = std::strtoul(argv[++i], nullptr, 10);  // the stage tables' code bytes (default 32)
+        else if (!std::strcmp(argv[i], "--lists") && i + 1 < argc)
+            lists_arg = std::strtoul(argv[++i], nullptr, 10);  // default 4096 (--quick: 256)
         else if (!std::strcmp(argv[i], "--base") && i + 1 < argc)
             base_path = argv[++i];
         else if (!std::strcmp(argv[i], "--queries") && i + 1 < argc)
             queries_path = argv[++i];
         else {
-            std::fprintf(stderr, "usage: gpu_bench --base BASE.fvecs --queries QUERIES.fvecs [--quick] [--stages] [--nprobe N] [--profile BATCH] [--small-ab]\n"
+            std::fprintf(stderr, "usage: gpu_bench --base BASE.fvecs --queries QUERIES.fvecs [--quick] [--stages] [--nprobe N] [--m M] [--lists L] [--profile BATCH] [--small-ab]\n"
                                  "       gpu_bench --rabitq\n");
             return 2;
         }
@@ -243,6 +247,11 @@ int main(int argc, char** argv)
     if (d == 0)
         return 2;
     const size_t n = hbase.size() / d, nq = hq.size() / d;
+    if (stage_m == 0 || d % stage_m != 0 || (lists_arg != 0 && lists_arg > n)) {
+        std::fprintf(stderr, "gpu_bench: --m must divide the dimension (%zu) and --lists be at most the rows (%zu)\n",
+                     d, n);
+        return 2;
+    }
     if (device_count() <= 0) {
         std::printf("no CUDA device: benchmark skipped\n");
         return 0;
@@ -298,7 +307,7 @@ int main(int argc, char** argv)
         }
 
         // The data set.
-        const size_t lists = quick ? 256 : 4096;
+        const size_t lists = lists_arg ? lists_arg : quick ? 256 : 4096;
         DeviceBuffer base(ctx, n * d * 4), queries(ctx, nq * d * 4);
         base.upload(hbase.data(), n * d * 4);
         queries.upload(hq.data(), nq * d * 4);
@@ -476,7 +485,7 @@ int main(int argc, char** argv)
         // candidates re-ranked). Device stages by CUDA events; "host" is the
         // call's wall time not covered by them (launches, waits).
         {
-            const size_t m = 32, kk = 100, np = std::max<size_t>(1, std::min(stage_nprobe, lists));
+            const size_t m = stage_m, kk = 100, np = std::max<size_t>(1, std::min(stage_nprobe, lists));
             std::vector<float> cb(m * 256 * (d / m)), c2(lists * d);
             train(m, c2, cb);
             GpuIvfPqOptions with_vectors;

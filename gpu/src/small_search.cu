@@ -904,6 +904,12 @@ __device__ __forceinline__ unsigned scan_share(const ScanShare& s, int i0, int i
         return scan_share_batched<3, 2>(s, i0, i1, p, sink);
     if (!none && s.m == 64)
         return scan_share_batched<4, 2>(s, i0, i1, p, sink);
+    // Sentence-embedding sizes (768 dimensions: m 96, or 128): a code's
+    // words loaded together, not one wait each as in the loop below.
+    if (!none && s.m == 96)
+        return scan_share_batched<6, 1>(s, i0, i1, p, sink);
+    if (!none && s.m == 128)
+        return scan_share_batched<8, 1>(s, i0, i1, p, sink);
     unsigned in_range_count = 0;
     for (int b0 = i0; b0 < i1; b0 += kThreads) {  // uniform over the block
         const int i = b0 + static_cast<int>(threadIdx.x);
@@ -1148,7 +1154,7 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     // Entries the scan asks for ahead of its steps (scan_prefetch 3), the
     // first window before it.
     constexpr int kAhead = 2048;
-    const int ahead = a.scan_prefetch == 3 && (m == 16 || m == 32 || m == 48 || m == 64) ? kAhead : 0;
+    const int ahead = a.scan_prefetch == 3 && (m == 16 || m == 32 || m == 48 || m == 64 || m == 96 || m == 128) ? kAhead : 0;
     if (!none && a.scan_prefetch != 1) {
         // The block's codes (and per-vector terms) on their way to L1: a
         // line per thread and step, found by its probe.

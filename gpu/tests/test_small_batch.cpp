@@ -148,8 +148,9 @@ TEST(SmallBatch, MatchesStagedPathEveryMetricAndWidth)
     struct Shape {
         size_t d, m;
     };
-    // 16-byte code loads (m 32, 128), 4-byte (m 8), bytes (m 5 and 3, odd d).
-    const Shape shapes[] = {{128, 32}, {64, 8}, {256, 128}, {40, 5}, {33, 3}};
+    // 16-byte code loads (m 32, 96 and 128: each a batched scan of its own),
+    // 4-byte (m 8), bytes (m 5 and 3, odd d).
+    const Shape shapes[] = {{128, 32}, {64, 8}, {256, 128}, {768, 96}, {40, 5}, {33, 3}};
     for (Metric metric : kMetrics)
         for (const Shape& sh : shapes) {
             const std::string what = shape(
@@ -472,7 +473,7 @@ TEST(SmallBatch, EveryClusterSizeAndSpreadSameAnswers)
     struct Shape {
         size_t d, m;
     };
-    const Shape shapes[] = {{128, 16}, {128, 32}, {96, 48}, {128, 64}, {64, 8}};
+    const Shape shapes[] = {{128, 16}, {128, 32}, {96, 48}, {128, 64}, {192, 96}, {256, 128}, {64, 8}};
     for (const Shape& sh : shapes) {
         const std::string what =
             shape("small clusters", {{"d", double(sh.d)}, {"m", double(sh.m)}}, s + sh.m);
