@@ -39,7 +39,7 @@ autovacuum_vacuum_threshold = 2000
 autovacuum_vacuum_insert_scale_factor = 0
 autovacuum_vacuum_insert_threshold = 2000
 autovacuum_vacuum_cost_limit = 10000" ""
-say "# gpu_ivfpq direct path: $N x 128 synthetic (tools/gen_synthetic, seed 42), lists $LISTS, m $M, probes $PROBES, rerank 100"
+say "# gpu_ivfpq direct path: $N x ${DIM:-128} synthetic (tools/gen_synthetic, seed 42), lists $LISTS, m $M, probes $PROBES, rerank 100"
 say "# device: $(psql -qAtc 'SELECT device FROM gpu_ivfpq_status'); $(nproc) CPU cores; $SECS s per row"
 say "# $(date -u +%F' '%T) UTC"
 

@@ -451,21 +451,48 @@ void GpuRabitqIndex::search(const float* queries, size_t nq, size_t k, size_t np
     }
 }
 
+namespace {
+
+// The nprobe nearest lists of each of n rows (host in / out) by `coarse`,
+// Cosine rows normalised first; 65536 rows at a time, so that the device's
+// scratch stays bounded for a build's batches.
+void nearest_lists(GpuRabitqIndex::Impl& I, const float* x, size_t n, size_t nprobe, Metric coarse, int32_t* out)
+{
+    const size_t tile = 65536;
+    for (size_t r0 = 0; r0 < n; r0 += tile) {
+        const size_t nr = std::min(tile, n - r0);
+        Carver sz;
+        sz.take<float>(nr * I.d);
+        sz.take<float>(nr * nprobe);
+        sz.take<int32_t>(nr * nprobe);
+        Scratch s(I.ctx, sz.size());
+        Carver c(s.data());
+        float* dq = c.take<float>(nr * I.d);
+        float* pd = c.take<float>(nr * nprobe);
+        int32_t* pl = c.take<int32_t>(nr * nprobe);
+        copy_to_device(I.ctx, dq, x + r0 * I.d, nr * I.d * sizeof(float));
+        if (I.metric == Metric::Cosine)
+            normalize_rows(I.ctx, dq, nr, I.d);
+        exact_knn_i32(I.ctx, dq, nr, I.centroids.as<float>(), I.lists, I.d, coarse, nprobe, pd, pl,
+                      I.centroid_norms.as<float>());
+        copy_to_host(I.ctx, out + r0 * nprobe, pl, nr * nprobe * sizeof(int32_t));
+    }
+}
+
+}  // namespace
+
 void GpuRabitqIndex::probe_lists(const float* queries, size_t nq, size_t nprobe, int32_t* out) const
 {
     Impl& I = *impl_;
     nprobe = std::min(std::max<size_t>(nprobe, 1), I.lists);
     require(nprobe <= kMaxSelectK, "GPU RaBitQ: nprobe above kMaxSelectK");
-    if (nq == 0)
-        return;
-    DeviceBuffer dq(I.ctx, nq * I.d * sizeof(float)), pd(I.ctx, nq * nprobe * sizeof(float)),
-        pl(I.ctx, nq * nprobe * sizeof(int32_t));
-    dq.upload(queries, nq * I.d * sizeof(float));
-    if (I.metric == Metric::Cosine)
-        normalize_rows(I.ctx, dq.as<float>(), nq, I.d);
-    exact_knn_i32(I.ctx, dq.as<float>(), nq, I.centroids.as<float>(), I.lists, I.d, I.coarse_metric(), nprobe,
-                  pd.as<float>(), pl.as<int32_t>(), I.centroid_norms.as<float>());
-    pl.download(out, nq * nprobe * sizeof(int32_t));
+    nearest_lists(I, queries, nq, nprobe, I.coarse_metric(), out);
+}
+
+void GpuRabitqIndex::assign(const float* x, size_t n, int32_t* list_ids) const
+{
+    require(n == 0 || (x && list_ids), "GPU RaBitQ: null pointer in assign");
+    nearest_lists(*impl_, x, n, 1, Metric::L2, list_ids);
 }
 
 }  // namespace gpuivfpq::gpu

@@ -225,6 +225,47 @@ TEST(RabitqIndex, SentenceEmbeddingSize)
     check_index(768, 4, Metric::L2, s);
 }
 
+// A build's assignment on the GPU (GpuRabitqIndex::assign) against the
+// CPU engine's (RabitqModel::assign): every metric (Cosine rows normalised,
+// L2-nearest for all), more rows than one tile of the device's pass; a row
+// may go to another list only where the two are equally near within float
+// rounding.
+TEST(RabitqIndex, AssignAsCpu)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(4504);
+    for (Metric metric : {Metric::L2, Metric::InnerProduct, Metric::Cosine}) {
+        const size_t d = 48, lists = 64, n = 70000;
+        SCOPED_TRACE(shape("rabitq assign", {{"metric", double(int(metric))}}, s));
+        Fixture fx(d, lists, 300, 2, metric, s);
+        std::vector<float> x = clustered(n, d, 16, 3.0f, s + 1);
+        GpuRabitqIndex index(ctx(), d, lists, 2, metric, fx.cent.data(), fx.blob.data());
+        std::vector<int32_t> gpu_l(n, -1), cpu_l(n, -1);
+        index.assign(x.data(), n, gpu_l.data());
+        fx.model->assign(x.data(), n, cpu_l.data(), 4);
+        std::vector<float> row(d);
+        size_t differ = 0;
+        for (size_t i = 0; i < n; i++) {
+            ASSERT_GE(gpu_l[i], 0);
+            ASSERT_LT(gpu_l[i], int32_t(lists));
+            if (gpu_l[i] == cpu_l[i])
+                continue;
+            ++differ;
+            std::memcpy(row.data(), x.data() + i * d, d * sizeof(float));
+            if (metric == Metric::Cosine)
+                gpuivfpq::normalize_rows(row.data(), 1, d);
+            const float dg = gpuivfpq::l2_sqr(row.data(), fx.cent.data() + size_t(gpu_l[i]) * d, d);
+            const float dc = gpuivfpq::l2_sqr(row.data(), fx.cent.data() + size_t(cpu_l[i]) * d, d);
+            EXPECT_NEAR(dg, dc, 1e-4f * std::max(1.0f, dc)) << "row " << i;
+        }
+        EXPECT_LE(differ, n / 1000) << "rows assigned to another list than the CPU's";
+    }
+    Fixture fx(16, 4, 50, 1, Metric::L2, s);
+    GpuRabitqIndex index(ctx(), 16, 4, 1, Metric::L2, fx.cent.data(), fx.blob.data());
+    index.assign(nullptr, 0, nullptr);  // nothing to do
+    EXPECT_EQ(kind_of([&] { index.assign(nullptr, 3, nullptr); }), ErrorKind::InvalidArgument);
+}
+
 TEST(RabitqIndex, EmptyAndArgumentChecks)
 {
     GPU_REQUIRE_DEVICE();

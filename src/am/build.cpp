@@ -71,6 +71,7 @@ typedef struct BuildState
 	/* pass 2: encode in batches, buffer entries by list, flush when full */
 	gpuivfpq::IvfPqModel *model;	/* owned by the build's memory context (PQ codes) */
 	gpuivfpq::RabitqModel *rabitq_model;	/* the same, RaBitQ codes */
+	char	   *rabitq_blob;	/* its blob as the index stores it (the GPU assigns lists by it) */
 	float	   *batch;
 	ItemPointerData *batch_tids;
 	int64	   *batch_keys;		/* filter keys (keyed) */
@@ -576,8 +577,9 @@ EncodeBatch(BuildState *bs)
 		GpuIvfpqServiceEncode(bs->gpu_encoder, bs->batch_n, bs->batch_lists, bs->batch_codes);
 	if (bs->rabitq)
 	{
+		/* on_gpu: the GPU assigned the lists. */
 		GpuIvfpqRabitqEncode(bs->rabitq_model, bs->batch, bs->batch_n, bs->batch_lists, bs->batch_codes,
-							 bs->batch_radius, threads);
+							 bs->batch_radius, threads, on_gpu);
 		memset(bs->batch_qerror, 0, sizeof(float) * bs->batch_n);
 	}
 	else if (!on_gpu)
@@ -868,8 +870,9 @@ RabitqModelBytes(BuildState *bs)
 {
 	if (!bs->rabitq)
 		return 0;
-	return (Size) bs->dim * bs->dim * sizeof(float) +
-		(Size) bs->lists * bs->dim * (sizeof(float) + sizeof(double));
+	/* The model's rotation and centroids, and the blob (rotation, rotated centroids). */
+	return 2 * ((Size) bs->dim * bs->dim * sizeof(float) + (Size) bs->lists * bs->dim * sizeof(double)) +
+		(Size) bs->lists * bs->dim * sizeof(float);
 }
 
 /*
@@ -968,9 +971,8 @@ TrainRabitq(BuildState *bs, GpuIvfpqMetaPageData *meta, TimestampTz *phase_start
 	bool		on_gpu;
 
 	bs->m = GpuIvfpqRabitqRowBytes(bs->dim, bs->bits);
-	/* The blob, the model it comes from, and the centroids as trained. */
-	CheckBuildMemory(blob_bytes + RabitqModelBytes(bs) + sizeof(float) * bs->lists * bs->dim,
-					 "the rotation and centroids");
+	/* The model, its blob, and the centroids as trained. */
+	CheckBuildMemory(RabitqModelBytes(bs) + sizeof(float) * bs->lists * bs->dim, "the rotation and centroids");
 	blob = (char *) palloc_extended(blob_bytes, MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
 	on_gpu = TrainOnService(bs, &params, 1, &centroids, &codebooks);
 	GpuIvfpqGuard("training", [&] {
@@ -1009,7 +1011,7 @@ TrainRabitq(BuildState *bs, GpuIvfpqMetaPageData *meta, TimestampTz *phase_start
 	meta->codebook_start = GpuIvfpqWriteBlob(bs->index, blob, blob_bytes);
 	pfree(centroids);
 	pfree(codebooks);
-	pfree(blob);
+	bs->rabitq_blob = blob;		/* for the GPU's assignment of the rows */
 }
 
 /*
@@ -1041,10 +1043,19 @@ EncodeAndWrite(BuildState *bs, Relation heap, IndexInfo *indexInfo, TimestampTz 
 							 / entry_bytes);
 	bs->pend_cap = (int) Min((double) bs->pend_cap, Max(ceil(estimate), (double) batch));
 	bs->batch_cap = batch;
-	/* RaBitQ codes are encoded by the CPU engine (threads of the build). */
-	bs->gpu_encoder = bs->rabitq ? NULL :
-		GpuIvfpqServiceEncoderBegin(bs->model->centroids().data(), bs->model->pq().codebooks().data(),
-									bs->dim, bs->lists, bs->m, bs->metric, &bs->batch_cap);
+	/*
+	 * PQ codes are encoded on the service's GPU when it can; RaBitQ codes by
+	 * the CPU engine (threads of the build), their lists assigned on the GPU
+	 * when it can.
+	 */
+	if (bs->rabitq)
+		bs->gpu_encoder = GpuIvfpqServiceEncoderBegin(bs->rabitq_model->centroids().data(), bs->rabitq_blob,
+													  bs->dim, bs->lists, bs->m, bs->metric, bs->bits,
+													  &bs->batch_cap);
+	else
+		bs->gpu_encoder = GpuIvfpqServiceEncoderBegin(bs->model->centroids().data(),
+													  bs->model->pq().codebooks().data(), bs->dim, bs->lists,
+													  bs->m, bs->metric, 0, &bs->batch_cap);
 	/* Rows go straight into the GPU request's segment when there is one. */
 	bs->batch = bs->gpu_encoder != NULL ? GpuIvfpqServiceEncoderRows(bs->gpu_encoder)
 		: (float *) palloc_extended((Size) bs->batch_cap * bs->dim * sizeof(float), MCXT_ALLOC_HUGE);

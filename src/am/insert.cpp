@@ -61,7 +61,7 @@ gpuivfpqinsert(Relation index, Datum *values, bool *isnull, ItemPointer heap_tid
 	}
 	if (GpuIvfpqIsRabitq(&meta))
 		GpuIvfpqRabitqEncode(GpuIvfpqGetRabitqModel(index, &meta), v, 1, &list,
-							 (uint8 *) entry + el.xcode, &radius, 1);
+							 (uint8 *) entry + el.xcode, &radius, 1, false);
 	else if (meta.trained)
 	{
 		gpuivfpq::IvfPqModel *model = GpuIvfpqGetModel(index, &meta);

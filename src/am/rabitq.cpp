@@ -36,15 +36,16 @@ GpuIvfpqRabitqCheckDim(Relation index, int dim)
 }
 
 /*
- * Assigns n rows to their nearest lists and encodes them: codes gets each
- * row's entry code (GpuIvfpqRabitqRowBytes: bit planes, then factors),
- * radius each row's distance to its list's centroid (normalised for
- * Cosine: the lists' covering radii, for range search; 0 for inner
- * product, which prunes no list).
+ * Assigns n rows to their nearest lists (unless assigned: lists holds
+ * them already, the GPU's) and encodes them: codes gets each row's entry
+ * code (GpuIvfpqRabitqRowBytes: bit planes, then factors), radius each
+ * row's distance to its list's centroid (normalised for Cosine: the lists'
+ * covering radii, for range search; 0 for inner product, which prunes no
+ * list).
  */
 void
 GpuIvfpqRabitqEncode(const gpuivfpq::RabitqModel *model, const float *x, int n, int32 *lists,
-					 uint8 *codes, float *radius, int threads)
+					 uint8 *codes, float *radius, int threads, bool assigned)
 {
 	size_t		cb = model->code_bytes();
 	size_t		rb = cb + sizeof(gpuivfpq::RabitqFactors);
@@ -53,7 +54,8 @@ GpuIvfpqRabitqEncode(const gpuivfpq::RabitqModel *model, const float *x, int n, 
 		palloc_extended(sizeof(gpuivfpq::RabitqFactors) * Max(n, 1), MCXT_ALLOC_HUGE);
 
 	GpuIvfpqGuard("encoding", [&] {
-		model->assign(x, (size_t) n, lists, threads);
+		if (!assigned)
+			model->assign(x, (size_t) n, lists, threads);
 		model->encode(x, (size_t) n, lists, planes, factors, threads);
 	});
 	for (int i = 0; i < n; i++)

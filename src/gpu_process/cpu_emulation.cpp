@@ -38,6 +38,16 @@ void require_gpu_m(size_t d, size_t m)
 // A mirror of either kind of codes: PQ codes ranked by ADC distance, or
 // RaBitQ codes (each entry's bit planes, then its RabitqFactors, as the
 // index pages hold them) ranked by their distances' lower bounds.
+// The CPU engine's model of a RaBitQ spec (its blob: the rotation, then P c).
+std::unique_ptr<RabitqModel> rabitq_model_of(const MirrorSpec& spec)
+{
+    const auto* blob = static_cast<const uint8_t*>(spec.rabitq_model);
+    auto model = std::make_unique<RabitqModel>(spec.d, spec.lists, spec.rabitq_bits, spec.metric,
+                                               reinterpret_cast<const float*>(blob));
+    model->set_centroids(spec.centroids, reinterpret_cast<const double*>(blob + rabitq_rotated_offset(spec.d)));
+    return model;
+}
+
 class CpuMirror final : public Mirror {
 public:
     explicit CpuMirror(const MirrorSpec& spec)
@@ -46,11 +56,7 @@ public:
           metric_(spec.metric)
     {
         if (spec.rabitq_bits != 0) {
-            const auto* blob = static_cast<const uint8_t*>(spec.rabitq_model);
-            rabitq_ = std::make_unique<RabitqModel>(spec.d, spec.lists, spec.rabitq_bits, spec.metric,
-                                                    reinterpret_cast<const float*>(blob));
-            rabitq_->set_centroids(spec.centroids,
-                                   reinterpret_cast<const double*>(blob + rabitq_rotated_offset(spec.d)));
+            rabitq_ = rabitq_model_of(spec);
         } else {
             pq_ = std::make_unique<IvfPqModel>(spec.d, spec.lists, spec.m, spec.metric);
             pq_->set_centroids(spec.centroids);
@@ -372,8 +378,12 @@ public:
     void encode(const MirrorSpec& spec, const float* x, size_t n, int32_t* list_ids,
                 uint8_t* codes) override
     {
-        if (spec.rabitq_bits != 0)
-            throw Error(ErrorKind::Unsupported, "GPU encode: RaBitQ codes are encoded by the CPU engine");
+        if (spec.rabitq_bits != 0) {
+            // The lists only: the codes are the build's (RabitqModel::encode).
+            require_rabitq_spec(spec);
+            rabitq_model_of(spec)->assign(x, n, list_ids);
+            return;
+        }
         require_gpu_m(spec.d, spec.m);
         IvfPqModel model(spec.d, spec.lists, spec.m, spec.metric);
         model.set_centroids(spec.centroids);

@@ -288,9 +288,30 @@ public:
                 uint8_t* codes) override
     {
         // One encoder per model: a build sends many batches with the same one.
-        if (s.rabitq_bits)
-            throw Error(ErrorKind::Unsupported, "the GPU does not encode RaBitQ codes");
         ctx_.make_current();
+        if (s.rabitq_bits) {
+            // RaBitQ codes: the lists only (the build encodes each row
+            // against its list on the CPU, RabitqModel::encode).
+            const size_t blob = rabitq_model_bytes(s.d, s.lists);
+            const bool same_rq = assigner_ && rq_d_ == s.d && rq_lists_ == s.lists && rq_bits_ == s.rabitq_bits &&
+                                 rq_metric_ == s.metric &&
+                                 std::memcmp(rq_centroids_.data(), s.centroids, s.lists * s.d * sizeof(float)) == 0 &&
+                                 std::memcmp(rq_model_.data(), s.rabitq_model, blob) == 0;
+            if (!same_rq) {
+                assigner_.reset();
+                assigner_ = std::make_unique<gpu::GpuRabitqIndex>(ctx_, s.d, s.lists, s.rabitq_bits, s.metric,
+                                                             s.centroids, s.rabitq_model);
+                rq_d_ = s.d;
+                rq_lists_ = s.lists;
+                rq_bits_ = s.rabitq_bits;
+                rq_metric_ = s.metric;
+                rq_centroids_.assign(s.centroids, s.centroids + s.lists * s.d);
+                const auto* m = static_cast<const uint8_t*>(s.rabitq_model);
+                rq_model_.assign(m, m + blob);
+            }
+            assigner_->assign(x, n, list_ids);
+            return;
+        }
         bool same = encoder_ && enc_d_ == s.d && enc_lists_ == s.lists && enc_m_ == s.m &&
                     enc_metric_ == s.metric &&
                     std::memcmp(enc_centroids_.data(), s.centroids, s.lists * s.d * sizeof(float)) == 0 &&
@@ -337,6 +358,13 @@ private:
     size_t enc_d_ = 0, enc_lists_ = 0, enc_m_ = 0;
     Metric enc_metric_ = Metric::L2;
     std::vector<float> enc_centroids_, enc_codebooks_;
+    // A RaBitQ build's assignment (encode of a RaBitQ spec).
+    std::unique_ptr<gpu::GpuRabitqIndex> assigner_;
+    size_t rq_d_ = 0, rq_lists_ = 0;
+    int rq_bits_ = 0;
+    Metric rq_metric_ = Metric::L2;
+    std::vector<float> rq_centroids_;
+    std::vector<uint8_t> rq_model_;
 };
 
 }  // namespace

@@ -165,6 +165,8 @@ public:
                        size_t nradii, MetricHits& out, size_t* live = nullptr);
     void train(const float* x, size_t n, size_t d, size_t lists, size_t m, Metric metric,
                const IvfPqTrainParams& params, float* centroids, float* codebooks);
+    // ComputeDevice::encode in the GPU process (RaBitQ codes: the lists
+    // only, codes untouched and may be null).
     void encode(const MirrorSpec& spec, const float* x, size_t n, int32_t* list_ids, uint8_t* codes);
     void exact_knn(const float* queries, size_t nq, const float* base, size_t n, size_t d,
                    Metric metric, size_t k, float* dist, int64_t* labels);

@@ -120,21 +120,27 @@ GpuIvfpqServiceTrain(const float *sample, int64 n, int d, int lists, int m, int 
 	return ok;
 }
 
-/* Starts GPU encoding with a trained model; NULL when the service cannot. */
+/*
+ * Starts GPU encoding with a trained model (model: the PQ codebooks, or
+ * with rabitq_bits the RaBitQ codes' model blob, whose encoding on the GPU
+ * assigns the lists only); NULL when the service cannot.
+ */
 GpuIvfpqRemoteEncoder *
-GpuIvfpqServiceEncoderBegin(const float *centroids, const float *codebooks, int d, int lists,
-							int m, int metric, int *capacity)
+GpuIvfpqServiceEncoderBegin(const float *centroids, const void *model, int d, int lists,
+							int m, int metric, int rabitq_bits, int *capacity)
 {
 	GpuIvfpqRemoteEncoder *enc;
 	dsm_segment *seg;
 
-	if (!BuildCanUseService(d, m))
+	/* RaBitQ rows of any width: no codes travel. */
+	if (!BuildCanUseService(d, rabitq_bits != 0 ? 0 : m))
 		return NULL;
 	enc = (GpuIvfpqRemoteEncoder *) palloc0(sizeof(GpuIvfpqRemoteEncoder));
 	enc->h.d = d;
 	enc->h.lists = lists;
 	enc->h.m = m;
 	enc->h.metric = metric;
+	enc->h.rabitq_bits = rabitq_bits;
 	enc->h.n = Max(1024, ENCODE_SEGMENT_BYTES / ((int64) d * sizeof(float)));
 	enc->l = GpuIvfpqDsmLayoutFor(REQ_ENCODE, &enc->h);
 	seg = GpuIvfpqCreateSegment(enc->l.total, "encoding");
@@ -147,7 +153,7 @@ GpuIvfpqServiceEncoderBegin(const float *centroids, const float *codebooks, int 
 	enc->base = (char *) dsm_segment_address(seg);
 	memcpy(enc->base, &enc->h, sizeof(enc->h));
 	memcpy(enc->base + enc->l.centroids, centroids, sizeof(float) * lists * d);
-	memcpy(enc->base + enc->l.codebooks, codebooks, sizeof(float) * 256 * d);
+	memcpy(enc->base + enc->l.codebooks, model, GpuIvfpqDsmModelBytes(&enc->h));
 	*capacity = (int) enc->h.n;
 	return enc;
 }
@@ -159,14 +165,18 @@ GpuIvfpqServiceEncoderRows(GpuIvfpqRemoteEncoder *enc)
 	return (float *) (enc->base + enc->l.rows);
 }
 
-/* Encodes the first n rows; false when the GPU failed (encode them on the CPU). */
+/*
+ * Encodes the first n rows (RaBitQ codes: assigns their lists only, codes
+ * untouched); false when the GPU failed (encode them on the CPU).
+ */
 bool
 GpuIvfpqServiceEncode(GpuIvfpqRemoteEncoder *enc, int n, int32 *lists, uint8 *codes)
 {
 	if (!Submit(enc->seg, REQ_ENCODE, n, 0, "encoding"))
 		return false;
 	memcpy(lists, enc->base + enc->l.lists, sizeof(int32) * n);
-	memcpy(codes, enc->base + enc->l.codes, (Size) n * enc->h.m);
+	if (enc->h.rabitq_bits == 0)
+		memcpy(codes, enc->base + enc->l.codes, (Size) n * enc->h.m);
 	/* The build indexes its lists by them. */
 	if (!gpuivfpq::replycheck::all_within<int32_t>(lists, (size_t) n, 0, enc->h.lists))
 	{

@@ -37,9 +37,9 @@ typedef struct GpuIvfpqRemoteEncoder GpuIvfpqRemoteEncoder;
 extern bool GpuIvfpqServiceTrain(const float *sample, int64 n, int d, int lists, int m, int metric,
 								 int iterations, int max_points_per_centroid, uint64 seed,
 								 float *centroids, float *codebooks);
-extern GpuIvfpqRemoteEncoder *GpuIvfpqServiceEncoderBegin(const float *centroids, const float *codebooks,
+extern GpuIvfpqRemoteEncoder *GpuIvfpqServiceEncoderBegin(const float *centroids, const void *model,
 														  int d, int lists, int m, int metric,
-														  int *capacity);
+														  int rabitq_bits, int *capacity);
 extern float *GpuIvfpqServiceEncoderRows(GpuIvfpqRemoteEncoder *enc);
 extern bool GpuIvfpqServiceEncode(GpuIvfpqRemoteEncoder *enc, int n, int32 *lists, uint8 *codes);
 extern void GpuIvfpqServiceEncoderEnd(GpuIvfpqRemoteEncoder *enc);

@@ -142,7 +142,9 @@ GpuIvfpqDsmLayoutFor(RequestKind kind, const GpuIvfpqDsmHeader *h)
 		l.lists = off;
 		off += MAXALIGN(n * sizeof(int32));
 		l.codes = off;
-		off += MAXALIGN(n * h->m);
+		/* A RaBitQ build's encoding assigns lists only. */
+		if (kind == REQ_LOAD || h->rabitq_bits == 0)
+			off += MAXALIGN(n * h->m);
 	}
 	if (kind == REQ_LOAD)
 	{

@@ -288,7 +288,7 @@ typedef struct GpuIvfpqDsmHeader
 	int32		vectors;		/* LOAD: the entries' vectors follow (n x d floats) */
 	int32		filter_keys;	/* LOAD: the entries' filter keys follow (n int64) */
 	int32		placement;		/* LOAD: GPU_IVFPQ_PLACEMENT_* over the service's GPUs */
-	int32		rabitq_bits;	/* LOAD: RaBitQ codes of these bits per dimension (0: PQ codes) */
+	int32		rabitq_bits;	/* LOAD, ENCODE: RaBitQ codes of these bits per dimension (0: PQ codes) */
 } GpuIvfpqDsmHeader;
 
 /*

@@ -160,3 +160,23 @@ TEST(EngineBench, DISABLED_RabitqEncode)
         }
     }
 }
+
+// A RaBitQ build's CPU work per row at 1M x 128, lists 4096: the nearest
+// list (assign) against the code (encode, 4 bits), one thread each.
+TEST(EngineBench, DISABLED_RabitqAssignAndEncode)
+{
+    const size_t d = 128, n = 8192, lists = 4096;
+    const auto x = testutil::gaussian_vectors(n, d, 21);
+    const auto cent = testutil::gaussian_vectors(lists, d, 22);
+    const RabitqRotation rot = RabitqRotation::generate(d, 13, 2);
+    RabitqModel m(d, lists, 4, Metric::L2, rot);
+    m.set_centroids(cent.data());
+    std::vector<int32_t> ids(n);
+    std::vector<uint8_t> codes(n * m.code_bytes());
+    std::vector<RabitqFactors> f(n);
+    const double as = timed("rabitq assign 8192 x 128 into 4096 lists, 1 thread",
+                            [&] { m.assign(x.data(), n, ids.data(), 1); });
+    const double enc = timed("rabitq encode 8192 x 128, B=4, 1 thread",
+                             [&] { m.encode(x.data(), n, ids.data(), codes.data(), f.data(), 1); });
+    std::printf("  assign %.1f us/row, encode %.1f us/row\n", 1e6 * as / double(n), 1e6 * enc / double(n));
+}

@@ -73,6 +73,11 @@ public:
     // Test aid: the probed lists of each query as the search picks them
     // (nq x nprobe, nearest first; host).
     void probe_lists(const float* queries, size_t nq, size_t nprobe, int32_t* lists) const;
+    // A build's assignment (host in / out): each of n rows' L2-nearest list,
+    // Cosine rows normalised first, for every metric, as RabitqModel::assign
+    // does on the CPU (float sums in another order: a row about equally near
+    // two centroids may go to the other one; either is a valid index).
+    void assign(const float* x, size_t n, int32_t* list_ids) const;
 
     struct Impl;
 
