@@ -200,33 +200,41 @@ __device__ int block_exclusive_scan(int v, int* scratch, int* total)
     return before;
 }
 
-// A warp's 32 x 32 tile of centroid columns (coarse step): element (row,
-// col) with its 16-byte group of four columns swizzled by the row, so that
-// the eight rows a quarter-warp writes or reads (four columns each) fall in
-// distinct banks with no padding.
+// A warp's tile of centroid rows (coarse step): R rows (32, 16 or 8) of W =
+// 1024 / R columns, element (row, col) with its 16-byte group of four
+// columns swizzled by the row within each eight groups, so that the eight
+// rows a quarter-warp reads (four columns each, the same group) and the
+// eight groups of one row it writes fall in distinct banks with no padding.
+template <int R>
 __device__ __forceinline__ int tile_at(int row, int col)
 {
-    return row * 32 + ((((col >> 2) ^ row) & 7) << 2) + (col & 3);
+    constexpr int W = 1024 / R;
+    const int g = col >> 2;
+    return row * W + (((g & ~7) | ((g ^ row) & 7)) << 2) + (col & 3);
 }
 
-// The coarse step's dot products for the `rows` (<= 32) centroid rows at
+// The coarse step's dot products for the `rows` (<= R) centroid rows at
 // base (d floats each), a lane a row: acc[i] += <query i, row lane> for the
 // Q queries at qv + i * qstride (shared memory), every sum in column order
-// with fmaf. The warp takes 32 columns at a time through tile (32 x 32
-// floats of shared memory, tile_at's swizzle): coalesced loads,
-// conflict-free 16-byte reads. With d a multiple of 4, the next 32
-// columns are loaded (into registers, eight 16-byte words a lane) while
-// the warp sums the current ones, so that a row's loads do not wait on
-// memory one chunk at a time. Called by the whole warp.
-template <int Q>
+// with fmaf, so the same bits whatever R. The warp takes W = 1024 / R
+// columns at a time through tile (1024 floats of shared memory, tile_at's
+// swizzle): coalesced loads, conflict-free 16-byte reads. With d a
+// multiple of 4, the next W columns are loaded (into registers, eight
+// 16-byte words a lane) while the warp sums the current ones, so that a
+// row's loads do not wait on memory one chunk at a time. Fewer rows a warp
+// (R 8 or 16: a block with few centroids, wide rows) take as many floats a
+// chunk in fewer, wider chunks: fewer waits on memory a row. Called by the
+// whole warp.
+template <int R, int Q>
 __device__ __forceinline__ void coarse_sum_chunk(const float* qv, int qstride, const float* tile, int lane, int j0,
                                                  int w, float (&acc)[Q])
 {
-    if (w == 32) {
+    constexpr int W = 1024 / R;
+    if (w == W) {
         // Four columns per shared load, in column order.
-#pragma unroll
-        for (int c4 = 0; c4 < 32; c4 += 4) {
-            const float4 t4 = *reinterpret_cast<const float4*>(tile + tile_at(lane, c4));
+#pragma unroll 8
+        for (int c4 = 0; c4 < W; c4 += 4) {
+            const float4 t4 = *reinterpret_cast<const float4*>(tile + tile_at<R>(lane, c4));
 #pragma unroll
             for (int i = 0; i < Q; ++i) {
                 const float4 q4 = *reinterpret_cast<const float4*>(qv + i * qstride + j0 + c4);
@@ -238,7 +246,7 @@ __device__ __forceinline__ void coarse_sum_chunk(const float* qv, int qstride, c
         }
     } else {
         for (int col = 0; col < w; ++col) {
-            const float t = tile[tile_at(lane, col)];
+            const float t = tile[tile_at<R>(lane, col)];
 #pragma unroll
             for (int i = 0; i < Q; ++i)
                 acc[i] = fmaf(qv[i * qstride + j0 + col], t, acc[i]);
@@ -246,53 +254,62 @@ __device__ __forceinline__ void coarse_sum_chunk(const float* qv, int qstride, c
     }
 }
 
-template <int Q>
+template <int R, int Q>
 __device__ __forceinline__ void coarse_rows(const float* base, int rows, int d, const float* qv, int qstride,
                                             float* tile, int lane, float (&acc)[Q])
 {
+    constexpr int W = 1024 / R, G = W / 4;  // columns a chunk, 16-byte groups a row
     if ((d & 3) == 0) {
-        // Lane's words: rows lane / 8 + 4 i, columns 4 (lane % 8) .. + 3.
+        // Lane's words: rows (lane + 32 i) / G, columns 4 ((lane + 32 i) % G) .. + 3.
         float4 next[8];
         auto fetch = [&](int j0) {
-            const int w = min(32, d - j0);
+            const int w = min(W, d - j0);
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
-                const int f = lane + 32 * i, row = f >> 3, c4 = (f & 7) * 4;
+                const int f = lane + 32 * i, row = f / G, c4 = (f % G) * 4;
                 next[i] = row < rows && c4 < w ? __ldg(reinterpret_cast<const float4*>(
                                                      base + static_cast<int64_t>(row) * d + j0 + c4))
                                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
         };
         fetch(0);
-        for (int j0 = 0; j0 < d; j0 += 32) {
-            const int w = min(32, d - j0);
+        for (int j0 = 0; j0 < d; j0 += W) {
+            const int w = min(W, d - j0);
             __syncwarp();  // the previous chunk read
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
-                const int f = lane + 32 * i, row = f >> 3, c4 = (f & 7) * 4;
+                const int f = lane + 32 * i, row = f / G, c4 = (f % G) * 4;
                 if (row < rows && c4 < w)
-                    *reinterpret_cast<float4*>(tile + tile_at(row, c4)) = next[i];
+                    *reinterpret_cast<float4*>(tile + tile_at<R>(row, c4)) = next[i];
             }
-            if (j0 + 32 < d)
-                fetch(j0 + 32);
+            if (j0 + W < d)
+                fetch(j0 + W);
             __syncwarp();
             if (lane < rows)
-                coarse_sum_chunk<Q>(qv, qstride, tile, lane, j0, w, acc);
+                coarse_sum_chunk<R, Q>(qv, qstride, tile, lane, j0, w, acc);
         }
         return;
     }
-    for (int j0 = 0; j0 < d; j0 += 32) {
-        const int w = min(32, d - j0);
+    for (int j0 = 0; j0 < d; j0 += W) {
+        const int w = min(W, d - j0);
         __syncwarp();  // the previous chunk read
-        for (int f = lane; f < 32 * 32; f += 32) {
-            const int row = f >> 5, col = f & 31;
+        for (int f = lane; f < R * W; f += 32) {
+            const int row = f / W, col = f % W;
             if (row < rows && col < w)
-                tile[tile_at(row, col)] = __ldg(base + static_cast<int64_t>(row) * d + j0 + col);
+                tile[tile_at<R>(row, col)] = __ldg(base + static_cast<int64_t>(row) * d + j0 + col);
         }
         __syncwarp();
         if (lane < rows)
-            coarse_sum_chunk<Q>(qv, qstride, tile, lane, j0, w, acc);
+            coarse_sum_chunk<R, Q>(qv, qstride, tile, lane, j0, w, acc);
     }
+}
+
+// Rows a warp takes in the coarse step when a block (or the batch's coarse
+// keys kernel) has `rows` centroids to rank: all warps busy, each with the
+// widest chunks that keeps them so (8, 16 or 32).
+__host__ __device__ inline int coarse_rows_per_warp(int rows)
+{
+    return rows <= kWarps * 8 ? 8 : rows <= kWarps * 16 ? 16 : 32;
 }
 
 // A coarse key from the dot product s of the query with centroid c: the
@@ -1040,7 +1057,9 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     // centroid summing its products in order, the GEMM form's key as
     // exact_knn's selection makes it. A warp takes 32 centroids at a time,
     // 32 columns at a time, through a tile in shared memory (tile_at's
-    // swizzle): coalesced loads, conflict-free 16-byte reads.
+    // swizzle): coalesced loads, conflict-free 16-byte reads; a share of at
+    // most 128 centroids (many blocks a query, few lists) 16 or 8 a warp, 64
+    // or 128 columns at a time (coarse_rows_per_warp), the same sums.
     // Kept in shared memory and radix-selected when they fit.
     // A share larger than keybuf goes through FilterSink, keys in its first
     // half and labels (centroids) in the second (the tiles are in use).
@@ -1052,7 +1071,23 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
         // are the same keys, fed in the same order.
         const float* kq = a.coarse_keys ? a.coarse_keys + static_cast<int64_t>(q) * a.lists : nullptr;
         const float rn = ip ? 0.0f : *qnorm;
-        for (int g0 = c0; g0 < c1; g0 += kWarps * 32) {  // uniform over the block
+        const int per_warp = kq ? 32 : coarse_rows_per_warp(c1 - c0);  // uniform
+        if (per_warp < 32) {
+            // A few centroids: each in keybuf (coarse_smem: c1 - c0 <= 128).
+            const int g = c0 + warp * per_warp, c = g + lane;
+            if (g < c1) {  // uniform over the warp
+                float s[1] = {0.0f};
+                if (per_warp == 8)
+                    coarse_rows<8>(a.centroids + static_cast<int64_t>(g) * d, min(8, c1 - g), d, qv, 0, tile,
+                                   lane, s);
+                else
+                    coarse_rows<16>(a.centroids + static_cast<int64_t>(g) * d, min(16, c1 - g), d, qv, 0, tile,
+                                    lane, s);
+                if (lane < per_warp && c < c1)
+                    keybuf[c - c0] = coarse_key(a, ip, s[0], rn, c);
+            }
+        }
+        for (int g0 = c0; per_warp == 32 && g0 < c1; g0 += kWarps * 32) {  // uniform over the block
             const int g = g0 + warp * 32, c = g + lane;
             float key = INFINITY;
             if (kq) {
@@ -1060,8 +1095,8 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
                     key = kq[c];
             } else if (g < c1) {  // uniform over the warp
                 float s[1] = {0.0f};
-                coarse_rows<1>(a.centroids + static_cast<int64_t>(g) * d, min(32, c1 - g), d, qv, 0, tile, lane,
-                               s);
+                coarse_rows<32>(a.centroids + static_cast<int64_t>(g) * d, min(32, c1 - g), d, qv, 0, tile, lane,
+                                s);
                 if (c < c1)
                     key = coarse_key(a, ip, s[0], rn, c);
             }
@@ -1356,15 +1391,16 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
 }
 
 // A batch's coarse keys (launch_coarse_keys): a block takes kCoarseQueries
-// queries and kCoarseRows centroids, a warp 32 rows at a time through its
-// tile (coarse_rows, as the one-launch kernel reads them), each row read
+// queries and kWarps * R centroids, a warp R rows through its tile
+// (coarse_rows, as the one-launch kernel reads them; R 32, or 16 or 8 where
+// the batch's blocks would not fill the device), each row read
 // once for those queries. The query is what the one-launch kernel's coarse
 // step sees (normalised by warp_normalize for cosine, its squared norm by
 // warp_sqr_norm), and the sums and keys are made by the same code, so that
 // every key has the kernel's bits.
 constexpr int kCoarseQueries = kWarps / 2;  // a warp prepares each query
-constexpr int kCoarseRows = kWarps * 32;  // centroids a block: 32 a warp
 
+template <int R>
 __global__ void __launch_bounds__(kThreads) coarse_keys_kernel(SmallSearchArgs a, float* keys)
 {
     extern __shared__ __align__(16) float qs[];  // tiles, then kCoarseQueries x d, then their squared norms
@@ -1392,17 +1428,17 @@ __global__ void __launch_bounds__(kThreads) coarse_keys_kernel(SmallSearchArgs a
     }
     __syncthreads();
     const bool ip = a.metric == Metric::InnerProduct;
-    const int r0 = static_cast<int>(blockIdx.x) * kCoarseRows;
-    const int r1 = min(a.lists, r0 + kCoarseRows);
-    for (int g = r0 + warp * 32; g < r1; g += kWarps * 32) {  // uniform over the warp
+    const int r0 = static_cast<int>(blockIdx.x) * kWarps * R;
+    const int r1 = min(a.lists, r0 + kWarps * R);
+    for (int g = r0 + warp * R; g < r1; g += kWarps * R) {  // uniform over the warp
         float acc[kCoarseQueries];
 #pragma unroll
         for (int i = 0; i < kCoarseQueries; ++i)
             acc[i] = 0.0f;
-        coarse_rows<kCoarseQueries>(a.centroids + static_cast<int64_t>(g) * d, min(32, r1 - g), d, qv, ds, tile,
-                                    lane, acc);
+        coarse_rows<R, kCoarseQueries>(a.centroids + static_cast<int64_t>(g) * d, min(R, r1 - g), d, qv, ds,
+                                       tile, lane, acc);
         const int c = g + lane;
-        if (c < r1)
+        if (lane < R && c < r1)
             for (int i = 0; i < nqb; ++i)
                 keys[static_cast<int64_t>(q0 + i) * a.lists + c] = coarse_key(a, ip, acc[i], ip ? 0.0f : norms[i], c);
     }
@@ -1577,13 +1613,27 @@ void launch_coarse_keys(const SmallSearchArgs& a, float* keys, cudaStream_t st)
     const size_t smem = (static_cast<size_t>(kWarps) * 32 * 32 +
                          static_cast<size_t>(kCoarseQueries) * ((a.d + 3) / 4 * 4) + kCoarseQueries) *
                         sizeof(float);
-    if (smem > 48 * 1024)
-        GPU_CUDA_CHECK(cudaFuncSetAttribute(coarse_keys_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(smem)));
-    const dim3 grid(static_cast<unsigned>((a.lists + kCoarseRows - 1) / kCoarseRows),
-                    static_cast<unsigned>((a.nq + kCoarseQueries - 1) / kCoarseQueries));
-    coarse_keys_kernel<<<grid, kThreads, smem, st>>>(a, keys);
-    GPU_KERNEL_CHECK();
+    // 32 rows a warp while the batch's blocks fill the device, else 16 or 8
+    // (more blocks, wider chunks: the same keys).
+    const int groups = (a.nq + kCoarseQueries - 1) / kCoarseQueries;
+    const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
+    int r = 32;
+    while (r > 8 && static_cast<int64_t>((a.lists + kWarps * r - 1) / (kWarps * r)) * groups < sms)
+        r /= 2;
+    const dim3 grid(static_cast<unsigned>((a.lists + kWarps * r - 1) / (kWarps * r)), static_cast<unsigned>(groups));
+    auto launch = [&](auto kernel) {
+        if (smem > 48 * 1024)
+            GPU_CUDA_CHECK(
+                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+        kernel<<<grid, kThreads, smem, st>>>(a, keys);
+        GPU_KERNEL_CHECK();
+    };
+    if (r == 32)
+        launch(coarse_keys_kernel<32>);
+    else if (r == 16)
+        launch(coarse_keys_kernel<16>);
+    else
+        launch(coarse_keys_kernel<8>);
 }
 
 void launch_small_search(const SmallSearchArgs& a, const SmallLaunch& plan, cudaStream_t st)
