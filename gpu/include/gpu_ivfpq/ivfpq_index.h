@@ -118,7 +118,7 @@ struct GpuIvfPqOptions {
     // call's page-locked staging itself instead of copies to and from
     // device memory: 0 copies both ways, 1 answers written in place, 2
     // both (inputs only below small_shared_coarse_from queries, and
-    // dimensions up to 8192: the kernel reads them twice a block). Same
+    // dimensions up to 256: every block reads its query over the bus). Same
     // answers either way. 2: on an H200 (IVF4096,PQ32, 100 candidates) it
     // took 4-7% off each call from batch 1 to 64 at nprobe 80 and 32
     // (batch 1, nprobe 32: 57.3 -> 53.2 us; gpu_bench --small-ab).
