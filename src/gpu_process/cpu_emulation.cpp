@@ -35,9 +35,6 @@ void require_gpu_m(size_t d, size_t m)
                         " and d a multiple of m)");
 }
 
-// A mirror of either kind of codes: PQ codes ranked by ADC distance, or
-// RaBitQ codes (each entry's bit planes, then its RabitqFactors, as the
-// index pages hold them) ranked by their distances' lower bounds.
 // The CPU engine's model of a RaBitQ spec (its blob: the rotation, then P c).
 std::unique_ptr<RabitqModel> rabitq_model_of(const MirrorSpec& spec)
 {
@@ -48,6 +45,9 @@ std::unique_ptr<RabitqModel> rabitq_model_of(const MirrorSpec& spec)
     return model;
 }
 
+// A mirror of either kind of codes: PQ codes ranked by ADC distance, or
+// RaBitQ codes (each entry's bit planes, then its RabitqFactors, as the
+// index pages hold them) ranked by their distances' lower bounds.
 class CpuMirror final : public Mirror {
 public:
     explicit CpuMirror(const MirrorSpec& spec)
