@@ -289,45 +289,24 @@ public:
     {
         // One encoder per model: a build sends many batches with the same one.
         ctx_.make_current();
-        if (s.rabitq_bits) {
-            // RaBitQ codes: the lists only (the build encodes each row
-            // against its list on the CPU, RabitqModel::encode).
-            const size_t blob = rabitq_model_bytes(s.d, s.lists);
-            const bool same_rq = assigner_ && rq_d_ == s.d && rq_lists_ == s.lists && rq_bits_ == s.rabitq_bits &&
-                                 rq_metric_ == s.metric &&
-                                 std::memcmp(rq_centroids_.data(), s.centroids, s.lists * s.d * sizeof(float)) == 0 &&
-                                 std::memcmp(rq_model_.data(), s.rabitq_model, blob) == 0;
-            if (!same_rq) {
-                assigner_.reset();
-                assigner_ = std::make_unique<gpu::GpuRabitqIndex>(ctx_, s.d, s.lists, s.rabitq_bits, s.metric,
-                                                             s.centroids, s.rabitq_model);
-                rq_d_ = s.d;
-                rq_lists_ = s.lists;
-                rq_bits_ = s.rabitq_bits;
-                rq_metric_ = s.metric;
-                rq_centroids_.assign(s.centroids, s.centroids + s.lists * s.d);
-                const auto* m = static_cast<const uint8_t*>(s.rabitq_model);
-                rq_model_.assign(m, m + blob);
-            }
-            assigner_->assign(x, n, list_ids);
-            return;
-        }
-        bool same = encoder_ && enc_d_ == s.d && enc_lists_ == s.lists && enc_m_ == s.m &&
-                    enc_metric_ == s.metric &&
-                    std::memcmp(enc_centroids_.data(), s.centroids, s.lists * s.d * sizeof(float)) == 0 &&
-                    std::memcmp(enc_codebooks_.data(), s.codebooks, s.d * kPqCentroids * sizeof(float)) == 0;
-        if (!same) {
+        if (!encoder_model_.same(s)) {
             encoder_.reset();
-            encoder_ = std::make_unique<GpuIvfPqIndex>(ctx_, s.d, s.lists, s.m, s.metric, s.centroids,
-                                                       s.codebooks, MirrorOptions());
-            enc_d_ = s.d;
-            enc_lists_ = s.lists;
-            enc_m_ = s.m;
-            enc_metric_ = s.metric;
-            enc_centroids_.assign(s.centroids, s.centroids + s.lists * s.d);
-            enc_codebooks_.assign(s.codebooks, s.codebooks + s.d * kPqCentroids);
+            assigner_.reset();
+            encoder_model_ = EncoderModel();
+            if (s.rabitq_bits)
+                assigner_ = std::make_unique<gpu::GpuRabitqIndex>(ctx_, s.d, s.lists, s.rabitq_bits, s.metric,
+                                                                  s.centroids, s.rabitq_model);
+            else
+                encoder_ = std::make_unique<GpuIvfPqIndex>(ctx_, s.d, s.lists, s.m, s.metric, s.centroids,
+                                                           s.codebooks, MirrorOptions());
+            encoder_model_.keep(s);
         }
-        encoder_->encode(x, n, list_ids, codes);
+        // RaBitQ codes: the lists only (the build encodes each row against
+        // its list on the CPU, RabitqModel::encode).
+        if (assigner_)
+            assigner_->assign(x, n, list_ids);
+        else
+            encoder_->encode(x, n, list_ids, codes);
     }
     std::unique_ptr<MetricMirror> create_metric_mirror(const MetricSpec& spec) override
     {
@@ -354,17 +333,44 @@ public:
 private:
     GpuContext ctx_;
     int device_;
+    // The model of the last encode: a copy of its shape and bytes (the
+    // centroids, then the PQ codebooks or the RaBitQ blob).
+    struct EncoderModel {
+        size_t d = 0, lists = 0, m = 0;
+        int bits = 0;
+        Metric metric = Metric::L2;
+        std::vector<uint8_t> centroids, model;
+        static size_t model_bytes(const MirrorSpec& s)
+        {
+            return s.rabitq_bits ? rabitq_model_bytes(s.d, s.lists) : s.d * kPqCentroids * sizeof(float);
+        }
+        static const void* model_of(const MirrorSpec& s)
+        {
+            return s.rabitq_bits ? s.rabitq_model : static_cast<const void*>(s.codebooks);
+        }
+        bool same(const MirrorSpec& s) const
+        {
+            return !centroids.empty() && d == s.d && lists == s.lists && m == s.m && bits == s.rabitq_bits &&
+                   metric == s.metric && std::memcmp(centroids.data(), s.centroids, centroids.size()) == 0 &&
+                   model.size() == model_bytes(s) && std::memcmp(model.data(), model_of(s), model.size()) == 0;
+        }
+        void keep(const MirrorSpec& s)
+        {
+            d = s.d;
+            lists = s.lists;
+            m = s.m;
+            bits = s.rabitq_bits;
+            metric = s.metric;
+            const auto* c = reinterpret_cast<const uint8_t*>(s.centroids);
+            centroids.assign(c, c + s.lists * s.d * sizeof(float));
+            const auto* b = static_cast<const uint8_t*>(model_of(s));
+            model.assign(b, b + model_bytes(s));
+        }
+    };
+    // The encoder of that model: PQ codes, or a RaBitQ build's assignment.
     std::unique_ptr<GpuIvfPqIndex> encoder_;
-    size_t enc_d_ = 0, enc_lists_ = 0, enc_m_ = 0;
-    Metric enc_metric_ = Metric::L2;
-    std::vector<float> enc_centroids_, enc_codebooks_;
-    // A RaBitQ build's assignment (encode of a RaBitQ spec).
     std::unique_ptr<gpu::GpuRabitqIndex> assigner_;
-    size_t rq_d_ = 0, rq_lists_ = 0;
-    int rq_bits_ = 0;
-    Metric rq_metric_ = Metric::L2;
-    std::vector<float> rq_centroids_;
-    std::vector<uint8_t> rq_model_;
+    EncoderModel encoder_model_;
 };
 
 }  // namespace
