@@ -21,7 +21,7 @@ typedef struct GpuIvfpqScanOpaqueData
 	MemoryContext batchctx;		/* reset on rescan */
 
 	GpuIvfpqMetaPageData meta;
-	GpuIvfpqListDirEntry *dir;
+	GpuIvfpqListDirEntry *dir;	/* the list directory, read by the first CPU round (ScanListDir) */
 	int			metric;
 	GpuIvfpqVectorFormat format;	/* of the indexed column */
 
@@ -106,7 +106,6 @@ gpuivfpqbeginscan(Relation index, int nkeys, int norderbys)
 	so->metric = GpuIvfpqMetricOf(index);
 	so->format = GpuIvfpqIndexFormat(index);
 	GpuIvfpqReadMeta(index, &so->meta);
-	so->dir = GpuIvfpqReadListDir(index, &so->meta);
 	MemoryContextSwitchTo(old);
 
 	/* The executor reads the ORDER BY values from these; the AM provides them. */
@@ -300,15 +299,38 @@ gpuivfpqrescan(IndexScanDesc scan, ScanKey keys, int nkeys, ScanKey orderbys, in
 	MemoryContextSwitchTo(old);
 }
 
+/*
+ * The list directory, read on first use: only rounds on the CPU walk the
+ * lists (the GPU's mirror has its own), and at 4096 lists and more the
+ * directory is 9 pages and more, which a scan served by the GPU would read
+ * and copy for nothing.
+ */
+static const GpuIvfpqListDirEntry *
+ScanListDir(IndexScanDesc scan)
+{
+	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
+
+	if (so->dir == NULL)
+	{
+		MemoryContext old = MemoryContextSwitchTo(so->scanctx);
+
+		so->dir = GpuIvfpqReadListDir(scan->indexRelation, &so->meta);
+		MemoryContextSwitchTo(old);
+	}
+	return so->dir;
+}
+
 /* Every entry of the first so->probes lists (an untrained index, or no query). */
 static void
 CollectAll(IndexScanDesc scan, GpuIvfpqLabels *all)
 {
 	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
 
+	const GpuIvfpqListDirEntry *dir = ScanListDir(scan);
+
 	so->entries_seen = 0;
 	for (int list = 0; list < so->probes; list++)
-		so->entries_seen += GpuIvfpqCollectList(scan->indexRelation, &so->meta, so->dir[list].head,
+		so->entries_seen += GpuIvfpqCollectList(scan->indexRelation, &so->meta, dir[list].head,
 												NULL, so->filtered ? &so->range : NULL, all);
 }
 
@@ -610,11 +632,11 @@ CpuRound(IndexScanDesc scan, int want, int64 **labels, double *exact, int *nlabe
 	*labels = (int64 *) palloc_extended(sizeof(int64) * Max(want, 1), MCXT_ALLOC_HUGE);
 	if (rabitq)
 		/* Candidates by the bounds of the codes' estimates, re-ranked from the heap (LazyRound). */
-		so->entries_seen = GpuIvfpqRabitqRankLists(scan->indexRelation, &so->meta, so->dir, so->query,
+		so->entries_seen = GpuIvfpqRabitqRankLists(scan->indexRelation, &so->meta, ScanListDir(scan), so->query,
 												   so->probes, so->filtered ? &so->range : NULL, topk,
 												   *labels, exact, nlabels);
 	else
-		so->entries_seen = GpuIvfpqRankLists(scan->indexRelation, &so->meta, so->dir, so->model,
+		so->entries_seen = GpuIvfpqRankLists(scan->indexRelation, &so->meta, ScanListDir(scan), so->model,
 											 so->prepared, so->probes, so->filtered ? &so->range : NULL,
 											 topk, so->query, *labels, vectors ? exact : NULL, nlabels);
 	so->codes_scanned += so->entries_seen;
