@@ -1144,33 +1144,28 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     SMALL_TRACE(7);
 
     // 3. The probed lists: candidate offsets and list pointers (each block
-    // for itself).
-    if (warp == 0) {
-        int carry = 0;
-        for (int p0 = 0; p0 < a.nprobe; p0 += 32) {
-            const int p = p0 + lane;
-            int len = 0;
-            if (p < a.nprobe) {
-                const int list = plist[p];
-                len = list >= 0 ? a.list_len[list] : 0;
-                pcodes[p] = list >= 0 ? a.list_codes[list] : nullptr;
-                pvt[p] = list >= 0 && a.list_term1 ? a.list_term1[list] : nullptr;
-                pkeys[p] = list >= 0 && filtered ? a.list_keys[list] : nullptr;
-                pvec[p] = list >= 0 ? a.list_vectors[list] : nullptr;
-                pids[p] = list >= 0 ? a.list_ids[list] : nullptr;
-            }
-            int x = len;
-            for (int off = 1; off < 32; off <<= 1) {
-                const int y = __shfl_up_sync(kFullMask, x, off);
-                if (lane >= off)
-                    x += y;
-            }
-            if (p < a.nprobe)
-                prefix[p] = carry + x - len;
-            carry += __shfl_sync(kFullMask, x, 31);
+    // for itself), a thread a probe, so that every probe's loads are in
+    // flight at once (a warp taking 32 probes at a time waited for each
+    // group's loads in turn).
+    static_assert(kSmallSearchMaxK <= kThreads, "a thread a probe");
+    {
+        const int p = tid;
+        int len = 0;
+        if (p < a.nprobe) {
+            const int list = plist[p];
+            len = list >= 0 ? a.list_len[list] : 0;
+            pcodes[p] = list >= 0 ? a.list_codes[list] : nullptr;
+            pvt[p] = list >= 0 && a.list_term1 ? a.list_term1[list] : nullptr;
+            pkeys[p] = list >= 0 && filtered ? a.list_keys[list] : nullptr;
+            pvec[p] = list >= 0 ? a.list_vectors[list] : nullptr;
+            pids[p] = list >= 0 ? a.list_ids[list] : nullptr;
         }
-        if (lane == 0)
-            prefix[a.nprobe] = carry;
+        int sum = 0;
+        const int before = block_exclusive_scan(len, scan, &sum);
+        if (p < a.nprobe)
+            prefix[p] = before;
+        if (p == 0)
+            prefix[a.nprobe] = sum;
     }
     __syncthreads();
 
