@@ -218,6 +218,22 @@ SET gpu_ivfpq.device = auto;
 SELECT v[1] FROM wide ORDER BY v <-> array_fill(3::real, ARRAY[8200]) LIMIT 1;
 SELECT gpu_ivfpq_prewarm('svc');
 
+-- One scan served first by the GPU, then by the CPU engine (rounds past
+-- the GPU's 2048 candidates): the CPU rounds read the list directory only
+-- then, and every row comes back once.
+CREATE TABLE svcmix AS
+  SELECT i AS id, ARRAY[sin(i), cos(i), sin(i * 0.3), cos(i * 0.7)]::real[] AS v
+  FROM generate_series(1, 3000) i;
+CREATE INDEX svcmix_idx ON svcmix USING gpu_ivfpq (v) WITH (lists = 16, m = 2);
+SELECT gpu_ivfpq_prewarm('svcmix_idx');
+SET gpu_ivfpq.strict_order = off;
+SELECT queries_gpu AS gpu0, queries_cpu AS cpu0 FROM gpu_ivfpq_status \gset
+SELECT count(*) AS rows, count(DISTINCT id) AS distinct_rows
+FROM (SELECT id FROM svcmix ORDER BY v <-> '{0.1,0.9,0.2,0.4}') s;
+SELECT queries_gpu > :gpu0 AS gpu_rounds, queries_cpu > :cpu0 AS cpu_rounds FROM gpu_ivfpq_status;
+RESET gpu_ivfpq.strict_order;
+DROP TABLE svcmix;
+
 -- A DROP INDEX that rolls back, or whose savepoint does, keeps the mirror.
 SELECT count(*) AS mirrors_before FROM gpu_ivfpq_mirrors WHERE index = 'svc_idx';
 BEGIN;
