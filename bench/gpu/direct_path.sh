@@ -17,7 +17,8 @@
 # with the kernels. usage: bench/gpu/direct_path.sh [M] [N]
 # (SECS: pgbench seconds per row, default 10; CHURN_SECS default 20;
 # PROBES default 32, or auto: the fewest of 32, 48, 64, 96, ... reaching
-# recall@10 0.95; LISTS default 4096; POLL_AB=0 skips the gpu_poll rows)
+# recall@10 0.95; LISTS default 4096; POLL_AB=0 skips the gpu_poll rows;
+# STORAGE: the vector column's storage, e.g. main, set before the load)
 set -euo pipefail
 M=${1:-32}
 N=${2:-1000000}
@@ -39,7 +40,7 @@ autovacuum_vacuum_threshold = 2000
 autovacuum_vacuum_insert_scale_factor = 0
 autovacuum_vacuum_insert_threshold = 2000
 autovacuum_vacuum_cost_limit = 10000" ""
-say "# gpu_ivfpq direct path: $N x ${DIM:-128} synthetic (tools/gen_synthetic, seed 42), lists $LISTS, m $M, probes $PROBES, rerank 100"
+say "# gpu_ivfpq direct path: $N x ${DIM:-128} synthetic (tools/gen_synthetic, seed 42), lists $LISTS, m $M, probes $PROBES, rerank 100${STORAGE:+, column storage $STORAGE}"
 say "# device: $(psql -qAtc 'SELECT device FROM gpu_ivfpq_status'); $(nproc) CPU cores; $SECS s per row"
 say "# $(date -u +%F' '%T) UTC"
 

@@ -6,7 +6,8 @@
 
 # bench_setup EXTRA_CONF DROP_TABLES: preloads gpu_ivfpq with large buffers
 # (plus EXTRA_CONF lines), restarts, makes the data if missing, and loads it
-# after dropping DROP_TABLES (besides base and queries).
+# after dropping DROP_TABLES (besides base and queries). STORAGE (plain,
+# main, external, extended): the base table's vector column's storage.
 bench_setup() {
   local extra=$1 drop=$2
   {
@@ -29,6 +30,7 @@ bench_setup() {
 CREATE EXTENSION IF NOT EXISTS gpu_ivfpq;
 DROP TABLE IF EXISTS base, queries${drop:+, $drop};
 CREATE TABLE base (id int4, v real[]);
+${STORAGE:+ALTER TABLE base ALTER COLUMN v SET STORAGE $STORAGE;}
 CREATE TABLE queries (qid int PRIMARY KEY, v real[], gt int[]);
 COPY queries FROM '$DATA/queries.txt';
 SQL
