@@ -325,7 +325,6 @@ static void
 CollectAll(IndexScanDesc scan, GpuIvfpqLabels *all)
 {
 	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
-
 	const GpuIvfpqListDirEntry *dir = ScanListDir(scan);
 
 	so->entries_seen = 0;
