@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "error.h"
+#include "inner_product.h"
 #include "internal.h"
 
 namespace gpuivfpq {
@@ -50,15 +51,7 @@ float l2_sqr(const float* a, const float* b, size_t d)
 GPU_IVFPQ_HOT
 float inner_product(const float* a, const float* b, size_t d)
 {
-    float acc[kLanes] = {};
-    size_t i = 0;
-    for (; i + kLanes <= d; i += kLanes)
-        for (size_t l = 0; l < kLanes; l++)
-            acc[l] += a[i + l] * b[i + l];
-    float tail = 0.0f;
-    for (; i < d; i++)
-        tail += a[i] * b[i];
-    return sum_lanes(acc) + tail;
+    return inner_product_lanes(a, b, d);
 }
 
 float norm_sqr(const float* a, size_t d)
@@ -87,15 +80,8 @@ float metric_distance(Metric metric, const float* a, const float* b, size_t d)
 
 void normalize_rows(float* x, size_t n, size_t d)
 {
-    for (size_t i = 0; i < n; i++) {
-        float* row = x + i * d;
-        const float nrm = std::sqrt(norm_sqr(row, d));
-        if (nrm > 0.0f) {
-            const float inv = 1.0f / nrm;
-            for (size_t t = 0; t < d; t++)
-                row[t] *= inv;
-        }
-    }
+    for (size_t i = 0; i < n; i++)
+        normalize_row(x + i * d, d);
 }
 
 void inner_products(const float* x, size_t nx, const float* y, size_t ny, size_t d, float* out)

@@ -62,6 +62,43 @@ GPU_IVFPQ_HOST_DEVICE inline double root(double x)
 #endif
 }
 
+// The same in float (the CPU engine's float sums that the GPU repeats).
+GPU_IVFPQ_HOST_DEVICE inline float mul_f(float a, float b)
+{
+#ifdef __CUDA_ARCH__
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+
+GPU_IVFPQ_HOST_DEVICE inline float add_f(float a, float b)
+{
+#ifdef __CUDA_ARCH__
+    return __fadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+
+GPU_IVFPQ_HOST_DEVICE inline float div_f(float a, float b)
+{
+#ifdef __CUDA_ARCH__
+    return __fdiv_rn(a, b);
+#else
+    return a / b;
+#endif
+}
+
+GPU_IVFPQ_HOST_DEVICE inline float root_f(float x)
+{
+#ifdef __CUDA_ARCH__
+    return __fsqrt_rn(x);
+#else
+    return std::sqrt(x);
+#endif
+}
+
 }  // namespace exact_detail
 
 // The exact distance as the SQL operators return it (not the engine's

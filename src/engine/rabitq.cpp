@@ -19,6 +19,7 @@
 #include "kmeans.h"
 #include "parallel.h"
 #include "rabitq_grid.h"
+#include "rabitq_row.h"
 #include "sampling.h"
 #include "search_limits.h"
 
@@ -97,21 +98,6 @@ private:
     double spare_ = 0.0;
 };
 
-// sum_i a[i] * b[i] in double, in four interleaved partial sums (a fixed
-// order: the same value on every thread and machine).
-template <typename A, typename B>
-inline double dot_double(const A* a, const B* b, size_t n)
-{
-    double p[4] = {0.0, 0.0, 0.0, 0.0};
-    size_t i = 0;
-    for (; i + 4 <= n; i += 4)
-        for (int j = 0; j < 4; j++)
-            p[j] += double(a[i + j]) * double(b[i + j]);
-    for (; i < n; i++)
-        p[0] += double(a[i]) * double(b[i]);
-    return (p[0] + p[1]) + (p[2] + p[3]);
-}
-
 // Columns of the rotation built together: 32 columns of 2000 doubles stay in
 // the L2 cache while every reflector streams past them once.
 constexpr size_t kRotationBlock = 32;
@@ -122,11 +108,11 @@ constexpr size_t kEncodeTile = 16;
 
 // ---- The rotation of many vectors ----
 //
-// out = P x computed exactly as dot_double computes each coordinate: lane
-// j of a 4-double vector is dot_double's partial sum p[j], products and
+// out = P x computed exactly as rabitq_dot computes each coordinate: lane
+// j of a 4-double vector is rabitq_dot's partial sum p[j], products and
 // sums rounded separately (the build has no FMA contraction), the d % 4
 // last terms added to lane 0 in order, then (p0 + p1) + (p2 + p3). Only the
-// order of the loops differs, so the bits are dot_double's.
+// order of the loops differs, so the bits are rabitq_dot's.
 
 typedef double RotV __attribute__((vector_size(32)));
 typedef double RotVU __attribute__((vector_size(32), aligned(8), may_alias));
@@ -277,14 +263,7 @@ void rabitq_pack(const uint8_t* x, size_t d, int bits, uint8_t* code)
 {
     require_bits(bits);
     require(x && code, "rabitq_pack: null pointer");
-    const size_t plane_bytes = rabitq_plane_words(d) * 4;
-    std::memset(code, 0, size_t(bits) * plane_bytes);
-    for (int p = 0; p < bits; p++) {
-        const int shift = bits - 1 - p;
-        uint8_t* plane = code + size_t(p) * plane_bytes;
-        for (size_t i = 0; i < d; i++)
-            plane[i / 8] |= uint8_t(((x[i] >> shift) & 1u) << (i % 8));
-    }
+    rabitq_pack_into(x, d, bits, code);
 }
 
 void rabitq_unpack(const uint8_t* code, size_t d, int bits, uint8_t* x)
@@ -338,7 +317,7 @@ RabitqRotation RabitqRotation::generate(size_t d, uint64_t seed, int threads)
         const double norm = std::sqrt(nsq);
         // ||v||^2 = ||g||^2 + 2 |g_0| ||g|| + ||g||^2 after v_0 += sign * ||g||.
         vk[0] += s * norm;
-        beta[k] = 2.0 / dot_double(vk, vk, m);
+        beta[k] = 2.0 / rabitq_dot(vk, vk, m);
     }
 
     // Columns of Q in blocks: M = S, then M = H_k M for k = d-2 .. 0. Column
@@ -362,7 +341,7 @@ RabitqRotation RabitqRotation::generate(size_t d, uint64_t seed, int threads)
                 const size_t m = d - kk;
                 for (size_t j = std::max(j0, kk); j < j1; j++) {
                     double* col = cols.data() + (j - j0) * d + kk;
-                    const double w = beta[kk] * dot_double(vk, col, m);
+                    const double w = beta[kk] * rabitq_dot(vk, col, m);
                     for (size_t i = 0; i < m; i++)
                         col[i] -= w * vk[i];
                 }
@@ -506,11 +485,9 @@ void RabitqModel::encode(const float* x, size_t n, const int32_t* list_ids, uint
                 const float* c = centroids_.data() + size_t(list_ids[i]) * d;
                 // The residual in double: o - c cannot overflow there.
                 double* ri = r.data() + nlive * d;
-                for (size_t k = 0; k < d; k++)
-                    ri[k] = double(row[k]) - double(c[k]);
-                const double sq = dot_double(ri, ri, d);
+                const double sq = rabitq_residual(row, c, d, ri);
                 const double rn = std::sqrt(sq);
-                if (!(rn > 0.0) || !std::isfinite(rn)) {
+                if (!rabitq_residual_live(rn)) {
                     // A row on its centroid (or not finite): the estimate is
                     // the query's distance to the centroid, exactly.
                     std::fill(ri, ri + d, 0.0);
@@ -519,8 +496,7 @@ void RabitqModel::encode(const float* x, size_t n, const int32_t* list_ids, uint
                     factors[i] = {0.0f, 0.0f, 0.0f};
                     continue;
                 }
-                for (size_t k = 0; k < d; k++)
-                    ri[k] /= rn;
+                rabitq_scale_down(ri, d, rn);
                 rsq[nlive] = sq;
                 rnorm[nlive] = rn;
                 live[nlive++] = i;
@@ -533,24 +509,11 @@ void RabitqModel::encode(const float* x, size_t n, const int32_t* list_ids, uint
                 double* ro = rot.data() + s * d;
                 const double rn = rnorm[s];
                 // P is orthogonal to float precision: make o' unit again.
-                const double on = std::sqrt(dot_double(ro, ro, d));
-                for (size_t k = 0; k < d; k++)
-                    ro[k] /= on;
+                rabitq_scale_down(ro, d, std::sqrt(rabitq_dot(ro, ro, d)));
                 const RabitqGridPoint g = grid.run(ro, d, bits_, xu.data());
                 rabitq_pack(xu.data(), d, bits_, codes + i * cb);
-                const double a = g.ip / std::sqrt(g.norm_sqr);  // cosine of o' and y
-                double add = rsq[s];
-                if (metric_ == Metric::InnerProduct) {
-                    add = 0.0;
-                    for (size_t k = 0; k < d; k++)
-                        add += double(c[k]) * (double(row[k]) - double(c[k]));
-                }
-                RabitqFactors& f = factors[i];
-                f.add = float(add);
-                f.rescale = float(rn / g.ip);
-                f.error = d >= 2 ? float(rn * std::sqrt(std::max(0.0, 1.0 - a * a)) /
-                                         (a * std::sqrt(double(d - 1))))
-                                 : 0.0f;
+                factors[i] = rabitq_factors(metric_ == Metric::InnerProduct ? rabitq_ip_add(c, row, d) : rsq[s],
+                                            rn, g, d);
             }
         }
     });
@@ -578,7 +541,7 @@ void RabitqModel::prepare_list(const RabitqQuery& query, int32_t list, RabitqLis
     std::vector<double> qr(d_), rot(groups * 8, 0.0);
     for (size_t k = 0; k < d_; k++)
         qr[k] = double(query.q[k]) - double(c[k]);
-    const double qsq = dot_double(qr.data(), qr.data(), d_);
+    const double qsq = rabitq_dot(qr.data(), qr.data(), d_);
     // q' = P (q - c) = P q - P c: O(d) per list instead of a rotation.
     for (size_t k = 0; k < d_; k++)
         rot[k] = query.rotated[k] - pc[k];
@@ -622,7 +585,7 @@ void RabitqModel::prepare_list(const RabitqQuery& query, int32_t list, RabitqLis
         out.bound_scale = float(qn);
         break;
     case Metric::InnerProduct:  // -<q, c> - <c, r> - <q - c, r>
-        out.base = float(-dot_double(query.q.data(), c, d_));
+        out.base = float(-rabitq_dot(query.q.data(), c, d_));
         out.add_scale = -1.0f;
         out.ip_scale = -1.0f;
         out.bound_scale = float(qn);

@@ -10,6 +10,7 @@
 #include "engine/interrupt.h"
 #include "engine/kmeans.h"
 #include "engine/rabitq.h"
+#include "engine/rabitq_row.h"
 #include "engine/sampling.h"
 #include "engine/search_limits.h"
 #include "engine/topk.h"
@@ -495,7 +496,7 @@ TEST(Rabitq, GridPointIsTheSweepBitForBit)
     std::mt19937_64 gen(seed);
     std::normal_distribution<double> g(0.0, 1.0);
     const size_t dims[] = {1, 2, 3, 5, 8, 16, 31, 64, 100, 128, 200, 300, 768};
-    size_t mismatches = 0, cases = 0;
+    size_t mismatches = 0, mismatches_levels = 0, cases = 0;
     for (int rep = 0; rep < 3000; rep++) {
         const size_t d = dims[gen() % 13];
         const int bits = 1 + int(gen() % 8);
@@ -530,9 +531,21 @@ TEST(Rabitq, GridPointIsTheSweepBitForBit)
         EXPECT_TRUE(same) << "ip " << a.ip << " vs " << b.ip << ", nsq " << a.norm_sqr << " vs "
                           << b.norm_sqr;
         mismatches += !same;
+        // The GPU build encoder's form (a heap of levels, rabitq_row.h).
+        std::vector<double> us(d);
+        std::vector<uint16_t> coord(d);
+        std::vector<uint8_t> by_levels(d);
+        const RabitqGridPoint c = gpuivfpq::rabitq_grid_point_sweep(o.data(), d, bits, us.data(), coord.data(),
+                                                                    by_levels.data());
+        const bool same_levels = want == by_levels && std::memcmp(&a.ip, &c.ip, sizeof a.ip) == 0 &&
+                                 std::memcmp(&a.norm_sqr, &c.norm_sqr, sizeof a.norm_sqr) == 0;
+        EXPECT_TRUE(same_levels) << "heap of levels: ip " << a.ip << " vs " << c.ip << ", nsq " << a.norm_sqr
+                                 << " vs " << c.norm_sqr;
+        mismatches_levels += !same_levels;
         cases++;
     }
-    std::printf("grid search vs the full sweep: %zu of %zu differ\n", mismatches, cases);
+    std::printf("grid search vs the full sweep: %zu of %zu differ (heap of levels: %zu)\n", mismatches, cases,
+                mismatches_levels);
 }
 
 TEST(Rabitq, CodesIdenticalAcrossThreadCounts)
