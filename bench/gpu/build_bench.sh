@@ -11,12 +11,13 @@
 # The builds read the table over parallel workers (the server's
 # max_parallel_maintenance_workers, and as many as the table's size allows);
 # SERIAL=1 (the default) adds one build of the base index read by the
-# leader alone, for comparison, and RABITQ_BITS=B one of a RaBitQ index.
+# leader alone, for comparison, and RABITQ_BITS=B one of a RaBitQ index of
+# each table (RABITQ_CPU=1: and the same on the CPU engine).
 #
 # Runs after bash .device/pg-up.sh and an install of the extension linked
 # with the kernels. usage: bench/gpu/build_bench.sh
 # (N=1000000 LISTS=4096 WIDE_N=200000 WIDE_LISTS=1024 REPEAT=2 DEVICE=gpu
-#  SERIAL=1 RABITQ_BITS= NO_WAL_BUILD=1)
+#  SERIAL=1 RABITQ_BITS= RABITQ_CPU=0 NO_WAL_BUILD=1)
 set -euo pipefail
 N=${N:-1000000}
 LISTS=${LISTS:-4096}
@@ -77,6 +78,14 @@ psql -qAtc "SELECT gpu_ivfpq_check('base_idx', true)" >/dev/null 2>&1 && say "ba
 if [ -n "${RABITQ_BITS:-}" ]; then
   build base "$LISTS" - ", codes = rabitq, bits = $RABITQ_BITS" 1
   say "base rabitq recall@10 (probes 32): $(recall_at_10 "$DEVICE" 32)"
+  psql -qAtc "SELECT gpu_ivfpq_check('base_idx', true)" >/dev/null 2>&1 && say "base_idx (rabitq): gpu_ivfpq_check(heapallindexed) passed" ||
+    say "base_idx (rabitq): gpu_ivfpq_check FAILED: $(psql -qAtc "SELECT gpu_ivfpq_check('base_idx', true)" 2>&1 | tail -2)"
+  [ "$WIDE_N" != 0 ] && build wide "$WIDE_LISTS" - ", codes = rabitq, bits = $RABITQ_BITS" 1
+  # RABITQ_CPU=1: the same builds on the CPU engine (its encoding beside the GPU's).
+  if [ "${RABITQ_CPU:-0}" = 1 ]; then
+    BUILD_SET="SET gpu_ivfpq.device = cpu;" build base "$LISTS" - ", codes = rabitq, bits = $RABITQ_BITS" 1
+    [ "$WIDE_N" != 0 ] && BUILD_SET="SET gpu_ivfpq.device = cpu;" build wide "$WIDE_LISTS" - ", codes = rabitq, bits = $RABITQ_BITS" 1
+  fi
 fi
 # What the vector copies cost: the index without them (re-ranks read the table).
 build base "$LISTS" 32 ", store_vectors = off" 1

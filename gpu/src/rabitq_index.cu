@@ -27,6 +27,8 @@
 #include "gpu_ivfpq/gpu_context.h"
 #include "gpu_ivfpq/k_select.h"
 #include "list_store.h"
+#include "rabitq_encode.h"
+#include "rabitq_rotate.cuh"
 #include "rabitq_row.cuh"
 
 namespace gpuivfpq::gpu {
@@ -37,34 +39,6 @@ constexpr int kThreads = 256;
 // The candidates of one tile of queries (nq x nprobe x the longest list
 // floats) are kept below this many bytes, unless one query alone needs more.
 constexpr size_t kTileBytes = size_t(256) << 20;
-
-// P q for each query: coordinate i is sum_k P[i*d + k] q_k in double, in
-// four partial sums by k % 4 over the first d - d % 4 terms, the rest added
-// to the first, then (p0 + p1) + (p2 + p3): RabitqRotation::apply's order.
-__global__ void __launch_bounds__(128)
-    rotate_queries_kernel(const float* P, int d, const float* queries, double* out)
-{
-    extern __shared__ double xs[];
-    const int q = blockIdx.y;
-    for (int k = threadIdx.x; k < d; k += blockDim.x)
-        xs[k] = double(queries[size_t(q) * d + k]);
-    __syncthreads();
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= d)
-        return;
-    const float* row = P + size_t(i) * d;
-    double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
-    const int full = d / 4 * 4;
-    for (int k = 0; k < full; k += 4) {
-        a0 = __dadd_rn(a0, __dmul_rn(double(row[k]), xs[k]));
-        a1 = __dadd_rn(a1, __dmul_rn(double(row[k + 1]), xs[k + 1]));
-        a2 = __dadd_rn(a2, __dmul_rn(double(row[k + 2]), xs[k + 2]));
-        a3 = __dadd_rn(a3, __dmul_rn(double(row[k + 3]), xs[k + 3]));
-    }
-    for (int k = full; k < d; k++)
-        a0 = __dadd_rn(a0, __dmul_rn(double(row[k]), xs[k]));
-    out[size_t(q) * d + i] = __dadd_rn(__dadd_rn(a0, a1), __dadd_rn(a2, a3));
-}
 
 struct PairArgs {
     const float* queries;    // nq x d (unit length for Cosine)
@@ -272,8 +246,8 @@ struct GpuRabitqIndex::Impl : ListStore {
             normalize_rows(ctx, dq, nt, d);
         exact_knn_i32(ctx, dq, nt, centroids.as<float>(), lists, d, coarse_metric(), nprobe, pdist, probe,
                       centroid_norms.as<float>());
-        rotate_queries_kernel<<<dim3(unsigned((d + 127) / 128), unsigned(nt)), 128, d * sizeof(double), st()>>>(
-            rotation.as<float>(), int(d), dq, rq);
+        rabitq_rotate_kernel<float, 1><<<dim3(unsigned((d + 127) / 128), unsigned(nt)), 128, d * sizeof(double), st()>>>(
+            rotation.as<float>(), int(d), dq, int64_t(nt), rq);
         GPU_KERNEL_CHECK();
         if (matched)
             GPU_CUDA_CHECK(cudaMemsetAsync(matched, 0, nt * sizeof(int64_t), st()));
@@ -493,6 +467,13 @@ void GpuRabitqIndex::assign(const float* x, size_t n, int32_t* list_ids) const
 {
     require(n == 0 || (x && list_ids), "GPU RaBitQ: null pointer in assign");
     nearest_lists(*impl_, x, n, 1, Metric::L2, list_ids);
+}
+
+void GpuRabitqIndex::encode(const float* x, size_t n, const int32_t* list_ids, uint8_t* rows) const
+{
+    const Impl& I = *impl_;
+    rabitq_encode_rows(I.ctx, I.centroids.as<float>(), I.rotation.as<float>(), I.d, I.lists, I.bits, I.metric, x, n,
+                       list_ids, rows);
 }
 
 }  // namespace gpuivfpq::gpu

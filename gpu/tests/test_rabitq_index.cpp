@@ -10,6 +10,7 @@
 #include <cstring>
 #include <map>
 #include <numeric>
+#include <random>
 #include <tuple>
 
 #include "engine/distances.h"
@@ -37,7 +38,7 @@ struct Fixture {
     int bits;
     Metric metric;
     std::unique_ptr<RabitqModel> model;
-    std::vector<float> cent;
+    std::vector<float> x, cent;
     std::vector<uint8_t> blob, rows;
     std::vector<int32_t> list_ids;
     std::vector<int64_t> ids, keys;
@@ -45,7 +46,7 @@ struct Fixture {
     Fixture(size_t d_, size_t lists_, size_t n_, int bits_, Metric metric_, uint64_t s)
         : d(d_), lists(lists_), n(n_), bits(bits_), metric(metric_)
     {
-        std::vector<float> x = clustered(n, d, 8, 3.0f, s);
+        x = clustered(n, d, 8, 3.0f, s);
         model = std::make_unique<RabitqModel>(d, lists, bits, metric, RabitqRotation::generate(d, s, 4));
         cent.assign(x.begin(), x.begin() + lists * d);
         if (metric == Metric::Cosine)
@@ -264,6 +265,88 @@ TEST(RabitqIndex, AssignAsCpu)
     GpuRabitqIndex index(ctx(), 16, 4, 1, Metric::L2, fx.cent.data(), fx.blob.data());
     index.assign(nullptr, 0, nullptr);  // nothing to do
     EXPECT_EQ(kind_of([&] { index.assign(nullptr, 3, nullptr); }), ErrorKind::InvalidArgument);
+}
+
+// A build's codes on the GPU (GpuRabitqIndex::encode) against the CPU
+// engine's (RabitqModel::encode) for the same lists: every byte of every
+// row (bit planes and factors), for every metric, code widths 1 to 8,
+// dimensions with and without plane padding, rows on their centroid (the
+// fixture's centroids are rows of it), and more rows than one of the
+// device's tiles at a sentence-embedding size.
+TEST(RabitqIndex, EncodeAsCpuBitForBit)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(4505);
+    struct Shape {
+        size_t d, lists, n;
+        int bits;
+    };
+    const Shape shapes[] = {{5, 4, 300, 1}, {37, 8, 700, 2}, {64, 16, 900, 3}, {128, 32, 2000, 4},
+                            {100, 8, 500, 5}, {33, 4, 400, 7}, {128, 16, 600, 8}, {768, 8, 12000, 4}};
+    for (Metric metric : {Metric::L2, Metric::InnerProduct, Metric::Cosine})
+        for (const Shape& sh : shapes) {
+            if (sh.d == 768 && metric != Metric::L2)
+                continue;
+            SCOPED_TRACE(shape("rabitq encode", {{"metric", double(int(metric))}, {"d", double(sh.d)},
+                                                 {"bits", double(sh.bits)}}, s));
+            Fixture fx(sh.d, sh.lists, sh.n, sh.bits, metric, s);
+            GpuRabitqIndex index(ctx(), sh.d, sh.lists, sh.bits, metric, fx.cent.data(), fx.blob.data());
+            std::vector<uint8_t> rows(fx.rows.size(), 0xee);
+            index.encode(fx.x.data(), sh.n, fx.list_ids.data(), rows.data());
+            size_t differ = 0;
+            for (size_t i = 0; i < sh.n; i++)
+                differ += std::memcmp(rows.data() + i * fx.rb(), fx.rows.data() + i * fx.rb(), fx.rb()) != 0;
+            EXPECT_EQ(differ, 0u) << "rows whose code or factors differ from the CPU engine's";
+        }
+    // Directions that probe the sweep's special cases (ties in u and in t,
+    // short binary fractions, zeros, a dominant coordinate), by the GPU's
+    // sweep against the engine's grid search.
+    std::mt19937_64 gen(s);
+    std::normal_distribution<double> g(0.0, 1.0);
+    for (int bits = 1; bits <= 8; bits++)
+        for (size_t d : {1, 3, 31, 128, 300}) {
+            const size_t n = 48;
+            std::vector<double> o(n * d);
+            for (size_t v = 0; v < n; v++) {
+                const int kind = int(v % 6);
+                double nrm = 0;
+                for (size_t t = 0; t < d; t++) {
+                    double e = g(gen);
+                    if (kind == 1 && gen() % 3 != 0)
+                        e = 0;
+                    if (kind == 2)
+                        e = double(1 + gen() % 4) * (gen() % 2 ? 1.0 : -1.0);
+                    if (kind == 3)
+                        e = std::ldexp(double(int64_t(gen() % 64) - 32), -5);
+                    if (kind == 4 && t == 0)
+                        e = 50.0;
+                    if (kind == 5)
+                        e = e * e * e;
+                    o[v * d + t] = e;
+                    nrm += e * e;
+                }
+                if (nrm > 0)
+                    for (size_t t = 0; t < d; t++)
+                        o[v * d + t] /= std::sqrt(nrm);
+            }
+            std::vector<uint8_t> gx(n * d), cx(d);
+            std::vector<gpuivfpq::RabitqGridPoint> gp(n);
+            gpuivfpq::gpu::rabitq_grid_points_gpu(ctx(), o.data(), n, d, bits, gx.data(), gp.data());
+            for (size_t v = 0; v < n; v++) {
+                const gpuivfpq::RabitqGridPoint c = gpuivfpq::rabitq_best_grid_point(o.data() + v * d, d, bits, cx.data());
+                ASSERT_TRUE(std::memcmp(gx.data() + v * d, cx.data(), d) == 0 &&
+                            std::memcmp(&gp[v].ip, &c.ip, sizeof c.ip) == 0 &&
+                            std::memcmp(&gp[v].norm_sqr, &c.norm_sqr, sizeof c.norm_sqr) == 0)
+                    << "bits " << bits << " d " << d << " vector " << v;
+            }
+        }
+    Fixture fx(16, 4, 50, 1, Metric::L2, s);
+    GpuRabitqIndex index(ctx(), 16, 4, 1, Metric::L2, fx.cent.data(), fx.blob.data());
+    index.encode(nullptr, 0, nullptr, nullptr);  // nothing to do
+    std::vector<int32_t> bad(fx.list_ids);
+    bad[7] = 4;
+    std::vector<uint8_t> out(fx.rows.size());
+    EXPECT_EQ(kind_of([&] { index.encode(fx.x.data(), fx.n, bad.data(), out.data()); }), ErrorKind::InvalidArgument);
 }
 
 TEST(RabitqIndex, EmptyAndArgumentChecks)

@@ -595,7 +595,7 @@ extern int64 GpuIvfpqCollectList(Relation index, const GpuIvfpqMetaPageData *met
 extern int	GpuIvfpqRabitqRowBytes(int dim, int bits);
 extern void GpuIvfpqRabitqCheckDim(Relation index, int dim);
 extern void GpuIvfpqRabitqEncode(const gpuivfpq::RabitqModel *model, const float *x, int n, int32 *lists,
-								 uint8 *codes, float *radius, int threads, bool assigned);
+								 uint8 *codes, float *radius, int threads, bool encoded);
 extern int64 GpuIvfpqRabitqRankLists(Relation index, const GpuIvfpqMetaPageData *meta,
 									 const GpuIvfpqListDirEntry *dir, const float *query, int probes,
 									 const GpuIvfpqKeyRange *range, gpuivfpq::TopK *topk,

@@ -577,7 +577,7 @@ EncodeBatch(BuildState *bs)
 		GpuIvfpqServiceEncode(bs->gpu_encoder, bs->batch_n, bs->batch_lists, bs->batch_codes);
 	if (bs->rabitq)
 	{
-		/* on_gpu: the GPU assigned the lists. */
+		/* on_gpu: the GPU assigned the lists and encoded the rows. */
 		GpuIvfpqRabitqEncode(bs->rabitq_model, bs->batch, bs->batch_n, bs->batch_lists, bs->batch_codes,
 							 bs->batch_radius, threads, on_gpu);
 		memset(bs->batch_qerror, 0, sizeof(float) * bs->batch_n);
@@ -1043,11 +1043,7 @@ EncodeAndWrite(BuildState *bs, Relation heap, IndexInfo *indexInfo, TimestampTz 
 							 / entry_bytes);
 	bs->pend_cap = (int) Min((double) bs->pend_cap, Max(ceil(estimate), (double) batch));
 	bs->batch_cap = batch;
-	/*
-	 * PQ codes are encoded on the service's GPU when it can; RaBitQ codes by
-	 * the CPU engine (threads of the build), their lists assigned on the GPU
-	 * when it can.
-	 */
+	/* Codes are encoded on the service's GPU when it can, else by the CPU engine. */
 	if (bs->rabitq)
 		bs->gpu_encoder = GpuIvfpqServiceEncoderBegin(bs->rabitq_model->centroids().data(), bs->rabitq_blob,
 													  bs->dim, bs->lists, bs->m, bs->metric, bs->bits,

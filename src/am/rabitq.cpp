@@ -36,38 +36,34 @@ GpuIvfpqRabitqCheckDim(Relation index, int dim)
 }
 
 /*
- * Assigns n rows to their nearest lists (unless assigned: lists holds
- * them already, the GPU's) and encodes them: codes gets each row's entry
- * code (GpuIvfpqRabitqRowBytes: bit planes, then factors), radius each
- * row's distance to its list's centroid (normalised for Cosine: the lists'
- * covering radii, for range search; 0 for inner product, which prunes no
- * list).
+ * Assigns n rows to their nearest lists and encodes them (unless encoded:
+ * the GPU did both, lists and codes hold its answer): codes gets each row's
+ * entry code (GpuIvfpqRabitqRowBytes: bit planes, then factors), radius
+ * each row's distance to its list's centroid (normalised for Cosine: the
+ * lists' covering radii, for range search; 0 for inner product, which
+ * prunes no list), from its factors.
  */
 void
 GpuIvfpqRabitqEncode(const gpuivfpq::RabitqModel *model, const float *x, int n, int32 *lists,
-					 uint8 *codes, float *radius, int threads, bool assigned)
+					 uint8 *codes, float *radius, int threads, bool encoded)
 {
 	size_t		cb = model->code_bytes();
 	size_t		rb = cb + sizeof(gpuivfpq::RabitqFactors);
-	uint8	   *planes = (uint8 *) palloc_extended(Max((Size) n * cb, (Size) 1), MCXT_ALLOC_HUGE);
-	gpuivfpq::RabitqFactors *factors = (gpuivfpq::RabitqFactors *)
-		palloc_extended(sizeof(gpuivfpq::RabitqFactors) * Max(n, 1), MCXT_ALLOC_HUGE);
 
-	GpuIvfpqGuard("encoding", [&] {
-		if (!assigned)
+	if (!encoded)
+		GpuIvfpqGuard("encoding", [&] {
 			model->assign(x, (size_t) n, lists, threads);
-		model->encode(x, (size_t) n, lists, planes, factors, threads);
-	});
+			model->encode_rows(x, (size_t) n, lists, codes, threads);
+		});
 	for (int i = 0; i < n; i++)
 	{
-		memcpy(codes + (Size) i * rb, planes + (Size) i * cb, cb);
-		memcpy(codes + (Size) i * rb + cb, &factors[i], sizeof(gpuivfpq::RabitqFactors));
+		gpuivfpq::RabitqFactors f;
+
+		memcpy(&f, codes + (Size) i * rb + cb, sizeof(f));
 		/* add is ||x - c||^2 for L2 and Cosine (<c, x - c> for inner product). */
 		radius[i] = model->metric() == gpuivfpq::Metric::InnerProduct ? 0.0f
-			: sqrtf(Max(factors[i].add, 0.0f));
+			: sqrtf(Max(f.add, 0.0f));
 	}
-	pfree(planes);
-	pfree(factors);
 }
 
 /*

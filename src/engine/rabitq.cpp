@@ -519,6 +519,20 @@ void RabitqModel::encode(const float* x, size_t n, const int32_t* list_ids, uint
     });
 }
 
+void RabitqModel::encode_rows(const float* x, size_t n, const int32_t* list_ids, uint8_t* rows, int threads) const
+{
+    if (n == 0)
+        return;
+    const size_t cb = code_bytes(), rb = rabitq_row_bytes(d_, bits_);
+    std::vector<uint8_t> codes(n * cb);
+    std::vector<RabitqFactors> factors(n);
+    encode(x, n, list_ids, codes.data(), factors.data(), threads);
+    for (size_t i = 0; i < n; i++) {
+        std::memcpy(rows + i * rb, codes.data() + i * cb, cb);
+        std::memcpy(rows + i * rb + cb, &factors[i], sizeof(RabitqFactors));
+    }
+}
+
 void RabitqModel::prepare_query(const float* q, RabitqQuery& out) const
 {
     require(q != nullptr, "RaBitQ: null query");

@@ -250,6 +250,10 @@ public:
     // depend on threads.
     void encode(const float* x, size_t n, const int32_t* list_ids, uint8_t* codes,
                 RabitqFactors* factors, int threads = 1) const;
+    // The same as an index stores the rows: rows (n x rabitq_row_bytes(d,
+    // bits)) each its code, then its factors (what a build writes and the
+    // GPU's build encoder returns).
+    void encode_rows(const float* x, size_t n, const int32_t* list_ids, uint8_t* rows, int threads = 1) const;
 
     // Normalises the query for Cosine.
     void prepare_query(const float* q, RabitqQuery& out) const;

@@ -123,9 +123,9 @@ public:
     // 1..kMaxSelectK.
     virtual void exact_knn(const float* queries, size_t nq, const float* base, size_t n, size_t d,
                            Metric metric, size_t k, float* dist, int64_t* labels) = 0;
-    // Encodes n vectors with the model of spec: list_ids[i], codes[i*m..];
-    // for RaBitQ codes (spec.rabitq_bits) the lists only, codes untouched
-    // (a build encodes each row against its list with the CPU engine).
+    // Encodes n vectors with the model of spec: list_ids[i], codes[i*m..]
+    // (for RaBitQ codes, spec.rabitq_bits, m is the row: the bit planes,
+    // then the factors, RabitqModel::encode_rows's bytes).
     virtual void encode(const MirrorSpec& spec, const float* x, size_t n, int32_t* list_ids,
                         uint8_t* codes) = 0;
     // A metric index's mirror (metric_mirror.h) restored from its stored

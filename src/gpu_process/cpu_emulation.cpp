@@ -379,9 +379,10 @@ public:
                 uint8_t* codes) override
     {
         if (spec.rabitq_bits != 0) {
-            // The lists only: the codes are the build's (RabitqModel::encode).
             require_rabitq_spec(spec);
-            rabitq_model_of(spec)->assign(x, n, list_ids);
+            const std::unique_ptr<RabitqModel> model = rabitq_model_of(spec);
+            model->assign(x, n, list_ids);
+            model->encode_rows(x, n, list_ids, codes);
             return;
         }
         require_gpu_m(spec.d, spec.m);

@@ -301,11 +301,12 @@ public:
                                                            s.codebooks, MirrorOptions());
             encoder_model_.keep(s);
         }
-        // RaBitQ codes: the lists only (the build encodes each row against
-        // its list on the CPU, RabitqModel::encode).
-        if (assigner_)
+        // RaBitQ codes: the lists, then each row against its list (the CPU
+        // engine's rows, bit for bit).
+        if (assigner_) {
             assigner_->assign(x, n, list_ids);
-        else
+            assigner_->encode(x, n, list_ids, codes);
+        } else
             encoder_->encode(x, n, list_ids, codes);
     }
     std::unique_ptr<MetricMirror> create_metric_mirror(const MetricSpec& spec) override

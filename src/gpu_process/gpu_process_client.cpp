@@ -933,14 +933,13 @@ void GpuProcess::encode(const MirrorSpec& spec, const float* rows, size_t n, int
     describe_model(q, l, spec);
     q.region[2] = l.take(n * spec.d * sizeof(float));
     q.region[3] = l.take(n * sizeof(int32_t));
-    q.region[4] = l.take(spec.rabitq_bits != 0 ? 0 : n * spec.m);  // RaBitQ: the lists only
+    q.region[4] = l.take(n * spec.m);  // RaBitQ codes: the rows
     char* x = exchange(l);
     copy_model(x, q, spec);
     std::memcpy(x + q.region[2].offset, rows, q.region[2].bytes);
     raise_for(call(q, true));
     std::memcpy(list_ids, x + q.region[3].offset, q.region[3].bytes);
-    if (q.region[4].bytes > 0)
-        std::memcpy(codes, x + q.region[4].offset, q.region[4].bytes);
+    std::memcpy(codes, x + q.region[4].offset, q.region[4].bytes);
     if (!replycheck::all_within<int32_t>(list_ids, n, 0, static_cast<int32_t>(spec.lists)))
         check_reply("an Encode reply assigns a row to a list the model does not have");
 }

@@ -449,8 +449,7 @@ void handle(const Request& q, Reply& rep, DeviceSet& devices, MirrorStore& store
         MirrorSpec s = spec_of(q, x);
         const float* rows = x.at<float>(q.region[2], mul(q.n, q.d));
         int32_t* lists = x.at<int32_t>(q.region[3], q.n);
-        // RaBitQ codes: the lists only (no codes come back).
-        const uint64_t code_bytes = s.rabitq_bits != 0 ? 0 : q.m;
+        const uint64_t code_bytes = q.m;  // RaBitQ codes: the rows (spec_of checked m)
         uint8_t* codes = x.at<uint8_t>(q.region[4], mul(q.n, code_bytes));
         // A build's batches of rows are split over the devices.
         on_devices(devices, q.n, kSplitRows, [&](ComputeDevice& dev, uint64_t first, uint64_t count) {

@@ -1,5 +1,6 @@
 // Checks of the numbers in an answer from the GPU process that index
-// arrays: hit offsets, object ids, row labels, list ids. The GPU process is
+// arrays: hit offsets, object ids, row labels, list ids (and a build's
+// RaBitQ factors). The GPU process is
 // outside the fault boundary (it may die or misbehave), so the service's
 // client (gpu_process_client.cpp) checks every reply with these before it
 // passes anything on, and the backends check with the same routines what
@@ -9,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace gpuivfpq {
 namespace replycheck {
@@ -60,6 +62,23 @@ inline bool tid_labels_sound(const int64_t* labels, size_t n)
     for (size_t i = 0; i < n; i++)
         if (labels[i] != -1 && !tid_label(labels[i]))
             return false;
+    return true;
+}
+
+// RaBitQ rows as a build's encoding answers them (n rows of row_bytes, each
+// ending in its three float factors): no factor is NaN, which the CPU
+// engine never writes (a factor may overflow to infinity, never to NaN).
+inline bool rabitq_rows_sound(const uint8_t* rows, size_t n, size_t row_bytes)
+{
+    if (row_bytes < 3 * sizeof(float))
+        return false;
+    for (size_t i = 0; i < n; i++)
+        for (size_t f = 0; f < 3; f++) {
+            float v;
+            std::memcpy(&v, rows + i * row_bytes + row_bytes - (3 - f) * sizeof(float), sizeof v);
+            if (v != v)
+                return false;
+        }
     return true;
 }
 

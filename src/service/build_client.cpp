@@ -122,8 +122,8 @@ GpuIvfpqServiceTrain(const float *sample, int64 n, int d, int lists, int m, int 
 
 /*
  * Starts GPU encoding with a trained model (model: the PQ codebooks, or
- * with rabitq_bits the RaBitQ codes' model blob, whose encoding on the GPU
- * assigns the lists only); NULL when the service cannot.
+ * with rabitq_bits the RaBitQ codes' model blob; m: the code's bytes, or a
+ * RaBitQ row's); NULL when the service cannot.
  */
 GpuIvfpqRemoteEncoder *
 GpuIvfpqServiceEncoderBegin(const float *centroids, const void *model, int d, int lists,
@@ -132,7 +132,7 @@ GpuIvfpqServiceEncoderBegin(const float *centroids, const void *model, int d, in
 	GpuIvfpqRemoteEncoder *enc;
 	dsm_segment *seg;
 
-	/* RaBitQ rows of any width: no codes travel. */
+	/* RaBitQ rows of any width the codes allow (the bound on m is PQ's). */
 	if (!BuildCanUseService(d, rabitq_bits != 0 ? 0 : m))
 		return NULL;
 	enc = (GpuIvfpqRemoteEncoder *) palloc0(sizeof(GpuIvfpqRemoteEncoder));
@@ -166,23 +166,30 @@ GpuIvfpqServiceEncoderRows(GpuIvfpqRemoteEncoder *enc)
 }
 
 /*
- * Encodes the first n rows (RaBitQ codes: assigns their lists only, codes
- * untouched); false when the GPU failed (encode them on the CPU).
+ * Encodes the first n rows: their lists and codes (RaBitQ codes: rows of m
+ * bytes, bit planes then factors); false when the GPU failed (encode them
+ * on the CPU).
  */
 bool
 GpuIvfpqServiceEncode(GpuIvfpqRemoteEncoder *enc, int n, int32 *lists, uint8 *codes)
 {
+	const char *bad = NULL;
+
 	if (!Submit(enc->seg, REQ_ENCODE, n, 0, "encoding"))
 		return false;
 	memcpy(lists, enc->base + enc->l.lists, sizeof(int32) * n);
-	if (enc->h.rabitq_bits == 0)
-		memcpy(codes, enc->base + enc->l.codes, (Size) n * enc->h.m);
+	memcpy(codes, enc->base + enc->l.codes, (Size) n * enc->h.m);
 	/* The build indexes its lists by them. */
 	if (!gpuivfpq::replycheck::all_within<int32_t>(lists, (size_t) n, 0, enc->h.lists))
+		bad = "The GPU service assigned rows to lists the model does not have.";
+	else if (enc->h.rabitq_bits != 0 &&
+			 !gpuivfpq::replycheck::rabitq_rows_sound(codes, (size_t) n, (size_t) enc->h.m))
+		bad = "The GPU service answered RaBitQ rows whose factors are not numbers.";
+	if (bad != NULL)
 	{
 		ereport(WARNING,
 				(errmsg("gpu_ivfpq: encoding failed on the GPU, continuing on the CPU"),
-				 errdetail("The GPU service assigned rows to lists the model does not have.")));
+				 errdetail("%s", bad)));
 		return false;
 	}
 	return true;

@@ -142,9 +142,8 @@ GpuIvfpqDsmLayoutFor(RequestKind kind, const GpuIvfpqDsmHeader *h)
 		l.lists = off;
 		off += MAXALIGN(n * sizeof(int32));
 		l.codes = off;
-		/* A RaBitQ build's encoding assigns lists only. */
-		if (kind == REQ_LOAD || h->rabitq_bits == 0)
-			off += MAXALIGN(n * h->m);
+		/* RaBitQ codes: m is a row's bytes (its planes, then its factors). */
+		off += MAXALIGN(n * h->m);
 	}
 	if (kind == REQ_LOAD)
 	{

@@ -671,6 +671,18 @@ TEST(ReplyChecks, RefuseWhatWouldIndexPastAnArray)
     EXPECT_FALSE(tid_labels_sound(below, 2));
     const int64_t offset0[] = {1, 2 << 16};
     EXPECT_FALSE(tid_labels_sound(offset0, 2));
+
+    // RaBitQ rows of 4 code bytes and 3 factors: infinities pass, NaN not.
+    uint8_t rabitq[2 * 16] = {};
+    const float good[3] = {1.5f, std::numeric_limits<float>::infinity(), 0.0f};
+    std::memcpy(rabitq + 4, good, sizeof good);
+    std::memcpy(rabitq + 16 + 4, good, sizeof good);
+    EXPECT_TRUE(rabitq_rows_sound(rabitq, 2, 16));
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(rabitq + 16 + 4 + 8, &nan, sizeof nan);  // the second row's error
+    EXPECT_FALSE(rabitq_rows_sound(rabitq, 2, 16));
+    EXPECT_TRUE(rabitq_rows_sound(rabitq, 1, 16));
+    EXPECT_FALSE(rabitq_rows_sound(rabitq, 1, 8));  // too short to hold factors
 }
 
 }  // namespace

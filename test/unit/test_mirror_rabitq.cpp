@@ -253,13 +253,13 @@ TEST(RabitqMirror, RefusesWhatItCannotServe)
     too_wide.d = kRabitqMaxDims + 1;
     for (const MirrorSpec* bad : {&wrong_m, &wrong_bits, &with_vectors, &too_wide})
         EXPECT_EQ(kind_of([&] { dev->create_mirror(*bad); }), int(ErrorKind::InvalidArgument));
-    // A build's encoding of RaBitQ codes on a device assigns the lists
-    // only (the CPU engine's rule here), the codes untouched.
+    // A build's encoding of RaBitQ codes on a device: the lists and the
+    // rows (planes, then factors) the CPU engine writes.
     std::vector<int32_t> lists(s.n, -1);
-    std::vector<uint8_t> codes(s.m(), 0xab);
+    std::vector<uint8_t> codes(s.n * s.m(), 0xab);
     dev->encode(s.spec(), s.x.data(), s.n, lists.data(), codes.data());
     EXPECT_EQ(lists, s.list_ids);
-    EXPECT_EQ(codes, std::vector<uint8_t>(s.m(), 0xab));
+    EXPECT_EQ(codes, s.rows);
     EXPECT_EQ(kind_of([&] { dev->encode(wrong_bits, s.x.data(), 1, lists.data(), codes.data()); }),
               int(ErrorKind::InvalidArgument));
 }
@@ -294,10 +294,12 @@ TEST(RabitqMirror, ThroughTheProcessAndPlaced)
     ASSERT_TRUE(gp->search(key, s.d, queries.data(), nq, k, nprobe, nullptr, nullptr, nullptr, got.data(),
                            exact.data(), &is_exact, true));
     EXPECT_EQ(is_exact, GPU_IVFPQ_DISTS_NONE);
-    // A build's assignment through the channel: the lists only.
+    // A build's encoding through the channel: the lists and the rows.
     std::vector<int32_t> lists(s.n, -1);
-    gp->encode(s.spec(), s.x.data(), s.n, lists.data(), nullptr);
+    std::vector<uint8_t> rows(s.n * s.m(), 0xab);
+    gp->encode(s.spec(), s.x.data(), s.n, lists.data(), rows.data());
     EXPECT_EQ(lists, s.list_ids);
+    EXPECT_EQ(rows, s.rows);
     // A bad shape is refused by the client before anything is sent.
     MirrorSpec wrong = s.spec();
     wrong.m = 16;

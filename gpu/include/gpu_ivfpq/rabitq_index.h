@@ -78,11 +78,23 @@ public:
     // does on the CPU (float sums in another order: a row about equally near
     // two centroids may go to the other one; either is a valid index).
     void assign(const float* x, size_t n, int32_t* list_ids) const;
+    // A build's rows (host in / out): each of n rows' code and factors
+    // (row_bytes() bytes: its bit planes, then RabitqFactors) against its
+    // list list_ids[i] (below lists(), else Error(InvalidArgument)), as
+    // RabitqModel::encode writes them, bit for bit: the same residual,
+    // rotation order, grid point and factors (engine/rabitq_row.h).
+    void encode(const float* x, size_t n, const int32_t* list_ids, uint8_t* rows) const;
 
     struct Impl;
 
 private:
     std::unique_ptr<Impl> impl_;
 };
+
+// Test aid: rabitq_best_grid_point of n vectors o (host, n x d doubles, unit
+// length or zero) as the GPU's build encoder computes it (the sweep of
+// engine/rabitq_row.h, a thread a vector): x (n x d values) and out (n).
+void rabitq_grid_points_gpu(GpuContext& ctx, const double* o, size_t n, size_t d, int bits, uint8_t* x,
+                            RabitqGridPoint* out);
 
 }  // namespace gpuivfpq::gpu

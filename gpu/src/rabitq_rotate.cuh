@@ -1,0 +1,55 @@
+// P x in double for rows x (RabitqRotation::apply's order, bit for bit):
+// the queries of a RaBitQ search (rabitq_index.cu) and a build's unit
+// residuals (rabitq_encode.cu).
+#pragma once
+
+#include <cstdint>
+
+namespace gpuivfpq::gpu {
+
+// out[s * d + i] = sum_k P[i * d + k] x[s * d + k] in double for the n rows
+// of x, R rows a block: four partial sums by k % 4 over the first d - d % 4
+// terms, the rest added to the first, then (p0 + p1) + (p2 + p3), products
+// and sums rounded separately (rabitq_dot's order). 128 threads a block, a
+// coordinate each; grid (ceil(d / 128), ceil(n / R)); R * d doubles of
+// dynamic shared memory.
+template <typename T, int R>
+__global__ void __launch_bounds__(128) rabitq_rotate_kernel(const float* P, int d, const T* x, int64_t n, double* out)
+{
+    extern __shared__ double xs[];
+    const int64_t s0 = int64_t(blockIdx.y) * R;
+    for (int e = threadIdx.x; e < R * d; e += blockDim.x) {
+        const int64_t s = s0 + e / d;
+        xs[e] = s < n ? double(x[s * d + e % d]) : 0.0;
+    }
+    __syncthreads();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= d)
+        return;
+    const float* row = P + int64_t(i) * d;
+    double a[R][4];
+#pragma unroll
+    for (int s = 0; s < R; s++)
+        a[s][0] = a[s][1] = a[s][2] = a[s][3] = 0.0;
+    const int full = d / 4 * 4;
+    for (int k = 0; k < full; k += 4) {
+        const double p[4] = {double(row[k]), double(row[k + 1]), double(row[k + 2]), double(row[k + 3])};
+#pragma unroll
+        for (int s = 0; s < R; s++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                a[s][j] = __dadd_rn(a[s][j], __dmul_rn(p[j], xs[s * d + k + j]));
+    }
+    for (int k = full; k < d; k++) {
+        const double p = double(row[k]);
+#pragma unroll
+        for (int s = 0; s < R; s++)
+            a[s][0] = __dadd_rn(a[s][0], __dmul_rn(p, xs[s * d + k]));
+    }
+#pragma unroll
+    for (int s = 0; s < R; s++)
+        if (s0 + s < n)
+            out[(s0 + s) * d + i] = __dadd_rn(__dadd_rn(a[s][0], a[s][1]), __dadd_rn(a[s][2], a[s][3]));
+}
+
+}  // namespace gpuivfpq::gpu
