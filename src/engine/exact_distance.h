@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <type_traits>
 
 #include "distances.h"
 
@@ -17,83 +18,77 @@
 namespace gpuivfpq {
 namespace exact_detail {
 
-GPU_IVFPQ_HOST_DEVICE inline double mul(double a, double b)
+// Round-to-nearest operations in double or float, never fused into an FMA
+// (the host build passes -ffp-contract=off; nvcc never contracts its _rn
+// intrinsics): what both devices compute the same way.
+template <typename T>
+constexpr bool kExactFloat = std::is_same_v<T, float> || std::is_same_v<T, double>;
+
+template <typename T>
+GPU_IVFPQ_HOST_DEVICE inline T mul(T a, T b)
 {
+    static_assert(kExactFloat<T>, "exact_detail: float or double");
 #ifdef __CUDA_ARCH__
-    return __dmul_rn(a, b);
+    if constexpr (std::is_same_v<T, float>)
+        return __fmul_rn(a, b);
+    else
+        return __dmul_rn(a, b);
 #else
     return a * b;
 #endif
 }
 
-GPU_IVFPQ_HOST_DEVICE inline double add(double a, double b)
+template <typename T>
+GPU_IVFPQ_HOST_DEVICE inline T add(T a, T b)
 {
+    static_assert(kExactFloat<T>, "exact_detail: float or double");
 #ifdef __CUDA_ARCH__
-    return __dadd_rn(a, b);
+    if constexpr (std::is_same_v<T, float>)
+        return __fadd_rn(a, b);
+    else
+        return __dadd_rn(a, b);
 #else
     return a + b;
 #endif
 }
 
-GPU_IVFPQ_HOST_DEVICE inline double sub(double a, double b)
+template <typename T>
+GPU_IVFPQ_HOST_DEVICE inline T sub(T a, T b)
 {
+    static_assert(kExactFloat<T>, "exact_detail: float or double");
 #ifdef __CUDA_ARCH__
-    return __dsub_rn(a, b);
+    if constexpr (std::is_same_v<T, float>)
+        return __fsub_rn(a, b);
+    else
+        return __dsub_rn(a, b);
 #else
     return a - b;
 #endif
 }
 
-GPU_IVFPQ_HOST_DEVICE inline double div(double a, double b)
+template <typename T>
+GPU_IVFPQ_HOST_DEVICE inline T div(T a, T b)
 {
+    static_assert(kExactFloat<T>, "exact_detail: float or double");
 #ifdef __CUDA_ARCH__
-    return __ddiv_rn(a, b);
+    if constexpr (std::is_same_v<T, float>)
+        return __fdiv_rn(a, b);
+    else
+        return __ddiv_rn(a, b);
 #else
     return a / b;
 #endif
 }
 
-GPU_IVFPQ_HOST_DEVICE inline double root(double x)
+template <typename T>
+GPU_IVFPQ_HOST_DEVICE inline T root(T x)
 {
+    static_assert(kExactFloat<T>, "exact_detail: float or double");
 #ifdef __CUDA_ARCH__
-    return __dsqrt_rn(x);
-#else
-    return std::sqrt(x);
-#endif
-}
-
-// The same in float (the CPU engine's float sums that the GPU repeats).
-GPU_IVFPQ_HOST_DEVICE inline float mul_f(float a, float b)
-{
-#ifdef __CUDA_ARCH__
-    return __fmul_rn(a, b);
-#else
-    return a * b;
-#endif
-}
-
-GPU_IVFPQ_HOST_DEVICE inline float add_f(float a, float b)
-{
-#ifdef __CUDA_ARCH__
-    return __fadd_rn(a, b);
-#else
-    return a + b;
-#endif
-}
-
-GPU_IVFPQ_HOST_DEVICE inline float div_f(float a, float b)
-{
-#ifdef __CUDA_ARCH__
-    return __fdiv_rn(a, b);
-#else
-    return a / b;
-#endif
-}
-
-GPU_IVFPQ_HOST_DEVICE inline float root_f(float x)
-{
-#ifdef __CUDA_ARCH__
-    return __fsqrt_rn(x);
+    if constexpr (std::is_same_v<T, float>)
+        return __fsqrt_rn(x);
+    else
+        return __dsqrt_rn(x);
 #else
     return std::sqrt(x);
 #endif

@@ -22,14 +22,14 @@ GPU_IVFPQ_HOST_DEVICE inline float inner_product_lanes(const float* a, const flo
     size_t i = 0;
     for (; i + kLanes <= d; i += kLanes)
         for (size_t l = 0; l < kLanes; l++)
-            acc[l] = add_f(acc[l], mul_f(a[i + l], b[i + l]));
+            acc[l] = add(acc[l], mul(a[i + l], b[i + l]));
     float tail = 0.0f;
     for (; i < d; i++)
-        tail = add_f(tail, mul_f(a[i], b[i]));
+        tail = add(tail, mul(a[i], b[i]));
     for (size_t w = kLanes / 2; w > 0; w /= 2)
         for (size_t l = 0; l < w; l++)
-            acc[l] = add_f(acc[l], acc[l + w]);
-    return add_f(acc[0], tail);
+            acc[l] = add(acc[l], acc[l + w]);
+    return add(acc[0], tail);
 }
 
 // Scales row (d floats) to unit length in place: times 1 / ||row||, the
@@ -37,11 +37,11 @@ GPU_IVFPQ_HOST_DEVICE inline float inner_product_lanes(const float* a, const flo
 GPU_IVFPQ_HOST_DEVICE inline void normalize_row(float* row, size_t d)
 {
     using namespace exact_detail;
-    const float nrm = root_f(inner_product_lanes(row, row, d));
+    const float nrm = root(inner_product_lanes(row, row, d));
     if (nrm > 0.0f) {
-        const float inv = div_f(1.0f, nrm);
+        const float inv = div(1.0f, nrm);
         for (size_t t = 0; t < d; t++)
-            row[t] = mul_f(row[t], inv);
+            row[t] = mul(row[t], inv);
     }
 }
 

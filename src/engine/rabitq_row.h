@@ -110,6 +110,15 @@ GPU_IVFPQ_HOST_DEVICE inline void rabitq_pack_into(const uint8_t* x, size_t d, i
 
 namespace rabitq_detail {
 
+// Swaps two values (std::swap is not a device function).
+template <typename T>
+GPU_IVFPQ_HOST_DEVICE inline void exchange(T& a, T& b)
+{
+    const T t = a;
+    a = b;
+    b = t;
+}
+
 // Rank a comes before rank b: larger u first, then the lower coordinate.
 GPU_IVFPQ_HOST_DEVICE inline bool rank_before(double ua, uint32_t ia, double ub, uint32_t ib)
 {
@@ -122,12 +131,8 @@ GPU_IVFPQ_HOST_DEVICE inline void sort_ranks(double* us, uint16_t* coord, size_t
 {
     auto later = [&](size_t a, size_t b) { return rank_before(us[b], coord[b], us[a], coord[a]); };
     auto swap_at = [&](size_t a, size_t b) {
-        const double u = us[a];
-        us[a] = us[b];
-        us[b] = u;
-        const uint16_t c = coord[a];
-        coord[a] = coord[b];
-        coord[b] = c;
+        exchange(us[a], us[b]);
+        exchange(coord[a], coord[b]);
     };
     auto sift = [&](size_t root, size_t end) {
         for (size_t child = 2 * root + 1; child < end; child = 2 * root + 1) {
@@ -270,29 +275,18 @@ GPU_IVFPQ_HOST_DEVICE inline RabitqGridPoint rabitq_grid_point_sweep(const doubl
     }
 }
 
-// rabitq_grid_point_sweep for bits 1..8 (others: 0 0, x untouched).
+// rabitq_grid_point_sweep for bits kBits..8 (others: 0 0, x untouched).
+template <int kBits = 1>
 GPU_IVFPQ_HOST_DEVICE inline RabitqGridPoint rabitq_grid_point_sweep(const double* o, size_t d, int bits,
                                                                      double* us, uint16_t* coord, uint8_t* x)
 {
-    switch (bits) {
-    case 1:
-        return rabitq_grid_point_sweep<1>(o, d, us, coord, x);
-    case 2:
-        return rabitq_grid_point_sweep<2>(o, d, us, coord, x);
-    case 3:
-        return rabitq_grid_point_sweep<3>(o, d, us, coord, x);
-    case 4:
-        return rabitq_grid_point_sweep<4>(o, d, us, coord, x);
-    case 5:
-        return rabitq_grid_point_sweep<5>(o, d, us, coord, x);
-    case 6:
-        return rabitq_grid_point_sweep<6>(o, d, us, coord, x);
-    case 7:
-        return rabitq_grid_point_sweep<7>(o, d, us, coord, x);
-    case 8:
-        return rabitq_grid_point_sweep<8>(o, d, us, coord, x);
+    if constexpr (kBits > kRabitqMaxBits) {
+        return {0.0, 0.0};
+    } else {
+        if (bits == kBits)
+            return rabitq_grid_point_sweep<kBits>(o, d, us, coord, x);
+        return rabitq_grid_point_sweep<kBits + 1>(o, d, bits, us, coord, x);
     }
-    return {0.0, 0.0};
 }
 
 }  // namespace gpuivfpq
