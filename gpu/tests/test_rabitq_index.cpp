@@ -271,8 +271,8 @@ TEST(RabitqIndex, AssignAsCpu)
 // engine's (RabitqModel::encode) for the same lists: every byte of every
 // row (bit planes and factors), for every metric, code widths 1 to 8,
 // dimensions with and without plane padding, rows on their centroid (the
-// fixture's centroids are rows of it), and more rows than one of the
-// device's tiles at a sentence-embedding size.
+// fixture's centroids are rows of it), more rows than one of the device's
+// tiles at a sentence-embedding size, and a width past 1536.
 TEST(RabitqIndex, EncodeAsCpuBitForBit)
 {
     GPU_REQUIRE_DEVICE();
@@ -282,10 +282,11 @@ TEST(RabitqIndex, EncodeAsCpuBitForBit)
         int bits;
     };
     const Shape shapes[] = {{5, 4, 300, 1}, {37, 8, 700, 2}, {64, 16, 900, 3}, {128, 32, 2000, 4},
-                            {100, 8, 500, 5}, {33, 4, 400, 7}, {128, 16, 600, 8}, {768, 8, 12000, 4}};
+                            {100, 8, 500, 5}, {33, 4, 400, 7}, {128, 16, 600, 8}, {768, 8, 12000, 4},
+                            {1600, 4, 300, 3}};  // past 1536: the rotation's two rows a block
     for (Metric metric : {Metric::L2, Metric::InnerProduct, Metric::Cosine})
         for (const Shape& sh : shapes) {
-            if (sh.d == 768 && metric != Metric::L2)
+            if (sh.d >= 768 && metric != Metric::L2)
                 continue;
             SCOPED_TRACE(shape("rabitq encode", {{"metric", double(int(metric))}, {"d", double(sh.d)},
                                                  {"bits", double(sh.bits)}}, s));

@@ -942,6 +942,10 @@ void GpuProcess::encode(const MirrorSpec& spec, const float* rows, size_t n, int
     std::memcpy(codes, x + q.region[4].offset, q.region[4].bytes);
     if (!replycheck::all_within<int32_t>(list_ids, n, 0, static_cast<int32_t>(spec.lists)))
         check_reply("an Encode reply assigns a row to a list the model does not have");
+    if (spec.rabitq_bits != 0 &&
+        (spec.m != rabitq_row_bytes(spec.d, spec.rabitq_bits) ||
+         !replycheck::rabitq_rows_sound(codes, n, spec.d, spec.rabitq_bits, spec.metric == Metric::InnerProduct)))
+        check_reply("an Encode reply holds RaBitQ rows that no encoding writes");
 }
 
 void GpuProcess::exact_knn(const float* queries, size_t nq, const float* base, size_t n, size_t d,

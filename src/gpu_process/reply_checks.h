@@ -1,6 +1,6 @@
 // Checks of the numbers in an answer from the GPU process that index
-// arrays: hit offsets, object ids, row labels, list ids (and a build's
-// RaBitQ factors). The GPU process is
+// arrays (hit offsets, object ids, row labels, list ids) or that an index
+// stores (a build's RaBitQ rows). The GPU process is
 // outside the fault boundary (it may die or misbehave), so the service's
 // client (gpu_process_client.cpp) checks every reply with these before it
 // passes anything on, and the backends check with the same routines what
@@ -65,20 +65,32 @@ inline bool tid_labels_sound(const int64_t* labels, size_t n)
     return true;
 }
 
-// RaBitQ rows as a build's encoding answers them (n rows of row_bytes, each
-// ending in its three float factors): no factor is NaN, which the CPU
-// engine never writes (a factor may overflow to infinity, never to NaN).
-inline bool rabitq_rows_sound(const uint8_t* rows, size_t n, size_t row_bytes)
+// RaBitQ rows as a build's encoding answers them (n rows of d dimensions
+// at bits per dimension: bits planes of (d + 31) / 32 little-endian words,
+// then the factors add, rescale and error as three floats): what the CPU
+// engine writes could be any bits in the planes but their padding (0), a
+// rescale and an error at or above 0 (infinity included), and an add at or
+// above 0 but for inner product (ip), where it is any number; never NaN.
+inline bool rabitq_rows_sound(const uint8_t* rows, size_t n, size_t d, int bits, bool ip)
 {
-    if (row_bytes < 3 * sizeof(float))
+    if (d == 0 || bits < 1 || bits > 8)
         return false;
-    for (size_t i = 0; i < n; i++)
-        for (size_t f = 0; f < 3; f++) {
-            float v;
-            std::memcpy(&v, rows + i * row_bytes + row_bytes - (3 - f) * sizeof(float), sizeof v);
-            if (v != v)
+    const size_t words = (d + 31) / 32, code = size_t(bits) * words * 4, row = code + 3 * sizeof(float);
+    const uint32_t pad = d % 32 == 0 ? 0u : ~((uint32_t(1) << (d % 32)) - 1u);
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t* r = rows + i * row;
+        for (int p = 0; p < bits; p++) {
+            const uint8_t* last = r + (size_t(p) * words + words - 1) * 4;
+            const uint32_t w = uint32_t(last[0]) | uint32_t(last[1]) << 8 | uint32_t(last[2]) << 16 |
+                               uint32_t(last[3]) << 24;
+            if (w & pad)
                 return false;
         }
+        float f[3];
+        std::memcpy(f, r + code, sizeof f);
+        if (f[0] != f[0] || (!ip && !(f[0] >= 0.0f)) || !(f[1] >= 0.0f) || !(f[2] >= 0.0f))
+            return false;
+    }
     return true;
 }
 

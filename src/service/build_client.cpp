@@ -183,8 +183,10 @@ GpuIvfpqServiceEncode(GpuIvfpqRemoteEncoder *enc, int n, int32 *lists, uint8 *co
 	if (!gpuivfpq::replycheck::all_within<int32_t>(lists, (size_t) n, 0, enc->h.lists))
 		bad = "The GPU service assigned rows to lists the model does not have.";
 	else if (enc->h.rabitq_bits != 0 &&
-			 !gpuivfpq::replycheck::rabitq_rows_sound(codes, (size_t) n, (size_t) enc->h.m))
-		bad = "The GPU service answered RaBitQ rows whose factors are not numbers.";
+			 ((size_t) enc->h.m != gpuivfpq::rabitq_row_bytes(enc->h.d, enc->h.rabitq_bits) ||
+			  !gpuivfpq::replycheck::rabitq_rows_sound(codes, (size_t) n, enc->h.d, enc->h.rabitq_bits,
+													   enc->h.metric == (int) gpuivfpq::Metric::InnerProduct)))
+		bad = "The GPU service answered RaBitQ rows that no encoding writes.";
 	if (bad != NULL)
 	{
 		ereport(WARNING,

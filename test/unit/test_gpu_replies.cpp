@@ -672,17 +672,33 @@ TEST(ReplyChecks, RefuseWhatWouldIndexPastAnArray)
     const int64_t offset0[] = {1, 2 << 16};
     EXPECT_FALSE(tid_labels_sound(offset0, 2));
 
-    // RaBitQ rows of 4 code bytes and 3 factors: infinities pass, NaN not.
+    // RaBitQ rows of d = 20 at 1 bit (one word, then 3 factors): infinities
+    // pass, NaN, a negative rescale or error, a negative add (but for inner
+    // product) and a padding bit do not.
     uint8_t rabitq[2 * 16] = {};
-    const float good[3] = {1.5f, std::numeric_limits<float>::infinity(), 0.0f};
+    const float inf = std::numeric_limits<float>::infinity();
+    const float good[3] = {1.5f, inf, 0.0f};
     std::memcpy(rabitq + 4, good, sizeof good);
     std::memcpy(rabitq + 16 + 4, good, sizeof good);
-    EXPECT_TRUE(rabitq_rows_sound(rabitq, 2, 16));
-    const float nan = std::numeric_limits<float>::quiet_NaN();
-    std::memcpy(rabitq + 16 + 4 + 8, &nan, sizeof nan);  // the second row's error
-    EXPECT_FALSE(rabitq_rows_sound(rabitq, 2, 16));
-    EXPECT_TRUE(rabitq_rows_sound(rabitq, 1, 16));
-    EXPECT_FALSE(rabitq_rows_sound(rabitq, 1, 8));  // too short to hold factors
+    rabitq[0] = 0xff;
+    rabitq[2] = 0x0f;  // bits 16..19: dimensions
+    EXPECT_TRUE(rabitq_rows_sound(rabitq, 2, 20, 1, false));
+    EXPECT_FALSE(rabitq_rows_sound(rabitq, 2, 20, 2, false));  // a row of 2 planes would be longer
+    auto bad = [&](size_t at, float v, bool ip) {
+        uint8_t copy[sizeof rabitq];
+        std::memcpy(copy, rabitq, sizeof copy);
+        std::memcpy(copy + 16 + at, &v, sizeof v);
+        return rabitq_rows_sound(copy, 2, 20, 1, ip);
+    };
+    EXPECT_FALSE(bad(4 + 8, std::numeric_limits<float>::quiet_NaN(), false));  // the second row's error
+    EXPECT_FALSE(bad(4 + 4, -1.0f, false));                                    // a negative rescale
+    EXPECT_FALSE(bad(4, -2.0f, false));                                        // a negative ||r||^2
+    EXPECT_TRUE(bad(4, -2.0f, true));                                          // <c, r> may be negative
+    EXPECT_FALSE(bad(4, std::numeric_limits<float>::quiet_NaN(), true));
+    rabitq[16 + 2] = 0x1f;  // bit 20: padding
+    EXPECT_FALSE(rabitq_rows_sound(rabitq, 2, 20, 1, false));
+    EXPECT_TRUE(rabitq_rows_sound(rabitq, 1, 20, 1, false));
+    EXPECT_FALSE(rabitq_rows_sound(rabitq, 1, 20, 9, false));
 }
 
 }  // namespace
