@@ -282,6 +282,8 @@ installcheck-service: tmp_check/.dir
 	@echo "gpu_ivfpq.service_emulate_gpu = $(if $(filter 1,$(GPU_IVFPQ_EXPECT_GPU)),off,on)" >>$(SERVICE_CONF)
 	@# Two emulated GPUs: every scan of the suite goes through replicas (one GPU process, two devices).
 	@echo "gpu_ivfpq.service_emulate_devices = 2" >>$(SERVICE_CONF)
+	@# The tests' VACUUMs must remove what they deleted: an autoanalyze's snapshot would hold them back.
+	@echo "autovacuum = off" >>$(SERVICE_CONF)
 	$(pg_regress_installcheck) $(filter-out --temp-instance=% --temp-config=%,$(REGRESS_OPTS)) \
 	    --temp-instance=tmp_check/service-instance $(TEMP_CONF) --temp-config=$(SERVICE_CONF) \
 	    --outputdir=tmp_check/service $(REGRESS) $(REGRESS_SERVICE)
