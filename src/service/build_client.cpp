@@ -141,7 +141,8 @@ GpuIvfpqServiceEncoderBegin(const float *centroids, const void *model, int d, in
 	enc->h.m = m;
 	enc->h.metric = metric;
 	enc->h.rabitq_bits = rabitq_bits;
-	enc->h.n = Max(1024, ENCODE_SEGMENT_BYTES / ((int64) d * sizeof(float)));
+	/* RaBitQ rows come back in the segment too: a row's bytes count. */
+	enc->h.n = Max(1024, ENCODE_SEGMENT_BYTES / ((int64) d * sizeof(float) + (rabitq_bits != 0 ? m : 0)));
 	enc->l = GpuIvfpqDsmLayoutFor(REQ_ENCODE, &enc->h);
 	seg = GpuIvfpqCreateSegment(enc->l.total, "encoding");
 	if (seg == NULL)
