@@ -15,7 +15,8 @@
 # Runs after bash .device/pg-up.sh and an install of the extension linked
 # with the kernels. usage: bench/gpu/rabitq_codes.sh (N, DIM, LISTS, M, SECS
 # (pgbench seconds per row, default 6), BITS ("2 4 7"), PROBES ("16 32"),
-# RERANKS ("100 40 20"), PQ (0: no PQ rows))
+# RERANKS ("100 40 20"), GPU_PROBES (probes of the GPU rows, "32"), PQ (0: no
+# PQ rows))
 set -euo pipefail
 N=${N:-1000000}
 DIM=${DIM:-128}
@@ -24,7 +25,8 @@ LISTS=${LISTS:-4096}
 M=${M:-32}
 SECS=${SECS:-6}
 BITS=${BITS:-"2 4 7"}
-PROBES=${PROBES:-"16 32"}
+PROBES=${PROBES-"16 32"}
+GPU_PROBES=${GPU_PROBES:-32}
 RERANKS=${RERANKS:-"100 40 20"}
 DATA=${DATA:-/tmp/gpu_ivfpq-synthetic-$N-$DIM}
 RES=${OUT:-/tmp}/rabitq-codes-$DIM.txt
@@ -80,7 +82,9 @@ section() {  # NAME OPTIONS: index the table WITH (OPTIONS), then NAME's rows
   mirror
   batch "$1"
   header
-  for r in $RERANKS; do row "$1, GPU" auto 32 "$r"; done
+  for p in $GPU_PROBES; do
+    for r in $RERANKS; do row "$1, GPU" auto "$p" "$r"; done
+  done
   for p in $PROBES; do row "$1, CPU" cpu "$p" 100; done
 }
 

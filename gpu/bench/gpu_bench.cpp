@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -73,14 +74,20 @@ struct PinnedCall {
 // The GPU mirror of an index with RaBitQ codes (GpuRabitqIndex::search, as
 // the service calls it): coarse step, tables, scan and k-selection of k =
 // 100 candidates per query through nprobe 32 lists, host to host; random
-// rows spread evenly over the lists.
-void rabitq_index_bench(GpuContext& ctx)
+// rows spread evenly over the lists, or (skewed) row i in list
+// lists x u^1.5 for a uniform u: the longest list 16 times the mean, as
+// clustered data gives.
+// profile_batch > 0 (`--rabitq-profile B`, for a profiler): the skewed
+// shape only, then 5 calls of B queries at nprobe 32 and 5 at 80, no table.
+void rabitq_index_bench(GpuContext& ctx, size_t profile_batch = 0)
 {
     std::printf("\n# RaBitQ mirror search (GpuRabitqIndex::search, host to host), k 100, nprobe 32\n\n");
-    std::printf("| d | bits | rows | lists | batch | ms per call | queries/s |\n");
-    std::printf("|---|---|---|---|---|---|---|\n");
+    std::printf("| d | bits | rows | lists | spread | batch | ms per call | queries/s |\n");
+    std::printf("|---|---|---|---|---|---|---|---|\n");
     struct Shape {
         size_t d, n, lists;
+        bool skewed;
+        std::vector<int> bits;
     };
     uint64_t rng = 0x9e3779b97f4a7c15ull;
     auto next = [&rng] {
@@ -90,8 +97,13 @@ void rabitq_index_bench(GpuContext& ctx)
         return rng;
     };
     auto unit = [&] { return float(next() >> 40) / float(1 << 24) * 2.0f - 1.0f; };
-    for (const Shape sh : {Shape{128, 1000000, 4096}, Shape{768, 200000, 1024}})
-        for (int bits : {2, 4}) {
+    const std::vector<Shape> shapes = {Shape{128, 1000000, 4096, false, {2, 4}},
+                                       Shape{128, 1000000, 4096, true, {4}},
+                                       Shape{768, 200000, 1024, false, {2, 4}}};
+    for (const Shape& sh : shapes)
+        for (int bits : sh.bits) {
+            if (profile_batch && !sh.skewed)
+                continue;
             const size_t rb = rabitq_row_bytes(sh.d, bits), cb = rabitq_code_bytes(sh.d, bits);
             std::vector<float> cent(sh.lists * sh.d);
             for (float& v : cent)
@@ -116,10 +128,25 @@ void rabitq_index_bench(GpuContext& ctx)
                         r[b] = uint8_t(next());
                     const float f[3] = {1.0f + unit(), 1.0f + unit(), 0.1f};
                     std::memcpy(r + cb, f, sizeof(f));
-                    lists[i] = int32_t((a + i) % sh.lists);
+                    if (sh.skewed) {
+                        const double u = double(next() >> 11) / double(uint64_t(1) << 53);
+                        lists[i] = int32_t(std::min(sh.lists - 1, size_t(double(sh.lists) * std::pow(u, 1.5))));
+                    } else {
+                        lists[i] = int32_t((a + i) % sh.lists);
+                    }
                     ids[i] = int64_t(a + i);
                 }
                 index.add(nb, lists.data(), rows.data(), ids.data());
+            }
+            if (profile_batch) {
+                std::vector<float> q(profile_batch * sh.d), dist(profile_batch * 100);
+                std::vector<int64_t> labels(profile_batch * 100);
+                for (float& v : q)
+                    v = unit();
+                for (size_t nprobe : {size_t(32), size_t(80)})
+                    for (int rep = 0; rep < 5; rep++)
+                        index.search(q.data(), profile_batch, 100, nprobe, dist.data(), labels.data());
+                continue;
             }
             for (size_t nq : {size_t(1), size_t(16), size_t(64), size_t(1000), size_t(10000)}) {
                 std::vector<float> q(nq * sh.d), dist(nq * 100);
@@ -129,8 +156,8 @@ void rabitq_index_bench(GpuContext& ctx)
                 const double ms = time_ms(ctx, [&] {
                     index.search(q.data(), nq, 100, 32, dist.data(), labels.data());
                 }, nq >= 1000 ? 3 : 20, 2);
-                std::printf("| %zu | %d | %zu | %zu | %zu | %.3f | %.0f |\n", sh.d, bits, sh.n, sh.lists, nq, ms,
-                            double(nq) / (ms * 1e-3));
+                std::printf("| %zu | %d | %zu | %zu | %s | %zu | %.3f | %.0f |\n", sh.d, bits, sh.n, sh.lists,
+                            sh.skewed ? "skewed" : "even", nq, ms, double(nq) / (ms * 1e-3));
                 std::fflush(stdout);
             }
         }
@@ -199,6 +226,16 @@ int rabitq_bench()
 
 int main(int argc, char** argv)
 {
+    if (argc == 3 && !std::strcmp(argv[1], "--rabitq-profile")) {
+        try {
+            GpuContext ctx(0);
+            rabitq_index_bench(ctx, std::max<size_t>(1, std::strtoul(argv[2], nullptr, 10)));
+            return 0;
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "gpu_bench: %s\n", e.what());
+            return 1;
+        }
+    }
     if (argc == 2 && !std::strcmp(argv[1], "--rabitq")) {
         try {
             return rabitq_bench();
@@ -238,7 +275,8 @@ int main(int argc, char** argv)
             queries_path = argv[++i];
         else {
             std::fprintf(stderr, "usage: gpu_bench --base BASE.fvecs --queries QUERIES.fvecs [--quick] [--stages] [--nprobe N] [--m M] [--lists L] [--profile BATCH] [--small-ab]\n"
-                                 "       gpu_bench --rabitq\n");
+                                 "       gpu_bench --rabitq\n"
+                                 "       gpu_bench --rabitq-profile BATCH\n");
             return 2;
         }
     }

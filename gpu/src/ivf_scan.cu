@@ -77,21 +77,34 @@ __global__ void __launch_bounds__(kScanThreads) ivf_tables_kernel(IvfScanArgs a)
         a.base_out[blockIdx.x] = base;
 }
 
-// prefix[q][p] = candidates in probes 0..p-1 of query q (a thread per query).
+// prefix[q][p] = candidates in probes 0..p-1 of query q: a warp per query,
+// 32 probes' lengths loaded at once and scanned across the lanes (a thread
+// per query waited on nprobe dependent loads: 20-35 us at nprobe 80).
 __global__ void ivf_prefix_kernel(IvfScanArgs a)
 {
-    const int q = blockIdx.x * blockDim.x + threadIdx.x;
+    const int q = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x & 31;
     if (q >= a.nq)
         return;
     int32_t* pre = const_cast<int32_t*>(a.prefix) + static_cast<int64_t>(q) * (a.nprobe + 1);
     const int32_t* pl = a.probe_lists + static_cast<int64_t>(q) * a.nprobe;
-    int64_t s = 0;
-    for (int p = 0; p < a.nprobe; ++p) {
-        pre[p] = static_cast<int32_t>(s);
-        const int l = pl[p];
-        s += l >= 0 ? a.list_len[l] : 0;
+    int32_t s = 0;  // candidates before this group of 32 probes
+    for (int p0 = 0; p0 < a.nprobe; p0 += 32) {
+        const int p = p0 + lane;
+        const int l = p < a.nprobe ? pl[p] : -1;
+        const int32_t len = l >= 0 ? a.list_len[l] : 0;
+        int32_t incl = len;
+        for (int off = 1; off < 32; off <<= 1) {
+            const int32_t v = __shfl_up_sync(0xffffffffu, incl, off);
+            if (lane >= off)
+                incl += v;
+        }
+        if (p < a.nprobe)
+            pre[p] = s + incl - len;
+        s += __shfl_sync(0xffffffffu, incl, 31);
     }
-    pre[a.nprobe] = static_cast<int32_t>(s);
+    if (lane == 0)
+        pre[a.nprobe] = s;
 }
 
 }  // namespace
@@ -151,7 +164,7 @@ void launch_ivf_prefix(const IvfScanArgs& a, cudaStream_t stream)
 {
     if (!a.nq)
         return;
-    ivf_prefix_kernel<<<(a.nq + 127) / 128, 128, 0, stream>>>(a);
+    ivf_prefix_kernel<<<(a.nq + 3) / 4, 128, 0, stream>>>(a);
     GPU_KERNEL_CHECK();
 }
 

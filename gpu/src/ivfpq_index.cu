@@ -757,19 +757,9 @@ void GpuIvfPqIndex::Impl::search_tile(const float* queries, size_t nq, size_t k,
         launch_select(p1, false, st());
     }
     mark(kEvScan);
-    if (chunks > 1) {
-        SelectArgs p2;
-        p2.in = cdist;
-        p2.in_labels = cidx;
-        p2.ld = static_cast<int64_t>(chunks * k);
-        p2.n = p2.ld;
-        p2.rows = static_cast<int64_t>(nq);
-        p2.chunk_len = p2.ld;
-        p2.k = static_cast<int>(k);
-        p2.out_dist = out_dist;
-        p2.out_idx = pos;
-        launch_select(p2, nq < static_cast<size_t>(sms) * 16, st());
-    }
+    if (chunks > 1)
+        launch_select_merge(static_cast<int64_t>(nq), static_cast<int>(chunks), static_cast<int>(k), cdist, cidx,
+                            out_dist, pos, sms, st());
     mark(kEvMerge);
     launch_decode_labels(pos, static_cast<int64_t>(nq), static_cast<int>(k), static_cast<int>(nprobe),
                          prefix, probe_lists,

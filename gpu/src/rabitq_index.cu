@@ -1,11 +1,14 @@
 // GpuRabitqIndex (gpu_ivfpq/rabitq_index.h): the IVF search over RaBitQ
 // codes. Per tile of queries: the coarse step (exact_knn_i32 over the
 // centroids), P q in double (a thread per coordinate, the CPU engine's
-// order), then a block per (query, probed list) that computes q' = P q - P c,
+// order), then a block per (query, probed list, 1024 rows of it) that
+// computes q' = P q - P c,
 // ||q - c||^2 (or <q, c>) and the list's byte tables in shared memory, as
-// RabitqModel::prepare_list does, and writes every row's estimate (+inf past
-// the list's end and outside the query's key range) into the query's row of
-// candidates; a k-selection per row; the positions mapped to ids. The
+// RabitqModel::prepare_list does, and writes every row's estimate (+inf
+// outside the query's key range) into the query's row of candidates, the
+// probed lists one after the other (the IVF scan's prefix of their lengths);
+// a k-selection per chunk of each row, merged per row; the positions mapped
+// to ids through the prefix (the IVF scan's decode). The
 // block keeps nibble tables (16 entries per half byte, an eighth of the
 // byte tables' 256: 2 KiB of shared memory at d = 128, 12 KiB at 768) and
 // sums a byte's two entries as the CPU engine forms its byte entry.
@@ -26,7 +29,10 @@
 #include "gpu_ivfpq/exact_search.h"
 #include "gpu_ivfpq/gpu_context.h"
 #include "gpu_ivfpq/k_select.h"
+#include "ivf_scan.cuh"
+#include "ivfpq_kernels.h"
 #include "list_store.h"
+#include "select_args.h"
 #include "rabitq_encode.h"
 #include "rabitq_rotate.cuh"
 #include "rabitq_row.cuh"
@@ -36,6 +42,10 @@ namespace gpuivfpq::gpu {
 namespace {
 
 constexpr int kThreads = 256;
+// Rows of a probed list per block: a long list is split over several blocks,
+// each building the list's tables, so that one list does not hold up the
+// search (clustered data's longest lists are 10-20 times the mean).
+constexpr int kRowsPerBlock = 4 * kThreads;
 // The candidates of one tile of queries (nq x nprobe x the longest list
 // floats) are kept below this many bytes, unless one query alone needs more.
 constexpr size_t kTileBytes = size_t(256) << 20;
@@ -46,6 +56,7 @@ struct PairArgs {
     const float* centroids;  // lists x d
     const double* pc;        // lists x d: P c
     const int32_t* probe;    // nq x nprobe
+    const int32_t* prefix;   // nq x (nprobe + 1): where each probed list's rows start in cand
     const uint8_t* const* list_rows;
     const int64_t* const* list_keys;
     const int32_t* list_len;
@@ -54,7 +65,8 @@ struct PairArgs {
     unsigned long long* matched;  // nq, or null
     float* cand;             // nq x ld
     float eps0;              // > 0: rank by lower bounds (RabitqModel::scan_keys)
-    int d, bits, plane_bytes, code_bytes, row_bytes, nprobe, max_len, metric;
+    int d, bits, plane_bytes, code_bytes, row_bytes, nprobe, metric;
+    int splits;              // blocks per probed list: kRowsPerBlock rows each
     int64_t ld;
 };
 
@@ -67,16 +79,16 @@ __global__ void __launch_bounds__(kThreads) rabitq_pairs_kernel(PairArgs a)
     __shared__ float base, add_scale, ip_scale, bound_scale;
     __shared__ unsigned long long in_range;
 
-    const int q = blockIdx.y, p = blockIdx.x;
+    const int q = blockIdx.y, p = blockIdx.x / a.splits;
+    const int r0 = (blockIdx.x % a.splits) * kRowsPerBlock;
     const int list = a.probe[size_t(q) * a.nprobe + p];
-    float* out = a.cand + size_t(q) * a.ld + size_t(p) * a.max_len;
-    const float inf = __int_as_float(0x7f800000);
-    if (list < 0) {  // the coarse step found fewer lists (never expected)
-        for (int r = threadIdx.x; r < a.max_len; r += blockDim.x)
-            out[r] = inf;
+    if (list < 0)  // the coarse step found fewer lists (never expected): no rows
         return;
-    }
-    const int n = a.list_len[list];
+    const int n = min(a.list_len[list], r0 + kRowsPerBlock);
+    if (r0 >= n)  // uniform over the block
+        return;
+    float* out = a.cand + size_t(q) * a.ld + a.prefix[size_t(q) * (a.nprobe + 1) + p];
+    const float inf = __int_as_float(0x7f800000);
     const int d = a.d;
     const float* qv = a.queries + size_t(q) * d;
     const float* c = a.centroids + size_t(list) * d;
@@ -152,11 +164,7 @@ __global__ void __launch_bounds__(kThreads) rabitq_pairs_kernel(PairArgs a)
     const int64_t* keys = a.key_lo ? a.list_keys[list] : nullptr;
     const int64_t lo = a.key_lo ? a.key_lo[q] : 0, hi = a.key_lo ? a.key_hi[q] : 0;
     unsigned long long mine = 0;
-    for (int r = threadIdx.x; r < a.max_len; r += blockDim.x) {
-        if (r >= n) {
-            out[r] = inf;
-            continue;
-        }
+    for (int r = r0 + threadIdx.x; r < n; r += blockDim.x) {
         if (keys) {
             const int64_t key = keys[r];
             if (!(lo <= key && key <= hi)) {
@@ -188,25 +196,6 @@ __global__ void __launch_bounds__(kThreads) rabitq_pairs_kernel(PairArgs a)
     }
 }
 
-// Positions in a query's candidate row to ids: position i is row i %
-// max_len of its (i / max_len)-th probed list; +inf and -1 stay absent.
-__global__ void rabitq_labels_kernel(const int32_t* idx, float* dist, int64_t nq, int k, const int32_t* probe,
-                                     int nprobe, int max_len, const int64_t* const* list_ids, int64_t* labels)
-{
-    const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (e >= nq * k)
-        return;
-    const int64_t q = e / k;
-    const int32_t i = idx[e];
-    if (i < 0 || dist[e] == __int_as_float(0x7f800000)) {
-        dist[e] = __int_as_float(0x7f800000);
-        labels[e] = -1;
-        return;
-    }
-    const int list = probe[q * nprobe + i / max_len];
-    labels[e] = list_ids[list][i % max_len];
-}
-
 // q' (8 doubles a byte group) and the nibble tables (32 floats a group).
 size_t smem_bytes(size_t plane_bytes) { return plane_bytes * 8 * sizeof(double) + plane_bytes * 32 * sizeof(float); }
 
@@ -227,25 +216,54 @@ struct GpuRabitqIndex::Impl : ListStore {
     void search_tile(float* dq, size_t nt, size_t k, size_t nprobe, const int64_t* lo, const int64_t* hi,
                      int64_t* matched, float eps0, float* dist, int64_t* labels)
     {
-        const size_t ml = std::max<size_t>(max_len, 1);
-        const size_t ld = nprobe * ml;
+        // A query's row holds its probed lists' rows one after the other
+        // (at most nprobe x the longest list; a multiple of 4 floats, which
+        // the selection reads 16 bytes at a time).
+        const size_t ld = (nprobe * std::max<size_t>(max_len, 1) + 3) / 4 * 4;
+        require(ld < (size_t(1) << 31), "GPU RaBitQ search: too many candidates per query");
+        // The first selection splits each query's candidates (its own count,
+        // known on the device only) into chunks, a warp each, whose k best
+        // are then merged, a block a query: about sqrt(4 e / k) chunks for
+        // e candidates (a chunk's warp and the merge's block then take about
+        // as long), e estimated as twice nprobe mean lists (clustered data's
+        // probes favour long lists), one chunk where that leaves fewer than
+        // 2; no more than fill the device (16 warps a multiprocessor).
+        const size_t sms = size_t(std::max(ctx.multiprocessors(), 1));
+        const double est = 2.0 * double(nprobe) * double(ntotal) / double(std::max<size_t>(lists, 1));
+        size_t chunks = size_t(std::sqrt(4.0 * std::min(est, double(ld)) / double(k)));
+        chunks = std::min(chunks, std::max<size_t>(1, (sms * 16 + nt - 1) / nt));
+        if (chunks < 2)
+            chunks = 1;
         Carver sz;
         sz.take<float>(nt * nprobe);
         sz.take<int32_t>(nt * nprobe);
+        sz.take<int32_t>(nt * (nprobe + 1));
         sz.take<double>(nt * d);
         sz.take<float>(nt * ld);
+        sz.take<float>(chunks > 1 ? nt * chunks * k : 0);
+        sz.take<int32_t>(chunks > 1 ? nt * chunks * k : 0);
         sz.take<int32_t>(nt * k);
         Scratch s(ctx, sz.size());
         Carver c(s.data());
         float* pdist = c.take<float>(nt * nprobe);
         int32_t* probe = c.take<int32_t>(nt * nprobe);
+        int32_t* prefix = c.take<int32_t>(nt * (nprobe + 1));
         double* rq = c.take<double>(nt * d);
         float* cand = c.take<float>(nt * ld);
-        int32_t* idx = c.take<int32_t>(nt * k);
+        float* cdist = c.take<float>(chunks > 1 ? nt * chunks * k : 0);
+        int32_t* cidx = c.take<int32_t>(chunks > 1 ? nt * chunks * k : 0);
+        int32_t* pos = c.take<int32_t>(nt * k);
         if (metric == Metric::Cosine)
             normalize_rows(ctx, dq, nt, d);
         exact_knn_i32(ctx, dq, nt, centroids.as<float>(), lists, d, coarse_metric(), nprobe, pdist, probe,
                       centroid_norms.as<float>());
+        IvfScanArgs pa;
+        pa.nq = int(nt);
+        pa.nprobe = int(nprobe);
+        pa.probe_lists = probe;
+        pa.prefix = prefix;
+        pa.list_len = lens.as<int32_t>();
+        launch_ivf_prefix(pa, st());
         rabitq_rotate_kernel<float, 1><<<dim3(unsigned((d + 127) / 128), unsigned(nt)), 128, d * sizeof(double), st()>>>(
             rotation.as<float>(), int(d), dq, int64_t(nt), rq);
         GPU_KERNEL_CHECK();
@@ -257,6 +275,7 @@ struct GpuRabitqIndex::Impl : ListStore {
         a.centroids = centroids.as<float>();
         a.pc = rotated.as<double>();
         a.probe = probe;
+        a.prefix = prefix;
         a.list_rows = code_ptrs.as<const uint8_t* const>();
         a.list_keys = has_keys ? key_ptrs.as<const int64_t* const>() : nullptr;
         a.list_len = lens.as<int32_t>();
@@ -271,17 +290,26 @@ struct GpuRabitqIndex::Impl : ListStore {
         a.code_bytes = int(code_len);
         a.row_bytes = int(m);
         a.nprobe = int(nprobe);
-        a.max_len = int(ml);
         a.metric = int(metric);
         a.ld = int64_t(ld);
-        rabitq_pairs_kernel<<<dim3(unsigned(nprobe), unsigned(nt)), kThreads, smem_bytes(plane_bytes), st()>>>(a);
+        a.splits = int((std::max<size_t>(max_len, 1) + kRowsPerBlock - 1) / kRowsPerBlock);
+        rabitq_pairs_kernel<<<dim3(unsigned(nprobe * size_t(a.splits)), unsigned(nt)), kThreads,
+                              smem_bytes(plane_bytes), st()>>>(a);
         GPU_KERNEL_CHECK();
-        k_select(ctx, cand, nt, ld, ld, k, false, dist, idx);
-        const int64_t total = int64_t(nt * k);
-        rabitq_labels_kernel<<<unsigned((total + 255) / 256), 256, 0, st()>>>(
-            idx, dist, int64_t(nt), int(k), probe, int(nprobe), int(ml), id_ptrs.as<const int64_t* const>(),
-            labels);
-        GPU_KERNEL_CHECK();
+        // The candidates past a query's last probed row are never read.
+        SelectArgs sel;
+        sel.in = cand;
+        sel.ld = int64_t(ld);
+        sel.n = int64_t(ld);
+        sel.row_len = prefix + nprobe;
+        sel.row_len_stride = int64_t(nprobe + 1);
+        sel.rows = int64_t(nt);
+        sel.chunks = int(chunks);
+        sel.chunks_split_len = true;
+        sel.k = int(k);
+        launch_select_chunked(sel, cdist, cidx, dist, pos, int(sms), st());
+        launch_decode_labels(pos, int64_t(nt), int(k), int(nprobe), prefix, probe,
+                             id_ptrs.as<const int64_t* const>(), labels, st());
     }
 };
 

@@ -30,6 +30,9 @@ struct SelectArgs {
     int64_t rows = 0;
     int chunks = 1;          // each row split in chunks of chunk_len columns;
     int64_t chunk_len = 0;   // output row = row * chunks + chunk
+    // Chunks split each row's own length (row_len) evenly instead, in
+    // multiples of 4 columns (chunk_len unused).
+    bool chunks_split_len = false;
     int k = 0;
     int transform = kTransformNone;
     float out_sign = 1.0f;  // -1 for largest-first
@@ -47,6 +50,19 @@ struct SelectArgs {
 
 // Launches the selection for any 1 <= k <= kMaxSelectK (k = 1: an arg-min kernel).
 void launch_select(const SelectArgs& a, bool block_per_row, cudaStream_t stream);
+
+// The k best of each row of `a` (its rows, ld, n, row_len and k; labels are
+// the columns) into out_dist / out_idx (rows x k): with a.chunks > 1, a warp
+// per (row, chunk of a.chunk_len columns) into cdist / cidx ((rows x
+// chunks) x k), then launch_select_merge; with one chunk, as k_select does.
+// Equal keys go to the smaller column either way.
+void launch_select_chunked(SelectArgs a, float* cdist, int32_t* cidx, float* out_dist, int32_t* out_idx,
+                           int multiprocessors, cudaStream_t stream);
+// The k best of each row's chunks x k candidates (cdist, labels cidx) into
+// out_dist / out_idx (rows x k), by a block per row where the rows are fewer
+// than 16 a multiprocessor.
+void launch_select_merge(int64_t rows, int chunks, int k, const float* cdist, const int32_t* cidx,
+                         float* out_dist, int32_t* out_idx, int multiprocessors, cudaStream_t stream);
 
 // Per warp-queue bucket launchers, one translation unit each (compile time).
 template <int kQ>

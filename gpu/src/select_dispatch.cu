@@ -93,4 +93,32 @@ void launch_select(const SelectArgs& a, bool block_per_row, cudaStream_t stream)
         launch_select_bucket<2048>(a, block_per_row, stream);
 }
 
+void launch_select_merge(int64_t rows, int chunks, int k, const float* cdist, const int32_t* cidx,
+                         float* out_dist, int32_t* out_idx, int multiprocessors, cudaStream_t stream)
+{
+    SelectArgs m;
+    m.in = cdist;
+    m.in_labels = cidx;
+    m.ld = static_cast<int64_t>(chunks) * k;
+    m.n = m.ld;
+    m.rows = rows;
+    m.chunk_len = m.ld;
+    m.k = k;
+    m.out_dist = out_dist;
+    m.out_idx = out_idx;
+    launch_select(m, rows < static_cast<int64_t>(multiprocessors) * 16, stream);
+}
+
+void launch_select_chunked(SelectArgs a, float* cdist, int32_t* cidx, float* out_dist, int32_t* out_idx,
+                           int multiprocessors, cudaStream_t stream)
+{
+    const bool merge = a.chunks > 1;
+    a.out_dist = merge ? cdist : out_dist;
+    a.out_idx = merge ? cidx : out_idx;
+    // One chunk a row: a block per row where a warp per row leaves SMs idle.
+    launch_select(a, !merge && a.rows < static_cast<int64_t>(multiprocessors) * 16, stream);
+    if (merge)
+        launch_select_merge(a.rows, a.chunks, a.k, cdist, cidx, out_dist, out_idx, multiprocessors, stream);
+}
+
 }  // namespace gpuivfpq::gpu

@@ -44,8 +44,9 @@ __device__ __forceinline__ void for_each_candidate(const SelectArgs& a, int64_t 
     const int64_t row = orow / a.chunks;
     const int chunk = static_cast<int>(orow - row * a.chunks);
     const int64_t len = a.row_len ? a.row_len[row * a.row_len_stride] : a.n;
-    const int64_t begin = static_cast<int64_t>(chunk) * a.chunk_len;
-    const int64_t end = begin + a.chunk_len < len ? begin + a.chunk_len : len;
+    const int64_t clen = a.chunks_split_len ? ((len + a.chunks - 1) / a.chunks + 3) / 4 * 4 : a.chunk_len;
+    const int64_t begin = static_cast<int64_t>(chunk) * clen;
+    const int64_t end = begin + clen < len ? begin + clen : len;
     const float* rp = a.in + row * a.ld;
     const int32_t* lp = a.in_labels ? a.in_labels + row * a.ld : nullptr;
     const bool norms = a.transform == kTransformL2 || a.transform == kTransformCosine;

@@ -226,6 +226,28 @@ TEST(RabitqIndex, SentenceEmbeddingSize)
     check_index(768, 4, Metric::L2, s);
 }
 
+// Long lists and few queries: each query's candidates (tens of thousands)
+// are selected in many chunks and merged, and lists of very different
+// lengths sit side by side in a query's row of candidates.
+TEST(RabitqIndex, LongListsSelectedInChunks)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(4504);
+    const size_t d = 32, lists = 3, n = 60000;
+    SCOPED_TRACE(shape("rabitq index long lists", {{"n", double(n)}}, s));
+    Fixture fx(d, lists, n, 4, Metric::L2, s);
+    std::vector<float> q = clustered(3, d, 8, 3.0f, s + 1);
+    GpuRabitqIndex index(ctx(), d, lists, 4, Metric::L2, fx.cent.data(), fx.blob.data(), true);
+    index.add(n, fx.list_ids.data(), fx.rows.data(), fx.ids.data(), fx.keys.data());
+    std::vector<bool> live(n, true);
+    for (size_t nq : {size_t(1), size_t(3)})
+        for (size_t k : {size_t(10), size_t(100), size_t(1000)}) {
+            SCOPED_TRACE("nq " + std::to_string(nq) + " k " + std::to_string(k));
+            compare(index, fx, q, nq, k, lists, live, false, gpuivfpq::kRabitqLowerEps0);
+            compare(index, fx, q, nq, k, 2, live, true);
+        }
+}
+
 // A build's assignment on the GPU (GpuRabitqIndex::assign) against the
 // CPU engine's (RabitqModel::assign): every metric (Cosine rows normalised,
 // L2-nearest for all), more rows than one tile of the device's pass; a row
