@@ -32,6 +32,9 @@ __global__ void __launch_bounds__(128) rabitq_rotate_kernel(const float* P, int 
     for (int s = 0; s < R; s++)
         a[s][0] = a[s][1] = a[s][2] = a[s][3] = 0.0;
     const int full = d / 4 * 4;
+    // Unrolled so that a thread's loads of its row (uncoalesced: a row per
+    // lane) are in flight together; the sums keep their order.
+#pragma unroll 4
     for (int k = 0; k < full; k += 4) {
         const double p[4] = {double(row[k]), double(row[k + 1]), double(row[k + 2]), double(row[k + 3])};
 #pragma unroll
