@@ -55,7 +55,8 @@ void launch_select(const SelectArgs& a, bool block_per_row, cudaStream_t stream)
 // the columns) into out_dist / out_idx (rows x k): with a.chunks > 1, a warp
 // per (row, chunk of a.chunk_len columns) into cdist / cidx ((rows x
 // chunks) x k), then launch_select_merge; with one chunk, as k_select does.
-// Equal keys go to the smaller column either way.
+// Which of several equal keys at the k-th place is kept may differ with the
+// chunking (as between k_select's warp and block paths); the keys do not.
 void launch_select_chunked(SelectArgs a, float* cdist, int32_t* cidx, float* out_dist, int32_t* out_idx,
                            int multiprocessors, cudaStream_t stream);
 // The k best of each row's chunks x k candidates (cdist, labels cidx) into

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <set>
 #include <numeric>
 #include <random>
 #include <tuple>
@@ -80,10 +81,11 @@ struct Hit {
 
 // The CPU engine's k best (rank key, label) of a query over the given
 // lists, the entries in `live` and within [lo, hi] only; *matched counts
-// those in range. The keys are scan_keys's at eps0: the estimates (0) or
-// their lower bounds.
+// those in range; key_of (if set) gets every such entry's key by label.
+// The keys are scan_keys's at eps0: the estimates (0) or their lower bounds.
 std::vector<Hit> cpu_best(const Fixture& fx, const float* q, const int32_t* probed, size_t nprobe, size_t k,
-                          const std::vector<bool>& live, int64_t lo, int64_t hi, int64_t* matched, float eps0)
+                          const std::vector<bool>& live, int64_t lo, int64_t hi, int64_t* matched, float eps0,
+                          std::map<int64_t, float>* key_of = nullptr)
 {
     RabitqQuery query;
     fx.model->prepare_query(q, query);
@@ -102,6 +104,8 @@ std::vector<Hit> cpu_best(const Fixture& fx, const float* q, const int32_t* prob
             float e = 0;
             fx.model->scan_keys(lq, fx.rows.data() + i * fx.rb(), fx.rb(), &f, 1, eps0, &e);
             all.push_back({e, fx.ids[i]});
+            if (key_of)
+                (*key_of)[fx.ids[i]] = e;
         }
     }
     std::sort(all.begin(), all.end(), [](const Hit& a, const Hit& b) {
@@ -113,8 +117,9 @@ std::vector<Hit> cpu_best(const Fixture& fx, const float* q, const int32_t* prob
 }
 
 // The GPU's answers against cpu_best for nq queries: the same estimates in
-// the same order (bit for bit, or within rounding for Cosine), each label
-// one whose estimate that is, padding where the CPU found fewer.
+// the same order (bit for bit, or within rounding for Cosine), each label a
+// distinct entry of the probed lists whose own estimate that is, padding
+// where the CPU found fewer.
 void compare(GpuRabitqIndex& index, const Fixture& fx, const std::vector<float>& q, size_t nq, size_t k,
              size_t nprobe, const std::vector<bool>& live, bool ranged, float eps0 = 0.0f)
 {
@@ -139,8 +144,10 @@ void compare(GpuRabitqIndex& index, const Fixture& fx, const std::vector<float>&
         row_of[fx.ids[i]] = i;
     for (size_t i = 0; i < nq; i++) {
         int64_t want_matched = 0;
-        const std::vector<Hit> want =
-            cpu_best(fx, q.data() + i * d, probed.data() + i * np, np, k, live, lo[i], hi[i], &want_matched, eps0);
+        std::map<int64_t, float> key_of;
+        const std::vector<Hit> want = cpu_best(fx, q.data() + i * d, probed.data() + i * np, np, k, live, lo[i],
+                                               hi[i], &want_matched, eps0, &key_of);
+        std::set<int64_t> seen;
         if (ranged)
             ASSERT_EQ(matched[i], want_matched) << "query " << i << ": entries in range";
         for (size_t j = 0; j < k; j++) {
@@ -157,12 +164,18 @@ void compare(GpuRabitqIndex& index, const Fixture& fx, const std::vector<float>&
             ASSERT_TRUE(live[row]) << "a removed entry came back: " << label;
             if (ranged)
                 ASSERT_TRUE(fx.keys[row] >= lo[i] && fx.keys[row] <= hi[i]) << "entry out of range";
-            if (fx.metric == Metric::Cosine)
+            ASSERT_TRUE(seen.insert(label).second) << "query " << i << ": label " << label << " twice";
+            ASSERT_TRUE(key_of.count(label)) << "query " << i << ": label " << label << " not in a probed list";
+            const float own = key_of[label];
+            if (fx.metric == Metric::Cosine) {
                 ASSERT_NEAR(got, want[j].est, 1e-5f * (1.0f + std::fabs(want[j].est)))
                     << "query " << i << " rank " << j;
-            else
+                ASSERT_NEAR(got, own, 1e-5f * (1.0f + std::fabs(own))) << "query " << i << " rank " << j << ": label's key";
+            } else {
                 ASSERT_EQ(bits_of(got), bits_of(want[j].est))
                     << "query " << i << " rank " << j << ": " << got << " vs " << want[j].est;
+                ASSERT_EQ(bits_of(got), bits_of(own)) << "query " << i << " rank " << j << ": label's key";
+            }
         }
     }
 }
@@ -246,6 +259,29 @@ TEST(RabitqIndex, LongListsSelectedInChunks)
             compare(index, fx, q, nq, k, lists, live, false, gpuivfpq::kRabitqLowerEps0);
             compare(index, fx, q, nq, k, 2, live, true);
         }
+}
+
+// More probes than a warp's 32 (the prefix's second group), and chunks
+// with fewer rows in range than k (padding out of every chunk).
+TEST(RabitqIndex, ManyProbesAndSparseRanges)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(4505);
+    const size_t d = 24, lists = 70, n = 30000;
+    SCOPED_TRACE(shape("rabitq index many probes", {{"n", double(n)}}, s));
+    Fixture fx(d, lists, n, 4, Metric::L2, s);
+    std::vector<float> q = clustered(3, d, 8, 3.0f, s + 1);
+    GpuRabitqIndex index(ctx(), d, lists, 4, Metric::L2, fx.cent.data(), fx.blob.data(), true);
+    index.add(n, fx.list_ids.data(), fx.rows.data(), fx.ids.data(), fx.keys.data());
+    std::vector<bool> live(n, true);
+    for (size_t nprobe : {size_t(33), size_t(64), lists}) {
+        SCOPED_TRACE("nprobe " + std::to_string(nprobe));
+        compare(index, fx, q, 3, 100, nprobe, live, false, gpuivfpq::kRabitqLowerEps0);
+        compare(index, fx, q, 3, 1000, nprobe, live, true);
+    }
+    // Three probes (about three chunks at k 1000), a key range: fewer rows
+    // in range than k.
+    compare(index, fx, q, 3, 1000, 3, live, true);
 }
 
 // A build's assignment on the GPU (GpuRabitqIndex::assign) against the
