@@ -6,6 +6,7 @@
 // leader only receives: what it does with a row (keeping it, sampling,
 // encoding) is the build's, and stays in one process.
 #include "am/am.h"
+#include "common/parallel_text.h"
 
 extern "C" {
 #include "access/parallel.h"
@@ -123,7 +124,6 @@ gpu_ivfpq_build_read_main(dsm_segment *seg, shm_toc *toc)
 {
 	BuildReadShared *shared = (BuildReadShared *) shm_toc_lookup(toc, READ_KEY_SHARED, false);
 	char	   *queues = (char *) shm_toc_lookup(toc, READ_KEY_QUEUES, false);
-	char	   *query = (char *) shm_toc_lookup(toc, READ_KEY_QUERY_TEXT, true);
 	shm_mq	   *mq = (shm_mq *) (queues + (Size) ParallelWorkerNumber * READ_QUEUE_BYTES);
 	LOCKMODE	heap_mode;
 	LOCKMODE	index_mode;
@@ -133,11 +133,7 @@ gpu_ivfpq_build_read_main(dsm_segment *seg, shm_toc *toc)
 	BuildReadWorker w;
 	TableScanDesc scan;
 
-	if (query != NULL)
-	{
-		debug_query_string = query;
-		pgstat_report_activity(STATE_RUNNING, debug_query_string);
-	}
+	GpuIvfpqParallelTextRestore(toc, READ_KEY_QUERY_TEXT);
 	BuildLockModes(shared->concurrent, &heap_mode, &index_mode);
 	heap = table_open(shared->heaprelid, heap_mode);
 	index = index_open(shared->indexrelid, index_mode);
@@ -214,7 +210,6 @@ GpuIvfpqBuildReadParallel(Relation heap, Relation index, IndexInfo *indexInfo, G
 	ParallelContext *pcxt;
 	Snapshot	snapshot;
 	Size		shared_bytes;
-	Size		query_bytes = debug_query_string ? strlen(debug_query_string) + 1 : 0;
 	BuildReadShared *shared;
 	char	   *queues;
 	int			nworkers;
@@ -235,11 +230,7 @@ GpuIvfpqBuildReadParallel(Relation heap, Relation index, IndexInfo *indexInfo, G
 	shm_toc_estimate_chunk(&pcxt->estimator, shared_bytes);
 	shm_toc_estimate_chunk(&pcxt->estimator, mul_size(READ_QUEUE_BYTES, request));
 	shm_toc_estimate_keys(&pcxt->estimator, 2);
-	if (query_bytes > 0)
-	{
-		shm_toc_estimate_chunk(&pcxt->estimator, query_bytes);
-		shm_toc_estimate_keys(&pcxt->estimator, 1);
-	}
+	GpuIvfpqParallelTextEstimate(pcxt);
 	InitializeParallelDSM(pcxt);
 	if (pcxt->seg == NULL)
 	{
@@ -260,13 +251,7 @@ GpuIvfpqBuildReadParallel(Relation heap, Relation index, IndexInfo *indexInfo, G
 	for (int i = 0; i < request; i++)
 		shm_mq_set_receiver(shm_mq_create(queues + (Size) i * READ_QUEUE_BYTES, READ_QUEUE_BYTES), MyProc);
 	shm_toc_insert(pcxt->toc, READ_KEY_QUEUES, queues);
-	if (query_bytes > 0)
-	{
-		char	   *query = (char *) shm_toc_allocate(pcxt->toc, query_bytes);
-
-		memcpy(query, debug_query_string, query_bytes);
-		shm_toc_insert(pcxt->toc, READ_KEY_QUERY_TEXT, query);
-	}
+	GpuIvfpqParallelTextStore(pcxt, READ_KEY_QUERY_TEXT);
 
 	LaunchParallelWorkers(pcxt);
 	nworkers = pcxt->nworkers_launched;

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "functions/batch_search.h"
+#include "functions/parallel_rerank.h"
 #include "service/service.h"
 #include "common/guard.h"
 #include "engine/ivfpq.h"
@@ -111,6 +112,7 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 	{
 		int64		cn = Min(bs->chunk, nq - c0);
 		bool		on_gpu = false;
+		bool		all_ranked = bs->meta.trained;
 		GpuIvfpqAnswerDists dists = GPU_IVFPQ_DISTS_NONE;
 		instr_time	t0,
 					t1;
@@ -128,7 +130,10 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 
 				/* Too long to rank: every entry is re-ranked below. */
 				if (!gpuivfpq::ivfpq_ranks_query(queries + (c0 + i) * dim, (size_t) dim))
+				{
 					ReadAllEntries(bs);
+					all_ranked = false;
+				}
 				else if (on_gpu)
 					while (n < want && bs->labels[i * want + n] >= 0)
 						n++;
@@ -168,6 +173,30 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 		INSTR_TIME_SUBTRACT(t1, t0);
 		bs->search_secs += INSTR_TIME_GET_DOUBLE(t1);
 		INSTR_TIME_SET_CURRENT(t0);
+		/* Re-ranks from the table over parallel workers where it can. */
+		if (all_ranked && (dists == GPU_IVFPQ_DISTS_LOWER || dists == GPU_IVFPQ_DISTS_NONE))
+		{
+			if (bs->par_hits == NULL)
+			{
+				bs->par_hits = (GpuIvfpqHit *) palloc_extended(sizeof(GpuIvfpqHit) * (Size) bs->chunk * bs->k,
+															   MCXT_ALLOC_HUGE);
+				bs->par_counts = (int64 *) palloc(sizeof(int64) * bs->chunk);
+			}
+			if (GpuIvfpqRerankParallel(bs, queries + c0 * dim, cn, dists, bs->par_hits, bs->par_counts))
+			{
+				for (int64 i = 0; i < cn; i++)
+				{
+					for (int64 r = 0; r < bs->par_counts[i]; r++)
+						emit(arg, c0 + i, (int) r, &bs->par_hits[i * bs->k + r].tid,
+							 bs->par_hits[i * bs->k + r].dist);
+					CHECK_FOR_INTERRUPTS();
+				}
+				INSTR_TIME_SET_CURRENT(t1);
+				INSTR_TIME_SUBTRACT(t1, t0);
+				bs->finish_secs += INSTR_TIME_GET_DOUBLE(t1);
+				continue;
+			}
+		}
 		for (int64 i = 0; i < cn; i++)
 		{
 			int64		nh;

@@ -41,6 +41,8 @@ typedef struct GpuIvfpqBatchSearch
 	int64		gpu_queries;
 	int64		cpu_queries;
 	int64		fetched;		/* candidates fetched from the heap by bound (RaBitQ codes) */
+	GpuIvfpqHit *par_hits;		/* chunk x k: the parallel re-rank's results (once used) */
+	int64	   *par_counts;		/* chunk: their number per query */
 	double		search_secs;	/* in the GPU requests or the CPU engine's list scans */
 	double		finish_secs;	/* visibility checks, re-ranks from the heap, the caller's rows */
 } GpuIvfpqBatchSearch;

@@ -120,6 +120,21 @@ SET gpu_ivfpq.probes = 4;
 SET client_min_messages = warning;
 SELECT count(*) = 10 * (SELECT count(v) FROM rq) AS graph_rows FROM gpu_ivfpq_knn_graph('rq_l2', 10);
 RESET client_min_messages;
+-- 3000 queries: the re-rank from the table runs over parallel workers (a
+-- query at a time from a shared counter), with the same rows, ranks and
+-- distances as the leader alone, deleted rows passed over alike.
+CREATE FUNCTION batch_digest() RETURNS text LANGUAGE sql AS $$
+SELECT md5(string_agg(format('%s %s %s %s', query, rank, tid, distance), ';' ORDER BY query, rank))
+FROM gpu_ivfpq_knn_batch('rq_l2', (SELECT array_agg(v ORDER BY id) FROM rq WHERE id <= 3000), 10)
+$$;
+BEGIN;
+DELETE FROM rq WHERE id % 5 = 0;
+SET LOCAL max_parallel_workers_per_gather = 0;
+SELECT batch_digest() AS serial \gset
+SET LOCAL max_parallel_workers_per_gather = 2;
+SELECT batch_digest() = :'serial' AS parallel_same;
+ROLLBACK;
+DROP FUNCTION batch_digest();
 
 -- Range search: every row within the radius (the 30th nearest distance of
 -- each query), as a sequential scan finds them, for each operator class

@@ -1,0 +1,42 @@
+// The statement's text for parallel workers (parallel_text.h).
+#include "common/parallel_text.h"
+
+extern "C" {
+#include "pgstat.h"
+#include "storage/shm_toc.h"
+#include "tcop/tcopprot.h"
+}
+
+void
+GpuIvfpqParallelTextEstimate(ParallelContext *pcxt)
+{
+	if (debug_query_string == NULL)
+		return;
+	shm_toc_estimate_chunk(&pcxt->estimator, strlen(debug_query_string) + 1);
+	shm_toc_estimate_keys(&pcxt->estimator, 1);
+}
+
+void
+GpuIvfpqParallelTextStore(ParallelContext *pcxt, uint64 key)
+{
+	Size		bytes;
+	char	   *text;
+
+	if (debug_query_string == NULL)
+		return;
+	bytes = strlen(debug_query_string) + 1;
+	text = (char *) shm_toc_allocate(pcxt->toc, bytes);
+	memcpy(text, debug_query_string, bytes);
+	shm_toc_insert(pcxt->toc, key, text);
+}
+
+void
+GpuIvfpqParallelTextRestore(shm_toc *toc, uint64 key)
+{
+	char	   *text = (char *) shm_toc_lookup(toc, key, true);
+
+	if (text == NULL)
+		return;
+	debug_query_string = text;
+	pgstat_report_activity(STATE_RUNNING, debug_query_string);
+}

@@ -1,0 +1,20 @@
+// The batch functions' re-rank from the heap (RaBitQ codes' candidates by
+// lower bound, or candidates without exact distances) over parallel
+// workers, as a parallel query would use them.
+#pragma once
+
+#include "functions/batch_search.h"
+#include "gpu_process/answer_dists.h"
+
+/*
+ * Re-ranks the nq queries of bs's current chunk (their candidates in
+ * bs->labels, bs->exact and bs->counts; dists LOWER or NONE) over up to
+ * max_parallel_workers_per_gather workers and the leader, each query's k
+ * best into out (nq x k) and their number into nhits (nq). Returns false,
+ * having done nothing, where no worker can be had or is worth its start
+ * (from a parallel worker, a temporary table, fewer than 1024 queries, no
+ * worker free, no dynamic shared memory): the caller then re-ranks serially. A worker's error is
+ * raised here.
+ */
+extern bool GpuIvfpqRerankParallel(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq,
+								   GpuIvfpqAnswerDists dists, GpuIvfpqHit *out, int64 *nhits);
