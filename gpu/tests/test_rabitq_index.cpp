@@ -180,6 +180,23 @@ void compare(GpuRabitqIndex& index, const Fixture& fx, const std::vector<float>&
     }
 }
 
+// n rows of d dimensions in `lists` lists (4 bits, L2), all added to an
+// index with filter keys, and three queries.
+struct Loaded {
+    Fixture fx;
+    std::vector<float> q;
+    GpuRabitqIndex index;
+    std::vector<bool> live;
+    Loaded(size_t d, size_t lists, size_t n, uint64_t s)
+        : fx(d, lists, n, 4, Metric::L2, s),
+          q(clustered(3, d, 8, 3.0f, s + 1)),
+          index(ctx(), d, lists, 4, Metric::L2, fx.cent.data(), fx.blob.data(), true),
+          live(n, true)
+    {
+        index.add(n, fx.list_ids.data(), fx.rows.data(), fx.ids.data(), fx.keys.data());
+    }
+};
+
 void check_index(size_t d, int bits, Metric metric, uint64_t s)
 {
     const size_t n = d >= 512 ? 600 : 2000, lists = 12, nq = 6;
@@ -246,18 +263,14 @@ TEST(RabitqIndex, LongListsSelectedInChunks)
 {
     GPU_REQUIRE_DEVICE();
     const uint64_t s = seed(4504);
-    const size_t d = 32, lists = 3, n = 60000;
+    const size_t lists = 3, n = 60000;
     SCOPED_TRACE(shape("rabitq index long lists", {{"n", double(n)}}, s));
-    Fixture fx(d, lists, n, 4, Metric::L2, s);
-    std::vector<float> q = clustered(3, d, 8, 3.0f, s + 1);
-    GpuRabitqIndex index(ctx(), d, lists, 4, Metric::L2, fx.cent.data(), fx.blob.data(), true);
-    index.add(n, fx.list_ids.data(), fx.rows.data(), fx.ids.data(), fx.keys.data());
-    std::vector<bool> live(n, true);
+    Loaded L(32, lists, n, s);
     for (size_t nq : {size_t(1), size_t(3)})
         for (size_t k : {size_t(10), size_t(100), size_t(1000)}) {
             SCOPED_TRACE("nq " + std::to_string(nq) + " k " + std::to_string(k));
-            compare(index, fx, q, nq, k, lists, live, false, gpuivfpq::kRabitqLowerEps0);
-            compare(index, fx, q, nq, k, 2, live, true);
+            compare(L.index, L.fx, L.q, nq, k, lists, L.live, false, gpuivfpq::kRabitqLowerEps0);
+            compare(L.index, L.fx, L.q, nq, k, 2, L.live, true);
         }
 }
 
@@ -267,21 +280,17 @@ TEST(RabitqIndex, ManyProbesAndSparseRanges)
 {
     GPU_REQUIRE_DEVICE();
     const uint64_t s = seed(4505);
-    const size_t d = 24, lists = 70, n = 30000;
+    const size_t lists = 70, n = 30000;
     SCOPED_TRACE(shape("rabitq index many probes", {{"n", double(n)}}, s));
-    Fixture fx(d, lists, n, 4, Metric::L2, s);
-    std::vector<float> q = clustered(3, d, 8, 3.0f, s + 1);
-    GpuRabitqIndex index(ctx(), d, lists, 4, Metric::L2, fx.cent.data(), fx.blob.data(), true);
-    index.add(n, fx.list_ids.data(), fx.rows.data(), fx.ids.data(), fx.keys.data());
-    std::vector<bool> live(n, true);
+    Loaded L(24, lists, n, s);
     for (size_t nprobe : {size_t(33), size_t(64), lists}) {
         SCOPED_TRACE("nprobe " + std::to_string(nprobe));
-        compare(index, fx, q, 3, 100, nprobe, live, false, gpuivfpq::kRabitqLowerEps0);
-        compare(index, fx, q, 3, 1000, nprobe, live, true);
+        compare(L.index, L.fx, L.q, 3, 100, nprobe, L.live, false, gpuivfpq::kRabitqLowerEps0);
+        compare(L.index, L.fx, L.q, 3, 1000, nprobe, L.live, true);
     }
     // Three probes (about three chunks at k 1000), a key range: fewer rows
     // in range than k.
-    compare(index, fx, q, 3, 1000, 3, live, true);
+    compare(L.index, L.fx, L.q, 3, 1000, 3, L.live, true);
 }
 
 // A build's assignment on the GPU (GpuRabitqIndex::assign) against the
