@@ -174,7 +174,8 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 		bs->search_secs += INSTR_TIME_GET_DOUBLE(t1);
 		INSTR_TIME_SET_CURRENT(t0);
 		/* Re-ranks from the table over parallel workers where it can. */
-		if (all_ranked && (dists == GPU_IVFPQ_DISTS_LOWER || dists == GPU_IVFPQ_DISTS_NONE))
+		if (all_ranked && (dists == GPU_IVFPQ_DISTS_LOWER || dists == GPU_IVFPQ_DISTS_NONE) &&
+			cn >= 2 * GPU_IVFPQ_RERANK_PER_PARTICIPANT)
 		{
 			if (bs->par_hits == NULL)
 			{

@@ -23,13 +23,6 @@ extern "C" {
 #define RERANK_KEY_SHARED UINT64CONST(0xB1A7C4E2D0000001)
 #define RERANK_KEY_QUERY_TEXT UINT64CONST(0xB1A7C4E2D0000002)
 
-/*
- * A participant takes at least this many queries on average: a worker's
- * start costs about what 300-500 queries' re-rank does (measured: 1000
- * queries, 11.8 rows fetched each, 21 ms alone and 24 with two workers;
- * 10,000 queries 0.18 s alone, 0.09-0.11 s with one worker, two cores).
- */
-#define RERANK_QUERIES_PER_PARTICIPANT 512
 
 /* The segment: this header, then the arrays at the offsets it gives. */
 typedef struct RerankShared
@@ -140,7 +133,7 @@ GpuIvfpqRerankParallel(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, 
 	/* Not from a parallel worker, nor in a transaction that cannot start workers. */
 	if (IsInParallelMode() || !IsUnderPostmaster || RelationUsesLocalBuffers(bs->heap))
 		return false;
-	request = (int) Min((int64) max_parallel_workers_per_gather, nq / RERANK_QUERIES_PER_PARTICIPANT - 1);
+	request = (int) Min((int64) max_parallel_workers_per_gather, nq / GPU_IVFPQ_RERANK_PER_PARTICIPANT - 1);
 	if (request <= 0)
 		return false;
 
