@@ -166,6 +166,10 @@ void Queue::wait_work(uint32_t seen, int timeout_ms) const
 size_t Queue::fail_all(const char* message) const
 {
     size_t answered = 0;
+    // The batches the dead process was running are answered below: its
+    // clocks must not make the next process look hung.
+    for (int t = 0; t < kMaxServers; t++)
+        h_->busy_since_ns[t].store(0, std::memory_order_release);
     for (uint32_t i = 0; i < h_->nslots; i++) {
         for (;;) {
             uint32_t s = state_[i].load(std::memory_order_acquire);

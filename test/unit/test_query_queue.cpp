@@ -143,6 +143,9 @@ TEST(QueryQueue, FailAllAnswersWhatADeadProcessLeft)
     std::vector<uint32_t> taken;
     ASSERT_EQ(q.take(taken, 2), 2u);  // 0 and 1 taken, 2 still pending
     ASSERT_TRUE(q.abandon(1));
+    // A process killed mid-batch leaves its clock running.
+    q.header().busy_since_ns[1].store(queue::now_ns() - 10000000000ull);
+    EXPECT_NE(q.stalled_since_ns(), 0u);
     EXPECT_EQ(q.fail_all("gone"), 2u);
     for (uint32_t i : {0u, 2u}) {
         EXPECT_TRUE(q.wait_done(i, 1));
