@@ -44,7 +44,8 @@
 # GPU_IVFPQ_EXPECT_GPU=1 makes the service suites use (and require) the GPU;
 # GPU_IVFPQ_CUDA_LIB links the GPU process to the CUDA kernels; TEMP_CONFIG adds
 # settings to every test instance; PROVE_FLAGS is passed to prove (TAP_JOBS
-# sets its -j unless it has one);
+# sets its -j unless it has one); TAP_FILES (names such as 011_gpu_faults.pl)
+# limits the tap suite to those files;
 # PGVECTOR_TARBALL and CITUS_TARBALL name other source archives of pgvector
 # and Citus than those in ../shared/third_party.
 # Quiet on success; on failure prints the logs and diffs. Ends with the line
@@ -679,7 +680,7 @@ fi
 lane_wait cuda
 want versions && [ -n "$PG_VERSIONS" ] && lane_start versions run_versions
 want regress && timed "regress (plain and service)" run_regress_pair
-want tap && timed tap run_tap
+want tap && timed tap run_tap ${TAP_FILES:-}
 want tools && timed tools run_tools
 lane_wait versions
 say "time: total $((SECONDS - T_START)) s"

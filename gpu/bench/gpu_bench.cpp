@@ -81,9 +81,10 @@ struct PinnedCall {
 // shape only, then 5 calls of B queries at nprobe 32 and 5 at 80, no table.
 void rabitq_index_bench(GpuContext& ctx, size_t profile_batch = 0)
 {
-    std::printf("\n# RaBitQ mirror search (GpuRabitqIndex::search, host to host), k 100, nprobe 32\n\n");
-    std::printf("| d | bits | rows | lists | spread | batch | ms per call | queries/s |\n");
-    std::printf("|---|---|---|---|---|---|---|---|\n");
+    std::printf("\n# RaBitQ mirror search (GpuRabitqIndex::search, host to host), k 100, nprobe 32 (80 too for\n"
+                "# the skewed lists); ms per call with the radix k-selection and with WarpSelect (the default)\n\n");
+    std::printf("| d | bits | rows | lists | spread | nprobe | batch | ms, radix | ms, WarpSelect | queries/s, radix |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
     struct Shape {
         size_t d, n, lists;
         bool skewed;
@@ -148,18 +149,27 @@ void rabitq_index_bench(GpuContext& ctx, size_t profile_batch = 0)
                         index.search(q.data(), profile_batch, 100, nprobe, dist.data(), labels.data());
                 continue;
             }
-            for (size_t nq : {size_t(1), size_t(16), size_t(64), size_t(1000), size_t(10000)}) {
-                std::vector<float> q(nq * sh.d), dist(nq * 100);
-                std::vector<int64_t> labels(nq * 100);
-                for (float& v : q)
-                    v = unit();
-                const double ms = time_ms(ctx, [&] {
-                    index.search(q.data(), nq, 100, 32, dist.data(), labels.data());
-                }, nq >= 1000 ? 3 : 20, 2);
-                std::printf("| %zu | %d | %zu | %zu | %s | %zu | %.3f | %.0f |\n", sh.d, bits, sh.n, sh.lists,
-                            sh.skewed ? "skewed" : "even", nq, ms, double(nq) / (ms * 1e-3));
-                std::fflush(stdout);
-            }
+            for (size_t nprobe : {size_t(32), size_t(80)})
+                for (size_t nq : {size_t(1), size_t(16), size_t(64), size_t(1000), size_t(10000)}) {
+                    if (nprobe != 32 && !sh.skewed)
+                        continue;
+                    std::vector<float> q(nq * sh.d), dist(nq * 100);
+                    std::vector<int64_t> labels(nq * 100);
+                    for (float& v : q)
+                        v = unit();
+                    double ms[2];
+                    for (int radix = 1; radix >= 0; radix--) {
+                        index.set_radix_select(radix != 0);
+                        ms[1 - radix] = time_ms(ctx, [&] {
+                            index.search(q.data(), nq, 100, nprobe, dist.data(), labels.data());
+                        }, nq >= 1000 ? 3 : 20, 2);
+                    }
+                    index.set_radix_select(false);
+                    std::printf("| %zu | %d | %zu | %zu | %s | %zu | %zu | %.3f | %.3f | %.0f |\n", sh.d, bits, sh.n,
+                                sh.lists, sh.skewed ? "skewed" : "even", nprobe, nq, ms[0], ms[1],
+                                double(nq) / (ms[0] * 1e-3));
+                    std::fflush(stdout);
+                }
         }
 }
 

@@ -7,6 +7,7 @@
 
 #include "context_impl.h"
 #include "cuda_check.h"
+#include "gpu_ivfpq/device_buffer.h"
 #include "gpu_ivfpq/exact_search.h"
 #include "gpu_ivfpq/k_select.h"
 #include "search_parts.cuh"
@@ -311,6 +312,16 @@ void k_select(GpuContext& ctx, const float* in, size_t rows, size_t n, size_t ld
     a.out_sign = largest ? -1.0f : 1.0f;
     a.out_dist = out_dist;
     a.out_idx = out_idx;
+    if (algo == SelectAlgo::Radix) {
+        require(!largest && k <= size_t(kRadixMaxK), "k-selection: the radix selection takes k <= 256, smallest first");
+        a.chunks = int(std::min<size_t>(64, std::max<size_t>(1, (n + 8191) / 8192)));
+        a.chunk_len = static_cast<int64_t>((n + size_t(a.chunks) - 1) / size_t(a.chunks));
+        DeviceBuffer cd(ctx, a.chunks > 1 ? rows * size_t(a.chunks) * k * sizeof(float) : 0);
+        DeviceBuffer ci(ctx, a.chunks > 1 ? rows * size_t(a.chunks) * k * sizeof(int32_t) : 0);
+        launch_select_radix(a, cd.as<float>(), ci.as<int32_t>(), out_dist, out_idx, stream_of(ctx));
+        ctx.synchronize();  // the chunks' buffers outlive the kernels
+        return;
+    }
     bool block = algo == SelectAlgo::Block ||
                  (algo == SelectAlgo::Auto && prefer_block(ctx, static_cast<int64_t>(rows)));
     launch_select(a, block, stream_of(ctx));

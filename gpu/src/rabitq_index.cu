@@ -49,6 +49,8 @@ constexpr int kRowsPerBlock = 4 * kThreads;
 // The candidates of one tile of queries (nq x nprobe x the longest list
 // floats) are kept below this many bytes, unless one query alone needs more.
 constexpr size_t kTileBytes = size_t(256) << 20;
+// Estimated candidates per block of the radix selection's first pass.
+constexpr int kRadixChunkKeys = 2048;
 
 struct PairArgs {
     const float* queries;    // nq x d (unit length for Cosine)
@@ -206,6 +208,9 @@ struct GpuRabitqIndex::Impl : ListStore {
     Metric metric = Metric::L2;
     size_t plane_bytes = 0, code_len = 0;  // bytes of a plane, of a code
     DeviceBuffer centroids, centroid_norms, rotation, rotated;
+    // The search's k-selection: radix (k <= kRadixMaxK) or WarpSelect. Off
+    // until it has been measured on a GPU (gpu/NOTES.md).
+    bool radix_select = false;
     explicit Impl(GpuContext& c) : ListStore(c) {}
     cudaStream_t st() const { return ctx.impl().stream; }
     Metric coarse_metric() const { return metric == Metric::InnerProduct ? Metric::InnerProduct : Metric::L2; }
@@ -228,10 +233,22 @@ struct GpuRabitqIndex::Impl : ListStore {
         // as long), e estimated as twice nprobe mean lists (clustered data's
         // probes favour long lists), one chunk where that leaves fewer than
         // 2; no more than fill the device (16 warps a multiprocessor).
+        //
+        // The radix selection (k up to kRadixMaxK) takes chunks of about
+        // kRadixChunkKeys estimated candidates, a block each, no more than
+        // the merge's block takes in one tile, and no more than about eight
+        // blocks a multiprocessor over the batch.
         const size_t sms = size_t(std::max(ctx.multiprocessors(), 1));
         const double est = 2.0 * double(nprobe) * double(ntotal) / double(std::max<size_t>(lists, 1));
-        size_t chunks = size_t(std::sqrt(4.0 * std::min(est, double(ld)) / double(k)));
-        chunks = std::min(chunks, std::max<size_t>(1, (sms * 16 + nt - 1) / nt));
+        const bool radix = radix_select && k <= size_t(kRadixMaxK);
+        size_t chunks;
+        if (radix) {
+            chunks = size_t(std::ceil(std::min(est, double(ld)) / double(kRadixChunkKeys)));
+            chunks = std::min({chunks, size_t(kRadixTileKeys) / k, std::max<size_t>(1, sms * 8 / nt)});
+        } else {
+            chunks = size_t(std::sqrt(4.0 * std::min(est, double(ld)) / double(k)));
+            chunks = std::min(chunks, std::max<size_t>(1, (sms * 16 + nt - 1) / nt));
+        }
         if (chunks < 2)
             chunks = 1;
         Carver sz;
@@ -307,7 +324,10 @@ struct GpuRabitqIndex::Impl : ListStore {
         sel.chunks = int(chunks);
         sel.chunks_split_len = true;
         sel.k = int(k);
-        launch_select_chunked(sel, cdist, cidx, dist, pos, int(sms), st());
+        if (radix)
+            launch_select_radix(sel, cdist, cidx, dist, pos, st());
+        else
+            launch_select_chunked(sel, cdist, cidx, dist, pos, int(sms), st());
         launch_decode_labels(pos, int64_t(nt), int(k), int(nprobe), prefix, probe,
                              id_ptrs.as<const int64_t* const>(), labels, st());
     }
@@ -482,6 +502,8 @@ void nearest_lists(GpuRabitqIndex::Impl& I, const float* x, size_t n, size_t npr
 }
 
 }  // namespace
+
+void GpuRabitqIndex::set_radix_select(bool on) { impl_->radix_select = on; }
 
 void GpuRabitqIndex::probe_lists(const float* queries, size_t nq, size_t nprobe, int32_t* out) const
 {

@@ -65,6 +65,20 @@ void launch_select_chunked(SelectArgs a, float* cdist, int32_t* cidx, float* out
 void launch_select_merge(int64_t rows, int chunks, int k, const float* cdist, const int32_t* cidx,
                          float* out_dist, int32_t* out_idx, int multiprocessors, cudaStream_t stream);
 
+// The radix k-selection (radix_select.cu): keys a block takes into shared
+// memory at a time, and the largest k it serves.
+constexpr int kRadixTileKeys = 4096;
+constexpr int kRadixMaxK = 256;
+
+// As launch_select_chunked, by block radix select (a block per row and
+// chunk, then a block per row merging the chunks' k best) for 1 <= k <=
+// kRadixMaxK and plain keys (no transform, prefix, int64 labels or sign):
+// the same keys, equal keys ordered by column; +inf and NaN are no
+// candidates. Faster than WarpSelect where few rows leave most of the
+// device idle.
+void launch_select_radix(SelectArgs a, float* cdist, int32_t* cidx, float* out_dist, int32_t* out_idx,
+                         cudaStream_t stream);
+
 // Per warp-queue bucket launchers, one translation unit each (compile time).
 template <int kQ>
 void launch_select_bucket(const SelectArgs& a, bool block_per_row, cudaStream_t stream);

@@ -33,12 +33,20 @@ void check_select(const std::vector<float>& in, size_t rows, size_t n, size_t ld
             std::sort(ref.begin(), ref.end(), std::greater<float>());
         else
             std::sort(ref.begin(), ref.end());
+        // The radix selection takes equal values in column order.
+        std::vector<int32_t> cols(n);
+        for (size_t c = 0; c < n; ++c)
+            cols[c] = int32_t(c);
+        if (algo == SelectAlgo::Radix)
+            std::stable_sort(cols.begin(), cols.end(),
+                             [&](int32_t a, int32_t b) { return in[r * ld + a] < in[r * ld + b]; });
         std::set<int32_t> seen;
         for (size_t j = 0; j < k; ++j) {
             const float g = gd[r * k + j];
             const int32_t i = gi[r * k + j];
-            if (j < n) {
-                if (g != ref[j] || i < 0 || size_t(i) >= n || in[r * ld + i] != g || !seen.insert(i).second) {
+            if (j < n && ref[j] != pad) {  // the padding value is no candidate
+                if (g != ref[j] || i < 0 || size_t(i) >= n || in[r * ld + i] != g || !seen.insert(i).second ||
+                    (algo == SelectAlgo::Radix && i != cols[j])) {
                     ADD_FAILURE() << "row " << r << " rank " << j << ": got (" << g << ", " << i
                                   << ") want value " << ref[j];
                     ++bad;
@@ -65,13 +73,15 @@ TEST(KSelect, MatchesSortManyKAndN)
     uint64_t s = s0;
     for (size_t k : ks)
         for (size_t n : ns)
-            for (SelectAlgo algo : {SelectAlgo::Warp, SelectAlgo::Block})
+            for (SelectAlgo algo : {SelectAlgo::Warp, SelectAlgo::Block, SelectAlgo::Radix})
                 for (bool largest : {false, true}) {
+                    if (algo == SelectAlgo::Radix && (largest || k > 256))
+                        continue;
                     const size_t rows = 3 + (s % 5);
                     auto in = uniform(rows * n, ++s);
                     check_select(in, rows, n, n, k, largest, algo,
                                  shape("k_select", {{"k", double(k)}, {"n", double(n)}, {"rows", double(rows)},
-                                                    {"block", algo == SelectAlgo::Block ? 1.0 : 0.0},
+                                                    {"algo", double(int(algo))},
                                                     {"largest", largest ? 1.0 : 0.0}},
                                        s));
                 }
@@ -87,10 +97,34 @@ TEST(KSelect, TiesAndStride)
         std::vector<float> in(rows * ld, 123.0f);
         for (size_t i = 0; i < in.size(); ++i)
             in[i] = float(g() % 10);  // heavy ties
-        for (SelectAlgo algo : {SelectAlgo::Warp, SelectAlgo::Block})
-            check_select(in, rows, n, ld, k, false, algo,
-                         shape("ties", {{"k", double(k)}, {"n", double(n)}, {"ld", double(ld)}}, s));
+        for (SelectAlgo algo : {SelectAlgo::Warp, SelectAlgo::Block, SelectAlgo::Radix})
+            if (algo != SelectAlgo::Radix || k <= 256)
+                check_select(in, rows, n, ld, k, false, algo,
+                             shape("ties", {{"k", double(k)}, {"n", double(n)}, {"ld", double(ld)}}, s));
     }
+}
+
+// The radix selection past one tile of shared memory: long rows (several
+// tiles a chunk, a running bar), many chunks (a merge of several tiles),
+// and rows mostly +inf, which is no candidate.
+TEST(KSelect, RadixLongRowsAndPadding)
+{
+    GPU_REQUIRE_DEVICE();
+    uint64_t s = seed(505);
+    for (size_t n : {size_t(4095), size_t(4097), size_t(20000), size_t(300000)})
+        for (size_t k : {size_t(1), size_t(100), size_t(256)}) {
+            const size_t rows = 3;
+            auto in = uniform(rows * n, ++s, -3.0f, 3.0f);
+            // Row 1: mostly +inf (fewer candidates than k in some chunks).
+            for (size_t i = 0; i < n; ++i)
+                if (i % 97 != 0)
+                    in[n + i] = std::numeric_limits<float>::infinity();
+            // Row 2: descending, the worst order for a running bar.
+            for (size_t i = 0; i < n; ++i)
+                in[2 * n + i] = float(n - i) * 0.5f;
+            check_select(in, rows, n, n, k, false, SelectAlgo::Radix,
+                         shape("radix", {{"k", double(k)}, {"n", double(n)}}, s));
+        }
 }
 
 TEST(KSelect, ManyRowsWarpPerRow)

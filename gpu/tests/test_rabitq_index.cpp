@@ -213,14 +213,17 @@ void check_index(size_t d, int bits, Metric metric, uint64_t s)
     }
     ASSERT_EQ(index.ntotal(), n);
     std::vector<bool> live(n, true);
-    for (size_t k : {size_t(1), size_t(10), size_t(100)}) {
-        SCOPED_TRACE("k " + std::to_string(k));
-        compare(index, fx, q, nq, k, 4, live, false);
-        compare(index, fx, q, nq, k, 4, live, true);
-        // Ranked by lower bounds, as the GPU service's mirrors rank them.
-        compare(index, fx, q, nq, k, 4, live, false, gpuivfpq::kRabitqLowerEps0);
-        compare(index, fx, q, nq, k, 4, live, true, gpuivfpq::kRabitqLowerEps0);
-    }
+    for (bool radix : {false, true})
+        for (size_t k : {size_t(1), size_t(10), size_t(100)}) {
+            SCOPED_TRACE("radix " + std::to_string(radix) + " k " + std::to_string(k));
+            index.set_radix_select(radix);
+            compare(index, fx, q, nq, k, 4, live, false);
+            compare(index, fx, q, nq, k, 4, live, true);
+            // Ranked by lower bounds, as the GPU service's mirrors rank them.
+            compare(index, fx, q, nq, k, 4, live, false, gpuivfpq::kRabitqLowerEps0);
+            compare(index, fx, q, nq, k, 4, live, true, gpuivfpq::kRabitqLowerEps0);
+        }
+    index.set_radix_select(false);
     // Every list probed, k = n: every entry, in estimate order.
     compare(index, fx, q, 2, n, lists, live, false);
     // Removals (unknown ids and duplicates among them).
@@ -266,12 +269,16 @@ TEST(RabitqIndex, LongListsSelectedInChunks)
     const size_t lists = 3, n = 60000;
     SCOPED_TRACE(shape("rabitq index long lists", {{"n", double(n)}}, s));
     Loaded L(32, lists, n, s);
-    for (size_t nq : {size_t(1), size_t(3)})
-        for (size_t k : {size_t(10), size_t(100), size_t(1000)}) {
-            SCOPED_TRACE("nq " + std::to_string(nq) + " k " + std::to_string(k));
-            compare(L.index, L.fx, L.q, nq, k, lists, L.live, false, gpuivfpq::kRabitqLowerEps0);
-            compare(L.index, L.fx, L.q, nq, k, 2, L.live, true);
-        }
+    // Both selections: the radix one (k up to 256) and WarpSelect.
+    for (bool radix : {true, false})
+        for (size_t nq : {size_t(1), size_t(3)})
+            for (size_t k : {size_t(10), size_t(100), size_t(256), size_t(1000)}) {
+                SCOPED_TRACE("radix " + std::to_string(radix) + " nq " + std::to_string(nq) + " k " +
+                             std::to_string(k));
+                L.index.set_radix_select(radix);
+                compare(L.index, L.fx, L.q, nq, k, lists, L.live, false, gpuivfpq::kRabitqLowerEps0);
+                compare(L.index, L.fx, L.q, nq, k, 2, L.live, true);
+            }
 }
 
 // More probes than a warp's 32 (the prefix's second group), and chunks
@@ -283,11 +290,15 @@ TEST(RabitqIndex, ManyProbesAndSparseRanges)
     const size_t lists = 70, n = 30000;
     SCOPED_TRACE(shape("rabitq index many probes", {{"n", double(n)}}, s));
     Loaded L(24, lists, n, s);
-    for (size_t nprobe : {size_t(33), size_t(64), lists}) {
-        SCOPED_TRACE("nprobe " + std::to_string(nprobe));
-        compare(L.index, L.fx, L.q, 3, 100, nprobe, L.live, false, gpuivfpq::kRabitqLowerEps0);
-        compare(L.index, L.fx, L.q, 3, 1000, nprobe, L.live, true);
-    }
+    for (bool radix : {true, false})
+        for (size_t nprobe : {size_t(33), size_t(64), lists}) {
+            SCOPED_TRACE("radix " + std::to_string(radix) + " nprobe " + std::to_string(nprobe));
+            L.index.set_radix_select(radix);
+            compare(L.index, L.fx, L.q, 3, 100, nprobe, L.live, false, gpuivfpq::kRabitqLowerEps0);
+            compare(L.index, L.fx, L.q, 3, 200, nprobe, L.live, true);
+            compare(L.index, L.fx, L.q, 3, 1000, nprobe, L.live, true);
+        }
+    L.index.set_radix_select(false);
     // Three probes (about three chunks at k 1000), a key range: fewer rows
     // in range than k.
     compare(L.index, L.fx, L.q, 3, 1000, 3, L.live, true);

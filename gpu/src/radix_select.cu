@@ -1,0 +1,150 @@
+// k-selection by block radix select (block_radix.cuh): a block per (row,
+// chunk) takes the chunk's keys into shared memory a tile at a time, cuts
+// them to the k best at each tile (radix_cut: a few histogram passes, no
+// sorting network), keeps only keys below the running bar from the second
+// tile on, and writes its k best in (key, label) order by a rank count; a
+// second launch of the same kernel merges a row's chunks. For small
+// batches, where WarpSelect's per-entry queue merges and its block merge
+// are a chain of latencies on few SMs.
+#include <string>
+
+#include "block_radix.cuh"
+#include "cuda_check.h"
+#include "select_args.h"
+
+namespace gpuivfpq::gpu {
+
+namespace {
+
+// The shared memory of a block for k = kk: tile keys and labels (after the
+// kept ones), the cut's scratch (kk each), the histogram and the scan's
+// scratch (64 ints: block_radix.cuh's routines use up to scan[56]).
+size_t radix_smem_bytes(int kk)
+{
+    return (2 * size_t(kRadixTileKeys + kk) + 2 * size_t(kk) + kRadixThreads + 64) * 4;
+}
+
+// kk lanes' worth of rank counting over a power-of-two group of G lanes
+// per entry (G <= 32, as many as the block's threads allow).
+__device__ __forceinline__ int rank_group(int kept)
+{
+    int g = 1;
+    while (g < 32 && g * 2 * kept <= kRadixThreads)
+        g *= 2;
+    return g;
+}
+
+__global__ void __launch_bounds__(kRadixThreads) radix_select_kernel(SelectArgs a)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int kk = a.k;
+    float* keys = reinterpret_cast<float*>(smem);
+    int* labels = reinterpret_cast<int*>(keys + kRadixTileKeys + kk);
+    float* tk = reinterpret_cast<float*>(labels + kRadixTileKeys + kk);
+    int* tl = reinterpret_cast<int*>(tk + kk);
+    int* hist = tl + kk;
+    int* scan = hist + kRadixThreads;
+    const int tid = threadIdx.x;
+
+    const int64_t orow = blockIdx.x;
+    const int64_t row = orow / a.chunks;
+    const int chunk = static_cast<int>(orow - row * a.chunks);
+    // The chunk's columns, as for_each_candidate splits a row.
+    const int64_t len = a.row_len ? a.row_len[row * a.row_len_stride] : a.n;
+    const int64_t clen = a.chunks_split_len ? ((len + a.chunks - 1) / a.chunks + 3) / 4 * 4 : a.chunk_len;
+    const int64_t begin = static_cast<int64_t>(chunk) * clen;
+    const int64_t end = begin + clen < len ? begin + clen : len;
+    const float* rp = a.in + row * a.ld;
+    const int32_t* lp = a.in_labels ? a.in_labels + row * a.ld : nullptr;
+
+    // Tiles in column order: the kept entries (from earlier columns) stay
+    // first, so that positions in the buffer follow the labels and ties go
+    // to the smaller label. A key not below the bar once k are kept cannot
+    // enter (a later equal key loses its tie); +inf and NaN are no
+    // candidates (as for WarpSelect).
+    int kept = 0;
+    uint32_t bar = 0;
+    for (int64_t t0 = begin; t0 < end; t0 += kRadixTileKeys) {  // uniform over the block
+        const int tn = static_cast<int>(end - t0 < kRadixTileKeys ? end - t0 : kRadixTileKeys);
+        const bool full = kept == kk;
+        for (int i = tid; i < tn; i += kRadixThreads) {
+            float f = rp[t0 + i];
+            if (!(f < INFINITY) || (full && order_bits(f) >= bar))
+                f = INFINITY;
+            keys[kept + i] = f;
+            labels[kept + i] = lp ? lp[t0 + i] : a.label_base + static_cast<int>(t0 + i);
+        }
+        kept = cut_to_best(keys, labels, kept + tn, kk, hist, scan, tk, tl, &bar);
+    }
+
+    // The kept entries (in label order) to their places in (key, label)
+    // order: G lanes count an entry's predecessors, each over 1/G of them.
+    float* od = a.out_dist + orow * kk;
+    int32_t* oi = a.out_idx + orow * kk;
+    const int g = rank_group(kept);
+    const int per_round = kRadixThreads / g;
+    for (int e0 = 0; e0 < kept; e0 += per_round) {  // uniform over the block
+        const int e = e0 + tid / g, part = tid & (g - 1);
+        float key = 0.0f;
+        int lab = 0, at = 0;
+        if (e < kept) {
+            key = keys[e];
+            lab = labels[e];
+            for (int j = part; j < kept; j += g) {
+                const float kj = keys[j];
+                at += kj < key || (kj == key && labels[j] < lab);
+            }
+        }
+        for (int off = 1; off < g; off <<= 1)
+            at += __shfl_xor_sync(kFullMask, at, off);
+        if (e < kept && part == 0) {
+            od[at] = key;
+            oi[at] = lab;
+        }
+    }
+    for (int e = kept + tid; e < kk; e += kRadixThreads) {
+        od[e] = INFINITY;
+        oi[e] = -1;
+    }
+}
+
+void launch_radix(const SelectArgs& a, cudaStream_t stream)
+{
+    const int64_t total = a.rows * a.chunks;
+    if (total == 0)
+        return;
+    require(total < (int64_t(1) << 31), "too many rows for the radix k-selection");
+    radix_select_kernel<<<static_cast<unsigned>(total), kRadixThreads, radix_smem_bytes(a.k), stream>>>(a);
+    GPU_KERNEL_CHECK();
+}
+
+}  // namespace
+
+void launch_select_radix(SelectArgs a, float* cdist, int32_t* cidx, float* out_dist, int32_t* out_idx,
+                         cudaStream_t stream)
+{
+    require(a.k >= 1 && a.k <= kRadixMaxK,
+            "the radix k-selection supports 1 <= k <= " + std::to_string(kRadixMaxK));
+    require(a.transform == kTransformNone && a.prefix_len == 0 && a.out_idx64 == nullptr && a.out_sign == 1.0f,
+            "the radix k-selection takes plain keys only");
+    require(a.chunks >= 1, "the radix k-selection needs a chunk at least");
+    const bool merge = a.chunks > 1;
+    a.out_dist = merge ? cdist : out_dist;
+    a.out_idx = merge ? cidx : out_idx;
+    launch_radix(a, stream);
+    if (!merge)
+        return;
+    SelectArgs m;
+    m.in = cdist;
+    m.in_labels = cidx;
+    m.ld = static_cast<int64_t>(a.chunks) * a.k;
+    m.n = m.ld;
+    m.rows = a.rows;
+    m.chunk_len = m.ld;
+    m.k = a.k;
+    m.out_dist = out_dist;
+    m.out_idx = out_idx;
+    launch_radix(m, stream);
+}
+
+}  // namespace gpuivfpq::gpu
