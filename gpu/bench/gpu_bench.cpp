@@ -82,7 +82,8 @@ struct PinnedCall {
 void rabitq_index_bench(GpuContext& ctx, size_t profile_batch = 0)
 {
     std::printf("\n# RaBitQ mirror search (GpuRabitqIndex::search, host to host), k 100, nprobe 32 (80 too for\n"
-                "# the skewed lists); ms per call with the radix k-selection and with WarpSelect (the default)\n\n");
+                "# the skewed lists); ms per call with the radix k-selections (set_radix_select: the coarse\n"
+                "# step's and the candidates') and with WarpSelect (the default)\n\n");
     std::printf("| d | bits | rows | lists | spread | nprobe | batch | ms, radix | ms, WarpSelect | queries/s, radix |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
     struct Shape {
@@ -159,12 +160,12 @@ void rabitq_index_bench(GpuContext& ctx, size_t profile_batch = 0)
                         v = unit();
                     double ms[2];
                     for (int radix = 1; radix >= 0; radix--) {
-                        index.set_radix_select(radix != 0);
+                        set_radix_select(ctx, radix != 0);
                         ms[1 - radix] = time_ms(ctx, [&] {
                             index.search(q.data(), nq, 100, nprobe, dist.data(), labels.data());
                         }, nq >= 1000 ? 3 : 20, 2);
                     }
-                    index.set_radix_select(false);
+                    set_radix_select(ctx, false);
                     std::printf("| %zu | %d | %zu | %zu | %s | %zu | %zu | %.3f | %.3f | %.0f |\n", sh.d, bits, sh.n,
                                 sh.lists, sh.skewed ? "skewed" : "even", nprobe, nq, ms[0], ms[1],
                                 double(nq) / (ms[0] * 1e-3));

@@ -116,6 +116,20 @@ void exact_impl(GpuContext& ctx, const float* queries, size_t nq, const float* b
         tile_bytes = std::min<size_t>(size_t(1) << 30, free_b / 4);
     }
     Tiling t = plan_tiles(ctx, nq, std::max<size_t>(n, 1), std::max<size_t>(tile_bytes / 2, 1));
+    const bool one_tile = nq <= t.tq && n <= t.tn;
+    // One tile of few rows (the coarse step of a small batch): the radix
+    // selection where set_radix_select asks for it, in chunks of about
+    // kRadixChunkKeys columns, a block each, no more than the merge takes
+    // in one tile, at most about eight blocks a multiprocessor.
+    const bool radix = ctx.impl().radix_select && one_tile && n > 0 && k >= 2 && k <= size_t(kRadixMaxK) &&
+                       prefer_block(ctx, static_cast<int64_t>(nq));
+    size_t rchunks = 1;
+    if (radix) {
+        const size_t sms = size_t(std::max(ctx.multiprocessors(), 1));
+        rchunks = std::min({(n + kRadixChunkKeys - 1) / kRadixChunkKeys, size_t(kRadixTileKeys) / k,
+                            std::max<size_t>(1, sms * 8 / nq)});
+        rchunks = std::max<size_t>(rchunks, 1);
+    }
     Carver sizing;
     sizing.take<float>(norms ? nq : 0);
     sizing.take<float>(norms && !base_norms ? n : 0);
@@ -125,6 +139,8 @@ void exact_impl(GpuContext& ctx, const float* queries, size_t nq, const float* b
         sizing.take<float>(t.tq * k);
         sizing.take<int32_t>(t.tq * k);
     }
+    sizing.take<float>(rchunks > 1 ? nq * rchunks * k : 0);
+    sizing.take<int32_t>(rchunks > 1 ? nq * rchunks * k : 0);
     Scratch scratch(ctx, sizing.size());
     Carver carve(scratch.data());
     float* qn = carve.take<float>(norms ? nq : 0);
@@ -136,7 +152,6 @@ void exact_impl(GpuContext& ctx, const float* queries, size_t nq, const float* b
     // batch: the coarse quantizer of a search), selection on the main
     // stream, strictly after its GEMM, and no events: nothing to overlap,
     // and a dozen fewer API calls (a CUDA graph captures a single stream).
-    const bool one_tile = nq <= t.tq && n <= t.tn;
     cudaStream_t aux = ctx.impl().exact_overlap && !one_tile ? ctx.impl().aux : st;
     const bool two = aux != st;
     // gemm_done[b]: tile b written (main -> aux); sel_done[b]: tile b read (aux -> main).
@@ -176,6 +191,8 @@ void exact_impl(GpuContext& ctx, const float* queries, size_t nq, const float* b
         run_d[b] = carve.take<float>(t.tq * k);
         run_i[b] = carve.take<int32_t>(t.tq * k);
     }
+    float* rdist = carve.take<float>(rchunks > 1 ? nq * rchunks * k : 0);
+    int32_t* ridx = carve.take<int32_t>(rchunks > 1 ? nq * rchunks * k : 0);
     if (norms) {
         row_norms(ctx, queries, nq, d, qn);
         if (!base_norms && n) {
@@ -229,7 +246,13 @@ void exact_impl(GpuContext& ctx, const float* queries, size_t nq, const float* b
                 a.out_dist = run_d[cur ^ 1];
                 a.out_idx = run_i[cur ^ 1];
             }
-            launch_select(a, prefer_block(ctx, static_cast<int64_t>(tq)), aux);
+            if (radix) {  // one tile: n0 = 0, last
+                a.chunks = static_cast<int>(rchunks);
+                a.chunk_len = static_cast<int64_t>((tn + rchunks - 1) / rchunks);
+                launch_select_radix(a, rdist, ridx, a.out_dist, a.out_idx, aux);
+            } else {
+                launch_select(a, prefer_block(ctx, static_cast<int64_t>(tq)), aux);
+            }
             record(sel_done[tb], aux);
             tb ^= 1;
             cur ^= 1;
@@ -291,6 +314,8 @@ void gemm_tiles_only(GpuContext& ctx, const float* queries, size_t nq, const flo
 
 void set_exact_overlap(GpuContext& ctx, bool on) { ctx.impl().exact_overlap = on; }
 
+void set_radix_select(GpuContext& ctx, bool on) { ctx.impl().radix_select = on; }
+
 void k_select(GpuContext& ctx, const float* in, size_t rows, size_t n, size_t ld, size_t k,
               bool largest, float* out_dist, int32_t* out_idx, SelectAlgo algo)
 {
@@ -313,7 +338,7 @@ void k_select(GpuContext& ctx, const float* in, size_t rows, size_t n, size_t ld
     a.out_dist = out_dist;
     a.out_idx = out_idx;
     if (algo == SelectAlgo::Radix) {
-        require(!largest && k <= size_t(kRadixMaxK), "k-selection: the radix selection takes k <= 256, smallest first");
+        require(k <= size_t(kRadixMaxK), "k-selection: the radix selection takes k <= 256");
         a.chunks = int(std::min<size_t>(64, std::max<size_t>(1, (n + 8191) / 8192)));
         a.chunk_len = static_cast<int64_t>((n + size_t(a.chunks) - 1) / size_t(a.chunks));
         DeviceBuffer cd(ctx, a.chunks > 1 ? rows * size_t(a.chunks) * k * sizeof(float) : 0);

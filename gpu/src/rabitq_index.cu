@@ -49,8 +49,6 @@ constexpr int kRowsPerBlock = 4 * kThreads;
 // The candidates of one tile of queries (nq x nprobe x the longest list
 // floats) are kept below this many bytes, unless one query alone needs more.
 constexpr size_t kTileBytes = size_t(256) << 20;
-// Estimated candidates per block of the radix selection's first pass.
-constexpr int kRadixChunkKeys = 2048;
 
 struct PairArgs {
     const float* queries;    // nq x d (unit length for Cosine)
@@ -208,9 +206,6 @@ struct GpuRabitqIndex::Impl : ListStore {
     Metric metric = Metric::L2;
     size_t plane_bytes = 0, code_len = 0;  // bytes of a plane, of a code
     DeviceBuffer centroids, centroid_norms, rotation, rotated;
-    // The search's k-selection: radix (k <= kRadixMaxK) or WarpSelect. Off
-    // until it has been measured on a GPU (gpu/NOTES.md).
-    bool radix_select = false;
     explicit Impl(GpuContext& c) : ListStore(c) {}
     cudaStream_t st() const { return ctx.impl().stream; }
     Metric coarse_metric() const { return metric == Metric::InnerProduct ? Metric::InnerProduct : Metric::L2; }
@@ -240,7 +235,7 @@ struct GpuRabitqIndex::Impl : ListStore {
         // blocks a multiprocessor over the batch.
         const size_t sms = size_t(std::max(ctx.multiprocessors(), 1));
         const double est = 2.0 * double(nprobe) * double(ntotal) / double(std::max<size_t>(lists, 1));
-        const bool radix = radix_select && k <= size_t(kRadixMaxK);
+        const bool radix = ctx.impl().radix_select && k <= size_t(kRadixMaxK);
         size_t chunks;
         if (radix) {
             chunks = size_t(std::ceil(std::min(est, double(ld)) / double(kRadixChunkKeys)));
@@ -502,8 +497,6 @@ void nearest_lists(GpuRabitqIndex::Impl& I, const float* x, size_t n, size_t npr
 }
 
 }  // namespace
-
-void GpuRabitqIndex::set_radix_select(bool on) { impl_->radix_select = on; }
 
 void GpuRabitqIndex::probe_lists(const float* queries, size_t nq, size_t nprobe, int32_t* out) const
 {

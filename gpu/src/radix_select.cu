@@ -11,6 +11,7 @@
 #include "block_radix.cuh"
 #include "cuda_check.h"
 #include "select_args.h"
+#include "select_kernel.cuh"
 
 namespace gpuivfpq::gpu {
 
@@ -56,31 +57,34 @@ __global__ void __launch_bounds__(kRadixThreads) radix_select_kernel(SelectArgs 
     const int64_t end = begin + clen < len ? begin + clen : len;
     const float* rp = a.in + row * a.ld;
     const int32_t* lp = a.in_labels ? a.in_labels + row * a.ld : nullptr;
+    const bool norms = transform_norms(a);
+    const KeyFn key_of = key_fn_of(a, row);  // WarpSelect's keys, bit for bit
 
     // Tiles in column order: the kept entries (from earlier columns) stay
     // first, so that positions in the buffer follow the labels and ties go
     // to the smaller label. A key not below the bar once k are kept cannot
-    // enter (a later equal key loses its tie); +inf and NaN are no
-    // candidates (as for WarpSelect).
+    // enter (a later equal key loses its tie); +inf (and NaN, which the
+    // key function turns into +inf or its overflow bound) is no candidate,
+    // as for WarpSelect.
     int kept = 0;
     uint32_t bar = 0;
     for (int64_t t0 = begin; t0 < end; t0 += kRadixTileKeys) {  // uniform over the block
         const int tn = static_cast<int>(end - t0 < kRadixTileKeys ? end - t0 : kRadixTileKeys);
         const bool full = kept == kk;
         for (int i = tid; i < tn; i += kRadixThreads) {
-            float f = rp[t0 + i];
+            const int64_t c = t0 + i;
+            float f = key_of(rp[c], norms ? a.col_norms[c] : 0.0f);
             if (!(f < INFINITY) || (full && order_bits(f) >= bar))
                 f = INFINITY;
             keys[kept + i] = f;
-            labels[kept + i] = lp ? lp[t0 + i] : a.label_base + static_cast<int>(t0 + i);
+            labels[kept + i] = lp ? lp[c] : a.label_base + static_cast<int>(c);
         }
         kept = cut_to_best(keys, labels, kept + tn, kk, hist, scan, tk, tl, &bar);
     }
 
     // The kept entries (in label order) to their places in (key, label)
     // order: G lanes count an entry's predecessors, each over 1/G of them.
-    float* od = a.out_dist + orow * kk;
-    int32_t* oi = a.out_idx + orow * kk;
+    const int64_t base = orow * kk;
     const int g = rank_group(kept);
     const int per_round = kRadixThreads / g;
     for (int e0 = 0; e0 < kept; e0 += per_round) {  // uniform over the block
@@ -98,13 +102,13 @@ __global__ void __launch_bounds__(kRadixThreads) radix_select_kernel(SelectArgs 
         for (int off = 1; off < g; off <<= 1)
             at += __shfl_xor_sync(kFullMask, at, off);
         if (e < kept && part == 0) {
-            od[at] = key;
-            oi[at] = lab;
+            a.out_dist[base + at] = a.out_sign * key;
+            store_label(a, base + at, lab);
         }
     }
     for (int e = kept + tid; e < kk; e += kRadixThreads) {
-        od[e] = INFINITY;
-        oi[e] = -1;
+        a.out_dist[base + e] = a.out_sign * INFINITY;
+        store_label(a, base + e, -1);
     }
 }
 
@@ -125,12 +129,20 @@ void launch_select_radix(SelectArgs a, float* cdist, int32_t* cidx, float* out_d
 {
     require(a.k >= 1 && a.k <= kRadixMaxK,
             "the radix k-selection supports 1 <= k <= " + std::to_string(kRadixMaxK));
-    require(a.transform == kTransformNone && a.prefix_len == 0 && a.out_idx64 == nullptr && a.out_sign == 1.0f,
-            "the radix k-selection takes plain keys only");
+    require(a.prefix_len == 0, "the radix k-selection takes no prefix candidates");
     require(a.chunks >= 1, "the radix k-selection needs a chunk at least");
     const bool merge = a.chunks > 1;
-    a.out_dist = merge ? cdist : out_dist;
-    a.out_idx = merge ? cidx : out_idx;
+    int64_t* out64 = a.out_idx64;
+    const float sign = a.out_sign;
+    if (merge) {  // the chunks' keys as they are, their positions as int32
+        a.out_dist = cdist;
+        a.out_idx = cidx;
+        a.out_idx64 = nullptr;
+        a.out_sign = 1.0f;
+    } else {
+        a.out_dist = out_dist;
+        a.out_idx = out_idx;
+    }
     launch_radix(a, stream);
     if (!merge)
         return;
@@ -142,8 +154,10 @@ void launch_select_radix(SelectArgs a, float* cdist, int32_t* cidx, float* out_d
     m.rows = a.rows;
     m.chunk_len = m.ld;
     m.k = a.k;
+    m.out_sign = sign;
     m.out_dist = out_dist;
     m.out_idx = out_idx;
+    m.out_idx64 = out64;
     launch_radix(m, stream);
 }
 

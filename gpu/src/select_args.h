@@ -69,13 +69,17 @@ void launch_select_merge(int64_t rows, int chunks, int k, const float* cdist, co
 // memory at a time, and the largest k it serves.
 constexpr int kRadixTileKeys = 4096;
 constexpr int kRadixMaxK = 256;
+// Columns (or estimated candidates) per block of the radix selection's
+// first pass, for the callers that split rows into chunks for it.
+constexpr int kRadixChunkKeys = 2048;
 
-// As launch_select_chunked, by block radix select (a block per row and
-// chunk, then a block per row merging the chunks' k best) for 1 <= k <=
-// kRadixMaxK and plain keys (no transform, prefix, int64 labels or sign):
-// the same keys, equal keys ordered by column; +inf and NaN are no
-// candidates. Faster than WarpSelect where few rows leave most of the
-// device idle.
+// As launch_select_chunked (chunks of chunk_len columns, or of each row's
+// own length with chunks_split_len), by block radix select (a block per
+// row and chunk, then a block per row merging the chunks' k best) for 1 <=
+// k <= kRadixMaxK and no prefix candidates: WarpSelect's keys (the same
+// transform), equal keys ordered by column, out_idx or out_idx64. Meant
+// for few rows, where WarpSelect's chains of queue merges on few SMs are
+// latency.
 void launch_select_radix(SelectArgs a, float* cdist, int32_t* cidx, float* out_dist, int32_t* out_idx,
                          cudaStream_t stream);
 

@@ -31,6 +31,27 @@ struct KeyFn {
     }
 };
 
+// Whether a's transform reads row and column norms.
+__device__ __forceinline__ bool transform_norms(const SelectArgs& a)
+{
+    return a.transform == kTransformL2 || a.transform == kTransformCosine;
+}
+
+// The key function of row `row` of a (its transform and row norm).
+__device__ __forceinline__ KeyFn key_fn_of(const SelectArgs& a, int64_t row)
+{
+    const bool norms = transform_norms(a);
+    KeyFn key_of;
+    key_of.alpha = a.transform == kTransformL2 ? -2.0f
+                   : (a.transform == kTransformNegate || a.transform == kTransformIP) ? -1.0f
+                                                                                       : 1.0f;
+    key_of.lo = a.transform == kTransformL2 ? 0.0f : -INFINITY;
+    key_of.rn = norms ? a.row_norms[row] : 0.0f;
+    key_of.hi = norms || a.transform == kTransformIP ? kOverflowDistance : INFINITY;
+    key_of.cosine = a.transform == kTransformCosine;
+    return key_of;
+}
+
 // Calls f(key, label) for every candidate of one output row, t = this
 // thread's index among the nt threads serving the row. Every thread makes
 // the same number of calls (padding with (+inf, -1)), as WarpSelect needs.
@@ -49,16 +70,8 @@ __device__ __forceinline__ void for_each_candidate(const SelectArgs& a, int64_t 
     const int64_t end = begin + clen < len ? begin + clen : len;
     const float* rp = a.in + row * a.ld;
     const int32_t* lp = a.in_labels ? a.in_labels + row * a.ld : nullptr;
-    const bool norms = a.transform == kTransformL2 || a.transform == kTransformCosine;
-    const float rn = norms ? a.row_norms[row] : 0.0f;
-    KeyFn key_of;
-    key_of.alpha = a.transform == kTransformL2 ? -2.0f
-                   : (a.transform == kTransformNegate || a.transform == kTransformIP) ? -1.0f
-                                                                                       : 1.0f;
-    key_of.lo = a.transform == kTransformL2 ? 0.0f : -INFINITY;
-    key_of.rn = rn;
-    key_of.hi = norms || a.transform == kTransformIP ? kOverflowDistance : INFINITY;
-    key_of.cosine = a.transform == kTransformCosine;
+    const bool norms = transform_norms(a);
+    const KeyFn key_of = key_fn_of(a, row);
     // 16-byte loads, two per thread per step, the next step's two in flight
     // while the current eight values are offered (memory-level parallelism
     // is what the selection pass lacks, not instructions); the rest of the

@@ -122,3 +122,41 @@ TEST(ExactSearch, LargeKAndFewBase)
     compare_knn(Metric::L2, q, 20, x, 500, 8, 2048, 0, shape("k > n", {{"k", 2048}}, s));
     compare_knn(Metric::L2, q, 20, x, 500, 8, 1024, 0, shape("k > n", {{"k", 1024}}, s));
 }
+
+// The radix selection (set_radix_select) of one tile of few queries, the
+// coarse step of small batches: the CPU's answers, and the default
+// selection's keys bit for bit.
+TEST(ExactSearch, RadixSelectionSameKeys)
+{
+    GPU_REQUIRE_DEVICE();
+    struct Reset {
+        ~Reset() { gpuivfpq::gpu::set_radix_select(ctx(), false); }
+    } reset;
+    uint64_t s = seed(808);
+    std::mt19937_64 g(s);
+    for (int trial = 0; trial < 16; ++trial) {
+        const Metric metric = static_cast<Metric>(trial % 3);
+        const size_t d = std::vector<size_t>{3, 32, 128}[g() % 3];
+        const size_t n = std::vector<size_t>{5, 700, 4096, 9000, 40000}[g() % 5];
+        const size_t nq = 1 + g() % 40;
+        const size_t k = std::vector<size_t>{2, 10, 100, 256}[g() % 4];
+        auto x = clustered(n, d, 20, 3.0f, s + 2 * trial);
+        auto q = clustered(nq, d, 20, 3.0f, s + 2 * trial + 1);
+        const std::string what = shape("radix", {{"metric", double(trial % 3)}, {"d", double(d)}, {"n", double(n)},
+                                                 {"nq", double(nq)}, {"k", double(k)}},
+                                       s + 2 * trial);
+        DeviceBuffer dq = to_device(q), dx = to_device(x);
+        std::vector<float> keys[2];
+        for (int radix = 0; radix < 2; radix++) {
+            gpuivfpq::gpu::set_radix_select(ctx(), radix != 0);
+            DeviceBuffer dd(ctx(), nq * k * sizeof(float)), dl(ctx(), nq * k * sizeof(int32_t));
+            gpuivfpq::gpu::exact_knn_i32(ctx(), dq.as<float>(), nq, dx.as<float>(), n, d, metric, k, dd.as<float>(),
+                                         dl.as<int32_t>());
+            keys[radix] = to_host<float>(dd, nq * k);
+            if (radix)
+                compare_knn(metric, q, nq, x, n, d, k, 0, what);
+        }
+        for (size_t i = 0; i < nq * k; i++)
+            ASSERT_EQ(keys[0][i], keys[1][i]) << what << ": entry " << i;
+    }
+}

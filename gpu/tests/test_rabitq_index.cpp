@@ -16,6 +16,7 @@
 
 #include "engine/distances.h"
 #include "engine/rabitq.h"
+#include "gpu_ivfpq/exact_search.h"
 #include "gpu_ivfpq/rabitq_index.h"
 #include "gpu_test_util.h"
 
@@ -216,14 +217,14 @@ void check_index(size_t d, int bits, Metric metric, uint64_t s)
     for (bool radix : {false, true})
         for (size_t k : {size_t(1), size_t(10), size_t(100)}) {
             SCOPED_TRACE("radix " + std::to_string(radix) + " k " + std::to_string(k));
-            index.set_radix_select(radix);
+            gpuivfpq::gpu::set_radix_select(ctx(), radix);
             compare(index, fx, q, nq, k, 4, live, false);
             compare(index, fx, q, nq, k, 4, live, true);
             // Ranked by lower bounds, as the GPU service's mirrors rank them.
             compare(index, fx, q, nq, k, 4, live, false, gpuivfpq::kRabitqLowerEps0);
             compare(index, fx, q, nq, k, 4, live, true, gpuivfpq::kRabitqLowerEps0);
         }
-    index.set_radix_select(false);
+    gpuivfpq::gpu::set_radix_select(ctx(), false);
     // Every list probed, k = n: every entry, in estimate order.
     compare(index, fx, q, 2, n, lists, live, false);
     // Removals (unknown ids and duplicates among them).
@@ -275,7 +276,7 @@ TEST(RabitqIndex, LongListsSelectedInChunks)
             for (size_t k : {size_t(10), size_t(100), size_t(256), size_t(1000)}) {
                 SCOPED_TRACE("radix " + std::to_string(radix) + " nq " + std::to_string(nq) + " k " +
                              std::to_string(k));
-                L.index.set_radix_select(radix);
+                gpuivfpq::gpu::set_radix_select(ctx(), radix);
                 compare(L.index, L.fx, L.q, nq, k, lists, L.live, false, gpuivfpq::kRabitqLowerEps0);
                 compare(L.index, L.fx, L.q, nq, k, 2, L.live, true);
             }
@@ -293,12 +294,12 @@ TEST(RabitqIndex, ManyProbesAndSparseRanges)
     for (bool radix : {true, false})
         for (size_t nprobe : {size_t(33), size_t(64), lists}) {
             SCOPED_TRACE("radix " + std::to_string(radix) + " nprobe " + std::to_string(nprobe));
-            L.index.set_radix_select(radix);
+            gpuivfpq::gpu::set_radix_select(ctx(), radix);
             compare(L.index, L.fx, L.q, 3, 100, nprobe, L.live, false, gpuivfpq::kRabitqLowerEps0);
             compare(L.index, L.fx, L.q, 3, 200, nprobe, L.live, true);
             compare(L.index, L.fx, L.q, 3, 1000, nprobe, L.live, true);
         }
-    L.index.set_radix_select(false);
+    gpuivfpq::gpu::set_radix_select(ctx(), false);
     // Three probes (about three chunks at k 1000), a key range: fewer rows
     // in range than k.
     compare(L.index, L.fx, L.q, 3, 1000, 3, L.live, true);

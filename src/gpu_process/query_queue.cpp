@@ -62,6 +62,9 @@ Queue Queue::create(void* base, size_t bytes, uint32_t nslots, uint64_t generati
     q.h_->nslots = nslots;
     q.h_->bytes = bytes;
     q.h_->generation = generation;
+    q.nslots_ = nslots;
+    q.bytes_ = bytes;
+    q.generation_ = generation;
     q.state_ = reinterpret_cast<std::atomic<uint32_t>*>(b + states_offset());
     for (uint32_t i = 0; i < nslots; i++)
         new (&q.state_[i]) std::atomic<uint32_t>(Free);
@@ -80,8 +83,11 @@ Queue Queue::attach(void* base, size_t bytes)
         h->bytes != bytes || bytes < bytes_for(h->nslots))
         return q;
     q.h_ = h;
+    q.nslots_ = h->nslots;
+    q.bytes_ = bytes;
+    q.generation_ = h->generation;
     q.state_ = reinterpret_cast<std::atomic<uint32_t>*>(b + states_offset());
-    q.slots_ = reinterpret_cast<Slot*>(b + slots_offset(h->nslots));
+    q.slots_ = reinterpret_cast<Slot*>(b + slots_offset(q.nslots_));
     return q;
 }
 
@@ -131,7 +137,7 @@ void Queue::release(uint32_t i) const
 size_t Queue::take(std::vector<uint32_t>& out, size_t limit) const
 {
     size_t taken = 0;
-    for (uint32_t i = 0; i < h_->nslots && taken < limit; i++) {
+    for (uint32_t i = 0; i < nslots_ && taken < limit; i++) {
         uint32_t s = state_[i].load(std::memory_order_relaxed);
         if (s == Pending) {
             if (state_[i].compare_exchange_strong(s, Running, std::memory_order_acq_rel)) {
@@ -166,11 +172,20 @@ void Queue::wait_work(uint32_t seen, int timeout_ms) const
 size_t Queue::fail_all(const char* message) const
 {
     size_t answered = 0;
-    // The batches the dead process was running are answered below: its
-    // clocks must not make the next process look hung.
+    // What the dead process may have left in the header: the identity a new
+    // process and new backends check, its pid and sleepers, and the clocks
+    // of the batches it was running (answered below), which would make the
+    // next process look hung.
+    h_->magic = kMagic;
+    h_->version = kVersion;
+    h_->nslots = nslots_;
+    h_->bytes = bytes_;
+    h_->generation = generation_;
+    h_->gpu_pid.store(0, std::memory_order_relaxed);
+    h_->gpu_waiting.store(0, std::memory_order_relaxed);
     for (int t = 0; t < kMaxServers; t++)
         h_->busy_since_ns[t].store(0, std::memory_order_release);
-    for (uint32_t i = 0; i < h_->nslots; i++) {
+    for (uint32_t i = 0; i < nslots_; i++) {
         for (;;) {
             uint32_t s = state_[i].load(std::memory_order_acquire);
             if (s == Abandoned) {
@@ -204,7 +219,7 @@ uint64_t Queue::stalled_since_ns() const
         if (b != 0 && (oldest == 0 || b < oldest))
             oldest = b;
     }
-    for (uint32_t i = 0; i < h_->nslots; i++) {
+    for (uint32_t i = 0; i < nslots_; i++) {
         if (state_[i].load(std::memory_order_acquire) != Pending)
             continue;
         uint64_t t = slots_[i].req.submitted_ns;
@@ -224,7 +239,8 @@ bool result_sound(const SearchAnswer& ans)
 
 }  // namespace
 
-bool answer_sound(const SearchRequest& req, const SearchAnswer& ans, const int64_t* labels, uint32_t nslots)
+bool answer_sound(const SearchRequest& req, const SearchAnswer& ans, const int64_t* labels, const double* dists,
+                  int64_t* scratch, uint32_t nslots)
 {
     if (!result_sound(ans))
         return false;
@@ -239,7 +255,10 @@ bool answer_sound(const SearchRequest& req, const SearchAnswer& ans, const int64
     // The labels and the distances after them must fit the payload.
     if (sizeof(int64_t) * size_t(req.k) * (ans.exact ? 2 : 1) > kPayload)
         return false;
-    return labels == nullptr || replycheck::tid_labels_sound(labels, ans.n);
+    if (labels == nullptr || scratch == nullptr || (ans.exact != 0 && dists == nullptr))
+        return false;
+    return replycheck::tid_rows_sound(labels, ans.n, scratch) &&
+           (ans.exact == 0 || replycheck::ascending_sound(dists, ans.n));
 }
 
 bool metric_answer_sound(const SearchAnswer& ans, uint32_t nslots)

@@ -44,6 +44,10 @@ constexpr size_t kPayload = 32 * 1024;  // a query in; labels and distances out
 constexpr int kHistBuckets = 8;         // batch sizes 1, 2-3, 4-7, ..., 128+
 constexpr int kQueueFd = 5;             // where the GPU process finds the segment
 constexpr int kMaxServers = 8;          // threads of the GPU process that serve the queue
+// The settings' ceilings (those of gpu_ivfpq.batch_size, batch_wait and
+// gpu_poll): the GPU process clamps what it reads from the header to them.
+constexpr uint32_t kMaxBatchSize = 4096;
+constexpr uint32_t kMaxWaitUs = 100000;
 
 // A slot's state. Transitions: the owner Free -> Pending (filled); the GPU
 // process Pending -> Running -> Done; the owner Done -> Free. An owner that
@@ -153,7 +157,9 @@ public:
 
     bool ok() const { return h_ != nullptr; }
     Header& header() const { return *h_; }
-    uint32_t slots() const { return h_->nslots; }
+    // The slots as the segment was created or attached with: never read
+    // from the header again (another process can write there).
+    uint32_t slots() const { return nslots_; }
     Slot& slot(uint32_t i) const { return slots_[i]; }
     std::atomic<uint32_t>& state(uint32_t i) const { return state_[i]; }
 
@@ -181,7 +187,11 @@ public:
 
     // ---- the service ----
     // After the GPU process died: every taken or pending search answered
-    // Gone with message, abandoned ones freed. Returns how many it answered.
+    // Gone with message, abandoned ones freed, and the header's identity
+    // (magic, version, sizes, generation) and the process's words (its pid,
+    // sleepers, batch clocks) as a new process expects them, whatever the
+    // dead one wrote there. The settings are the caller's to write again.
+    // Returns how many searches it answered.
     size_t fail_all(const char* message) const;
     // Since when the GPU process owes progress (0: it owes none): the
     // oldest submission it has not taken, or the batch it runs. Searches it
@@ -192,15 +202,22 @@ private:
     Header* h_ = nullptr;
     std::atomic<uint32_t>* state_ = nullptr;
     Slot* slots_ = nullptr;
+    uint32_t nslots_ = 0;
+    uint64_t bytes_ = 0, generation_ = 0;
 };
 
 // CLOCK_MONOTONIC in nanoseconds: comparable across the processes of a host.
 uint64_t now_ns();
 
 // Whether an answer read from the segment (copied out first) can be used
-// for the request it answers: a known result, at most k labels each a TID
-// label or -1, flags of 0 or 1, a terminated message. labels: the n labels.
-bool answer_sound(const SearchRequest& req, const SearchAnswer& ans, const int64_t* labels, uint32_t nslots);
+// for the request it answers: a known result, at most k labels, each of the
+// n a TID label and no two the same, the distances (exact or lower bounds)
+// after them never NaN and ascending, a known kind of distances, a batch of
+// at most nslots, a terminated message. labels and dists: the n labels and
+// their distances (dists only when ans.exact says there are some); scratch:
+// room for n labels.
+bool answer_sound(const SearchRequest& req, const SearchAnswer& ans, const int64_t* labels, const double* dists,
+                  int64_t* scratch, uint32_t nslots);
 
 // The same for a Metric answer, before its hits are read: a known result, a
 // terminated message, no Knn fields, a batch of at most nslots searches,

@@ -268,7 +268,8 @@ void QueryServer::loop(int t)
         // gpu_ivfpq.gpu_poll: for a while after a batch, poll for the
         // next search instead of sleeping: a backend that finds no sleeper
         // makes no wake-up call, and the search is taken at once.
-        const uint64_t poll_ns = uint64_t(q_.header().poll_us.load(std::memory_order_relaxed)) * 1000;
+        const uint64_t poll_ns =
+            uint64_t(std::min(q_.header().poll_us.load(std::memory_order_relaxed), queue::kMaxWaitUs)) * 1000;
         if (poll_ns > 0 && held_[t].empty() && queue::now_ns() - last_work < poll_ns) {
             while (!stop_.load(std::memory_order_relaxed) &&
                    q_.header().submit_seq.load(std::memory_order_acquire) == seen &&
@@ -491,7 +492,8 @@ bool QueryServer::serve_once(int t)
     std::vector<Held>& held = held_[t];
     std::vector<uint32_t> taken;
     queue::Header& h = q_.header();
-    size_t limit = std::max<uint32_t>(1, h.batch_size.load(std::memory_order_relaxed));
+    size_t limit = std::clamp<uint32_t>(h.batch_size.load(std::memory_order_relaxed), 1,
+                                        std::min(queue::kMaxBatchSize, q_.slots()));
     uint64_t now = queue::now_ns();
     if (held.size() < limit)
         q_.take(taken, limit - held.size());
@@ -499,7 +501,7 @@ bool QueryServer::serve_once(int t)
         held.push_back({i, now});
     if (held.empty())
         return false;
-    uint32_t wait_us = h.batch_wait_us.load(std::memory_order_relaxed);
+    uint32_t wait_us = std::min(h.batch_wait_us.load(std::memory_order_relaxed), queue::kMaxWaitUs);
     if (wait_us > 0 && held.size() < limit && !taken.empty()) {
         // gpu_ivfpq.batch_wait: a moment for more searches to join.
         std::this_thread::sleep_for(std::chrono::microseconds(wait_us));

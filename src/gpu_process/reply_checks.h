@@ -8,6 +8,8 @@
 // allocation-free and non-throwing, so that PostgreSQL code calls them too.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -61,6 +63,29 @@ inline bool tid_labels_sound(const int64_t* labels, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         if (labels[i] != -1 && !tid_label(labels[i]))
+            return false;
+    return true;
+}
+
+// The n rows a search answers (an honest process counts them up to the
+// first -1): every label a TID label, no two the same (sorted in scratch,
+// room for n).
+inline bool tid_rows_sound(const int64_t* labels, size_t n, int64_t* scratch)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!tid_label(labels[i]))
+            return false;
+        scratch[i] = labels[i];
+    }
+    std::sort(scratch, scratch + n);
+    return std::adjacent_find(scratch, scratch + n) == scratch + n;
+}
+
+// Distances of ranked rows: none NaN, ascending (infinities allowed).
+inline bool ascending_sound(const double* d, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (std::isnan(d[i]) || (i > 0 && d[i] < d[i - 1]))
             return false;
     return true;
 }

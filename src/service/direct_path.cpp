@@ -176,8 +176,12 @@ GpuIvfpqQueueSettings(int batch_size, int batch_wait_us, int batches_in_flight, 
 void
 GpuIvfpqQueueFailAll(const char *message)
 {
-	if (service_queue.ok())
-		(void) service_queue.fail_all(message);
+	if (!service_queue.ok())
+		return;
+	(void) service_queue.fail_all(message);
+	/* Whatever the dead process wrote over them: the settings again. */
+	GpuIvfpqQueueSettings(gpu_ivfpq_batch_size, gpu_ivfpq_batch_wait_us, gpu_ivfpq_batches_in_flight,
+						  gpu_ivfpq_gpu_poll_us);
 }
 
 /* Since when the GPU process owes the direct path progress (0: it owes none). */
@@ -247,6 +251,16 @@ BackendQueue(void)
 	fd = shm_open(name, O_RDWR, 0);
 	if (fd < 0)
 		return NULL;
+	/* A segment not yet sized (the service restarting) would fault on touch. */
+	{
+		struct stat st;
+
+		if (fstat(fd, &st) != 0 || (Size) st.st_size < bytes)
+		{
+			close(fd);
+			return NULL;
+		}
+	}
 	base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	close(fd);
 	if (base == MAP_FAILED)
@@ -333,6 +347,18 @@ FreeQueueSlot(int *slot, RequestResult *result, char *error, Size errlen)
 		*result = RES_SERVICE_GONE;
 		return NULL;
 	}
+	if (i >= 0 && (uint32) i < q->slots())
+	{
+		/*
+		 * Nobody waits on this slot now: a Done answer never released or a
+		 * state word that is none of the queue's (written by a misbehaving
+		 * GPU process) is freed, so that the slot serves again.
+		 */
+		uint32		s = q->state((uint32) i).load(std::memory_order_acquire);
+
+		if (s == queue::Done || s > queue::Abandoned)
+			(void) q->state((uint32) i).compare_exchange_strong(s, queue::Free, std::memory_order_acq_rel);
+	}
 	if (i < 0 || (uint32) i >= q->slots() ||
 		q->state((uint32) i).load(std::memory_order_acquire) != queue::Free)
 	{
@@ -347,15 +373,22 @@ FreeQueueSlot(int *slot, RequestResult *result, char *error, Size errlen)
 /*
  * Submits slot i (filled) and sleeps until the GPU process answers. A cancel
  * while waiting gives the request up and raises the error; the GPU process
- * frees the slot when it is done with it. Returns false when no GPU process
- * is left to answer (the caller uses the CPU engine); else the slot is Done:
- * copy the answer out, then release it.
+ * frees the slot when it is done with it. Returns false when no answer will
+ * come: no GPU process is left to answer, or none came within gpu_timeout
+ * and a second (the service kills a GPU process that owes progress that
+ * long, but a search it holds past its batch is not always visible to it),
+ * or a GPU process wrote a state into the slot that no search of this
+ * backend's can be in (error says which; the caller uses the CPU engine).
+ * Else the slot is Done: copy the answer out, then release it.
  */
 static bool
-SubmitAndWait(const Queue *q, uint32 i)
+SubmitAndWait(const Queue *q, uint32 i, char *error, Size errlen)
 {
 	volatile bool gone = false;
+	uint64		deadline = 0;
 
+	if (gpu_ivfpq_gpu_timeout_s > 0)
+		deadline = queue::now_ns() + ((uint64) gpu_ivfpq_gpu_timeout_s + 1) * UINT64CONST(1000000000);
 	q->slot(i).req.owner_pid = (uint32) MyProcPid;
 	q->submit(i);
 	pgstat_report_wait_start(PG_WAIT_EXTENSION);
@@ -363,12 +396,30 @@ SubmitAndWait(const Queue *q, uint32 i)
 	{
 		while (!q->wait_done(i, QUEUE_POLL_MS))
 		{
+			uint32		s;
+
 			if (!PostmasterIsAlive())
 				proc_exit(1);	/* everything goes with the postmaster */
 			CHECK_FOR_INTERRUPTS();
+			s = q->state(i).load(std::memory_order_acquire);
+			if (s != queue::Pending && s != queue::Running)
+			{
+				/* Not ours to wait on any more: FreeQueueSlot frees it next time. */
+				strlcpy(error, "the GPU process wrote an unknown state into a request slot", errlen);
+				gone = true;
+				break;
+			}
 			/* No GPU process to answer (it died as this was queued): the CPU engine. */
 			if (!GpuIvfpqServiceServing() && q->abandon(i))
 			{
+				strlcpy(error, "the GPU process is restarting", errlen);
+				gone = true;
+				break;
+			}
+			if (deadline != 0 && queue::now_ns() > deadline && q->abandon(i))
+			{
+				snprintf(error, errlen, "the GPU process did not answer within gpu_ivfpq.gpu_timeout (%d s)",
+						 gpu_ivfpq_gpu_timeout_s);
 				gone = true;
 				break;
 			}
@@ -416,6 +467,8 @@ GpuIvfpqQueueSearch(const GpuIvfpqKey *key, int d, const float *query, int k, in
 	const Queue *q = FreeQueueSlot(&i, &result, error, errlen);
 	queue::SearchAnswer ans;
 	queue::SearchRequest req;
+	/* answer_sound's room for the labels (k of them fit the payload twice). */
+	int64		scratch[queue::kPayload / (2 * sizeof(int64))];
 
 	if (q == NULL)
 		return result;
@@ -438,11 +491,8 @@ GpuIvfpqQueueSearch(const GpuIvfpqKey *key, int d, const float *query, int k, in
 	req.log_pos = GpuIvfpqSearchLogPos();
 	slot.req = req;
 	memcpy(slot.payload, query, sizeof(float) * d);
-	if (!SubmitAndWait(q, (uint32) i))
-	{
-		strlcpy(error, "the GPU process is restarting", errlen);
+	if (!SubmitAndWait(q, (uint32) i, error, errlen))
 		return RES_SERVICE_GONE;
-	}
 
 	/* Copied out, then checked: the segment may change under a reader. */
 	ans = slot.ans;
@@ -453,7 +503,8 @@ GpuIvfpqQueueSearch(const GpuIvfpqKey *key, int d, const float *query, int k, in
 			memcpy(exact, slot.payload + sizeof(int64) * k, sizeof(double) * ans.n);
 	}
 	q->release((uint32) i);
-	if (!queue::answer_sound(req, ans, ans.n <= (uint32) k ? labels : NULL, q->slots()) ||
+	if (!queue::answer_sound(req, ans, ans.n <= (uint32) k ? labels : NULL,
+							 ans.exact != GPU_IVFPQ_DISTS_NONE ? exact : NULL, scratch, q->slots()) ||
 		(ans.result == (int32) queue::Result::Ok && ans.n > (uint32) k))
 	{
 		strlcpy(error, "the GPU process answered a malformed search result", errlen);
@@ -513,11 +564,8 @@ GpuIvfpqQueueMetricSearch(const GpuIvfpqKey *key, uint64 change, int64 nq, int64
 	req.log_pos = 0;
 	slot.req = req;
 	memcpy(slot.payload, buf, l.hit_offsets);
-	if (!SubmitAndWait(q, (uint32) i))
-	{
-		strlcpy(error, "the GPU process is restarting", errlen);
+	if (!SubmitAndWait(q, (uint32) i, error, errlen))
 		return RES_SERVICE_GONE;
-	}
 
 	/* Copied out, then checked: the segment may change under a reader. */
 	ans = slot.ans;

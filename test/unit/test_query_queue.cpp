@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -143,10 +144,19 @@ TEST(QueryQueue, FailAllAnswersWhatADeadProcessLeft)
     std::vector<uint32_t> taken;
     ASSERT_EQ(q.take(taken, 2), 2u);  // 0 and 1 taken, 2 still pending
     ASSERT_TRUE(q.abandon(1));
-    // A process killed mid-batch leaves its clock running.
+    // A process killed mid-batch leaves its clock running, and one that
+    // misbehaved wrote over the header: the slot count is never read from
+    // it again, and fail_all writes the identity back.
     q.header().busy_since_ns[1].store(queue::now_ns() - 10000000000ull);
+    q.header().nslots = 0xFFFFFFFFu;
+    q.header().magic = 0;
+    q.header().gpu_waiting.store(3);
+    EXPECT_EQ(q.slots(), 4u);
     EXPECT_NE(q.stalled_since_ns(), 0u);
     EXPECT_EQ(q.fail_all("gone"), 2u);
+    EXPECT_EQ(q.header().nslots, 4u);
+    EXPECT_EQ(q.header().magic, queue::kMagic);
+    EXPECT_EQ(q.header().gpu_waiting.load(), 0u);
     for (uint32_t i : {0u, 2u}) {
         EXPECT_TRUE(q.wait_done(i, 1));
         EXPECT_EQ(q.slot(i).ans.result, int32_t(queue::Result::Gone));
@@ -165,15 +175,17 @@ TEST(QueryQueue, MalformedAnswersAreRefused)
     req.k = 4;
     req.d = 8;
     int64_t labels[4] = {1, 2, -1, -1};
+    double dists[4] = {0.5, 0.5, 0.0, 0.0};
+    int64_t scratch[4];
     queue::SearchAnswer ok;
     ok.n = 2;
     ok.batch = 3;
-    EXPECT_TRUE(queue::answer_sound(req, ok, labels, 16));
+    EXPECT_TRUE(queue::answer_sound(req, ok, labels, nullptr, scratch, 16));
 
-    auto refused = [&](auto change, const int64_t* l = nullptr) {
+    auto refused = [&](auto change, const int64_t* l = nullptr, const double* d = nullptr) {
         queue::SearchAnswer a = ok;
         change(a);
-        return !queue::answer_sound(req, a, l != nullptr ? l : labels, 16);
+        return !queue::answer_sound(req, a, l != nullptr ? l : labels, d != nullptr ? d : dists, scratch, 16);
     };
     EXPECT_TRUE(refused([](queue::SearchAnswer& a) { a.result = 17; }));
     EXPECT_TRUE(refused([](queue::SearchAnswer& a) { a.result = -1; }));
@@ -188,6 +200,24 @@ TEST(QueryQueue, MalformedAnswersAreRefused)
     EXPECT_TRUE(refused([](queue::SearchAnswer&) {}, not_tids));
     const int64_t negative[4] = {1, -7, -1, -1};
     EXPECT_TRUE(refused([](queue::SearchAnswer&) {}, negative));
+    // A -1 among the n rows (it would read as block 0xFFFFFFFF), a row twice.
+    const int64_t padding_inside[4] = {-1, 2, -1, -1};
+    EXPECT_TRUE(refused([](queue::SearchAnswer&) {}, padding_inside));
+    const int64_t twice[4] = {2, 2, -1, -1};
+    EXPECT_TRUE(refused([](queue::SearchAnswer&) {}, twice));
+    // Distances: ascending and never NaN, where the answer has them.
+    const double descending[4] = {0.7, 0.5, 0.0, 0.0};
+    const double nan_first[4] = {std::nan(""), 0.5, 0.0, 0.0};
+    for (uint32_t kind : {uint32_t(GPU_IVFPQ_DISTS_EXACT), uint32_t(GPU_IVFPQ_DISTS_LOWER)}) {
+        EXPECT_TRUE(refused([kind](queue::SearchAnswer& a) { a.exact = kind; }, labels, descending));
+        EXPECT_TRUE(refused([kind](queue::SearchAnswer& a) { a.exact = kind; }, labels, nan_first));
+        EXPECT_FALSE(refused([kind](queue::SearchAnswer& a) { a.exact = kind; }));
+    }
+    EXPECT_FALSE(refused([](queue::SearchAnswer&) {}, labels, descending));  // labels only: not read
+    // Distances announced but not given.
+    queue::SearchAnswer lower = ok;
+    lower.exact = GPU_IVFPQ_DISTS_EXACT;
+    EXPECT_FALSE(queue::answer_sound(req, lower, labels, nullptr, scratch, 16));
     // Errors pass (their text is shown, terminated), whatever the rest says.
     EXPECT_FALSE(refused([](queue::SearchAnswer& a) {
         a.result = int32_t(queue::Result::Error);
@@ -293,7 +323,8 @@ TEST_F(QueryServer, ServesAsTheMirrorAnswersAndWaitsForTheLog)
             EXPECT_EQ(got[j], labels[j]);
             EXPECT_EQ(got_dist[j], dist[j]);
         }
-        EXPECT_TRUE(queue::answer_sound(seg.q.slot(i).req, a, got, 8));
+        std::vector<int64_t> scratch(k);
+        EXPECT_TRUE(queue::answer_sound(seg.q.slot(i).req, a, got, a.exact ? got_dist : nullptr, scratch.data(), 8));
         seg.q.release(i);
     }
     // The fifth waits for position 5 of the change log.

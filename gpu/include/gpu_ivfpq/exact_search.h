@@ -47,4 +47,12 @@ void gemm_tiles_only(GpuContext& ctx, const float* queries, size_t nq, const flo
 // runs after its GEMM on the main stream), to measure what the overlap gains.
 void set_exact_overlap(GpuContext& ctx, bool on);
 
+// Whether small selections on ctx run as a block radix select (a block per
+// chunk of about 2048 columns, then a block per row; k from 2 to 256): the
+// one-tile selections of exact_knn (the coarse step of small batches) where
+// a block per row is wanted, and every RaBitQ mirror search's selection of
+// candidates. Off (WarpSelect / BlockSelect) by default until measured on
+// a GPU. The same keys either way; equal keys at the k-th place may differ.
+void set_radix_select(GpuContext& ctx, bool on);
+
 }  // namespace gpuivfpq::gpu

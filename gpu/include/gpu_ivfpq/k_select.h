@@ -15,10 +15,10 @@ using gpuivfpq::kMaxSelectK;
 
 // Auto picks BlockSelect (a block of 4 warps per row) when there are too few
 // rows to fill the device with one warp per row, WarpSelect otherwise.
-// Radix (test aid: the radix selection of RaBitQ searches, smallest first
-// and k up to 256 only, else InvalidArgument) splits each row into chunks
-// of 8192 columns (at most 64), a block each, then merges them; equal
-// values are taken and ordered by column.
+// Radix (test aid: the radix selection of set_radix_select, k up to 256
+// only, else InvalidArgument) splits each row into chunks of 8192 columns
+// (at most 64), a block each, then merges them; equal values are taken and
+// ordered by column.
 enum class SelectAlgo { Auto, Warp, Block, Radix };
 
 // For each row of in (device, rows x n, row stride ld >= n floats), the k

@@ -70,12 +70,6 @@ public:
     void search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist, int64_t* labels,
                 const KeyRange* ranges = nullptr, float eps0 = 0.0f) const;
 
-    // Test and bench aid: the search's k-selection, a block radix select
-    // (on; k up to 256) or WarpSelect chunks and their merge (off, the
-    // default). The same keys either way; equal keys at the k-th place may
-    // differ.
-    void set_radix_select(bool on);
-
     // Test aid: the probed lists of each query as the search picks them
     // (nq x nprobe, nearest first; host).
     void probe_lists(const float* queries, size_t nq, size_t nprobe, int32_t* lists) const;
