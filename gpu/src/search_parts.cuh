@@ -25,10 +25,31 @@ __device__ __forceinline__ float warp_sqr_norm(const float* p, int d, int lane)
 }
 
 // Scales p (d floats) to unit length in place, a warp's work (zero rows
-// stay as they are): normalize_rows' arithmetic.
+// stay as they are): normalize_rows' arithmetic, with normalize_row's
+// (engine/inner_product.h) scaling by a power of two first where the
+// square overflows or leaves float's normal range.
 __device__ __forceinline__ void warp_normalize(float* p, int d, int lane)
 {
-    const float s = warp_sqr_norm(p, d, lane);
+    float s = warp_sqr_norm(p, d, lane);
+    if (!(s <= 3.402823466e38f) || s < 1.175494351e-38f) {
+        float top = 0.0f;
+        for (int j = lane; j < d; j += 32)
+            top = fmaxf(top, fabsf(p[j]));
+        for (int off = 16; off > 0; off >>= 1)
+            top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, off));
+        if (top > 0.0f && top <= 3.402823466e38f) {
+            int e = 0;
+            (void)frexpf(top, &e);
+            for (int shift = -e; shift != 0;) {
+                const int step = shift > 100 ? 100 : shift < -100 ? -100 : shift;
+                const float scale = ldexpf(1.0f, step);
+                for (int j = lane; j < d; j += 32)
+                    p[j] *= scale;
+                shift -= step;
+            }
+            s = warp_sqr_norm(p, d, lane);
+        }
+    }
     if (s > 0.0f) {
         const float inv = 1.0f / sqrtf(s);
         for (int j = lane; j < d; j += 32)

@@ -37,6 +37,7 @@ typedef struct BuildReadShared
 	bool		concurrent;
 	slock_t		mutex;
 	double		heap_tuples;	/* rows the workers saw, NULLs included */
+	bool		broken_hot_chain;	/* a worker's ii_BrokenHotChain, ORed */
 } BuildReadShared;
 
 #define BuildReadScan(shared) \
@@ -97,6 +98,8 @@ WorkerRow(Relation index, ItemPointer tid, Datum *values, bool *isnull, bool tup
 		return;
 	old = MemoryContextSwitchTo(w->rowctx);
 	v = GpuIvfpqDatumVector(values[0], w->format, &dim, "indexed vector");
+	/* Before the copy: the message holds one row of the largest dimension. */
+	GpuIvfpqCheckIndexableDim(dim);
 	row.key = w->keyed ? GpuIvfpqFilterKeyOf(index, values[1], isnull[1]) : 0;
 	row.tid = *tid;
 	row.dim = dim;
@@ -156,6 +159,7 @@ gpu_ivfpq_build_read_main(dsm_segment *seg, shm_toc *toc)
 
 	SpinLockAcquire(&shared->mutex);
 	shared->heap_tuples += w.seen;
+	shared->broken_hot_chain |= indexInfo->ii_BrokenHotChain;
 	SpinLockRelease(&shared->mutex);
 	shm_mq_detach(w.queue);
 	index_close(index, index_mode);
@@ -219,6 +223,8 @@ GpuIvfpqBuildReadParallel(Relation heap, Relation index, IndexInfo *indexInfo, G
 	if (RelationUsesLocalBuffers(heap))
 		return false;
 	request = plan_create_index_workers(RelationGetRelid(heap), RelationGetRelid(index));
+	/* No queue for workers that cannot start (a table's parallel_workers may ask for 1024). */
+	request = Min(request, max_parallel_workers);
 	if (request <= 0)
 		return false;
 
@@ -245,6 +251,7 @@ GpuIvfpqBuildReadParallel(Relation heap, Relation index, IndexInfo *indexInfo, G
 	shared->concurrent = indexInfo->ii_Concurrent;
 	SpinLockInit(&shared->mutex);
 	shared->heap_tuples = 0;
+	shared->broken_hot_chain = false;
 	table_parallelscan_initialize(heap, BuildReadScan(shared), snapshot);
 	shm_toc_insert(pcxt->toc, READ_KEY_SHARED, shared);
 	queues = (char *) shm_toc_allocate(pcxt->toc, mul_size(READ_QUEUE_BYTES, request));
@@ -307,6 +314,9 @@ GpuIvfpqBuildReadParallel(Relation heap, Relation index, IndexInfo *indexInfo, G
 	/* Raises a worker's error, if any. */
 	WaitForParallelWorkersToFinish(pcxt);
 	*heap_tuples = shared->heap_tuples;
+	/* As the workers found the HOT chains: pg_index.indcheckxmin follows. */
+	if (shared->broken_hot_chain)
+		indexInfo->ii_BrokenHotChain = true;
 	EndParallelRead(pcxt, snapshot);
 	return true;
 }

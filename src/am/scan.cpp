@@ -481,10 +481,13 @@ PendingPop(GpuIvfpqScanOpaque so)
  * bounds (ranking units), lowest first, are fetched by LazyNext. The rows
  * the round did not rank are bounded by its last candidate's bound (the
  * GPU and the CPU engine rank by bound); a round no other follows bounds
- * nothing.
+ * nothing. The bounds hold for all but a small share of rows (they are
+ * drawn at a confidence, not proven), so a round that ranked every entry
+ * of every list (fetch_all: the settings that promise a sequential scan's
+ * answer) fetches all its candidates before it returns a row.
  */
 static void
-LazyRound(IndexScanDesc scan, int64 *labels, const double *lower, int n, bool last_round)
+LazyRound(IndexScanDesc scan, int64 *labels, const double *lower, int n, bool last_round, bool fetch_all)
 {
 	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
 	double	   *bounds = (double *) MemoryContextAllocHuge(so->batchctx, sizeof(double) * Max(n, 1));
@@ -497,7 +500,7 @@ LazyRound(IndexScanDesc scan, int64 *labels, const double *lower, int n, bool la
 		 * Bounds come sorted; a device that sent them out of order (never
 		 * expected) must not stop the fetch early: each is at most the next.
 		 */
-		bounds[i] = Max(GpuIvfpqLowerToExact(so->metric, lower[i]), prev);
+		bounds[i] = fetch_all ? -get_float8_infinity() : Max(GpuIvfpqLowerToExact(so->metric, lower[i]), prev);
 		prev = bounds[i];
 	}
 	so->cand_labels = labels;
@@ -867,7 +870,8 @@ NextBatch(IndexScanDesc scan)
 		if (dists == GPU_IVFPQ_DISTS_LOWER && !so->null_query)
 		{
 			LazyRound(scan, labels, exact, nlabels,
-					  so->final_round || so->reranked >= gpu_ivfpq_max_scan_tuples);
+					  so->final_round || so->reranked >= gpu_ivfpq_max_scan_tuples,
+					  so->final_round);
 			return true;
 		}
 		if (dists == GPU_IVFPQ_DISTS_EXACT)

@@ -9,7 +9,10 @@ extern "C" {
 #include "access/table.h"
 #include "catalog/index.h"
 #include "executor/executor.h"
+#include "miscadmin.h"
+#include "utils/guc.h"
 #include "utils/hsearch.h"
+#include "utils/rel.h"
 }
 
 void
@@ -19,10 +22,36 @@ GpuIvfpqSortHits(GpuIvfpqHit *hits, int64 n)
 	std::sort(hits, hits + n, GpuIvfpqHitLess);
 }
 
+bool
+GpuIvfpqFormIndexRow(IndexInfo *indexInfo, ExprState *predicate, TupleTableSlot *slot, EState *estate, Oid owner,
+					 Datum *values, bool *isnull)
+{
+	Oid			save_userid;
+	int			save_sec_context;
+	int			nest;
+	bool		ok;
+
+	if (indexInfo->ii_Expressions == NIL && predicate == NULL)
+	{
+		FormIndexDatum(indexInfo, slot, estate, values, isnull);
+		return true;
+	}
+	/* An error on the way unwinds both with the (sub)transaction. */
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(owner, save_sec_context | SECURITY_RESTRICTED_OPERATION);
+	nest = NewGUCNestLevel();
+	FormIndexDatum(indexInfo, slot, estate, values, isnull);
+	ok = predicate == NULL || ExecQual(predicate, GetPerTupleExprContext(estate));
+	AtEOXact_GUC(false, nest);
+	SetUserIdAndSecContext(save_userid, save_sec_context);
+	return ok;
+}
+
 void
 GpuIvfpqHeapFetchBegin(GpuIvfpqHeapFetch *hf, Relation heap, Relation index, Snapshot snapshot)
 {
 	hf->snapshot = snapshot;
+	hf->owner = heap->rd_rel->relowner;
 	hf->indexInfo = BuildIndexInfo(index);
 	hf->format = GpuIvfpqIndexFormat(index);
 	hf->estate = CreateExecutorState();
@@ -43,12 +72,15 @@ GpuIvfpqHeapFetchVector(GpuIvfpqHeapFetch *hf, ItemPointer tid, int *dim)
 	const float *v = NULL;
 	MemoryContext old;
 
+	/* Never a TID no row can have (block 0xFFFFFFFF reads as "extend the table"). */
+	if (ItemPointerGetBlockNumberNoCheck(tid) == InvalidBlockNumber || ItemPointerGetOffsetNumberNoCheck(tid) == 0)
+		return NULL;
 	MemoryContextReset(hf->rowctx);
 	old = MemoryContextSwitchTo(hf->rowctx);
 	if (table_index_fetch_tuple(hf->fetch, tid, hf->snapshot, hf->slot, &call_again, &all_dead))
 	{
 		ResetExprContext(GetPerTupleExprContext(hf->estate));
-		FormIndexDatum(hf->indexInfo, hf->slot, hf->estate, values, isnull);
+		(void) GpuIvfpqFormIndexRow(hf->indexInfo, NULL, hf->slot, hf->estate, hf->owner, values, isnull);
 		if (!isnull[0])
 			v = GpuIvfpqStoredVector(values[0], hf->format, dim);
 		ExecClearTuple(hf->slot);

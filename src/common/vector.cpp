@@ -82,7 +82,8 @@ GpuIvfpqCheckIndexableDim(int dim)
 	if (dim > GPU_IVFPQ_MAX_DIM)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-				 errmsg("vector has %d dimensions, gpu_ivfpq indexes at most %d", dim, GPU_IVFPQ_MAX_DIM)));
+				 errmsg("vector has %d dimensions, gpu_ivfpq indexes at most %d", dim, GPU_IVFPQ_MAX_DIM),
+				 errhint("Reduce the vectors' dimension (for example by a projection) before indexing them.")));
 }
 
 /*

@@ -4,6 +4,7 @@
 // CPU engine does, bit for bit (no fused multiply-add on either side).
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 
 #include "exact_distance.h"
@@ -33,11 +34,35 @@ GPU_IVFPQ_HOST_DEVICE inline float inner_product_lanes(const float* a, const flo
 }
 
 // Scales row (d floats) to unit length in place: times 1 / ||row||, the
-// norm's square from inner_product_lanes; a zero row stays as it is.
+// norm's square from inner_product_lanes; a zero row stays as it is. A
+// square that overflows float (a norm above about 1.8e19) or falls below
+// its normal range (components below about 1e-19) is taken again after the
+// row is scaled by the power of two that brings its largest component into
+// [0.5, 1) (exact but for components that become subnormal), so that such
+// a row still gets its direction; other rows are not touched by it.
 GPU_IVFPQ_HOST_DEVICE inline void normalize_row(float* row, size_t d)
 {
     using namespace exact_detail;
-    const float nrm = root(inner_product_lanes(row, row, d));
+    float ss = inner_product_lanes(row, row, d);
+    if (!(ss <= 3.402823466e38f) || ss < 1.175494351e-38f) {
+        float top = 0.0f;
+        for (size_t t = 0; t < d; t++)
+            top = fmaxf(top, fabsf(row[t]));
+        if (top > 0.0f && top <= 3.402823466e38f) {
+            int e = 0;
+            (void)frexpf(top, &e);
+            // Times 2^-e, in steps that keep the factor a normal float.
+            for (int shift = -e; shift != 0;) {
+                const int step = shift > 100 ? 100 : shift < -100 ? -100 : shift;
+                const float scale = ldexpf(1.0f, step);
+                for (size_t t = 0; t < d; t++)
+                    row[t] = mul(row[t], scale);
+                shift -= step;
+            }
+            ss = inner_product_lanes(row, row, d);
+        }
+    }
+    const float nrm = root(ss);
     if (nrm > 0.0f) {
         const float inv = div(1.0f, nrm);
         for (size_t t = 0; t < d; t++)

@@ -130,8 +130,8 @@ gpu_ivfpq_knn_graph(PG_FUNCTION_ARGS)
 			MemoryContext old = MemoryContextSwitchTo(rowctx);
 
 			ResetExprContext(GetPerTupleExprContext(estate));
-			FormIndexDatum(indexInfo, slot, estate, values, isnull);
-			if (!isnull[0] && (predicate == NULL || ExecQual(predicate, GetPerTupleExprContext(estate))))
+			if (GpuIvfpqFormIndexRow(indexInfo, predicate, slot, estate, heap->rd_rel->relowner, values, isnull) &&
+				!isnull[0])
 			{
 				int			dim;
 				const float *v = GpuIvfpqStoredVector(values[0], format, &dim);

@@ -17,6 +17,8 @@ extern "C" {
 #include "port/atomics.h"
 #include "storage/shm_toc.h"
 #include "tcop/tcopprot.h"
+#include "utils/rel.h"
+#include "utils/relcache.h"
 #include "utils/snapmgr.h"
 }
 
@@ -133,7 +135,18 @@ GpuIvfpqRerankParallel(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, 
 	/* Not from a parallel worker, nor in a transaction that cannot start workers. */
 	if (IsInParallelMode() || !IsUnderPostmaster || RelationUsesLocalBuffers(bs->heap))
 		return false;
+	/*
+	 * An expression index's rows are its expression of each fetched row:
+	 * user functions, which need not be parallel safe (they may set a
+	 * setting or read a temporary table), so such an index re-ranks in this
+	 * backend alone.
+	 */
+	if (RelationGetIndexExpressions(bs->index) != NIL)
+		return false;
 	request = (int) Min((int64) max_parallel_workers_per_gather, nq / GPU_IVFPQ_RERANK_PER_PARTICIPANT - 1);
+	/* The table's parallel_workers, where set, as for its scans (0: none). */
+	if (RelationGetParallelWorkers(bs->heap, -1) >= 0)
+		request = Min(request, RelationGetParallelWorkers(bs->heap, -1));
 	if (request <= 0)
 		return false;
 
@@ -143,8 +156,9 @@ GpuIvfpqRerankParallel(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, 
 	bytes = add_size(bytes, MAXALIGN(mul_size(mul_size((Size) nq, (Size) bs->dim), sizeof(float))));
 	layout.labels_at = bytes;
 	bytes = add_size(bytes, MAXALIGN(mul_size(mul_size((Size) nq, (Size) bs->want), sizeof(int64))));
-	layout.lower_at = bytes;
-	bytes = add_size(bytes, MAXALIGN(mul_size(mul_size((Size) nq, (Size) bs->want), sizeof(double))));
+	layout.lower_at = bytes;	/* the bounds, for LOWER only */
+	if (dists == GPU_IVFPQ_DISTS_LOWER)
+		bytes = add_size(bytes, MAXALIGN(mul_size(mul_size((Size) nq, (Size) bs->want), sizeof(double))));
 	layout.counts_at = bytes;
 	bytes = add_size(bytes, MAXALIGN(mul_size((Size) nq, sizeof(int))));
 	layout.hits_at = bytes;
@@ -179,7 +193,8 @@ GpuIvfpqRerankParallel(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, 
 	pg_atomic_init_u64(&s->fetched, 0);
 	memcpy(At<float>(s, s->queries_at), queries, sizeof(float) * (Size) nq * bs->dim);
 	memcpy(At<int64>(s, s->labels_at), bs->labels, sizeof(int64) * (Size) nq * bs->want);
-	memcpy(At<double>(s, s->lower_at), bs->exact, sizeof(double) * (Size) nq * bs->want);
+	if (dists == GPU_IVFPQ_DISTS_LOWER)
+		memcpy(At<double>(s, s->lower_at), bs->exact, sizeof(double) * (Size) nq * bs->want);
 	memcpy(At<int>(s, s->counts_at), bs->counts, sizeof(int) * (Size) nq);
 	shm_toc_insert(pcxt->toc, RERANK_KEY_SHARED, s);
 	GpuIvfpqParallelTextStore(pcxt, RERANK_KEY_QUERY_TEXT);

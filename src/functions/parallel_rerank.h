@@ -18,12 +18,13 @@
 /*
  * Re-ranks the nq queries of bs's current chunk (their candidates in
  * bs->labels, bs->exact and bs->counts; dists LOWER or NONE) over up to
- * max_parallel_workers_per_gather workers and the leader, each query's k
- * best into out (nq x k) and their number into nhits (nq). Returns false,
- * having done nothing, where no worker can be had or is worth its start
- * (from a parallel worker, a temporary table, fewer than 1024 queries, no
- * worker free, no dynamic shared memory): the caller then re-ranks serially. A worker's error is
- * raised here.
+ * max_parallel_workers_per_gather workers (and the table's parallel_workers,
+ * where set) and the leader, each query's k best into out (nq x k) and
+ * their number into nhits (nq). Returns false, having done nothing, where
+ * no worker can be had or is worth its start or may run the re-rank (from
+ * a parallel worker, a temporary table, an expression index, fewer than
+ * 1024 queries, no worker free, no dynamic shared memory): the caller then
+ * re-ranks serially. A worker's error is raised here.
  */
 extern bool GpuIvfpqRerankParallel(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq,
 								   GpuIvfpqAnswerDists dists, GpuIvfpqHit *out, int64 *nhits);

@@ -212,7 +212,7 @@ uint64_t now_ns();
 // Whether an answer read from the segment (copied out first) can be used
 // for the request it answers: a known result, at most k labels, each of the
 // n a TID label and no two the same, the distances (exact or lower bounds)
-// after them never NaN and ascending, a known kind of distances, a batch of
+// after them ascending, NaN only last, a known kind of distances, a batch of
 // at most nslots, a terminated message. labels and dists: the n labels and
 // their distances (dists only when ans.exact says there are some); scratch:
 // room for n labels.

@@ -352,7 +352,15 @@ void QueryServer::fail_group(const Item* items, size_t n, queue::Result result, 
     }
 }
 
-void QueryServer::serve_metric(const Item* items, size_t n, uint64_t start)
+std::shared_lock<DeviceLock> QueryServer::device_for_batch(int t)
+{
+    q_.header().busy_since_ns[t].store(0, std::memory_order_release);
+    std::shared_lock<DeviceLock> lock(device_lock_);
+    q_.header().busy_since_ns[t].store(queue::now_ns(), std::memory_order_release);
+    return lock;
+}
+
+void QueryServer::serve_metric(int t, const Item* items, size_t n, uint64_t start)
 {
     queue::Stats& st = q_.header().stats;
     const queue::SearchRequest& r0 = items[0].req;
@@ -394,7 +402,7 @@ void QueryServer::serve_metric(const Item* items, size_t n, uint64_t start)
         words.n = offsets.size() - 1;
         words.code_points = cps.data();
         words.offsets = offsets.data();
-        std::shared_lock<DeviceLock> lock(device_lock_);
+        std::shared_lock<DeviceLock> lock = device_for_batch(t);
         PlacedMetricMirror* mirror = nullptr;
         {
             std::lock_guard<std::mutex> g(store_mutex_);
@@ -602,7 +610,7 @@ void QueryServer::serve_batch(int t, std::vector<Held>& ready)
                     key_hi[i] = r.filtered ? r.key_hi : INT64_MAX;
                 }
             }
-            std::shared_lock<DeviceLock> lock(device_lock_);
+            std::shared_lock<DeviceLock> lock = device_for_batch(t);
             Mirror* mirror = nullptr;
             size_t md = 0, mm = 0;
             {
@@ -667,7 +675,7 @@ void QueryServer::serve_batch(int t, std::vector<Held>& ready)
         size_t e = g + 1;
         while (e < metric.size() && metric[e].req.key == metric[g].req.key && metric[e].req.k == metric[g].req.k)
             e++;
-        serve_metric(&metric[g], e - g, start);
+        serve_metric(t, &metric[g], e - g, start);
         g = e;
     }
     q_.header().busy_since_ns[t].store(0, std::memory_order_release);

@@ -93,7 +93,12 @@ private:
     };
     void loop(int t);
     void serve_batch(int t, std::vector<Held>& ready);
-    void serve_metric(const Item* items, size_t n, uint64_t start);
+    void serve_metric(int t, const Item* items, size_t n, uint64_t start);
+    // The device for a batch of serving thread t: behind a request that
+    // holds it (a mirror load, which the service times by its own, longer
+    // limit) the batch is not stalled, so its clock stops while it waits
+    // (its owners' own deadline still holds).
+    std::shared_lock<DeviceLock> device_for_batch(int t);
     // A group that failed: each answered result; an error looks at the
     // devices' health (none left working: on_device_failed).
     void fail_group(const Item* items, size_t n, queue::Result result, const std::string& error);

@@ -81,11 +81,12 @@ inline bool tid_rows_sound(const int64_t* labels, size_t n, int64_t* scratch)
     return std::adjacent_find(scratch, scratch + n) == scratch + n;
 }
 
-// Distances of ranked rows: none NaN, ascending (infinities allowed).
+// Distances of ranked rows: ascending (infinities allowed), NaN only after
+// every number (a cosine distance to a zero vector is NaN, and ranks last).
 inline bool ascending_sound(const double* d, size_t n)
 {
-    for (size_t i = 0; i < n; i++)
-        if (std::isnan(d[i]) || (i > 0 && d[i] < d[i - 1]))
+    for (size_t i = 1; i < n; i++)
+        if (std::isnan(d[i - 1]) ? !std::isnan(d[i]) : (!std::isnan(d[i]) && d[i] < d[i - 1]))
             return false;
     return true;
 }

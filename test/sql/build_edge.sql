@@ -469,6 +469,10 @@ DROP INDEX par_wide_idx;
 -- A worker's error is the build's.
 UPDATE par SET v[3] = 'NaN' WHERE id = 9999;
 CREATE INDEX par_bad ON par USING gpu_ivfpq (v) WITH (lists = 32, m = 1);
+-- A vector wider than any index takes, read by a worker: the same error
+-- as a serial build's, checked before the worker copies it.
+UPDATE par SET v = array_fill(0.5::real, ARRAY[100000]) WHERE id = 9999;
+CREATE INDEX par_bad ON par USING gpu_ivfpq (v) WITH (lists = 32, m = 1);
 RESET maintenance_work_mem;
 RESET max_parallel_maintenance_workers;
 RESET min_parallel_table_scan_size;

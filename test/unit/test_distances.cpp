@@ -95,3 +95,29 @@ TEST(Distances, NormalizeRows)
         }
     }
 }
+
+// Rows whose squared norm overflows float or leaves its normal range still
+// get their direction (scaled by a power of two first); others keep their
+// bits.
+TEST(Distances, NormalizeExtremeRows)
+{
+    for (float scale : {1e19f, 1e30f, 3e38f, 1e-20f, 1e-30f, 1e-40f}) {
+        std::vector<float> v = {1.0f * scale, 2.0f * scale, -2.0f * scale, 4.0f * scale};
+        gpuivfpq::normalize_rows(v.data(), 1, 4);
+        double n = 0;
+        for (float x : v)
+            n += double(x) * x;
+        EXPECT_NEAR(n, 1.0, 1e-5) << "scale " << scale;
+        EXPECT_NEAR(v[0], 0.2f, 1e-5) << "scale " << scale;  // 1 / 5
+        EXPECT_NEAR(v[3], 0.8f, 1e-5) << "scale " << scale;
+    }
+    std::vector<float> zero(5, 0.0f);
+    gpuivfpq::normalize_rows(zero.data(), 1, 5);
+    for (float x : zero)
+        EXPECT_EQ(x, 0.0f);
+    // An ordinary row: exactly 1 / ||v|| times each, as before.
+    std::vector<float> v = {3.0f, 4.0f};
+    gpuivfpq::normalize_rows(v.data(), 1, 2);
+    EXPECT_EQ(v[0], 3.0f * (1.0f / 5.0f));
+    EXPECT_EQ(v[1], 4.0f * (1.0f / 5.0f));
+}

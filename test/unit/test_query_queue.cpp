@@ -205,9 +205,12 @@ TEST(QueryQueue, MalformedAnswersAreRefused)
     EXPECT_TRUE(refused([](queue::SearchAnswer&) {}, padding_inside));
     const int64_t twice[4] = {2, 2, -1, -1};
     EXPECT_TRUE(refused([](queue::SearchAnswer&) {}, twice));
-    // Distances: ascending and never NaN, where the answer has them.
+    // Distances: ascending, NaN only after every number (a cosine distance
+    // to a zero vector ranks last), where the answer has them.
     const double descending[4] = {0.7, 0.5, 0.0, 0.0};
     const double nan_first[4] = {std::nan(""), 0.5, 0.0, 0.0};
+    const double nan_last[4] = {0.5, std::nan(""), 0.0, 0.0};
+    EXPECT_FALSE(refused([](queue::SearchAnswer& a) { a.exact = GPU_IVFPQ_DISTS_EXACT; }, labels, nan_last));
     for (uint32_t kind : {uint32_t(GPU_IVFPQ_DISTS_EXACT), uint32_t(GPU_IVFPQ_DISTS_LOWER)}) {
         EXPECT_TRUE(refused([kind](queue::SearchAnswer& a) { a.exact = kind; }, labels, descending));
         EXPECT_TRUE(refused([kind](queue::SearchAnswer& a) { a.exact = kind; }, labels, nan_first));
