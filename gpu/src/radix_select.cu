@@ -48,13 +48,9 @@ __global__ void __launch_bounds__(kRadixThreads) radix_select_kernel(SelectArgs 
     const int tid = threadIdx.x;
 
     const int64_t orow = blockIdx.x;
-    const int64_t row = orow / a.chunks;
-    const int chunk = static_cast<int>(orow - row * a.chunks);
     // The chunk's columns, as for_each_candidate splits a row.
-    const int64_t len = a.row_len ? a.row_len[row * a.row_len_stride] : a.n;
-    const int64_t clen = a.chunks_split_len ? ((len + a.chunks - 1) / a.chunks + 3) / 4 * 4 : a.chunk_len;
-    const int64_t begin = static_cast<int64_t>(chunk) * clen;
-    const int64_t end = begin + clen < len ? begin + clen : len;
+    const ChunkSpan span = chunk_span(a, orow);
+    const int64_t row = span.row, begin = span.begin, end = span.end;
     const float* rp = a.in + row * a.ld;
     const int32_t* lp = a.in_labels ? a.in_labels + row * a.ld : nullptr;
     const bool norms = transform_norms(a);

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "engine/exact_distance.h"
+#include "engine/inner_product.h"
 
 namespace gpuivfpq::gpu {
 
@@ -38,15 +39,7 @@ __device__ __forceinline__ void warp_normalize(float* p, int d, int lane)
         for (int off = 16; off > 0; off >>= 1)
             top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, off));
         if (top > 0.0f && top <= 3.402823466e38f) {
-            int e = 0;
-            (void)frexpf(top, &e);
-            for (int shift = -e; shift != 0;) {
-                const int step = shift > 100 ? 100 : shift < -100 ? -100 : shift;
-                const float scale = ldexpf(1.0f, step);
-                for (int j = lane; j < d; j += 32)
-                    p[j] *= scale;
-                shift -= step;
-            }
+            scale_largest_to_unit(p, size_t(lane), size_t(d), 32, top);
             s = warp_sqr_norm(p, d, lane);
         }
     }

@@ -52,6 +52,20 @@ __device__ __forceinline__ KeyFn key_fn_of(const SelectArgs& a, int64_t row)
     return key_of;
 }
 
+// The columns [begin, end) of output row orow (its row's chunk), and its row.
+struct ChunkSpan {
+    int64_t row, begin, end;
+};
+__device__ __forceinline__ ChunkSpan chunk_span(const SelectArgs& a, int64_t orow)
+{
+    const int64_t row = orow / a.chunks;
+    const int chunk = static_cast<int>(orow - row * a.chunks);
+    const int64_t len = a.row_len ? a.row_len[row * a.row_len_stride] : a.n;
+    const int64_t clen = a.chunks_split_len ? ((len + a.chunks - 1) / a.chunks + 3) / 4 * 4 : a.chunk_len;
+    const int64_t begin = static_cast<int64_t>(chunk) * clen;
+    return ChunkSpan{row, begin, begin + clen < len ? begin + clen : len};
+}
+
 // Calls f(key, label) for every candidate of one output row, t = this
 // thread's index among the nt threads serving the row. Every thread makes
 // the same number of calls (padding with (+inf, -1)), as WarpSelect needs.
@@ -62,12 +76,9 @@ template <typename F>
 __device__ __forceinline__ void for_each_candidate(const SelectArgs& a, int64_t orow, int t, int nt,
                                                    F&& f)
 {
-    const int64_t row = orow / a.chunks;
+    const ChunkSpan span = chunk_span(a, orow);
+    const int64_t row = span.row, begin = span.begin, end = span.end;
     const int chunk = static_cast<int>(orow - row * a.chunks);
-    const int64_t len = a.row_len ? a.row_len[row * a.row_len_stride] : a.n;
-    const int64_t clen = a.chunks_split_len ? ((len + a.chunks - 1) / a.chunks + 3) / 4 * 4 : a.chunk_len;
-    const int64_t begin = static_cast<int64_t>(chunk) * clen;
-    const int64_t end = begin + clen < len ? begin + clen : len;
     const float* rp = a.in + row * a.ld;
     const int32_t* lp = a.in_labels ? a.in_labels + row * a.ld : nullptr;
     const bool norms = transform_norms(a);

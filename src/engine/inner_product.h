@@ -33,6 +33,24 @@ GPU_IVFPQ_HOST_DEVICE inline float inner_product_lanes(const float* a, const flo
     return add(acc[0], tail);
 }
 
+// Multiplies p[first], p[first + stride], ... (below d) by 2^-e, where top
+// = m 2^e (m in [0.5, 1)) is the largest magnitude among them, in steps
+// that keep each factor a normal float: the largest becomes m. normalize_row
+// (every element) and the GPU's warp_normalize (a lane's) call it.
+GPU_IVFPQ_HOST_DEVICE inline void scale_largest_to_unit(float* p, size_t first, size_t d, size_t stride, float top)
+{
+    using namespace exact_detail;
+    int e = 0;
+    (void)frexpf(top, &e);
+    for (int shift = -e; shift != 0;) {
+        const int step = shift > 100 ? 100 : shift < -100 ? -100 : shift;
+        const float scale = ldexpf(1.0f, step);
+        for (size_t t = first; t < d; t += stride)
+            p[t] = mul(p[t], scale);
+        shift -= step;
+    }
+}
+
 // Scales row (d floats) to unit length in place: times 1 / ||row||, the
 // norm's square from inner_product_lanes; a zero row stays as it is. A
 // square that overflows float (a norm above about 1.8e19) or falls below
@@ -49,16 +67,7 @@ GPU_IVFPQ_HOST_DEVICE inline void normalize_row(float* row, size_t d)
         for (size_t t = 0; t < d; t++)
             top = fmaxf(top, fabsf(row[t]));
         if (top > 0.0f && top <= 3.402823466e38f) {
-            int e = 0;
-            (void)frexpf(top, &e);
-            // Times 2^-e, in steps that keep the factor a normal float.
-            for (int shift = -e; shift != 0;) {
-                const int step = shift > 100 ? 100 : shift < -100 ? -100 : shift;
-                const float scale = ldexpf(1.0f, step);
-                for (size_t t = 0; t < d; t++)
-                    row[t] = mul(row[t], scale);
-                shift -= step;
-            }
+            scale_largest_to_unit(row, 0, d, 1, top);
             ss = inner_product_lanes(row, row, d);
         }
     }
