@@ -49,8 +49,8 @@ __global__ void __launch_bounds__(kRadixThreads) radix_select_kernel(SelectArgs 
 
     const int64_t orow = blockIdx.x;
     // The chunk's columns, as for_each_candidate splits a row.
-    const ChunkSpan span = chunk_span(a, orow);
-    const int64_t row = span.row, begin = span.begin, end = span.end;
+    const ChunkSpan cols = chunk_span(a, orow);
+    const int64_t row = cols.row, begin = cols.begin, end = cols.end;
     const float* rp = a.in + row * a.ld;
     const int32_t* lp = a.in_labels ? a.in_labels + row * a.ld : nullptr;
     const bool norms = transform_norms(a);

@@ -76,8 +76,8 @@ template <typename F>
 __device__ __forceinline__ void for_each_candidate(const SelectArgs& a, int64_t orow, int t, int nt,
                                                    F&& f)
 {
-    const ChunkSpan span = chunk_span(a, orow);
-    const int64_t row = span.row, begin = span.begin, end = span.end;
+    const ChunkSpan cols = chunk_span(a, orow);
+    const int64_t row = cols.row, begin = cols.begin, end = cols.end;
     const int chunk = static_cast<int>(orow - row * a.chunks);
     const float* rp = a.in + row * a.ld;
     const int32_t* lp = a.in_labels ? a.in_labels + row * a.ld : nullptr;

@@ -458,19 +458,25 @@ HeapRowCallback(Relation index, ItemPointer tid, Datum *values, bool *isnull, bo
  * Reads the table with snapshot as an index build does
  * (table_index_build_scan: the same predicate and expressions, and a HOT
  * chain's row under the TID of the chain's root, which is what the index
- * holds) and checks every row it yields against the index's TIDs.
+ * holds) and checks every row it yields against the index's TIDs. The
+ * expressions and predicate are the table owner's code: they run as the
+ * owner, restricted, as in the build (GpuIvfpqBecomeOwner), never with the
+ * privileges of whoever runs the check.
  */
 static void
 CheckHeapAllIndexed(CheckState *cs, Snapshot snapshot)
 {
 	IndexInfo  *indexInfo = BuildIndexInfo(cs->index);
 	TableScanDesc scan;
+	GpuIvfpqSavedUser saved;
 
 	/* Our own MVCC snapshot: the scan must not compute an xmin horizon of its own. */
 	indexInfo->ii_Concurrent = true;
 	cs->rowctx = AllocSetContextCreate(CurrentMemoryContext, "gpu_ivfpq check row", ALLOCSET_SMALL_SIZES);
+	GpuIvfpqBecomeOwner(cs->heap, &saved);
 	scan = table_beginscan_strat(cs->heap, snapshot, 0, NULL, true, true);
 	table_index_build_scan(cs->heap, cs->index, indexInfo, true, false, HeapRowCallback, cs, scan);
+	GpuIvfpqRestoreUser(&saved);
 }
 
 /*

@@ -106,10 +106,19 @@ PeekMeta(Relation index, GpuIvfpqMetaPageData *meta)
 	UnlockReleaseBuffer(buf);
 	if (!ok)
 		return false;
-	/* A bool holding neither 0 nor 1 must not be read as a bool. */
+	/*
+	 * A bool holding neither 0 nor 1 must not be read as a bool; the sizes
+	 * the cost estimate derives pages from (GpuIvfpqLayoutOf) must be in
+	 * range (the scan reports what else is wrong: GpuIvfpqCheckMeta).
+	 */
 	memcpy(&trained, &meta->trained, 1);
-	return meta->magic == GPU_IVFPQ_MAGIC && meta->version == GPU_IVFPQ_VERSION &&
-		meta->lists >= 1 && trained <= 1;
+	return meta->magic == GPU_IVFPQ_MAGIC && meta->version == GPU_IVFPQ_VERSION && meta->lists >= 1 &&
+		meta->lists <= GPU_IVFPQ_MAX_LISTS && trained <= 1 && meta->dimensions <= GPU_IVFPQ_MAX_DIM &&
+		(meta->features & ~(uint32) GPU_IVFPQ_FEATURES_KNOWN) == 0 &&
+		(!trained || (GpuIvfpqIsRabitq(meta) ? meta->dimensions >= 1 && meta->dimensions <= GPU_IVFPQ_RABITQ_MAX_DIM &&
+					  meta->nbits >= 1 && meta->nbits <= 8 &&
+					  meta->m == GpuIvfpqRabitqRowBytes((int) meta->dimensions, meta->nbits)
+					  : meta->m >= 1 && meta->m <= GPU_IVFPQ_MAX_M));
 }
 
 /*
@@ -263,7 +272,12 @@ gpuivfpqcostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
 	Relation	index;
 	GpuIvfpqMetaPageData meta;
 
-	if (path->indexorderbys == NIL)
+	/*
+	 * No ORDER BY, or more than one distance to order by: a scan returns
+	 * rows in the order of the first alone (and tells the executor not to
+	 * re-sort them), so it serves neither.
+	 */
+	if (path->indexorderbys == NIL || list_length(path->indexorderbys) > 1)
 	{
 		GpuIvfpqRefuseIndexPath(path);
 		*indexStartupCost = DBL_MAX;

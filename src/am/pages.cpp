@@ -432,8 +432,13 @@ LockListDirEntry(Relation index, const GpuIvfpqMetaPageData *meta, int list, int
 	Buffer		buf = ReadBuffer(index, blk);
 
 	LockBuffer(buf, mode);
-	/* Inserts write where the directory says: it must be one. */
-	GpuIvfpqCheckPage(index, blk, BufferGetPage(buf), GPU_IVFPQ_PAGE_LISTDIR);
+	/*
+	 * Inserts write where the directory says: it must be one, with room for
+	 * all its entries (generic WAL zeroes what lies past pd_lower: a short
+	 * pd_lower would wipe the other lists' entries with this one's update).
+	 */
+	GpuIvfpqCheckListDirPage(index, blk, BufferGetPage(buf),
+							 GpuIvfpqListDirPageEntries(meta, (uint32) (list / GPU_IVFPQ_LISTDIR_PER_PAGE)));
 	memcpy(entry, (GpuIvfpqListDirEntry *) PageGetContents(BufferGetPage(buf)) +
 		   list % GPU_IVFPQ_LISTDIR_PER_PAGE, sizeof(*entry));
 	return buf;

@@ -9,8 +9,12 @@ extern "C" {
 #include "access/table.h"
 #include "catalog/pg_class.h"
 #include "commands/defrem.h"
+#include "miscadmin.h"
+#include "storage/procarray.h"
 #include "utils/acl.h"
+#include "utils/guc.h"
 #include "utils/rls.h"
+#include "utils/snapmgr.h"
 }
 
 /*
@@ -122,6 +126,25 @@ GpuIvfpqOpenIndexChecked(Oid indexoid, const char *amname, const char *function,
 				 errmsg("the table of index \"%s\" changed while %s opened it",
 						RelationGetRelationName(*index), function),
 				 errhint("Call %s again.", function)));
+	/*
+	 * An index a concurrent build has not finished (or left behind when it
+	 * failed) lacks rows, and one whose HOT chains a snapshot older than it
+	 * may see wrongly (indcheckxmin) is not for this transaction: the
+	 * planner uses neither, nor does this function.
+	 */
+	if (!(*index)->rd_index->indisvalid || !(*index)->rd_index->indisready)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("index \"%s\" is not valid", RelationGetRelationName(*index)),
+				 errhint("A CREATE INDEX CONCURRENTLY or REINDEX CONCURRENTLY did not finish: REINDEX the index, "
+						 "or drop it and create it again.")));
+	if ((*index)->rd_index->indcheckxmin &&
+		!TransactionIdPrecedes(HeapTupleHeaderGetXmin((*index)->rd_indextuple->t_data), TransactionXmin))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("index \"%s\" is too new for this transaction's snapshot",
+						RelationGetRelationName(*index)),
+				 errhint("Call %s in a transaction that started after the index was built.", function)));
 	*heap = table_open(heapoid, NoLock);
 	if (rows)
 		GpuIvfpqCheckReadable(*heap, function);
@@ -162,4 +185,19 @@ GpuIvfpqOpenTableChecked(Oid relid, const char *function)
 	CheckScannable(RelationGetRelationName(heap), heap->rd_rel->relkind);
 	GpuIvfpqCheckReadable(heap, function);
 	return heap;
+}
+
+void
+GpuIvfpqBecomeOwner(Relation heap, GpuIvfpqSavedUser *saved)
+{
+	GetUserIdAndSecContext(&saved->userid, &saved->sec_context);
+	SetUserIdAndSecContext(heap->rd_rel->relowner, saved->sec_context | SECURITY_RESTRICTED_OPERATION);
+	saved->nest = NewGUCNestLevel();
+}
+
+void
+GpuIvfpqRestoreUser(const GpuIvfpqSavedUser *saved)
+{
+	AtEOXact_GUC(false, saved->nest);
+	SetUserIdAndSecContext(saved->userid, saved->sec_context);
 }

@@ -83,6 +83,21 @@ extern void GpuIvfpqOpenIndexChecked(Oid indexoid, const char *amname, const cha
 									 Relation *index, Relation *heap);
 extern Relation GpuIvfpqOpenTableChecked(Oid relid, const char *function);
 
+/*
+ * Running a table owner's code (an index's expressions and predicate): as
+ * that owner under SECURITY_RESTRICTED_OPERATION, with the settings it
+ * changes undone at the end, as CREATE INDEX and ANALYZE run it. An error
+ * in between unwinds both with the (sub)transaction.
+ */
+typedef struct GpuIvfpqSavedUser
+{
+	Oid			userid;
+	int			sec_context;
+	int			nest;
+} GpuIvfpqSavedUser;
+extern void GpuIvfpqBecomeOwner(Relation heap, GpuIvfpqSavedUser *saved);
+extern void GpuIvfpqRestoreUser(const GpuIvfpqSavedUser *saved);
+
 /* ---- Citus, found by name when installed (common/citus.cpp) ---- */
 extern bool GpuIvfpqIsCitusShell(Oid relid);
 extern void GpuIvfpqCheckNotCitusShell(Relation heap, const char *function);

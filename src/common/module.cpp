@@ -111,7 +111,7 @@ _PG_init(void)
 	DefineCustomEnumVariable("gpu_ivfpq.placement",
 							 "How a mirror loaded by this session is placed over several GPUs: auto, replicate or shard.",
 							 "auto: the index's placement option, else a copy per GPU when one fits a GPU's budget, else the lists spread over the GPUs.",
-							 &gpu_ivfpq_placement, GPU_IVFPQ_PLACEMENT_AUTO, placement_options, PGC_USERSET, 0,
+							 &gpu_ivfpq_placement, GPU_IVFPQ_PLACEMENT_AUTO, placement_options, PGC_SUSET, 0,
 							 NULL, NULL, NULL);
 	DefineCustomIntVariable("gpu_ivfpq.gpu_memory_budget",
 							"GPU memory the service may use for index mirrors on each GPU (0 = three quarters of each GPU).",

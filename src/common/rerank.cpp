@@ -9,10 +9,7 @@ extern "C" {
 #include "access/table.h"
 #include "catalog/index.h"
 #include "executor/executor.h"
-#include "miscadmin.h"
-#include "utils/guc.h"
 #include "utils/hsearch.h"
-#include "utils/rel.h"
 }
 
 void
@@ -23,12 +20,10 @@ GpuIvfpqSortHits(GpuIvfpqHit *hits, int64 n)
 }
 
 bool
-GpuIvfpqFormIndexRow(IndexInfo *indexInfo, ExprState *predicate, TupleTableSlot *slot, EState *estate, Oid owner,
-					 Datum *values, bool *isnull)
+GpuIvfpqFormIndexRow(IndexInfo *indexInfo, ExprState *predicate, TupleTableSlot *slot, EState *estate,
+					 Relation heap, Datum *values, bool *isnull)
 {
-	Oid			save_userid;
-	int			save_sec_context;
-	int			nest;
+	GpuIvfpqSavedUser saved;
 	bool		ok;
 
 	if (indexInfo->ii_Expressions == NIL && predicate == NULL)
@@ -36,14 +31,10 @@ GpuIvfpqFormIndexRow(IndexInfo *indexInfo, ExprState *predicate, TupleTableSlot 
 		FormIndexDatum(indexInfo, slot, estate, values, isnull);
 		return true;
 	}
-	/* An error on the way unwinds both with the (sub)transaction. */
-	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	SetUserIdAndSecContext(owner, save_sec_context | SECURITY_RESTRICTED_OPERATION);
-	nest = NewGUCNestLevel();
+	GpuIvfpqBecomeOwner(heap, &saved);
 	FormIndexDatum(indexInfo, slot, estate, values, isnull);
 	ok = predicate == NULL || ExecQual(predicate, GetPerTupleExprContext(estate));
-	AtEOXact_GUC(false, nest);
-	SetUserIdAndSecContext(save_userid, save_sec_context);
+	GpuIvfpqRestoreUser(&saved);
 	return ok;
 }
 
@@ -51,7 +42,7 @@ void
 GpuIvfpqHeapFetchBegin(GpuIvfpqHeapFetch *hf, Relation heap, Relation index, Snapshot snapshot)
 {
 	hf->snapshot = snapshot;
-	hf->owner = heap->rd_rel->relowner;
+	hf->heap = heap;
 	hf->indexInfo = BuildIndexInfo(index);
 	hf->format = GpuIvfpqIndexFormat(index);
 	hf->estate = CreateExecutorState();
@@ -80,7 +71,7 @@ GpuIvfpqHeapFetchVector(GpuIvfpqHeapFetch *hf, ItemPointer tid, int *dim)
 	if (table_index_fetch_tuple(hf->fetch, tid, hf->snapshot, hf->slot, &call_again, &all_dead))
 	{
 		ResetExprContext(GetPerTupleExprContext(hf->estate));
-		(void) GpuIvfpqFormIndexRow(hf->indexInfo, NULL, hf->slot, hf->estate, hf->owner, values, isnull);
+		(void) GpuIvfpqFormIndexRow(hf->indexInfo, NULL, hf->slot, hf->estate, hf->heap, values, isnull);
 		if (!isnull[0])
 			v = GpuIvfpqStoredVector(values[0], hf->format, dim);
 		ExecClearTuple(hf->slot);

@@ -44,19 +44,18 @@ typedef struct GpuIvfpqHeapFetch
 	TupleTableSlot *slot;
 	IndexFetchTableData *fetch;
 	MemoryContext rowctx;		/* reset per row */
-	Oid			owner;			/* the table's: its index's expressions run as it */
+	Relation	heap;			/* its owner runs the index's expressions */
 } GpuIvfpqHeapFetch;
 
 /*
  * The index's key columns of the row in slot (FormIndexDatum) into values
  * and isnull, and whether the row satisfies predicate (NULL: none). An
  * index's expressions and predicate are its table owner's code: they run
- * as owner (the table's owner) under SECURITY_RESTRICTED_OPERATION, the
- * settings they change undone, as ANALYZE runs them, never with the
- * caller's privileges. Plain columns and no predicate need none of it.
+ * as heap's owner (GpuIvfpqBecomeOwner), never with the caller's
+ * privileges. Plain columns and no predicate need none of it.
  */
 extern bool GpuIvfpqFormIndexRow(IndexInfo *indexInfo, ExprState *predicate, TupleTableSlot *slot,
-								 EState *estate, Oid owner, Datum *values, bool *isnull);
+								 EState *estate, Relation heap, Datum *values, bool *isnull);
 
 extern void GpuIvfpqHeapFetchBegin(GpuIvfpqHeapFetch *hf, Relation heap, Relation index,
 								   Snapshot snapshot);

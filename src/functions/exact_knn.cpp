@@ -3,6 +3,8 @@
 // by the GPU service's fused GEMM + k-selection kernel (or the CPU engine's
 // brute force), and the per-chunk winners merged with exact distances. Also
 // the ground truth for recall measurements.
+#include <algorithm>
+
 #include "functions/batch_search.h"
 #include "service/service.h"
 #include "common/guard.h"
@@ -28,6 +30,13 @@ PG_FUNCTION_INFO_V1(gpu_ivfpq_exact_knn);
 }
 
 #define EXACT_CHUNK_BYTES (32 * 1024 * 1024)
+/*
+ * The queries' running best (k hits, a float and a label each, per query)
+ * take at most this much: more queries are answered a block at a time,
+ * each block one pass over the table.
+ */
+#define EXACT_BEST_BYTES (64 * 1024 * 1024)
+#define EXACT_BEST_PER_HIT (sizeof(GpuIvfpqHit) + sizeof(float) + sizeof(int64))
 #define MIRROR_CHUNK_BYTES (32 * 1024 * 1024)	/* per GPU request on the mirror path */
 
 static int
@@ -50,13 +59,39 @@ ParseMetric(const char *name)
 static void
 KeepBest(GpuIvfpqHit *b, int *held, int k, const GpuIvfpqHit *h)
 {
-	if (*held < k)
-		b[(*held)++] = *h;
-	else if (GpuIvfpqHitLess(*h, b[k - 1]))
-		b[k - 1] = *h;
-	else
+	int			at;
+
+	if (*held == k && !GpuIvfpqHitLess(*h, b[k - 1]))
 		return;
-	GpuIvfpqSortHits(b, *held);
+	/* Its place by binary search, the worse ones moved down one. */
+	at = (int) (std::upper_bound(b, b + *held, *h, GpuIvfpqHitLess) - b);
+	if (*held < k)
+		(*held)++;
+	memmove(b + at + 1, b + at, sizeof(GpuIvfpqHit) * (*held - 1 - at));
+	b[at] = *h;
+}
+
+/*
+ * Merges a chunk's n hits of a query (cand, sorted here) into its running
+ * best b (at most k, *held of them, in order), through tmp (room for k).
+ */
+static void
+MergeBest(GpuIvfpqHit *b, int *held, int k, GpuIvfpqHit *cand, int n, GpuIvfpqHit *tmp)
+{
+	int			i = 0,
+				j = 0,
+				out = 0;
+
+	GpuIvfpqSortHits(cand, n);
+	while (out < k && (i < *held || j < n))
+	{
+		if (j >= n || (i < *held && !GpuIvfpqHitLess(cand[j], b[i])))
+			tmp[out++] = b[i++];
+		else
+			tmp[out++] = cand[j++];
+	}
+	memcpy(b, tmp, sizeof(GpuIvfpqHit) * out);
+	*held = out;
 }
 
 /* Whether one of the n vectors (d floats each) is too long for float ranking. */
@@ -79,7 +114,7 @@ AnyUnranked(const float *x, int64 n, int d)
 static void
 SearchChunk(const float *queries, int64 nq, const float *base, const ItemPointerData *tids, int64 n,
 			int d, int metric, int k, GpuIvfpqHit *best, int *counts, float *dist, int64 *labels,
-			int64 *gpu_chunks)
+			GpuIvfpqHit *scratch, int64 *gpu_chunks)
 {
 	int			kk = (int) Min((int64) k, n);
 
@@ -108,18 +143,22 @@ SearchChunk(const float *queries, int64 nq, const float *base, const ItemPointer
 		});
 	for (int64 q = 0; q < nq; q++)
 	{
+		GpuIvfpqHit *cand = scratch;
+		int			nc = 0;
+
 		for (int j = 0; j < kk; j++)
 		{
 			int64		row = labels[q * kk + j];
-			GpuIvfpqHit	h;
 
 			if (row < 0)
 				continue;
 			/* The kernel ranks in float; the answer carries the exact distance. */
-			h.dist = GpuIvfpqExactDistance(metric, queries + q * d, base + row * d, d);
-			h.tid = tids[row];
-			KeepBest(best + q * k, &counts[q], k, &h);
+			cand[nc].dist = GpuIvfpqExactDistance(metric, queries + q * d, base + row * d, d);
+			cand[nc].tid = tids[row];
+			nc++;
 		}
+		MergeBest(best + q * k, &counts[q], k, cand, nc, scratch + k);
+		CHECK_FOR_INTERRUPTS();
 	}
 }
 
@@ -193,8 +232,13 @@ ExactFromMirror(Relation heap, AttrNumber attnum, const float *queries, int64 nq
 	GpuIvfpqVisibleRows *visible = NULL;
 	bool		served = true;
 
-	/* The mirror ranks in float: a query too long for that goes to the table path. */
-	if (!GpuIvfpqServiceWanted() || want < k || AnyUnranked(queries, nq, d))
+	/*
+	 * The mirror ranks in float: a query too long for that goes to the
+	 * table path, as do more queries than one block of best hits holds
+	 * (the table path answers them a block at a time).
+	 */
+	if (!GpuIvfpqServiceWanted() || want < k || AnyUnranked(queries, nq, d) ||
+		(Size) nq * k > EXACT_BEST_BYTES / sizeof(GpuIvfpqHit))
 		return false;
 	index = MirrorIndexOf(heap, attnum, d, metric, &meta);
 	if (index == NULL)
@@ -292,6 +336,8 @@ gpu_ivfpq_exact_knn(PG_FUNCTION_ARGS)
 	int64		rows = 0;
 	int64		gpu_chunks = 0;
 	int64		chunks = 0;
+	int64		qblock;
+	GpuIvfpqHit *scratch;
 	GpuIvfpqHit   *best;
 	int		   *counts;
 	float	   *dist;
@@ -304,6 +350,16 @@ gpu_ivfpq_exact_knn(PG_FUNCTION_ARGS)
 	queries = GpuIvfpqQueryVectors(fcinfo, 2, &nq, &d);
 	InitMaterializedSRF(fcinfo, 0);
 	heap = GpuIvfpqOpenTableChecked(relid, "gpu_ivfpq_exact_knn");
+	if (!RelationIsPopulated(heap))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("materialized view \"%s\" has not been populated", RelationGetRelationName(heap)),
+				 errhint("Use the REFRESH MATERIALIZED VIEW command.")));
+	if (d > GPU_IVFPQ_MAX_DIM)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("queries of %d dimensions, gpu_ivfpq_exact_knn searches at most %d", d, GPU_IVFPQ_MAX_DIM),
+				 errhint("Reduce the vectors' dimension before searching them.")));
 	attnum = get_attnum(relid, col);
 	if (attnum == InvalidAttrNumber || attnum < 0)
 		ereport(ERROR,
@@ -324,69 +380,79 @@ gpu_ivfpq_exact_knn(PG_FUNCTION_ARGS)
 	}
 
 	chunk = Max((int64) 1024, (int64) (EXACT_CHUNK_BYTES / ((Size) d * sizeof(float))));
+	/* Queries per pass over the table: their best hits within EXACT_BEST_BYTES. */
+	qblock = Min(nq, Max((int64) 1, (int64) (EXACT_BEST_BYTES / ((Size) k * EXACT_BEST_PER_HIT))));
 	base = (float *) palloc_extended((Size) chunk * d * sizeof(float), MCXT_ALLOC_HUGE);
 	tids = (ItemPointerData *) palloc_extended(sizeof(ItemPointerData) * chunk, MCXT_ALLOC_HUGE);
-	best = (GpuIvfpqHit *) palloc_extended(sizeof(GpuIvfpqHit) * nq * k, MCXT_ALLOC_HUGE);
-	counts = (int *) palloc0_array(int, nq);
-	dist = (float *) palloc_extended(sizeof(float) * nq * k, MCXT_ALLOC_HUGE);
-	labels = (int64 *) palloc_extended(sizeof(int64) * nq * k, MCXT_ALLOC_HUGE);
+	best = (GpuIvfpqHit *) palloc_extended(sizeof(GpuIvfpqHit) * qblock * k, MCXT_ALLOC_HUGE);
+	counts = (int *) palloc0_array(int, qblock);
+	dist = (float *) palloc_extended(sizeof(float) * qblock * k, MCXT_ALLOC_HUGE);
+	labels = (int64 *) palloc_extended(sizeof(int64) * qblock * k, MCXT_ALLOC_HUGE);
+	scratch = (GpuIvfpqHit *) palloc(sizeof(GpuIvfpqHit) * 2 * k);
 	rowctx = AllocSetContextCreate(CurrentMemoryContext, "gpu_ivfpq exact row", ALLOCSET_DEFAULT_SIZES);
 	slot = table_slot_create(heap, NULL);
-	scan = table_beginscan(heap, GetActiveSnapshot(), 0, NULL);
-	for (;;)
+	for (int64 q0 = 0; q0 < nq; q0 += qblock)
 	{
-		bool		more = table_scan_getnextslot(scan, ForwardScanDirection, slot);
+		const float *qv = queries + q0 * d;
+		int64		nqb = Min(qblock, nq - q0);
 
-		if (more)
+		memset(counts, 0, sizeof(int) * qblock);
+		scan = table_beginscan(heap, GetActiveSnapshot(), 0, NULL);
+		for (;;)
 		{
-			bool		isnull;
-			Datum		value = slot_getattr(slot, attnum, &isnull);
+			bool		more = table_scan_getnextslot(scan, ForwardScanDirection, slot);
 
-			if (!isnull)
+			if (more)
 			{
-				MemoryContext old = MemoryContextSwitchTo(rowctx);
-				int			vdim;
-				/* Not an indexed column: its values were never checked (NaN, infinity). */
-				const float *v = GpuIvfpqDatumVector(value, format, &vdim, "stored vector");
+				bool		isnull;
+				Datum		value = slot_getattr(slot, attnum, &isnull);
 
-				if (vdim != d)
-					ereport(ERROR,
-							(errcode(ERRCODE_DATA_EXCEPTION),
-							 errmsg("row %s of \"%s\" has %d dimensions, the queries %d",
-									DatumGetCString(DirectFunctionCall1(tidout, PointerGetDatum(&slot->tts_tid))),
-									RelationGetRelationName(heap), vdim, d)));
-				memcpy(base + n * d, v, sizeof(float) * d);
-				tids[n++] = slot->tts_tid;
-				MemoryContextSwitchTo(old);
-				MemoryContextReset(rowctx);
+				if (!isnull)
+				{
+					MemoryContext old = MemoryContextSwitchTo(rowctx);
+					int			vdim;
+					/* Not an indexed column: its values were never checked (NaN, infinity). */
+					const float *v = GpuIvfpqDatumVector(value, format, &vdim, "stored vector");
+
+					if (vdim != d)
+						ereport(ERROR,
+								(errcode(ERRCODE_DATA_EXCEPTION),
+								 errmsg("row %s of \"%s\" has %d dimensions, the queries %d",
+										DatumGetCString(DirectFunctionCall1(tidout, PointerGetDatum(&slot->tts_tid))),
+										RelationGetRelationName(heap), vdim, d)));
+					memcpy(base + n * d, v, sizeof(float) * d);
+					tids[n++] = slot->tts_tid;
+					MemoryContextSwitchTo(old);
+					MemoryContextReset(rowctx);
+				}
 			}
+			if (n == chunk || (!more && n > 0))
+			{
+				SearchChunk(qv, nqb, base, tids, n, d, metric, k, best, counts, dist, labels, scratch, &gpu_chunks);
+				rows += n;
+				chunks++;
+				n = 0;
+			}
+			if (!more)
+				break;
+			CHECK_FOR_INTERRUPTS();
 		}
-		if (n == chunk || (!more && n > 0))
-		{
-			SearchChunk(queries, nq, base, tids, n, d, metric, k, best, counts, dist, labels, &gpu_chunks);
-			rows += n;
-			chunks++;
-			n = 0;
-		}
-		if (!more)
-			break;
-		CHECK_FOR_INTERRUPTS();
+		table_endscan(scan);
+
+		for (int64 q = 0; q < nqb; q++)
+			for (int r = 0; r < counts[q]; r++)
+			{
+				Datum		values[4];
+				bool		nulls[4] = {false, false, false, false};
+
+				values[0] = Int32GetDatum((int32) (q0 + q + 1));
+				values[1] = Int32GetDatum(r + 1);
+				values[2] = PointerGetDatum(&best[q * k + r].tid);
+				values[3] = Float8GetDatum(best[q * k + r].dist);
+				tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+			}
 	}
-	table_endscan(scan);
 	ExecDropSingleTupleTableSlot(slot);
-
-	for (int64 q = 0; q < nq; q++)
-		for (int r = 0; r < counts[q]; r++)
-		{
-			Datum		values[4];
-			bool		nulls[4] = {false, false, false, false};
-
-			values[0] = Int32GetDatum((int32) (q + 1));
-			values[1] = Int32GetDatum(r + 1);
-			values[2] = PointerGetDatum(&best[q * k + r].tid);
-			values[3] = Float8GetDatum(best[q * k + r].dist);
-			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-		}
 	elog(DEBUG1, "gpu_ivfpq exact search of \"%s\": %lld queries, %lld rows in %lld chunks, %lld on the GPU",
 		 RelationGetRelationName(heap), (long long) nq, (long long) rows, (long long) chunks,
 		 (long long) gpu_chunks);

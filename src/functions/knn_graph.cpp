@@ -130,7 +130,7 @@ gpu_ivfpq_knn_graph(PG_FUNCTION_ARGS)
 			MemoryContext old = MemoryContextSwitchTo(rowctx);
 
 			ResetExprContext(GetPerTupleExprContext(estate));
-			if (GpuIvfpqFormIndexRow(indexInfo, predicate, slot, estate, heap->rd_rel->relowner, values, isnull) &&
+			if (GpuIvfpqFormIndexRow(indexInfo, predicate, slot, estate, heap, values, isnull) &&
 				!isnull[0])
 			{
 				int			dim;

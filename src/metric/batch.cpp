@@ -246,7 +246,9 @@ gpu_metric_knn_batch(PG_FUNCTION_ARGS)
 	if (k < 1 || k > GPU_METRIC_BATCH_MAX_K)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("k must be between 1 and %d, not %d", GPU_METRIC_BATCH_MAX_K, k)));
+				 errmsg("k must be between 1 and %d, not %d", GPU_METRIC_BATCH_MAX_K, k),
+				 errhint("Ask for at most %d nearest words a query; gpu_metric_range_batch returns every word within a radius.",
+						 GPU_METRIC_BATCH_MAX_K)));
 	BatchBegin(&b, fcinfo, "gpu_metric_knn_batch");
 	chunkctx = AllocSetContextCreate(CurrentMemoryContext, "gpu_metric batch chunk", ALLOCSET_DEFAULT_SIZES);
 	/* Not under chunkctx: a reset deletes a context's children. */

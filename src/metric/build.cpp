@@ -228,7 +228,8 @@ gpumetricbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 	int			method;
 	int			bucket;
 	double		alpha;
-	int			threads = Max(1, max_parallel_maintenance_workers + 1);
+	/* Engine threads: as parallel workers would be counted, at most 64. */
+	int			threads = Max(1, Min(Min(max_parallel_maintenance_workers, max_parallel_workers) + 1, 64));
 	Size		needed;
 	TimestampTz start = GetCurrentTimestamp();
 

@@ -112,7 +112,8 @@ CatchUp(Relation index, GpuMetricCached *entry, const GpuMetricMetaPageData *met
 		const char *base;
 		int			used;
 
-		if (blk >= nblocks || ++pages > nblocks)
+		/* Past the end, the metapage (a lock this backend may hold), or a loop: a full restore says why. */
+		if (blk == GPU_METRIC_METAPAGE_BLKNO || blk >= nblocks || ++pages > nblocks)
 		{
 			ok = false;
 			break;

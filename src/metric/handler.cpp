@@ -217,7 +217,8 @@ gpumetriccostestimate(PlannerInfo *root, IndexPath *path, double loop_count,
 	Relation	index;
 	ListCell   *lc;
 
-	if (path->indexclauses == NIL && path->indexorderbys == NIL)
+	/* Neither; or two distances to order by, of which a scan follows the first alone. */
+	if ((path->indexclauses == NIL && path->indexorderbys == NIL) || list_length(path->indexorderbys) > 1)
 	{
 		GpuIvfpqRefuseIndexPath(path);
 		*indexStartupCost = DBL_MAX;

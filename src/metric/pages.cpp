@@ -135,6 +135,16 @@ GpuMetricCheckMeta(Relation index, const GpuMetricMetaPageData *meta)
 	if ((meta->object_head == InvalidBlockNumber) != (meta->object_tail == InvalidBlockNumber))
 		GpuMetricReportCorrupt(index, blk, "metapage has an object chain head %u and tail %u",
 							   meta->object_head, meta->object_tail);
+	/*
+	 * A chain that starts or ends on the metapage, or whose tails are one
+	 * page, would have an insert lock a page it already holds: it would
+	 * wait on itself, past any cancel.
+	 */
+	if (meta->object_head == blk || meta->object_tail == blk || meta->cluster_head == blk ||
+		meta->cluster_tail == blk ||
+		(meta->object_tail != InvalidBlockNumber && meta->object_tail == meta->cluster_tail))
+		GpuMetricReportCorrupt(index, blk, "metapage chains start or end at blocks %u, %u, %u and %u",
+							   meta->object_head, meta->object_tail, meta->cluster_head, meta->cluster_tail);
 	if (meta->method == GPU_METRIC_METHOD_LC)
 	{
 		if (meta->bucket < 1 || meta->bucket > GPU_METRIC_MAX_BUCKET)
@@ -185,6 +195,13 @@ GpuMetricNextObject(Relation index, const GpuMetricMetaPageData *meta, BlockNumb
 		GpuMetricReportCorrupt(index, blk, "object record at offset %d runs past the page's %d bytes of records",
 							   off, used);
 	memcpy(hdr, base + off, GPU_METRIC_OBJ_HEADER);
+	/* Block 0xFFFFFFFF would read as "extend the table" in a heap fetch. */
+	if (ItemPointerGetBlockNumberNoCheck(&hdr->tid) == InvalidBlockNumber ||
+		ItemPointerGetOffsetNumberNoCheck(&hdr->tid) < FirstOffsetNumber ||
+		ItemPointerGetOffsetNumberNoCheck(&hdr->tid) > MaxHeapTuplesPerPage)
+		GpuMetricReportCorrupt(index, blk, "object record at offset %d holds heap TID (%u,%u), which no row can have",
+							   off, ItemPointerGetBlockNumberNoCheck(&hdr->tid),
+							   (unsigned int) ItemPointerGetOffsetNumberNoCheck(&hdr->tid));
 	if (hdr->flags & ~known)
 		GpuMetricReportCorrupt(index, blk, "object record at offset %d has unknown flags 0x%02X",
 							   off, (unsigned int) hdr->flags);

@@ -423,6 +423,11 @@ DROP ROLE gpu_metric_nobody;
 SELECT opcname, amvalidate(oid) FROM pg_opclass WHERE opcname = 'text_edit_ops';
 SELECT pg_index_column_has_property('words_lc'::regclass, 1, 'distance_orderable') AS distance_orderable,
        pg_index_column_has_property('words_lc'::regclass, 1, 'orderable') AS orderable;
+-- Two distances to order by: a scan would follow the first alone, so the
+-- index serves neither.
+SET enable_seqscan = off;
+EXPLAIN (COSTS OFF) SELECT word FROM words ORDER BY word <~> 'casa', word <~> 'cosa' LIMIT 6;
+RESET enable_seqscan;
 
 DROP TABLE words CASCADE;
 DROP TABLE queries, ref;

@@ -404,6 +404,13 @@ FROM unnest(ARRAY['cost_small', 'cost_untrained']) t;
 DROP TABLE cost_small, cost_untrained;
 DROP FUNCTION plan_of(text), make_cost_tables(text, text, text);
 
+-- Two distances to order by: a scan would follow the first alone (and the
+-- executor would not sort again), so the index serves neither.
+SET enable_seqscan = off;
+EXPLAIN (COSTS OFF)
+SELECT id FROM s ORDER BY v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}', v <-> '{6,5,4,3,2,1,0,9,8,7,6,5,4,3,2,1}' LIMIT 5;
+RESET enable_seqscan;
+
 DROP FUNCTION in_order(text, real[]);
 DROP TABLE s, q;
 DROP FUNCTION knn(text, bool), explain_plan(text);

@@ -109,6 +109,21 @@ END $$;
 SELECT * FROM exact_vs_seq('l2', '<->');
 SELECT * FROM exact_vs_seq('ip', '<#>');
 SELECT * FROM exact_vs_seq('cosine', '<=>');
+-- More queries than one block of best hits holds (2396 at k = 1000): one
+-- pass over the table per block, every query answered, exactly.
+CREATE TABLE sfs AS SELECT * FROM sf WHERE id <= 20;
+CREATE TABLE sfb AS SELECT row_number() OVER (ORDER BY id) AS q, v FROM sf WHERE id <= 2500;
+WITH e AS (SELECT * FROM gpu_ivfpq_exact_knn('sfs', 'v', (SELECT array_agg(v ORDER BY q) FROM sfb), 1000))
+SELECT count(*) AS hits, count(DISTINCT query) AS queries,
+       (SELECT array_agg(s.id ORDER BY rank) FROM e JOIN sfs s ON s.ctid = e.tid WHERE query = 2450) =
+       (SELECT array_agg(id) FROM (SELECT id FROM sfs ORDER BY v <-> (SELECT v FROM sfb WHERE q = 2450), ctid) x)
+       AS second_block_exact
+FROM e;
+DROP TABLE sfs, sfb;
+-- A materialized view not yet populated has no rows to search.
+CREATE MATERIALIZED VIEW sfm AS SELECT * FROM sf WITH NO DATA;
+SELECT * FROM gpu_ivfpq_exact_knn('sfm', 'v', '{1,0,0.5,1,0.1,0}', 3);
+DROP MATERIALIZED VIEW sfm;
 
 -- Bad arguments.
 SELECT * FROM gpu_ivfpq_knn_batch('sf_l2', '{1,2}', 3);
