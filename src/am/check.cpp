@@ -495,12 +495,7 @@ OpenForCheck(Oid indexoid, Relation *index, Relation *heap)
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("cannot check temporary index \"%s\" of another session",
 						RelationGetRelationName(*index))));
-	if (!(*index)->rd_index->indisvalid)
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("cannot check index \"%s\": it is not valid", RelationGetRelationName(*index)),
-				 errdetail("A failed CREATE INDEX CONCURRENTLY or REINDEX CONCURRENTLY leaves an invalid index."),
-				 errhint("Drop the index or REINDEX it.")));
+	/* An invalid index: refused by GpuIvfpqOpenIndexChecked. */
 }
 
 /*

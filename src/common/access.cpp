@@ -136,8 +136,8 @@ GpuIvfpqOpenIndexChecked(Oid indexoid, const char *amname, const char *function,
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("index \"%s\" is not valid", RelationGetRelationName(*index)),
-				 errhint("A CREATE INDEX CONCURRENTLY or REINDEX CONCURRENTLY did not finish: REINDEX the index, "
-						 "or drop it and create it again.")));
+				 errdetail("A failed CREATE INDEX CONCURRENTLY or REINDEX CONCURRENTLY leaves an invalid index."),
+				 errhint("Drop the index or REINDEX it.")));
 	if ((*index)->rd_index->indcheckxmin &&
 		!TransactionIdPrecedes(HeapTupleHeaderGetXmin((*index)->rd_indextuple->t_data), TransactionXmin))
 		ereport(ERROR,

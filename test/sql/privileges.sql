@@ -71,6 +71,19 @@ SELECT count(*) AS status_rows FROM gpu_ivfpq_status;
 SELECT count(*) >= 0 AS mirrors_readable FROM gpu_ivfpq_mirrors;
 RESET ROLE;
 
+-- An index's expression is its table owner's code: the checker's read of
+-- the table runs it as the owner, restricted, not as whoever runs the
+-- check (here a superuser).
+CREATE TABLE owned (id int, v real[]);
+INSERT INTO owned SELECT i, ARRAY[sin(i), cos(i), sin(i * 0.3), cos(i * 0.7)]::real[] FROM generate_series(1, 500) i;
+ALTER TABLE owned OWNER TO gpu_ivfpq_nobody;
+CREATE FUNCTION owner_only(x real[]) RETURNS real[] IMMUTABLE LANGUAGE plpgsql AS
+$$BEGIN IF current_user <> 'gpu_ivfpq_nobody' THEN RAISE EXCEPTION 'ran as %', current_user; END IF; RETURN x; END$$;
+CREATE INDEX owned_v ON owned USING gpu_ivfpq (owner_only(v)) WITH (lists = 4, m = 2);
+SELECT gpu_ivfpq_check('owned_v', true) AS checked_as_owner;
+DROP TABLE owned;
+DROP FUNCTION owner_only(real[]);
+
 DROP TABLE secret;
 DROP ROLE gpu_ivfpq_nobody;
 DROP ROLE gpu_ivfpq_monitor;

@@ -148,6 +148,11 @@ SELECT * FROM gpu_ivfpq_exact_knn('sf', 'id', '{1,2}', 3);
 SELECT * FROM gpu_ivfpq_exact_knn('sf', 'v', '{1,2}', 3);
 SELECT * FROM gpu_ivfpq_exact_knn('sf', 'v', '{1,0,0.5,1,0.1,0}', 0);
 SELECT * FROM gpu_ivfpq_exact_knn('sf', 'v', '{1,0,0.5,1,0.1,0}', 3, 'hamming');
+-- An index that a concurrent build left invalid (marked so here by hand)
+-- lacks rows: the functions refuse it, as the planner does.
+UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'sf_l2'::regclass;
+SELECT * FROM gpu_ivfpq_knn_batch('sf_l2', '{1,0,0.5,1,0.1,0}', 3);
+UPDATE pg_index SET indisvalid = true WHERE indexrelid = 'sf_l2'::regclass;
 
 DROP TABLE sf, sfq, sfe, g;
 DROP FUNCTION batch_vs_scan(regclass, text), range_vs_seq(regclass, text, float8), exact_vs_seq(text, text);
