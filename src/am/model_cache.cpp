@@ -17,6 +17,7 @@ typedef struct ModelCacheSlot
 {
 	GpuIvfpqRelFile node;
 	uint32		build_id;
+	GpuIvfpqMetaPageData shape;	/* the metapage it was loaded from */
 	uint64		last_used;
 	MemoryContext cxt;			/* owns the model; deleted on eviction */
 	gpuivfpq::IvfPqModel *model;	/* PQ codes: this, */
@@ -72,9 +73,16 @@ CachedSlot(Relation index, const GpuIvfpqMetaPageData *meta, Load &&load)
 		ModelCacheSlot *slot = &model_cache[i];
 		bool		used = slot->model != NULL || slot->rabitq != NULL;
 
-		/* The kind of model too: a build id may repeat (a random 32 bits). */
+		/*
+		 * The kind and shape of the model too: a build id may repeat (a
+		 * random 32 bits), and a relfilenode be reused, and a model of
+		 * other sizes would be read out of bounds.
+		 */
 		if (used && GpuIvfpqRelFileEquals(slot->node, GpuIvfpqRelFileOf(index)) &&
-			slot->build_id == meta->build_id && (rabitq ? slot->rabitq != NULL : slot->model != NULL))
+			slot->build_id == meta->build_id && (rabitq ? slot->rabitq != NULL : slot->model != NULL) &&
+			slot->shape.dimensions == meta->dimensions && slot->shape.lists == meta->lists &&
+			slot->shape.m == meta->m && slot->shape.nbits == meta->nbits && slot->shape.metric == meta->metric &&
+			slot->shape.features == meta->features)
 		{
 			slot->last_used = ++model_cache_clock;
 			return slot;
@@ -94,6 +102,7 @@ CachedSlot(Relation index, const GpuIvfpqMetaPageData *meta, Load &&load)
 	MemoryContextSetParent(cxt, TopMemoryContext);
 	victim->node = GpuIvfpqRelFileOf(index);
 	victim->build_id = meta->build_id;
+	victim->shape = *meta;
 	victim->last_used = ++model_cache_clock;
 	victim->cxt = cxt;
 	return victim;

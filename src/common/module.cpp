@@ -34,24 +34,35 @@ CheckDevicesList(char **newval, void **extra, GucSource source)
 {
 	const char *p = *newval;
 	int			count = 0;
+	int			seen[16];
 
 	if (p == NULL || *p == '\0')
 		return true;
 	while (*p != '\0')
 	{
 		int			digits = 0;
+		int			device = 0;
 
 		while (*p == ' ')
 			p++;
-		while (*p >= '0' && *p <= '9')
-			p++, digits++;
+		while (*p >= '0' && *p <= '9' && digits <= 4)
+			device = device * 10 + (*p++ - '0'), digits++;
 		while (*p == ' ')
 			p++;
-		if (digits == 0 || digits > 4 || ++count > 16 || (*p != ',' && *p != '\0'))
+		/* A comma must be followed by a number ("0," is not a list). */
+		if (digits == 0 || digits > 4 || count >= 16 || (*p != ',' && *p != '\0') ||
+			(*p == ',' && p[1] == '\0'))
 		{
 			GUC_check_errdetail("\"%s\" is not a list of up to 16 device numbers such as \"0,1\".", *newval);
 			return false;
 		}
+		for (int i = 0; i < count; i++)
+			if (seen[i] == device)
+			{
+				GUC_check_errdetail("\"%s\" names device %d twice.", *newval, device);
+				return false;
+			}
+		seen[count++] = device;
 		if (*p == ',')
 			p++;
 	}
