@@ -402,6 +402,8 @@ SubmitAndWait(const Queue *q, uint32 i, char *error, Size errlen)
 				proc_exit(1);	/* everything goes with the postmaster */
 			CHECK_FOR_INTERRUPTS();
 			s = q->state(i).load(std::memory_order_acquire);
+			if (s == queue::Done)
+				break;			/* answered since wait_done looked */
 			if (s != queue::Pending && s != queue::Running)
 			{
 				/* Not ours to wait on any more: FreeQueueSlot frees it next time. */
