@@ -355,11 +355,6 @@ gpu_ivfpq_exact_knn(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("materialized view \"%s\" has not been populated", RelationGetRelationName(heap)),
 				 errhint("Use the REFRESH MATERIALIZED VIEW command.")));
-	if (d > GPU_IVFPQ_MAX_DIM)
-		ereport(ERROR,
-				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-				 errmsg("queries of %d dimensions, gpu_ivfpq_exact_knn searches at most %d", d, GPU_IVFPQ_MAX_DIM),
-				 errhint("Reduce the vectors' dimension before searching them.")));
 	attnum = get_attnum(relid, col);
 	if (attnum == InvalidAttrNumber || attnum < 0)
 		ereport(ERROR,
@@ -379,7 +374,8 @@ gpu_ivfpq_exact_knn(PG_FUNCTION_ARGS)
 		PG_RETURN_VOID();
 	}
 
-	chunk = Max((int64) 1024, (int64) (EXACT_CHUNK_BYTES / ((Size) d * sizeof(float))));
+	/* Rows per chunk: EXACT_CHUNK_BYTES of them, however wide (one at the least). */
+	chunk = Max((int64) 1, (int64) (EXACT_CHUNK_BYTES / ((Size) d * sizeof(float))));
 	/* Queries per pass over the table: their best hits within EXACT_BEST_BYTES. */
 	qblock = Min(nq, Max((int64) 1, (int64) (EXACT_BEST_BYTES / ((Size) k * EXACT_BEST_PER_HIT))));
 	base = (float *) palloc_extended((Size) chunk * d * sizeof(float), MCXT_ALLOC_HUGE);

@@ -426,7 +426,8 @@ SELECT pg_index_column_has_property('words_lc'::regclass, 1, 'distance_orderable
 -- Two distances to order by: a scan would follow the first alone, so the
 -- index serves neither.
 SET enable_seqscan = off;
-EXPLAIN (COSTS OFF) SELECT word FROM words ORDER BY word <~> 'casa', word <~> 'cosa' LIMIT 6;
+SELECT * FROM explain_plan($q$SELECT word FROM words ORDER BY word <~> 'casa', word <~> 'cosa' LIMIT 6$q$)
+	AS "QUERY PLAN";
 RESET enable_seqscan;
 
 DROP TABLE words CASCADE;

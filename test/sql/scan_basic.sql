@@ -407,8 +407,8 @@ DROP FUNCTION plan_of(text), make_cost_tables(text, text, text);
 -- Two distances to order by: a scan would follow the first alone (and the
 -- executor would not sort again), so the index serves neither.
 SET enable_seqscan = off;
-EXPLAIN (COSTS OFF)
-SELECT id FROM s ORDER BY v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}', v <-> '{6,5,4,3,2,1,0,9,8,7,6,5,4,3,2,1}' LIMIT 5;
+SELECT * FROM explain_plan($q$SELECT id FROM s ORDER BY v <-> '{1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6}',
+	v <-> '{6,5,4,3,2,1,0,9,8,7,6,5,4,3,2,1}' LIMIT 5$q$) AS "QUERY PLAN";
 RESET enable_seqscan;
 
 DROP FUNCTION in_order(text, real[]);
