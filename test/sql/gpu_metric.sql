@@ -426,12 +426,10 @@ SELECT pg_index_column_has_property('words_lc'::regclass, 1, 'distance_orderable
 -- Two distances to order by: a scan would follow the first alone, so the
 -- index serves neither; the rows come in both keys' order, as the same
 -- order by the distance function (which no index serves) gives them.
-SET enable_seqscan = off;
 SELECT array_agg(word) = ARRAY(SELECT word FROM words ORDER BY gpu_metric_edit_distance(word, 'casa'),
                                       gpu_metric_edit_distance(word, 'cosa'), id LIMIT 6)
        AS two_keys_in_order
 FROM (SELECT word FROM words ORDER BY word <~> 'casa', word <~> 'cosa', id LIMIT 6) s;
-RESET enable_seqscan;
 
 DROP TABLE words CASCADE;
 DROP TABLE queries, ref;
