@@ -17,7 +17,7 @@ struct GpuContext::Impl {
     cudaStream_t stream = nullptr;
     cudaStream_t aux = nullptr;  // second stream: overlaps selection with the next GEMM
     bool exact_overlap = true;   // bench aid: off runs exact search's selections on `stream`
-    bool radix_select = false;   // set_radix_select: off until measured on a GPU
+    bool radix_select = true;    // set_radix_select (exact_search.h)
     cublasHandle_t cublas = nullptr;
     cudaDeviceProp props{};
     bool async_alloc = false;  // stream-ordered allocator available

@@ -27,6 +27,7 @@
 #include "ivfpq_kernels.h"
 #include "list_store.h"
 #include "search_graphs.h"
+#include "search_io.h"
 #include "select_args.h"
 #include "small_search.h"
 
@@ -47,7 +48,7 @@ void check_subquantizers(const char* who, size_t d, size_t m)
 
 }  // namespace
 
-struct GpuIvfPqIndex::Impl : ListStore {
+struct GpuIvfPqIndex::Impl : ListStore, SearchIo {
     size_t dsub = 0;
     Metric metric = Metric::L2;
     GpuIvfPqOptions opt;
@@ -55,10 +56,6 @@ struct GpuIvfPqIndex::Impl : ListStore {
     bool precomputed = false;
     bool term1_half = false;
 
-    // A small search's inputs and answers staged in page-locked memory (one
-    // copy each way instead of a driver-staged copy per pageable buffer).
-    PinnedHost io_host;
-    size_t zero_copy_calls = 0;  // host_search calls that read or wrote io_host in place
     // Bench aid (set_small_batch_trace): the one-launch kernel's phase clocks.
     DeviceBuffer small_trace;
     // The trace's words after the last call (empty without a trace).
@@ -72,26 +69,7 @@ struct GpuIvfPqIndex::Impl : ListStore {
         return t;
     }
 
-    // Bench aid (set_stage_timing): events at the stage boundaries of a
-    // search_exact call, in order: start, uploaded, coarse, prefix, scan,
-    // merge, decode, reranked, downloaded.
-    SearchStages* stages = nullptr;
-    enum { kEvStart, kEvUpload, kEvCoarse, kEvPrefix, kEvScan, kEvMerge, kEvDecode, kEvRerank, kEvDownload,
-           kEvents };
-    cudaEvent_t ev[kEvents] = {};
-    void mark(int which)
-    {
-        if (stages)
-            GPU_CUDA_CHECK(cudaEventRecord(ev[which], st()));
-    }
-
-    Impl(GpuContext& c) : ListStore(c) {}
-    ~Impl()
-    {
-        for (cudaEvent_t e : ev)
-            if (e)
-                cudaEventDestroy(e);  // nothing to report from a destructor
-    }
+    Impl(GpuContext& c) : ListStore(c), SearchIo(c) {}
 
     cudaStream_t st() const { return ctx.impl().stream; }
     Metric coarse_metric() const { return metric == Metric::InnerProduct ? Metric::InnerProduct : Metric::L2; }
@@ -210,188 +188,25 @@ struct GpuIvfPqIndex::Impl : ListStore {
             throw Error(ErrorKind::InvalidArgument, std::string(who) + ": key range without lo or hi");
     }
 
-    // The search graphs of this index and what a captured call depends on:
-    // its shape, its staging on the device (staged: queries, answers,
-    // ranges, counts) and every device address it reads that a later change
-    // may move (buffers reallocated give a new key; list contents and
-    // lengths are read when it runs).
-    SearchGraphs graphs;
-    SearchGraphs::Key graph_key(const void* const* staged, size_t nq, size_t k, size_t nprobe,
-                                int variant) const
+    // What a captured search graph of this index depends on besides its
+    // staging (SearchIo::host_search adds that): its shape and every device
+    // address it reads that a later change may move (buffers reallocated
+    // give a new key; list contents and lengths are read when it runs).
+    SearchGraphs::Key graph_key(size_t nq, size_t k, size_t nprobe, int variant) const
     {
-        const GpuContext::Impl& c = ctx.impl();
         SearchGraphs::Key key = {nq, k, nprobe, static_cast<uint64_t>(static_cast<int64_t>(variant)),
                                  static_cast<uint64_t>(table_mode()), opt.float16_tables, term1_half,
                                  static_cast<uint64_t>(opt.scan), static_cast<uint64_t>(opt.fused_blocks_per_sm),
                                  // Only the two-pass scan sizes its buffers by the longest list.
                                  opt.scan == ScanAlgo::TwoPass || table_mode() != kTableQuery ? max_len : 0,
-                                 reinterpret_cast<uintptr_t>(c.arena), c.arena_bytes, c.arena_generation,
-                                 c.arena_top, opt.small_batch_max, static_cast<uint64_t>(opt.small_cluster),
+                                 opt.small_batch_max, static_cast<uint64_t>(opt.small_cluster),
                                  opt.small_spread, opt.small_shared_coarse_from,
                                  static_cast<uint64_t>(opt.small_scan_prefetch),
                                  static_cast<uint64_t>(opt.small_zero_copy)};
-        for (int i = 0; i < 6; ++i)
-            key.push_back(reinterpret_cast<uintptr_t>(staged[i]));
         for (const DeviceBuffer* b : {&centroids, &centroid_norms, &codebooks, &term1, &code_ptrs, &id_ptrs,
                                       &vt_ptrs, &vec_ptrs, &key_ptrs, &lens, &small_trace})
             key.push_back(reinterpret_cast<uintptr_t>(b->data()));
         return key;
-    }
-
-    // The host variants' ranges (nq each) copied to device scratch lo / hi
-    // (the caller's, alive for the whole search); dev points at them.
-    void upload_ranges(const KeyRange& host, size_t nq, int64_t* lo, int64_t* hi, KeyRange& dev)
-    {
-        copy_to_device(ctx, lo, host.lo, nq * sizeof(int64_t));
-        copy_to_device(ctx, hi, host.hi, nq * sizeof(int64_t));
-        dev.lo = lo;
-        dev.hi = hi;
-    }
-
-    // The host entry points of search and search_exact: queries (and key
-    // ranges) staged on the device, run(dq, dd, dl, ranges) searching there,
-    // the answers (and in-range counts) copied back, one wait at the end.
-    // For a small batch the device work between the copies replays a CUDA
-    // graph (search_graphs.h; the copies stay outside it; with zero copy
-    // below its kernel holds pointers into io_host, and graphs are keyed by
-    // them, so one replays only while io_host is where it was captured);
-    // with timed and a stage timer
-    // (set_stage_timing), the call's stages are added to it instead.
-    // Calls whose inputs and answers take at most this many bytes stage them
-    // in io_host.
-    static constexpr size_t kStagedIoBytes = size_t(4) << 20;
-    // zero_copy (kZeroCopyIn, kZeroCopyOut): the device work reads its
-    // inputs from, or writes its answers into, the page-locked staging
-    // itself (mapped into the device's address space), with no copy; only
-    // where the call is staged there and the staging is mapped.
-    static constexpr int kZeroCopyIn = 1, kZeroCopyOut = 2;
-    // Inputs read in place only up to this many dimensions: each of a
-    // query's blocks reads its query over the bus. H200, 200k x 768, m 96,
-    // nprobe 32 (gpu_bench --small-ab), answers in place against both: batch
-    // 1 93.7 against 97.0 us, 16: 210.3 against 212.5; at 128 dimensions the
-    // two are within 1%, and both in place was 1-8% faster on another host.
-    static constexpr size_t kZeroCopyInMaxDim = 256;
-    template <typename Dist, typename Run>
-    void host_search(const float* queries, size_t nq, size_t k, size_t nprobe, int variant,
-                     const KeyRange* ranges, Dist* dist, int64_t* labels, bool timed, Run&& run,
-                     int zero_copy = 0)
-    {
-        const size_t nr = ranges ? nq : 0;
-        const size_t nm = ranges && ranges->matched ? nq : 0;
-        timed = timed && stages != nullptr;
-        const auto wall0 = std::chrono::steady_clock::now();
-        // Inputs (queries, ranges) and answers (distances, labels, counts)
-        // each in one contiguous run of the scratch; a small call stages
-        // them in page-locked memory and copies each run at once.
-        Carver in_sz, out_sz;
-        in_sz.take<float>(nq * d);
-        in_sz.take<int64_t>(nr);
-        in_sz.take<int64_t>(nr);
-        out_sz.take<Dist>(nq * k);
-        out_sz.take<int64_t>(nq * k);
-        out_sz.take<int64_t>(nm);
-        const size_t in_bytes = in_sz.size(), out_bytes = out_sz.size();
-        const bool staged_io = in_bytes + out_bytes <= kStagedIoBytes;
-        char* in_host = staged_io ? io_host.reserve(in_bytes + out_bytes) : nullptr;
-        char* out_host = staged_io ? in_host + in_bytes : nullptr;
-        if (!staged_io || !io_host.mapped())
-            zero_copy = 0;
-        const bool zc_in = zero_copy & kZeroCopyIn, zc_out = zero_copy & kZeroCopyOut;
-        zero_copy_calls += zero_copy != 0;
-        // An error after device work was queued leaves that work reading or
-        // writing the staging: the stream is drained before the staging
-        // can be written again (by the next call) or freed.
-        struct DrainOnError {
-            cudaStream_t s;
-            bool armed;
-            ~DrainOnError()
-            {
-                if (armed && std::uncaught_exceptions() > 0 && cudaStreamSynchronize(s) != cudaSuccess)
-                    (void)cudaGetLastError();
-            }
-        } drain{st(), staged_io};
-        Dist* hd = nullptr;
-        int64_t* hl = nullptr;
-        int64_t* hm = nullptr;
-        {
-            Scratch s(ctx, (zc_in ? 0 : in_bytes) + (zc_out ? 0 : out_bytes));
-            char* in_dev = zc_in ? in_host : static_cast<char*>(s.data());
-            char* out_dev = zc_out ? out_host : static_cast<char*>(s.data()) + (zc_in ? 0 : in_bytes);
-            Carver c(in_dev), co(out_dev);
-            float* dq = c.take<float>(nq * d);
-            int64_t* dlo = c.take<int64_t>(nr);
-            int64_t* dhi = c.take<int64_t>(nr);
-            Dist* dd = co.take<Dist>(nq * k);
-            int64_t* dl = co.take<int64_t>(nq * k);
-            int64_t* dmatched = co.take<int64_t>(nm);
-            if (staged_io) {
-                Carver hc(in_host), ho(out_host);
-                std::memcpy(hc.take<float>(nq * d), queries, nq * d * sizeof(float));
-                if (nr) {
-                    std::memcpy(hc.take<int64_t>(nr), ranges->lo, nr * sizeof(int64_t));
-                    std::memcpy(hc.take<int64_t>(nr), ranges->hi, nr * sizeof(int64_t));
-                }
-                hd = ho.take<Dist>(nq * k);
-                hl = ho.take<int64_t>(nq * k);
-                hm = ho.take<int64_t>(nm);
-            }
-            mark(kEvStart);
-            KeyRange dr;
-            if (staged_io) {
-                if (!zc_in)
-                    GPU_CUDA_CHECK(cudaMemcpyAsync(in_dev, in_host, in_bytes, cudaMemcpyHostToDevice, st()));
-                if (ranges) {
-                    dr.lo = dlo;
-                    dr.hi = dhi;
-                }
-            } else {
-                copy_to_device(ctx, dq, queries, nq * d * sizeof(float));
-                if (ranges)
-                    upload_ranges(*ranges, nq, dlo, dhi, dr);
-            }
-            if (ranges)
-                dr.matched = nm ? dmatched : nullptr;
-            mark(kEvUpload);
-            auto work = [&] { run(dq, dd, dl, ranges ? &dr : nullptr); };
-            bool done = false;
-            if (stages == nullptr && graphs.eligible(nq)) {
-                const void* staged[] = {dq, dd, dl, nr ? dlo : nullptr, nr ? dhi : nullptr,
-                                        nm ? dmatched : nullptr};
-                done = graphs.run(ctx, graph_key(staged, nq, k, nprobe, variant), work);
-            }
-            if (!done)
-                work();
-            if (staged_io) {
-                if (!zc_out)
-                    GPU_CUDA_CHECK(cudaMemcpyAsync(out_host, out_dev, out_bytes, cudaMemcpyDeviceToHost, st()));
-            } else {
-                copy_to_host_async(ctx, dist, dd, nq * k * sizeof(Dist));
-                copy_to_host_async(ctx, labels, dl, nq * k * sizeof(int64_t));
-                if (nm)
-                    copy_to_host_async(ctx, ranges->matched, dmatched, nq * sizeof(int64_t));
-            }
-            mark(kEvDownload);
-            // The scratch scope ends here; later work on the stream is ordered after it.
-        }
-        ctx.synchronize();
-        if (staged_io) {
-            std::memcpy(dist, hd, nq * k * sizeof(Dist));
-            std::memcpy(labels, hl, nq * k * sizeof(int64_t));
-            if (nm)
-                std::memcpy(ranges->matched, hm, nq * sizeof(int64_t));
-        }
-        if (!timed)
-            return;
-        const double wall = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wall0).count();
-        double* sum[] = {&stages->upload, &stages->coarse, &stages->prefix, &stages->scan,
-                         &stages->merge, &stages->decode, &stages->rerank, &stages->download};
-        for (int e = 0; e < kEvents - 1; ++e) {
-            float ms = 0;
-            GPU_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[e], ev[e + 1]));
-            *sum[e] += ms;
-        }
-        stages->wall += wall;
-        stages->calls++;
     }
 
     // The one-launch path's arguments for nq queries (nprobe clamped, as
@@ -824,7 +639,8 @@ void GpuIvfPqIndex::search(const float* queries, size_t nq, size_t k, size_t npr
     if (!nq)
         return;
     require(k >= 1, "GPU IVFPQ search: k must be >= 1");
-    I.host_search(queries, nq, k, nprobe, static_cast<int>(kind), ranges, dist, labels, false,
+    I.host_search(I.d, queries, nq, k, ranges, dist, labels, false,
+                  [&] { return I.graph_key(nq, k, nprobe, static_cast<int>(kind)); },
                   [&](const float* dq, float* dd, int64_t* dl, const KeyRange* dr) {
                       search_device(dq, nq, k, nprobe, dd, dl, kind, dr);
                   });
@@ -921,21 +737,15 @@ void GpuIvfPqIndex::search_exact(const float* queries, size_t nq, size_t k, size
         if (I.opt.small_zero_copy > 1 && I.d <= Impl::kZeroCopyInMaxDim && !I.shared_keys(nq))
             zero_copy |= Impl::kZeroCopyIn;
     }
-    I.host_search(queries, nq, k, nprobe, -1, ranges, dist, labels, true,
+    I.host_search(I.d, queries, nq, k, ranges, dist, labels, true,
+                  [&] { return I.graph_key(nq, k, nprobe, -1); },
                   [&](const float* dq, double* dd, int64_t* dl, const KeyRange* dr) {
                       I.exact_on_device(dq, nq, k, p, plan, dd, dl, dr);
                   },
                   zero_copy);
 }
 
-void GpuIvfPqIndex::set_stage_timing(SearchStages* stages)
-{
-    Impl& I = *impl_;
-    if (stages && !I.ev[0])
-        for (cudaEvent_t& e : I.ev)
-            GPU_CUDA_CHECK(cudaEventCreate(&e));
-    I.stages = stages;
-}
+void GpuIvfPqIndex::set_stage_timing(SearchStages* stages) { impl_->set_stage_timing(stages); }
 
 void GpuIvfPqIndex::set_search_graphs(bool on) { impl_->graphs.set_enabled(on); }
 

@@ -32,6 +32,7 @@
 #include "ivf_scan.cuh"
 #include "ivfpq_kernels.h"
 #include "list_store.h"
+#include "search_io.h"
 #include "select_args.h"
 #include "rabitq_encode.h"
 #include "rabitq_rotate.cuh"
@@ -201,21 +202,26 @@ size_t smem_bytes(size_t plane_bytes) { return plane_bytes * 8 * sizeof(double) 
 
 }  // namespace
 
-struct GpuRabitqIndex::Impl : ListStore {
+struct GpuRabitqIndex::Impl : ListStore, SearchIo {
     int bits = 0;
     Metric metric = Metric::L2;
     size_t plane_bytes = 0, code_len = 0;  // bytes of a plane, of a code
     DeviceBuffer centroids, centroid_norms, rotation, rotated;
-    explicit Impl(GpuContext& c) : ListStore(c) {}
+    explicit Impl(GpuContext& c) : ListStore(c), SearchIo(c) {}
     cudaStream_t st() const { return ctx.impl().stream; }
     Metric coarse_metric() const { return metric == Metric::InnerProduct ? Metric::InnerProduct : Metric::L2; }
 
-    // nt queries (device, d floats each; normalised for Cosine) through
-    // nprobe lists into dist / labels (device, nt x k), with the key range
-    // and counts (device) when lo is set.
-    void search_tile(float* dq, size_t nt, size_t k, size_t nprobe, const int64_t* lo, const int64_t* hi,
-                     int64_t* matched, float eps0, float* dist, int64_t* labels)
+    // The shape of a tile's device work, fixed by the lists' sizes when it
+    // is planned (a CUDA graph of the tile is keyed by it).
+    struct TilePlan {
+        size_t ld = 0;      // candidates a query's row holds
+        size_t chunks = 1;  // the first selection's chunks a query
+        int splits = 1;     // blocks per probed list
+        bool radix = false;
+    };
+    TilePlan plan_tile(size_t nt, size_t k, size_t nprobe) const
     {
+        TilePlan p;
         // A query's row holds its probed lists' rows one after the other
         // (at most nprobe x the longest list; a multiple of 4 floats, which
         // the selection reads 16 bytes at a time).
@@ -246,6 +252,34 @@ struct GpuRabitqIndex::Impl : ListStore {
         }
         if (chunks < 2)
             chunks = 1;
+        p.ld = ld;
+        p.chunks = chunks;
+        p.splits = int((std::max<size_t>(max_len, 1) + kRowsPerBlock - 1) / kRowsPerBlock);
+        p.radix = radix;
+        return p;
+    }
+
+    // What a captured search graph depends on besides its staging
+    // (SearchIo::host_search adds that): the tile's plan and the index's
+    // device addresses (list contents and lengths are read when it runs).
+    SearchGraphs::Key graph_key(const TilePlan& p, size_t nprobe, float eps0) const
+    {
+        uint32_t eps_bits = 0;
+        std::memcpy(&eps_bits, &eps0, sizeof eps_bits);
+        SearchGraphs::Key key = {nprobe, eps_bits, p.ld, p.chunks, uint64_t(p.splits), uint64_t(p.radix)};
+        for (const DeviceBuffer* b :
+             {&centroids, &centroid_norms, &rotation, &rotated, &code_ptrs, &id_ptrs, &key_ptrs, &lens})
+            key.push_back(reinterpret_cast<uintptr_t>(b->data()));
+        return key;
+    }
+
+    // nt queries (device, d floats each) through nprobe lists into dist /
+    // labels (device, nt x k) as p plans it, with the key range and counts
+    // (device) when lo is set; Cosine queries are normalised in place.
+    void search_tile(float* dq, size_t nt, size_t k, size_t nprobe, const TilePlan& p, const int64_t* lo,
+                     const int64_t* hi, int64_t* matched, float eps0, float* dist, int64_t* labels)
+    {
+        const size_t ld = p.ld, chunks = p.chunks;
         Carver sz;
         sz.take<float>(nt * nprobe);
         sz.take<int32_t>(nt * nprobe);
@@ -304,7 +338,7 @@ struct GpuRabitqIndex::Impl : ListStore {
         a.nprobe = int(nprobe);
         a.metric = int(metric);
         a.ld = int64_t(ld);
-        a.splits = int((std::max<size_t>(max_len, 1) + kRowsPerBlock - 1) / kRowsPerBlock);
+        a.splits = p.splits;
         rabitq_pairs_kernel<<<dim3(unsigned(nprobe * size_t(a.splits)), unsigned(nt)), kThreads,
                               smem_bytes(plane_bytes), st()>>>(a);
         GPU_KERNEL_CHECK();
@@ -319,10 +353,10 @@ struct GpuRabitqIndex::Impl : ListStore {
         sel.chunks = int(chunks);
         sel.chunks_split_len = true;
         sel.k = int(k);
-        if (radix)
+        if (p.radix)
             launch_select_radix(sel, cdist, cidx, dist, pos, st());
         else
-            launch_select_chunked(sel, cdist, cidx, dist, pos, int(sms), st());
+            launch_select_chunked(sel, cdist, cidx, dist, pos, std::max(ctx.multiprocessors(), 1), st());
         launch_decode_labels(pos, int64_t(nt), int(k), int(nprobe), prefix, probe,
                              id_ptrs.as<const int64_t* const>(), labels, st());
     }
@@ -431,42 +465,30 @@ void GpuRabitqIndex::search(const float* queries, size_t nq, size_t k, size_t np
     if (nq == 0)
         return;
     require(queries && dist && labels, "GPU RaBitQ search: null pointer");
-    const size_t d = I.d;
     const size_t ld = nprobe * std::max<size_t>(I.max_len, 1);
     const size_t tile = std::max<size_t>(1, std::min<size_t>({nq, kTileBytes / (ld * sizeof(float)), 65535}));
     for (size_t t0 = 0; t0 < nq; t0 += tile) {
         const size_t nt = std::min(tile, nq - t0);
-        const bool keyed = ranges != nullptr;
-        const bool counted = keyed && ranges->matched;
-        Carver sz;
-        sz.take<float>(nt * d);
-        sz.take<int64_t>(keyed ? nt : 0);
-        sz.take<int64_t>(keyed ? nt : 0);
-        sz.take<int64_t>(counted ? nt : 0);
-        sz.take<float>(nt * k);
-        sz.take<int64_t>(nt * k);
-        Scratch s(I.ctx, sz.size());
-        Carver c(s.data());
-        float* dq = c.take<float>(nt * d);
-        int64_t* lo = c.take<int64_t>(keyed ? nt : 0);
-        int64_t* hi = c.take<int64_t>(keyed ? nt : 0);
-        int64_t* matched = c.take<int64_t>(counted ? nt : 0);
-        float* dd = c.take<float>(nt * k);
-        int64_t* dl = c.take<int64_t>(nt * k);
-        copy_to_device(I.ctx, dq, queries + t0 * d, nt * d * sizeof(float));
-        if (keyed) {
-            copy_to_device(I.ctx, lo, ranges->lo + t0, nt * sizeof(int64_t));
-            copy_to_device(I.ctx, hi, ranges->hi + t0, nt * sizeof(int64_t));
+        KeyRange r;
+        if (ranges) {
+            r.lo = ranges->lo + t0;
+            r.hi = ranges->hi + t0;
+            r.matched = ranges->matched ? ranges->matched + t0 : nullptr;
         }
-        I.search_tile(dq, nt, k, nprobe, keyed ? lo : nullptr, keyed ? hi : nullptr, counted ? matched : nullptr,
-                      eps0, dd, dl);
-        copy_to_host_async(I.ctx, dist + t0 * k, dd, nt * k * sizeof(float));
-        copy_to_host_async(I.ctx, labels + t0 * k, dl, nt * k * sizeof(int64_t));
-        if (counted)
-            copy_to_host_async(I.ctx, ranges->matched + t0, matched, nt * sizeof(int64_t));
-        I.ctx.synchronize();
+        const Impl::TilePlan p = I.plan_tile(nt, k, nprobe);
+        I.host_search(I.d, queries + t0 * I.d, nt, k, ranges ? &r : nullptr, dist + t0 * k, labels + t0 * k,
+                      false, [&] { return I.graph_key(p, nprobe, eps0); },
+                      [&](const float* dq, float* dd, int64_t* dl, const KeyRange* dr) {
+                          // The staged queries are the call's own (Cosine normalises them in place).
+                          I.search_tile(const_cast<float*>(dq), nt, k, nprobe, p, dr ? dr->lo : nullptr,
+                                        dr ? dr->hi : nullptr, dr ? dr->matched : nullptr, eps0, dd, dl);
+                      });
     }
 }
+
+void GpuRabitqIndex::set_search_graphs(bool on) { impl_->graphs.set_enabled(on); }
+
+size_t GpuRabitqIndex::search_graph_launches() const { return impl_->graphs.launches(); }
 
 namespace {
 

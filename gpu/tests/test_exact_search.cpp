@@ -130,7 +130,7 @@ TEST(ExactSearch, RadixSelectionSameKeys)
 {
     GPU_REQUIRE_DEVICE();
     struct Reset {
-        ~Reset() { gpuivfpq::gpu::set_radix_select(ctx(), false); }
+        ~Reset() { gpuivfpq::gpu::set_radix_select(ctx(), true); }  // the default
     } reset;
     uint64_t s = seed(808);
     std::mt19937_64 g(s);

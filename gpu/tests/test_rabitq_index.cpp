@@ -224,7 +224,7 @@ void check_index(size_t d, int bits, Metric metric, uint64_t s)
             compare(index, fx, q, nq, k, 4, live, false, gpuivfpq::kRabitqLowerEps0);
             compare(index, fx, q, nq, k, 4, live, true, gpuivfpq::kRabitqLowerEps0);
         }
-    gpuivfpq::gpu::set_radix_select(ctx(), false);
+    gpuivfpq::gpu::set_radix_select(ctx(), true);  // the default
     // Every list probed, k = n: every entry, in estimate order.
     compare(index, fx, q, 2, n, lists, live, false);
     // Removals (unknown ids and duplicates among them).
@@ -299,10 +299,60 @@ TEST(RabitqIndex, ManyProbesAndSparseRanges)
             compare(L.index, L.fx, L.q, 3, 200, nprobe, L.live, true);
             compare(L.index, L.fx, L.q, 3, 1000, nprobe, L.live, true);
         }
-    gpuivfpq::gpu::set_radix_select(ctx(), false);
+    gpuivfpq::gpu::set_radix_select(ctx(), true);  // the default
     // Three probes (about three chunks at k 1000), a key range: fewer rows
     // in range than k.
     compare(L.index, L.fx, L.q, 3, 1000, 3, L.live, true);
+}
+
+// Small batches replay CUDA graphs of their device work from the third
+// call of a shape on: the answers stay the CPU engine's after appends (the
+// longest list grows: a new plan, so a new graph), after removals (the same
+// graph reading the new lengths), with key ranges and their counts, and
+// with Cosine queries normalised inside the graph; graphs off, none runs.
+TEST(RabitqIndex, GraphsReplayAfterChanges)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(4506);
+    for (Metric metric : {Metric::L2, Metric::Cosine}) {
+        const size_t d = 48, lists = 10, n = 4000, nq = 4;
+        SCOPED_TRACE(shape("rabitq index graphs", {{"metric", double(int(metric))}}, s));
+        Fixture fx(d, lists, n, 4, metric, s);
+        std::vector<float> q = clustered(nq, d, 8, 3.0f, s + 1);
+        GpuRabitqIndex index(ctx(), d, lists, 4, metric, fx.cent.data(), fx.blob.data(), true);
+        std::vector<bool> live(n, false);
+        auto add = [&](size_t a, size_t b) {
+            index.add(b - a, fx.list_ids.data() + a, fx.rows.data() + a * fx.rb(), fx.ids.data() + a,
+                      fx.keys.data() + a);
+            for (size_t i = a; i < b; i++)
+                live[i] = true;
+        };
+        auto rounds = [&](const char* what) {
+            SCOPED_TRACE(what);
+            const size_t before = index.search_graph_launches();
+            for (int rep = 0; rep < 3; rep++) {
+                compare(index, fx, q, nq, 10, 3, live, false);
+                compare(index, fx, q, nq, 20, 3, live, true, gpuivfpq::kRabitqLowerEps0);
+            }
+            EXPECT_GE(index.search_graph_launches(), before + 2) << "no call replayed a graph";
+        };
+        add(0, n / 2);
+        rounds("half the rows");
+        add(n / 2, n);
+        rounds("every row");
+        std::vector<int64_t> gone;
+        for (size_t i = 0; i < n; i += 3) {
+            gone.push_back(fx.ids[i]);
+            live[i] = false;
+        }
+        ASSERT_EQ(index.remove_ids(gone.data(), gone.size()), gone.size());
+        rounds("after removals");
+        index.set_search_graphs(false);
+        const size_t before = index.search_graph_launches();
+        for (int rep = 0; rep < 3; rep++)
+            compare(index, fx, q, nq, 10, 3, live, false);
+        EXPECT_EQ(index.search_graph_launches(), before);
+    }
 }
 
 // A build's assignment on the GPU (GpuRabitqIndex::assign) against the
