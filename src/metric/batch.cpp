@@ -11,14 +11,17 @@ extern "C" {
 #include "executor/tuptable.h"
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
+#include "miscadmin.h"
 #include "utils/snapmgr.h"
 
 PG_FUNCTION_INFO_V1(gpu_metric_range_batch);
 PG_FUNCTION_INFO_V1(gpu_metric_knn_batch);
 }
 
-/* Queries per engine call: cancels are checked between them. */
+/* Queries per engine call at most: cancels are checked between them. */
 #define METRIC_BATCH_CHUNK	256
+/* The answers one engine call may hold at the most: work_mem, or this when larger. */
+#define METRIC_BATCH_MIN_BUDGET ((double) (64 * 1024 * 1024))
 
 /* A batch call's queries, its table access and its output. */
 typedef struct MetricBatch
@@ -150,6 +153,28 @@ BatchEnd(MetricBatch *b)
 }
 
 /*
+ * How many queries, from query q0 on, the next engine call takes: at most
+ * METRIC_BATCH_CHUNK, and no more than whose answers would fit the budget
+ * (work_mem or METRIC_BATCH_MIN_BUDGET, the larger) if each query matched
+ * every object of the index, as a wide radius does, or a k-NN whose k-th
+ * distance ties with every word (equal words, or an empty query among
+ * words of one length); one at the least. An engine call holds all its
+ * answers at once (and the engine its own copy of them): without this a
+ * chunk of 256 such queries over a million words asked for 2 GB.
+ */
+static int64
+BatchChunk(MetricBatch *b, int64 q0)
+{
+	GpuMetricMetaPageData meta;
+	GpuMetricCached *entry = GpuMetricGetCached(b->index, &meta);
+	double		budget = Max((double) work_mem * 1024.0, METRIC_BATCH_MIN_BUDGET);
+	double		per_query = (double) Max(Max(entry->objects, meta.objects), 1) * sizeof(gpuivfpq::MetricHit);
+	int64		n = (int64) Min((double) METRIC_BATCH_CHUNK, Max(1.0, budget / per_query));
+
+	return Min(n, b->nsearched - q0);
+}
+
+/*
  * Searches n of the batch's queries (which: their numbers among the
  * searched ones) in one call, on the engine's threads, into found (query j
  * of found is which[j]): within radius param (range), or the param nearest
@@ -195,14 +220,16 @@ gpu_metric_range_batch(PG_FUNCTION_ARGS)
 	GpuMetricCheckRadius(radius);
 	BatchBegin(&b, fcinfo, "gpu_metric_range_batch");
 	chunkctx = AllocSetContextCreate(CurrentMemoryContext, "gpu_metric batch chunk", ALLOCSET_DEFAULT_SIZES);
-	for (int64 q0 = 0; q0 < b.nsearched; q0 += METRIC_BATCH_CHUNK)
+	for (int64 q0 = 0, n = 0; q0 < b.nsearched; q0 += n)
 	{
-		int64		n = Min((int64) METRIC_BATCH_CHUNK, b.nsearched - q0);
-		MemoryContext old = MemoryContextSwitchTo(chunkctx);
-		int64	   *which = (int64 *) palloc(sizeof(int64) * n);
+		MemoryContext old;
+		int64	   *which;
 		GpuMetricHits found;
 		GpuMetricCached *entry;
 
+		n = BatchChunk(&b, q0);
+		old = MemoryContextSwitchTo(chunkctx);
+		which = (int64 *) palloc(sizeof(int64) * n);
 		for (int64 j = 0; j < n; j++)
 			which[j] = q0 + j;
 		entry = SearchQueries(&b, which, n, false, (uint32) radius, &found);
@@ -253,20 +280,27 @@ gpu_metric_knn_batch(PG_FUNCTION_ARGS)
 	chunkctx = AllocSetContextCreate(CurrentMemoryContext, "gpu_metric batch chunk", ALLOCSET_DEFAULT_SIZES);
 	/* Not under chunkctx: a reset deletes a context's children. */
 	roundctx = AllocSetContextCreate(CurrentMemoryContext, "gpu_metric batch round", ALLOCSET_DEFAULT_SIZES);
-	for (int64 q0 = 0; q0 < b.nsearched; q0 += METRIC_BATCH_CHUNK)
+	for (int64 q0 = 0, n = 0; q0 < b.nsearched; q0 += n)
 	{
-		int64		n = Min((int64) METRIC_BATCH_CHUNK, b.nsearched - q0);
-		MemoryContext old = MemoryContextSwitchTo(chunkctx);
-		/* Each query's answers (k at most), kept until the chunk is done. */
-		ItemPointerData *tids = (ItemPointerData *) palloc(sizeof(ItemPointerData) * n * k);
-		uint32	   *ids = (uint32 *) palloc(sizeof(uint32) * n * k);
-		uint32	   *dists = (uint32 *) palloc(sizeof(uint32) * n * k);
-		int		   *kept = (int *) palloc0(sizeof(int) * n);
-		int64	   *which = (int64 *) palloc(sizeof(int64) * n);
-		int64		npending = n;
+		MemoryContext old;
+		ItemPointerData *tids;
+		uint32	   *ids;
+		uint32	   *dists;
+		int		   *kept;
+		int64	   *which;
+		int64		npending;
 		int64		want = k;
 		GpuMetricCached *entry = NULL;
 
+		n = BatchChunk(&b, q0);
+		npending = n;
+		old = MemoryContextSwitchTo(chunkctx);
+		/* Each query's answers (k at most), kept until the chunk is done. */
+		tids = (ItemPointerData *) palloc(sizeof(ItemPointerData) * n * k);
+		ids = (uint32 *) palloc(sizeof(uint32) * n * k);
+		dists = (uint32 *) palloc(sizeof(uint32) * n * k);
+		kept = (int *) palloc0(sizeof(int) * n);
+		which = (int64 *) palloc(sizeof(int64) * n);
 		for (int64 j = 0; j < n; j++)
 			which[j] = q0 + j;
 		while (npending > 0)
