@@ -231,6 +231,7 @@ gpumetricbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 	/* Engine threads: as parallel workers would be counted, at most 64. */
 	int			threads = Max(1, Min(Min(max_parallel_maintenance_workers, max_parallel_workers) + 1, 64));
 	Size		needed;
+	int			max_pivots = GPU_METRIC_MAX_PIVOTS;
 	TimestampTz start = GetCurrentTimestamp();
 
 	if (RelationGetNumberOfBlocks(index) != 0)
@@ -272,6 +273,15 @@ gpumetricbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 				 errhint("Increase maintenance_work_mem.")));
 
 	/*
+	 * SSS keeps a byte per word and pivot: no more pivots than the memory
+	 * the check above left holds (the engine then stops choosing; the
+	 * index stays exact, its pruning weaker).
+	 */
+	if (method == GPU_METRIC_METHOD_SSS && bs.n > 0)
+		max_pivots = (int) Max((Size) 1, Min((Size) GPU_METRIC_MAX_PIVOTS,
+											 (MaintenanceBytes() - needed) / (Size) bs.n));
+
+	/*
 	 * The engine builds (its threads: the maintenance workers a parallel
 	 * build would use, and this backend). Every thread polls for a cancel,
 	 * timeout or shutdown (GpuIvfpqInstallInterruptPoll): the build stops
@@ -280,17 +290,23 @@ gpumetricbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 	pgstat_progress_update_param(PROGRESS_CREATEIDX_SUBPHASE, PHASE_BUILD);
 	engine = GpuIvfpqMakeOwned<GpuMetricEngine>(bs.buildctx, "build", method, (const char *) bs.bytes,
 												(const uint64_t *) bs.offsets, (size_t) bs.n,
-												(uint32_t) bucket, alpha, (size_t) GPU_METRIC_MAX_PIVOTS,
-												threads);
+												(uint32_t) bucket, alpha, (size_t) max_pivots, threads);
 	if (engine->sss() != NULL)
 	{
 		const gpuivfpq::SparseSpatialSelection *sss = engine->sss();
 
 		/* The engine stops choosing there: the index stays exact, its table large. */
-		if (sss->pivots() > GPU_METRIC_MAX_PIVOTS)
+		if (sss->pivots() > (size_t) max_pivots)
 			elog(ERROR, "gpu_metric: the engine chose %zu pivots, more than the %d asked for",
-				 sss->pivots(), GPU_METRIC_MAX_PIVOTS);
-		if (sss->pivots() == GPU_METRIC_MAX_PIVOTS)
+				 sss->pivots(), max_pivots);
+		if (sss->pivots() == (size_t) max_pivots && max_pivots < GPU_METRIC_MAX_PIVOTS)
+			ereport(NOTICE,
+					(errmsg("gpu_metric index \"%s\" keeps %d pivots, as many as maintenance_work_mem holds (alpha = %g may choose more)",
+							RelationGetRelationName(index), max_pivots, alpha),
+					 errdetail("Each word keeps a byte per pivot; the pivots after the first %d were not chosen.",
+							   max_pivots),
+					 errhint("Increase maintenance_work_mem, or choose a larger alpha (0.35 to 0.5 usually work best), for fewer pivots to suffice.")));
+		else if (sss->pivots() == GPU_METRIC_MAX_PIVOTS)
 			ereport(NOTICE,
 					(errmsg("gpu_metric index \"%s\" keeps %d pivots, the most an index keeps (alpha = %g may choose more)",
 							RelationGetRelationName(index), GPU_METRIC_MAX_PIVOTS, alpha),

@@ -327,6 +327,22 @@ SELECT count(*) FROM unlogged_words WHERE word <% edit_range('casa', 2);
 SELECT count(*) FROM words WHERE id <= 100 AND word <% edit_range('casa', 2);
 RESET enable_seqscan;
 DROP TABLE empty_words, unlogged_words;
+-- SSS keeps no more pivots than maintenance_work_mem holds (a byte per word
+-- and pivot); the index stays exact.
+CREATE TABLE pivot_words AS SELECT substr(md5(i::text), 1, 6) AS word FROM generate_series(1, 10000) i;
+SET maintenance_work_mem = '1MB';
+CREATE INDEX pivot_sss ON pivot_words USING gpu_metric (word) WITH (method = sss, alpha = 0.2);
+RESET maintenance_work_mem;
+SET enable_seqscan = off;
+CREATE TEMP TABLE pivot_hits AS SELECT word FROM pivot_words WHERE word <% edit_range('abcdef', 4);
+RESET enable_seqscan;
+SELECT count(*) > 0 AS some_hits,
+       count(*) = (SELECT count(*) FROM pivot_words WHERE (word <~> 'abcdef') <= 4) AS same_hits
+  FROM pivot_hits;
+SELECT (SELECT array_agg(distance ORDER BY rank) FROM gpu_metric_knn_batch('pivot_sss', ARRAY['abcdef'], 5)) =
+       (SELECT array_agg(d ORDER BY d) FROM (SELECT word <~> 'abcdef' AS d FROM pivot_words ORDER BY 1 LIMIT 5) s)
+       AS same_nearest;
+DROP TABLE pivot_words, pivot_hits;
 
 --
 -- Bad input.
