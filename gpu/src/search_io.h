@@ -204,7 +204,10 @@ struct SearchIo {
                       static_cast<const void*>(nm ? dmatched : nullptr),
                       static_cast<const void*>(c.arena)})
                     key.push_back(reinterpret_cast<uintptr_t>(p));
-                for (size_t v : {c.arena_bytes, size_t(c.arena_generation), c.arena_top, nq, k})
+                // The context's switches choose kernels the graph records
+                // (the coarse step's selection and stream use).
+                for (size_t v : {c.arena_bytes, size_t(c.arena_generation), c.arena_top, nq, k,
+                                 size_t(c.radix_select), size_t(c.exact_overlap)})
                     key.push_back(v);
                 done = graphs.run(ctx, key, work);
             }

@@ -305,11 +305,13 @@ TEST(RabitqIndex, ManyProbesAndSparseRanges)
     compare(L.index, L.fx, L.q, 3, 1000, 3, L.live, true);
 }
 
-// Small batches replay CUDA graphs of their device work from the third
+// Small batches replay CUDA graphs of their device work from the second
 // call of a shape on: the answers stay the CPU engine's after appends (the
-// longest list grows: a new plan, so a new graph), after removals (the same
-// graph reading the new lengths), with key ranges and their counts, and
-// with Cosine queries normalised inside the graph; graphs off, none runs.
+// longest list grows: a new plan, so a new graph), after removals (shorter
+// lists: a new plan too), after a few rows appended to the shortest list
+// (the same plan: the same graphs, reading the new lengths, replay at once),
+// with key ranges and their counts, and with Cosine queries normalised
+// inside the graph; graphs off, none runs.
 TEST(RabitqIndex, GraphsReplayAfterChanges)
 {
     GPU_REQUIRE_DEVICE();
@@ -321,32 +323,56 @@ TEST(RabitqIndex, GraphsReplayAfterChanges)
         std::vector<float> q = clustered(nq, d, 8, 3.0f, s + 1);
         GpuRabitqIndex index(ctx(), d, lists, 4, metric, fx.cent.data(), fx.blob.data(), true);
         std::vector<bool> live(n, false);
-        auto add = [&](size_t a, size_t b) {
-            index.add(b - a, fx.list_ids.data() + a, fx.rows.data() + a * fx.rb(), fx.ids.data() + a,
-                      fx.keys.data() + a);
-            for (size_t i = a; i < b; i++)
+        // Ten rows of the shortest list are held back for the last round
+        // (none of them among the rows removed: every third).
+        std::vector<size_t> size(lists, 0);
+        for (size_t i = 0; i < n; i++)
+            size[size_t(fx.list_ids[i])]++;
+        const int32_t shortest = int32_t(std::min_element(size.begin(), size.end()) - size.begin());
+        std::vector<size_t> first, second, held;
+        for (size_t i = 0; i < n; i++) {
+            if (fx.list_ids[i] == shortest && i % 3 != 0 && held.size() < 10)
+                held.push_back(i);
+            else
+                (i < n / 2 ? first : second).push_back(i);
+        }
+        ASSERT_EQ(held.size(), 10u);
+        auto add = [&](const std::vector<size_t>& which) {
+            std::vector<uint8_t> rows(which.size() * fx.rb());
+            std::vector<int32_t> ls;
+            std::vector<int64_t> ids, keys;
+            for (size_t j = 0; j < which.size(); j++) {
+                const size_t i = which[j];
+                std::memcpy(rows.data() + j * fx.rb(), fx.rows.data() + i * fx.rb(), fx.rb());
+                ls.push_back(fx.list_ids[i]);
+                ids.push_back(fx.ids[i]);
+                keys.push_back(fx.keys[i]);
                 live[i] = true;
+            }
+            index.add(which.size(), ls.data(), rows.data(), ids.data(), keys.data());
         };
-        auto rounds = [&](const char* what) {
+        auto rounds = [&](const char* what, size_t replays) {
             SCOPED_TRACE(what);
             const size_t before = index.search_graph_launches();
             for (int rep = 0; rep < 3; rep++) {
                 compare(index, fx, q, nq, 10, 3, live, false);
                 compare(index, fx, q, nq, 20, 3, live, true, gpuivfpq::kRabitqLowerEps0);
             }
-            EXPECT_GE(index.search_graph_launches(), before + 2) << "no call replayed a graph";
+            EXPECT_GE(index.search_graph_launches(), before + replays) << "too few calls replayed a graph";
         };
-        add(0, n / 2);
-        rounds("half the rows");
-        add(n / 2, n);
-        rounds("every row");
+        add(first);
+        rounds("half the rows", 2);
+        add(second);
+        rounds("every row", 2);
         std::vector<int64_t> gone;
         for (size_t i = 0; i < n; i += 3) {
             gone.push_back(fx.ids[i]);
             live[i] = false;
         }
         ASSERT_EQ(index.remove_ids(gone.data(), gone.size()), gone.size());
-        rounds("after removals");
+        rounds("after removals", 2);
+        add(held);
+        rounds("rows appended to the shortest list", 6);
         index.set_search_graphs(false);
         const size_t before = index.search_graph_launches();
         for (int rep = 0; rep < 3; rep++)

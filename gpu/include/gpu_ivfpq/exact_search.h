@@ -50,11 +50,14 @@ void set_exact_overlap(GpuContext& ctx, bool on);
 // Whether small selections on ctx run as a block radix select (a block per
 // chunk of about 2048 columns, then a block per row; k from 2 to 256): the
 // one-tile selections of exact_knn (the coarse step of small batches) where
-// a block per row is wanted, and every RaBitQ mirror search's selection of
-// candidates. On by default: on an H200 (gpu_bench --rabitq) a RaBitQ search
-// of 1 to 1000 queries took 2-15% less than with WarpSelect / BlockSelect
-// (off), 10,000 the same. The same keys either way; equal keys at the k-th
-// place may differ.
+// a block per row is wanted (so also the PQ mirror's staged coarse step
+// of batches too large for its one-launch path, and small exact searches),
+// and every RaBitQ mirror search's selection of candidates. On by default:
+// on an H200 (gpu_bench --rabitq) a RaBitQ search of 1 to 1000 queries took
+// 1-15% less than with WarpSelect / BlockSelect (off), at 10,000 the same
+// on even lists and 6-8% less on skewed ones; the PQ path was not timed
+// apart. The same keys either way; equal keys at the k-th place may differ
+// (every GPU test passes with either).
 void set_radix_select(GpuContext& ctx, bool on);
 
 }  // namespace gpuivfpq::gpu

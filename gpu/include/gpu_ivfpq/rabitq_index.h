@@ -70,10 +70,12 @@ public:
     void search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist, int64_t* labels,
                 const KeyRange* ranges = nullptr, float eps0 = 0.0f) const;
     // Small batches (up to 128 queries) replay a CUDA graph of a call's
-    // device work from the third call of the same shape on, and stage their
-    // queries and answers in page-locked memory, as GpuIvfPqIndex's do (on
-    // by default). Bench and test aids: switch the graphs, count the calls
-    // a graph served.
+    // device work from the second call of the same shape on (the third when
+    // the first grew the context's scratch), and stage their queries and
+    // answers in page-locked memory, as GpuIvfPqIndex's do (on by default).
+    // So a search, const as it is, changes the index's staging and graphs:
+    // like every call on a GpuContext, one thread at a time. Bench and test
+    // aids: switch the graphs, count the calls a graph served.
     void set_search_graphs(bool on);
     size_t search_graph_launches() const;
 
