@@ -478,9 +478,9 @@ void GpuRabitqIndex::search(const float* queries, size_t nq, size_t k, size_t np
         const Impl::TilePlan p = I.plan_tile(nt, k, nprobe);
         I.host_search(I.d, queries + t0 * I.d, nt, k, ranges ? &r : nullptr, dist + t0 * k, labels + t0 * k,
                       false, [&] { return I.graph_key(p, nprobe, eps0); },
-                      [&](const float* dq, float* dd, int64_t* dl, const KeyRange* dr) {
+                      [&](float* dq, float* dd, int64_t* dl, const KeyRange* dr) {
                           // The staged queries are the call's own (Cosine normalises them in place).
-                          I.search_tile(const_cast<float*>(dq), nt, k, nprobe, p, dr ? dr->lo : nullptr,
+                          I.search_tile(dq, nt, k, nprobe, p, dr ? dr->lo : nullptr,
                                         dr ? dr->hi : nullptr, dr ? dr->matched : nullptr, eps0, dd, dl);
                       });
     }

@@ -168,7 +168,7 @@ BatchChunk(MetricBatch *b, int64 q0)
 	GpuMetricMetaPageData meta;
 	GpuMetricCached *entry = GpuMetricGetCached(b->index, &meta);
 	double		budget = Max((double) work_mem * 1024.0, METRIC_BATCH_MIN_BUDGET);
-	double		per_query = (double) Max(Max(entry->objects, meta.objects), 1) * sizeof(gpuivfpq::MetricHit);
+	double		per_query = (double) Max(entry->objects, 1) * sizeof(gpuivfpq::MetricHit);
 	int64		n = (int64) Min((double) METRIC_BATCH_CHUNK, Max(1.0, budget / per_query));
 
 	return Min(n, b->nsearched - q0);
