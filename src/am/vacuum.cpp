@@ -169,12 +169,24 @@ gpuivfpqbulkdelete(IndexVacuumInfo *info, IndexBulkDeleteResult *stats,
 	return stats;
 }
 
-/* amvacuumcleanup: reports sizes; counts entries when no bulk delete ran. */
+/*
+ * amvacuumcleanup: reports sizes; counts entries when no bulk delete ran.
+ *
+ * Counting reads every list page. A VACUUM that removed nothing from the
+ * index leaves nothing to clean up, so an autovacuum worker (which runs
+ * such VACUUMs for every batch of inserts, from
+ * autovacuum_vacuum_insert_threshold) returns at once, leaving the index's
+ * statistics as they were (ANALYZE estimates them), as btree and pgvector
+ * do; a VACUUM someone asked for still counts, so that reltuples is exact
+ * after it.
+ */
 IndexBulkDeleteResult *
 gpuivfpqvacuumcleanup(IndexVacuumInfo *info, IndexBulkDeleteResult *stats)
 {
 	if (info->analyze_only)
 		return stats;
+	if (stats == NULL && GpuIvfpqInAutovacuumWorker())
+		return NULL;
 	if (stats == NULL)
 	{
 		stats = (IndexBulkDeleteResult *) palloc0(sizeof(IndexBulkDeleteResult));

@@ -45,6 +45,7 @@ extern "C" {
 #include "utils/rel.h"
 #include "utils/timestamp.h"
 #include "portability/instr_time.h"
+#include "postmaster/autovacuum.h"
 }
 
 /*
@@ -80,6 +81,13 @@ typedef RelFileNode GpuIvfpqRelFile;
 #define GpuIvfpqVacuumDelayPoint() vacuum_delay_point(false)
 #else
 #define GpuIvfpqVacuumDelayPoint() vacuum_delay_point()
+#endif
+
+/* Whether this process is an autovacuum worker: 17 replaced the function by a macro. */
+#if PG_VERSION_NUM >= 170000
+#define GpuIvfpqInAutovacuumWorker() AmAutoVacuumWorkerProcess()
+#else
+#define GpuIvfpqInAutovacuumWorker() IsAutoVacuumWorkerProcess()
 #endif
 
 /*
