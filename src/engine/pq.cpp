@@ -209,19 +209,19 @@ namespace {
 // buffers far apart in memory, where the hardware prefetcher starts late.
 constexpr size_t kAdcPrefetchAhead = 8;
 
-// ADC for a compile-time m: fully unrolled lookups into two accumulators per
-// code. The code is read 8 bytes at a time and taken apart with shifts (on a
-// little-endian CPU; byte by byte elsewhere), so a
-// lookup costs one load (the table's) instead of two: the loads set the pace.
-// Two codes are summed side by side (four add chains). Each code's sum is
-// still base + (even-j sum + odd-j sum), each partial sum in j order, so the
-// result is the same bits as one code at a time (the GPU's scan agrees).
-template <size_t M>
-inline __attribute__((always_inline)) void adc_sums(const uint8_t* c, const float* table, float& s0,
-                                                    float& s1)
+// ADC with lookups into two accumulators per code, for m a multiple of 8
+// (fully unrolled when m is a compile-time constant). The code is read 8
+// bytes at a time and taken apart with shifts (on a little-endian CPU; byte
+// by byte elsewhere), so a lookup costs one load (the table's) instead of
+// two: the loads set the pace. Two codes are summed side by side (four add
+// chains; one chain, as adc_lookup sums, waits on each addition's latency:
+// 3.5x slower at m = 96). Each code's sum is still base + (even-j sum +
+// odd-j sum), each partial sum in j order, so the result is the same bits as
+// one code at a time, whatever the code's place in the batch.
+inline __attribute__((always_inline)) void adc_sums(const uint8_t* c, const float* table, size_t m,
+                                                    float& s0, float& s1)
 {
-    static_assert(M % 8 == 0, "whole 8-byte words");
-    for (size_t w = 0; w < M; w += 8) {
+    for (size_t w = 0; w < m; w += 8) {
         uint64_t v;
         std::memcpy(&v, c + w, sizeof(v));
         const float* t = table + w * kPqCentroids;
@@ -232,28 +232,37 @@ inline __attribute__((always_inline)) void adc_sums(const uint8_t* c, const floa
     }
 }
 
+inline __attribute__((always_inline)) void adc_words(const uint8_t* codes, size_t n, size_t stride,
+                                                     const float* table, size_t m, float base,
+                                                     float* out)
+{
+    size_t i = 0;
+    for (; i + 2 <= n; i += 2) {
+        const uint8_t* c0 = codes + i * stride;
+        __builtin_prefetch(c0 + kAdcPrefetchAhead * stride);
+        __builtin_prefetch(c0 + (kAdcPrefetchAhead + 1) * stride);
+        float a0 = 0.0f, b0 = 0.0f, a1 = 0.0f, b1 = 0.0f;
+        adc_sums(c0, table, m, a0, b0);
+        adc_sums(c0 + stride, table, m, a1, b1);
+        out[i] = rank_distance(base + (a0 + b0));
+        out[i + 1] = rank_distance(base + (a1 + b1));
+    }
+    for (; i < n; i++) {
+        float s0 = 0.0f, s1 = 0.0f;
+        adc_sums(codes + i * stride, table, m, s0, s1);
+        out[i] = rank_distance(base + (s0 + s1));
+    }
+}
+
+constexpr bool kLittleEndian = __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__;
+
 template <size_t M>
 inline __attribute__((always_inline)) void adc_fixed(const uint8_t* codes, size_t n,
                                                      size_t stride, const float* table,
                                                      float base, float* out)
 {
-    if constexpr (M % 8 == 0 && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__) {
-        size_t i = 0;
-        for (; i + 2 <= n; i += 2) {
-            const uint8_t* c0 = codes + i * stride;
-            __builtin_prefetch(c0 + kAdcPrefetchAhead * stride);
-            __builtin_prefetch(c0 + (kAdcPrefetchAhead + 1) * stride);
-            float a0 = 0.0f, b0 = 0.0f, a1 = 0.0f, b1 = 0.0f;
-            adc_sums<M>(c0, table, a0, b0);
-            adc_sums<M>(c0 + stride, table, a1, b1);
-            out[i] = rank_distance(base + (a0 + b0));
-            out[i + 1] = rank_distance(base + (a1 + b1));
-        }
-        for (; i < n; i++) {
-            float s0 = 0.0f, s1 = 0.0f;
-            adc_sums<M>(codes + i * stride, table, s0, s1);
-            out[i] = rank_distance(base + (s0 + s1));
-        }
+    if constexpr (M % 8 == 0 && kLittleEndian) {
+        adc_words(codes, n, stride, table, M, base, out);
     } else {
         for (size_t i = 0; i < n; i++) {
             const uint8_t* c = codes + i * stride;
@@ -285,6 +294,10 @@ void adc_scan(const uint8_t* codes, size_t n, size_t stride, const float* table,
     case 32: adc_fixed<32>(codes, n, stride, table, base, out); return;
     case 64: adc_fixed<64>(codes, n, stride, table, base, out); return;
     default:
+        if (m % 8 == 0 && kLittleEndian) {
+            adc_words(codes, n, stride, table, m, base, out);
+            return;
+        }
         for (size_t i = 0; i < n; i++) {
             __builtin_prefetch(codes + (i + kAdcPrefetchAhead) * stride);
             out[i] = rank_distance(base + adc_lookup(codes + i * stride, table, m));

@@ -169,7 +169,7 @@ TEST(PQ, AdcScanMatchesDecodedDistanceWithStrides)
 {
     const uint64_t seed = test_seed(506);
     std::mt19937_64 gen(seed);
-    for (size_t m : {1, 3, 4, 8, 12, 16, 32, 64}) {
+    for (size_t m : {1, 3, 4, 8, 12, 16, 24, 32, 64, 96}) {
         for (size_t extra : {0, 1, 5}) {
             const size_t dsub = 2, d = m * dsub, n = 257, stride = m + extra;
             SCOPED_TRACE(testing::Message() << "seed=" << seed << " m=" << m
@@ -202,7 +202,7 @@ TEST(PQ, AdcScanMatchesDecodedDistanceWithStrides)
 TEST(PQ, AdcScanSameBitsWhateverTheBatch)
 {
     std::mt19937_64 gen(11);
-    for (size_t m : {4, 8, 16, 32, 64, 12}) {
+    for (size_t m : {4, 8, 16, 32, 64, 12, 24, 96}) {
         for (size_t stride : {m, m + 3, size_t(560)}) {
             const size_t n = 23;
             std::vector<uint8_t> buf(n * stride);
