@@ -193,6 +193,8 @@ GpuIvfpqBecomeOwner(Relation heap, GpuIvfpqSavedUser *saved)
 	GetUserIdAndSecContext(&saved->userid, &saved->sec_context);
 	SetUserIdAndSecContext(heap->rd_rel->relowner, saved->sec_context | SECURITY_RESTRICTED_OPERATION);
 	saved->nest = NewGUCNestLevel();
+	/* The caller's search_path would let the caller's objects stand in for the owner's. */
+	GpuIvfpqRestrictSearchPath();
 }
 
 void

@@ -85,9 +85,10 @@ extern Relation GpuIvfpqOpenTableChecked(Oid relid, const char *function);
 
 /*
  * Running a table owner's code (an index's expressions and predicate): as
- * that owner under SECURITY_RESTRICTED_OPERATION, with the settings it
- * changes undone at the end, as CREATE INDEX and ANALYZE run it. An error
- * in between unwinds both with the (sub)transaction.
+ * that owner under SECURITY_RESTRICTED_OPERATION, with search_path
+ * "pg_catalog, pg_temp" and the settings it changes undone at the end, as
+ * CREATE INDEX and ANALYZE run it from PostgreSQL 17 on. An error in
+ * between unwinds both with the (sub)transaction.
  */
 typedef struct GpuIvfpqSavedUser
 {

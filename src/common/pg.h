@@ -83,6 +83,19 @@ typedef RelFileNode GpuIvfpqRelFile;
 #define GpuIvfpqVacuumDelayPoint() vacuum_delay_point()
 #endif
 
+/*
+ * search_path while another role's code runs (an index's expressions under
+ * its table's owner): "pg_catalog, pg_temp", as 17's maintenance commands
+ * set it with RestrictSearchPath(); spelled out before 17.
+ */
+#if PG_VERSION_NUM >= 170000
+#define GpuIvfpqRestrictSearchPath() RestrictSearchPath()
+#else
+#define GpuIvfpqRestrictSearchPath() \
+	((void) set_config_option("search_path", "pg_catalog, pg_temp", PGC_USERSET, PGC_S_SESSION, \
+							  GUC_ACTION_SAVE, true, 0, false))
+#endif
+
 /* Whether this process is an autovacuum worker: 17 replaced the function by a macro. */
 #if PG_VERSION_NUM >= 170000
 #define GpuIvfpqInAutovacuumWorker() AmAutoVacuumWorkerProcess()

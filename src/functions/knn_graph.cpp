@@ -66,6 +66,7 @@ gpu_ivfpq_knn_graph(PG_FUNCTION_ARGS)
 	IndexInfo  *indexInfo;
 	EState	   *estate;
 	ExprState  *predicate;
+	GpuIvfpqSavedUser owner;
 	TupleTableSlot *slot;
 	TableScanDesc scan;
 	MemoryContext rowctx;
@@ -114,8 +115,14 @@ gpu_ivfpq_knn_graph(PG_FUNCTION_ARGS)
 	estate = CreateExecutorState();
 	slot = table_slot_create(heap, NULL);
 	GetPerTupleExprContext(estate)->ecxt_scantuple = slot;
-	/* A partial index: only rows that satisfy its predicate are in the graph, as in the index. */
+	/*
+	 * A partial index: only rows that satisfy its predicate are in the graph,
+	 * as in the index. Prepared as the owner, who runs it (the functions it
+	 * calls are the owner's to execute, not the caller's).
+	 */
+	GpuIvfpqBecomeOwner(heap, &owner);
 	predicate = ExecPrepareQual(indexInfo->ii_Predicate, estate);
+	GpuIvfpqRestoreUser(&owner);
 	rowctx = AllocSetContextCreate(CurrentMemoryContext, "gpu_ivfpq graph row", ALLOCSET_DEFAULT_SIZES);
 	scan = table_beginscan(heap, GetActiveSnapshot(), 0, NULL);
 	INSTR_TIME_SET_CURRENT(start);

@@ -84,6 +84,29 @@ SELECT gpu_ivfpq_check('owned_v', true) AS checked_as_owner;
 DROP TABLE owned;
 DROP FUNCTION owner_only(real[]);
 
+-- It runs with search_path "pg_catalog, pg_temp": a caller who may read the
+-- table cannot have its own objects stand in for those the owner's
+-- functions name (here abs(), through a schema first on its path), which
+-- would run the caller's code as the owner.
+CREATE FUNCTION absv(x real[]) RETURNS real[] IMMUTABLE LANGUAGE plpgsql AS
+$$BEGIN RETURN ARRAY[abs(x[1]), abs(x[2]), abs(x[3]), abs(x[4])]::real[]; END$$;
+CREATE TABLE pathed (id int, v real[]);
+INSERT INTO pathed SELECT i, ARRAY[sin(i), cos(i), sin(i * 0.3), cos(i * 0.7)]::real[] FROM generate_series(1, 500) i;
+CREATE INDEX pathed_v ON pathed USING gpu_ivfpq (absv(v)) WITH (lists = 4, m = 2);
+GRANT SELECT ON pathed TO gpu_ivfpq_nobody;
+CREATE SCHEMA nobody_schema AUTHORIZATION gpu_ivfpq_nobody;
+SET ROLE gpu_ivfpq_nobody;
+CREATE FUNCTION nobody_schema.abs(real) RETURNS real LANGUAGE plpgsql AS
+$$BEGIN RAISE EXCEPTION 'the caller''s abs() ran as %', current_user; END$$;
+SET search_path = nobody_schema, pg_catalog, public;
+SELECT count(*) AS range_rows FROM gpu_ivfpq_range('public.pathed_v', '{.5,.5,.5,.5}', 'Infinity');
+SELECT count(*) AS graph_rows FROM gpu_ivfpq_knn_graph('public.pathed_v', 2);
+RESET search_path;
+RESET ROLE;
+DROP SCHEMA nobody_schema CASCADE;
+DROP TABLE pathed;
+DROP FUNCTION absv(real[]);
+
 DROP TABLE secret;
 DROP ROLE gpu_ivfpq_nobody;
 DROP ROLE gpu_ivfpq_monitor;
