@@ -45,6 +45,7 @@ typedef struct GpuIvfpqHeapFetch
 	IndexFetchTableData *fetch;
 	MemoryContext rowctx;		/* reset per row */
 	Relation	heap;			/* its owner runs the index's expressions */
+	bool		as_owner;		/* within GpuIvfpqRerank's owner scope */
 } GpuIvfpqHeapFetch;
 
 /*
