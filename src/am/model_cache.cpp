@@ -6,7 +6,12 @@
 #include "engine/ivfpq.h"
 #include "engine/rabitq.h"
 
-#define MODEL_CACHE_SLOTS 8
+/*
+ * Up to 64 indexes (a partitioned table's, scanned in turn by one query,
+ * would evict each other from fewer slots at every query), within
+ * gpu_ivfpq.model_cache_memory: past it the least recently used models go.
+ */
+#define MODEL_CACHE_SLOTS 64
 
 /*
  * A model is immutable for a given (relfilenode, build_id): any rebuild
@@ -38,6 +43,54 @@ ReleaseSlot(ModelCacheSlot *slot)
 	slot->cxt = NULL;
 }
 
+/* The memory a slot's model holds (centroids, codebooks or rotation, tables). */
+static Size
+SlotBytes(const ModelCacheSlot *slot)
+{
+	Size		d = slot->shape.dimensions;
+	Size		lists = slot->shape.lists;
+
+	if (slot->model != NULL)
+		return (lists * d + lists + (Size) 256 * d) * sizeof(float) + slot->model->precomputed_bytes();
+	if (slot->rabitq != NULL)
+		return lists * d * (sizeof(float) + sizeof(double)) + d * d * sizeof(double);
+	return 0;
+}
+
+/*
+ * Drops the least recently used models but keep's until the cache holds no
+ * more than gpu_ivfpq.model_cache_memory (keep stays, however large). A
+ * caller asks for its model again before each use (a scan each round), so
+ * no model is dropped while it is in use.
+ */
+static void
+TrimCache(const ModelCacheSlot *keep)
+{
+	Size		budget = (Size) gpu_ivfpq_model_cache_memory_mb * 1024 * 1024;
+	Size		total = 0;
+
+	for (int i = 0; i < MODEL_CACHE_SLOTS; i++)
+		total += SlotBytes(&model_cache[i]);
+	while (total > budget)
+	{
+		ModelCacheSlot *victim = NULL;
+
+		for (int i = 0; i < MODEL_CACHE_SLOTS; i++)
+		{
+			ModelCacheSlot *slot = &model_cache[i];
+
+			if (slot == keep || (slot->model == NULL && slot->rabitq == NULL))
+				continue;
+			if (victim == NULL || slot->last_used < victim->last_used)
+				victim = slot;
+		}
+		if (victim == NULL)
+			break;
+		total -= SlotBytes(victim);
+		ReleaseSlot(victim);
+	}
+}
+
 /*
  * The CPU engine's precomputed lookup-table terms of model (lists x m x 256
  * floats, within gpu_ivfpq.table_memory), built on the first list scan on
@@ -50,8 +103,14 @@ GpuIvfpqModelTables(gpuivfpq::IvfPqModel *model)
 {
 	size_t		table_budget = (size_t) gpu_ivfpq_table_memory_mb * 1024 * 1024;
 
-	if (!model->has_precomputed())
+	/* Built once; dropped when the budget was lowered below them since. */
+	if (!model->has_precomputed() || model->precomputed_bytes() > table_budget)
+	{
 		GpuIvfpqGuard("lookup tables", [&] { model->precompute_tables(table_budget); });
+		for (int i = 0; i < MODEL_CACHE_SLOTS; i++)
+			if (model_cache[i].model == model)
+				TrimCache(&model_cache[i]);
+	}
 }
 
 /*
@@ -105,6 +164,7 @@ CachedSlot(Relation index, const GpuIvfpqMetaPageData *meta, Load &&load)
 	victim->shape = *meta;
 	victim->last_used = ++model_cache_clock;
 	victim->cxt = cxt;
+	TrimCache(victim);
 	return victim;
 }
 

@@ -18,6 +18,7 @@ extern int	gpu_ivfpq_rerank;
 extern int	gpu_ivfpq_max_scan_tuples;
 extern bool gpu_ivfpq_strict_order;
 extern int	gpu_ivfpq_table_memory_mb;
+extern int	gpu_ivfpq_model_cache_memory_mb;
 extern int	gpu_ivfpq_device;
 extern int	gpu_ivfpq_gpu_memory_budget_kb;
 extern int	gpu_ivfpq_batch_size;

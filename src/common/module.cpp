@@ -16,6 +16,7 @@ int			gpu_ivfpq_rerank = 100;
 int			gpu_ivfpq_max_scan_tuples = 20000;
 bool		gpu_ivfpq_strict_order = true;
 int			gpu_ivfpq_table_memory_mb = 32;
+int			gpu_ivfpq_model_cache_memory_mb = 256;
 int			gpu_ivfpq_device = GPU_IVFPQ_DEVICE_AUTO;
 int			gpu_ivfpq_gpu_memory_budget_kb = 0;
 int			gpu_ivfpq_batch_size = 256;
@@ -110,6 +111,10 @@ _PG_init(void)
 	DefineCustomIntVariable("gpu_ivfpq.table_memory", "Memory per index for precomputed lookup-table terms.",
 							"Term 1 of the IVFADC decomposition takes lists * m * 256 floats; above this budget tables are computed per list at query time.",
 							&gpu_ivfpq_table_memory_mb, 32, 0, 65536, PGC_USERSET, GUC_UNIT_MB,
+							NULL, NULL, NULL);
+	DefineCustomIntVariable("gpu_ivfpq.model_cache_memory", "Memory per backend for the trained quantizers of the indexes it uses.",
+							"Centroids, codebooks and lookup-table terms of up to 64 indexes; past this budget the least recently used are dropped (read again from the index when needed).",
+							&gpu_ivfpq_model_cache_memory_mb, 256, 1, 65536, PGC_USERSET, GUC_UNIT_MB,
 							NULL, NULL, NULL);
 	DefineCustomEnumVariable("gpu_ivfpq.device", "Where index scans and builds run: auto, gpu or cpu.",
 							 "auto: the GPU service when it can serve, else the CPU engine; gpu: the GPU or an error; cpu: never the GPU.",

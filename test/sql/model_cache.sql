@@ -1,10 +1,13 @@
 -- A scan that continues after other indexes were searched: the backend's
--- model cache holds 8 models, so nine other indexes evict this scan's model
--- between its rounds; the scan must go on with its own index's quantizers
--- and return exactly what it returns without the interruption.
+-- model cache holds models within gpu_ivfpq.model_cache_memory, so nine
+-- other indexes (of 128 dimensions: 140 kB of quantizers each, past the 1MB
+-- set here) evict this scan's model between its rounds; the scan must go on
+-- with its own index's quantizers and return exactly what it returns
+-- without the interruption.
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS gpu_ivfpq;
 SET gpu_ivfpq.rerank = 4;
+SET gpu_ivfpq.model_cache_memory = '1MB';
 SET enable_seqscan = off;
 CREATE TABLE mc0 (id int, v real[]);
 INSERT INTO mc0 SELECT i, ARRAY[sin(i), cos(i * 0.5), sin(i * 0.25), cos(i * 0.125)]::real[]
@@ -14,7 +17,7 @@ DO $$
 BEGIN
 	FOR t IN 1..9 LOOP
 		EXECUTE format('CREATE TABLE mc%s (id int, v real[])', t);
-		EXECUTE format('INSERT INTO mc%s SELECT i, ARRAY[cos(i * %s), sin(i), cos(i * 0.3), sin(i * %s)]::real[] FROM generate_series(1, 500) i',
+		EXECUTE format('INSERT INTO mc%s SELECT i, ARRAY(SELECT cos(i * %s + j) * sin(j * %s) FROM generate_series(1, 128) j)::real[] FROM generate_series(1, 500) i',
 					   t, t, t);
 		EXECUTE format('CREATE INDEX mc%s_v ON mc%s USING gpu_ivfpq (v) WITH (lists = %s, m = 2)', t, t, 4 + t);
 	END LOOP;
@@ -29,7 +32,7 @@ CREATE TEMP TABLE got (n serial, id int);
 CREATE FUNCTION search_others() RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
 	FOR t IN 1..9 LOOP
-		EXECUTE format('SELECT id FROM mc%s ORDER BY v <-> ''{0.1,0.2,0.3,0.4}'' LIMIT 3', t);
+		EXECUTE format('SELECT id FROM mc%s ORDER BY v <-> array_fill(0.1::real, ARRAY[128]) LIMIT 3', t);
 	END LOOP;
 END $$;
 BEGIN;
