@@ -23,7 +23,8 @@
 #   OVERLAP=3.0   gen_synthetic's cluster overlap (smaller: an easier set)
 #   LISTS=1000 M=32  IVF_SETTINGS="probes=16,rerank=100;probes=32,rerank=100"
 #   HNSW_M=16 HNSW_EFC=64  EF_SEARCH="40 80"
-#   CLIENTS="1 2" DURATION=20 METHODS="ivf hnsw"
+#   CLIENTS="1 2" DURATION=20 METHODS="ivf hnsw"   (ivf-nocopies: the gpu_ivfpq
+#             index built again with store_vectors = off, scans re-ranking from the table)
 #   NOTE=""   a line for the header (e.g. which build of the extension is installed)
 #   KEEP=0    1: leave the server running with the data (for interleaved_ab.sh)
 #   OUT=bench/cpu/results/engine_vs_hnsw-<date>-<time>.txt
@@ -132,15 +133,20 @@ main() {
   say "$(printf '%-38s | %9s' setting recall@10)$(for c in $CLIENTS; do printf ' | %10s' "q/s c=$c"; done) | p50 ms"
   for method in $METHODS; do
     case "$method" in
-      ivf)
+      ivf|ivf-nocopies)
+        local with="lists = $LISTS, m = $M" tag=""
+        if [ "$method" = ivf-nocopies ]; then
+          with="$with, store_vectors = off"; tag=" no copies"
+        fi
+        psql_ -c "DROP INDEX IF EXISTS base_ivf_idx"
         t0=$EPOCHREALTIME
-        psql_ -c "CREATE INDEX base_ivf_idx ON base_ivf USING gpu_ivfpq (v vector_l2_ops) WITH (lists = $LISTS, m = $M)"
-        say "# gpu_ivfpq lists=$LISTS m=$M: CREATE INDEX $(duration_since "$t0") s, $(psql_ -At -c "SELECT pg_size_pretty(pg_relation_size('base_ivf_idx'))")"
+        psql_ -c "CREATE INDEX base_ivf_idx ON base_ivf USING gpu_ivfpq (v vector_l2_ops) WITH ($with)"
+        say "# gpu_ivfpq $with: CREATE INDEX $(duration_since "$t0") s, $(psql_ -At -c "SELECT pg_size_pretty(pg_relation_size('base_ivf_idx'))")"
         local s
         IFS=';' read -ra settings <<<"$IVF_SETTINGS"
         for s in "${settings[@]}"; do
           local p=${s#probes=}; p=${p%%,*}; local rr=${s#*rerank=}
-          measure "gpu_ivfpq cpu $s" base_ivf \
+          measure "gpu_ivfpq cpu$tag $s" base_ivf \
             "gpu_ivfpq.device=cpu;gpu_ivfpq.probes=$p;gpu_ivfpq.rerank=$rr"
         done
         ;;
