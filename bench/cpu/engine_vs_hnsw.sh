@@ -138,7 +138,7 @@ main() {
         if [ "$method" = ivf-nocopies ]; then
           with="$with, store_vectors = off"; tag=" no copies"
         fi
-        psql_ -c "DROP INDEX IF EXISTS base_ivf_idx"
+        psql_ -c "SET client_min_messages = warning" -c "DROP INDEX IF EXISTS base_ivf_idx"
         t0=$EPOCHREALTIME
         psql_ -c "CREATE INDEX base_ivf_idx ON base_ivf USING gpu_ivfpq (v vector_l2_ops) WITH ($with)"
         say "# gpu_ivfpq $with: CREATE INDEX $(duration_since "$t0") s, $(psql_ -At -c "SELECT pg_size_pretty(pg_relation_size('base_ivf_idx'))")"
