@@ -1172,7 +1172,14 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 					 errdetail("The table's rows are in its shards, whose copies of the index are trained on them.")));
 		}
 		else
-			ereport(NOTICE,
+			/*
+			 * A NOTICE for an index this transaction created or gave a new
+			 * file (CREATE INDEX, REINDEX, TRUNCATE); an index rebuilt in
+			 * place is a temporary table's ON COMMIT DELETE ROWS at every
+			 * commit, where it could only repeat itself.
+			 */
+			ereport(index->rd_createSubid != InvalidSubTransactionId ||
+					GpuIvfpqFirstRelFileSubid(index) != InvalidSubTransactionId ? NOTICE : DEBUG1,
 					(errmsg("gpu_ivfpq index \"%s\" created on a table without vectors",
 							RelationGetRelationName(index)),
 					 errdetail("Until it is rebuilt, rows are kept unquantized in one list and every scan computes exact distances for all of them."),
@@ -1201,8 +1208,12 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 		EncodeAndWrite(&bs, heap, indexInfo, &phase_start);
 
 	meta.build_tuples = (uint64) bs.index_tuples;
-	/* REINDEX and TRUNCATE rebuild in place of an older version: its mirror goes. */
-	GpuIvfpqServiceInvalidate(index, false);
+	/*
+	 * REINDEX and TRUNCATE rebuild in place of an older version: its mirror
+	 * goes. A temporary index has none (the GPU cannot read local buffers).
+	 */
+	if (!RelationUsesLocalBuffers(index))
+		GpuIvfpqServiceInvalidate(index, false);
 	metabuf = ReadBuffer(index, GPU_IVFPQ_METAPAGE_BLKNO);
 	LockBuffer(metabuf, BUFFER_LOCK_EXCLUSIVE);
 	WriteMetaPage(index, &meta, metabuf);

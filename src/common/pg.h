@@ -68,12 +68,14 @@ typedef RelFileLocator GpuIvfpqRelFile;
 #define GpuIvfpqRelFileNumberOf(rel) ((rel)->rd_locator.relNumber)
 #define GpuIvfpqRelFileEquals(a, b) RelFileLocatorEquals(a, b)
 #define GpuIvfpqSmgrRelFile(rel) (&RelationGetSmgr(rel)->smgr_rlocator.locator)
+#define GpuIvfpqFirstRelFileSubid(rel) ((rel)->rd_firstRelfilelocatorSubid)
 #else
 typedef RelFileNode GpuIvfpqRelFile;
 #define GpuIvfpqRelFileOf(rel) ((rel)->rd_node)
 #define GpuIvfpqRelFileNumberOf(rel) ((rel)->rd_node.relNode)
 #define GpuIvfpqRelFileEquals(a, b) RelFileNodeEquals(a, b)
 #define GpuIvfpqSmgrRelFile(rel) (&RelationGetSmgr(rel)->smgr_rnode.node)
+#define GpuIvfpqFirstRelFileSubid(rel) ((rel)->rd_firstRelfilenodeSubid)
 #endif
 
 /* VACUUM's cost-based delay: 18 asks whether ANALYZE is the caller. */

@@ -340,6 +340,22 @@ SELECT knn('SELECT id FROM temp_t ORDER BY v <-> ''{50,-50}'' LIMIT 3', true) AS
 INSERT INTO temp_t VALUES (0, '{50,-50}');
 SELECT knn('SELECT id FROM temp_t ORDER BY v <-> ''{50,-50}'' LIMIT 3', true) AS index_ids;
 DROP TABLE temp_t;
+-- A temporary table emptied at every commit (ON COMMIT DELETE ROWS) has its
+-- index rebuilt then: the NOTICE about a table without vectors comes in the
+-- transaction that creates the index (here twice: its commit empties the
+-- table too), not again at later commits.
+CREATE TEMP TABLE temp_oc (id int, v real[]) ON COMMIT DELETE ROWS;
+CREATE INDEX temp_oc_v ON temp_oc USING gpu_ivfpq (v);
+BEGIN;
+INSERT INTO temp_oc SELECT i, ARRAY[i, -i]::real[] FROM generate_series(1, 10) i;
+SELECT knn('SELECT id FROM temp_oc ORDER BY v <-> ''{5,-5}'' LIMIT 3', true) AS index_ids;
+COMMIT;
+BEGIN;
+INSERT INTO temp_oc VALUES (7, '{7,-7}');
+SELECT knn('SELECT id FROM temp_oc ORDER BY v <-> ''{5,-5}'' LIMIT 3', true) AS index_ids;
+COMMIT;
+SELECT count(*) AS rows_after_commit FROM temp_oc;
+DROP TABLE temp_oc;
 
 --
 -- Expression and partial indexes.
