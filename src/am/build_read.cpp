@@ -24,6 +24,7 @@ extern "C" {
 #define READ_KEY_SHARED		UINT64CONST(0xB1D0000000000001)
 #define READ_KEY_QUEUES		UINT64CONST(0xB1D0000000000002)
 #define READ_KEY_QUERY_TEXT UINT64CONST(0xB1D0000000000003)
+#define READ_KEY_USAGE		UINT64CONST(0xB1D0000000000004)
 
 /* Each worker's queue to the leader, and the rows a message gathers. */
 #define READ_QUEUE_BYTES	((Size) 1 << 20)
@@ -137,6 +138,7 @@ gpu_ivfpq_build_read_main(dsm_segment *seg, shm_toc *toc)
 	TableScanDesc scan;
 
 	GpuIvfpqParallelTextRestore(toc, READ_KEY_QUERY_TEXT);
+	GpuIvfpqParallelUsageStart();
 	BuildLockModes(shared->concurrent, &heap_mode, &index_mode);
 	heap = table_open(shared->heaprelid, heap_mode);
 	index = index_open(shared->indexrelid, index_mode);
@@ -164,6 +166,7 @@ gpu_ivfpq_build_read_main(dsm_segment *seg, shm_toc *toc)
 	shm_mq_detach(w.queue);
 	index_close(index, index_mode);
 	table_close(heap, heap_mode);
+	GpuIvfpqParallelUsageEnd(toc, READ_KEY_USAGE);
 }
 
 /* Ends what GpuIvfpqBuildReadParallel began (also when it backs out). */
@@ -237,6 +240,7 @@ GpuIvfpqBuildReadParallel(Relation heap, Relation index, IndexInfo *indexInfo, G
 	shm_toc_estimate_chunk(&pcxt->estimator, mul_size(READ_QUEUE_BYTES, request));
 	shm_toc_estimate_keys(&pcxt->estimator, 2);
 	GpuIvfpqParallelTextEstimate(pcxt);
+	GpuIvfpqParallelUsageEstimate(pcxt);
 	InitializeParallelDSM(pcxt);
 	if (pcxt->seg == NULL)
 	{
@@ -259,6 +263,7 @@ GpuIvfpqBuildReadParallel(Relation heap, Relation index, IndexInfo *indexInfo, G
 		shm_mq_set_receiver(shm_mq_create(queues + (Size) i * READ_QUEUE_BYTES, READ_QUEUE_BYTES), MyProc);
 	shm_toc_insert(pcxt->toc, READ_KEY_QUEUES, queues);
 	GpuIvfpqParallelTextStore(pcxt, READ_KEY_QUERY_TEXT);
+	GpuIvfpqParallelUsageStore(pcxt, READ_KEY_USAGE);
 
 	LaunchParallelWorkers(pcxt);
 	nworkers = pcxt->nworkers_launched;
@@ -313,6 +318,7 @@ GpuIvfpqBuildReadParallel(Relation heap, Relation index, IndexInfo *indexInfo, G
 	pfree(handles);
 	/* Raises a worker's error, if any. */
 	WaitForParallelWorkersToFinish(pcxt);
+	GpuIvfpqParallelUsageAccum(pcxt, READ_KEY_USAGE);
 	*heap_tuples = shared->heap_tuples;
 	/* As the workers found the HOT chains: pg_index.indcheckxmin follows. */
 	if (shared->broken_hot_chain)

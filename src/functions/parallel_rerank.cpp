@@ -24,6 +24,7 @@ extern "C" {
 
 #define RERANK_KEY_SHARED UINT64CONST(0xB1A7C4E2D0000001)
 #define RERANK_KEY_QUERY_TEXT UINT64CONST(0xB1A7C4E2D0000002)
+#define RERANK_KEY_USAGE UINT64CONST(0xB1A7C4E2D0000003)
 
 
 /* The segment: this header, then the arrays at the offsets it gives. */
@@ -107,6 +108,7 @@ gpu_ivfpq_rerank_main(dsm_segment *seg, shm_toc *toc)
 	GpuIvfpqHit *hits;
 
 	GpuIvfpqParallelTextRestore(toc, RERANK_KEY_QUERY_TEXT);
+	GpuIvfpqParallelUsageStart();
 	/* The leader holds these locks too: the workers join its lock group. */
 	heap = table_open(s->heaprelid, AccessShareLock);
 	index = index_open(s->indexrelid, AccessShareLock);
@@ -118,6 +120,7 @@ gpu_ivfpq_rerank_main(dsm_segment *seg, shm_toc *toc)
 	GpuIvfpqHeapFetchEnd(&hf);
 	index_close(index, AccessShareLock);
 	table_close(heap, AccessShareLock);
+	GpuIvfpqParallelUsageEnd(toc, RERANK_KEY_USAGE);
 }
 
 bool
@@ -171,6 +174,7 @@ GpuIvfpqRerankParallel(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, 
 	shm_toc_estimate_chunk(&pcxt->estimator, bytes);
 	shm_toc_estimate_keys(&pcxt->estimator, 1);
 	GpuIvfpqParallelTextEstimate(pcxt);
+	GpuIvfpqParallelUsageEstimate(pcxt);
 	InitializeParallelDSM(pcxt);
 	if (pcxt->seg == NULL)
 	{
@@ -198,6 +202,7 @@ GpuIvfpqRerankParallel(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, 
 	memcpy(At<int>(s, s->counts_at), bs->counts, sizeof(int) * (Size) nq);
 	shm_toc_insert(pcxt->toc, RERANK_KEY_SHARED, s);
 	GpuIvfpqParallelTextStore(pcxt, RERANK_KEY_QUERY_TEXT);
+	GpuIvfpqParallelUsageStore(pcxt, RERANK_KEY_USAGE);
 	LaunchParallelWorkers(pcxt);
 	if (pcxt->nworkers_launched == 0)
 	{
@@ -209,6 +214,7 @@ GpuIvfpqRerankParallel(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, 
 	RerankTake(s, &bs->hf, bs->hits);
 	/* Raises a worker's error, if any. */
 	WaitForParallelWorkersToFinish(pcxt);
+	GpuIvfpqParallelUsageAccum(pcxt, RERANK_KEY_USAGE);
 	memcpy(nhits, At<int64>(s, s->nhits_at), sizeof(int64) * (Size) nq);
 	for (int64 i = 0; i < nq; i++)
 		memcpy(out + i * bs->k, At<GpuIvfpqHit>(s, s->hits_at) + i * bs->k, sizeof(GpuIvfpqHit) * nhits[i]);

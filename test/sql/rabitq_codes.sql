@@ -155,6 +155,29 @@ SET LOCAL max_parallel_workers_per_gather = 2;
 SELECT batch_digest() = :'serial' AS parallel_same;
 ROLLBACK;
 DROP FUNCTION batch_digest();
+-- The workers' buffer accesses count with the leader's (EXPLAIN (BUFFERS),
+-- pg_stat_statements), as in PostgreSQL's own parallel plans: as many as
+-- the leader makes alone, but for a query's first fetch, which may or may
+-- not find the page its participant's last fetch pinned (at most one
+-- access per query either way; the workers' fetches are tens of
+-- thousands).
+CREATE FUNCTION batch_buffers() RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+	p json;
+BEGIN
+	EXECUTE 'EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF, FORMAT JSON)
+		SELECT count(*) FROM gpu_ivfpq_knn_batch(''rq_l2'', (SELECT array_agg(v ORDER BY id) FROM rq WHERE id <= 3000), 10)'
+	INTO p;
+	RETURN (p->0->'Plan'->>'Shared Hit Blocks')::bigint + (p->0->'Plan'->>'Shared Read Blocks')::bigint;
+END $$;
+BEGIN;
+DELETE FROM rq WHERE id % 5 = 0;
+SET LOCAL max_parallel_workers_per_gather = 0;
+SELECT batch_buffers() AS serial_buffers \gset
+SET LOCAL max_parallel_workers_per_gather = 2;
+SELECT abs(batch_buffers() - :serial_buffers) <= 3000 AS parallel_buffers_counted;
+ROLLBACK;
+DROP FUNCTION batch_buffers();
 -- An expression index re-ranks in the leader alone: its function (here
 -- one that sets a setting) need not be safe in parallel workers.
 CREATE FUNCTION emb(x real[]) RETURNS real[] IMMUTABLE LANGUAGE plpgsql AS
