@@ -554,6 +554,7 @@ extern void GpuIvfpqSetMetaFlag(Relation index, GpuIvfpqMetaPageData *meta, uint
 extern int	GpuIvfpqDefaultM(int dim);
 extern int	GpuIvfpqMetricOf(Relation index);
 extern GpuIvfpqEntryLayout GpuIvfpqLayoutOf(const GpuIvfpqMetaPageData *meta);
+extern double GpuIvfpqRowsEstimate(Relation index, const GpuIvfpqMetaPageData *meta);
 extern bool GpuIvfpqVectorsFit(int dim, int m, bool keyed);
 extern bool GpuIvfpqHasFilterColumn(Relation index);
 extern int64 GpuIvfpqFilterKeyOf(Relation index, Datum value, bool isnull);

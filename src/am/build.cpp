@@ -1111,6 +1111,21 @@ EncodeAndWrite(BuildState *bs, Relation heap, IndexInfo *indexInfo, TimestampTz 
 }
 
 /* ambuild: sample, train, encode and write, then publish the metapage. */
+/*
+ * Whether this build empties a temporary index in place, in a transaction
+ * that neither created it nor gave it a new file: PostgreSQL's truncation
+ * of an ON COMMIT DELETE ROWS table, at every commit that touched temporary
+ * tables. CREATE INDEX, REINDEX and TRUNCATE are not (PostgreSQL builds a
+ * temporary table's index concurrently as a plain build, in the creating
+ * transaction).
+ */
+static bool
+GpuIvfpqRebuiltInPlace(Relation index)
+{
+	return RelationUsesLocalBuffers(index) && index->rd_createSubid == InvalidSubTransactionId &&
+		GpuIvfpqFirstRelFileSubid(index) == InvalidSubTransactionId;
+}
+
 IndexBuildResult *
 gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 {
@@ -1172,14 +1187,8 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 					 errdetail("The table's rows are in its shards, whose copies of the index are trained on them.")));
 		}
 		else
-			/*
-			 * A NOTICE for an index this transaction created or gave a new
-			 * file (CREATE INDEX, REINDEX, TRUNCATE); an index rebuilt in
-			 * place is a temporary table's ON COMMIT DELETE ROWS at every
-			 * commit, where it could only repeat itself.
-			 */
-			ereport(index->rd_createSubid != InvalidSubTransactionId ||
-					GpuIvfpqFirstRelFileSubid(index) != InvalidSubTransactionId ? NOTICE : DEBUG1,
+			/* Not at every commit of an ON COMMIT DELETE ROWS table (GpuIvfpqRebuiltInPlace). */
+			ereport(GpuIvfpqRebuiltInPlace(index) ? DEBUG1 : NOTICE,
 					(errmsg("gpu_ivfpq index \"%s\" created on a table without vectors",
 							RelationGetRelationName(index)),
 					 errdetail("Until it is rebuilt, rows are kept unquantized in one list and every scan computes exact distances for all of them."),
@@ -1210,9 +1219,11 @@ gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 	meta.build_tuples = (uint64) bs.index_tuples;
 	/*
 	 * REINDEX and TRUNCATE rebuild in place of an older version: its mirror
-	 * goes. A temporary index has none (the GPU cannot read local buffers).
+	 * goes. Not at every commit of an ON COMMIT DELETE ROWS table: the
+	 * commit before emptied the index already (and its mirror is keyed by
+	 * its build).
 	 */
-	if (!RelationUsesLocalBuffers(index))
+	if (!GpuIvfpqRebuiltInPlace(index))
 		GpuIvfpqServiceInvalidate(index, false);
 	metabuf = ReadBuffer(index, GPU_IVFPQ_METAPAGE_BLKNO);
 	LockBuffer(metabuf, BUFFER_LOCK_EXCLUSIVE);

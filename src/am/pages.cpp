@@ -735,6 +735,31 @@ GpuIvfpqDefaultM(int dim)
 	return 1;
 }
 
+/*
+ * How many entries the index may hold now: the most of its reltuples, the
+ * rows its build indexed and, but for a partial index, its table's
+ * reltuples. An index's reltuples can lag: VACUUM counts the entries only
+ * when someone asked for it or it removed some (an autovacuum after
+ * inserts alone leaves it), and an ANALYZE run with a VACUUM leaves it too;
+ * the table's follows every VACUUM.
+ */
+double
+GpuIvfpqRowsEstimate(Relation index, const GpuIvfpqMetaPageData *meta)
+{
+	double		rows = Max((double) index->rd_rel->reltuples, (double) meta->build_tuples);
+	HeapTuple	tup;
+
+	if (!heap_attisnull(index->rd_indextuple, Anum_pg_index_indpred, NULL))
+		return rows;
+	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(index->rd_index->indrelid));
+	if (HeapTupleIsValid(tup))
+	{
+		rows = Max(rows, (double) ((Form_pg_class) GETSTRUCT(tup))->reltuples);
+		ReleaseSysCache(tup);
+	}
+	return rows;
+}
+
 /* How the list entries of an index with this metapage are laid out. */
 GpuIvfpqEntryLayout
 GpuIvfpqLayoutOf(const GpuIvfpqMetaPageData *meta)

@@ -678,7 +678,7 @@ static int
 FilteredProbes(IndexScanDesc scan, int64 matched)
 {
 	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
-	double		rows = Max((double) scan->indexRelation->rd_rel->reltuples, (double) so->meta.build_tuples);
+	double		rows = GpuIvfpqRowsEstimate(scan->indexRelation, &so->meta);
 	double		expected = Max(1.0, rows * so->probes / Max(so->meta.lists, 1));
 	double		s = Min(1.0, Max((double) matched, 0.5) / expected);
 	double		factor = pow(2.0, ceil(log2(1.0 / s) - 1e-9));

@@ -176,9 +176,10 @@ gpuivfpqbulkdelete(IndexVacuumInfo *info, IndexBulkDeleteResult *stats,
  * index leaves nothing to clean up, so an autovacuum worker (which runs
  * such VACUUMs for every batch of inserts, from
  * autovacuum_vacuum_insert_threshold) returns at once, leaving the index's
- * statistics as they were (ANALYZE estimates them), as btree and pgvector
- * do; a VACUUM someone asked for still counts, so that reltuples is exact
- * after it.
+ * statistics as they were, as btree and pgvector do (the extension's own
+ * estimates take the table's reltuples too: GpuIvfpqRowsEstimate); a
+ * VACUUM someone asked for still counts, so that reltuples is exact after
+ * it.
  */
 IndexBulkDeleteResult *
 gpuivfpqvacuumcleanup(IndexVacuumInfo *info, IndexBulkDeleteResult *stats)

@@ -145,25 +145,32 @@ GpuIvfpqRerank(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spec, int64 *lab
 	 * the loop, which runs no code of the caller's, rather than once a row
 	 * (switching the settings and search_path there and back for each row
 	 * cost a 32-d scan re-ranking 100 rows from the table 17% of its rate).
-	 * An error unwinds it with the (sub)transaction.
+	 * An error unwinds the user and settings with the (sub)transaction, and
+	 * the flag here, so that no later fetch takes itself for the owner's.
 	 */
 	if (scope)
 	{
 		GpuIvfpqBecomeOwner(hf->heap, &saved);
 		hf->as_owner = true;
 	}
-	for (int64 i = 0; i < n; i++)
+	PG_TRY();
 	{
-		if (i > 0 && labels[i] == labels[i - 1])
-			continue;
-		if (GpuIvfpqRerankOne(hf, spec, labels[i], &hits[nhits], &looked))
-			nhits++;
+		for (int64 i = 0; i < n; i++)
+		{
+			if (i > 0 && labels[i] == labels[i - 1])
+				continue;
+			if (GpuIvfpqRerankOne(hf, spec, labels[i], &hits[nhits], &looked))
+				nhits++;
+		}
 	}
+	PG_FINALLY();
+	{
+		if (scope)
+			hf->as_owner = false;
+	}
+	PG_END_TRY();
 	if (scope)
-	{
-		hf->as_owner = false;
 		GpuIvfpqRestoreUser(&saved);
-	}
 	if (spec->query != NULL)
 		GpuIvfpqSortHits(hits, nhits);
 	if (fetched != NULL)

@@ -46,7 +46,7 @@ LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
 	int			m = meta->m;
 	int			vdim = el.vdim;
 	int64		budget;
-	double		rows = Max((double) index->rd_rel->reltuples, (double) meta->build_tuples);
+	double		rows = GpuIvfpqRowsEstimate(index, meta);
 	int64		n = 0;
 	int64		cap = 1024;
 	int32	   *lists = (int32 *) palloc(sizeof(int32) * cap);

@@ -356,6 +356,12 @@ SELECT knn('SELECT id FROM temp_oc ORDER BY v <-> ''{5,-5}'' LIMIT 3', true) AS 
 COMMIT;
 SELECT count(*) AS rows_after_commit FROM temp_oc;
 DROP TABLE temp_oc;
+-- A concurrent build on an empty table says so too (its build runs in a
+-- transaction after the one that created the index).
+CREATE TABLE empty_c (id int, v real[]);
+CREATE INDEX CONCURRENTLY empty_c_v ON empty_c USING gpu_ivfpq (v);
+REINDEX INDEX CONCURRENTLY empty_c_v;
+DROP TABLE empty_c;
 
 --
 -- Expression and partial indexes.

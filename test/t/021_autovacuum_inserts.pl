@@ -36,12 +36,15 @@ $node->safe_psql(
 	FROM generate_series(1, 20000) i;
 	CREATE INDEX t_idx ON t USING gpu_ivfpq (v) WITH (lists = 16, m = 8);
 	VACUUM t;
+	SELECT pg_stat_force_next_flush();
 });
 
 my $pages = $node->safe_psql('postgres', q{SELECT pg_relation_size('t_idx') / 8192});
 cmp_ok($pages, '>', 200, "the index spans many pages ($pages)");
 
-# Buffer accesses to the index so far, once the counters are flushed.
+# Buffer accesses to the index so far. Each session that touches the
+# index flushes its counters before it returns (pg_stat_force_next_flush:
+# at its next idle point, before psql gets its answer), so none come late.
 sub index_accesses
 {
 	my $out = $node->safe_psql(
@@ -56,6 +59,7 @@ $node->safe_psql(
 	'postgres', q{
 	INSERT INTO t SELECT i, ARRAY(SELECT random()::real FROM generate_series(1, 32) WHERE i > 0)
 	FROM generate_series(20001, 22000) i;
+	SELECT pg_stat_force_next_flush();
 });
 my $count0 = $node->safe_psql('postgres',
 	q{SELECT autovacuum_count FROM pg_stat_user_tables WHERE relname = 't'});
@@ -73,15 +77,13 @@ ok( $node->poll_query_until(
 		'postgres', q{
 		SELECT count(*) = 0 FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'}),
 	'the autovacuum worker has exited');
-# A backend leaves pg_stat_activity just before it flushes its counters.
-sleep(1);
 my $after = index_accesses();
 cmp_ok($after - $before, '<', $pages / 4,
 	"autovacuum after inserts read few index pages ($before -> $after of $pages)");
 
 # A manual VACUUM counts every entry: reltuples is exact, and it reads the lists.
 $before = index_accesses();
-$node->safe_psql('postgres', q{VACUUM t});
+$node->safe_psql('postgres', q{VACUUM t; SELECT pg_stat_force_next_flush();});
 $after = index_accesses();
 is($node->safe_psql('postgres', q{SELECT reltuples::bigint FROM pg_class WHERE relname = 't_idx'}),
 	'22000', 'a manual VACUUM counts the entries');

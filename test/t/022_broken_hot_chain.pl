@@ -88,6 +88,12 @@ foreach my $workers (0, 2)
 	$old->quit;
 
 	# A new snapshot uses the index and finds the rows where they are now.
+	like(
+		$node->safe_psql(
+			'postgres', qq{
+			SET enable_seqscan = off;
+			EXPLAIN (COSTS OFF) SELECT id FROM t ORDER BY v <-> ARRAY[100 + 1 + $round, 100, 100, 100]::real[] LIMIT 1}),
+		qr/Index Scan using t_v/, "$what: a new snapshot's plan uses the index");
 	is( $node->safe_psql(
 			'postgres', qq{
 			SET enable_seqscan = off;
