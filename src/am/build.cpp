@@ -1110,7 +1110,6 @@ EncodeAndWrite(BuildState *bs, Relation heap, IndexInfo *indexInfo, TimestampTz 
 	bs->gpu_encoder = NULL;
 }
 
-/* ambuild: sample, train, encode and write, then publish the metapage. */
 /*
  * Whether this build empties a temporary index in place, in a transaction
  * that neither created it nor gave it a new file: PostgreSQL's truncation
@@ -1126,6 +1125,7 @@ GpuIvfpqRebuiltInPlace(Relation index)
 		GpuIvfpqFirstRelFileSubid(index) == InvalidSubTransactionId;
 }
 
+/* ambuild: sample, train, encode and write, then publish the metapage. */
 IndexBuildResult *
 gpuivfpqbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 {
