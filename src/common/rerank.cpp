@@ -103,6 +103,8 @@ GpuIvfpqRerankOne(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spec, int64 l
 	const float *v;
 	double		dist;
 
+	/* Before the seen test too: a round can find every candidate seen before. */
+	CHECK_FOR_INTERRUPTS();
 	GpuIvfpqLabelToTid(label, &tid);
 	if (spec->seen != NULL)
 	{
@@ -115,7 +117,6 @@ GpuIvfpqRerankOne(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spec, int64 l
 	(*fetched)++;
 	row_tid = tid;
 	v = GpuIvfpqHeapFetchVector(hf, &row_tid, &vdim);
-	CHECK_FOR_INTERRUPTS();
 	if (v == NULL || (spec->query != NULL && vdim != spec->dim))
 		return false;
 	dist = spec->query != NULL ? GpuIvfpqExactDistance(spec->metric, spec->query, v, spec->dim)

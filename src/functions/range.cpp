@@ -20,6 +20,7 @@
 #include "common/rerank.h"
 #include "functions/queries.h"
 #include "engine/distances.h"
+#include "engine/interrupt.h"
 #include "engine/ivfpq.h"
 #include "engine/rabitq.h"
 #include "engine/pq.h"
@@ -73,6 +74,9 @@ ListsToProbe(const GpuIvfpqMetaPageData *meta, const GpuIvfpqListDirEntry *dir,
 		double		s2 = 0.0;
 		double		n2 = 0.0;
 
+		/* Up to 65536 lists of 16000 dimensions, twice: a cancel is heard (under the guard). */
+		gpuivfpq::check_interrupt();
+
 		for (uint32 j = 0; j < d; j++)
 		{
 			double		diff = (double) qn[j] - c[j];
@@ -95,6 +99,7 @@ ListsToProbe(const GpuIvfpqMetaPageData *meta, const GpuIvfpqListDirEntry *dir,
 		 */
 		double		rc = dir[l].radius;
 
+		gpuivfpq::check_interrupt();
 		rc += 0.01 * (cn[l] + rc);
 
 		/*
