@@ -1,7 +1,7 @@
 // What the parallel workers of a build or a batch function share besides
 // their work: the statement's text, so that pg_stat_activity and their
 // error reports show it, and their buffer and WAL usage, which the leader
-// adds to its own (EXPLAIN (BUFFERS), pg_stat_statements, VACUUM VERBOSE)
+// adds to its own (EXPLAIN (BUFFERS), pg_stat_statements)
 // as PostgreSQL's own parallel operations do.
 #pragma once
 
