@@ -107,9 +107,11 @@ GpuIvfpqModelTables(gpuivfpq::IvfPqModel *model)
 	if (!model->has_precomputed() || model->precomputed_bytes() > table_budget)
 	{
 		GpuIvfpqGuard("lookup tables", [&] { model->precompute_tables(table_budget); });
-		for (int i = 0; i < MODEL_CACHE_SLOTS; i++)
-			if (model_cache[i].model == model)
-				TrimCache(&model_cache[i]);
+		/* Only tables just built make the cache larger (a budget too small builds none, each round). */
+		if (model->has_precomputed())
+			for (int i = 0; i < MODEL_CACHE_SLOTS; i++)
+				if (model_cache[i].model == model)
+					TrimCache(&model_cache[i]);
 	}
 }
 
