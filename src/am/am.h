@@ -460,41 +460,71 @@ GpuIvfpqPrefetchHinted(Relation index, BlockNumber blk)
 }
 
 /*
- * Calls fn(entries, n, blk) for each page of the list chain starting at
- * head, with the page share-locked: n packed entries laid out as el says.
- * With hinted, pages are pinned through the index's buffer hints
- * (GpuIvfpqReadHinted) and the next page of the chain is prefetched: for the
- * scans' list readers, which read many pages per call.
+ * A place in a list chain that a walk can stop at and go on from: the page
+ * to read next (InvalidBlockNumber once the chain is done) and the checks of
+ * GpuIvfpqChainStep, carried over so that a walk taken in parts still stops
+ * on a chain that loops.
  */
+typedef struct GpuIvfpqChainCursor
+{
+	GpuIvfpqChainWalk walk;
+	BlockNumber from;			/* the page read last (InvalidBlockNumber: none) */
+	BlockNumber next;			/* the page to read next */
+} GpuIvfpqChainCursor;
+
+static inline void
+GpuIvfpqChainCursorInit(GpuIvfpqChainCursor *cur, BlockNumber head)
+{
+	cur->walk.nblocks = 0;
+	cur->walk.pages = 0;
+	cur->from = InvalidBlockNumber;
+	cur->next = head;
+}
+
+/*
+ * Reads the cursor's next page (there must be one) and calls fn(entries, n,
+ * blk) with it share-locked: n packed entries laid out as el says. With
+ * hinted, the page is pinned through the index's buffer hints
+ * (GpuIvfpqReadHinted) and the chain's following page is prefetched: for
+ * the scans' list readers, which read many pages per call.
+ */
+template <typename F>
+static inline void
+GpuIvfpqChainCursorStep(Relation index, GpuIvfpqChainCursor *cur, const GpuIvfpqEntryLayout *el,
+						bool hinted, F &&fn)
+{
+	BlockNumber blk = cur->next;
+	Buffer		buf;
+	Page		page;
+	int			n;
+	BlockNumber next;
+
+	GpuIvfpqChainStep(index, &cur->walk, cur->from, blk);
+	buf = hinted ? GpuIvfpqReadHinted(index, blk) : ReadBuffer(index, blk);
+	LockBuffer(buf, BUFFER_LOCK_SHARE);
+	page = BufferGetPage(buf);
+	n = GpuIvfpqListPageEntries(index, blk, page, el, -1);
+	next = GpuIvfpqPageGetOpaque(page)->next;
+	if (hinted && next != InvalidBlockNumber)
+		GpuIvfpqPrefetchHinted(index, next);
+	fn((const char *) PageGetContents(page), n, blk);
+	cur->from = blk;
+	cur->next = next;
+	UnlockReleaseBuffer(buf);
+	CHECK_FOR_INTERRUPTS();
+}
+
+/* Calls fn(entries, n, blk) for each page of the list chain starting at head (GpuIvfpqChainCursorStep). */
 template <typename F>
 static inline void
 GpuIvfpqWalkListHinted(Relation index, BlockNumber head, const GpuIvfpqEntryLayout *el, bool hinted,
 					   F &&fn)
 {
-	GpuIvfpqChainWalk walk = {0, 0};
-	BlockNumber from = InvalidBlockNumber;
+	GpuIvfpqChainCursor cur;
 
-	for (BlockNumber blk = head; blk != InvalidBlockNumber;)
-	{
-		Buffer		buf;
-		Page		page;
-		int			n;
-		BlockNumber next;
-
-		GpuIvfpqChainStep(index, &walk, from, blk);
-		buf = hinted ? GpuIvfpqReadHinted(index, blk) : ReadBuffer(index, blk);
-		LockBuffer(buf, BUFFER_LOCK_SHARE);
-		page = BufferGetPage(buf);
-		n = GpuIvfpqListPageEntries(index, blk, page, el, -1);
-		next = GpuIvfpqPageGetOpaque(page)->next;
-		if (hinted && next != InvalidBlockNumber)
-			GpuIvfpqPrefetchHinted(index, next);
-		fn((const char *) PageGetContents(page), n, blk);
-		from = blk;
-		blk = next;
-		UnlockReleaseBuffer(buf);
-		CHECK_FOR_INTERRUPTS();
-	}
+	GpuIvfpqChainCursorInit(&cur, head);
+	while (cur.next != InvalidBlockNumber)
+		GpuIvfpqChainCursorStep(index, &cur, el, hinted, fn);
 }
 
 /* GpuIvfpqWalkListHinted without hints: one pass over a chain (builds, mirror loads, checks). */
@@ -591,6 +621,15 @@ typedef struct GpuIvfpqAdcBound
 extern int64 GpuIvfpqCollectList(Relation index, const GpuIvfpqMetaPageData *meta, BlockNumber head,
 								 const GpuIvfpqAdcBound *bound, const GpuIvfpqKeyRange *range,
 								 GpuIvfpqLabels *out);
+
+/*
+ * GpuIvfpqCollectList in parts: goes on along the chain from cur (hinted)
+ * and stops after the page that brings out to stop_at labels or more, or at
+ * the chain's end (cur->next InvalidBlockNumber). Returns the entries read.
+ */
+extern int64 GpuIvfpqCollectPages(Relation index, const GpuIvfpqMetaPageData *meta, GpuIvfpqChainCursor *cur,
+								  const GpuIvfpqAdcBound *bound, const GpuIvfpqKeyRange *range,
+								  GpuIvfpqLabels *out, int64 stop_at);
 
 /* ---- rabitq.cpp ---- */
 extern int	GpuIvfpqRabitqRowBytes(int dim, int bits);

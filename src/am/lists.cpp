@@ -204,39 +204,51 @@ int64
 GpuIvfpqCollectList(Relation index, const GpuIvfpqMetaPageData *meta, BlockNumber head,
 					const GpuIvfpqAdcBound *bound, const GpuIvfpqKeyRange *range, GpuIvfpqLabels *out)
 {
+	GpuIvfpqChainCursor cur;
+
+	GpuIvfpqChainCursorInit(&cur, head);
+	return GpuIvfpqCollectPages(index, meta, &cur, bound, range, out, PG_INT64_MAX);
+}
+
+int64
+GpuIvfpqCollectPages(Relation index, const GpuIvfpqMetaPageData *meta, GpuIvfpqChainCursor *cur,
+					 const GpuIvfpqAdcBound *bound, const GpuIvfpqKeyRange *range, GpuIvfpqLabels *out,
+					 int64 stop_at)
+{
 	GpuIvfpqEntryLayout el = GpuIvfpqLayoutOf(meta);
 	float	   *dists = bound ? (float *) palloc(sizeof(float) * GpuIvfpqEntriesPerPage(&el)) : NULL;
 	int64		entries = 0;
 
 	if (range != NULL && !el.keyed)
 		elog(ERROR, "gpu_ivfpq: filter range on an index without filter keys");
-	GpuIvfpqWalkListHinted(index, head, &el, true, [&](const char *ent, int n, BlockNumber) {
-		if (out->n + n > out->cap)
-		{
-			out->cap = Max(Max(out->cap * 2, out->n + n), 1024);
-			out->labels = out->labels
-				? (int64 *) repalloc_huge(out->labels, sizeof(int64) * out->cap)
-				: (int64 *) palloc_extended(sizeof(int64) * out->cap, MCXT_ALLOC_HUGE);
-		}
-		if (bound != NULL)
-			GpuIvfpqGuard("list scan", [&] {
-				gpuivfpq::adc_scan(GpuIvfpqEntryCode(ent, 0, &el), n, el.size, bound->table,
-								   el.m, bound->base, dists);
-			});
-		for (int i = 0; i < n; i++)
-		{
-			if (!GpuIvfpqEntryInRange(ent, i, &el, range))
-				continue;
-			entries++;
+	while (cur->next != InvalidBlockNumber && out->n < stop_at)
+		GpuIvfpqChainCursorStep(index, cur, &el, true, [&](const char *ent, int n, BlockNumber) {
+			if (out->n + n > out->cap)
+			{
+				out->cap = Max(Max(out->cap * 2, out->n + n), 1024);
+				out->labels = out->labels
+					? (int64 *) repalloc_huge(out->labels, sizeof(int64) * out->cap)
+					: (int64 *) palloc_extended(sizeof(int64) * out->cap, MCXT_ALLOC_HUGE);
+			}
+			if (bound != NULL)
+				GpuIvfpqGuard("list scan", [&] {
+					gpuivfpq::adc_scan(GpuIvfpqEntryCode(ent, 0, &el), n, el.size, bound->table,
+									   el.m, bound->base, dists);
+				});
+			for (int i = 0; i < n; i++)
+			{
+				if (!GpuIvfpqEntryInRange(ent, i, &el, range))
+					continue;
+				entries++;
 
-			/*
-			 * An ADC distance that overflowed bounds nothing (the true
-			 * distance may be anything): the entry stays a candidate.
-			 */
-			if (bound == NULL || dists[i] <= bound->limit || dists[i] >= gpuivfpq::kOverflowDistance)
-				out->labels[out->n++] = GpuIvfpqEntryLabel(ent, i, &el);
-		}
-	});
+				/*
+				 * An ADC distance that overflowed bounds nothing (the true
+				 * distance may be anything): the entry stays a candidate.
+				 */
+				if (bound == NULL || dists[i] <= bound->limit || dists[i] >= gpuivfpq::kOverflowDistance)
+					out->labels[out->n++] = GpuIvfpqEntryLabel(ent, i, &el);
+			}
+		});
 	if (dists)
 		pfree(dists);
 	return entries;

@@ -8,8 +8,12 @@ extern "C" {
 #include "access/relation.h"
 #include "access/table.h"
 #include "catalog/index.h"
+#include "catalog/pg_operator_d.h"
+#include "catalog/pg_type_d.h"
 #include "executor/executor.h"
+#include "miscadmin.h"
 #include "utils/hsearch.h"
+#include "utils/tuplesort.h"
 }
 
 void
@@ -17,6 +21,90 @@ GpuIvfpqSortHits(GpuIvfpqHit *hits, int64 n)
 {
 	/* A strict weak order for every input, NaN included: std::sort is safe. */
 	std::sort(hits, hits + n, GpuIvfpqHitLess);
+}
+
+struct GpuIvfpqHitSort
+{
+	Tuplesortstate *state;
+	TupleDesc	desc;			/* (dist float8, tid tid) */
+	TupleTableSlot *in;			/* virtual: what is put */
+	TupleTableSlot *out;		/* minimal: what comes back */
+	bool		sorted;
+	bool		have_last;
+	GpuIvfpqHit last;
+};
+
+GpuIvfpqHitSort *
+GpuIvfpqHitSortBegin(int64 bound)
+{
+	GpuIvfpqHitSort *s = (GpuIvfpqHitSort *) palloc0(sizeof(GpuIvfpqHitSort));
+	AttrNumber	cols[2] = {1, 2};
+	/* float8's < puts NaN after every number, tid's < is ItemPointerCompare: GpuIvfpqHitLess */
+	Oid			ops[2] = {Float8LessOperator, TIDLessOperator};
+	Oid			colls[2] = {InvalidOid, InvalidOid};
+	bool		nulls_first[2] = {false, false};
+
+	s->desc = CreateTemplateTupleDesc(2);
+	TupleDescInitEntry(s->desc, 1, "dist", FLOAT8OID, -1, 0);
+	TupleDescInitEntry(s->desc, 2, "tid", TIDOID, -1, 0);
+	s->in = MakeSingleTupleTableSlot(s->desc, &TTSOpsVirtual);
+	s->out = MakeSingleTupleTableSlot(s->desc, &TTSOpsMinimalTuple);
+	s->state = tuplesort_begin_heap(s->desc, 2, cols, ops, colls, nulls_first, work_mem, NULL,
+									bound > 0 ? TUPLESORT_ALLOWBOUNDED : TUPLESORT_NONE);
+	if (bound > 0)
+		tuplesort_set_bound(s->state, bound);
+	return s;
+}
+
+void
+GpuIvfpqHitSortPut(GpuIvfpqHitSort *s, const GpuIvfpqHit *hit)
+{
+	ItemPointerData tid = hit->tid;
+
+	ExecClearTuple(s->in);
+	s->in->tts_values[0] = Float8GetDatum(hit->dist);
+	s->in->tts_isnull[0] = false;
+	s->in->tts_values[1] = PointerGetDatum(&tid);
+	s->in->tts_isnull[1] = false;
+	ExecStoreVirtualTuple(s->in);
+	/* copies the values into the sort's own memory */
+	tuplesort_puttupleslot(s->state, s->in);
+}
+
+bool
+GpuIvfpqHitSortNext(GpuIvfpqHitSort *s, GpuIvfpqHit *hit)
+{
+	if (!s->sorted)
+	{
+		tuplesort_performsort(s->state);
+		s->sorted = true;
+	}
+	for (;;)
+	{
+		CHECK_FOR_INTERRUPTS();
+		if (!tuplesort_gettupleslot(s->state, true, false, s->out, NULL))
+			return false;
+		slot_getallattrs(s->out);
+		hit->dist = DatumGetFloat8(s->out->tts_values[0]);
+		hit->tid = *(ItemPointer) DatumGetPointer(s->out->tts_values[1]);
+		/* Equal hits sort next to each other (the same row, the same distance). */
+		if (s->have_last && ItemPointerEquals(&s->last.tid, &hit->tid) &&
+			(s->last.dist == hit->dist || (isnan(s->last.dist) && isnan(hit->dist))))
+			continue;
+		s->last = *hit;
+		s->have_last = true;
+		return true;
+	}
+}
+
+void
+GpuIvfpqHitSortEnd(GpuIvfpqHitSort *s)
+{
+	tuplesort_end(s->state);
+	ExecDropSingleTupleTableSlot(s->in);
+	ExecDropSingleTupleTableSlot(s->out);
+	FreeTupleDesc(s->desc);
+	pfree(s);
 }
 
 bool

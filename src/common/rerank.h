@@ -34,6 +34,21 @@ GpuIvfpqHitLess(const GpuIvfpqHit &a, const GpuIvfpqHit &b)
 /* Sorts hits in GpuIvfpqHitLess order. */
 extern void GpuIvfpqSortHits(GpuIvfpqHit *hits, int64 n);
 
+/*
+ * Hits of any number in GpuIvfpqHitLess order within work_mem: a tuplesort
+ * of (distance, TID) that spills to disk past it, and with a bound keeps
+ * only the bound nearest (tuplesort's bounded heap). For functions whose
+ * answers are not bounded by k (range search).
+ */
+typedef struct GpuIvfpqHitSort GpuIvfpqHitSort;
+
+/* bound 0: every hit. */
+extern GpuIvfpqHitSort *GpuIvfpqHitSortBegin(int64 bound);
+extern void GpuIvfpqHitSortPut(GpuIvfpqHitSort *s, const GpuIvfpqHit *hit);
+/* After the last put: the next hit in order, a hit equal to the one before skipped; false at the end. */
+extern bool GpuIvfpqHitSortNext(GpuIvfpqHitSort *s, GpuIvfpqHit *hit);
+extern void GpuIvfpqHitSortEnd(GpuIvfpqHitSort *s);
+
 /* Heap access by TID for re-ranking (one per scan or function call). */
 typedef struct GpuIvfpqHeapFetch
 {

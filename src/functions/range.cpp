@@ -152,6 +152,32 @@ ListsToProbe(const GpuIvfpqMetaPageData *meta, const GpuIvfpqListDirEntry *dir,
 	}
 }
 
+/*
+ * Re-ranks the candidates in cand (then empties it): the visible rows within
+ * the radius go to sorted. hits grows to cand's size.
+ */
+static void
+RangeRerankRound(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spec, GpuIvfpqLabels *cand,
+				 GpuIvfpqHit **hits, int64 *hits_cap, GpuIvfpqHitSort *sorted, int64 *tested)
+{
+	int64		nh;
+
+	if (cand->n == 0)
+		return;
+	if (*hits_cap < cand->n)
+	{
+		if (*hits != NULL)
+			pfree(*hits);
+		*hits_cap = cand->cap;
+		*hits = (GpuIvfpqHit *) palloc_extended(sizeof(GpuIvfpqHit) * *hits_cap, MCXT_ALLOC_HUGE);
+	}
+	nh = GpuIvfpqRerank(hf, spec, cand->labels, cand->n, *hits, NULL);
+	for (int64 i = 0; i < nh; i++)
+		GpuIvfpqHitSortPut(sorted, &(*hits)[i]);
+	*tested += cand->n;
+	cand->n = 0;
+}
+
 /* gpu_ivfpq_range(index, query, radius, max_rows): (tid, distance) of every row within radius. */
 Datum
 gpu_ivfpq_range(PG_FUNCTION_ARGS)
@@ -177,8 +203,13 @@ gpu_ivfpq_range(PG_FUNCTION_ARGS)
 	int64		entries_read = 0;
 	int			pruned = 0;
 	GpuIvfpqLabels cand = {NULL, 0, 0};
-	GpuIvfpqHit *hits;
+	GpuIvfpqHit *hits = NULL;
+	int64		hits_cap = 0;
+	int64		round;
+	int64		tested = 0;
 	int64		nhits;
+	GpuIvfpqHit hit;
+	GpuIvfpqHitSort *sorted;
 	GpuIvfpqHeapFetch hf;
 	GpuIvfpqRerankSpec spec;
 
@@ -231,12 +262,29 @@ gpu_ivfpq_range(PG_FUNCTION_ARGS)
 		table = (float *) palloc(sizeof(float) * meta.m * 256);
 	}
 
-	/* The entries of the lists that may hold answers (within the ADC bound if known). */
+	/*
+	 * The entries of the lists that may hold answers (within the ADC bound
+	 * if known), re-ranked in rounds of at most `round` candidates (about
+	 * work_mem of labels and hits) whose rows within the radius go to a
+	 * sort by (distance, TID): a radius that takes in the whole index holds
+	 * work_mem, not memory in proportion to the index, and max_rows bounds
+	 * the sort (tuplesort's bounded heap).
+	 */
+	round = Max((int64) work_mem * 1024 / (int64) (sizeof(int64) + sizeof(GpuIvfpqHit)), (int64) 1024);
+	memset(&spec, 0, sizeof(spec));
+	spec.metric = metric;
+	spec.query = q;
+	spec.dim = dim;
+	spec.bounded = true;
+	spec.radius = radius;
+	sorted = GpuIvfpqHitSortBegin(max_rows);
+	GpuIvfpqHeapFetchBegin(&hf, heap, index, GetActiveSnapshot());
 	for (uint32 p = 0; p < meta.lists; p++)
 	{
 		/* With ADC, lists in the prepared query's order (its tables are per probe). */
 		uint32		l = use_adc ? (uint32) prepared->lists[p] : p;
 		GpuIvfpqAdcBound bound;
+		GpuIvfpqChainCursor cur;
 
 		if (!probe[l] || dir[l].head == InvalidBlockNumber)
 			continue;
@@ -246,35 +294,33 @@ gpu_ivfpq_range(PG_FUNCTION_ARGS)
 			bound.table = table;
 			bound.limit = (float) (adc_limit[l] * adc_limit[l]);
 		}
-		entries_read += GpuIvfpqCollectList(index, &meta, dir[l].head, use_adc ? &bound : NULL, NULL, &cand);
+		GpuIvfpqChainCursorInit(&cur, dir[l].head);
+		while (cur.next != InvalidBlockNumber)
+		{
+			entries_read += GpuIvfpqCollectPages(index, &meta, &cur, use_adc ? &bound : NULL, NULL, &cand, round);
+			if (cand.n >= round)
+				RangeRerankRound(&hf, &spec, &cand, &hits, &hits_cap, sorted, &tested);
+		}
 	}
-
-	/* Exact test of each visible row, in heap order; results by (distance, tid). */
-	memset(&spec, 0, sizeof(spec));
-	spec.metric = metric;
-	spec.query = q;
-	spec.dim = dim;
-	spec.bounded = true;
-	spec.radius = radius;
-	hits = (GpuIvfpqHit *) palloc_extended(sizeof(GpuIvfpqHit) * Max(cand.n, 1), MCXT_ALLOC_HUGE);
-	GpuIvfpqHeapFetchBegin(&hf, heap, index, GetActiveSnapshot());
-	nhits = GpuIvfpqRerank(&hf, &spec, cand.labels, cand.n, hits, NULL);
+	RangeRerankRound(&hf, &spec, &cand, &hits, &hits_cap, sorted, &tested);
 	GpuIvfpqHeapFetchEnd(&hf);
 
-	if (max_rows > 0 && nhits > max_rows)
-		nhits = max_rows;
-	for (int64 i = 0; i < nhits; i++)
+	/* Nearest first; a row met twice (only a corrupt index lists a TID twice) once. */
+	nhits = 0;
+	while ((max_rows == 0 || nhits < max_rows) && GpuIvfpqHitSortNext(sorted, &hit))
 	{
 		Datum		values[2];
 		bool		nulls[2] = {false, false};
 
-		values[0] = PointerGetDatum(&hits[i].tid);
-		values[1] = Float8GetDatum(hits[i].dist);
+		values[0] = PointerGetDatum(&hit.tid);
+		values[1] = Float8GetDatum(hit.dist);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		nhits++;
 	}
+	GpuIvfpqHitSortEnd(sorted);
 	elog(DEBUG1, "gpu_ivfpq range search on \"%s\": %u of %u lists pruned (covering radius, Voronoi cell), %lld entries read, %lld candidates tested (%s), %lld rows returned",
 		 RelationGetRelationName(index), (unsigned) pruned, meta.lists, (long long) entries_read,
-		 (long long) cand.n, use_adc ? "after the ADC bound" : "all", (long long) nhits);
+		 (long long) tested, use_adc ? "after the ADC bound" : "all", (long long) nhits);
 	table_close(heap, AccessShareLock);
 	relation_close(index, AccessShareLock);
 	PG_RETURN_VOID();

@@ -56,6 +56,17 @@ SELECT * FROM range_vs_seq('sf_cos', '<=>', 0.02);
 SELECT * FROM range_vs_seq('sf_cos', '<=>', 0.2);
 SELECT * FROM range_vs_seq('sf_ip', '<#>', -1.5);
 SELECT count(*) AS nearest_three FROM gpu_ivfpq_range('sf_l2', '{1,0,0.5,1,0.1,0}', 100, 3);
+-- A radius that takes in every row re-ranks in rounds of about work_mem
+-- (64kB: 2730 candidates, so two rounds here) and sorts through a tuplesort
+-- that spills: the same rows in the same order as the sequential scan,
+-- whole and bounded by max_rows.
+SET work_mem = '64kB';
+SELECT (SELECT array_agg(g.tid ORDER BY o) FROM gpu_ivfpq_range('sf_l2', '{1,0,0.5,1,0.1,0}', 'Infinity') WITH ORDINALITY g(tid, distance, o))
+     = (SELECT array_agg(ctid ORDER BY v <-> '{1,0,0.5,1,0.1,0}', ctid) FROM sf) AS range_all_in_order;
+SELECT (SELECT array_agg(g.tid ORDER BY o) FROM gpu_ivfpq_range('sf_cos', '{1,0,0.5,1,0.1,0}', 0.5, 700) WITH ORDINALITY g(tid, distance, o))
+     = (SELECT array_agg(ctid ORDER BY d, ctid) FROM (SELECT ctid, v <=> '{1,0,0.5,1,0.1,0}' AS d FROM sf
+        WHERE v <=> '{1,0,0.5,1,0.1,0}' <= 0.5 ORDER BY 2, 1 LIMIT 700) s) AS range_bounded_in_order;
+RESET work_mem;
 
 -- An untrained index (built on an empty table) is searched exactly.
 CREATE TABLE sfe (id int, v real[]);
