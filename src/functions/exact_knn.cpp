@@ -31,12 +31,12 @@ PG_FUNCTION_INFO_V1(gpu_ivfpq_exact_knn);
 
 #define EXACT_CHUNK_BYTES (32 * 1024 * 1024)
 /*
- * The queries' running best (k hits, a float and a label each, per query)
- * take at most this much: more queries are answered a block at a time,
- * each block one pass over the table.
+ * The queries' running best (k hits each), the kernels' answers (2k + 16
+ * floats and labels each) and the queries moved for ranking take at most
+ * this much: more queries are answered a block at a time, each block one
+ * pass over the table.
  */
 #define EXACT_BEST_BYTES (64 * 1024 * 1024)
-#define EXACT_BEST_PER_HIT (sizeof(GpuIvfpqHit) + sizeof(float) + sizeof(int64))
 #define MIRROR_CHUNK_BYTES (32 * 1024 * 1024)	/* per GPU request on the mirror path */
 
 static int
@@ -72,26 +72,26 @@ KeepBest(GpuIvfpqHit *b, int *held, int k, const GpuIvfpqHit *h)
 }
 
 /*
- * Merges a chunk's n hits of a query (cand, sorted here) into its running
- * best b (at most k, *held of them, in order), through tmp (room for k).
+ * Merges a chunk's n hits of a query (cand, sorted here) with its running
+ * best b (at most k, held of them, in order) into tmp (room for k); returns
+ * how many tmp holds. b is left as it was.
  */
-static void
-MergeBest(GpuIvfpqHit *b, int *held, int k, GpuIvfpqHit *cand, int n, GpuIvfpqHit *tmp)
+static int
+MergeBest(const GpuIvfpqHit *b, int held, int k, GpuIvfpqHit *cand, int n, GpuIvfpqHit *tmp)
 {
 	int			i = 0,
 				j = 0,
 				out = 0;
 
 	GpuIvfpqSortHits(cand, n);
-	while (out < k && (i < *held || j < n))
+	while (out < k && (i < held || j < n))
 	{
-		if (j >= n || (i < *held && !GpuIvfpqHitLess(cand[j], b[i])))
+		if (j >= n || (i < held && !GpuIvfpqHitLess(cand[j], b[i])))
 			tmp[out++] = b[i++];
 		else
 			tmp[out++] = cand[j++];
 	}
-	memcpy(b, tmp, sizeof(GpuIvfpqHit) * out);
-	*held = out;
+	return out;
 }
 
 /* Whether one of the n vectors (d floats each) is too long for float ranking. */
@@ -104,61 +104,184 @@ AnyUnranked(const float *x, int64 n, int d)
 	return false;
 }
 
+/* The squared norm of x, in double (four independent sums: no chain of d dependent adds). */
+static double
+NormSqr(const float *x, int d)
+{
+	double		s[4] = {0.0, 0.0, 0.0, 0.0};
+	int			j = 0;
+
+	for (; j + 4 <= d; j += 4)
+		for (int t = 0; t < 4; t++)
+			s[t] += (double) x[j + t] * x[j + t];
+	for (; j < d; j++)
+		s[0] += (double) x[j] * x[j];
+	return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+/*
+ * How far the kernels' float ranking value of a row (|q|^2 + |b|^2 - 2 q.b
+ * for L2, -q.b, 1 - q.b / (|q| |b|)) can lie from the true one, for a query
+ * of squared norm qsq against rows of squared norm at most bsq: d products
+ * summed in float err by at most about d units of float rounding of the
+ * terms' magnitude (doubled, and a few more for the norms and the
+ * normalisation, as a safe margin).
+ */
+static double
+RankSlack(int metric, int d, double qsq, double bsq)
+{
+	double		g = (double) (d + 16) * ldexp(1.0, -23);
+
+	if (metric == (int) gpuivfpq::Metric::L2)
+		return 2.0 * g * (qsq + bsq);
+	if (metric == (int) gpuivfpq::Metric::InnerProduct)
+		return g * sqrt(qsq * bsq);
+	return 8.0 * g;
+}
+
+/*
+ * The least distance (as the operators compute it, in double) of a row whose
+ * float ranking value is at least score.
+ */
+static double
+LeastDistance(int metric, double score, double slack)
+{
+	double		v = score - slack;
+
+	if (metric == (int) gpuivfpq::Metric::L2)
+		v = v > 0.0 ? sqrt(v) : 0.0;
+	/* the double sum's own rounding, far below this */
+	return v - 1e-9 * fabs(v) - 1e-300;
+}
+
 /*
  * Searches one chunk of base rows and merges its k best into each query's
- * running best (best: nq x k, counts: how many held). A chunk whose rows
- * or queries are too long for the float ranking of the kernels (their
- * distances overflow it: gpuivfpq::kMaxRankedNormSqr) is searched with
- * exact distances alone, every row of it.
+ * running best (best: nq x k, counts: how many held).
+ *
+ * The kernels (GPU or CPU) rank in float32 and return each query's kk
+ * best, kk = 2k + 16 where the chunk has more rows; those get their exact
+ * distances. Float ranking is only a filter, and a lossy one: for L2 it
+ * takes |q|^2 + |b|^2 - 2 q.b, which loses every digit of a distance small
+ * against the norms (points 1e-4 apart at coordinates near 100 rank at
+ * random). So for L2 the chunk and the queries are first moved by the
+ * chunk's mean (distances do not change, the norms shrink to the spread of
+ * the data), and each query's result is certified: a row the kernel left
+ * out ranked no better than the kk-th, so its distance is at least that
+ * value less the ranking's rounding bound (RankSlack); when that exceeds
+ * the query's k-th exact distance after the merge, nothing left out can
+ * enter its k best. Otherwise (ties at the k-th, near-duplicates beyond
+ * float's resolution, a chunk too spread for it) the query's k best of the
+ * chunk are taken from the exact distances of every row. A chunk whose rows
+ * or queries are too long for float ranking at all (their distances
+ * overflow it: gpuivfpq::kMaxRankedNormSqr) is searched that way for every
+ * query.
+ *
+ * work: room for (nq + n) x d floats; qsq: for nq doubles; scratch: for
+ * kk + k hits.
  */
 static void
 SearchChunk(const float *queries, int64 nq, const float *base, const ItemPointerData *tids, int64 n,
 			int d, int metric, int k, GpuIvfpqHit *best, int *counts, float *dist, int64 *labels,
-			GpuIvfpqHit *scratch, int64 *gpu_chunks)
+			GpuIvfpqHit *scratch, float *work, double *qsq, int64 *gpu_chunks, int64 *exact_queries)
 {
-	int			kk = (int) Min((int64) k, n);
+	int			kk = (int) Min((int64) 2 * k + 16, n);
+	const float *kq = queries;
+	const float *kb = base;
+	double		bsq = 0.0;
+	bool		all_exact = false;
 
-	if (AnyUnranked(queries, nq, d) || AnyUnranked(base, n, d))
+	if (metric == (int) gpuivfpq::Metric::L2)
 	{
-		for (int64 q = 0; q < nq; q++)
-		{
-			for (int64 row = 0; row < n; row++)
-			{
-				GpuIvfpqHit h;
+		double	   *mean = (double *) palloc0(sizeof(double) * d);
+		float	   *cq = work;
+		float	   *cb = work + nq * d;
 
-				h.dist = GpuIvfpqExactDistance(metric, queries + q * d, base + row * d, d);
-				h.tid = tids[row];
-				KeepBest(best + q * k, &counts[q], k, &h);
-			}
-			CHECK_FOR_INTERRUPTS();
-		}
-		return;
+		for (int64 i = 0; i < n; i++)
+			for (int j = 0; j < d; j++)
+				mean[j] += base[i * d + j];
+		for (int j = 0; j < d; j++)
+			mean[j] /= (double) n;
+		for (int64 i = 0; i < n; i++)
+			for (int j = 0; j < d; j++)
+				cb[i * d + j] = (float) ((double) base[i * d + j] - mean[j]);
+		for (int64 q = 0; q < nq; q++)
+			for (int j = 0; j < d; j++)
+				cq[q * d + j] = (float) ((double) queries[q * d + j] - mean[j]);
+		pfree(mean);
+		kq = cq;
+		kb = cb;
 	}
-	if (GpuIvfpqServiceExact(queries, nq, base, n, d, metric, kk, dist, labels))
-		(*gpu_chunks)++;
-	else
-		GpuIvfpqGuard("exact search", [&] {
-			gpuivfpq::brute_force_knn(queries, nq, base, n, d, (gpuivfpq::Metric) metric, kk, dist,
-									  labels);
-		});
+	/* What the kernels rank must not overflow float (NaN fails the test too). */
+	for (int64 i = 0; i < n && !all_exact; i++)
+	{
+		double		v = NormSqr(kb + i * d, d);
+
+		all_exact = !(v <= gpuivfpq::kMaxRankedNormSqr);
+		bsq = Max(bsq, v);
+	}
+	for (int64 q = 0; q < nq && !all_exact; q++)
+	{
+		qsq[q] = NormSqr(kq + q * d, d);
+		all_exact = !(qsq[q] <= gpuivfpq::kMaxRankedNormSqr);
+	}
+	if (!all_exact)
+	{
+		if (GpuIvfpqServiceExact(kq, nq, kb, n, d, metric, kk, dist, labels))
+			(*gpu_chunks)++;
+		else
+			GpuIvfpqGuard("exact search", [&] {
+				gpuivfpq::brute_force_knn(kq, nq, kb, n, d, (gpuivfpq::Metric) metric, kk, dist,
+										  labels);
+			});
+	}
 	for (int64 q = 0; q < nq; q++)
 	{
+		GpuIvfpqHit *b = best + q * k;
 		GpuIvfpqHit *cand = scratch;
+		GpuIvfpqHit *tmp = scratch + kk;
+		const float *qv = queries + q * d;
 		int			nc = 0;
+		int			out;
+		bool		certain;
+		double		worst = -get_float8_infinity();
 
-		for (int j = 0; j < kk; j++)
-		{
-			int64		row = labels[q * kk + j];
-
-			if (row < 0)
-				continue;
-			/* The kernel ranks in float; the answer carries the exact distance. */
-			cand[nc].dist = GpuIvfpqExactDistance(metric, queries + q * d, base + row * d, d);
-			cand[nc].tid = tids[row];
-			nc++;
-		}
-		MergeBest(best + q * k, &counts[q], k, cand, nc, scratch + k);
 		CHECK_FOR_INTERRUPTS();
+		if (!all_exact)
+		{
+			for (int j = 0; j < kk; j++)
+			{
+				int64		row = labels[q * kk + j];
+
+				if (row < 0)
+					continue;
+				cand[nc].dist = GpuIvfpqExactDistance(metric, qv, base + row * d, d);
+				cand[nc].tid = tids[row];
+				worst = Max(worst, (double) dist[q * kk + j]);
+				nc++;
+			}
+			out = MergeBest(b, counts[q], k, cand, nc, tmp);
+			/* Every row ranked, or none left out could beat the k-th. */
+			certain = nc == n ||
+				(nc == kk && out == k && !isnan(tmp[k - 1].dist) &&
+				 LeastDistance(metric, worst, RankSlack(metric, d, qsq[q], bsq)) > tmp[k - 1].dist);
+			if (certain)
+			{
+				memcpy(b, tmp, sizeof(GpuIvfpqHit) * out);
+				counts[q] = out;
+				continue;
+			}
+			(*exact_queries)++;
+		}
+		for (int64 row = 0; row < n; row++)
+		{
+			GpuIvfpqHit h;
+
+			h.dist = GpuIvfpqExactDistance(metric, qv, base + row * d, d);
+			h.tid = tids[row];
+			KeepBest(b, &counts[q], k, &h);
+			if ((row & 4095) == 4095)
+				CHECK_FOR_INTERRUPTS();
+		}
 	}
 }
 
@@ -204,14 +327,51 @@ MirrorIndexOf(Relation heap, AttrNumber attnum, int d, int metric, GpuIvfpqMetaP
 }
 
 /*
+ * The largest norm a vector stored in index can have: a list's centroid's
+ * plus its covering radius, widened for the float rounding of both (the
+ * radius comes from |x|^2 + |c|^2 - 2 x.c in float, as range search
+ * widens it).
+ */
+static double
+MirrorNormBound(Relation index, const GpuIvfpqMetaPageData *meta)
+{
+	GpuIvfpqListDirEntry *dir = GpuIvfpqReadListDir(index, meta);
+	const float *cent = GpuIvfpqGetModel(index, meta)->centroids().data();
+	double		widen = 0.01 + sqrt((double) (meta->dimensions + 16) * ldexp(1.0, -21));
+	double		bound = 0.0;
+
+	for (uint32 l = 0; l < meta->lists; l++)
+	{
+		double		cn = sqrt(NormSqr(cent + (size_t) l * meta->dimensions, (int) meta->dimensions));
+		double		rc = dir[l].radius;
+
+		CHECK_FOR_INTERRUPTS();
+		if (dir[l].head == InvalidBlockNumber)
+			continue;
+		if (!(rc >= 0.0))
+			return get_float8_infinity();
+		bound = Max(bound, (cn + rc) * (1.0 + widen));
+	}
+	pfree(dir);
+	return bound;
+}
+
+/*
  * The exact k-NN from the GPU mirror of an index over the column: every
  * stored vector ranked on the GPU by the operators' exact distance (no
  * table read, no shipping of the rows), then the visible rows kept (a
  * bitmap of the visible rows for large requests). The mirror also holds
  * dead and not yet visible rows, so each query asks for 2k + 16
  * candidates; a query left with fewer than k visible among a full set of
- * candidates sends the whole call back to the table path. Emits nothing
- * and returns false when it cannot serve.
+ * candidates sends the whole call back to the table path. So does a query
+ * whose answer the device's float preselection cannot be shown to hold:
+ * a row it left out ranked no better than every candidate, so its exact
+ * distance is at least the last candidate's less twice the ranking's
+ * rounding bound (RankSlack, for vectors within the index's norm bound),
+ * and that must exceed the k-th distance kept (as SearchChunk certifies;
+ * data far from the origin fail it and take the table path, which ranks
+ * them moved to their mean). Emits nothing and returns false when it
+ * cannot serve.
  */
 static bool
 ExactFromMirror(Relation heap, AttrNumber attnum, const float *queries, int64 nq, int d, int metric,
@@ -231,6 +391,7 @@ ExactFromMirror(Relation heap, AttrNumber attnum, const float *queries, int64 nq
 	GpuIvfpqHeapFetch hf;
 	GpuIvfpqVisibleRows *visible = NULL;
 	bool		served = true;
+	double		bsq;
 
 	/*
 	 * The mirror ranks in float: a query too long for that goes to the
@@ -243,6 +404,8 @@ ExactFromMirror(Relation heap, AttrNumber attnum, const float *queries, int64 nq
 	index = MirrorIndexOf(heap, attnum, d, metric, &meta);
 	if (index == NULL)
 		return false;
+	bsq = MirrorNormBound(index, &meta);
+	bsq *= bsq;
 	labels = (int64 *) palloc_extended(sizeof(int64) * chunk * want, MCXT_ALLOC_HUGE);
 	exact = (double *) palloc_extended(sizeof(double) * chunk * want, MCXT_ALLOC_HUGE);
 	hits = (GpuIvfpqHit *) palloc_extended(sizeof(GpuIvfpqHit) * nq * k, MCXT_ALLOC_HUGE);
@@ -276,6 +439,18 @@ ExactFromMirror(Relation heap, AttrNumber attnum, const float *queries, int64 nq
 			{
 				served = false;
 				break;
+			}
+			if (n == want)
+			{
+				double		last = exact[i * want + n - 1];
+				double		score = metric == (int) gpuivfpq::Metric::L2 ? last * last : last;
+				double		slack = RankSlack(metric, d, NormSqr(queries + q * d, d), bsq);
+
+				if (!(LeastDistance(metric, score - slack, slack) > hits[q * k + k - 1].dist))
+				{
+					served = false;
+					break;
+				}
 			}
 			CHECK_FOR_INTERRUPTS();
 		}
@@ -338,6 +513,10 @@ gpu_ivfpq_exact_knn(PG_FUNCTION_ARGS)
 	int64		chunks = 0;
 	int64		qblock;
 	GpuIvfpqHit *scratch;
+	float	   *work;
+	double	   *qsq;
+	int			kk;
+	int64		exact_queries = 0;
 	GpuIvfpqHit   *best;
 	int		   *counts;
 	float	   *dist;
@@ -377,14 +556,21 @@ gpu_ivfpq_exact_knn(PG_FUNCTION_ARGS)
 	/* Rows per chunk: EXACT_CHUNK_BYTES of them, however wide (one at the least). */
 	chunk = Max((int64) 1, (int64) (EXACT_CHUNK_BYTES / ((Size) d * sizeof(float))));
 	/* Queries per pass over the table: their best hits within EXACT_BEST_BYTES. */
-	qblock = Min(nq, Max((int64) 1, (int64) (EXACT_BEST_BYTES / ((Size) k * EXACT_BEST_PER_HIT))));
+	kk = (int) Min((int64) 2 * k + 16, chunk);
+	qblock = Min(nq, Max((int64) 1, (int64) (EXACT_BEST_BYTES /
+											 ((Size) k * sizeof(GpuIvfpqHit) +
+											  (Size) kk * (sizeof(float) + sizeof(int64)) +
+											  (Size) d * sizeof(float) + sizeof(double)))));
 	base = (float *) palloc_extended((Size) chunk * d * sizeof(float), MCXT_ALLOC_HUGE);
 	tids = (ItemPointerData *) palloc_extended(sizeof(ItemPointerData) * chunk, MCXT_ALLOC_HUGE);
 	best = (GpuIvfpqHit *) palloc_extended(sizeof(GpuIvfpqHit) * qblock * k, MCXT_ALLOC_HUGE);
 	counts = (int *) palloc0_array(int, qblock);
-	dist = (float *) palloc_extended(sizeof(float) * qblock * k, MCXT_ALLOC_HUGE);
-	labels = (int64 *) palloc_extended(sizeof(int64) * qblock * k, MCXT_ALLOC_HUGE);
-	scratch = (GpuIvfpqHit *) palloc(sizeof(GpuIvfpqHit) * 2 * k);
+	dist = (float *) palloc_extended(sizeof(float) * qblock * kk, MCXT_ALLOC_HUGE);
+	labels = (int64 *) palloc_extended(sizeof(int64) * qblock * kk, MCXT_ALLOC_HUGE);
+	scratch = (GpuIvfpqHit *) palloc_extended(sizeof(GpuIvfpqHit) * ((Size) kk + k), MCXT_ALLOC_HUGE);
+	/* the chunk and the queries moved by the chunk's mean (L2) */
+	work = (float *) palloc_extended(sizeof(float) * (Size) (qblock + chunk) * d, MCXT_ALLOC_HUGE);
+	qsq = (double *) palloc_extended(sizeof(double) * qblock, MCXT_ALLOC_HUGE);
 	rowctx = AllocSetContextCreate(CurrentMemoryContext, "gpu_ivfpq exact row", ALLOCSET_DEFAULT_SIZES);
 	slot = table_slot_create(heap, NULL);
 	for (int64 q0 = 0; q0 < nq; q0 += qblock)
@@ -424,7 +610,8 @@ gpu_ivfpq_exact_knn(PG_FUNCTION_ARGS)
 			}
 			if (n == chunk || (!more && n > 0))
 			{
-				SearchChunk(qv, nqb, base, tids, n, d, metric, k, best, counts, dist, labels, scratch, &gpu_chunks);
+				SearchChunk(qv, nqb, base, tids, n, d, metric, k, best, counts, dist, labels, scratch, work,
+							qsq, &gpu_chunks, &exact_queries);
 				rows += n;
 				chunks++;
 				n = 0;
@@ -449,9 +636,9 @@ gpu_ivfpq_exact_knn(PG_FUNCTION_ARGS)
 			}
 	}
 	ExecDropSingleTupleTableSlot(slot);
-	elog(DEBUG1, "gpu_ivfpq exact search of \"%s\": %lld queries, %lld rows in %lld chunks, %lld on the GPU",
+	elog(DEBUG1, "gpu_ivfpq exact search of \"%s\": %lld queries, %lld rows in %lld chunks, %lld on the GPU, %lld query-chunks ranked by exact distances alone",
 		 RelationGetRelationName(heap), (long long) nq, (long long) rows, (long long) chunks,
-		 (long long) gpu_chunks);
+		 (long long) gpu_chunks, (long long) exact_queries);
 	table_close(heap, AccessShareLock);
 	PG_RETURN_VOID();
 }

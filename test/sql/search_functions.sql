@@ -131,6 +131,22 @@ SELECT count(*) AS hits, count(DISTINCT query) AS queries,
        AS second_block_exact
 FROM e;
 DROP TABLE sfs, sfb;
+-- Points far from the origin and close together (map coordinates): float
+-- ranking by |q|^2 + |b|^2 - 2 q.b would lose their distances to rounding;
+-- the rows are ranked moved to their mean and the result certified, else
+-- ranked by exact distances. Many equal rows: ties at the k-th go by ctid.
+CREATE TABLE sfgeo AS SELECT i AS id, ARRAY[-122.40 + (i % 60) * 0.0005, 37.70 + (i / 60) * 0.0005]::real[] AS p
+FROM generate_series(0, 2999) i;
+INSERT INTO sfgeo SELECT 3000 + i, '{-122.38,37.71}' FROM generate_series(1, 40) i;
+CREATE TABLE sfgq AS SELECT i AS q, ARRAY[-122.40 + (i * 7 % 60) * 0.000493, 37.70 + (i * 11 % 50) * 0.000511]::real[] AS p
+FROM generate_series(1, 25) i;
+INSERT INTO sfgq VALUES (26, '{-122.38,37.71}'), (27, '{-122.38,37.7101}');
+WITH e AS (SELECT query, array_agg(g.id ORDER BY rank) AS ids
+           FROM gpu_ivfpq_exact_knn('sfgeo', 'p', (SELECT array_agg(p ORDER BY q) FROM sfgq), 12) r
+           JOIN sfgeo g ON g.ctid = r.tid GROUP BY query),
+     s AS (SELECT q AS query, ARRAY(SELECT id FROM sfgeo g ORDER BY g.p <-> sfgq.p, g.ctid LIMIT 12) AS ids FROM sfgq)
+SELECT count(*) FILTER (WHERE e.ids = s.ids) AS far_from_origin_same, count(*) FROM e JOIN s USING (query);
+DROP TABLE sfgeo, sfgq;
 -- A materialized view not yet populated has no rows to search.
 CREATE MATERIALIZED VIEW sfm AS SELECT * FROM sf WITH NO DATA;
 SELECT * FROM gpu_ivfpq_exact_knn('sfm', 'v', '{1,0,0.5,1,0.1,0}', 3);

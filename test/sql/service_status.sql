@@ -103,6 +103,17 @@ SELECT (SELECT queries_gpu FROM gpu_ivfpq_status) - :gpu_before >= 3 AS from_the
        (SELECT count(*) FROM (SELECT * FROM ex_gpu EXCEPT SELECT * FROM ex_cpu) b) AS differing;
 -- Another metric than the index's: the table path.
 SELECT count(*) FROM gpu_ivfpq_exact_knn('svc', 'v', '{0.5,0.5,0.1,0.2}', 3, 'cosine');
+-- Points far from the origin and close together: the device's float
+-- preselection cannot be shown to hold for them (its rounding exceeds their
+-- distances), so the call takes the table path, which ranks them moved to
+-- their mean: the sequential scan's answer.
+CREATE TABLE svgeo AS SELECT i AS id, ARRAY[-122.40 + (i % 60) * 0.0005, 37.70 + (i / 60) * 0.0005]::real[] AS p
+FROM generate_series(0, 2999) i;
+CREATE INDEX svgeo_idx ON svgeo USING gpu_ivfpq (p) WITH (lists = 8, m = 1);
+SELECT gpu_ivfpq_prewarm('svgeo_idx') > 0 AS geo_mirrored;
+SELECT array_agg(g.id ORDER BY r.rank) = ARRAY(SELECT id FROM svgeo ORDER BY p <-> '{-122.3753,37.7147}', ctid LIMIT 5) AS geo_exact
+FROM gpu_ivfpq_exact_knn('svgeo', 'p', '{-122.3753,37.7147}', 5) r JOIN svgeo g ON g.ctid = r.tid;
+DROP TABLE svgeo;
 SET gpu_ivfpq.device = gpu;
 
 -- Inserts reached the mirrors as append calls, timed like the rounds.
