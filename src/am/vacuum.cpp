@@ -151,11 +151,34 @@ gpuivfpqbulkdelete(IndexVacuumInfo *info, IndexBulkDeleteResult *stats,
 				   IndexBulkDeleteCallback callback, void *callback_state)
 {
 	MirrorRemoval mirror = {0, false, 0};
+	MirrorRemoval *volatile mp = &mirror;	/* read after a longjmp */
 
 	if (stats == NULL)
 		stats = (IndexBulkDeleteResult *) palloc0(sizeof(IndexBulkDeleteResult));
 	stats->num_index_tuples = 0;
-	WalkLists(info, stats, callback, callback_state, &mirror);
+
+	/*
+	 * Once the mirror is invalidated, later pages' removals are not logged:
+	 * a scan meanwhile may load the mirror again from pages not yet
+	 * vacuumed, and nothing in its load's window would tell it. So the
+	 * pass ends with one more invalidation, whether it completes or fails
+	 * (a failed pass leaves those entries off the pages for good, and the
+	 * next VACUUM, which lets the heap reuse their TIDs, would not report
+	 * them): every mirror loaded during the pass goes.
+	 */
+	PG_TRY();
+	{
+		WalkLists(info, stats, callback, callback_state, mp);
+	}
+	PG_CATCH();
+	{
+		if (mp->invalidated)
+			(void) GpuIvfpqServiceLogInvalidate(info->index);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	if (mirror.invalidated)
+		mirror.pos = Max(mirror.pos, GpuIvfpqServiceLogInvalidate(info->index));
 
 	/*
 	 * The GPU mirror loses the removed entries before VACUUM lets the heap
