@@ -96,6 +96,105 @@ GpuIvfpqBatchBegin(GpuIvfpqBatchSearch *bs, Relation index, Relation heap, int d
 	GpuIvfpqHeapFetchBegin(&bs->hf, heap, index, GetActiveSnapshot());
 }
 
+/*
+ * The CPU engine's candidates of query q from its probes nearest lists
+ * through topk (room for its k() in labels and exact); *n says how many.
+ * Returns how many entries those lists hold.
+ */
+static int64
+CpuCandidates(GpuIvfpqBatchSearch *bs, const float *q, int probes, gpuivfpq::TopK *topk, int64 *labels,
+			  double *exact, int *n)
+{
+	int64		entries;
+
+	if (GpuIvfpqIsRabitq(&bs->meta))
+	{
+		/* RaBitQ codes: candidates by lower bound, re-ranked from the heap. */
+		entries = GpuIvfpqRabitqRankLists(bs->index, &bs->meta, bs->dir, q, probes, NULL, topk, labels,
+										  exact, n);
+	}
+	else
+	{
+		/* Asked again per query: other scans may have evicted it since. */
+		bs->model = GpuIvfpqGetModel(bs->index, &bs->meta);
+		GpuIvfpqGuard("query preparation", [&] { bs->model->prepare_query(q, probes, *bs->prepared); });
+		entries = GpuIvfpqRankLists(bs->index, &bs->meta, bs->dir, bs->model, bs->prepared, probes, NULL,
+									topk, q, labels, bs->vectors ? exact : NULL, n);
+	}
+	GpuIvfpqCountCpuQuery();
+	return entries;
+}
+
+/* Re-ranks a query's n candidates as dists says into bs->hits (room for n + 1); returns how many are kept. */
+static int64
+RerankCandidates(GpuIvfpqBatchSearch *bs, const GpuIvfpqRerankSpec *spec, int64 *labels, double *exact,
+				 int n, GpuIvfpqAnswerDists dists)
+{
+	if (dists == GPU_IVFPQ_DISTS_EXACT)
+		return GpuIvfpqKeepVisible(&bs->hf, bs->visible, labels, exact, n, bs->k, bs->hits);
+	if (dists == GPU_IVFPQ_DISTS_LOWER)
+	{
+		int64		fetched = 0;
+		int64		nh = GpuIvfpqRerankBounded(&bs->hf, spec, labels, exact, n, bs->k, bs->hits, &fetched);
+
+		bs->fetched += fetched;
+		return nh;
+	}
+	return GpuIvfpqRerank(&bs->hf, spec, labels, n, bs->hits, NULL);
+}
+
+/*
+ * A query whose full set of candidates left fewer than k rows visible
+ * (entries of rows deleted or not yet visible, before VACUUM): searched
+ * again on the CPU engine with twice the lists and twice the candidates
+ * until k rows are kept, every entry was ranked, or the candidates reach
+ * gpu_ivfpq.max_scan_tuples, as an index scan's later rounds widen. The
+ * kept rows are in bs->hits; returns how many.
+ */
+static int64
+WidenQuery(GpuIvfpqBatchSearch *bs, const GpuIvfpqRerankSpec *spec, int64 kept)
+{
+	MemoryContext cxt = AllocSetContextCreate(CurrentMemoryContext, "gpu_ivfpq batch widening",
+											  ALLOCSET_DEFAULT_SIZES);
+	MemoryContext old = MemoryContextSwitchTo(cxt);
+	int			lists = (int) bs->meta.lists;
+	int64		bound = GpuIvfpqEntriesBound(bs->index, &bs->meta);
+	int			probes = bs->probes;
+	int64		want = bs->want;
+	GpuIvfpqAnswerDists dists = bs->vectors ? GPU_IVFPQ_DISTS_EXACT
+		: GpuIvfpqIsRabitq(&bs->meta) ? GPU_IVFPQ_DISTS_LOWER : GPU_IVFPQ_DISTS_NONE;
+
+	while (kept < bs->k && (probes < lists || want < bound) && want < gpu_ivfpq_max_scan_tuples)
+	{
+		gpuivfpq::TopK *topk;
+		int64	   *labels;
+		double	   *exact;
+		int			n = 0;
+		int64		entries;
+
+		probes = Min(probes * 2, lists);
+		want = Min(Min(want * 2, bound), (int64) INT_MAX / 4);
+		topk = GpuIvfpqMakeOwned<gpuivfpq::TopK>(cxt, "k-selection", (size_t) want);
+		labels = (int64 *) palloc_extended(sizeof(int64) * want, MCXT_ALLOC_HUGE);
+		exact = (double *) palloc_extended(sizeof(double) * want, MCXT_ALLOC_HUGE);
+		entries = CpuCandidates(bs, spec->query, probes, topk, labels, exact, &n);
+		if (bs->hits_cap < (int64) n + 1)
+		{
+			bs->hits_cap = (int64) n + 1;
+			bs->hits = (GpuIvfpqHit *) repalloc_huge(bs->hits, sizeof(GpuIvfpqHit) * bs->hits_cap);
+		}
+		kept = RerankCandidates(bs, spec, labels, exact, n, dists);
+		bs->widened++;
+		/* Every entry of every list ranked: nothing further to find. */
+		if (probes == lists && entries <= want)
+			break;
+		MemoryContextReset(cxt);
+	}
+	MemoryContextSwitchTo(old);
+	MemoryContextDelete(cxt);
+	return kept;
+}
+
 /* Searches nq queries (nq x dim floats), calling emit for each result in rank order. */
 void
 GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvfpqBatchEmit emit,
@@ -137,27 +236,9 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 				else if (on_gpu)
 					while (n < want && bs->labels[i * want + n] >= 0)
 						n++;
-				else if (GpuIvfpqIsRabitq(&bs->meta))
-				{
-					/* RaBitQ codes: candidates by lower bound, re-ranked from the heap below. */
-					(void) GpuIvfpqRabitqRankLists(bs->index, &bs->meta, bs->dir, queries + (c0 + i) * dim,
-												   bs->probes, NULL, bs->topk, bs->labels + i * want,
-												   bs->exact + i * want, &n);
-					GpuIvfpqCountCpuQuery();
-				}
 				else
-				{
-					/* Asked again per query: other scans may have evicted it since. */
-					bs->model = GpuIvfpqGetModel(bs->index, &bs->meta);
-					GpuIvfpqGuard("query preparation", [&] {
-						bs->model->prepare_query(queries + (c0 + i) * dim, bs->probes, *bs->prepared);
-					});
-					(void) GpuIvfpqRankLists(bs->index, &bs->meta, bs->dir, bs->model, bs->prepared,
-											 bs->probes, NULL, bs->topk, queries + (c0 + i) * dim,
-											 bs->labels + i * want,
-											 bs->vectors ? bs->exact + i * want : NULL, &n);
-					GpuIvfpqCountCpuQuery();
-				}
+					(void) CpuCandidates(bs, queries + (c0 + i) * dim, bs->probes, bs->topk,
+										 bs->labels + i * want, bs->exact + i * want, &n);
 				bs->counts[i] = n;
 			}
 			if (on_gpu)
@@ -187,9 +268,19 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 			{
 				for (int64 i = 0; i < cn; i++)
 				{
-					for (int64 r = 0; r < bs->par_counts[i]; r++)
-						emit(arg, c0 + i, (int) r, &bs->par_hits[i * bs->k + r].tid,
-							 bs->par_hits[i * bs->k + r].dist);
+					if (bs->par_counts[i] < bs->k && bs->counts[i] == want)
+					{
+						int64		nh;
+
+						spec.query = queries + (c0 + i) * dim;
+						nh = WidenQuery(bs, &spec, bs->par_counts[i]);
+						for (int64 r = 0; r < Min(nh, (int64) bs->k); r++)
+							emit(arg, c0 + i, (int) r, &bs->hits[r].tid, bs->hits[r].dist);
+					}
+					else
+						for (int64 r = 0; r < bs->par_counts[i]; r++)
+							emit(arg, c0 + i, (int) r, &bs->par_hits[i * bs->k + r].tid,
+								 bs->par_hits[i * bs->k + r].dist);
 					CHECK_FOR_INTERRUPTS();
 				}
 				INSTR_TIME_SET_CURRENT(t1);
@@ -206,19 +297,14 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 			/* Untrained, or a query too long to rank: it re-ranks every entry. */
 			if (!bs->meta.trained || !gpuivfpq::ivfpq_ranks_query(spec.query, (size_t) dim))
 				nh = GpuIvfpqRerank(&bs->hf, &spec, bs->all.labels, bs->all.n, bs->hits, NULL);
-			else if (dists == GPU_IVFPQ_DISTS_EXACT)
-				nh = GpuIvfpqKeepVisible(&bs->hf, bs->visible, bs->labels + i * want, bs->exact + i * want,
-										 bs->counts[i], bs->k, bs->hits);
-			else if (dists == GPU_IVFPQ_DISTS_LOWER)
-			{
-				int64		fetched = 0;
-
-				nh = GpuIvfpqRerankBounded(&bs->hf, &spec, bs->labels + i * want, bs->exact + i * want,
-										   bs->counts[i], bs->k, bs->hits, &fetched);
-				bs->fetched += fetched;
-			}
 			else
-				nh = GpuIvfpqRerank(&bs->hf, &spec, bs->labels + i * want, bs->counts[i], bs->hits, NULL);
+			{
+				nh = RerankCandidates(bs, &spec, bs->labels + i * want, bs->exact + i * want, bs->counts[i],
+									  dists);
+				/* A full set of candidates, too few of them visible: there may be more. */
+				if (nh < bs->k && bs->counts[i] == want)
+					nh = WidenQuery(bs, &spec, nh);
+			}
 			for (int64 r = 0; r < Min(nh, (int64) bs->k); r++)
 				emit(arg, c0 + i, (int) r, &bs->hits[r].tid, bs->hits[r].dist);
 			CHECK_FOR_INTERRUPTS();

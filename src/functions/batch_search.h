@@ -41,6 +41,7 @@ typedef struct GpuIvfpqBatchSearch
 	int64		gpu_queries;
 	int64		cpu_queries;
 	int64		fetched;		/* candidates fetched from the heap by bound (RaBitQ codes) */
+	int64		widened;		/* wider searches of queries left short of k visible rows */
 	GpuIvfpqHit *par_hits;		/* chunk x k: the parallel re-rank's results (once used) */
 	int64	   *par_counts;		/* chunk: their number per query */
 	double		search_secs;	/* in the GPU requests or the CPU engine's list scans */

@@ -71,9 +71,9 @@ gpu_ivfpq_knn_batch(PG_FUNCTION_ARGS)
 	GpuIvfpqBatchRun(&bs, queries, nq, EmitBatchRow, &out);
 	GpuIvfpqBatchEnd(&bs);
 	elog(DEBUG1, "gpu_ivfpq batch search on \"%s\": %lld queries, %d candidates each, %lld on the GPU; "
-		 "searching %.3f s, visibility and rows %.3f s (%lld fetched by bound)",
+		 "searching %.3f s, visibility and rows %.3f s (%lld fetched by bound, %lld wider searches)",
 		 RelationGetRelationName(index), (long long) nq, bs.want, (long long) bs.gpu_queries,
-		 bs.search_secs, bs.finish_secs, (long long) bs.fetched);
+		 bs.search_secs, bs.finish_secs, (long long) bs.fetched, (long long) bs.widened);
 	table_close(heap, AccessShareLock);
 	relation_close(index, AccessShareLock);
 	PG_RETURN_VOID();

@@ -84,7 +84,8 @@ gpu_ivfpq_knn_graph(PG_FUNCTION_ARGS)
 	GpuIvfpqOpenIndexChecked(indexoid, "gpu_ivfpq", "gpu_ivfpq_knn_graph", true, &index, &heap);
 	format = GpuIvfpqIndexFormat(index);
 	GpuIvfpqReadMeta(index, &meta);
-	total = Max(heap->rd_rel->reltuples, 1.0);
+	/* The index's and the table's counts (a table never analyzed has reltuples -1). */
+	total = Max(GpuIvfpqRowsEstimate(index, &meta), 1.0);
 	memset(&out, 0, sizeof(out));
 	out.store = rsinfo->setResult;
 	out.desc = rsinfo->setDesc;
@@ -159,6 +160,8 @@ gpu_ivfpq_knn_graph(PG_FUNCTION_ARGS)
 			GpuIvfpqBatchRun(&bs, vecs, n, EmitGraphRow, &out);
 			rows += n;
 			n = 0;
+			/* An estimate short of the rows read so far: then it is the rows read. */
+			total = Max(total, (double) rows);
 			if (rows >= next_report * total / 10 && next_report <= 10)
 			{
 				next_report = (int) Min(10.0, floor(rows * 10.0 / total)) + 1;
@@ -181,10 +184,11 @@ gpu_ivfpq_knn_graph(PG_FUNCTION_ARGS)
 	INSTR_TIME_SET_CURRENT(now);
 	INSTR_TIME_SUBTRACT(now, start);
 	elog(DEBUG1, "gpu_ivfpq_knn_graph on \"%s\": %lld rows, %lld edges, %lld rows searched on the GPU; "
-		 "visibility pass %.3f s, reading rows %.3f s, searching %.3f s, visibility and edges %.3f s",
+		 "visibility pass %.3f s, reading rows %.3f s, searching %.3f s, visibility and edges %.3f s; %lld wider searches",
 		 RelationGetRelationName(index), (long long) rows, (long long) out.edges,
 		 (long long) bs.gpu_queries, visible_secs,
-		 INSTR_TIME_GET_DOUBLE(now) - bs.search_secs - bs.finish_secs, bs.search_secs, bs.finish_secs);
+		 INSTR_TIME_GET_DOUBLE(now) - bs.search_secs - bs.finish_secs, bs.search_secs, bs.finish_secs,
+		 (long long) bs.widened);
 	table_close(heap, AccessShareLock);
 	relation_close(index, AccessShareLock);
 	PG_RETURN_VOID();

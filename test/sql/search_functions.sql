@@ -39,6 +39,19 @@ SELECT count(*) AS deleted_rows_returned FROM gpu_ivfpq_knn_batch('sf_l2', '{1,0
 WHERE NOT EXISTS (SELECT 1 FROM sf WHERE ctid = r.tid);
 ROLLBACK;
 
+-- Most entries of deleted rows (no VACUUM yet): a query whose candidates
+-- leave fewer than k rows visible searches again, wider, as an index scan's
+-- later rounds do: k rows for every query and every row of the graph.
+CREATE TABLE sfd (id int, v real[]) WITH (autovacuum_enabled = off);
+INSERT INTO sfd SELECT i, ARRAY[(i % 97) / 97.0, (i % 89) / 89.0, (i % 83) / 83.0, (i % 79) / 79.0]::real[]
+FROM generate_series(1, 20000) i;
+CREATE INDEX sfd_idx ON sfd USING gpu_ivfpq (v) WITH (lists = 10, m = 2);
+DELETE FROM sfd WHERE id % 20 <> 0;
+SELECT count(*) AS batch_rows, count(DISTINCT query) AS queries
+FROM gpu_ivfpq_knn_batch('sfd_idx', (SELECT array_agg(v) FROM (SELECT v FROM sfd LIMIT 50) s), 10);
+SELECT count(*) AS graph_edges, count(DISTINCT src) AS graph_rows FROM gpu_ivfpq_knn_graph('sfd_idx', 10);
+DROP TABLE sfd;
+
 -- Range search equals the sequential scan, for several radii and classes.
 CREATE FUNCTION range_vs_seq(idx regclass, op text, radius float8) RETURNS TABLE (same bigint, queries bigint, rows_found bigint)
 LANGUAGE plpgsql AS $$
