@@ -909,6 +909,12 @@ TrainQuantizers(BuildState *bs, GpuIvfpqMetaPageData *meta, TimestampTz *phase_s
 	bool		on_gpu;
 
 	bs->m = GpuIvfpqChooseM(bs->index, bs->dim, false);
+	/*
+	 * The list centroids are held four times over at most: the training's
+	 * copy, the model's, and k-means' sums in double (as RaBitQ's check
+	 * counts its own); their size follows the options, not the table.
+	 */
+	CheckBuildMemory(4 * sizeof(float) * (Size) bs->lists * bs->dim, "the list centroids");
 	on_gpu = TrainOnService(bs, &params, bs->m, &centroids, &codebooks);
 	bs->model = GpuIvfpqMakeOwned<gpuivfpq::IvfPqModel>(CurrentMemoryContext, "training",
 														(size_t) bs->dim, (size_t) bs->lists,

@@ -795,8 +795,10 @@ size_t GpuProcess::metric_load(const MirrorKey& key, const MetricSpec& spec)
     const size_t n = spec.words.n;
     const bool lc = spec.method == MetricMethod::ListOfClusters;
     const size_t structure = lc ? spec.clusters : spec.pivots;
-    if (spec.ids != nullptr || spec.words.offsets == nullptr || spec.labels == nullptr ||
-        (lc && (spec.cluster_of == nullptr || (structure > 0 && (spec.centres == nullptr || spec.radii == nullptr)))) ||
+    // An index with no objects (an empty table, only NULL words) has empty arrays.
+    if (spec.ids != nullptr || spec.words.offsets == nullptr || (n > 0 && spec.labels == nullptr) ||
+        (lc && ((n > 0 && spec.cluster_of == nullptr) ||
+                (structure > 0 && (spec.centres == nullptr || spec.radii == nullptr)))) ||
         (!lc && ((structure > 0 && spec.pivot_ids == nullptr) || (n > 0 && structure > 0 && spec.table == nullptr))))
         throw Error(ErrorKind::InvalidArgument, "GPU process metric load: the index state is incomplete");
     const uint64_t cps = spec.words.offsets[n];
@@ -818,20 +820,25 @@ size_t GpuProcess::metric_load(const MirrorKey& key, const MetricSpec& spec)
     q.region[4] = l.take((lc ? 2 : 1) * structure * sizeof(uint32_t));
     q.region[5] = l.take(lc ? n * sizeof(uint32_t) : n * structure);
     char* x = exchange(l);
-    std::memcpy(x + q.region[0].offset, spec.words.code_points, q.region[0].bytes);
-    std::memcpy(x + q.region[1].offset, spec.words.offsets, q.region[1].bytes);
-    std::memcpy(x + q.region[2].offset, spec.labels, q.region[2].bytes);
+    // Empty regions may come with null sources (memcpy wants valid pointers even for 0 bytes).
+    auto put = [x](size_t offset, const void* from, size_t bytes) {
+        if (bytes > 0)
+            std::memcpy(x + offset, from, bytes);
+    };
+    put(q.region[0].offset, spec.words.code_points, q.region[0].bytes);
+    put(q.region[1].offset, spec.words.offsets, q.region[1].bytes);
+    put(q.region[2].offset, spec.labels, q.region[2].bytes);
     if (spec.removed != nullptr)
-        std::memcpy(x + q.region[3].offset, spec.removed, n);
+        put(q.region[3].offset, spec.removed, n);
     else
         std::memset(x + q.region[3].offset, 0, n);
     if (lc) {
-        std::memcpy(x + q.region[4].offset, spec.centres, structure * sizeof(uint32_t));
-        std::memcpy(x + q.region[4].offset + structure * sizeof(uint32_t), spec.radii, structure * sizeof(uint32_t));
-        std::memcpy(x + q.region[5].offset, spec.cluster_of, q.region[5].bytes);
+        put(q.region[4].offset, spec.centres, structure * sizeof(uint32_t));
+        put(q.region[4].offset + structure * sizeof(uint32_t), spec.radii, structure * sizeof(uint32_t));
+        put(q.region[5].offset, spec.cluster_of, q.region[5].bytes);
     } else {
-        std::memcpy(x + q.region[4].offset, spec.pivot_ids, q.region[4].bytes);
-        std::memcpy(x + q.region[5].offset, spec.table, q.region[5].bytes);
+        put(q.region[4].offset, spec.pivot_ids, q.region[4].bytes);
+        put(q.region[5].offset, spec.table, q.region[5].bytes);
     }
     Reply rep = call(q, true);
     raise_for(rep);

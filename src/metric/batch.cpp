@@ -2,6 +2,8 @@
 // gpu_metric index in one call, searched in parallel by the engine (or a
 // GPU service, through the same search call as the scans), answered with
 // the rows visible to the caller's snapshot, by (distance, heap TID).
+#include <algorithm>
+
 #include "metric/am.h"
 
 extern "C" {
@@ -111,6 +113,55 @@ RowVisible(MetricBatch *b, ItemPointer tid)
 	if (found)
 		ExecClearTuple(b->slot);
 	return found;
+}
+
+/* A visible row of a query's hits, by its own TID (a HOT chain's visible member). */
+typedef struct VisibleHit
+{
+	ItemPointerData tid;
+	uint32		id;
+	uint32		dist;
+} VisibleHit;
+
+/*
+ * The visible rows of a query's nh hits (sorted by distance) into out (room
+ * for nh), by (distance, the row's own TID): the index holds a HOT chain's
+ * root TID, and the visible member (RowVisible) may lie elsewhere, so each
+ * group of equal distances is ordered after its rows are resolved, as ctid
+ * shows them. With limit >= 0, stops after the group in which limit rows
+ * are reached (the whole group is resolved: its order decides which are
+ * kept). Returns how many are in out.
+ */
+static int64
+VisibleHits(MetricBatch *b, const GpuMetricCached *entry, const gpuivfpq::MetricHit *hits, int64 nh,
+			int64 limit, VisibleHit *out)
+{
+	int64		n = 0;
+
+	for (int64 g0 = 0, g1; g0 < nh && (limit < 0 || n < limit); g0 = g1)
+	{
+		int64		start = n;
+
+		for (g1 = g0; g1 < nh && hits[g1].dist == hits[g0].dist; g1++)
+		{
+			ItemPointerData tid = entry->tids[hits[g1].id];
+
+			if (RowVisible(b, &tid))
+			{
+				out[n].tid = tid;
+				out[n].id = hits[g1].id;
+				out[n].dist = hits[g1].dist;
+				n++;
+			}
+			if ((g1 & 1023) == 1023)
+				CHECK_FOR_INTERRUPTS();
+		}
+		/* In place, no allocation, a comparator that cannot fail: safe beside ereport. */
+		std::sort(out + start, out + n, [](const VisibleHit &x, const VisibleHit &y) {
+			return ItemPointerCompare((ItemPointer) &x.tid, (ItemPointer) &y.tid) < 0;
+		});
+	}
+	return n;
 }
 
 /* Emits one answer: (query, [rank,] tid, word, distance). */
@@ -238,14 +289,14 @@ gpu_metric_range_batch(PG_FUNCTION_ARGS)
 			gpuivfpq::MetricHit *hits = found.hits + found.offsets[j];
 			int64		nh = (int64) (found.offsets[j + 1] - found.offsets[j]);
 
-			GpuMetricSortByTid(entry->tids, hits, nh);
-			for (int64 h = 0; h < nh; h++)
-			{
-				ItemPointerData tid = entry->tids[hits[h].id];
+			VisibleHit *vis = (VisibleHit *) palloc_extended(sizeof(VisibleHit) * Max(nh, 1), MCXT_ALLOC_HUGE);
+			int64		nv;
 
-				if (RowVisible(&b, &tid))
-					EmitRow(&b, entry, which[j], 0, &tid, hits[h].id, hits[h].dist);
-			}
+			GpuMetricSortByTid(entry->tids, hits, nh);
+			nv = VisibleHits(&b, entry, hits, nh, -1, vis);
+			for (int64 h = 0; h < nv; h++)
+				EmitRow(&b, entry, which[j], 0, &vis[h].tid, vis[h].id, vis[h].dist);
+			pfree(vis);
 			CHECK_FOR_INTERRUPTS();
 		}
 		MemoryContextSwitchTo(old);
@@ -317,19 +368,17 @@ gpu_metric_knn_batch(PG_FUNCTION_ARGS)
 				gpuivfpq::MetricHit *hits = found.hits + found.offsets[j];
 				int64		nh = (int64) (found.offsets[j + 1] - found.offsets[j]);
 
-				GpuMetricSortByTid(entry->tids, hits, nh);
-				kept[i] = 0;
-				for (int64 h = 0; h < nh && kept[i] < k; h++)
-				{
-					ItemPointerData tid = entry->tids[hits[h].id];
+				VisibleHit *vis = (VisibleHit *) palloc_extended(sizeof(VisibleHit) * Max(nh, 1), MCXT_ALLOC_HUGE);
+				int64		nv;
 
-					if (RowVisible(&b, &tid))
-					{
-						tids[i * k + kept[i]] = tid;
-						ids[i * k + kept[i]] = hits[h].id;
-						dists[i * k + kept[i]] = hits[h].dist;
-						kept[i]++;
-					}
+				GpuMetricSortByTid(entry->tids, hits, nh);
+				nv = VisibleHits(&b, entry, hits, nh, k, vis);
+				kept[i] = (int) Min(nv, (int64) k);
+				for (int r = 0; r < kept[i]; r++)
+				{
+					tids[i * k + r] = vis[r].tid;
+					ids[i * k + r] = vis[r].id;
+					dists[i * k + r] = vis[r].dist;
 				}
 				/*
 				 * Done with k rows, or with every live object ranked (fewer

@@ -401,6 +401,11 @@ INSERT INTO big_dim SELECT array_fill(i::real, ARRAY[784]) FROM generate_series(
 CREATE INDEX ON big_dim USING gpu_ivfpq (v) WITH (lists = 30);
 RESET maintenance_work_mem;
 CREATE INDEX big_dim_idx ON big_dim USING gpu_ivfpq (v) WITH (lists = 30);
+-- The list centroids' memory follows the options, not the rows: 65536
+-- lists of 784 dimensions need about 800 MB whatever the table holds.
+SET maintenance_work_mem = '64MB';
+CREATE INDEX ON big_dim USING gpu_ivfpq (v) WITH (lists = 65536, store_vectors = off);
+RESET maintenance_work_mem;
 DROP TABLE big_dim;
 -- One row of 2000 dimensions at 5MB, with the default 100 lists.
 CREATE TABLE one_row (v real[]);

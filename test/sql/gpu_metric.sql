@@ -343,6 +343,17 @@ SELECT (SELECT array_agg(distance ORDER BY rank) FROM gpu_metric_knn_batch('pivo
        (SELECT array_agg(d ORDER BY d) FROM (SELECT word <~> 'abcdef' AS d FROM pivot_words ORDER BY 1 LIMIT 5) s)
        AS same_nearest;
 DROP TABLE pivot_words, pivot_hits;
+-- Ties go by the rows' own TIDs (ctid), not the index's: a HOT update
+-- moves row 1 to the end of the page while the index keeps its chain's root.
+CREATE TABLE hot_words (id int, w text, note text) WITH (fillfactor = 50);
+INSERT INTO hot_words SELECT i, 'same', 'x' FROM generate_series(1, 50) i;
+CREATE INDEX hot_words_lc ON hot_words USING gpu_metric (w);
+UPDATE hot_words SET note = 'y' WHERE id = 1;
+SELECT (SELECT array_agg(tid ORDER BY rank) FROM gpu_metric_knn_batch('hot_words_lc', ARRAY['same'], 3)) =
+       (SELECT array_agg(ctid) FROM (SELECT ctid FROM hot_words ORDER BY ctid LIMIT 3) s) AS knn_ties_by_ctid,
+       (SELECT array_agg(tid) FROM gpu_metric_range_batch('hot_words_lc', ARRAY['same'], 0)) =
+       (SELECT array_agg(ctid ORDER BY ctid) FROM hot_words) AS range_ties_by_ctid;
+DROP TABLE hot_words;
 
 --
 -- Bad input.

@@ -161,6 +161,20 @@ SELECT gpu_metric_prewarm('svc_idx');
 RESET ROLE;
 DROP ROLE svc_metric_nobody;
 
+-- An index with no words (an empty table, or only NULLs) mirrors as
+-- empty: no rows, no warning, and device = gpu serves it.
+CREATE TABLE svc_empty (w text);
+CREATE INDEX svc_empty_lc ON svc_empty USING gpu_metric (w);
+SELECT gpu_metric_prewarm('svc_empty_lc') AS empty_objects;
+SET gpu_ivfpq.device = gpu;
+SELECT count(*) AS empty_rows FROM gpu_metric_knn_batch('svc_empty_lc', ARRAY['a'], 1);
+SELECT count(*) AS empty_range FROM svc_empty WHERE w <% edit_range('a', 1);
+INSERT INTO svc_empty VALUES (NULL), (NULL);
+CREATE INDEX svc_empty_sss ON svc_empty USING gpu_metric (w) WITH (method = sss);
+SELECT count(*) AS nulls_rows FROM gpu_metric_knn_batch('svc_empty_sss', ARRAY['a'], 1);
+RESET gpu_ivfpq.device;
+DROP TABLE svc_empty;
+
 -- The searches above were served by the GPU: none fell back.
 SELECT queries_gpu > 0 AS gpu_served FROM gpu_ivfpq_status;
 DROP TABLE svc_words, svc_queries;
