@@ -341,6 +341,20 @@ NextBatch(IndexScanDesc scan)
 	so->dists = NULL;
 	so->nresults = 0;
 	so->next = 0;
+	/*
+	 * A scan with neither a range nor an order would stand for every row of
+	 * the table, and rows whose word is NULL are not in the index: refused
+	 * rather than missing rows. The planner never takes such a path
+	 * (amcostestimate refuses it), but PostgreSQL 18 may still build a
+	 * bitmap scan from it when every other path is disabled.
+	 */
+	if (scan->numberOfKeys == 0 && scan->numberOfOrderBys == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("gpu_metric index \"%s\" cannot return every row of its table",
+						RelationGetRelationName(scan->indexRelation)),
+				 errdetail("Rows whose word is NULL are not in the index."),
+				 errhint("Search with a range (<%% edit_range(...)) or an ORDER BY distance, or allow a sequential scan (enable_seqscan).")));
 	old = MemoryContextSwitchTo(so->roundctx);
 	if (so->nranges > 0)
 		RangeBatch(scan);
