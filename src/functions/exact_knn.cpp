@@ -164,8 +164,9 @@ LeastDistance(int metric, double score, double slack)
  * takes |q|^2 + |b|^2 - 2 q.b, which loses every digit of a distance small
  * against the norms (points 1e-4 apart at coordinates near 100 rank at
  * random). So for L2 the chunk and the queries are first moved by the
- * chunk's mean (distances do not change, the norms shrink to the spread of
- * the data), and each query's result is certified: a row the kernel left
+ * chunk's mean where it lies far off the origin against the data's spread
+ * (distances do not change, the norms shrink to that spread), and each
+ * query's result is certified: a row the kernel left
  * out ranked no better than the kk-th, so its distance is at least that
  * value less the ranking's rounding bound (RankSlack); when that exceeds
  * the query's k-th exact distance after the merge, nothing left out can
@@ -190,34 +191,62 @@ SearchChunk(const float *queries, int64 nq, const float *base, const ItemPointer
 	double		bsq = 0.0;
 	bool		all_exact = false;
 
-	if (metric == (int) gpuivfpq::Metric::L2)
+	/* The rows' squared norms (what ranking must not overflow: NaN fails too), and for L2 their mean. */
 	{
-		double	   *mean = (double *) palloc0(sizeof(double) * d);
-		float	   *cq = work;
-		float	   *cb = work + nq * d;
+		double	   *mean = metric == (int) gpuivfpq::Metric::L2 ? (double *) palloc0(sizeof(double) * d) : NULL;
+		double		sumsq = 0.0;
 
 		for (int64 i = 0; i < n; i++)
-			for (int j = 0; j < d; j++)
-				mean[j] += base[i * d + j];
-		for (int j = 0; j < d; j++)
-			mean[j] /= (double) n;
-		for (int64 i = 0; i < n; i++)
-			for (int j = 0; j < d; j++)
-				cb[i * d + j] = (float) ((double) base[i * d + j] - mean[j]);
-		for (int64 q = 0; q < nq; q++)
-			for (int j = 0; j < d; j++)
-				cq[q * d + j] = (float) ((double) queries[q * d + j] - mean[j]);
-		pfree(mean);
-		kq = cq;
-		kb = cb;
-	}
-	/* What the kernels rank must not overflow float (NaN fails the test too). */
-	for (int64 i = 0; i < n && !all_exact; i++)
-	{
-		double		v = NormSqr(kb + i * d, d);
+		{
+			const float *x = base + i * d;
+			double		v = NormSqr(x, d);
 
-		all_exact = !(v <= gpuivfpq::kMaxRankedNormSqr);
-		bsq = Max(bsq, v);
+			all_exact |= !(v <= gpuivfpq::kMaxRankedNormSqr);
+			bsq = Max(bsq, v);
+			sumsq += v;
+			if (mean != NULL)
+				for (int j = 0; j < d; j++)
+					mean[j] += x[j];
+		}
+
+		/*
+		 * Moved by the mean only where it matters: when the mean's norm
+		 * exceeds the rows' spread about it (sumsq / n - |mean|^2) four
+		 * times over, the norms (and the rounding with them) shrink five
+		 * times at least; data about the origin, or spread wider than it
+		 * lies off it, skips the two passes.
+		 */
+		if (mean != NULL && !all_exact)
+		{
+			double		msq = 0.0;
+
+			for (int j = 0; j < d; j++)
+			{
+				mean[j] /= (double) n;
+				msq += mean[j] * mean[j];
+			}
+			if (msq > 4.0 * (sumsq / (double) n - msq))
+			{
+				float	   *cq = work;
+				float	   *cb = work + nq * d;
+
+				bsq = 0.0;
+				for (int64 i = 0; i < n; i++)
+				{
+					for (int j = 0; j < d; j++)
+						cb[i * d + j] = (float) ((double) base[i * d + j] - mean[j]);
+					bsq = Max(bsq, NormSqr(cb + i * d, d));
+				}
+				for (int64 q = 0; q < nq; q++)
+					for (int j = 0; j < d; j++)
+						cq[q * d + j] = (float) ((double) queries[q * d + j] - mean[j]);
+				kq = cq;
+				kb = cb;
+				all_exact |= !(bsq <= gpuivfpq::kMaxRankedNormSqr);
+			}
+		}
+		if (mean != NULL)
+			pfree(mean);
 	}
 	for (int64 q = 0; q < nq && !all_exact; q++)
 	{
