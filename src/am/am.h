@@ -653,6 +653,7 @@ extern IndexBuildResult *gpuivfpqbuild(Relation heap, Relation index, IndexInfo 
 extern void gpuivfpqbuildempty(Relation index);
 extern char *gpuivfpqbuildphasename(int64 phase);
 extern int	GpuIvfpqChooseM(Relation index, int dim, bool existing);
+extern void GpuIvfpqCheckNewOptions(Relation index, Datum reloptions, int dim);
 
 /* ---- insert.cpp ---- */
 extern bool gpuivfpqinsert(Relation index, Datum *values, bool *isnull, ItemPointer heap_tid,

@@ -147,18 +147,45 @@ WantsRabitq(Relation index)
 	return opts != NULL && opts->codes == GPU_IVFPQ_CODES_RABITQ;
 }
 
+static int	ChooseM(Relation index, const GpuIvfpqOptions *opts, int dim, bool existing);
+
 /*
- * Errors unless the index's codes can take vectors of dim dimensions: m
- * must divide dim (PQ codes), or dim be within RaBitQ's limit.
+ * Errors unless codes as opts ask for them (NULL: the defaults) can take
+ * vectors of dim dimensions: m must divide dim (PQ codes), or dim be
+ * within RaBitQ's limit.
  */
+static void
+CheckCodesDimWith(Relation index, const GpuIvfpqOptions *opts, int dim)
+{
+	GpuIvfpqCheckIndexableDim(dim);
+	if (opts != NULL && opts->codes == GPU_IVFPQ_CODES_RABITQ)
+		GpuIvfpqRabitqCheckDim(index, dim);
+	else
+		(void) ChooseM(index, opts, dim, false);
+}
+
+/* CheckCodesDimWith the index's own options. */
 static void
 CheckCodesDim(Relation index, int dim)
 {
-	GpuIvfpqCheckIndexableDim(dim);
-	if (WantsRabitq(index))
-		GpuIvfpqRabitqCheckDim(index, dim);
-	else
-		(void) GpuIvfpqChooseM(index, dim, false);
+	CheckCodesDimWith(index, (const GpuIvfpqOptions *) index->rd_options, dim);
+}
+
+/*
+ * ALTER INDEX ... SET (...) changed the options of index, an index of
+ * vectors of dim dimensions (0: none yet): its next build (REINDEX, VACUUM
+ * FULL, a restore of a dump) must be able to use them, so codes or an m
+ * that cannot take its vectors are refused now rather than at that build.
+ */
+void
+GpuIvfpqCheckNewOptions(Relation index, Datum reloptions, int dim)
+{
+	GpuIvfpqOptions *opts = (GpuIvfpqOptions *) gpuivfpqoptions(reloptions, false);
+
+	if (dim > 0)
+		CheckCodesDimWith(index, opts, dim);
+	if (opts != NULL)
+		pfree(opts);
 }
 
 /*
@@ -805,7 +832,13 @@ IndexOptions(Relation index, BuildState *bs)
 int
 GpuIvfpqChooseM(Relation index, int dim, bool existing)
 {
-	GpuIvfpqOptions *opts = (GpuIvfpqOptions *) index->rd_options;
+	return ChooseM(index, (const GpuIvfpqOptions *) index->rd_options, dim, existing);
+}
+
+/* GpuIvfpqChooseM with the options opts (NULL: the defaults). */
+static int
+ChooseM(Relation index, const GpuIvfpqOptions *opts, int dim, bool existing)
+{
 	int			requested = opts ? opts->m : 0;
 	StringInfoData valid;
 
@@ -910,11 +943,11 @@ TrainQuantizers(BuildState *bs, GpuIvfpqMetaPageData *meta, TimestampTz *phase_s
 
 	bs->m = GpuIvfpqChooseM(bs->index, bs->dim, false);
 	/*
-	 * The list centroids are held four times over at most: the training's
-	 * copy, the model's, and k-means' sums in double (as RaBitQ's check
-	 * counts its own); their size follows the options, not the table.
+	 * The list centroids are held twice: the training's copy and the
+	 * model's (as RaBitQ's check counts its own); their size follows the
+	 * options, not the table (65536 lists of 2000 dimensions: 1 GB).
 	 */
-	CheckBuildMemory(4 * sizeof(float) * (Size) bs->lists * bs->dim, "the list centroids");
+	CheckBuildMemory(2 * sizeof(float) * (Size) bs->lists * bs->dim, "the list centroids");
 	on_gpu = TrainOnService(bs, &params, bs->m, &centroids, &codebooks);
 	bs->model = GpuIvfpqMakeOwned<gpuivfpq::IvfPqModel>(CurrentMemoryContext, "training",
 														(size_t) bs->dim, (size_t) bs->lists,

@@ -27,6 +27,7 @@ typedef struct GpuIvfpqScanOpaqueData
 
 	/* the query of the current rescan */
 	bool		null_query;
+	bool		nan_query;		/* every distance is NaN (a zero vector for cosine) */
 	bool		unranked;		/* past what the quantizers rank: one exact pass */
 	float	   *query;
 	gpuivfpq::IvfPqModel *model;	/* the backend cache's: valid during one round only */
@@ -52,6 +53,18 @@ typedef struct GpuIvfpqScanOpaqueData
 	int			widen_to;		/* > 0: the next round only probes this many lists (a filter) */
 	bool		filter_sized;	/* the probes were scaled to the filter's selectivity */
 	GpuIvfpqHit last;			/* the last row returned: later rows sort after it */
+
+	/*
+	 * The rows returned so far, in order, and whether each is known visible
+	 * to the scan's snapshot (re-ranked from the heap). Rows a round took
+	 * from vector copies were never checked: the executor drops those it
+	 * cannot see (an aborted insert, a deleted row before VACUUM), and such
+	 * a row must not hold later rows back (SettleLast).
+	 */
+	GpuIvfpqHit *returned;
+	bool	   *returned_known;
+	int64		nreturned;
+	int64		returned_cap;
 
 	GpuIvfpqHit *results;
 	int			nresults;
@@ -247,6 +260,10 @@ gpuivfpqrescan(IndexScanDesc scan, ScanKey keys, int nkeys, ScanKey orderbys, in
 	so->reranked = 0;
 	so->entries_seen = 0;
 	so->returned_any = false;
+	so->returned = NULL;
+	so->returned_known = NULL;
+	so->nreturned = 0;
+	so->returned_cap = 0;
 	so->final_round = false;
 	so->round_want = 0;
 	so->round_probes = 0;
@@ -263,6 +280,7 @@ gpuivfpqrescan(IndexScanDesc scan, ScanKey keys, int nkeys, ScanKey orderbys, in
 	so->pending_cap = 0;
 	so->query = NULL;
 	so->null_query = true;
+	so->nan_query = false;
 	so->unranked = false;
 	so->query_prepared = false;
 
@@ -295,6 +313,8 @@ gpuivfpqrescan(IndexScanDesc scan, ScanKey keys, int nkeys, ScanKey orderbys, in
 		memcpy(so->query, q, sizeof(float) * dim);
 		so->null_query = false;
 		so->unranked = !gpuivfpq::ivfpq_ranks_query(so->query, (size_t) dim);
+		so->nan_query = so->metric == (int) gpuivfpq::Metric::Cosine &&
+			std::all_of(so->query, so->query + dim, [](float x) { return x == 0.0f; });
 	}
 	MemoryContextSwitchTo(old);
 }
@@ -343,6 +363,54 @@ DistanceBefore(double a, double b)
 }
 
 /*
+ * Before a row is skipped for sorting before the last row returned: the
+ * last returned rows that the scan's snapshot cannot see were never output
+ * (the executor dropped them), so the order to keep is that of the last
+ * visible one. Checks returned rows from the latest back until one is
+ * visible (each at most once: a row found visible stays known, one found
+ * invisible is forgotten, the snapshot being the scan's for its whole
+ * life) and makes it the last.
+ */
+static void
+SettleLast(IndexScanDesc scan)
+{
+	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
+
+	while (so->nreturned > 0)
+	{
+		int64		i = so->nreturned - 1;
+
+		if (!so->returned_known[i])
+		{
+			ItemPointerData tid = so->returned[i].tid;
+
+			EnsureHeapAccess(scan);
+			so->returned_known[i] = GpuIvfpqHeapFetchVisible(&so->hf, &tid);
+		}
+		if (so->returned_known[i])
+		{
+			so->last = so->returned[i];
+			return;
+		}
+		so->nreturned--;
+		CHECK_FOR_INTERRUPTS();
+	}
+	so->returned_any = false;
+}
+
+/* Whether h must be skipped: it sorts before the last visible row returned (strict order). */
+static bool
+ReturnsLate(IndexScanDesc scan, const GpuIvfpqHit *h)
+{
+	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
+
+	if (!gpu_ivfpq_strict_order || !so->returned_any || !DistanceBefore(h->dist, so->last.dist))
+		return false;
+	SettleLast(scan);
+	return so->returned_any && DistanceBefore(h->dist, so->last.dist);
+}
+
+/*
  * Chooses what a round returns from its candidates, sorted by exact
  * distance. A round that left entries of the probed lists unranked returns
  * only the nearer half: its tail is where the next, wider round finds rows
@@ -356,8 +424,9 @@ DistanceBefore(double a, double b)
  * returned late; rows returned before are never returned again.
  */
 static void
-ChooseReturned(GpuIvfpqScanOpaque so, bool partial)
+ChooseReturned(IndexScanDesc scan, bool partial)
 {
+	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
 	int			kept = 0;
 	int			n = so->nresults;
 
@@ -366,6 +435,16 @@ ChooseReturned(GpuIvfpqScanOpaque so, bool partial)
 	if (partial && n > 0)
 	{
 		n = (n + 1) / 2;
+		/*
+		 * Nor a row of NaN distance (a cosine with a zero vector), which
+		 * sorts after every number: a later round may still find numbers.
+		 * They sort last in the results; the last round returns them. A
+		 * query whose every distance is NaN (a zero vector for cosine) has
+		 * no order to keep.
+		 */
+		if (!so->nan_query)
+			while (n > 0 && isnan(so->results[n - 1].dist))
+				n--;
 		/* A heap re-rank must fetch the tail again next round: it is not seen yet. */
 		if (so->heap_round)
 			for (int i = n; i < so->nresults; i++)
@@ -383,7 +462,7 @@ ChooseReturned(GpuIvfpqScanOpaque so, bool partial)
 		if (returned)
 			continue;
 		/* Equal distances may come in any TID order: SQL orders by distance only. */
-		if (gpu_ivfpq_strict_order && so->returned_any && DistanceBefore(h->dist, so->last.dist))
+		if (ReturnsLate(scan, h))
 		{
 			so->skipped_late++;
 			continue;
@@ -536,7 +615,7 @@ LazyNext(IndexScanDesc scan, GpuIvfpqHit *out)
 		{
 			GpuIvfpqHit h = PendingPop(so);
 
-			if (gpu_ivfpq_strict_order && so->returned_any && DistanceBefore(h.dist, so->last.dist))
+			if (ReturnsLate(scan, &h))
 			{
 				so->skipped_late++;
 				continue;
@@ -887,7 +966,7 @@ NextBatch(IndexScanDesc scan)
 			INSTR_TIME_ACCUM_DIFF(so->rerank_time, end, start);
 		}
 		/* Only a round that another may follow holds its tail back. */
-		ChooseReturned(so, !so->final_round && so->reranked < gpu_ivfpq_max_scan_tuples);
+		ChooseReturned(scan, !so->final_round && so->reranked < gpu_ivfpq_max_scan_tuples);
 		if (so->nresults > 0)
 			return true;
 	}
@@ -930,6 +1009,23 @@ gpuivfpqgettuple(IndexScanDesc scan, ScanDirection dir)
 	}
 	so->last = *r;
 	so->returned_any = true;
+	if (so->nreturned == so->returned_cap)
+	{
+		MemoryContext old = MemoryContextSwitchTo(so->batchctx);
+
+		so->returned_cap = Max(so->returned_cap * 2, 64);
+		so->returned = so->returned
+			? (GpuIvfpqHit *) repalloc_huge(so->returned, sizeof(GpuIvfpqHit) * so->returned_cap)
+			: (GpuIvfpqHit *) palloc(sizeof(GpuIvfpqHit) * so->returned_cap);
+		so->returned_known = so->returned_known
+			? (bool *) repalloc_huge(so->returned_known, sizeof(bool) * so->returned_cap)
+			: (bool *) palloc(sizeof(bool) * so->returned_cap);
+		MemoryContextSwitchTo(old);
+	}
+	so->returned[so->nreturned] = *r;
+	/* Re-ranked from the heap (a heap round, a lazy one): visible to the snapshot. */
+	so->returned_known[so->nreturned] = so->lazy || so->heap_round;
+	so->nreturned++;
 	/* Every returned row, whichever way its round re-ranked (a heap round entered it already). */
 	(void) hash_search(so->seen, &r->tid, HASH_ENTER, NULL);
 	scan->xs_heaptid = r->tid;

@@ -181,6 +181,15 @@ gpuivfpqbulkdelete(IndexVacuumInfo *info, IndexBulkDeleteResult *stats,
 		mirror.pos = Max(mirror.pos, GpuIvfpqServiceLogInvalidate(info->index));
 
 	/*
+	 * A pass that failed after removing entries logged its invalidation but
+	 * could not wait for it; this pass lets the heap reuse those TIDs too
+	 * (its own walk finds nothing of them), so it waits for everything
+	 * logged before it returns. The service applies the log in order, so
+	 * this is the backlog at most.
+	 */
+	mirror.pos = Max(mirror.pos, GpuIvfpqServiceLogPosition());
+
+	/*
 	 * The GPU mirror loses the removed entries before VACUUM lets the heap
 	 * reuse their TIDs, so a mirror never offers a TID for a row it no
 	 * longer describes: removed in place (no reload), or after a large

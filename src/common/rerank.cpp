@@ -172,6 +172,23 @@ GpuIvfpqHeapFetchVector(GpuIvfpqHeapFetch *hf, ItemPointer tid, int *dim)
 	return v;
 }
 
+bool
+GpuIvfpqHeapFetchVisible(GpuIvfpqHeapFetch *hf, ItemPointer tid)
+{
+	bool		call_again = false;
+	bool		all_dead = false;
+	bool		found;
+
+	/* Never a TID no row can have (block 0xFFFFFFFF reads as "extend the table"). */
+	if (ItemPointerGetBlockNumberNoCheck(tid) == InvalidBlockNumber || ItemPointerGetOffsetNumberNoCheck(tid) == 0)
+		return false;
+	MemoryContextReset(hf->rowctx);
+	found = table_index_fetch_tuple(hf->fetch, tid, hf->snapshot, hf->slot, &call_again, &all_dead);
+	if (found)
+		ExecClearTuple(hf->slot);
+	return found;
+}
+
 void
 GpuIvfpqHeapFetchEnd(GpuIvfpqHeapFetch *hf)
 {
@@ -363,8 +380,6 @@ GpuIvfpqKeepVisible(GpuIvfpqHeapFetch *hf, const GpuIvfpqVisibleRows *visible, c
 
 	for (int64 i = 0; i < n && nhits < limit; i++)
 	{
-		bool		call_again = false;
-		bool		all_dead = false;
 		bool		dup = false;
 		ItemPointerData tid;
 
@@ -381,10 +396,8 @@ GpuIvfpqKeepVisible(GpuIvfpqHeapFetch *hf, const GpuIvfpqVisibleRows *visible, c
 			nhits++;
 			continue;
 		}
-		MemoryContextReset(hf->rowctx);
-		if (table_index_fetch_tuple(hf->fetch, &tid, hf->snapshot, hf->slot, &call_again, &all_dead))
+		if (GpuIvfpqHeapFetchVisible(hf, &tid))
 		{
-			ExecClearTuple(hf->slot);
 			hits[nhits].dist = exact[i];
 			hits[nhits].tid = tid;
 			nhits++;

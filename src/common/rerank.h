@@ -82,6 +82,8 @@ extern void GpuIvfpqHeapFetchBegin(GpuIvfpqHeapFetch *hf, Relation heap, Relatio
  */
 extern const float *GpuIvfpqHeapFetchVector(GpuIvfpqHeapFetch *hf, ItemPointer tid, int *dim);
 extern void GpuIvfpqHeapFetchEnd(GpuIvfpqHeapFetch *hf);
+/* Whether a row at tid is visible to hf's snapshot; *tid becomes the visible row's own TID. */
+extern bool GpuIvfpqHeapFetchVisible(GpuIvfpqHeapFetch *hf, ItemPointer tid);
 
 /* What GpuIvfpqRerank measures against and keeps. */
 typedef struct GpuIvfpqRerankSpec

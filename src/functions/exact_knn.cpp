@@ -4,6 +4,7 @@
 // brute force), and the per-chunk winners merged with exact distances. Also
 // the ground truth for recall measurements.
 #include <algorithm>
+#include <cfloat>
 
 #include "functions/batch_search.h"
 #include "service/service.h"
@@ -131,12 +132,30 @@ static double
 RankSlack(int metric, int d, double qsq, double bsq)
 {
 	double		g = (double) (d + 16) * ldexp(1.0, -23);
+	/*
+	 * Products below the normal float range lose up to FLT_MIN each (a
+	 * device that flushes them to zero), whatever the norms: an absolute
+	 * term, or data of 1e-23 would be certified on rounding alone.
+	 */
+	double		tiny = (double) (4 * d + 32) * FLT_MIN;
 
 	if (metric == (int) gpuivfpq::Metric::L2)
-		return 2.0 * g * (qsq + bsq);
+		return 2.0 * g * (qsq + bsq) + tiny;
 	if (metric == (int) gpuivfpq::Metric::InnerProduct)
-		return g * sqrt(qsq * bsq);
-	return 8.0 * g;
+		return g * sqrt(qsq * bsq) + tiny;
+	return 8.0 * g + tiny;
+}
+
+/*
+ * Cosine is ranked from the raw norms on the GPU (1 - q.b / sqrt(|q|^2
+ * |b|^2)): a product of squared norms that leaves the float range ranks
+ * the row at 1 whatever its angle. Norms within [2^-50, 2^50] keep it in
+ * range; others are not certified.
+ */
+static bool
+CosineRankable(double nsq)
+{
+	return nsq >= ldexp(1.0, -50) && nsq <= ldexp(1.0, 50);
 }
 
 /*
@@ -202,6 +221,7 @@ SearchChunk(const float *queries, int64 nq, const float *base, const ItemPointer
 			double		v = NormSqr(x, d);
 
 			all_exact |= !(v <= gpuivfpq::kMaxRankedNormSqr);
+			all_exact |= metric == (int) gpuivfpq::Metric::Cosine && !CosineRankable(v);
 			bsq = Max(bsq, v);
 			sumsq += v;
 			if (mean != NULL)
@@ -251,7 +271,8 @@ SearchChunk(const float *queries, int64 nq, const float *base, const ItemPointer
 	for (int64 q = 0; q < nq && !all_exact; q++)
 	{
 		qsq[q] = NormSqr(kq + q * d, d);
-		all_exact = !(qsq[q] <= gpuivfpq::kMaxRankedNormSqr);
+		all_exact = !(qsq[q] <= gpuivfpq::kMaxRankedNormSqr) ||
+			(metric == (int) gpuivfpq::Metric::Cosine && !CosineRankable(qsq[q]));
 	}
 	if (!all_exact)
 	{
@@ -378,7 +399,10 @@ MirrorNormBound(Relation index, const GpuIvfpqMetaPageData *meta)
 		if (dir[l].head == InvalidBlockNumber)
 			continue;
 		if (!(rc >= 0.0))
-			return get_float8_infinity();
+		{
+			bound = get_float8_infinity();
+			break;
+		}
 		bound = Max(bound, (cn + rc) * (1.0 + widen));
 	}
 	pfree(dir);
@@ -433,8 +457,6 @@ ExactFromMirror(Relation heap, AttrNumber attnum, const float *queries, int64 nq
 	index = MirrorIndexOf(heap, attnum, d, metric, &meta);
 	if (index == NULL)
 		return false;
-	bsq = MirrorNormBound(index, &meta);
-	bsq *= bsq;
 	labels = (int64 *) palloc_extended(sizeof(int64) * chunk * want, MCXT_ALLOC_HUGE);
 	exact = (double *) palloc_extended(sizeof(double) * chunk * want, MCXT_ALLOC_HUGE);
 	hits = (GpuIvfpqHit *) palloc_extended(sizeof(GpuIvfpqHit) * nq * k, MCXT_ALLOC_HUGE);
@@ -454,6 +476,12 @@ ExactFromMirror(Relation heap, AttrNumber attnum, const float *queries, int64 nq
 			served = false;
 			break;
 		}
+		/*
+		 * Read after the search: every row it ranked was inserted (and its
+		 * list's radius widened) before its change reached the mirror.
+		 */
+		bsq = MirrorNormBound(index, &meta);
+		bsq *= bsq;
 		for (int64 i = 0; i < cn; i++)
 		{
 			int			n = 0;
@@ -473,9 +501,11 @@ ExactFromMirror(Relation heap, AttrNumber attnum, const float *queries, int64 nq
 			{
 				double		last = exact[i * want + n - 1];
 				double		score = metric == (int) gpuivfpq::Metric::L2 ? last * last : last;
-				double		slack = RankSlack(metric, d, NormSqr(queries + q * d, d), bsq);
+				double		qn = NormSqr(queries + q * d, d);
+				double		slack = RankSlack(metric, d, qn, bsq);
 
-				if (!(LeastDistance(metric, score - slack, slack) > hits[q * k + k - 1].dist))
+				if ((metric == (int) gpuivfpq::Metric::Cosine && !CosineRankable(qn)) ||
+					!(LeastDistance(metric, score - slack, slack) > hits[q * k + k - 1].dist))
 				{
 					served = false;
 					break;
@@ -589,7 +619,8 @@ gpu_ivfpq_exact_knn(PG_FUNCTION_ARGS)
 	qblock = Min(nq, Max((int64) 1, (int64) (EXACT_BEST_BYTES /
 											 ((Size) k * sizeof(GpuIvfpqHit) +
 											  (Size) kk * (sizeof(float) + sizeof(int64)) +
-											  (Size) d * sizeof(float) + sizeof(double)))));
+											  (metric == (int) gpuivfpq::Metric::L2 ? (Size) d * sizeof(float) : 0) +
+											  sizeof(double)))));
 	base = (float *) palloc_extended((Size) chunk * d * sizeof(float), MCXT_ALLOC_HUGE);
 	tids = (ItemPointerData *) palloc_extended(sizeof(ItemPointerData) * chunk, MCXT_ALLOC_HUGE);
 	best = (GpuIvfpqHit *) palloc_extended(sizeof(GpuIvfpqHit) * qblock * k, MCXT_ALLOC_HUGE);
@@ -597,8 +628,9 @@ gpu_ivfpq_exact_knn(PG_FUNCTION_ARGS)
 	dist = (float *) palloc_extended(sizeof(float) * qblock * kk, MCXT_ALLOC_HUGE);
 	labels = (int64 *) palloc_extended(sizeof(int64) * qblock * kk, MCXT_ALLOC_HUGE);
 	scratch = (GpuIvfpqHit *) palloc_extended(sizeof(GpuIvfpqHit) * ((Size) kk + k), MCXT_ALLOC_HUGE);
-	/* the chunk and the queries moved by the chunk's mean (L2) */
-	work = (float *) palloc_extended(sizeof(float) * (Size) (qblock + chunk) * d, MCXT_ALLOC_HUGE);
+	/* the chunk and the queries moved by the chunk's mean (L2 only) */
+	work = metric == (int) gpuivfpq::Metric::L2
+		? (float *) palloc_extended(sizeof(float) * (Size) (qblock + chunk) * d, MCXT_ALLOC_HUGE) : NULL;
 	qsq = (double *) palloc_extended(sizeof(double) * qblock, MCXT_ALLOC_HUGE);
 	rowctx = AllocSetContextCreate(CurrentMemoryContext, "gpu_ivfpq exact row", ALLOCSET_DEFAULT_SIZES);
 	slot = table_slot_create(heap, NULL);

@@ -290,6 +290,12 @@ gpu_ivfpq_range(PG_FUNCTION_ARGS)
 			continue;
 		if (use_adc)
 		{
+			/*
+			 * Asked again per list: the heap fetches of a round (an index
+			 * expression's own queries among them) may have evicted it.
+			 */
+			model = GpuIvfpqGetModel(index, &meta);
+			GpuIvfpqModelTables(model);
 			GpuIvfpqGuard("lookup tables", [&] { model->list_table(*prepared, p, table, &bound.base); });
 			bound.table = table;
 			bound.limit = (float) (adc_limit[l] * adc_limit[l]);

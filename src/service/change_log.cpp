@@ -321,6 +321,13 @@ GpuIvfpqServiceLogRemove(Relation index, const GpuIvfpqMetaPageData *meta, const
 	return pos;
 }
 
+/* The log position after everything logged so far (0 without the service). */
+uint64
+GpuIvfpqServiceLogPosition(void)
+{
+	return gpu_ivfpq_service != NULL ? GpuIvfpqLogHead() : 0;
+}
+
 /* The mirror goes (a large VACUUM); returns the log position after the invalidation. */
 uint64
 GpuIvfpqServiceLogInvalidate(Relation index)

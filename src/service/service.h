@@ -27,6 +27,7 @@ extern void GpuIvfpqServiceInvalidate(Relation index, bool wait);
 extern uint64 GpuIvfpqServiceLogRemove(Relation index, const GpuIvfpqMetaPageData *meta,
 									   const int64 *labels, int n);
 extern uint64 GpuIvfpqServiceLogInvalidate(Relation index);
+extern uint64 GpuIvfpqServiceLogPosition(void);
 extern void GpuIvfpqServiceWaitApplied(uint64 pos);
 
 /* Most labels a VACUUM removes from a mirror in place (more: the mirror is reloaded). */

@@ -402,7 +402,7 @@ CREATE INDEX ON big_dim USING gpu_ivfpq (v) WITH (lists = 30);
 RESET maintenance_work_mem;
 CREATE INDEX big_dim_idx ON big_dim USING gpu_ivfpq (v) WITH (lists = 30);
 -- The list centroids' memory follows the options, not the rows: 65536
--- lists of 784 dimensions need about 800 MB whatever the table holds.
+-- lists of 784 dimensions need about 400 MB whatever the table holds.
 SET maintenance_work_mem = '64MB';
 CREATE INDEX ON big_dim USING gpu_ivfpq (v) WITH (lists = 65536, store_vectors = off);
 RESET maintenance_work_mem;

@@ -159,5 +159,23 @@ SELECT pg_relation_size('u_idx') = :usize0 AS same_size,
        same_as_seqscan('SELECT id FROM u ORDER BY v <-> ''{10.31,20.77,30.13,1234.57}''') AS same_all;
 DROP TABLE u;
 
+--
+-- Entries of rows the scan cannot see (inserts rolled back, before VACUUM)
+-- come first from the vector copies; the executor drops them, and they must
+-- not hold back the live rows a wider round finds nearer (strict order).
+--
+SELECT setseed(0.7);
+CREATE TABLE r1 (id int, v real[]) WITH (autovacuum_enabled = off);
+INSERT INTO r1 SELECT i, ARRAY(SELECT (random() * 10)::real FROM generate_series(1, 8) WHERE i > 0)
+FROM generate_series(1, 2000) i;
+CREATE INDEX r1_v ON r1 USING gpu_ivfpq (v) WITH (lists = 16, m = 4);
+BEGIN; INSERT INTO r1 SELECT 10000 + i, ARRAY[i * 0.01, 0, 0, 0, 0, 0, 0, 0]::real[] FROM generate_series(1, 50) i; ROLLBACK;
+BEGIN; INSERT INTO r1 SELECT 10000 + i, ARRAY[i * 0.01, 0, 0, 0, 0, 0, 0, 0]::real[] FROM generate_series(1, 50) i; ROLLBACK;
+BEGIN; INSERT INTO r1 SELECT 10000 + i, ARRAY[i * 0.01, 0, 0, 0, 0, 0, 0, 0]::real[] FROM generate_series(1, 50) i; ROLLBACK;
+INSERT INTO r1 SELECT 10000 + i, ARRAY[i * 0.01, 0, 0, 0, 0, 0, 0, 0]::real[] FROM generate_series(1, 50) i;
+SELECT knn('SELECT id FROM r1 ORDER BY v <-> ''{0,0,0,0,0,0,0,0}'' LIMIT 3', true) AS after_aborted_inserts,
+       knn('SELECT id FROM r1 ORDER BY v <-> ''{0,0,0,0,0,0,0,0}'' LIMIT 3', false) AS seqscan;
+DROP TABLE r1;
+
 DROP FUNCTION same_as_seqscan(text);
 DROP FUNCTION knn(text, bool);

@@ -44,4 +44,22 @@ RESET enable_seqscan;
 SELECT count(*) AS zero_query_rows, bool_and(distance = 'NaN') AS all_nan
 FROM gpu_ivfpq_knn_batch('zv_cos', '{0,0,0,0}', 10);
 
+-- A scan in rounds (default probes and rerank) where zero vectors' codes
+-- outrank real neighbours: a round another may follow returns no NaN row
+-- (it sorts after every number, which a later round may still find), so
+-- the first 500 rows are the 500 numbers, as the sequential scan's.
+RESET gpu_ivfpq.probes;
+RESET gpu_ivfpq.rerank;
+SELECT setseed(0.11);
+CREATE TABLE zr (id int, v real[]);
+INSERT INTO zr SELECT i, CASE WHEN i % 3 = 0 THEN '{0,0,0,0}'::real[]
+	ELSE ARRAY[random() - 0.5, random() - 0.5, random() - 0.5, random() - 0.5]::real[] END
+FROM generate_series(1, 3000) i;
+CREATE INDEX zr_cos ON zr USING gpu_ivfpq (v real_cosine_ops) WITH (lists = 8, m = 2);
+SET enable_seqscan = off;
+SELECT count(*) FILTER (WHERE id % 3 = 0) AS rounds_nan_rows, count(*) AS rounds_rows
+FROM (SELECT id FROM zr ORDER BY v <=> '{0.3,0.1,-0.2,0.4}' LIMIT 500) s;
+RESET enable_seqscan;
+DROP TABLE zr;
+
 DROP TABLE zv, zq, zref;
