@@ -654,6 +654,7 @@ extern void gpuivfpqbuildempty(Relation index);
 extern char *gpuivfpqbuildphasename(int64 phase);
 extern int	GpuIvfpqChooseM(Relation index, int dim, bool existing);
 extern void GpuIvfpqCheckNewOptions(Relation index, Datum reloptions, int dim);
+extern void GpuIvfpqRelationAltered(Oid relid);
 
 /* ---- insert.cpp ---- */
 extern bool gpuivfpqinsert(Relation index, Datum *values, bool *isnull, ItemPointer heap_tid,

@@ -6,9 +6,17 @@
 
 extern "C" {
 #include "access/detoast.h"
+#include "access/genam.h"
 #include "access/heaptoast.h"
+#include "access/table.h"
+#include "catalog/indexing.h"
+#include "catalog/pg_class.h"
+#include "commands/defrem.h"
 #include "optimizer/plancat.h"
+#include "utils/datum.h"
+#include "utils/fmgroids.h"
 #include "utils/spccache.h"
+#include "utils/syscache.h"
 }
 
 extern "C" {
@@ -57,6 +65,78 @@ GpuIvfpqRegisterOptions(void)
 					   "Valid values are \"pq\" and \"rabitq\".", AccessExclusiveLock);
 	add_int_reloption(gpu_ivfpq_relopt_kind, "bits", "Bits per dimension of RaBitQ codes (codes = rabitq)",
 					  GPU_IVFPQ_DEFAULT_RABITQ_BITS, 1, 8, AccessExclusiveLock);
+}
+
+/*
+ * OAT_POST_ALTER of relation relid: if it is a gpu_ivfpq index whose
+ * options the command changed (ALTER INDEX ... SET / RESET), checks the new
+ * ones against the vectors it holds (GpuIvfpqCheckNewOptions). The catalog
+ * row is updated but not yet visible to the command's catalog snapshot:
+ * the syscache gives the options before, a scan with SnapshotSelf after.
+ */
+void
+GpuIvfpqRelationAltered(Oid relid)
+{
+	HeapTuple	before = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+	Form_pg_class form;
+	Datum		old_opts;
+	bool		old_null;
+	Datum		new_opts = (Datum) 0;
+	bool		new_null = true;
+	bool		changed = false;
+	Relation	pgclass;
+	ScanKeyData key;
+	SysScanDesc sscan;
+	HeapTuple	after;
+
+	if (!HeapTupleIsValid(before))
+		return;
+	form = (Form_pg_class) GETSTRUCT(before);
+	if (form->relkind != RELKIND_INDEX || form->relam != get_index_am_oid("gpu_ivfpq", true))
+	{
+		ReleaseSysCache(before);
+		return;
+	}
+	old_opts = SysCacheGetAttr(RELOID, before, Anum_pg_class_reloptions, &old_null);
+
+	pgclass = table_open(RelationRelationId, AccessShareLock);
+	ScanKeyInit(&key, Anum_pg_class_oid, BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(relid));
+	sscan = systable_beginscan(pgclass, ClassOidIndexId, true, SnapshotSelf, 1, &key);
+	after = systable_getnext(sscan);
+	if (HeapTupleIsValid(after))
+	{
+		Datum		d = heap_getattr(after, Anum_pg_class_reloptions, RelationGetDescr(pgclass), &new_null);
+
+		changed = old_null != new_null ||
+			(!new_null && !datumIsEqual(old_opts, d, false, -1));
+		if (changed && !new_null)
+			new_opts = datumCopy(d, false, -1);
+	}
+	systable_endscan(sscan);
+	table_close(pgclass, AccessShareLock);
+	ReleaseSysCache(before);
+
+	if (changed)
+	{
+		/* The command holds its lock on the index. */
+		Relation	index = index_open(relid, NoLock);
+		GpuIvfpqMetaPageData meta;
+		int			dim;
+
+		GpuIvfpqReadMeta(index, &meta);
+		dim = (int) meta.dimensions;
+		/* A pgvector column declares its dimension: checked against it too (as CREATE INDEX does). */
+		if (dim == 0)
+		{
+			GpuIvfpqVectorFormat format = GpuIvfpqIndexFormat(index);
+			int32		typmod = TupleDescAttr(RelationGetDescr(index), 0)->atttypmod;
+
+			if ((format == GPU_IVFPQ_FORMAT_VECTOR || format == GPU_IVFPQ_FORMAT_HALFVEC) && typmod > 0)
+				dim = typmod;
+		}
+		GpuIvfpqCheckNewOptions(index, new_null ? (Datum) 0 : new_opts, dim);
+		index_close(index, NoLock);
+	}
 }
 
 /* amoptions: parses WITH (lists, m, nbits, store_vectors, placement, codes, bits). */

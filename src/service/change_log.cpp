@@ -354,6 +354,9 @@ ObjectAccess(ObjectAccessType access, Oid classId, Oid objectId, int subId, void
 {
 	if (prev_object_access_hook)
 		prev_object_access_hook(access, classId, objectId, subId, arg);
+	/* ALTER INDEX ... SET: options a rebuild could not use are refused now. */
+	if (access == OAT_POST_ALTER && classId == RelationRelationId && subId == 0)
+		GpuIvfpqRelationAltered(objectId);
 	if (access == OAT_DROP && classId == RelationRelationId && subId == 0 &&
 		gpu_ivfpq_service != NULL)
 	{

@@ -213,3 +213,23 @@ ALTER INDEX place_i SET (placement = replicate);
 SELECT reloptions FROM pg_class WHERE relname = 'place_i';
 ALTER INDEX place_i RESET (placement);
 DROP TABLE place_t;
+
+-- ALTER INDEX ... SET: options its next build (REINDEX, VACUUM FULL, a
+-- restore) could not use for the vectors it holds are refused at once;
+-- an index with no vectors yet takes any (its first row checks them).
+CREATE TABLE alt_t (v real[]);
+INSERT INTO alt_t SELECT ARRAY[i, i + 1, i + 2, i + 3, i + 4, i + 5, i + 6, i + 7]::real[] FROM generate_series(1, 300) i;
+CREATE INDEX alt_i ON alt_t USING gpu_ivfpq (v) WITH (lists = 4);
+ALTER INDEX alt_i SET (m = 3);
+ALTER INDEX alt_i SET (m = 4);
+ALTER INDEX alt_i RENAME TO alt_j;
+SELECT reloptions FROM pg_class WHERE relname = 'alt_j';
+VACUUM FULL alt_t;
+CREATE TABLE alt_wide (v real[]);
+INSERT INTO alt_wide SELECT array_fill(i::real, ARRAY[2048]) FROM generate_series(1, 3) i;
+CREATE INDEX alt_w ON alt_wide USING gpu_ivfpq (v) WITH (lists = 1, store_vectors = off);
+ALTER INDEX alt_w SET (codes = rabitq);
+CREATE TABLE alt_empty (v real[]);
+CREATE INDEX alt_e ON alt_empty USING gpu_ivfpq (v);
+ALTER INDEX alt_e SET (m = 3);
+DROP TABLE alt_t, alt_wide, alt_empty;

@@ -160,6 +160,23 @@ WITH e AS (SELECT query, array_agg(g.id ORDER BY rank) AS ids
      s AS (SELECT q AS query, ARRAY(SELECT id FROM sfgeo g ORDER BY g.p <-> sfgq.p, g.ctid LIMIT 12) AS ids FROM sfgq)
 SELECT count(*) FILTER (WHERE e.ids = s.ids) AS far_from_origin_same, count(*) FROM e JOIN s USING (query);
 DROP TABLE sfgeo, sfgq;
+-- Values below the normal float range: their products lose up to FLT_MIN
+-- each whatever the norms, so the bound has an absolute term and such data
+-- is ranked by exact distances (the float ranking took the 16 rows of one
+-- tiny coordinate for nearer than the 20 true nearest).
+CREATE TABLE sftiny (id int, kind text, v real[]);
+INSERT INTO sftiny SELECT i, 'A', array_fill(((CASE WHEN i % 2 = 0 THEN 1 ELSE -1 END) * 2.66e-23)::real, ARRAY[64])
+FROM generate_series(1, 20) i;
+INSERT INTO sftiny SELECT 100 + i, 'B1', (SELECT array_agg(CASE WHEN j = ((i - 1) / 2 % 64) + 1
+	THEN ((CASE WHEN i % 2 = 0 THEN 1 ELSE -1 END) * sqrt(5e-44))::real ELSE 0::real END ORDER BY j)
+	FROM generate_series(1, 64) j) FROM generate_series(1, 16) i;
+INSERT INTO sftiny SELECT 200 + i, 'B2', (SELECT array_agg(CASE WHEN j = ((i - 1) / 2 % 64) + 1
+	THEN ((CASE WHEN i % 2 = 0 THEN 1 ELSE -1 END) * sqrt(8e-44))::real ELSE 0::real END ORDER BY j)
+	FROM generate_series(1, 64) j) FROM generate_series(1, 40) i;
+SELECT (SELECT array_agg(t.id ORDER BY r.rank) FROM gpu_ivfpq_exact_knn('sftiny', 'v', array_fill(0::real, ARRAY[64]), 10) r
+        JOIN sftiny t ON t.ctid = r.tid) =
+       ARRAY(SELECT id FROM sftiny ORDER BY v <-> array_fill(0::real, ARRAY[64]), ctid LIMIT 10) AS tiny_values_exact;
+DROP TABLE sftiny;
 -- A materialized view not yet populated has no rows to search.
 CREATE MATERIALIZED VIEW sfm AS SELECT * FROM sf WITH NO DATA;
 SELECT * FROM gpu_ivfpq_exact_knn('sfm', 'v', '{1,0,0.5,1,0.1,0}', 3);
