@@ -10,7 +10,9 @@
 #include <algorithm>
 
 extern "C" {
+#include "access/reloptions.h"
 #include "utils/sampling.h"
+#include "utils/syscache.h"
 
 #include <sys/mman.h>
 }
@@ -805,6 +807,29 @@ WriteEmptyListDir(Relation index, int lists, uint32 *npages)
 	return start;
 }
 
+/* Whether the index's WITH (...) names option name. */
+static bool
+GpuIvfpqHasOption(Relation index, const char *name)
+{
+	HeapTuple	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(RelationGetRelid(index)));
+	bool		isnull;
+	bool		found = false;
+	Datum		d;
+
+	if (!HeapTupleIsValid(tup))
+		return false;
+	d = SysCacheGetAttr(RELOID, tup, Anum_pg_class_reloptions, &isnull);
+	if (!isnull)
+	{
+		ListCell   *lc;
+
+		foreach(lc, untransformRelOptions(d))
+			found |= strcmp(((DefElem *) lfirst(lc))->defname, name) == 0;
+	}
+	ReleaseSysCache(tup);
+	return found;
+}
+
 /* The options of an index, with defaults when it has none. */
 static void
 IndexOptions(Relation index, BuildState *bs)
@@ -820,6 +845,14 @@ IndexOptions(Relation index, BuildState *bs)
 				(errmsg("gpu_ivfpq index \"%s\" ignores m = %d: its codes are RaBitQ codes of %d bits per dimension",
 						RelationGetRelationName(index), opts->m, bs->bits),
 				 errhint("m sets the bytes of PQ codes (codes = pq).")));
+	/* The other options one kind of codes has no use for, when given. */
+	if (opts != NULL && (bs->rabitq ? GpuIvfpqHasOption(index, "store_vectors") : GpuIvfpqHasOption(index, "bits")))
+		ereport(NOTICE,
+				(errmsg("gpu_ivfpq index \"%s\" ignores %s: it applies to codes = %s",
+						RelationGetRelationName(index), bs->rabitq ? "store_vectors" : "bits",
+						bs->rabitq ? "pq" : "rabitq"),
+				 errhint(bs->rabitq ? "An index with RaBitQ codes keeps no vector copies; scans re-rank from the table."
+						 : "bits sets the bits per dimension of RaBitQ codes; PQ codes take m.")));
 }
 
 /*

@@ -233,3 +233,11 @@ CREATE TABLE alt_empty (v real[]);
 CREATE INDEX alt_e ON alt_empty USING gpu_ivfpq (v);
 ALTER INDEX alt_e SET (m = 3);
 DROP TABLE alt_t, alt_wide, alt_empty;
+-- An option the other kind of codes uses, when given: a NOTICE.
+CREATE TABLE ign_t (v real[]);
+INSERT INTO ign_t SELECT ARRAY[i, i, i, i]::real[] FROM generate_series(1, 100) i;
+SET client_min_messages = notice;
+CREATE INDEX ign_rq ON ign_t USING gpu_ivfpq (v) WITH (lists = 2, codes = rabitq, store_vectors = on);
+CREATE INDEX ign_pq ON ign_t USING gpu_ivfpq (v) WITH (lists = 2, bits = 2);
+SET client_min_messages = warning;
+DROP TABLE ign_t;
