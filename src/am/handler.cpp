@@ -105,7 +105,13 @@ GpuIvfpqRelationAltered(Oid relid)
 	after = systable_getnext(sscan);
 	if (HeapTupleIsValid(after))
 	{
-		Datum		d = heap_getattr(after, Anum_pg_class_reloptions, RelationGetDescr(pgclass), &new_null);
+		Datum		values[Natts_pg_class];
+		bool		nulls[Natts_pg_class];
+		Datum		d;
+
+		heap_deform_tuple(after, RelationGetDescr(pgclass), values, nulls);
+		d = values[Anum_pg_class_reloptions - 1];
+		new_null = nulls[Anum_pg_class_reloptions - 1];
 
 		changed = old_null != new_null ||
 			(!new_null && !datumIsEqual(old_opts, d, false, -1));
