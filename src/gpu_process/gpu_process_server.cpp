@@ -771,6 +771,9 @@ int serve(int sock, int exchange_fd, DeviceSet& devices, int queue_fd)
             if (rep.status == Status::Internal)
                 for (size_t i : devices.alive_devices())
                     (void)devices.check_health(i);
+            // A dropped mirror's load claim goes with it (a load under way is lost).
+            if (queries && (q.op == Op::DropIndex || q.op == Op::DropAll))
+                queries->release_claims(q.key.db, q.op == Op::DropAll ? 0 : q.key.index);
         };
         if (!(queries && q.op == Op::Add && queries->run_between_batches(work))) {
             std::unique_lock<DeviceLock> lock(device_lock);

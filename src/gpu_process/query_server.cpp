@@ -297,6 +297,17 @@ queue::Result QueryServer::claim_or_wait(const MirrorKey& key, bool first)
     return queue::Result::NotLoaded;
 }
 
+void QueryServer::release_claims(uint32_t db, uint32_t index)
+{
+    std::lock_guard<std::mutex> g(claims_mutex_);
+    for (auto it = claims_.begin(); it != claims_.end();) {
+        if (index == 0 || (it->first.db == db && it->first.index == index))
+            it = claims_.erase(it);
+        else
+            ++it;
+    }
+}
+
 void QueryServer::answer(uint32_t slot, queue::Result result, const char* error)
 {
     queue::SearchAnswer& a = q_.slot(slot).ans;

@@ -65,6 +65,13 @@ public:
     static constexpr int kDeliverers = 1;
     static constexpr size_t kDeliveryShare = 4;
 
+    // Forgets the load claims of index (db, index), or of every index with
+    // index 0: its mirror was dropped (an invalidation, or a load the
+    // service discarded because the pages changed under it), so a load
+    // under way is lost and the next search claims the load again, rather
+    // than every search using the CPU until the claim expires.
+    void release_claims(uint32_t db, uint32_t index);
+
     // One pass of serving thread t: takes what is queued and serves what is
     // ready; false when nothing was ready (the thread then sleeps until
     // woken). Public for tests.

@@ -372,6 +372,35 @@ TEST_F(QueryServer, NotLoadedOnceThenLoadingAndBadRequestsRefused)
     EXPECT_EQ(results[4], int32_t(queue::Result::Error));
 }
 
+// A dropped mirror releases its load claim: after an invalidation (or a
+// load the service discarded) the next search loads it again at once
+// rather than every search using the CPU until the claim expires.
+TEST_F(QueryServer, DroppedMirrorReleasesTheLoadClaim)
+{
+    Segment seg(4);
+    gpuproc::DeviceLock lock;
+    gpuproc::QueryServer server(seg.q, store, devices, lock, nullptr, 0);
+    const MirrorKey key{1, 12, 100, 1};
+    const MirrorKey other{1, 14, 100, 1};
+    auto ask = [&](uint32_t slot, const MirrorKey& k) {
+        fill(seg.q, slot, k, f.x.data(), uint32_t(f.d), 5, 2);
+        seg.q.submit(slot);
+        EXPECT_TRUE(server.serve_once(0));
+        EXPECT_TRUE(seg.q.wait_done(slot, 1));
+        int32_t r = seg.q.slot(slot).ans.result;
+        seg.q.release(slot);
+        return r;
+    };
+    EXPECT_EQ(ask(0, key), int32_t(queue::Result::NotLoaded));
+    EXPECT_EQ(ask(1, other), int32_t(queue::Result::NotLoaded));
+    EXPECT_EQ(ask(0, key), int32_t(queue::Result::Loading));
+    server.release_claims(key.db, key.index);
+    EXPECT_EQ(ask(0, key), int32_t(queue::Result::NotLoaded));
+    EXPECT_EQ(ask(1, other), int32_t(queue::Result::Loading));
+    server.release_claims(0, 0);
+    EXPECT_EQ(ask(1, other), int32_t(queue::Result::NotLoaded));
+}
+
 // A mirror loaded hidden (the service catches it up with the changes
 // logged while it loaded) is not searched until revealed.
 TEST_F(QueryServer, HiddenMirrorAnswersLoadingUntilRevealed)
