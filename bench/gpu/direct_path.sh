@@ -18,7 +18,10 @@
 # (SECS: pgbench seconds per row, default 10; CHURN_SECS default 20;
 # PROBES default 32, or auto: the fewest of 32, 48, 64, 96, ... reaching
 # recall@10 0.95; LISTS default 4096; POLL_AB=0 skips the gpu_poll rows;
-# STORAGE: the vector column's storage, e.g. main, set before the load)
+# STORAGE: the vector column's storage, e.g. main, set before the load;
+# FRONTIER="P:R ...": after the main table, recall@10 and the 1- and
+# 64-client rates at each probes P and gpu_ivfpq.rerank R, beside the
+# ceiling's 64-client rate of the main table)
 set -euo pipefail
 M=${1:-32}
 N=${2:-1000000}
@@ -113,6 +116,7 @@ for c in 1 64 128; do
   g1=$(stat "mean_gpu_us * batches"); d1=$(stat "mean_deliver_us * batches")
   read -r rb0 rt0 _ < <(cpu)
   read -r ceil ceil50 _ < <(bench "$c" "$work/range.sql")
+  [ "$c" = 64 ] && ceil64=$ceil
   read -r rb1 rt1 _ < <(cpu)
   read -r one _ _ < <(bench "$c" "$work/one.sql" 5)
   say "$(awk -v c="$c" -v k="$knn" -v k50="$knn50" -v r="$ceil" -v r50="$ceil50" -v one="$one" \
@@ -224,6 +228,27 @@ if [ "${LANES:-1}" = 1 ]; then
     sleep 0.2
   done
   psql -qAtc "SELECT gpu_ivfpq_prewarm('base_idx')" >/dev/null
+fi
+
+# FRONTIER: probes and rerank against recall and the 64-client rate.
+if [ -n "${FRONTIER:-}" ]; then
+  say ""
+  say "## Probes and rerank: recall@10 against the rate (64-client ceiling of the table above: ${ceil64:-?} q/s)"
+  say "| probes | rerank | recall@10 | 1 client QPS | 1 client p50 ms | 64 clients QPS | mean batch | GPU us per batch | k-NN / ceiling |"
+  say "|---|---|---|---|---|---|---|---|---|"
+  for pr in $FRONTIER; do
+    p=${pr%%:*}; rr=${pr##*:}
+    FOPTS="-c gpu_ivfpq.probes=$p -c gpu_ivfpq.rerank=$rr -c enable_seqscan=off"
+    r=$(recall_at_10 gpu "$p" "-c gpu_ivfpq.rerank=$rr")
+    read -r one1 one50 _ < <(pg_rate 1 "$work/knn.sql" "$SECS" "$FOPTS")
+    IFS='|' read -r _ _ _ b0 q0 _ _ < <(snap); g0=$(stat "mean_gpu_us * batches")
+    read -r k64 _ _ < <(pg_rate 64 "$work/knn.sql" "$SECS" "$FOPTS")
+    IFS='|' read -r _ _ _ b1 q1 _ _ < <(snap); g1=$(stat "mean_gpu_us * batches")
+    say "$(awk -v p="$p" -v rr="$rr" -v r="$r" -v o="$one1" -v o50="$one50" -v k="$k64" -v c="${ceil64:-0}" \
+      -v b="$((b1 - b0))" -v q="$((q1 - q0))" -v g="$g0 $g1" 'BEGIN { split(g, G, " ");
+      printf "| %d | %d | %s | %d | %.3f | %d | %.1f | %.1f | %.2f |", p, rr, r, o, o50, k,
+        (b > 0 ? q / b : 0), (b > 0 ? (G[2] - G[1]) / b : 0), (c > 0 ? k / c : 0) }')"
+  done
 fi
 
 say ""
