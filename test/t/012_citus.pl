@@ -237,6 +237,16 @@ $r = recall(knn_all('items', '', 'tenant = 7'), $exact7);
 cmp_ok($r, '>=', 0.90, "tenant query, recall\@10 at the default probes: $r");
 is(scalar(keys %{ shard_scans('', 'tenant = 7') }), 1, 'the tenant query scanned one shard');
 
+# A query vector taken from the distributed table itself: Citus refuses the
+# plain subquery (a join it cannot push down), a materialized CTE serves.
+my $from_self = $coord->safe_psql(
+	'postgres', qq{BEGIN; $exact_settings
+	WITH q AS MATERIALIZED (SELECT v FROM items WHERE id = 5)
+	SELECT array_to_string(ARRAY(SELECT id FROM items ORDER BY v <-> (SELECT v FROM q) LIMIT 10), ',');
+	COMMIT;});
+is($from_self, $coord->safe_psql('postgres', q{SELECT knn('items_exact', (SELECT v FROM items_exact WHERE id = 5), 10)}),
+	'a query vector from the distributed table through a materialized CTE: exact with every list probed');
+
 # The search functions read the one table or index they are given, outside
 # the executor, where Citus does not distribute them: on the coordinator
 # that is the empty shell, which they refuse with a hint; a shard's index
