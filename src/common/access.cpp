@@ -83,6 +83,23 @@ CheckIndexOfAm(const char *relname, char relkind, Oid relam, const char *amname)
 }
 
 /*
+ * Errors for an unlogged (or temporary) table on a standby or during crash
+ * recovery: its files are reset and not readable there, as the planner
+ * says for a query (get_relation_info), rather than "could not open file".
+ */
+static void
+CheckReadableInRecovery(Relation heap)
+{
+	if (!RelationIsPermanent(heap) && RecoveryInProgress())
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("cannot access temporary or unlogged relations during recovery"),
+				 errdetail("\"%s\" is unlogged: a standby holds none of its rows.",
+						   RelationGetRelationName(heap)),
+				 errhint("Call the function on the primary.")));
+}
+
+/*
  * Opens the index indexoid, which must be an index of access method amname,
  * and its table, both AccessShareLock, for the SQL function function (an
  * index regclass argument). In core's order (as amcheck and index_open's
@@ -146,6 +163,7 @@ GpuIvfpqOpenIndexChecked(Oid indexoid, const char *amname, const char *function,
 						RelationGetRelationName(*index)),
 				 errhint("Call %s in a transaction that started after the index was built.", function)));
 	*heap = table_open(heapoid, NoLock);
+	CheckReadableInRecovery(*heap);
 	if (rows)
 		GpuIvfpqCheckReadable(*heap, function);
 }
@@ -183,6 +201,7 @@ GpuIvfpqOpenTableChecked(Oid relid, const char *function)
 	if (heap == NULL)
 		ReportMissing(relid);
 	CheckScannable(RelationGetRelationName(heap), heap->rd_rel->relkind);
+	CheckReadableInRecovery(heap);
 	GpuIvfpqCheckReadable(heap, function);
 	return heap;
 }

@@ -246,6 +246,8 @@ extern void GpuMetricSearchNearest(Relation index, GpuMetricCached *entry,
 extern bool GpuMetricHitTidLess(const ItemPointerData *tids, const gpuivfpq::MetricHit &a,
 								const gpuivfpq::MetricHit &b);
 extern void GpuMetricSortByTid(const ItemPointerData *tids, gpuivfpq::MetricHit *hits, int64 n);
+extern bool GpuMetricRowVisible(IndexFetchTableData *fetch, Snapshot snapshot, TupleTableSlot *slot,
+								ItemPointer tid);
 
 /* ---- build.cpp ---- */
 extern IndexBuildResult *gpumetricbuild(Relation heap, Relation index, IndexInfo *indexInfo);

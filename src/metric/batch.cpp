@@ -99,20 +99,11 @@ BatchBegin(MetricBatch *b, FunctionCallInfo fcinfo, const char *function)
 	b->slot = table_slot_create(b->heap, NULL);
 }
 
-/*
- * Whether the row at *tid is visible to the call's snapshot; for a HOT
- * chain *tid becomes the visible member's own TID, as ctid shows it.
- */
+/* Whether the row at *tid is visible to the call's snapshot; *tid becomes its own TID (GpuMetricRowVisible). */
 static bool
 RowVisible(MetricBatch *b, ItemPointer tid)
 {
-	bool		call_again = false;
-	bool		all_dead = false;
-	bool		found = table_index_fetch_tuple(b->fetch, tid, b->snapshot, b->slot, &call_again, &all_dead);
-
-	if (found)
-		ExecClearTuple(b->slot);
-	return found;
+	return GpuMetricRowVisible(b->fetch, b->snapshot, b->slot, tid);
 }
 
 /* A visible row of a query's hits, by its own TID (a HOT chain's visible member). */

@@ -5,6 +5,8 @@
 // the engine with a doubling k, each returning the distance groups it has
 // complete, so that LIMIT k works for any k. The search itself is the
 // engine's (GpuMetricSearch), on the backend's restored copy of the index.
+#include <algorithm>
+
 #include "metric/am.h"
 #include "common/guard.h"
 
@@ -50,12 +52,18 @@ typedef struct GpuMetricScanOpaqueData
 	int64		k;				/* k-NN: the next round's k */
 	uint32		floor;			/* k-NN: every object nearer than this was returned */
 
+	/* ties of an ordered scan are ordered by the rows' own TIDs (OrderTiesByRow) */
+	IndexFetchTableData *fetch;
+	TupleTableSlot *slot;
+
 	/* instrumentation, at DEBUG1 when the scan ends */
 	int			rounds;
 	uint64		evaluations;
 	uint64		live;
 } GpuMetricScanOpaqueData;
 typedef GpuMetricScanOpaqueData *GpuMetricScanOpaque;
+
+static void OrderTiesByRow(IndexScanDesc scan, const ItemPointerData *tids, gpuivfpq::MetricHit *hits, int64 n);
 
 /* ambeginscan */
 IndexScanDesc
@@ -232,6 +240,8 @@ RangeBatch(IndexScanDesc scan)
 	}
 	/* Heap order, or distance then heap order. */
 	GpuMetricSortByTid(entry->tids, found.hits, n);
+	if (so->ordered && !so->null_order)
+		OrderTiesByRow(scan, entry->tids, found.hits, n);
 	AllocResults(so, n);
 	for (int64 i = 0; i < n; i++)
 	{
@@ -240,6 +250,63 @@ RangeBatch(IndexScanDesc scan)
 	}
 	so->nresults = n;
 	so->done = true;
+}
+
+/*
+ * Orders each group of equal distances of hits (sorted by distance, then
+ * the index's TIDs) by the rows' own TIDs: the index holds a HOT chain's
+ * root, and after a HOT update the visible row lies elsewhere in the chain,
+ * so "ORDER BY word <~> q" orders ties as "ORDER BY word <~> q, ctid" does
+ * and as the batch functions do. The rows keep the index's TIDs (the
+ * executor follows a chain from its root). A row no snapshot of the scan
+ * sees keeps its root's place: the executor skips it. Bitmap scans and
+ * scans without an MVCC snapshot have no order to keep.
+ */
+static void
+OrderTiesByRow(IndexScanDesc scan, const ItemPointerData *tids, gpuivfpq::MetricHit *hits, int64 n)
+{
+	GpuMetricScanOpaque so = (GpuMetricScanOpaque) scan->opaque;
+	struct Tie
+	{
+		ItemPointerData row;
+		gpuivfpq::MetricHit hit;
+	}		   *ties = NULL;
+
+	if (scan->heapRelation == NULL || scan->xs_snapshot == NULL || !IsMVCCSnapshot(scan->xs_snapshot))
+		return;
+	for (int64 g0 = 0, g1; g0 < n; g0 = g1)
+	{
+		for (g1 = g0 + 1; g1 < n && hits[g1].dist == hits[g0].dist; g1++)
+			;
+		if (g1 - g0 < 2)
+			continue;
+		if (so->fetch == NULL)
+		{
+			MemoryContext old = MemoryContextSwitchTo(so->scanctx);
+
+			so->slot = table_slot_create(scan->heapRelation, NULL);
+			so->fetch = table_index_fetch_begin(scan->heapRelation);
+			MemoryContextSwitchTo(old);
+		}
+		if (ties == NULL)
+			ties = (Tie *) palloc_extended(sizeof(Tie) * n, MCXT_ALLOC_HUGE);
+		for (int64 i = g0; i < g1; i++)
+		{
+			ties[i - g0].row = tids[hits[i].id];
+			(void) GpuMetricRowVisible(so->fetch, scan->xs_snapshot, so->slot, &ties[i - g0].row);
+			ties[i - g0].hit = hits[i];
+			if ((i & 1023) == 1023)
+				CHECK_FOR_INTERRUPTS();
+		}
+		/* Distinct chains resolve to distinct rows: a total order. In place, no allocation. */
+		std::sort(ties, ties + (g1 - g0), [](const Tie &a, const Tie &b) {
+			return ItemPointerCompare((ItemPointer) &a.row, (ItemPointer) &b.row) < 0;
+		});
+		for (int64 i = g0; i < g1; i++)
+			hits[i] = ties[i - g0].hit;
+	}
+	if (ties != NULL)
+		pfree(ties);
 }
 
 /*
@@ -272,6 +339,7 @@ KnnRound(IndexScanDesc scan)
 	while (from < n && found.hits[from].dist < so->floor)
 		from++;
 	GpuMetricSortByTid(entry->tids, found.hits + from, n - from);
+	OrderTiesByRow(scan, entry->tids, found.hits + from, n - from);
 	AllocResults(so, n - from);
 	for (int64 i = from; i < n; i++)
 	{
@@ -416,6 +484,11 @@ gpumetricendscan(IndexScanDesc scan)
 {
 	GpuMetricScanOpaque so = (GpuMetricScanOpaque) scan->opaque;
 
+	if (so->fetch != NULL)
+	{
+		table_index_fetch_end(so->fetch);
+		ExecDropSingleTupleTableSlot(so->slot);
+	}
 	if (so->rounds > 0)
 		elog(DEBUG1, "gpu_metric scan of \"%s\": %s, %llu distance evaluations of %llu live objects (%.2f%% of brute force) in %d round%s",
 			 RelationGetRelationName(scan->indexRelation),

@@ -98,6 +98,23 @@ GpuMetricSortByTid(const ItemPointerData *tids, gpuivfpq::MetricHit *hits, int64
 }
 
 /*
+ * Whether the row at *tid is visible to snapshot (fetch and slot on its
+ * table); for a HOT chain *tid becomes the visible member's own TID, as
+ * ctid shows it (the index holds the chain's root).
+ */
+bool
+GpuMetricRowVisible(IndexFetchTableData *fetch, Snapshot snapshot, TupleTableSlot *slot, ItemPointer tid)
+{
+	bool		call_again = false;
+	bool		all_dead = false;
+	bool		found = table_index_fetch_tuple(fetch, tid, snapshot, slot, &call_again, &all_dead);
+
+	if (found)
+		ExecClearTuple(slot);
+	return found;
+}
+
+/*
  * The k nearest live objects of each of nq queries with their whole
  * distance group: every object within the k-th nearest one's distance
  * (all of them when fewer than k are live), sorted by (distance, id). The

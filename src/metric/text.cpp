@@ -91,8 +91,11 @@ GpuMetricCheckWordBytes(Relation index, int len)
 						len, RelationGetRelationName(index)),
 				 errdetail("A gpu_metric index stores words of at most %d bytes of UTF-8.",
 						   GPU_METRIC_MAX_WORD_BYTES),
-				 errhint("Leave longer values out with a partial index, for example WHERE octet_length(word) <= %d.",
-						 GPU_METRIC_MAX_WORD_BYTES)));
+				 GetDatabaseEncoding() == PG_UTF8 || GetDatabaseEncoding() == PG_SQL_ASCII
+				 ? errhint("Leave longer values out with a partial index, for example WHERE octet_length(word) <= %d.",
+						   GPU_METRIC_MAX_WORD_BYTES)
+				 : errhint("Leave longer values out with a partial index, for example WHERE char_length(word) <= %d (a character takes at most 4 bytes of UTF-8).",
+						   GPU_METRIC_MAX_WORD_BYTES / 4)));
 }
 
 /* Errors for a negative radius: a range holds words within radius edits. */

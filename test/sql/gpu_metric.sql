@@ -353,6 +353,15 @@ SELECT (SELECT array_agg(tid ORDER BY rank) FROM gpu_metric_knn_batch('hot_words
        (SELECT array_agg(ctid) FROM (SELECT ctid FROM hot_words ORDER BY ctid LIMIT 3) s) AS knn_ties_by_ctid,
        (SELECT array_agg(tid) FROM gpu_metric_range_batch('hot_words_lc', ARRAY['same'], 0)) =
        (SELECT array_agg(ctid ORDER BY ctid) FROM hot_words) AS range_ties_by_ctid;
+-- The index scan orders ties the same way (ORDER BY w <~> q equals ORDER BY w <~> q, ctid).
+SET enable_seqscan = off;
+SET enable_bitmapscan = off;
+SELECT (SELECT array_agg(ctid) FROM (SELECT ctid FROM hot_words ORDER BY w <~> 'same' LIMIT 3) s) =
+       (SELECT array_agg(ctid) FROM (SELECT ctid FROM hot_words ORDER BY ctid LIMIT 3) s) AS scan_ties_by_ctid,
+       (SELECT array_agg(ctid) FROM (SELECT ctid FROM hot_words WHERE w <% edit_range('sama', 1) ORDER BY w <~> 'sama') s) =
+       (SELECT array_agg(ctid ORDER BY ctid) FROM hot_words) AS range_scan_ties_by_ctid;
+RESET enable_seqscan;
+RESET enable_bitmapscan;
 DROP TABLE hot_words;
 
 --

@@ -166,6 +166,26 @@ $primary->safe_psql('postgres', 'TRUNCATE later');
 insert_rows('later', 1, 100, 0.7);
 check_standby('after truncate', 'later', 'later_idx', '<->');
 
+# An unlogged table's index and rows are not on the standby: the functions
+# say so as a query does, not "could not open file".
+$primary->safe_psql(
+	'postgres', q{
+	CREATE UNLOGGED TABLE ul (id int, v real[]);
+	INSERT INTO ul SELECT i, ARRAY[i, 1, 2, 3]::real[] FROM generate_series(1, 300) i;
+	CREATE INDEX ul_idx ON ul USING gpu_ivfpq (v) WITH (lists = 2, m = 2);
+});
+$primary->wait_for_catchup($standby);
+for my $call ("gpu_ivfpq_knn_batch('ul_idx', '{1,1,2,3}'::real[], 3)",
+	"gpu_ivfpq_exact_knn('ul', 'v', '{1,1,2,3}'::real[], 3)",
+	"gpu_ivfpq_prewarm('ul_idx')")
+{
+	my ($rc, $out, $err) = $standby->psql('postgres', "SELECT count(*) FROM $call");
+	like($err, qr/cannot access temporary or unlogged relations during recovery/,
+		"on the standby, $call: unlogged relations are refused as a query's are");
+}
+is($primary->safe_psql('postgres', q{SELECT count(*) FROM gpu_ivfpq_knn_batch('ul_idx', '{1,1,2,3}'::real[], 3)}),
+	'3', 'the primary serves the unlogged index');
+
 # Promote the standby: its index takes inserts and still answers exactly.
 $primary->wait_for_catchup($standby);
 $standby->promote;
