@@ -22,6 +22,8 @@ extern "C" {
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "postmaster/postmaster.h"
+#include "storage/dsm_impl.h"
+#include "storage/fd.h"
 #include "storage/ipc.h"
 #include "storage/pmsignal.h"
 #include "utils/wait_event.h"
@@ -49,36 +51,99 @@ static Queue backend_queue;
 
 /* ---- the service ---- */
 
+/* Where the service records its segment's name, so that a later start removes one a crash left. */
+#define QUEUE_NAME_FILE PG_DYNSHMEM_DIR "/gpu_ivfpq.queue"
+
 /*
- * Creates the segment (replacing one a crashed service left under the same
- * name), sized for one slot per request slot, and publishes it. Returns
- * false with the reason when it cannot.
+ * This cluster's prefix of segment names: its data directory's device and
+ * inode, which no other cluster on the host shares while it runs (a port
+ * does not tell clusters apart: two containers sharing /dev/shm may both
+ * listen on 5432).
+ */
+static void
+QueueNamePrefix(char *prefix, Size len)
+{
+	struct stat st;
+
+	if (stat(DataDir, &st) != 0)
+		memset(&st, 0, sizeof(st));
+	snprintf(prefix, len, "/gpu_ivfpq.%llx.%llx.", (unsigned long long) st.st_dev,
+			 (unsigned long long) st.st_ino);
+}
+
+/*
+ * Removes the segment an earlier service of this cluster recorded and left
+ * (a crash, an immediate stop), only when the recorded name carries this
+ * cluster's prefix: a data directory copied from another cluster (a file
+ * system backup on the same host) must not remove that cluster's segment.
+ */
+static void
+RemoveRecordedQueue(const char *prefix)
+{
+	char		name[64];
+	FILE	   *f = AllocateFile(QUEUE_NAME_FILE, "r");
+
+	if (f == NULL)
+		return;
+	if (fgets(name, sizeof(name), f) != NULL)
+	{
+		name[strcspn(name, "\n")] = '\0';
+		if (strncmp(name, prefix, strlen(prefix)) == 0 && strchr(name + 1, '/') == NULL)
+			(void) shm_unlink(name);
+	}
+	FreeFile(f);
+	(void) unlink(QUEUE_NAME_FILE);
+}
+
+/* Records name for RemoveRecordedQueue; a failure only leaves a crash's segment behind. */
+static void
+RecordQueue(const char *name)
+{
+	FILE	   *f = AllocateFile(QUEUE_NAME_FILE, "w");
+
+	if (f == NULL)
+		return;
+	fprintf(f, "%s\n", name);
+	(void) FreeFile(f);
+}
+
+/*
+ * Creates the segment under a name of its own (this cluster's prefix and a
+ * random part, created exclusively: no other cluster's, nor one another
+ * user placed there, is ever opened or removed), sized for one slot per
+ * request slot, and publishes it. Returns false with the reason when it
+ * cannot.
  */
 bool
 GpuIvfpqQueueCreate(char *error, Size errlen)
 {
 	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+	char		prefix[48];
 	char		name[64];
 	Size		bytes = Queue::bytes_for((uint32) s->nslots);
 	uint64		generation;
-	int			fd;
+	int			fd = -1;
 	void	   *base;
 
-	/* One name per cluster: its port and data directory's inode tell it apart on the host. */
+	QueueNamePrefix(prefix, sizeof(prefix));
+	RemoveRecordedQueue(prefix);
+	for (int attempt = 0; attempt < 8 && fd < 0; attempt++)
 	{
-		struct stat st;
+		uint64		token;
 
-		if (stat(DataDir, &st) != 0)
-			st.st_ino = 0;
-		snprintf(name, sizeof(name), "/gpu_ivfpq.%d.%llu", PostPortNumber, (unsigned long long) st.st_ino);
+		if (!pg_strong_random(&token, sizeof(token)))
+			token = ((uint64) MyProcPid << 32) ^ (uint64) GetCurrentTimestamp() ^ (uint64) attempt;
+		snprintf(name, sizeof(name), "%s%016llx", prefix, (unsigned long long) token);
+		fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, S_IRUSR | S_IWUSR);
+		if (fd < 0 && errno != EEXIST)
+			break;
 	}
-	(void) shm_unlink(name);
-	fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, S_IRUSR | S_IWUSR);
 	if (fd < 0)
 	{
 		snprintf(error, errlen, "could not create shared memory segment \"%s\": %m", name);
 		return false;
 	}
+	RecordQueue(name);
 	/* Out of the way of the descriptors the GPU process gets (3 to 5), and not inherited. */
 	{
 		int			high = fcntl(fd, F_DUPFD_CLOEXEC, 10);
@@ -138,6 +203,7 @@ GpuIvfpqQueueDestroy(const char *message)
 	SpinLockRelease(&s->mutex);
 	(void) service_queue.fail_all(message);
 	(void) shm_unlink(name);
+	(void) unlink(QUEUE_NAME_FILE);
 	munmap(service_base, service_bytes);
 	close(service_fd);
 	service_base = NULL;

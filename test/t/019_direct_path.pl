@@ -154,5 +154,39 @@ is($node->safe_psql('postgres', 'SELECT service_starts, gpu_restarts FROM gpu_iv
 	'1|0', 'no process died or restarted');
 ok(slurp_file($node->logfile) !~ /server process .* was terminated by signal/, 'no backend crashed');
 
+
+# The segment has a name of this cluster's own (its data directory's device
+# and inode, and a random part), recorded in pg_dynshmem: an immediate stop
+# leaves the segment, the next start removes it; a recorded name without
+# this cluster's prefix (a data directory copied from another cluster) is
+# never removed.
+my $record = $node->data_dir . '/pg_dynshmem/gpu_ivfpq.queue';
+my $recorded = slurp_file($record);
+chomp $recorded;
+like($recorded, qr{^/gpu_ivfpq\.[0-9a-f]+\.[0-9a-f]+\.[0-9a-f]{16}$}, 'the segment name is recorded, with a random part');
+ok(-e "/dev/shm$recorded", 'the recorded segment exists');
+$node->stop('immediate');
+ok(-e "/dev/shm$recorded", 'an immediate stop leaves the segment');
+$node->start;
+ok($node->poll_query_until('postgres', q{SELECT state LIKE 'running (GPU%' FROM gpu_ivfpq_status}),
+	'the service serves again');
+ok(!-e "/dev/shm$recorded", 'the next start removed the segment left behind');
+my $renamed = slurp_file($record);
+chomp $renamed;
+isnt($renamed, $recorded, 'the new segment has a new name');
+my $foreign = '/gpu_ivfpq.0.0.00000000deadbeef';
+open(my $fh, '>', "/dev/shm$foreign") or die "could not create /dev/shm$foreign: $!";
+close($fh);
+$node->stop('immediate');
+unlink("/dev/shm$renamed");
+open($fh, '>', $record) or die "could not write $record: $!";
+print $fh "$foreign\n";
+close($fh);
+$node->start;
+ok($node->poll_query_until('postgres', q{SELECT state LIKE 'running (GPU%' FROM gpu_ivfpq_status}),
+	'the service serves after a foreign name was recorded');
+ok(-e "/dev/shm$foreign", 'a recorded name of another cluster is not removed');
+unlink("/dev/shm$foreign");
+
 $node->stop;
 done_testing();
