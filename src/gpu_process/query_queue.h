@@ -39,7 +39,7 @@ namespace queue {
 constexpr uint32_t kMagic = 0x47495151;  // "GIQQ"
 // Raised with every change of the layout below (the GPU process program is
 // installed apart from the library that creates the segment).
-constexpr uint32_t kVersion = 3;
+constexpr uint32_t kVersion = 4;
 constexpr size_t kPayload = 32 * 1024;  // a query in; labels and distances out
 constexpr int kHistBuckets = 8;         // batch sizes 1, 2-3, 4-7, ..., 128+
 constexpr int kQueueFd = 5;             // where the GPU process finds the segment
@@ -108,6 +108,10 @@ struct SearchAnswer {
 struct alignas(64) Slot {
     SearchRequest req;
     SearchAnswer ans;
+    // Raised by the owner when it gives up a mirror load it was told to do
+    // (NotLoaded): a cancel while it read the index. The GPU process then
+    // lets the next search claim the load at once (QueryServer).
+    std::atomic<uint32_t> loads_given_up;
     alignas(64) char payload[kPayload];
 };
 
@@ -172,6 +176,10 @@ public:
     bool abandon(uint32_t i) const;
     // Done -> Free.
     void release(uint32_t i) const;
+    // The load this slot was told to do is given up (no system call, no
+    // allocation: safe in an error path).
+    void give_up_load(uint32_t i) const { slots_[i].loads_given_up.fetch_add(1, std::memory_order_release); }
+    uint32_t loads_given_up(uint32_t i) const { return slots_[i].loads_given_up.load(std::memory_order_acquire); }
 
     // ---- the GPU process ----
     // Marks up to limit Pending slots Running and appends them to out.

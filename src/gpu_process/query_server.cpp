@@ -284,16 +284,17 @@ void QueryServer::loop(int t)
     }
 }
 
-queue::Result QueryServer::claim_or_wait(const MirrorKey& key, bool first)
+queue::Result QueryServer::claim_or_wait(const MirrorKey& key, bool first, uint32_t slot)
 {
     std::lock_guard<std::mutex> g(claims_mutex_);
     auto now = std::chrono::steady_clock::now();
     auto claim = claims_.find(key);
-    if (claim != claims_.end() && now - claim->second < kLoadClaim)
+    if (claim != claims_.end() && now - claim->second.at < kLoadClaim &&
+        q_.loads_given_up(claim->second.slot) == claim->second.given_up)
         return queue::Result::Loading;
     if (!first)
         return queue::Result::Loading;
-    claims_[key] = now;
+    claims_[key] = Claim{now, slot, q_.loads_given_up(slot)};
     return queue::Result::NotLoaded;
 }
 
@@ -439,7 +440,7 @@ void QueryServer::serve_metric(int t, const Item* items, size_t n, uint64_t star
     if (!found) {
         // The first asker loads the mirror; the others use the CPU meanwhile.
         for (size_t j = 0; j < n; j++)
-            answer(items[j].slot, claim_or_wait(r0.key, j == 0), nullptr);
+            answer(items[j].slot, claim_or_wait(r0.key, j == 0, items[j].slot), nullptr);
         st.not_found.fetch_add(n, std::memory_order_relaxed);
         return;
     }
@@ -653,7 +654,7 @@ void QueryServer::serve_batch(int t, std::vector<Held>& ready)
         } else if (!found) {
             // The first asker loads the mirror; the others use the CPU meanwhile.
             for (size_t i = g; i < e; i++)
-                answer(items[i].slot, claim_or_wait(r0.key, i == g), nullptr);
+                answer(items[i].slot, claim_or_wait(r0.key, i == g, items[i].slot), nullptr);
             st.not_found.fetch_add(nq, std::memory_order_relaxed);
         } else {
             {

@@ -130,7 +130,11 @@ private:
     // serving thread goes on to the next batch.
     void hand_over(Answers&& a);
     void deliver_loop();
-    queue::Result claim_or_wait(const MirrorKey& key, bool first);
+    // A search of key found no mirror: NotLoaded for the first asker of a
+    // batch (slot: it claims the load) unless a live claim stands, else
+    // Loading. A claim lapses after kLoadClaim, or at once when its slot
+    // gave the load up (Queue::give_up_load).
+    queue::Result claim_or_wait(const MirrorKey& key, bool first, uint32_t slot);
 
     queue::Queue q_;
     MirrorStore& store_;
@@ -143,7 +147,12 @@ private:
     // First NotFound of a key: that requester loads it; the others get
     // Loading until the claim is this old.
     std::mutex claims_mutex_;
-    std::map<MirrorKey, std::chrono::steady_clock::time_point> claims_;
+    struct Claim {
+        std::chrono::steady_clock::time_point at;
+        uint32_t slot;
+        uint32_t given_up;  // the slot's loads_given_up when it claimed
+    };
+    std::map<MirrorKey, Claim> claims_;
     std::atomic<bool> stop_{false};
     // run_between_batches' jobs, oldest first; done under jobs_mutex_.
     struct Job {

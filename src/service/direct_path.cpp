@@ -397,6 +397,21 @@ GpuIvfpqQueueUnavailable(void)
 }
 
 /*
+ * The mirror load this backend was told to do (a NotLoaded answer) is given
+ * up: an error while it read the index. The GPU process lets the next
+ * search claim the load at once instead of sending every search to the CPU
+ * until the claim lapses. Safe in an error path (an atomic add to its slot).
+ */
+void
+GpuIvfpqQueueGiveUpLoad(void)
+{
+	int			i = GpuIvfpqMySlotIndex();
+
+	if (backend_queue.ok() && i >= 0 && (uint32) i < backend_queue.slots())
+		backend_queue.give_up_load((uint32) i);
+}
+
+/*
  * This backend's slot when it may queue a search now, else NULL with the
  * reason in error and *result set.
  */

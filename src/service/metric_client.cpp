@@ -340,7 +340,17 @@ GpuMetricServiceAnswer(Relation index, GpuMetricCached *entry, const GpuMetricMe
 				result = RES_ERROR;
 				break;
 			}
-			result = LoadMetricMirror(slot, index, entry, meta, &live_words, error, sizeof(error));
+			/* A cancel while reading the index gives the load up for the next search to claim. */
+			PG_TRY();
+			{
+				result = LoadMetricMirror(slot, index, entry, meta, &live_words, error, sizeof(error));
+			}
+			PG_CATCH();
+			{
+				GpuIvfpqQueueGiveUpLoad();
+				PG_RE_THROW();
+			}
+			PG_END_TRY();
 			if (result == RES_OK)
 			{
 				elog(DEBUG1, "gpu_metric: index \"%s\" mirrored to the GPU (%lld live words)",

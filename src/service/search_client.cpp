@@ -245,7 +245,17 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
 				result = RES_ERROR;
 				break;
 			}
-			result = LoadMirror(slot, index, meta, &entries, error, sizeof(error));
+			/* A cancel while reading the index gives the load up for the next search to claim. */
+			PG_TRY();
+			{
+				result = LoadMirror(slot, index, meta, &entries, error, sizeof(error));
+			}
+			PG_CATCH();
+			{
+				GpuIvfpqQueueGiveUpLoad();
+				PG_RE_THROW();
+			}
+			PG_END_TRY();
 			if (result == RES_OK)
 			{
 				elog(DEBUG1, "gpu_ivfpq: index \"%s\" mirrored to the GPU (%lld entries)",

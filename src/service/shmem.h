@@ -491,6 +491,7 @@ extern void GpuIvfpqQueueFailAll(const char *message);
 extern uint64 GpuIvfpqQueueStalledSinceNs(void);
 extern uint64 GpuIvfpqQueueNowNs(void);
 extern const char *GpuIvfpqQueueUnavailable(void);
+extern void GpuIvfpqQueueGiveUpLoad(void);
 /* Bytes of a direct-path slot's payload (a gpu_metric request and its answer). */
 #define GPU_IVFPQ_QUEUE_PAYLOAD (32 * 1024)
 extern RequestResult GpuIvfpqQueueMetricSearch(const GpuIvfpqKey *key, uint64 change, int64 nq, int64 ncps,

@@ -399,6 +399,14 @@ TEST_F(QueryServer, DroppedMirrorReleasesTheLoadClaim)
     EXPECT_EQ(ask(1, other), int32_t(queue::Result::Loading));
     server.release_claims(0, 0);
     EXPECT_EQ(ask(1, other), int32_t(queue::Result::NotLoaded));
+    // The claimer gives the load up (a cancel while it read the index): the
+    // next asker claims it at once, and its claim stands for the others.
+    EXPECT_EQ(ask(2, other), int32_t(queue::Result::Loading));
+    seg.q.give_up_load(1);
+    EXPECT_EQ(ask(2, other), int32_t(queue::Result::NotLoaded));
+    EXPECT_EQ(ask(1, other), int32_t(queue::Result::Loading));
+    seg.q.give_up_load(1);
+    EXPECT_EQ(ask(3, other), int32_t(queue::Result::Loading));
 }
 
 // A mirror loaded hidden (the service catches it up with the changes
