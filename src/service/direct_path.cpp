@@ -46,6 +46,8 @@ static Size backend_bytes = 0;
 static uint64 backend_generation = 0;
 static Queue backend_queue;
 
+static void AddStats(GpuIvfpqQueueStats *out, const queue::Stats &st);
+
 /* How long one sleep on a slot lasts before interrupts are looked at (ms). */
 #define QUEUE_POLL_MS 10
 
@@ -196,11 +198,21 @@ GpuIvfpqQueueDestroy(const char *message)
 
 	if (service_base == NULL)
 		return;
-	SpinLockAcquire(&s->mutex);
-	strlcpy(name, s->queue_name, sizeof(name));
-	s->queue_name[0] = '\0';
-	s->queue_bytes = 0;
-	SpinLockRelease(&s->mutex);
+	{
+		GpuIvfpqQueueStats past;
+
+		SpinLockAcquire(&s->mutex);
+		past = s->queue_past;
+		SpinLockRelease(&s->mutex);
+		/* The counters stay, whatever a dead GPU process left in them: counts only grow. */
+		AddStats(&past, service_queue.header().stats);
+		SpinLockAcquire(&s->mutex);
+		strlcpy(name, s->queue_name, sizeof(name));
+		s->queue_name[0] = '\0';
+		s->queue_bytes = 0;
+		s->queue_past = past;
+		SpinLockRelease(&s->mutex);
+	}
 	(void) service_queue.fail_all(message);
 	(void) shm_unlink(name);
 	(void) unlink(QUEUE_NAME_FILE);
@@ -672,28 +684,39 @@ GpuIvfpqQueueMetricSearch(const GpuIvfpqKey *key, uint64 change, int64 nq, int64
 	return RES_OK;
 }
 
-/* The direct path's counters, from this backend's mapping; false without one. */
+/* Adds the counters of a segment's stats to out. */
+static void
+AddStats(GpuIvfpqQueueStats *out, const queue::Stats &st)
+{
+	out->batches += st.batches.load();
+	out->queries += st.queries.load();
+	for (int i = 0; i < GPU_IVFPQ_BATCH_BUCKETS && i < queue::kHistBuckets; i++)
+		out->hist[i] += st.hist[i].load();
+	out->wait_ns += st.wait_ns.load();
+	out->catchup_ns += st.catchup_ns.load();
+	out->catchup_searches += st.catchup_searches.load();
+	out->gpu_ns += st.gpu_ns.load();
+	out->deliver_ns += st.deliver_ns.load();
+	out->failed += st.failed.load();
+	out->not_found += st.not_found.load();
+}
+
+/*
+ * The direct path's counters since the server started: those of the
+ * segments of earlier services (a restart makes a new one) and this
+ * backend's mapping of the current one; false without a current one.
+ */
 bool
 GpuIvfpqQueueReadStats(GpuIvfpqQueueStats *out)
 {
+	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
 	const Queue *q = BackendQueue();
 
-	memset(out, 0, sizeof(*out));
+	SpinLockAcquire(&s->mutex);
+	*out = s->queue_past;
+	SpinLockRelease(&s->mutex);
 	if (q == NULL)
 		return false;
-
-	const queue::Stats &st = q->header().stats;
-
-	out->batches = st.batches.load();
-	out->queries = st.queries.load();
-	for (int i = 0; i < GPU_IVFPQ_BATCH_BUCKETS && i < queue::kHistBuckets; i++)
-		out->hist[i] = st.hist[i].load();
-	out->wait_ns = st.wait_ns.load();
-	out->catchup_ns = st.catchup_ns.load();
-	out->catchup_searches = st.catchup_searches.load();
-	out->gpu_ns = st.gpu_ns.load();
-	out->deliver_ns = st.deliver_ns.load();
-	out->failed = st.failed.load();
-	out->not_found = st.not_found.load();
+	AddStats(out, q->header().stats);
 	return true;
 }

@@ -208,6 +208,21 @@ typedef struct GpuIvfpqDeviceStatus
 	int64		busy_us;		/* time it ran calls */
 } GpuIvfpqDeviceStatus;
 
+/* The stage counters of the direct path. */
+typedef struct GpuIvfpqQueueStats
+{
+	uint64		batches;
+	uint64		queries;
+	uint64		hist[GPU_IVFPQ_BATCH_BUCKETS];
+	uint64		wait_ns;
+	uint64		catchup_ns;
+	uint64		catchup_searches;
+	uint64		gpu_ns;
+	uint64		deliver_ns;
+	uint64		failed;
+	uint64		not_found;
+} GpuIvfpqQueueStats;
+
 typedef struct GpuIvfpqServiceShared
 {
 	slock_t		mutex;			/* protects the fields up to the atomics */
@@ -248,6 +263,8 @@ typedef struct GpuIvfpqServiceShared
 	char		queue_name[64];
 	Size		queue_bytes;
 	uint64		queue_generation;
+	/* The counters of the segments before it (a restarted service's), under mutex. */
+	GpuIvfpqQueueStats queue_past;
 
 	/* Appends of logged entries to mirrors (within the log's time). */
 	pg_atomic_uint64 append_calls;
@@ -501,18 +518,4 @@ extern RequestResult GpuIvfpqQueueSearch(const GpuIvfpqKey *key, int d, const fl
 										 const GpuIvfpqKeyRange *range, int64 *labels, double *exact,
 										 int *nlabels, GpuIvfpqAnswerDists *dists, int *batch, int64 *matched,
 										 char *error, Size errlen);
-/* The stage counters of the direct path (NULL without a segment mapped). */
-typedef struct GpuIvfpqQueueStats
-{
-	uint64		batches;
-	uint64		queries;
-	uint64		hist[GPU_IVFPQ_BATCH_BUCKETS];
-	uint64		wait_ns;
-	uint64		catchup_ns;
-	uint64		catchup_searches;
-	uint64		gpu_ns;
-	uint64		deliver_ns;
-	uint64		failed;
-	uint64		not_found;
-} GpuIvfpqQueueStats;
 extern bool GpuIvfpqQueueReadStats(GpuIvfpqQueueStats *out);

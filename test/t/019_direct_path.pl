@@ -155,6 +155,20 @@ is($node->safe_psql('postgres', 'SELECT service_starts, gpu_restarts FROM gpu_iv
 ok(slurp_file($node->logfile) !~ /server process .* was terminated by signal/, 'no backend crashed');
 
 
+# A restarted service makes a new segment; the direct path's counters go on
+# from where they were (they never go back while the server runs).
+my ($served, $nbatches, $spid) =
+  split /\|/, $node->safe_psql('postgres', 'SELECT queries_gpu, batches, service_pid FROM gpu_ivfpq_status');
+cmp_ok($served, '>', 0, 'the GPU served searches before the restart');
+kill 'TERM', $spid;
+ok( $node->poll_query_until(
+		'postgres',
+		"SELECT service_pid <> $spid AND state LIKE 'running (GPU%' FROM gpu_ivfpq_status"),
+	'the service restarted');
+my ($served2, $nbatches2) = split /\|/, $node->safe_psql('postgres', 'SELECT queries_gpu, batches FROM gpu_ivfpq_status');
+cmp_ok($served2, '>=', $served, 'searches served: the count did not go back');
+cmp_ok($nbatches2, '>=', $nbatches, 'batches: the count did not go back');
+
 # The segment has a name of this cluster's own (its data directory's device
 # and inode, and a random part), recorded in pg_dynshmem: an immediate stop
 # leaves the segment, the next start removes it; a recorded name without
