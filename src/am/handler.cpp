@@ -129,8 +129,18 @@ GpuIvfpqRelationAltered(Oid relid)
 		GpuIvfpqMetaPageData meta;
 		int			dim;
 
-		GpuIvfpqReadMeta(index, &meta);
-		dim = (int) meta.dimensions;
+		/*
+		 * An index a failed CREATE INDEX CONCURRENTLY left behind holds a
+		 * placeholder metapage and no vectors: nothing to check against
+		 * (its REINDEX checks the options as any build does).
+		 */
+		if (index->rd_index->indisvalid && index->rd_index->indisready)
+		{
+			GpuIvfpqReadMeta(index, &meta);
+			dim = (int) meta.dimensions;
+		}
+		else
+			dim = 0;
 		/* A pgvector column declares its dimension: checked against it too (as CREATE INDEX does). */
 		if (dim == 0)
 		{

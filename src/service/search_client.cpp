@@ -418,7 +418,8 @@ gpu_ivfpq_prewarm(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("cannot mirror \"%s\" to the GPU", RelationGetRelationName(index)),
-				 errdetail("%s.", reason)));
+				 errdetail("%s.", reason),
+				 !meta.trained ? errhint("REINDEX the index once its table holds rows: that trains its quantizers.") : 0));
 	result = LoadMirror(slot, index, &meta, &entries, error, sizeof(error));
 	if (result != RES_OK)
 		ereport(ERROR,

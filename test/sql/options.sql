@@ -232,7 +232,19 @@ ALTER INDEX alt_w SET (codes = rabitq);
 CREATE TABLE alt_empty (v real[]);
 CREATE INDEX alt_e ON alt_empty USING gpu_ivfpq (v);
 ALTER INDEX alt_e SET (m = 3);
-DROP TABLE alt_t, alt_wide, alt_empty;
+-- An index a failed CREATE INDEX CONCURRENTLY left invalid takes options
+-- (its REINDEX checks them, as a build does).
+CREATE TABLE alt_bad (v real[]);
+INSERT INTO alt_bad SELECT ARRAY[i, 1, 2, 3]::real[] FROM generate_series(1, 100) i;
+INSERT INTO alt_bad VALUES ('{1,2,3}');
+CREATE INDEX CONCURRENTLY alt_b ON alt_bad USING gpu_ivfpq (v) WITH (lists = 2);
+SELECT indisvalid FROM pg_index WHERE indexrelid = 'alt_b'::regclass;
+ALTER INDEX alt_b SET (placement = shard);
+ALTER INDEX alt_b SET (m = 2);
+DELETE FROM alt_bad WHERE array_length(v, 1) = 3;
+REINDEX INDEX alt_b;
+SELECT indisvalid, reloptions FROM pg_index JOIN pg_class ON oid = indexrelid WHERE indexrelid = 'alt_b'::regclass;
+DROP TABLE alt_t, alt_wide, alt_empty, alt_bad;
 -- An option the other kind of codes uses, when given: a NOTICE.
 CREATE TABLE ign_t (v real[]);
 INSERT INTO ign_t SELECT ARRAY[i, i, i, i]::real[] FROM generate_series(1, 100) i;

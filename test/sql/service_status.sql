@@ -228,6 +228,11 @@ SELECT gpu_ivfpq_prewarm('wide_idx');
 SET gpu_ivfpq.device = auto;
 SELECT v[1] FROM wide ORDER BY v <-> array_fill(3::real, ARRAY[8200]) LIMIT 1;
 SELECT gpu_ivfpq_prewarm('svc');
+-- An index built on an empty table has nothing to mirror yet: the hint says how to train it.
+CREATE TABLE untrained (v real[]);
+CREATE INDEX untrained_idx ON untrained USING gpu_ivfpq (v);
+SELECT gpu_ivfpq_prewarm('untrained_idx');
+DROP TABLE untrained;
 
 -- One scan served first by the GPU, then by the CPU engine (rounds past
 -- the GPU's 2048 candidates): the CPU rounds read the list directory only
