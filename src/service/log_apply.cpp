@@ -246,6 +246,8 @@ DrainLog(void)
 				ereport(LOG,
 						(errmsg("gpu_ivfpq service: the vector ring overflowed, the mirror of index %u dropped",
 								key.index)));
+				/* Its later entries find no mirror (one drop and one message, not one per entry). */
+				mirror_from.erase(from);
 				removals = true;
 				continue;
 			}
