@@ -805,6 +805,9 @@ NextBatch(IndexScanDesc scan)
 			 */
 			GpuIvfpqLabels all = {NULL, 0, 0};
 
+			/* Nothing for the GPU to mirror: device = gpu says so, as for every case the GPU cannot serve. */
+			if (!so->meta.trained && !so->null_query && gpu_ivfpq_device == GPU_IVFPQ_DEVICE_GPU)
+				GpuIvfpqGpuRequiredError("scan", "The index has no trained quantizers (REINDEX it once its table holds rows)");
 			so->probes = so->meta.lists;
 			CollectAll(scan, &all);
 			labels = all.labels;

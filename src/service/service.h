@@ -12,6 +12,8 @@ extern void GpuIvfpqServiceRegister(void);
 extern void GpuIvfpqServiceInstallHooks(void);
 extern void GpuIvfpqCountCpuQuery(void);
 extern bool GpuIvfpqServiceWanted(void);
+/* The error of gpu_ivfpq.device = gpu when the GPU cannot serve what (reason says why). */
+[[noreturn]] extern void GpuIvfpqGpuRequiredError(const char *what, const char *reason);
 extern bool GpuIvfpqServiceCanServe(const GpuIvfpqMetaPageData *meta);
 extern int	GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const float *query,
 								  int k, int nprobe, const GpuIvfpqKeyRange *range, int64 *matched,

@@ -445,7 +445,6 @@ extern const char *GpuIvfpqNotServableReason(const GpuIvfpqMetaPageData *meta);
 extern void GpuIvfpqCountFallback(void);
 extern dsm_segment *GpuIvfpqCreateSegment(Size bytes, const char *what);
 extern bool GpuIvfpqServiceServing(void);
-[[noreturn]] extern void GpuIvfpqGpuRequiredError(const char *what, const char *reason);
 extern void GpuIvfpqSearchFellBack(Relation index, RequestResult result, const char *error, const char *am,
 								   const char *noun, const char *what, bool required);
 extern GpuIvfpqSlot *GpuIvfpqAcquireSlot(void);

@@ -231,7 +231,15 @@ SELECT gpu_ivfpq_prewarm('svc');
 -- An index built on an empty table has nothing to mirror yet: the hint says how to train it.
 CREATE TABLE untrained (v real[]);
 CREATE INDEX untrained_idx ON untrained USING gpu_ivfpq (v);
+INSERT INTO untrained VALUES ('{1,2}'), ('{3,4}');
 SELECT gpu_ivfpq_prewarm('untrained_idx');
+-- Its scans compute every distance on the CPU: with device = gpu, an error that says so.
+BEGIN;
+SET LOCAL enable_seqscan = off;
+SELECT v FROM untrained ORDER BY v <-> '{1,2}' LIMIT 1;
+SET LOCAL gpu_ivfpq.device = gpu;
+SELECT v FROM untrained ORDER BY v <-> '{1,2}' LIMIT 1;
+ROLLBACK;
 DROP TABLE untrained;
 
 -- One scan served first by the GPU, then by the CPU engine (rounds past
