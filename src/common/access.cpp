@@ -51,6 +51,12 @@ GpuIvfpqCheckReadable(Relation heap, const char *function)
 {
 	GpuIvfpqCheckSelect(heap);
 	GpuIvfpqCheckNotCitusShell(heap, function);
+	/* As a query of it would say (its indexes are empty too). */
+	if (!RelationIsPopulated(heap))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("materialized view \"%s\" has not been populated", RelationGetRelationName(heap)),
+				 errhint("Use the REFRESH MATERIALIZED VIEW command.")));
 	if (check_enable_rls(RelationGetRelid(heap), InvalidOid, true) == RLS_ENABLED)
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),

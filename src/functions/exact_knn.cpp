@@ -588,11 +588,6 @@ gpu_ivfpq_exact_knn(PG_FUNCTION_ARGS)
 	queries = GpuIvfpqQueryVectors(fcinfo, 2, &nq, &d);
 	InitMaterializedSRF(fcinfo, 0);
 	heap = GpuIvfpqOpenTableChecked(relid, "gpu_ivfpq_exact_knn");
-	if (!RelationIsPopulated(heap))
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("materialized view \"%s\" has not been populated", RelationGetRelationName(heap)),
-				 errhint("Use the REFRESH MATERIALIZED VIEW command.")));
 	attnum = get_attnum(relid, col);
 	if (attnum == InvalidAttrNumber || attnum < 0)
 		ereport(ERROR,

@@ -180,6 +180,9 @@ DROP TABLE sftiny;
 -- A materialized view not yet populated has no rows to search.
 CREATE MATERIALIZED VIEW sfm AS SELECT * FROM sf WITH NO DATA;
 SELECT * FROM gpu_ivfpq_exact_knn('sfm', 'v', '{1,0,0.5,1,0.1,0}', 3);
+-- Through its index: the same error (the index of an unpopulated view is empty).
+CREATE INDEX sfm_idx ON sfm USING gpu_ivfpq (v);
+SELECT * FROM gpu_ivfpq_knn_batch('sfm_idx', '{1,0,0.5,1,0.1,0}'::real[], 3);
 DROP MATERIALIZED VIEW sfm;
 
 -- Bad arguments.
