@@ -54,6 +54,58 @@ static List *pending_drops = NIL;
 static uint64 xact_log_pos = 0;
 
 /*
+ * The indexes this transaction appended to (up to XACT_INDEXES; past that
+ * xact_indexes_all): its commit waits for the log only where one of them
+ * is listed as mirrored (XactAppendedToMirrored).
+ */
+#define XACT_INDEXES 8
+static Oid	xact_indexes[XACT_INDEXES];
+static int	nxact_indexes = 0;
+static bool xact_indexes_all = false;
+
+static void
+ForgetXactIndexes(void)
+{
+	nxact_indexes = 0;
+	xact_indexes_all = false;
+}
+
+static void
+RememberXactIndex(Oid index)
+{
+	for (int i = 0; i < nxact_indexes; i++)
+		if (xact_indexes[i] == index)
+			return;
+	if (nxact_indexes == XACT_INDEXES)
+		xact_indexes_all = true;
+	else
+		xact_indexes[nxact_indexes++] = index;
+}
+
+/*
+ * Whether an index this transaction appended to is listed as mirrored (or
+ * loading) by the service. Read after the appends were logged: an index
+ * the service lists only later has its load's catch-up apply them
+ * (PublishMirrored says why).
+ */
+static bool
+XactAppendedToMirrored(void)
+{
+	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+	bool		found = xact_indexes_all;
+
+	if (found)
+		return true;
+	SpinLockAcquire(&s->mutex);
+	found = s->mirrored_all;
+	for (int i = 0; i < s->nmirrored && !found; i++)
+		for (int j = 0; j < nxact_indexes && !found; j++)
+			found = s->mirrored[i].db == MyDatabaseId && s->mirrored[i].index == xact_indexes[j];
+	SpinLockRelease(&s->mutex);
+	return found;
+}
+
+/*
  * Appends entry to the log, with its vector of entry->vdim floats (vector:
  * NULL for none) and, for an append, its code of entry->m bytes (code: NULL
  * when entry->code holds it already). A code too long for the entry goes to
@@ -130,6 +182,7 @@ GpuIvfpqServiceLogAppend(Relation index, const GpuIvfpqMetaPageData *meta, int l
 	if (filter_key != NULL)
 		memcpy(&e.filter_key, filter_key, sizeof(int64));
 	xact_log_pos = GpuIvfpqLogPush(&e, vector, code) + 1;
+	RememberXactIndex(RelationGetRelid(index));
 	/* The commit (and this transaction's own searches) wait until the service applied it: now. */
 	GpuIvfpqServiceWake();
 	/*
@@ -405,8 +458,11 @@ DropsAtXactEnd(XactEvent event, void *arg)
 				 */
 				if (xact_log_pos != 0)
 				{
-					GpuIvfpqServiceWaitApplied(xact_log_pos);
+					/* Not for indexes without a mirror: their next load reads these rows. */
+					if (XactAppendedToMirrored())
+						GpuIvfpqServiceWaitApplied(xact_log_pos);
 					xact_log_pos = 0;
+					ForgetXactIndexes();
 				}
 				/* Cleared first: an error below aborts, and the abort must not see them. */
 				pending_drops = NIL;
@@ -426,6 +482,7 @@ DropsAtXactEnd(XactEvent event, void *arg)
 			/* The list lived in TopTransactionContext, which goes now. */
 			pending_drops = NIL;
 			xact_log_pos = 0;
+			ForgetXactIndexes();
 			break;
 		default:
 			break;

@@ -23,6 +23,7 @@ namespace svc {
 
 static std::vector<MirrorKey> held_keys;	/* MirrorKeysHeld's answer */
 static TimestampTz db_check_at;	/* when to look for mirrors of dropped databases */
+static uint64 published_mirrors = UINT64_MAX;	/* mirrors_version that PublishMirrored listed */
 
 #define DB_CHECK_MS 1000		/* how often mirrors of dropped databases are looked for */
 
@@ -248,6 +249,7 @@ DrainLog(void)
 								key.index)));
 				/* Its later entries find no mirror (one drop and one message, not one per entry). */
 				mirror_from.erase(from);
+				mirrors_version++;
 				removals = true;
 				continue;
 			}
@@ -268,11 +270,57 @@ DrainLog(void)
 		if (removals)
 			PublishStatus();
 	}
+	if (mirrors_version != published_mirrors)
+		PublishMirrored(NULL);
 	log_cursor = head;
 	pg_atomic_write_u64(&s->log_applied, head);
 	/* Commits and VACUUMs that waited for these changes go on; so do the searches queued after them. */
 	GpuIvfpqLogAppliedAdvanced();
 	GpuIvfpqQueueSetApplied(head);
+}
+
+/*
+ * Publishes the indexes of mirror_from, and loading (not NULL: a load under
+ * way), as the mirrored ones (GpuIvfpqServiceShared.mirrored). A commit
+ * that appended to none of them skips its wait for the change log. Safe
+ * because a load lists its index before it reads the log's head for its
+ * catch-up: a commit that found the index unlisted had logged its entries
+ * before that read, so the catch-up applies them; one that found it listed
+ * waits. An index listed without a mirror (a failed load, an eviction)
+ * only makes its commits wait; the next DrainLog lists mirror_from again.
+ */
+void
+PublishMirrored(const MirrorKey *loading)
+{
+	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+	int			n = 0;
+	bool		all = false;
+
+	SpinLockAcquire(&s->mutex);
+	auto		add = [&](const MirrorKey &k) {
+		for (int i = 0; i < n; i++)
+			if (s->mirrored[i].db == k.db && s->mirrored[i].index == k.index)
+				return;
+		if (n == GPU_IVFPQ_MIRRORED_MAX)
+		{
+			all = true;
+			return;
+		}
+		s->mirrored[n].db = k.db;
+		s->mirrored[n].index = k.index;
+		n++;
+	};
+
+	/* Under a spinlock: no allocation, nothing that throws. */
+	for (const auto &kv : mirror_from)
+		add(kv.first);
+	if (loading != NULL)
+		add(*loading);
+	s->nmirrored = n;
+	s->mirrored_all = all;
+	SpinLockRelease(&s->mutex);
+	/* With a load listed, the next DrainLog lists mirror_from alone again. */
+	published_mirrors = loading != NULL ? mirrors_version - 1 : mirrors_version;
 }
 
 /*
@@ -361,6 +409,7 @@ DropMirrorsOfGone(const Oid *dbs, int n)
 		/* Every version of the index goes at once: a later key of it finds none. */
 		(void) Engine([&] { dropped += (int) GpuSync()->drop_index(key.db, key.index); }, err);
 		mirror_from.erase(key);
+		mirrors_version++;
 		load_claims.erase(key);
 	}
 	return dropped;

@@ -110,6 +110,8 @@ Load(GpuIvfpqSlot *slot, const char *base, std::string &err)
 	bool		oom = false;
 	bool		changed = false;
 
+	/* Listed before the catch-up reads the log's head: commits appending to it from here wait. */
+	PublishMirrored(&key);
 	if (!Engine([&] {
 			GpuSync()->load(key, spec, (size_t) h->n, (const int32_t *) (base + l.lists),
 					  (const uint8_t *) (base + l.codes), (const int64_t *) labels,
@@ -164,6 +166,7 @@ Load(GpuIvfpqSlot *slot, const char *base, std::string &err)
 				return;
 			}
 			mirror_from[key] = head;
+			mirrors_version++;
 			load_claims.erase(key); /* a failed load keeps its claim: others use the CPU a while */
 		}, err, &oom))
 		changed = true;

@@ -22,6 +22,7 @@ extern "C" {
 /* Bytes of the ring that carries appended entries' vectors and wide codes (1 KiB per log entry). */
 #define GPU_IVFPQ_VECTOR_RING_BYTES ((Size) GPU_IVFPQ_LOG_SIZE * 1024)
 #define GPU_IVFPQ_STATUS_MIRRORS 64		/* mirrors listed by gpu_ivfpq_mirrors() */
+#define GPU_IVFPQ_MIRRORED_MAX 256	/* indexes listed as mirrored (more: every commit waits) */
 #define GPU_IVFPQ_BATCH_BUCKETS 8		/* batch sizes 1, 2-3, 4-7, ..., 128+ */
 
 typedef enum ServiceState
@@ -265,6 +266,21 @@ typedef struct GpuIvfpqServiceShared
 	uint64		queue_generation;
 	/* The counters of the segments before it (a restarted service's), under mutex. */
 	GpuIvfpqQueueStats queue_past;
+
+	/*
+	 * The gpu_ivfpq indexes (database, index) the GPU process may hold a
+	 * mirror of, or is loading one of (under mutex; published by the
+	 * service, PublishMirrored): a commit that appended to none of them
+	 * need not wait for the change log (DropsAtXactEnd). mirrored_all:
+	 * more than fit, every commit waits.
+	 */
+	int			nmirrored;
+	bool		mirrored_all;
+	struct
+	{
+		Oid			db;
+		Oid			index;
+	}			mirrored[GPU_IVFPQ_MIRRORED_MAX];
 
 	/* Appends of logged entries to mirrors (within the log's time). */
 	pg_atomic_uint64 append_calls;

@@ -38,6 +38,7 @@ namespace svc {
 /* Service-local state (this process only; worker.h says what each holds). */
 std::unique_ptr<GpuProcess> gpu;
 std::map<MirrorKey, uint64> mirror_from;
+uint64		mirrors_version = 0;
 std::map<MirrorKey, TimestampTz> load_claims;
 uint64		log_cursor;
 char	   *log_vectors;
@@ -369,6 +370,7 @@ StartGpuProcess(void)
 	gpu_started_at = GetCurrentTimestamp();
 	/* A new process holds no mirror: changes logged so far are in the pages. */
 	mirror_from.clear();
+	mirrors_version++;
 	load_claims.clear();
 	log_cursor = LogHead();
 	GpuIvfpqQueueSetApplied(log_cursor);
@@ -399,6 +401,7 @@ GpuProcessLost(void)
 	/* What it held or was queued for it: the CPU engine answers. */
 	GpuIvfpqQueueFailAll("the GPU process is restarting");
 	mirror_from.clear();
+	mirrors_version++;
 	load_claims.clear();
 	if (TimestampDifferenceExceeds(gpu_started_at, now, GPU_STABLE_MS))
 		gpu_backoff_ms = GPU_BACKOFF_MIN_MS;
@@ -522,6 +525,8 @@ gpu_ivfpq_service_main(Datum arg)
 				gpu.reset();
 				GpuIvfpqQueueFailAll("the GPU process is restarting");
 				mirror_from.clear();
+				mirrors_version++;
+	mirrors_version++;
 				load_claims.clear();
 				gpu_expected = true;
 				gpu_backoff_ms = GPU_BACKOFF_MIN_MS;

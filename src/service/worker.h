@@ -23,6 +23,7 @@ using gpuivfpq::gpuproc::GpuProcess;
 /* ---- state (worker.cpp) ---- */
 extern std::unique_ptr<GpuProcess> gpu;			/* null while none runs */
 extern std::map<MirrorKey, uint64> mirror_from;	/* log entries from here apply */
+extern uint64 mirrors_version;			/* bumped by every change of mirror_from */
 extern std::map<MirrorKey, TimestampTz> load_claims;	/* a backend was told to load */
 extern uint64 log_cursor;				/* the change log is applied up to here */
 extern char *log_vectors;				/* CopyLog's copies of the vector ring's bytes (its size) */
@@ -35,6 +36,7 @@ extern int	ntaken;
 #define GPU_BULK_TIMEOUT_FACTOR 10
 
 /* ---- helpers (worker.cpp) ---- */
+extern void PublishMirrored(const MirrorKey *loading);
 extern uint64 LogHead(void);
 extern uint64 NowNs(void);
 extern bool GpuUp(void);

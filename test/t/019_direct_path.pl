@@ -12,6 +12,7 @@
 use strict;
 use warnings;
 
+use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -120,6 +121,43 @@ ok($served, 'scans are served again after the process went on');
 is($node->safe_psql('postgres', "SET gpu_ivfpq.device = gpu; $set " . knn($q)),
 	exact($q), 'with the exact rows');
 
+# ---- commits wait for the change log where their index has a mirror ----
+# A commit waits for the change log only where an index it appended to has
+# a mirror: with the service stopped, an insert into an index nobody
+# mirrored commits at once; one into a mirrored index waits until the
+# service goes on, and its row is then in the mirror.
+$node->safe_psql(
+	'postgres', q{
+	CREATE TABLE nomirror (id int, v real[]);
+	INSERT INTO nomirror SELECT i, ARRAY[i % 7, i % 5, 1, 2]::real[] FROM generate_series(1, 300) i;
+	CREATE INDEX nomirror_idx ON nomirror USING gpu_ivfpq (v) WITH (lists = 2, m = 2);
+	SELECT gpu_ivfpq_prewarm('items_idx');
+});
+my $stopped = $node->safe_psql('postgres', 'SELECT service_pid FROM gpu_ivfpq_status');
+ok(kill('STOP', $stopped), 'service stopped');
+my $t0 = time();
+my ($irc, $iout, $ierr) = $node->psql('postgres', q{INSERT INTO nomirror VALUES (1000, '{9, 9, 9, 9}')},
+	timeout => 60);
+is($irc, 0, 'an insert into an index without a mirror commits while the service is stopped');
+cmp_ok(time() - $t0, '<', 30, 'without waiting for the service');
+my ($wout, $werr) = ('', '');
+my $writer = IPC::Run::start(
+	[ 'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', '-d', $node->connstr('postgres'), '-c',
+		q{INSERT INTO items VALUES (777777, '{0.11, 0.22, 0.33, 0.44}')} ],
+	'>', \$wout, '2>', \$werr);
+ok( $node->poll_query_until(
+		'postgres',
+		q{SELECT count(*) = 1 FROM pg_stat_activity WHERE query LIKE 'INSERT INTO items VALUES (777777%' AND wait_event_type = 'Extension'}),
+	'an insert into a mirrored index waits at commit for the stopped service');
+ok(kill('CONT', $stopped), 'service continued');
+$writer->finish;
+is($werr, '', 'the insert into the mirrored index committed once the service went on');
+is( $node->safe_psql(
+		'postgres',
+		q{SET enable_seqscan = off; SET gpu_ivfpq.device = gpu; SET gpu_ivfpq.probes = 8;
+		  SELECT id FROM items ORDER BY v <-> '{0.11, 0.22, 0.33, 0.44}' LIMIT 1}),
+	'777777', 'another session finds the committed row through the mirror');
+
 # ---- a GPU process that writes garbage into the segment ----
 $node->stop;
 $ENV{GPU_IVFPQ_TEST_GARBAGE_ANSWERS} = '1';
@@ -157,16 +195,16 @@ ok(slurp_file($node->logfile) !~ /server process .* was terminated by signal/, '
 
 # A restarted service makes a new segment; the direct path's counters go on
 # from where they were (they never go back while the server runs).
-my ($served, $nbatches, $spid) =
+my ($gpu_served, $nbatches, $spid) =
   split /\|/, $node->safe_psql('postgres', 'SELECT queries_gpu, batches, service_pid FROM gpu_ivfpq_status');
-cmp_ok($served, '>', 0, 'the GPU served searches before the restart');
+cmp_ok($gpu_served, '>', 0, 'the GPU served searches before the restart');
 kill 'TERM', $spid;
 ok( $node->poll_query_until(
 		'postgres',
 		"SELECT service_pid <> $spid AND state LIKE 'running (GPU%' FROM gpu_ivfpq_status"),
 	'the service restarted');
 my ($served2, $nbatches2) = split /\|/, $node->safe_psql('postgres', 'SELECT queries_gpu, batches FROM gpu_ivfpq_status');
-cmp_ok($served2, '>=', $served, 'searches served: the count did not go back');
+cmp_ok($served2, '>=', $gpu_served, 'searches served: the count did not go back');
 cmp_ok($nbatches2, '>=', $nbatches, 'batches: the count did not go back');
 
 # The segment has a name of this cluster's own (its data directory's device
