@@ -131,7 +131,7 @@ GpuIvfpqRelationAltered(Oid relid)
 
 		/*
 		 * An index a failed CREATE INDEX CONCURRENTLY left behind holds a
-		 * placeholder metapage and no vectors: nothing to check against
+		 * metapage of no lists and no vectors: nothing to check against
 		 * (its REINDEX checks the options as any build does).
 		 */
 		if (index->rd_index->indisvalid && index->rd_index->indisready)
