@@ -301,12 +301,11 @@ queue::Result QueryServer::claim_or_wait(const MirrorKey& key, bool first, uint3
 void QueryServer::release_claims(uint32_t db, uint32_t index)
 {
     std::lock_guard<std::mutex> g(claims_mutex_);
-    for (auto it = claims_.begin(); it != claims_.end();) {
-        if (index == 0 || (it->first.db == db && it->first.index == index))
-            it = claims_.erase(it);
-        else
-            ++it;
-    }
+    // A claim made at `at` lapses at at + kLoadClaim: moved so that it lapses by now + retry_after_drop_.
+    const auto lapse_by = std::chrono::steady_clock::now() + retry_after_drop_ - kLoadClaim;
+    for (auto& c : claims_)
+        if ((index == 0 || (c.first.db == db && c.first.index == index)) && c.second.at > lapse_by)
+            c.second.at = lapse_by;
 }
 
 void QueryServer::answer(uint32_t slot, queue::Result result, const char* error)

@@ -65,12 +65,16 @@ public:
     static constexpr int kDeliverers = 1;
     static constexpr size_t kDeliveryShare = 4;
 
-    // Forgets the load claims of index (db, index), or of every index with
-    // index 0: its mirror was dropped (an invalidation, or a load the
-    // service discarded because the pages changed under it), so a load
-    // under way is lost and the next search claims the load again, rather
-    // than every search using the CPU until the claim expires.
+    // Shortens the load claims of index (db, index), or of every index with
+    // index 0, to retry_after_drop from now: its mirror was dropped (an
+    // invalidation, or a load the service discarded because the pages
+    // changed under it), so a load under way is lost and a search claims
+    // the load again soon, rather than every search using the CPU for the
+    // whole claim; not at once, so that a long VACUUM, which discards every
+    // load beside it, does not have the index read again and again.
     void release_claims(uint32_t db, uint32_t index);
+    // For tests: how soon a dropped mirror's load may be claimed again.
+    void set_retry_after_drop(std::chrono::milliseconds d) { retry_after_drop_ = d; }
 
     // One pass of serving thread t: takes what is queued and serves what is
     // ready; false when nothing was ready (the thread then sleeps until
@@ -153,6 +157,7 @@ private:
         uint32_t given_up;  // the slot's loads_given_up when it claimed
     };
     std::map<MirrorKey, Claim> claims_;
+    std::chrono::milliseconds retry_after_drop_{std::chrono::seconds(5)};
     std::atomic<bool> stop_{false};
     // run_between_batches' jobs, oldest first; done under jobs_mutex_.
     struct Job {

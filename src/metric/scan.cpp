@@ -52,7 +52,8 @@ typedef struct GpuMetricScanOpaqueData
 	int64		k;				/* k-NN: the next round's k */
 	uint32		floor;			/* k-NN: every object nearer than this was returned */
 
-	/* ties of an ordered scan are ordered by the rows' own TIDs (OrderTiesByRow) */
+	/* ties of an ordered scan are ordered by the rows' own TIDs (ResolveTies) */
+	int64		resolved;		/* rows before this one are in their final order */
 	IndexFetchTableData *fetch;
 	TupleTableSlot *slot;
 
@@ -62,8 +63,6 @@ typedef struct GpuMetricScanOpaqueData
 	uint64		live;
 } GpuMetricScanOpaqueData;
 typedef GpuMetricScanOpaqueData *GpuMetricScanOpaque;
-
-static void OrderTiesByRow(IndexScanDesc scan, const ItemPointerData *tids, gpuivfpq::MetricHit *hits, int64 n);
 
 /* ambeginscan */
 IndexScanDesc
@@ -240,8 +239,6 @@ RangeBatch(IndexScanDesc scan)
 	}
 	/* Heap order, or distance then heap order. */
 	GpuMetricSortByTid(entry->tids, found.hits, n);
-	if (so->ordered && !so->null_order)
-		OrderTiesByRow(scan, entry->tids, found.hits, n);
 	AllocResults(so, n);
 	for (int64 i = 0; i < n; i++)
 	{
@@ -250,63 +247,6 @@ RangeBatch(IndexScanDesc scan)
 	}
 	so->nresults = n;
 	so->done = true;
-}
-
-/*
- * Orders each group of equal distances of hits (sorted by distance, then
- * the index's TIDs) by the rows' own TIDs: the index holds a HOT chain's
- * root, and after a HOT update the visible row lies elsewhere in the chain,
- * so "ORDER BY word <~> q" orders ties as "ORDER BY word <~> q, ctid" does
- * and as the batch functions do. The rows keep the index's TIDs (the
- * executor follows a chain from its root). A row no snapshot of the scan
- * sees keeps its root's place: the executor skips it. Bitmap scans and
- * scans without an MVCC snapshot have no order to keep.
- */
-static void
-OrderTiesByRow(IndexScanDesc scan, const ItemPointerData *tids, gpuivfpq::MetricHit *hits, int64 n)
-{
-	GpuMetricScanOpaque so = (GpuMetricScanOpaque) scan->opaque;
-	struct Tie
-	{
-		ItemPointerData row;
-		gpuivfpq::MetricHit hit;
-	}		   *ties = NULL;
-
-	if (scan->heapRelation == NULL || scan->xs_snapshot == NULL || !IsMVCCSnapshot(scan->xs_snapshot))
-		return;
-	for (int64 g0 = 0, g1; g0 < n; g0 = g1)
-	{
-		for (g1 = g0 + 1; g1 < n && hits[g1].dist == hits[g0].dist; g1++)
-			;
-		if (g1 - g0 < 2)
-			continue;
-		if (so->fetch == NULL)
-		{
-			MemoryContext old = MemoryContextSwitchTo(so->scanctx);
-
-			so->slot = table_slot_create(scan->heapRelation, NULL);
-			so->fetch = table_index_fetch_begin(scan->heapRelation);
-			MemoryContextSwitchTo(old);
-		}
-		if (ties == NULL)
-			ties = (Tie *) palloc_extended(sizeof(Tie) * n, MCXT_ALLOC_HUGE);
-		for (int64 i = g0; i < g1; i++)
-		{
-			ties[i - g0].row = tids[hits[i].id];
-			(void) GpuMetricRowVisible(so->fetch, scan->xs_snapshot, so->slot, &ties[i - g0].row);
-			ties[i - g0].hit = hits[i];
-			if ((i & 1023) == 1023)
-				CHECK_FOR_INTERRUPTS();
-		}
-		/* Distinct chains resolve to distinct rows: a total order. In place, no allocation. */
-		std::sort(ties, ties + (g1 - g0), [](const Tie &a, const Tie &b) {
-			return ItemPointerCompare((ItemPointer) &a.row, (ItemPointer) &b.row) < 0;
-		});
-		for (int64 i = g0; i < g1; i++)
-			hits[i] = ties[i - g0].hit;
-	}
-	if (ties != NULL)
-		pfree(ties);
 }
 
 /*
@@ -339,7 +279,6 @@ KnnRound(IndexScanDesc scan)
 	while (from < n && found.hits[from].dist < so->floor)
 		from++;
 	GpuMetricSortByTid(entry->tids, found.hits + from, n - from);
-	OrderTiesByRow(scan, entry->tids, found.hits + from, n - from);
 	AllocResults(so, n - from);
 	for (int64 i = from; i < n; i++)
 	{
@@ -409,6 +348,7 @@ NextBatch(IndexScanDesc scan)
 	so->dists = NULL;
 	so->nresults = 0;
 	so->next = 0;
+	so->resolved = 0;
 	/*
 	 * A scan with neither a range nor an order would stand for every row of
 	 * the table, and rows whose word is NULL are not in the index: refused
@@ -438,6 +378,62 @@ NextBatch(IndexScanDesc scan)
 	return so->nresults > 0;
 }
 
+/*
+ * Puts the rows from so->next on that share its distance and its heap page
+ * in the order of their own TIDs. Rows come sorted by distance, then by the
+ * index's TIDs: a HOT chain's root, while "ORDER BY word <~> q, ctid" and
+ * the batch functions order ties by the visible row's own TID. A HOT update
+ * keeps a row on its page, so only ties on one page can change places: each
+ * such run is resolved (a heap fetch per row) as the scan reaches it, and
+ * never more of a tie group than the scan returns. The rows keep the
+ * index's TIDs (the executor follows a chain from its root); one no
+ * snapshot of the scan sees keeps its root's place (the executor skips it).
+ * Unordered scans and scans without an MVCC snapshot have no order to keep.
+ */
+static void
+ResolveTies(IndexScanDesc scan)
+{
+	GpuMetricScanOpaque so = (GpuMetricScanOpaque) scan->opaque;
+	int64		from = so->next;
+	int64		to = from + 1;
+	BlockNumber block = ItemPointerGetBlockNumber(&so->tids[from]);
+	struct Tie
+	{
+		ItemPointerData row;
+		ItemPointerData root;
+	}		   *ties;
+
+	while (to < so->nresults && so->dists[to] == so->dists[from] &&
+		   ItemPointerGetBlockNumber(&so->tids[to]) == block)
+		to++;
+	so->resolved = to;
+	if (to - from < 2 || !so->ordered || so->null_order || scan->heapRelation == NULL ||
+		scan->xs_snapshot == NULL || !IsMVCCSnapshot(scan->xs_snapshot))
+		return;
+	if (so->fetch == NULL)
+	{
+		MemoryContext old = MemoryContextSwitchTo(so->scanctx);
+
+		so->slot = table_slot_create(scan->heapRelation, NULL);
+		so->fetch = table_index_fetch_begin(scan->heapRelation);
+		MemoryContextSwitchTo(old);
+	}
+	ties = (Tie *) palloc(sizeof(Tie) * (to - from));
+	for (int64 i = from; i < to; i++)
+	{
+		ties[i - from].root = so->tids[i];
+		ties[i - from].row = so->tids[i];
+		(void) GpuMetricRowVisible(so->fetch, scan->xs_snapshot, so->slot, &ties[i - from].row);
+	}
+	/* Distinct chains resolve to distinct rows: a total order. In place, no allocation. */
+	std::sort(ties, ties + (to - from), [](const Tie &a, const Tie &b) {
+		return ItemPointerCompare((ItemPointer) &a.row, (ItemPointer) &b.row) < 0;
+	});
+	for (int64 i = from; i < to; i++)
+		so->tids[i] = ties[i - from].root;
+	pfree(ties);
+}
+
 /* amgettuple: the next row (by distance when the scan is ordered). */
 bool
 gpumetricgettuple(IndexScanDesc scan, ScanDirection dir)
@@ -448,6 +444,8 @@ gpumetricgettuple(IndexScanDesc scan, ScanDirection dir)
 		elog(ERROR, "gpu_metric only supports forward scans");
 	if (so->next >= so->nresults && !NextBatch(scan))
 		return false;
+	if (so->next >= so->resolved)
+		ResolveTies(scan);
 	scan->xs_heaptid = so->tids[so->next];
 	/* Exact: neither the predicate nor the order needs a recheck. */
 	scan->xs_recheck = false;

@@ -92,17 +92,25 @@ static bool
 XactAppendedToMirrored(void)
 {
 	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
-	bool		found = xact_indexes_all;
+	static GpuIvfpqIndexRef list[GPU_IVFPQ_MIRRORED_MAX];
+	int			n;
+	bool		all;
 
-	if (found)
+	if (xact_indexes_all)
 		return true;
+	/* Copied out: the spinlock is every insert's and search's too. */
 	SpinLockAcquire(&s->mutex);
-	found = s->mirrored_all;
-	for (int i = 0; i < s->nmirrored && !found; i++)
-		for (int j = 0; j < nxact_indexes && !found; j++)
-			found = s->mirrored[i].db == MyDatabaseId && s->mirrored[i].index == xact_indexes[j];
+	all = s->mirrored_all;
+	n = Min(s->nmirrored, GPU_IVFPQ_MIRRORED_MAX);
+	memcpy(list, s->mirrored, sizeof(list[0]) * n);
 	SpinLockRelease(&s->mutex);
-	return found;
+	if (all)
+		return true;
+	for (int i = 0; i < n; i++)
+		for (int j = 0; j < nxact_indexes; j++)
+			if (list[i].db == MyDatabaseId && list[i].index == xact_indexes[j])
+				return true;
+	return false;
 }
 
 /*

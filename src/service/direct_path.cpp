@@ -333,7 +333,8 @@ BackendQueue(void)
 	{
 		struct stat st;
 
-		if (fstat(fd, &st) != 0 || (Size) st.st_size < bytes)
+		/* Ours alone: one another user made under a name just freed is not mapped. */
+		if (fstat(fd, &st) != 0 || (Size) st.st_size < bytes || st.st_uid != geteuid())
 		{
 			close(fd);
 			return NULL;

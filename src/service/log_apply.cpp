@@ -230,7 +230,13 @@ DrainLog(void)
 				std::string err;
 
 				/* Runs of the dropped mirror (earlier or later) find no mirror: add says so. */
-				(void) Engine([&] { GpuSync()->drop_index(key.db, key.index); }, err);
+				if (Engine([&] { GpuSync()->drop_index(key.db, key.index); }, err))
+				{
+					/* Every version of the index went: none is listed as mirrored any more. */
+					for (auto it = mirror_from.begin(); it != mirror_from.end();)
+						it = it->first.db == key.db && it->first.index == key.index ? mirror_from.erase(it) : std::next(it);
+					mirrors_version++;
+				}
 				removals = true;
 				continue;
 			}
@@ -243,7 +249,8 @@ DrainLog(void)
 				std::string err;
 
 				/* Its vector or wide code was overwritten before this read: the mirror reloads from the pages. */
-				(void) Engine([&] { GpuSync()->drop_index(key.db, key.index); }, err);
+				if (!Engine([&] { GpuSync()->drop_index(key.db, key.index); }, err))
+					continue;	/* still listed: its commits keep waiting, a later entry tries again */
 				ereport(LOG,
 						(errmsg("gpu_ivfpq service: the vector ring overflowed, the mirror of index %u dropped",
 								key.index)));
@@ -293,29 +300,30 @@ void
 PublishMirrored(const MirrorKey *loading)
 {
 	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
+	static GpuIvfpqIndexRef list[GPU_IVFPQ_MIRRORED_MAX];
 	int			n = 0;
 	bool		all = false;
-
-	SpinLockAcquire(&s->mutex);
 	auto		add = [&](const MirrorKey &k) {
 		for (int i = 0; i < n; i++)
-			if (s->mirrored[i].db == k.db && s->mirrored[i].index == k.index)
+			if (list[i].db == k.db && list[i].index == k.index)
 				return;
 		if (n == GPU_IVFPQ_MIRRORED_MAX)
 		{
 			all = true;
 			return;
 		}
-		s->mirrored[n].db = k.db;
-		s->mirrored[n].index = k.index;
+		list[n].db = k.db;
+		list[n].index = k.index;
 		n++;
 	};
 
-	/* Under a spinlock: no allocation, nothing that throws. */
+	/* Built here, copied under the spinlock (which every insert and search also takes). */
 	for (const auto &kv : mirror_from)
 		add(kv.first);
 	if (loading != NULL)
 		add(*loading);
+	SpinLockAcquire(&s->mutex);
+	memcpy(s->mirrored, list, sizeof(list[0]) * n);
 	s->nmirrored = n;
 	s->mirrored_all = all;
 	SpinLockRelease(&s->mutex);

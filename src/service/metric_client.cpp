@@ -340,14 +340,16 @@ GpuMetricServiceAnswer(Relation index, GpuMetricCached *entry, const GpuMetricMe
 				result = RES_ERROR;
 				break;
 			}
-			/* A cancel while reading the index gives the load up for the next search to claim. */
+			/* A cancel while loading gives the load up for the next search to claim. */
 			PG_TRY();
 			{
 				result = LoadMetricMirror(slot, index, entry, meta, &live_words, error, sizeof(error));
 			}
 			PG_CATCH();
 			{
-				GpuIvfpqQueueGiveUpLoad();
+				/* A cancel only: a load that fails keeps its claim (others use the CPU meanwhile). */
+				if (geterrcode() == ERRCODE_QUERY_CANCELED)
+					GpuIvfpqQueueGiveUpLoad();
 				PG_RE_THROW();
 			}
 			PG_END_TRY();

@@ -245,14 +245,16 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
 				result = RES_ERROR;
 				break;
 			}
-			/* A cancel while reading the index gives the load up for the next search to claim. */
+			/* A cancel while loading gives the load up for the next search to claim. */
 			PG_TRY();
 			{
 				result = LoadMirror(slot, index, meta, &entries, error, sizeof(error));
 			}
 			PG_CATCH();
 			{
-				GpuIvfpqQueueGiveUpLoad();
+				/* A cancel only: a load that fails keeps its claim (others use the CPU meanwhile). */
+				if (geterrcode() == ERRCODE_QUERY_CANCELED)
+					GpuIvfpqQueueGiveUpLoad();
 				PG_RE_THROW();
 			}
 			PG_END_TRY();

@@ -224,6 +224,13 @@ typedef struct GpuIvfpqQueueStats
 	uint64		not_found;
 } GpuIvfpqQueueStats;
 
+/* An index of a database, as the mirrored list names it. */
+typedef struct GpuIvfpqIndexRef
+{
+	Oid			db;
+	Oid			index;
+} GpuIvfpqIndexRef;
+
 typedef struct GpuIvfpqServiceShared
 {
 	slock_t		mutex;			/* protects the fields up to the atomics */
@@ -276,11 +283,7 @@ typedef struct GpuIvfpqServiceShared
 	 */
 	int			nmirrored;
 	bool		mirrored_all;
-	struct
-	{
-		Oid			db;
-		Oid			index;
-	}			mirrored[GPU_IVFPQ_MIRRORED_MAX];
+	GpuIvfpqIndexRef mirrored[GPU_IVFPQ_MIRRORED_MAX];
 
 	/* Appends of logged entries to mirrors (within the log's time). */
 	pg_atomic_uint64 append_calls;

@@ -526,7 +526,6 @@ gpu_ivfpq_service_main(Datum arg)
 				GpuIvfpqQueueFailAll("the GPU process is restarting");
 				mirror_from.clear();
 				mirrors_version++;
-	mirrors_version++;
 				load_claims.clear();
 				gpu_expected = true;
 				gpu_backoff_ms = GPU_BACKOFF_MIN_MS;

@@ -380,6 +380,7 @@ TEST_F(QueryServer, DroppedMirrorReleasesTheLoadClaim)
     Segment seg(4);
     gpuproc::DeviceLock lock;
     gpuproc::QueryServer server(seg.q, store, devices, lock, nullptr, 0);
+    server.set_retry_after_drop(std::chrono::milliseconds(0));
     const MirrorKey key{1, 12, 100, 1};
     const MirrorKey other{1, 14, 100, 1};
     auto ask = [&](uint32_t slot, const MirrorKey& k) {
@@ -407,6 +408,12 @@ TEST_F(QueryServer, DroppedMirrorReleasesTheLoadClaim)
     EXPECT_EQ(ask(1, other), int32_t(queue::Result::Loading));
     seg.q.give_up_load(1);
     EXPECT_EQ(ask(3, other), int32_t(queue::Result::Loading));
+    // After a drop the load may be claimed again only once the retry delay passed.
+    server.set_retry_after_drop(std::chrono::milliseconds(200));
+    server.release_claims(0, 0);
+    EXPECT_EQ(ask(3, other), int32_t(queue::Result::Loading));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_EQ(ask(3, other), int32_t(queue::Result::NotLoaded));
 }
 
 // A mirror loaded hidden (the service catches it up with the changes
