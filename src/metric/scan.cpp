@@ -403,12 +403,17 @@ ResolveTies(IndexScanDesc scan)
 		ItemPointerData root;
 	}		   *ties;
 
+	if (!so->ordered || so->null_order || scan->heapRelation == NULL ||
+		scan->xs_snapshot == NULL || !IsMVCCSnapshot(scan->xs_snapshot))
+	{
+		so->resolved = so->nresults;	/* no order among these rows to keep */
+		return;
+	}
 	while (to < so->nresults && so->dists[to] == so->dists[from] &&
 		   ItemPointerGetBlockNumber(&so->tids[to]) == block)
 		to++;
 	so->resolved = to;
-	if (to - from < 2 || !so->ordered || so->null_order || scan->heapRelation == NULL ||
-		scan->xs_snapshot == NULL || !IsMVCCSnapshot(scan->xs_snapshot))
+	if (to - from < 2)
 		return;
 	if (so->fetch == NULL)
 	{

@@ -410,17 +410,20 @@ GpuIvfpqQueueUnavailable(void)
 }
 
 /*
- * The mirror load this backend was told to do (a NotLoaded answer) is given
- * up: an error while it read the index. The GPU process lets the next
- * search claim the load at once instead of sending every search to the CPU
- * until the claim lapses. Safe in an error path (an atomic add to its slot).
+ * Called in the error path of the mirror load this backend was told to do
+ * (a NotLoaded answer): when the error is a cancel, the load is given up and
+ * the GPU process lets the next search claim it at once instead of sending
+ * every search to the CPU until the claim lapses. Any other error keeps the
+ * claim (others use the CPU meanwhile, not a load that fails again). Safe
+ * in an error path (an atomic add to its slot).
  */
 void
 GpuIvfpqQueueGiveUpLoad(void)
 {
 	int			i = GpuIvfpqMySlotIndex();
 
-	if (backend_queue.ok() && i >= 0 && (uint32) i < backend_queue.slots())
+	if (geterrcode() == ERRCODE_QUERY_CANCELED &&
+		backend_queue.ok() && i >= 0 && (uint32) i < backend_queue.slots())
 		backend_queue.give_up_load((uint32) i);
 }
 

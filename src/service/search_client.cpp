@@ -252,9 +252,7 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
 			}
 			PG_CATCH();
 			{
-				/* A cancel only: a load that fails keeps its claim (others use the CPU meanwhile). */
-				if (geterrcode() == ERRCODE_QUERY_CANCELED)
-					GpuIvfpqQueueGiveUpLoad();
+				GpuIvfpqQueueGiveUpLoad();
 				PG_RE_THROW();
 			}
 			PG_END_TRY();
