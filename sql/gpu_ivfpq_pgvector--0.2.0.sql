@@ -8,6 +8,21 @@
 
 \echo Use "CREATE EXTENSION gpu_ivfpq_pgvector" to load this file. \quit
 
+-- halfvec came with pgvector 0.7.0: an older vector extension gets a clear
+-- error here, not "type halfvec does not exist" halfway through.
+DO $$
+DECLARE
+	v text := (SELECT extversion FROM pg_extension WHERE extname = 'vector');
+BEGIN
+	IF v ~ '^[0-9]+\.[0-9]+' AND
+	   (regexp_match(v, '^([0-9]+)\.([0-9]+)'))::int[] < ARRAY[0, 7] THEN
+		RAISE EXCEPTION 'gpu_ivfpq_pgvector needs pgvector 0.7.0 or later, the vector extension is %', v
+			USING ERRCODE = 'feature_not_supported',
+				  HINT = 'Update pgvector and run ALTER EXTENSION vector UPDATE.';
+	END IF;
+END
+$$;
+
 -- Operator classes. Their names are pgvector's own: operator classes are
 -- named per access method, so "USING gpu_ivfpq (embedding vector_l2_ops)"
 -- reads like pgvector's "USING hnsw (embedding vector_l2_ops)". Operator 1

@@ -50,6 +50,25 @@ MaintenanceBytes(void)
 	return (Size) maintenance_work_mem * 1024;
 }
 
+/*
+ * The engine's memory for the words read so far; an error once it passes
+ * maintenance_work_mem. Checked per row too, so that a table too large is
+ * refused while it is read, not after every word is held.
+ */
+static Size
+CheckBuildMemory(const MetricBuildState *bs)
+{
+	Size		needed = bs->nbytes * BUILD_BYTES_PER_BYTE + (Size) bs->n * BUILD_BYTES_PER_WORD;
+
+	if (needed > MaintenanceBytes())
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("gpu_metric build needs more than %zu MB of memory for %lld words, maintenance_work_mem is %d MB",
+						needed / (1024 * 1024), (long long) bs->n, maintenance_work_mem / 1024),
+				 errhint("Increase maintenance_work_mem.")));
+	return needed;
+}
+
 /* Collects one row's word (UTF-8) and heap TID; NULLs are not indexed. */
 static void
 BuildCallback(Relation index, ItemPointer tid, Datum *values, bool *isnull, bool tupleIsAlive,
@@ -84,6 +103,7 @@ BuildCallback(Relation index, ItemPointer tid, Datum *values, bool *isnull, bool
 	bs->offsets[bs->n] = bs->nbytes;
 	MemoryContextSwitchTo(old);
 	MemoryContextReset(bs->tmpctx);
+	(void) CheckBuildMemory(bs);
 	if ((bs->n & 1023) == 0)
 		pgstat_progress_update_param(PROGRESS_CREATEIDX_TUPLES_DONE, bs->n);
 }
@@ -264,13 +284,7 @@ gpumetricbuild(Relation heap, Relation index, IndexInfo *indexInfo)
 	elog(DEBUG1, "gpu_metric build: read %lld words (%zu bytes) in %.3f s", (long long) bs.n, bs.nbytes,
 		 (double) (GetCurrentTimestamp() - start) / 1000000.0);
 
-	needed = bs.nbytes * BUILD_BYTES_PER_BYTE + (Size) bs.n * BUILD_BYTES_PER_WORD;
-	if (needed > MaintenanceBytes())
-		ereport(ERROR,
-				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-				 errmsg("gpu_metric build needs %zu MB of memory for %lld words, maintenance_work_mem is %d MB",
-						needed / (1024 * 1024) + 1, (long long) bs.n, maintenance_work_mem / 1024),
-				 errhint("Increase maintenance_work_mem.")));
+	needed = CheckBuildMemory(&bs);
 
 	/*
 	 * SSS keeps a byte per word and pivot: no more pivots than the memory

@@ -343,6 +343,13 @@ SELECT (SELECT array_agg(distance ORDER BY rank) FROM gpu_metric_knn_batch('pivo
        (SELECT array_agg(d ORDER BY d) FROM (SELECT word <~> 'abcdef' AS d FROM pivot_words ORDER BY 1 LIMIT 5) s)
        AS same_nearest;
 DROP TABLE pivot_words, pivot_hits;
+-- A table whose words need more than maintenance_work_mem is refused while
+-- it is read (the count of words read so far is in the error), not after.
+CREATE TABLE many_words AS SELECT substr(md5(i::text), 1, 6) AS word FROM generate_series(1, 30000) i;
+SET maintenance_work_mem = '1MB';
+CREATE INDEX many_lc ON many_words USING gpu_metric (word);
+RESET maintenance_work_mem;
+DROP TABLE many_words;
 -- Ties go by the rows' own TIDs (ctid), not the index's: a HOT update
 -- moves row 1 to the end of the page while the index keeps its chain's root.
 CREATE TABLE hot_words (id int, w text, note text) WITH (fillfactor = 50);
