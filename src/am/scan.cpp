@@ -43,7 +43,8 @@ typedef struct GpuIvfpqScanOpaqueData
 	bool		exhausted;
 	int			probes;			/* lists probed by the current round */
 	int			candidates;		/* ADC candidates taken by the current round */
-	int64		reranked;		/* candidates re-ranked so far (the bound counts these) */
+	int64		reranked;		/* candidates re-ranked so far */
+	int64		invisible;		/* of them, rows the snapshot cannot see or the executor found dead */
 	int64		entries_seen;	/* entries in the probed lists, last round */
 	HTAB	   *seen;			/* TIDs already re-ranked from the heap */
 	bool		returned_any;	/* last is set */
@@ -258,6 +259,7 @@ gpuivfpqrescan(IndexScanDesc scan, ScanKey keys, int nkeys, ScanKey orderbys, in
 	so->started = false;
 	so->exhausted = false;
 	so->reranked = 0;
+	so->invisible = 0;
 	so->entries_seen = 0;
 	so->returned_any = false;
 	so->returned = NULL;
@@ -472,6 +474,18 @@ ChooseReturned(IndexScanDesc scan, bool partial)
 	so->nresults = kept;
 }
 
+/*
+ * Whether the scan re-ranked gpu_ivfpq.max_scan_tuples candidates: rows it
+ * could not see (entries of rows deleted, rolled back or not yet committed,
+ * before VACUUM) do not count, so that they cannot end a scan before it
+ * found a row. The rounds still end: each ranks more of a bounded index.
+ */
+static bool
+PastScanBound(GpuIvfpqScanOpaque so)
+{
+	return so->reranked - so->invisible >= gpu_ivfpq_max_scan_tuples;
+}
+
 /* What a scan re-ranks from the heap against: its query, skipping rows seen before. */
 static void
 ScanRerankSpec(GpuIvfpqScanOpaque so, GpuIvfpqRerankSpec *spec)
@@ -503,6 +517,7 @@ HeapRerank(IndexScanDesc scan, int64 *labels, int n)
 	so->nresults = (int) GpuIvfpqRerank(&so->hf, &spec, labels, n, so->results, &fetched);
 	so->next = 0;
 	so->reranked += fetched;
+	so->invisible += Max(fetched - so->nresults, 0);
 	so->heap_reranked += fetched;
 }
 
@@ -633,6 +648,8 @@ LazyNext(IndexScanDesc scan, GpuIvfpqHit *out)
 			INSTR_TIME_SET_CURRENT(start);
 			if (GpuIvfpqRerankOne(&so->hf, &spec, so->cand_labels[so->cand_next], &h, &fetched))
 				PendingPush(so, &h);
+			else
+				so->invisible += fetched;
 			INSTR_TIME_SET_CURRENT(end);
 			INSTR_TIME_ACCUM_DIFF(so->rerank_time, end, start);
 			so->cand_next++;
@@ -835,7 +852,7 @@ NextBatch(IndexScanDesc scan)
 			}
 			else
 			{
-				if (so->reranked >= gpu_ivfpq_max_scan_tuples || so->final_round)
+				if (PastScanBound(so) || so->final_round)
 				{
 					so->exhausted = true;
 					MemoryContextSwitchTo(old);
@@ -862,7 +879,7 @@ NextBatch(IndexScanDesc scan)
 				so->candidates = (int) Min((int64) so->candidates * 2, bound);
 			}
 			want = (int) Min(Min((int64) so->candidates + (vectors ? 0 : so->reranked),
-								 (int64) gpu_ivfpq_max_scan_tuples + so->candidates),
+								 (int64) gpu_ivfpq_max_scan_tuples + so->invisible + so->candidates),
 							 bound);
 			/*
 			 * The GPU's k-selection bound: a continued round that would pass
@@ -952,7 +969,7 @@ NextBatch(IndexScanDesc scan)
 		if (dists == GPU_IVFPQ_DISTS_LOWER && !so->null_query)
 		{
 			LazyRound(scan, labels, exact, nlabels,
-					  so->final_round || so->reranked >= gpu_ivfpq_max_scan_tuples,
+					  so->final_round || PastScanBound(so),
 					  so->final_round);
 			return true;
 		}
@@ -969,7 +986,7 @@ NextBatch(IndexScanDesc scan)
 			INSTR_TIME_ACCUM_DIFF(so->rerank_time, end, start);
 		}
 		/* Only a round that another may follow holds its tail back. */
-		ChooseReturned(scan, !so->final_round && so->reranked < gpu_ivfpq_max_scan_tuples);
+		ChooseReturned(scan, !so->final_round && !PastScanBound(so));
 		if (so->nresults > 0)
 			return true;
 	}
@@ -985,6 +1002,14 @@ gpuivfpqgettuple(IndexScanDesc scan, ScanDirection dir)
 
 	if (!ScanDirectionIsForward(dir))
 		elog(ERROR, "gpu_ivfpq only supports forward scans");
+	/*
+	 * The executor found the row returned last dead to every snapshot (an
+	 * insert rolled back, a deletion before VACUUM): rows taken from the
+	 * vector copies are not checked here, and such rows do not count
+	 * against the scan's bound.
+	 */
+	if (scan->kill_prior_tuple)
+		so->invisible++;
 	for (;;)
 	{
 		if (so->lazy)
@@ -1054,20 +1079,20 @@ gpuivfpqendscan(IndexScanDesc scan)
 	GpuIvfpqScanOpaque so = (GpuIvfpqScanOpaque) scan->opaque;
 
 	if (so->started && so->gpu_rounds > 0)
-		elog(DEBUG1, "gpu_ivfpq scan of \"%s\" (GPU service: %d of %d rounds, %d re-ranked on the GPU, mean batch %.1f): %d lists probed, candidates in %.3f ms, %lld candidates re-ranked, %lld from the heap in %.3f ms, %lld found late and skipped",
+		elog(DEBUG1, "gpu_ivfpq scan of \"%s\" (GPU service: %d of %d rounds, %d re-ranked on the GPU, mean batch %.1f): %d lists probed, candidates in %.3f ms, %lld candidates re-ranked (%lld not visible), %lld from the heap in %.3f ms, %lld found late and skipped",
 			 RelationGetRelationName(scan->indexRelation), so->gpu_rounds,
 			 so->gpu_rounds + so->cpu_rounds, so->gpu_exact_rounds,
 			 (double) so->gpu_batch_sum / so->gpu_rounds, so->probes,
 			 INSTR_TIME_GET_MILLISEC(so->adc_time), (long long) so->reranked,
-			 (long long) so->heap_reranked, INSTR_TIME_GET_MILLISEC(so->rerank_time),
+			 (long long) so->invisible, (long long) so->heap_reranked, INSTR_TIME_GET_MILLISEC(so->rerank_time),
 			 (long long) so->skipped_late);
 	else if (so->started)
-		elog(DEBUG1, "gpu_ivfpq scan of \"%s\" (CPU engine): %d lists probed, %lld codes ranked in %.3f ms, %lld candidates re-ranked (%s), %.3f ms in the heap, %lld found late and skipped",
+		elog(DEBUG1, "gpu_ivfpq scan of \"%s\" (CPU engine): %d lists probed, %lld codes ranked in %.3f ms, %lld candidates re-ranked (%s; %lld not visible), %.3f ms in the heap, %lld found late and skipped",
 			 RelationGetRelationName(scan->indexRelation), so->probes,
 			 (long long) so->codes_scanned, INSTR_TIME_GET_MILLISEC(so->adc_time),
 			 (long long) so->reranked,
 			 GpuIvfpqLayoutOf(&so->meta).vdim > 0 ? "from the index's vector copies" : "from the heap",
-			 INSTR_TIME_GET_MILLISEC(so->rerank_time), (long long) so->skipped_late);
+			 (long long) so->invisible, INSTR_TIME_GET_MILLISEC(so->rerank_time), (long long) so->skipped_late);
 	if (so->heap_open)
 		GpuIvfpqHeapFetchEnd(&so->hf);
 	MemoryContextDelete(so->scanctx);

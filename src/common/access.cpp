@@ -10,6 +10,7 @@ extern "C" {
 #include "catalog/pg_class.h"
 #include "commands/defrem.h"
 #include "miscadmin.h"
+#include "storage/predicate.h"
 #include "storage/procarray.h"
 #include "utils/acl.h"
 #include "utils/guc.h"
@@ -81,6 +82,13 @@ ReportMissing(Oid relid)
 static void
 CheckIndexOfAm(const char *relname, char relkind, Oid relam, const char *amname)
 {
+	/* A partitioned index holds no entries: its partitions' indexes do. */
+	if (relkind == RELKIND_PARTITIONED_INDEX && relam == get_index_am_oid(amname, false))
+		ereport(ERROR,
+				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
+				 errmsg("\"%s\" is a partitioned index", relname),
+				 errdetail("A partitioned index holds no entries of its own."),
+				 errhint("Pass the index of one partition, and combine the partitions' answers.")));
 	if (relkind != RELKIND_INDEX || relam != get_index_am_oid(amname, false))
 		ereport(ERROR,
 				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
@@ -171,7 +179,16 @@ GpuIvfpqOpenIndexChecked(Oid indexoid, const char *amname, const char *function,
 	*heap = table_open(heapoid, NoLock);
 	CheckReadableInRecovery(*heap);
 	if (rows)
+	{
 		GpuIvfpqCheckReadable(*heap, function);
+		/*
+		 * As index_beginscan does for an access method without predicate
+		 * locks of its own: the whole index is read, so under SERIALIZABLE
+		 * any insert into it conflicts (else a search that found nothing
+		 * would hold no lock, and a write skew would commit).
+		 */
+		PredicateLockRelation(*index, GetActiveSnapshot());
+	}
 }
 
 /* Errors unless a relation of relkind (named relname) has rows to scan: a table or a materialized view. */

@@ -147,9 +147,11 @@ RerankCandidates(GpuIvfpqBatchSearch *bs, const GpuIvfpqRerankSpec *spec, int64 
  * A query whose full set of candidates left fewer than k rows visible
  * (entries of rows deleted or not yet visible, before VACUUM): searched
  * again on the CPU engine with twice the lists and twice the candidates
- * until k rows are kept, every entry was ranked, or the candidates reach
- * gpu_ivfpq.max_scan_tuples, as an index scan's later rounds widen. The
- * kept rows are in bs->hits; returns how many.
+ * until k rows are kept, every entry was ranked, or the candidates the
+ * snapshot sees reach gpu_ivfpq.max_scan_tuples, as an index scan's later
+ * rounds widen (the entries it cannot see do not count: they would end the
+ * search before it found a row). The kept rows are in bs->hits; returns
+ * how many.
  */
 static int64
 WidenQuery(GpuIvfpqBatchSearch *bs, const GpuIvfpqRerankSpec *spec, int64 kept)
@@ -164,7 +166,9 @@ WidenQuery(GpuIvfpqBatchSearch *bs, const GpuIvfpqRerankSpec *spec, int64 kept)
 	GpuIvfpqAnswerDists dists = bs->vectors ? GPU_IVFPQ_DISTS_EXACT
 		: GpuIvfpqIsRabitq(&bs->meta) ? GPU_IVFPQ_DISTS_LOWER : GPU_IVFPQ_DISTS_NONE;
 
-	while (kept < bs->k && (probes < lists || want < bound) && want < gpu_ivfpq_max_scan_tuples)
+	int64		invisible = 0;	/* of the last round's candidates */
+
+	while (kept < bs->k && (probes < lists || want < bound) && want - invisible < gpu_ivfpq_max_scan_tuples)
 	{
 		gpuivfpq::TopK *topk;
 		int64	   *labels;
@@ -184,6 +188,7 @@ WidenQuery(GpuIvfpqBatchSearch *bs, const GpuIvfpqRerankSpec *spec, int64 kept)
 			bs->hits = (GpuIvfpqHit *) repalloc_huge(bs->hits, sizeof(GpuIvfpqHit) * bs->hits_cap);
 		}
 		kept = RerankCandidates(bs, spec, labels, exact, n, dists);
+		invisible = Max((int64) n - kept, 0);
 		bs->widened++;
 		/* Every entry of every list ranked: nothing further to find. */
 		if (probes == lists && entries <= want)

@@ -23,6 +23,7 @@ extern "C" {
 #include "commands/defrem.h"
 #include "executor/tuptable.h"
 #include "funcapi.h"
+#include "storage/predicate.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/snapmgr.h"
@@ -457,6 +458,12 @@ ExactFromMirror(Relation heap, AttrNumber attnum, const float *queries, int64 nq
 	index = MirrorIndexOf(heap, attnum, d, metric, &meta);
 	if (index == NULL)
 		return false;
+	/*
+	 * Every row is a candidate, as for the table path's sequential scan
+	 * (which takes this lock itself): under SERIALIZABLE any insert
+	 * conflicts.
+	 */
+	PredicateLockRelation(heap, GetActiveSnapshot());
 	labels = (int64 *) palloc_extended(sizeof(int64) * chunk * want, MCXT_ALLOC_HUGE);
 	exact = (double *) palloc_extended(sizeof(double) * chunk * want, MCXT_ALLOC_HUGE);
 	hits = (GpuIvfpqHit *) palloc_extended(sizeof(GpuIvfpqHit) * nq * k, MCXT_ALLOC_HUGE);

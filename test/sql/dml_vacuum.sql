@@ -177,5 +177,36 @@ SELECT knn('SELECT id FROM r1 ORDER BY v <-> ''{0,0,0,0,0,0,0,0}'' LIMIT 3', tru
        knn('SELECT id FROM r1 ORDER BY v <-> ''{0,0,0,0,0,0,0,0}'' LIMIT 3', false) AS seqscan;
 DROP TABLE r1;
 
+--
+-- Entries the snapshot cannot see do not count against
+-- gpu_ivfpq.max_scan_tuples: 3000 rolled-back inserts nearer the query
+-- than every live row end no scan (or batch search) before it finds them,
+-- with and without vector copies and with RaBitQ codes.
+--
+CREATE TABLE r2 (id int, v real[]) WITH (autovacuum_enabled = off);
+INSERT INTO r2 SELECT i, ARRAY[i % 97, i % 89, i % 83, i % 79]::real[] FROM generate_series(1, 1000) i;
+CREATE INDEX r2_copies ON r2 USING gpu_ivfpq (v) WITH (lists = 4, m = 2);
+CREATE INDEX r2_heap ON r2 USING gpu_ivfpq (v) WITH (lists = 4, m = 2, store_vectors = off);
+CREATE INDEX r2_rabitq ON r2 USING gpu_ivfpq (v) WITH (lists = 4, codes = rabitq);
+BEGIN;
+INSERT INTO r2 SELECT 0, array_fill((200 + g * 0.00001)::real, ARRAY[4]) FROM generate_series(1, 3000) g;
+ROLLBACK;
+SET gpu_ivfpq.probes = 4;
+SET gpu_ivfpq.max_scan_tuples = 500;
+SELECT knn('SELECT id FROM r2 ORDER BY v <-> ''{200,200,200,200}'' LIMIT 5', false) AS seqscan;
+UPDATE pg_index SET indisvalid = false WHERE indexrelid IN ('r2_heap'::regclass, 'r2_rabitq'::regclass);
+SELECT knn('SELECT id FROM r2 ORDER BY v <-> ''{200,200,200,200}'' LIMIT 5', true) AS copies;
+UPDATE pg_index SET indisvalid = (indexrelid = 'r2_heap'::regclass) WHERE indrelid = 'r2'::regclass;
+SELECT knn('SELECT id FROM r2 ORDER BY v <-> ''{200,200,200,200}'' LIMIT 5', true) AS from_heap;
+UPDATE pg_index SET indisvalid = (indexrelid = 'r2_rabitq'::regclass) WHERE indrelid = 'r2'::regclass;
+SELECT knn('SELECT id FROM r2 ORDER BY v <-> ''{200,200,200,200}'' LIMIT 5', true) AS rabitq;
+UPDATE pg_index SET indisvalid = true WHERE indrelid = 'r2'::regclass;
+SELECT i, (SELECT array_agg(r.id ORDER BY b.rank) FROM gpu_ivfpq_knn_batch(i, '{200,200,200,200}'::real[], 5) b
+           JOIN r2 r ON r.ctid = b.tid) AS batch
+  FROM unnest(ARRAY['r2_copies', 'r2_heap', 'r2_rabitq']::regclass[]) i;
+RESET gpu_ivfpq.probes;
+RESET gpu_ivfpq.max_scan_tuples;
+DROP TABLE r2;
+
 DROP FUNCTION same_as_seqscan(text);
 DROP FUNCTION knn(text, bool);

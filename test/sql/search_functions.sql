@@ -195,6 +195,13 @@ SELECT * FROM gpu_ivfpq_knn_batch('sf_l2', '{1,0,0.5,1,0.1,NaN}', 3);
 SELECT * FROM gpu_ivfpq_knn_batch('sf_l2', '{}', 3);
 SELECT * FROM gpu_ivfpq_knn_batch('sf_pkey', '{1,0,0.5,1,0.1,0}', 3);
 SELECT * FROM gpu_ivfpq_knn_batch('sf', '{1,0,0.5,1,0.1,0}', 3);
+-- A partitioned index holds no entries: the error says so.
+CREATE TABLE sf_parts (id int, v real[]) PARTITION BY RANGE (id);
+CREATE TABLE sf_part1 PARTITION OF sf_parts FOR VALUES FROM (0) TO (100);
+CREATE INDEX sf_parts_v ON sf_parts USING gpu_ivfpq (v);
+SELECT * FROM gpu_ivfpq_knn_batch('sf_parts_v', '{1,0,0.5,1,0.1,0}', 3);
+SELECT gpu_ivfpq_prewarm('sf_parts_v');
+DROP TABLE sf_parts;
 SELECT count(*) AS null_queries FROM gpu_ivfpq_knn_batch('sf_l2', NULL, 3);
 SELECT * FROM gpu_ivfpq_range('sf_l2', '{1,2}', 1);
 SELECT * FROM gpu_ivfpq_range('sf_l2', '{1,0,0.5,1,0.1,0}', -1);
