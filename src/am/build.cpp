@@ -1124,6 +1124,12 @@ EncodeAndWrite(BuildState *bs, Relation heap, IndexInfo *indexInfo, TimestampTz 
 		bs->gpu_encoder = GpuIvfpqServiceEncoderBegin(bs->model->centroids().data(),
 													  bs->model->pq().codebooks().data(), bs->dim, bs->lists,
 													  bs->m, bs->metric, 0, &bs->batch_cap);
+	/*
+	 * The GPU's segment holds more rows than a CPU batch; a batch must fit
+	 * the pending entries that maintenance_work_mem allows (pend_cap, at
+	 * least the CPU batch, checked above), whose arrays grow to a batch.
+	 */
+	bs->batch_cap = Min(bs->batch_cap, Max(batch, bs->pend_cap));
 	/* Rows go straight into the GPU request's segment when there is one. */
 	bs->batch = bs->gpu_encoder != NULL ? GpuIvfpqServiceEncoderRows(bs->gpu_encoder)
 		: (float *) palloc_extended((Size) bs->batch_cap * bs->dim * sizeof(float), MCXT_ALLOC_HUGE);

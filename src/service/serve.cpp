@@ -485,6 +485,13 @@ Serve(void)
 {
 	for (int i = 0; i < ntaken; i++)
 	{
+		/*
+		 * Changes logged while the round's earlier requests ran are applied
+		 * before the next: commits into a mirrored index wait for them, and
+		 * should wait for one request at most, not for the whole round.
+		 */
+		if (i > 0 && LogHead() != log_cursor)
+			DrainLog();
 		ServeSegmentRequest(taken[i]);
 		/* Long requests must not hold up DROP DATABASE and friends (their barriers). */
 		GpuIvfpqPgCall([] {
