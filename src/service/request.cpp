@@ -161,11 +161,16 @@ ReleaseSlot(int code, Datum arg)
 	if (slot == NULL)
 		return;
 	SpinLockAcquire(&slot->mutex);
-	/* Unowned now; a request still in flight is freed by the service. */
+	/*
+	 * Unowned now; a request still in flight is freed by the service. So
+	 * is one this backend abandoned before (a cancel): freed here, the slot
+	 * would go to another backend, and the service's answer to the old
+	 * request would then be taken as the answer to the new one.
+	 */
 	slot->owner = 0;
 	if (slot->state == SLOT_PENDING || slot->state == SLOT_RUNNING)
 		slot->state = SLOT_ABANDONED;
-	else
+	else if (slot->state != SLOT_ABANDONED)
 		slot->state = SLOT_FREE;
 	SpinLockRelease(&slot->mutex);
 	my_slot = NULL;
