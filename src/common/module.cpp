@@ -57,6 +57,12 @@ CheckDevicesList(char **newval, void **extra, GucSource source)
 			GUC_check_errdetail("\"%s\" is not a list of up to 16 device numbers such as \"0,1\".", *newval);
 			return false;
 		}
+		/* As the GPU process takes them (CUDA numbers devices from 0, far below this). */
+		if (device > 1023)
+		{
+			GUC_check_errdetail("Device numbers go up to 1023, \"%s\" names %d.", *newval, device);
+			return false;
+		}
 		for (int i = 0; i < count; i++)
 			if (seen[i] == device)
 			{

@@ -163,6 +163,29 @@ GpuIvfpqQueueCreate(char *error, Size errlen)
 		(void) shm_unlink(name);
 		return false;
 	}
+	/*
+	 * ftruncate reserves nothing: on a full /dev/shm the first touch of a
+	 * page (Queue::create clears them all) would kill this process with
+	 * SIGBUS, and with it the cluster. As PostgreSQL's own segments do, the
+	 * memory is allocated now, and a shortage is an error (scans then use
+	 * the CPU).
+	 */
+	{
+		int			rc;
+
+		do
+			rc = posix_fallocate(fd, 0, (off_t) bytes);
+		while (rc == EINTR);
+		if (rc != 0)
+		{
+			errno = rc;
+			snprintf(error, errlen, "could not allocate %zu bytes for shared memory segment \"%s\": %m",
+					 bytes, name);
+			close(fd);
+			(void) shm_unlink(name);
+			return false;
+		}
+	}
 	base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (base == MAP_FAILED)
 	{

@@ -250,6 +250,7 @@ ServiceExit(int code, Datum arg)
 	s->pid = 0;
 	s->latch = NULL;
 	s->state = SERVICE_STOPPED;
+	s->gpu_pid = 0;				/* the GPU process goes with the service (below) */
 	SpinLockRelease(&s->mutex);
 	for (int i = 0; i < s->nslots; i++)
 	{

@@ -184,6 +184,7 @@ ALTER SYSTEM SET gpu_ivfpq.devices = '0,,1';
 ALTER SYSTEM SET gpu_ivfpq.devices = 'all';
 ALTER SYSTEM SET gpu_ivfpq.devices = '0,1,0';
 ALTER SYSTEM SET gpu_ivfpq.devices = '0,';
+ALTER SYSTEM SET gpu_ivfpq.devices = '0,5000';
 SET gpu_ivfpq.probes = 65536;
 SET gpu_ivfpq.rerank = 1000000;
 SET gpu_ivfpq.max_scan_tuples = 2147483647;
