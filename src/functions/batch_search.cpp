@@ -92,7 +92,13 @@ GpuIvfpqBatchBegin(GpuIvfpqBatchSearch *bs, Relation index, Relation heap, int d
 	bs->hits_cap = (int64) want + 1;
 	bs->hits = (GpuIvfpqHit *) palloc_extended(sizeof(GpuIvfpqHit) * bs->hits_cap, MCXT_ALLOC_HUGE);
 	if (!bs->meta.trained)
+	{
+		/* Nothing for the GPU to mirror: device = gpu says so, as an index scan does. */
+		if (gpu_ivfpq_device == GPU_IVFPQ_DEVICE_GPU)
+			GpuIvfpqGpuRequiredError("batch search",
+									 "The index has no trained quantizers (REINDEX it once its table holds rows)");
 		ReadAllEntries(bs);
+	}
 	GpuIvfpqHeapFetchBegin(&bs->hf, heap, index, GetActiveSnapshot());
 }
 

@@ -240,6 +240,11 @@ SELECT v FROM untrained ORDER BY v <-> '{1,2}' LIMIT 1;
 SET LOCAL gpu_ivfpq.device = gpu;
 SELECT v FROM untrained ORDER BY v <-> '{1,2}' LIMIT 1;
 ROLLBACK;
+-- So do the batch functions.
+SET gpu_ivfpq.device = gpu;
+SELECT count(*) FROM gpu_ivfpq_knn_batch('untrained_idx', '{1,2}'::real[], 1);
+SELECT count(*) FROM gpu_ivfpq_knn_graph('untrained_idx', 1);
+RESET gpu_ivfpq.device;
 DROP TABLE untrained;
 
 -- One scan served first by the GPU, then by the CPU engine (rounds past
