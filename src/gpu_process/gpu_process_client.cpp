@@ -851,12 +851,14 @@ size_t GpuProcess::metric_load(const MirrorKey& key, const MetricSpec& spec)
 }
 
 bool GpuProcess::metric_search(const MirrorKey& key, const MetricWords& queries, size_t k, const uint32_t* radii,
-                               size_t nradii, MetricHits& out, size_t* live)
+                               size_t nradii, MetricHits& out, size_t* live, size_t room_hint)
 {
     const size_t nq = queries.n;
     const uint64_t cps = nq > 0 ? queries.offsets[nq] : 0;
-    // Room for k hits a query (k-NN: always enough), a range search's guess otherwise.
-    uint64_t room = k > 0 ? uint64_t(nq) * k : std::max<uint64_t>(uint64_t(nq) * 64, 4096);
+    // Room for k hits a query (k-NN: always enough), a range search's guess
+    // otherwise: the asker's room, up to 4M hits (64 MB of exchange).
+    uint64_t room = k > 0 ? uint64_t(nq) * k
+                          : std::max<uint64_t>({uint64_t(nq) * 64, 4096, std::min<uint64_t>(room_hint, 1u << 22)});
     for (int attempt = 0; attempt < 2; attempt++) {
         Request q;
         Layout l;
@@ -884,7 +886,7 @@ bool GpuProcess::metric_search(const MirrorKey& key, const MetricWords& queries,
             std::memset(x + q.region[1].offset, 0, sizeof(uint64_t));
         if (q.nradii > 0)
             std::memcpy(x + q.region[2].offset, radii, q.region[2].bytes);
-        Reply rep = call(q);
+        Reply rep = call(q, true);
         raise_for(rep);
         if (rep.status == Status::NotFound)
             return false;

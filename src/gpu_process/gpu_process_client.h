@@ -159,10 +159,12 @@ public:
     // Range search (k 0: radii holds nradii radii, 1 for all) or k-NN of
     // queries on the metric mirror of key, into out (per query sorted by
     // (distance, id)); false when the process holds no such mirror. A range
-    // answer larger than the room guessed is asked for again with room for
-    // it (the search runs twice). *live: the mirror's live objects.
+    // answer larger than the room guessed (at least room_hint hits, the
+    // room its asker has) is asked for again with room for it (the search
+    // runs twice). *live: the mirror's live objects. Timed as a bulk call:
+    // long words make long searches.
     bool metric_search(const MirrorKey& key, const MetricWords& queries, size_t k, const uint32_t* radii,
-                       size_t nradii, MetricHits& out, size_t* live = nullptr);
+                       size_t nradii, MetricHits& out, size_t* live = nullptr, size_t room_hint = 0);
     void train(const float* x, size_t n, size_t d, size_t lists, size_t m, Metric metric,
                const IvfPqTrainParams& params, float* centroids, float* codebooks);
     // ComputeDevice::encode in the GPU process (RaBitQ codes: the lists

@@ -27,7 +27,7 @@ constexpr uint32_t kMagic = 0x47495650;  // "GIVP"
 constexpr uint64_t kVersion = 14;  // 14: Encode replies carry RaBitQ rows
 constexpr int kRegions = 8;
 constexpr size_t kAlign = 64;
-constexpr size_t kMaxStatusMirrors = 64;  // mirrors a Status reply lists
+constexpr size_t kMaxStatusMirrors = 1024;  // mirrors a Status reply lists (GPU_IVFPQ_STATUS_MIRRORS)
 constexpr size_t kMaxDevices = 16;        // devices one process serves (a Devices reply lists)
 // File descriptors the process finds its channels on (set up at spawn).
 constexpr int kSocketFd = 3;

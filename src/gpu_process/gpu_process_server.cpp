@@ -400,6 +400,9 @@ void handle(const Request& q, Reply& rep, DeviceSet& devices, MirrorStore& store
         const int64_t* keys = q.keys != 0 && mirror->has_keys() ? x.at<int64_t>(q.region[6], q.n) : nullptr;
         mirror->add(q.n, x.at<int32_t>(q.region[2], q.n), x.at<uint8_t>(q.region[3], mul(q.n, q.m)),
                     x.at<int64_t>(q.region[4], q.n), vectors, keys);
+        // Inserts grow mirrors: the budget holds for them as for loads (the
+        // least recently used mirror goes, as on a reload of the setting).
+        store.enforce_budget();
         return;
     }
     case Op::Search: {

@@ -3,10 +3,27 @@
 #include "gpu_process/mirror_store.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <string>
 
 #include "engine/error.h"
 
 namespace gpuivfpq {
+
+namespace {
+
+// A mirror that does not fit: its need and the budget, in MiB with a
+// decimal (a budget of kilobytes would read "0 MiB" in whole ones).
+Error over_budget(const char* what, size_t need, size_t budget, bool per_gpu)
+{
+    char msg[200];
+    std::snprintf(msg, sizeof(msg), "%s needs %.1f MiB on a GPU, more than the GPU memory budget of %.1f MiB%s",
+                  what, double(need) / (1024.0 * 1024.0), double(budget) / (1024.0 * 1024.0),
+                  per_gpu ? " per GPU" : "");
+    return Error(ErrorKind::OutOfMemory, msg);
+}
+
+}  // namespace
 
 // Where a mirror goes: its parts' devices, the list -> shard map (shards),
 // whether it keeps vectors, and the bytes each part needs.
@@ -218,10 +235,7 @@ Mirror* MirrorStore::load(const MirrorKey& key, const MirrorSpec& spec, size_t n
     if (chosen == nullptr) {
         const Plan& last = plans.back();
         size_t need = *std::max_element(last.need.begin(), last.need.end());
-        throw Error(ErrorKind::OutOfMemory,
-                    "the index mirror needs " + std::to_string(need >> 20) + " MiB on a GPU, more than the " +
-                        "GPU memory budget of " + std::to_string(devices_.budget(last.devices[0]) >> 20) +
-                        " MiB" + (alive.size() > 1 ? " per GPU" : ""));
+        throw over_budget("the index mirror", need, devices_.budget(last.devices[0]), alive.size() > 1);
     }
     for (size_t j = 0; j < chosen->devices.size(); j++) {
         size_t dev = chosen->devices[j];
@@ -267,10 +281,7 @@ PlacedMetricMirror* MirrorStore::load_metric(const MirrorKey& key, const MetricS
     const size_t need = metric_mirror_bytes(spec) / alive.size() + 1;
     for (size_t dev : alive)
         if (need > devices_.budget(dev))
-            throw Error(ErrorKind::OutOfMemory,
-                        "the metric index mirror needs " + std::to_string(need >> 20) + " MiB on a GPU, more than the " +
-                            "GPU memory budget of " + std::to_string(devices_.budget(dev) >> 20) + " MiB" +
-                            (alive.size() > 1 ? " per GPU" : ""));
+            throw over_budget("the metric index mirror", need, devices_.budget(dev), alive.size() > 1);
     for (size_t dev : alive)
         while (bytes_on(dev) + need > devices_.budget(dev) && evict_one(nullptr, dev)) {
         }

@@ -117,11 +117,14 @@ void PlacedMirror::on_replicas(size_t nq, size_t tile, const Call& call)
     }
 }
 
-void PlacedMirror::on_shards(const std::function<void(Mirror&, size_t)>& call)
+void PlacedMirror::on_shards(size_t nq, const std::function<void(Mirror&, size_t)>& call)
 {
     if (!whole())
         throw Error(ErrorKind::Internal, "a GPU holding a shard of this index's mirror failed");
-    DeviceSet::in_parallel(parts_.size(), [&](size_t j) { run_on(j, [&](Mirror& m) { call(m, j); }); });
+    DeviceSet::in_parallel(parts_.size(), [&](size_t j) {
+        run_on(j, [&](Mirror& m) { call(m, j); });
+        set_.count_search(devices_[j], nq);  // every shard searched every query
+    });
 }
 
 void PlacedMirror::add(size_t n, const int32_t* list_ids, const uint8_t* codes, const int64_t* labels,
@@ -217,7 +220,7 @@ void PlacedMirror::shard_search(const float* queries, size_t nq, size_t k, size_
     size_t s = parts_.size();
     std::vector<float> pd(s * nq * k);
     std::vector<int64_t> pl(s * nq * k), matched(ranges != nullptr ? s * nq : 0);
-    on_shards([&](Mirror& m, size_t j) {
+    on_shards(nq, [&](Mirror& m, size_t j) {
         KeyRanges r;
         if (ranges != nullptr)
             r = {ranges->lo, ranges->hi, matched.data() + j * nq};
@@ -260,7 +263,7 @@ void PlacedMirror::shard_search_exact(const float* queries, size_t nq, size_t k,
     std::vector<float> ad(s * nq * k);
     std::vector<int64_t> al(s * nq * k), el(s * nq * k), matched(ranges != nullptr ? s * nq : 0);
     std::vector<double> ed(s * nq * k);
-    on_shards([&](Mirror& m, size_t j) {
+    on_shards(nq, [&](Mirror& m, size_t j) {
         KeyRanges r;
         if (ranges != nullptr)
             r = {ranges->lo, ranges->hi, matched.data() + j * nq};
@@ -290,7 +293,7 @@ void PlacedMirror::brute_force(const float* queries, size_t nq, size_t k, double
     size_t s = parts_.size();
     std::vector<double> pd(s * nq * k);
     std::vector<int64_t> pl(s * nq * k);
-    on_shards([&](Mirror& m, size_t j) {
+    on_shards(nq, [&](Mirror& m, size_t j) {
         m.brute_force(queries, nq, k, pd.data() + j * nq * k, pl.data() + j * nq * k);
     });
     std::vector<ShardRows<double>> rows;

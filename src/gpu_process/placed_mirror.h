@@ -67,7 +67,7 @@ private:
     // call(mirror, first, count) over [0, nq): one replica, or a share each;
     // within a share in tiles of tile queries (0: one call).
     void on_replicas(size_t nq, size_t tile, const Call& call);
-    void on_shards(const std::function<void(Mirror&, size_t shard)>& call);
+    void on_shards(size_t nq, const std::function<void(Mirror&, size_t shard)>& call);
     void run_on(size_t part, const std::function<void(Mirror&)>& call);
     void shard_search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist, int64_t* labels,
                       const KeyRanges* ranges);

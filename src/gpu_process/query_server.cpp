@@ -298,6 +298,17 @@ queue::Result QueryServer::claim_or_wait(const MirrorKey& key, bool first, uint3
     return queue::Result::NotLoaded;
 }
 
+void QueryServer::answer_not_loaded(const MirrorKey& key, const Item* items, size_t n)
+{
+    bool asked = false;
+    for (size_t j = 0; j < n; j++) {
+        const bool first =
+            !asked && q_.state(items[j].slot).load(std::memory_order_acquire) != queue::Abandoned;
+        asked |= first;
+        answer(items[j].slot, claim_or_wait(key, first, items[j].slot), nullptr);
+    }
+}
+
 void QueryServer::release_claims(uint32_t db, uint32_t index)
 {
     std::lock_guard<std::mutex> g(claims_mutex_);
@@ -437,9 +448,7 @@ void QueryServer::serve_metric(int t, const Item* items, size_t n, uint64_t star
         return;
     }
     if (!found) {
-        // The first asker loads the mirror; the others use the CPU meanwhile.
-        for (size_t j = 0; j < n; j++)
-            answer(items[j].slot, claim_or_wait(r0.key, j == 0, items[j].slot), nullptr);
+        answer_not_loaded(r0.key, items, n);
         st.not_found.fetch_add(n, std::memory_order_relaxed);
         return;
     }
@@ -651,9 +660,7 @@ void QueryServer::serve_batch(int t, std::vector<Held>& ready)
         if (result != queue::Result::Ok) {
             fail_group(&items[g], nq, result, error);
         } else if (!found) {
-            // The first asker loads the mirror; the others use the CPU meanwhile.
-            for (size_t i = g; i < e; i++)
-                answer(items[i].slot, claim_or_wait(r0.key, i == g, items[i].slot), nullptr);
+            answer_not_loaded(r0.key, &items[g], nq);
             st.not_found.fetch_add(nq, std::memory_order_relaxed);
         } else {
             {

@@ -139,6 +139,12 @@ private:
     // Loading. A claim lapses after kLoadClaim, or at once when its slot
     // gave the load up (Queue::give_up_load).
     queue::Result claim_or_wait(const MirrorKey& key, bool first, uint32_t slot);
+    // A group with no mirror of key: each answered, the first of them whose
+    // owner still waits told to load it (NotLoaded) unless another search's
+    // claim holds, the others told to use the CPU (Loading). An owner that
+    // gave up would never load, and its claim would keep every search of
+    // the index on the CPU until it lapsed.
+    void answer_not_loaded(const MirrorKey& key, const Item* items, size_t n);
 
     queue::Queue q_;
     MirrorStore& store_;

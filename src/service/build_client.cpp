@@ -56,7 +56,12 @@ Submit(dsm_segment *seg, RequestKind kind, int64 n, int k, const char *what)
 	RequestResult result;
 
 	if (slot == NULL)
+	{
+		/* This session's slot still serves a request it cancelled: the CPU, or the reason. */
+		if (gpu_ivfpq_device == GPU_IVFPQ_DEVICE_GPU)
+			GpuIvfpqGpuRequiredError(what, "No request slot is free");
 		return false;
+	}
 	memset(&slot->key, 0, sizeof(slot->key));
 	slot->kind = kind;
 	slot->n = n;

@@ -433,21 +433,32 @@ GpuIvfpqQueueUnavailable(void)
 }
 
 /*
- * Called in the error path of the mirror load this backend was told to do
- * (a NotLoaded answer): when the error is a cancel, the load is given up and
- * the GPU process lets the next search claim it at once instead of sending
- * every search to the CPU until the claim lapses. Any other error keeps the
- * claim (others use the CPU meanwhile, not a load that fails again). Safe
- * in an error path (an atomic add to its slot).
+ * Gives up the mirror load this backend was told to do (a NotLoaded
+ * answer), so that the GPU process and the service let the next search
+ * claim it at once instead of sending every search to the CPU until the
+ * claim lapses. on_error: called in the load's error path, where only a
+ * cancel gives it up; any other error keeps the claim (others use the CPU
+ * meanwhile, not a load that fails again). Else the backend does not load
+ * at all (its request slot is busy). Safe in an error path (an atomic add
+ * to its slot).
  */
 void
-GpuIvfpqQueueGiveUpLoad(void)
+GpuIvfpqQueueGiveUpLoad(bool on_error)
 {
 	int			i = GpuIvfpqMySlotIndex();
 
-	if (geterrcode() == ERRCODE_QUERY_CANCELED &&
+	if ((!on_error || geterrcode() == ERRCODE_QUERY_CANCELED) &&
 		backend_queue.ok() && i >= 0 && (uint32) i < backend_queue.slots())
 		backend_queue.give_up_load((uint32) i);
+}
+
+/* The loads slot gave up so far (GpuIvfpqQueueGiveUpLoad), for the service's claims; 0 without the segment. */
+uint32
+GpuIvfpqQueueLoadsGivenUp(int slot)
+{
+	if (!service_queue.ok() || slot < 0 || (uint32) slot >= service_queue.slots())
+		return 0;
+	return service_queue.loads_given_up((uint32) slot);
 }
 
 /*
@@ -550,7 +561,13 @@ SubmitAndWait(const Queue *q, uint32 i, char *error, Size errlen)
 	PG_CATCH();
 	{
 		if (!q->abandon(i))
+		{
+			/* Answered meanwhile: a load this backend was told to do is given up (it will not). */
+			if (q->state(i).load(std::memory_order_acquire) == queue::Done &&
+				q->slot(i).ans.result == int32_t(queue::Result::NotLoaded))
+				q->give_up_load(i);
 			q->release(i);
+		}
 		pgstat_report_wait_end();
 		PG_RE_THROW();
 	}

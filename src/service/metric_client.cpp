@@ -211,6 +211,7 @@ GpuMetricServiceAnswer(Relation index, GpuMetricCached *entry, const GpuMetricMe
 	RequestResult result = RES_ERROR;
 	bool		loaded = false;
 	bool		answered = false;
+	bool		no_slot = false;	/* told to load, without a slot to load with */
 
 	if (!GpuIvfpqServiceWanted())
 		return false;
@@ -336,8 +337,12 @@ GpuMetricServiceAnswer(Relation index, GpuMetricCached *entry, const GpuMetricMe
 			loaded = true;
 			if (slot == NULL && (slot = GpuIvfpqAcquireSlot()) == NULL)
 			{
-				strlcpy(error, "No request slot is free", sizeof(error));
-				result = RES_ERROR;
+				/*
+				 * Its slot still serves a request this session cancelled:
+				 * the load goes to the next search, this one to the CPU.
+				 */
+				GpuIvfpqQueueGiveUpLoad(false);
+				no_slot = true;
 				break;
 			}
 			/* A cancel while loading gives the load up for the next search to claim. */
@@ -347,7 +352,7 @@ GpuMetricServiceAnswer(Relation index, GpuMetricCached *entry, const GpuMetricMe
 			}
 			PG_CATCH();
 			{
-				GpuIvfpqQueueGiveUpLoad();
+				GpuIvfpqQueueGiveUpLoad(true);
 				PG_RE_THROW();
 			}
 			PG_END_TRY();
@@ -366,6 +371,12 @@ GpuMetricServiceAnswer(Relation index, GpuMetricCached *entry, const GpuMetricMe
 		pfree(direct_buf);
 	if (answered)
 		return true;
+	if (no_slot)
+	{
+		if (required)
+			GpuIvfpqGpuRequiredError("gpu_metric search", "No request slot is free");
+		return false;
+	}
 
 	GpuIvfpqSearchFellBack(index, result, error, "gpu_metric", "search", "gpu_metric search", required);
 	return false;

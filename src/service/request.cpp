@@ -162,13 +162,16 @@ ReleaseSlot(int code, Datum arg)
 		return;
 	SpinLockAcquire(&slot->mutex);
 	/*
-	 * Unowned now; a request still in flight is freed by the service. So
-	 * is one this backend abandoned before (a cancel): freed here, the slot
-	 * would go to another backend, and the service's answer to the old
-	 * request would then be taken as the answer to the new one.
+	 * Unowned now. A request the service took is freed by the service
+	 * once it answers it; so is one this backend abandoned before (a
+	 * cancel): freed here, the slot would go to another backend, and the
+	 * service's answer to the old request would then be taken as the
+	 * answer to the new one. A request not taken yet (Collect takes it
+	 * under this lock) is simply withdrawn: the service frees only what it
+	 * took, so an abandoned one it never takes would stay lost.
 	 */
 	slot->owner = 0;
-	if (slot->state == SLOT_PENDING || slot->state == SLOT_RUNNING)
+	if (slot->state == SLOT_RUNNING)
 		slot->state = SLOT_ABANDONED;
 	else if (slot->state != SLOT_ABANDONED)
 		slot->state = SLOT_FREE;

@@ -241,9 +241,14 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
 
 			if (slot == NULL)
 			{
-				strlcpy(error, "No request slot is free", sizeof(error));
-				result = RES_ERROR;
-				break;
+				/*
+				 * Its slot still serves a request this session cancelled:
+				 * the load goes to the next search, this one to the CPU.
+				 */
+				GpuIvfpqQueueGiveUpLoad(false);
+				if (required)
+					GpuIvfpqGpuRequiredError("scan", "No request slot is free");
+				return -1;
 			}
 			/* A cancel while loading gives the load up for the next search to claim. */
 			PG_TRY();
@@ -252,7 +257,7 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
 			}
 			PG_CATCH();
 			{
-				GpuIvfpqQueueGiveUpLoad();
+				GpuIvfpqQueueGiveUpLoad(true);
 				PG_RE_THROW();
 			}
 			PG_END_TRY();
@@ -425,7 +430,8 @@ gpu_ivfpq_prewarm(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(result == RES_NO_MEMORY ? ERRCODE_OUT_OF_MEMORY : ERRCODE_INTERNAL_ERROR),
 				 errmsg("could not mirror \"%s\" to the GPU", RelationGetRelationName(index)),
-				 errdetail("%s", error[0] ? error : "the service exited")));
+				 errdetail("%s", error[0] ? error : "the service exited"),
+				 result == RES_NO_MEMORY ? errhint("Raise gpu_ivfpq.gpu_memory_budget or drop unused indexes.") : 0));
 	relation_close(index, AccessShareLock);
 	PG_RETURN_INT64(entries);
 }

@@ -353,16 +353,22 @@ MetricRequestValid(const GpuIvfpqSlot *slot, const char *base, Size capacity, Gp
 	return gpuivfpq::metric_request_sound(slot->n, slot->ncps, slot->nradii, slot->k, base, capacity, l);
 }
 
-/* No mirror of key: the first asker loads it (RES_NOT_LOADED), the others use the CPU meanwhile. */
+/*
+ * No mirror of key: the first asker (slot) loads it (RES_NOT_LOADED), the
+ * others use the CPU meanwhile, until the claim lapses or the claimant gave
+ * the load up (a cancel: GpuIvfpqQueueGiveUpLoad).
+ */
 static RequestResult
-MetricNotLoaded(const MirrorKey &key)
+MetricNotLoaded(const MirrorKey &key, const GpuIvfpqSlot *slot)
 {
 	TimestampTz now = GetCurrentTimestamp();
 	auto		claim = load_claims.find(key);
+	int			i = (int) (slot - gpu_ivfpq_service->slots);
 
-	if (claim != load_claims.end() && !TimestampDifferenceExceeds(claim->second, now, LOAD_CLAIM_MS))
+	if (claim != load_claims.end() && !TimestampDifferenceExceeds(claim->second.at, now, LOAD_CLAIM_MS) &&
+		GpuIvfpqQueueLoadsGivenUp(claim->second.slot) == claim->second.given_up)
 		return RES_LOADING;
-	load_claims[key] = now;
+	load_claims[key] = LoadClaim{now, i, GpuIvfpqQueueLoadsGivenUp(i)};
 	return RES_NOT_LOADED;
 }
 
@@ -396,8 +402,10 @@ MetricSearch(GpuIvfpqSlot *slot, char *base, Size capacity, std::string &err)
 			words.n = (size_t) nq;
 			words.code_points = (const uint32_t *) (base + l.cps);
 			words.offsets = (const uint64_t *) (base + l.offsets);
+			/* The room the backend gave the answer, a first guess of the hits. */
 			found = GpuSync()->metric_search(key, words, (size_t) slot->k, (const uint32_t *) (base + l.radii),
-											 (size_t) slot->nradii, hits, &live);
+											 (size_t) slot->nradii, hits, &live,
+											 (capacity - l.hits) / sizeof(gpuivfpq::MetricHit));
 			if (found)
 			{
 				uint64_t	need = gpuivfpq::write_metric_answer(hits.offsets.data(), hits.ids.data(),
@@ -410,7 +418,7 @@ MetricSearch(GpuIvfpqSlot *slot, char *base, Size capacity, std::string &err)
 		}, err, &oom))
 		return Failed(oom);
 	if (!found)
-		return MetricNotLoaded(key);
+		return MetricNotLoaded(key, slot);
 	slot->live = (int64) live;
 	if (slot->needed == 0)
 		CountBatch((int) Min(nq, (int64) PG_INT32_MAX));

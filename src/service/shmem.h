@@ -21,7 +21,7 @@ extern "C" {
 #define GPU_IVFPQ_LOG_SIZE		16384	/* change-log entries kept for the service */
 /* Bytes of the ring that carries appended entries' vectors and wide codes (1 KiB per log entry). */
 #define GPU_IVFPQ_VECTOR_RING_BYTES ((Size) GPU_IVFPQ_LOG_SIZE * 1024)
-#define GPU_IVFPQ_STATUS_MIRRORS 64		/* mirrors listed by gpu_ivfpq_mirrors() */
+#define GPU_IVFPQ_STATUS_MIRRORS 1024	/* mirrors listed by gpu_ivfpq_mirrors() */
 #define GPU_IVFPQ_MIRRORED_MAX 256	/* indexes listed as mirrored (more: every commit waits) */
 #define GPU_IVFPQ_BATCH_BUCKETS 8		/* batch sizes 1, 2-3, 4-7, ..., 128+ */
 
@@ -526,7 +526,8 @@ extern void GpuIvfpqQueueFailAll(const char *message);
 extern uint64 GpuIvfpqQueueStalledSinceNs(void);
 extern uint64 GpuIvfpqQueueNowNs(void);
 extern const char *GpuIvfpqQueueUnavailable(void);
-extern void GpuIvfpqQueueGiveUpLoad(void);
+extern void GpuIvfpqQueueGiveUpLoad(bool on_error);
+extern uint32 GpuIvfpqQueueLoadsGivenUp(int slot);
 /* Bytes of a direct-path slot's payload (a gpu_metric request and its answer). */
 #define GPU_IVFPQ_QUEUE_PAYLOAD (32 * 1024)
 extern RequestResult GpuIvfpqQueueMetricSearch(const GpuIvfpqKey *key, uint64 change, int64 nq, int64 ncps,

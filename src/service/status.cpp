@@ -146,7 +146,7 @@ gpu_ivfpq_mirrors(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
-	GpuIvfpqMirrorStatus mirrors[GPU_IVFPQ_STATUS_MIRRORS];
+	GpuIvfpqMirrorStatus *mirrors = (GpuIvfpqMirrorStatus *) palloc(sizeof(GpuIvfpqMirrorStatus) * GPU_IVFPQ_STATUS_MIRRORS);
 	int			ordinals[GPU_IVFPQ_STATUS_DEVICES];
 	int			n = 0;
 	int			ndevices = 0;
@@ -206,7 +206,7 @@ gpu_ivfpq_devices(PG_FUNCTION_ARGS)
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	GpuIvfpqServiceShared *s = gpu_ivfpq_service;
 	GpuIvfpqDeviceStatus devices[GPU_IVFPQ_STATUS_DEVICES];
-	GpuIvfpqMirrorStatus mirrors[GPU_IVFPQ_STATUS_MIRRORS];
+	GpuIvfpqMirrorStatus *mirrors = (GpuIvfpqMirrorStatus *) palloc(sizeof(GpuIvfpqMirrorStatus) * GPU_IVFPQ_STATUS_MIRRORS);
 	int			n = 0;
 	int			nmirrors = 0;
 

@@ -39,7 +39,7 @@ namespace svc {
 std::unique_ptr<GpuProcess> gpu;
 std::map<MirrorKey, uint64> mirror_from;
 uint64		mirrors_version = 0;
-std::map<MirrorKey, TimestampTz> load_claims;
+std::map<MirrorKey, LoadClaim> load_claims;
 uint64		log_cursor;
 char	   *log_vectors;
 GpuIvfpqSlot **taken;

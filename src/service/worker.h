@@ -24,7 +24,14 @@ using gpuivfpq::gpuproc::GpuProcess;
 extern std::unique_ptr<GpuProcess> gpu;			/* null while none runs */
 extern std::map<MirrorKey, uint64> mirror_from;	/* log entries from here apply */
 extern uint64 mirrors_version;			/* bumped by every change of mirror_from */
-extern std::map<MirrorKey, TimestampTz> load_claims;	/* a backend was told to load */
+/* A backend (of request slot slot) told to load a mirror at at; given_up: that slot's count then. */
+struct LoadClaim
+{
+	TimestampTz at;
+	int			slot;
+	uint32		given_up;
+};
+extern std::map<MirrorKey, LoadClaim> load_claims;	/* a backend was told to load */
 extern uint64 log_cursor;				/* the change log is applied up to here */
 extern char *log_vectors;				/* CopyLog's copies of the vector ring's bytes (its size) */
 /* The requests taken by the current round (a plain array: it outlives an ERROR). */

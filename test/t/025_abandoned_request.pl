@@ -1,18 +1,26 @@
-# A backend cancelled while the service serves its request leaves the
-# request to the service, which frees the request slot once it has answered
-# it. When that backend then disconnects, the slot must stay with the
-# service: given to another backend at once, the old request's answer would
-# be taken as the answer to the new one (a build would then write the
-# quantizers of a training run that never happened). Here a slow gpu_metric
-# request is cancelled and its session ends; a new session then builds an
-# index through the service, and the index answers like a sequential scan.
-# On machines without a GPU the service's CPU emulation is the GPU process.
+# Requests their backends gave up. A backend cancelled while the service
+# serves its request leaves the request to the service, which frees the
+# request slot once it has answered it. When that backend then disconnects,
+# the slot must stay with the service: given to another backend at once, the
+# old request's answer would be taken as the answer to the new one (a build
+# would then write the quantizers of a training run that never happened).
+# Here a slow gpu_metric request is cancelled and its session ends; a new
+# session then builds an index through the service, and the index answers
+# like a sequential scan. A backend terminated while its request waits,
+# not yet taken, withdraws it: the slot is not lost (more terminations than
+# slots, then every session is still served). A scan cancelled while the
+# GPU process holds it is not told to load the index's mirror (it would
+# not, and every other scan would use the CPU until the claim lapsed): the
+# next scan loads it. On machines without a GPU the service's CPU emulation
+# is the GPU process.
 use strict;
 use warnings;
 
+use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use Time::HiRes qw(usleep);
 
 my $gpu = $ENV{GPU_IVFPQ_EXPECT_GPU} ? 1 : 0;
 my $node = PostgreSQL::Test::Cluster->new('abandoned');
@@ -20,6 +28,13 @@ $node->init;
 $node->append_conf('postgresql.conf', qq{shared_preload_libraries = 'gpu_ivfpq'
 gpu_ivfpq.service_emulate_gpu = } . ($gpu ? 'off' : 'on') . qq{
 autovacuum = off
+# Few request slots (one per possible backend), so that a lost one shows.
+max_connections = 6
+max_worker_processes = 2
+max_parallel_workers = 0
+max_wal_senders = 0
+autovacuum_max_workers = 1
+gpu_ivfpq.gpu_timeout = 120
 });
 $node->start;
 $node->safe_psql('postgres', 'CREATE EXTENSION gpu_ivfpq');
@@ -57,6 +72,74 @@ my $by_index = $node->safe_psql('postgres',
 	"SET gpu_ivfpq.device = cpu; SET gpu_ivfpq.probes = 4; SET enable_seqscan = off; $nearest");
 my $by_seqscan = $node->safe_psql('postgres', "SET enable_indexscan = off; SET enable_bitmapscan = off; $nearest");
 is($by_index, $by_seqscan, 'the index built after the abandoned request answers like a sequential scan');
+
+# ---- requests withdrawn before the service took them ----
+# The GPU process is stopped while it serves one batch search: the service
+# waits on it, and the batch searches of other sessions wait, not taken.
+# Each of those sessions is terminated; there are more of them than slots.
+$node->safe_psql('postgres', q{SELECT gpu_ivfpq_prewarm('di')});
+my $batch = q{SELECT count(*) FROM gpu_ivfpq_knn_batch('di', ARRAY[[0.1], [0.2], [0.3]]::real[], 3)};
+my $gpid = $node->safe_psql('postgres', 'SELECT gpu_process_pid FROM gpu_ivfpq_status');
+ok(kill('STOP', $gpid), 'GPU process stopped');
+my ($hout, $herr) = ('', '');
+my $holder = IPC::Run::start([ 'psql', '-X', '-At', '-d', $node->connstr('postgres'), '-c', $batch ],
+	'>', \$hout, '2>', \$herr);
+ok($node->poll_query_until('postgres',
+		q{SELECT count(*) = 1 FROM pg_stat_activity WHERE query LIKE 'SELECT count(*) FROM gpu_ivfpq_knn_batch%' AND wait_event_type = 'Extension'}),
+	'a batch search waits on the stopped GPU process');
+my $withdrawn = 0;
+for my $round (1 .. 12)
+{
+	my ($o, $e) = ('', '');
+	my $h = IPC::Run::start(
+		[ 'psql', '-X', '-At', '-d', $node->connstr('postgres'), '-c', "/* round $round */ $batch" ],
+		'>', \$o, '2>', \$e);
+	my $waits = $node->poll_query_until('postgres',
+		qq{SELECT count(*) = 1 FROM pg_stat_activity WHERE query LIKE '/* round $round */%' AND wait_event_type = 'Extension'});
+	$node->safe_psql('postgres',
+		qq{SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE '/* round $round */%'});
+	$h->finish;
+	$withdrawn++ if $waits;
+}
+is($withdrawn, 12, 'twelve waiting batch searches were terminated (more than the slots)');
+ok(kill('CONT', $gpid), 'GPU process continued');
+$holder->finish;
+chomp $hout;
+is($hout, '9', 'the batch search the GPU process held is answered');
+for my $i (1 .. 3)
+{
+	is($node->safe_psql('postgres', "SET gpu_ivfpq.device = gpu; $batch"),
+		'9', "session $i: a batch search is still served by the GPU (no slot was lost)");
+}
+
+# ---- a scan held by the GPU process and cancelled does not claim the load ----
+# Its own insert makes the GPU process hold the scan until the change log
+# is applied, and the service, stopped, applies nothing: the scan is
+# cancelled while it waits. Once the service goes on, the GPU process finds
+# no mirror for it; the next scan of another session is the one to load it.
+$node->safe_psql(
+	'postgres', q{
+	CREATE TABLE held (id int, v real[]);
+	INSERT INTO held SELECT i, ARRAY[i % 11, i % 7]::real[] FROM generate_series(1, 500) i;
+	CREATE INDEX held_idx ON held USING gpu_ivfpq (v) WITH (lists = 4, m = 2);
+});
+my $spid = $node->safe_psql('postgres', 'SELECT service_pid FROM gpu_ivfpq_status');
+ok(kill('STOP', $spid), 'service stopped');
+my ($rc, $out, $err) = $node->psql('postgres',
+	q{BEGIN; INSERT INTO held VALUES (0, '{1, 1}'); SET LOCAL statement_timeout = '1s';
+	  SET LOCAL enable_seqscan = off; SELECT id FROM held ORDER BY v <-> '{1, 1}' LIMIT 1; ROLLBACK;});
+like($err, qr/canceling statement due to statement timeout/, 'the held scan is cancelled');
+ok(kill('CONT', $spid), 'service continued');
+# Within seconds, not once a claim of the cancelled scan lapsed (a minute).
+my $loaded = 0;
+for (1 .. 30)
+{
+	my ($lrc, $lout) = $node->psql('postgres', q{SET enable_seqscan = off; SET gpu_ivfpq.device = gpu;
+		  SELECT id FROM held ORDER BY v <-> '{1, 1}' LIMIT 1});
+	if ($lrc == 0) { $loaded = 1; last; }
+	usleep(500_000);
+}
+ok($loaded, 'another session\'s scan loads the mirror at once and is served by the GPU');
 
 $node->stop;
 done_testing();

@@ -773,6 +773,38 @@ TEST(GpuProcess, StatusBudgetAndOutOfMemory)
     EXPECT_LE(st.bytes, st.budget);
 }
 
+// Inserts grow a mirror past the budget: the least recently used mirror
+// goes, as when the budget shrinks, so the store stays within it.
+TEST(GpuProcess, AppendsStayWithinTheBudget)
+{
+    Data f;
+    auto dev = make_cpu_emulation_device();
+    const size_t small = 500;
+    const size_t small_bytes = dev->mirror_bytes(f.spec(), small);
+    const size_t big_bytes = dev->mirror_bytes(f.spec(), f.n);
+    const MirrorKey a{1, 10, 100, 1}, b{1, 11, 101, 1};
+
+    Channel ch(emulated_server);
+    auto gp = ch.connect();
+    gp->load(a, f.spec(), small, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr, nullptr);
+    gp->load(b, f.spec(), small, f.list_ids.data(), f.codes.data(), f.labels.data(), nullptr, nullptr);
+    // Both fit, and b grown to every row fits alone, not beside a.
+    const size_t budget = big_bytes + small_bytes / 2;
+    gp->set_budget(budget);
+    // b grows by every other row of the data (labels past the loaded ones).
+    const size_t na = f.n - small;
+    std::vector<int64_t> labels(f.labels.begin() + small, f.labels.end());
+    ASSERT_TRUE(gp->add(b, f.m, na, f.list_ids.data() + small, f.codes.data() + small * f.m, labels.data(),
+                        nullptr, 0, nullptr));
+    StoreStatus st = gp->status();
+    EXPECT_LE(st.bytes, st.budget);
+    EXPECT_GE(st.evictions, 1u);
+    // a, used least recently, went; b holds every row.
+    ASSERT_EQ(st.mirrors.size(), 1u);
+    EXPECT_EQ(st.mirrors[0].key, b);
+    EXPECT_EQ(st.mirrors[0].entries, f.n);
+}
+
 TEST(GpuProcess, DeviceErrorsCrossWithTheirKind)
 {
     Data f;
