@@ -206,6 +206,18 @@ WidenQuery(GpuIvfpqBatchSearch *bs, const GpuIvfpqRerankSpec *spec, int64 kept)
 	return kept;
 }
 
+/*
+ * Whether a query whose n candidates left fewer than k rows visible may find
+ * more with more lists: a full set of candidates (entries not visible took
+ * places), or lists left unprobed (the probed ones held too few entries, as
+ * with data in few lists), as an index scan's later rounds find them.
+ */
+static bool
+MayFindMore(const GpuIvfpqBatchSearch *bs, int n)
+{
+	return n == bs->want || bs->probes < (int) bs->meta.lists;
+}
+
 /* Searches nq queries (nq x dim floats), calling emit for each result in rank order. */
 void
 GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvfpqBatchEmit emit,
@@ -279,7 +291,7 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 			{
 				for (int64 i = 0; i < cn; i++)
 				{
-					if (bs->par_counts[i] < bs->k && bs->counts[i] == want)
+					if (bs->par_counts[i] < bs->k && MayFindMore(bs, bs->counts[i]))
 					{
 						int64		nh;
 
@@ -312,8 +324,7 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 			{
 				nh = RerankCandidates(bs, &spec, bs->labels + i * want, bs->exact + i * want, bs->counts[i],
 									  dists);
-				/* A full set of candidates, too few of them visible: there may be more. */
-				if (nh < bs->k && bs->counts[i] == want)
+				if (nh < bs->k && MayFindMore(bs, bs->counts[i]))
 					nh = WidenQuery(bs, &spec, nh);
 			}
 			for (int64 r = 0; r < Min(nh, (int64) bs->k); r++)

@@ -195,6 +195,21 @@ SELECT * FROM gpu_ivfpq_knn_batch('sf_l2', '{1,0,0.5,1,0.1,NaN}', 3);
 SELECT * FROM gpu_ivfpq_knn_batch('sf_l2', '{}', 3);
 SELECT * FROM gpu_ivfpq_knn_batch('sf_pkey', '{1,0,0.5,1,0.1,0}', 3);
 SELECT * FROM gpu_ivfpq_knn_batch('sf', '{1,0,0.5,1,0.1,0}', 3);
+-- The probed lists hold fewer than k rows: the batch search probes more
+-- lists, as an index scan's later rounds do (20 rows near the query in one
+-- list, 200 far off in the other).
+CREATE TABLE sf_two (id int, v real[]);
+INSERT INTO sf_two SELECT i, ARRAY[i * 0.001, 0]::real[] FROM generate_series(1, 20) i;
+INSERT INTO sf_two SELECT 100 + i, ARRAY[100 + i * 0.001, 0]::real[] FROM generate_series(1, 200) i;
+CREATE INDEX sf_two_v ON sf_two USING gpu_ivfpq (v) WITH (lists = 2, m = 2);
+SET gpu_ivfpq.probes = 1;
+SELECT count(*) AS batch_rows,
+       array_agg(t.id ORDER BY b.rank) = (SELECT array_agg(id ORDER BY v <-> '{0,0}', id)
+                                           FROM (SELECT id, v FROM sf_two ORDER BY v <-> '{0,0}', id LIMIT 25) x)
+         AS same_rows
+  FROM gpu_ivfpq_knn_batch('sf_two_v', '{0,0}'::real[], 25) b JOIN sf_two t ON t.ctid = b.tid;
+RESET gpu_ivfpq.probes;
+DROP TABLE sf_two;
 -- A partitioned index holds no entries: the error says so.
 CREATE TABLE sf_parts (id int, v real[]) PARTITION BY RANGE (id);
 CREATE TABLE sf_part1 PARTITION OF sf_parts FOR VALUES FROM (0) TO (100);

@@ -6,7 +6,8 @@
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS gpu_ivfpq;
 -- Two clusters far apart, one list each: a batch search that probes one
--- list finds the 10 rows of the nearer cluster, probing both finds 20.
+-- list, and may not go on to more (max_scan_tuples below its candidates),
+-- finds the 10 rows of the nearer cluster; probing both finds 20.
 CREATE TABLE st (id int, v real[]);
 INSERT INTO st SELECT i, ARRAY[(i % 2) * 100 + i * 0.01, (i % 2) * 100 - i * 0.01]::real[]
 FROM generate_series(1, 20) i;
@@ -17,6 +18,7 @@ CREATE INDEX st_idx ON st USING gpu_ivfpq (v) WITH (lists = 2, m = 1);
 SET client_min_messages = warning;
 BEGIN;
 SET LOCAL gpu_ivfpq.probes = 1;
+SET LOCAL gpu_ivfpq.max_scan_tuples = 10;
 SET LOCAL gpu_ivfpq.rerank = 30;
 SET LOCAL gpu_ivfpq.device = cpu;
 SHOW gpu_ivfpq.probes;
@@ -46,7 +48,7 @@ RESET gpu_ivfpq.probes;
 SHOW gpu_ivfpq.probes;
 
 -- A function's own SET clause holds while it runs.
-CREATE FUNCTION one_list_count() RETURNS bigint LANGUAGE sql SET gpu_ivfpq.probes = 1
+CREATE FUNCTION one_list_count() RETURNS bigint LANGUAGE sql SET gpu_ivfpq.probes = 1 SET gpu_ivfpq.max_scan_tuples = 10
 AS $$ SELECT count(*) FROM gpu_ivfpq_knn_batch('st_idx', '{0,0}', 20) $$;
 SELECT one_list_count(), current_setting('gpu_ivfpq.probes') AS probes_after;
 
