@@ -72,7 +72,7 @@ REGRESS_PREP = tmp_check/.dir
 ENCODING = UTF8
 NO_LOCALE = 1
 
-# TAP: test/t/*.pl (PostgreSQL::Test::Cluster), with FashionMnist.pm and CrashRestart.pm beside them.
+# TAP: test/t/*.pl (PostgreSQL::Test::Cluster), with FashionMnist.pm, CrashRestart.pm and GpuNode.pm beside them.
 TAP_TESTS = 1
 PROVE_TESTS = test/t/*.pl
 

@@ -13,22 +13,13 @@ use strict;
 use warnings;
 
 use IPC::Run;
+use GpuNode;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(usleep);
 
-my $gpu = $ENV{GPU_IVFPQ_EXPECT_GPU} ? 1 : 0;
-my $node = PostgreSQL::Test::Cluster->new('direct');
-$node->init;
-$node->append_conf('postgresql.conf', qq{shared_preload_libraries = 'gpu_ivfpq'
-gpu_ivfpq.service_emulate_gpu = } . ($gpu ? 'off' : 'on') . qq{
-gpu_ivfpq.gpu_timeout = 60
-});
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION gpu_ivfpq');
-ok($node->poll_query_until('postgres', q{SELECT state LIKE 'running (GPU%' FROM gpu_ivfpq_status}),
-	'the GPU serves') or BAIL_OUT('no GPU service');
+my $node = GpuNode::start('direct', "gpu_ivfpq.gpu_timeout = 60\n");
 
 $node->safe_psql(
 	'postgres', q{

@@ -10,21 +10,12 @@
 use strict;
 use warnings;
 
+use GpuNode;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
-my $gpu = $ENV{GPU_IVFPQ_EXPECT_GPU} ? 1 : 0;
-my $node = PostgreSQL::Test::Cluster->new('serializable');
-$node->init;
-$node->append_conf('postgresql.conf', qq{shared_preload_libraries = 'gpu_ivfpq'
-gpu_ivfpq.service_emulate_gpu = } . ($gpu ? 'off' : 'on') . qq{
-autovacuum = off
-});
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION gpu_ivfpq');
-ok($node->poll_query_until('postgres', q{SELECT state LIKE 'running (GPU%' FROM gpu_ivfpq_status}),
-	'the GPU serves') or BAIL_OUT('no GPU service');
+my $node = GpuNode::start('serializable', "autovacuum = off\n");
 $node->safe_psql(
 	'postgres', q{
 	CREATE TABLE s1 (id int, v real[]);

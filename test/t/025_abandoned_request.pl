@@ -17,17 +17,13 @@ use strict;
 use warnings;
 
 use IPC::Run;
+use GpuNode;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(usleep);
 
-my $gpu = $ENV{GPU_IVFPQ_EXPECT_GPU} ? 1 : 0;
-my $node = PostgreSQL::Test::Cluster->new('abandoned');
-$node->init;
-$node->append_conf('postgresql.conf', qq{shared_preload_libraries = 'gpu_ivfpq'
-gpu_ivfpq.service_emulate_gpu = } . ($gpu ? 'off' : 'on') . qq{
-autovacuum = off
+my $node = GpuNode::start('abandoned', q{autovacuum = off
 # Few request slots (one per possible backend), so that a lost one shows.
 max_connections = 6
 max_worker_processes = 2
@@ -36,10 +32,6 @@ max_wal_senders = 0
 autovacuum_max_workers = 1
 gpu_ivfpq.gpu_timeout = 120
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION gpu_ivfpq');
-ok($node->poll_query_until('postgres', q{SELECT state LIKE 'running (GPU%' FROM gpu_ivfpq_status}),
-	'the GPU serves') or BAIL_OUT('no GPU service');
 $node->safe_psql(
 	'postgres', q{
 	CREATE TABLE lw (id int, word text);
