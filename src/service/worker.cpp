@@ -134,7 +134,11 @@ RecordError(const std::string &err)
 	ereport(LOG, (errmsg("gpu_ivfpq service: %s", err.c_str())));
 }
 
-/* Answers a taken slot and wakes its owner (or frees it if abandoned). */
+/*
+ * Answers a taken slot and wakes its owner (or frees it if abandoned). A
+ * slot its owner withdrew meanwhile (free again: the service's exit answers
+ * slots it never took) stays free.
+ */
 void
 Answer(GpuIvfpqSlot *slot, RequestResult result, const char *error)
 {
@@ -145,7 +149,7 @@ Answer(GpuIvfpqSlot *slot, RequestResult result, const char *error)
 	SpinLockAcquire(&slot->mutex);
 	if (slot->state == SLOT_ABANDONED)
 		slot->state = SLOT_FREE;	/* owner kept: a cancelled backend reuses it */
-	else
+	else if (slot->state != SLOT_FREE)
 	{
 		slot->state = SLOT_DONE;
 		latch = slot->latch;
