@@ -452,6 +452,27 @@ GpuIvfpqQueueGiveUpLoad(bool on_error)
 		backend_queue.give_up_load((uint32) i);
 }
 
+/*
+ * Whether this backend is loading a mirror it was told to load: a backend
+ * that exits meanwhile (terminated: no error path runs) gives the load up
+ * as it goes (GpuIvfpqQueueExitGiveUp, from the slot's exit callback).
+ */
+static bool loading_claimed = false;
+
+void
+GpuIvfpqQueueLoading(bool loading)
+{
+	loading_claimed = loading;
+}
+
+void
+GpuIvfpqQueueExitGiveUp(void)
+{
+	if (loading_claimed)
+		GpuIvfpqQueueGiveUpLoad(false);
+	loading_claimed = false;
+}
+
 /* The loads slot gave up so far (GpuIvfpqQueueGiveUpLoad), for the service's claims; 0 without the segment. */
 uint32
 GpuIvfpqQueueLoadsGivenUp(int slot)

@@ -345,17 +345,20 @@ GpuMetricServiceAnswer(Relation index, GpuMetricCached *entry, const GpuMetricMe
 				no_slot = true;
 				break;
 			}
-			/* A cancel while loading gives the load up for the next search to claim. */
+			/* A cancel or an exit while loading gives the load up for the next search to claim. */
+			GpuIvfpqQueueLoading(true);
 			PG_TRY();
 			{
 				result = LoadMetricMirror(slot, index, entry, meta, &live_words, error, sizeof(error));
 			}
 			PG_CATCH();
 			{
+				GpuIvfpqQueueLoading(false);
 				GpuIvfpqQueueGiveUpLoad(true);
 				PG_RE_THROW();
 			}
 			PG_END_TRY();
+			GpuIvfpqQueueLoading(false);
 			if (result == RES_OK)
 			{
 				elog(DEBUG1, "gpu_metric: index \"%s\" mirrored to the GPU (%lld live words)",

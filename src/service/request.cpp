@@ -160,6 +160,8 @@ ReleaseSlot(int code, Datum arg)
 
 	if (slot == NULL)
 		return;
+	/* Terminated while loading a mirror it was told to load: the next search loads it. */
+	GpuIvfpqQueueExitGiveUp();
 	SpinLockAcquire(&slot->mutex);
 	/*
 	 * Unowned now. A request the service took is freed by the service

@@ -250,17 +250,20 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
 					GpuIvfpqGpuRequiredError("scan", "No request slot is free");
 				return -1;
 			}
-			/* A cancel while loading gives the load up for the next search to claim. */
+			/* A cancel or an exit while loading gives the load up for the next search to claim. */
+			GpuIvfpqQueueLoading(true);
 			PG_TRY();
 			{
 				result = LoadMirror(slot, index, meta, &entries, error, sizeof(error));
 			}
 			PG_CATCH();
 			{
+				GpuIvfpqQueueLoading(false);
 				GpuIvfpqQueueGiveUpLoad(true);
 				PG_RE_THROW();
 			}
 			PG_END_TRY();
+			GpuIvfpqQueueLoading(false);
 			if (result == RES_OK)
 			{
 				elog(DEBUG1, "gpu_ivfpq: index \"%s\" mirrored to the GPU (%lld entries)",

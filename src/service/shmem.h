@@ -527,6 +527,8 @@ extern uint64 GpuIvfpqQueueStalledSinceNs(void);
 extern uint64 GpuIvfpqQueueNowNs(void);
 extern const char *GpuIvfpqQueueUnavailable(void);
 extern void GpuIvfpqQueueGiveUpLoad(bool on_error);
+extern void GpuIvfpqQueueLoading(bool loading);
+extern void GpuIvfpqQueueExitGiveUp(void);
 extern uint32 GpuIvfpqQueueLoadsGivenUp(int slot);
 /* Bytes of a direct-path slot's payload (a gpu_metric request and its answer). */
 #define GPU_IVFPQ_QUEUE_PAYLOAD (32 * 1024)

@@ -11,8 +11,8 @@
 # slots, then every session is still served). A scan cancelled while the
 # GPU process holds it is not told to load the index's mirror (it would
 # not, and every other scan would use the CPU until the claim lapsed): the
-# next scan loads it. On machines without a GPU the service's CPU emulation
-# is the GPU process.
+# next scan loads it; nor is one of a backend terminated while it loads. On
+# machines without a GPU the service's CPU emulation is the GPU process.
 use strict;
 use warnings;
 
@@ -122,16 +122,51 @@ my ($rc, $out, $err) = $node->psql('postgres',
 	  SET LOCAL enable_seqscan = off; SELECT id FROM held ORDER BY v <-> '{1, 1}' LIMIT 1; ROLLBACK;});
 like($err, qr/canceling statement due to statement timeout/, 'the held scan is cancelled');
 ok(kill('CONT', $spid), 'service continued');
-# Within seconds, not once a claim of the cancelled scan lapsed (a minute).
-my $loaded = 0;
-for (1 .. 30)
+# Scans of $index (device = auto: a scan told that another loads the mirror
+# uses the CPU, and loads nothing) until one has loaded its mirror; true
+# within seconds, not once a claim of the one that gave up lapsed (a minute).
+sub scans_load
 {
-	my ($lrc, $lout) = $node->psql('postgres', q{SET enable_seqscan = off; SET gpu_ivfpq.device = gpu;
-		  SELECT id FROM held ORDER BY v <-> '{1, 1}' LIMIT 1});
-	if ($lrc == 0) { $loaded = 1; last; }
-	usleep(500_000);
+	my ($table, $index) = @_;
+	for (1 .. 30)
+	{
+		$node->safe_psql('postgres',
+			"SET enable_seqscan = off; SELECT id FROM $table ORDER BY v <-> '{1, 1}' LIMIT 1");
+		return 1
+		  if $node->safe_psql('postgres',
+			"SELECT count(*) > 0 FROM gpu_ivfpq_mirrors WHERE indexrelid = '$index'::regclass") eq 't';
+		usleep(500_000);
+	}
+	return 0;
 }
-ok($loaded, 'another session\'s scan loads the mirror at once and is served by the GPU');
+ok(scans_load('held', 'held_idx'), 'another session\'s scan loads the mirror at once');
+
+# ---- a backend terminated while it loads gives the load up ----
+# With the service stopped, a scan told to load the mirror waits for its
+# load request; it is terminated (FATAL: no error path runs). Once the
+# service goes on, another session's scan loads the mirror within seconds.
+$node->safe_psql(
+	'postgres', q{
+	CREATE TABLE held2 (id int, v real[]);
+	INSERT INTO held2 SELECT i, ARRAY[i % 13, i % 5]::real[] FROM generate_series(1, 500) i;
+	CREATE INDEX held2_idx ON held2 USING gpu_ivfpq (v) WITH (lists = 4, m = 2);
+});
+# A commit into a mirrored index returns once the service applied the change
+# log this far: the scan below is then not held for it, it is told to load.
+$node->safe_psql('postgres', q{INSERT INTO held VALUES (9999, '{50, 50}')});
+ok(kill('STOP', $spid), 'service stopped again');
+my ($lo, $le) = ('', '');
+my $loader = IPC::Run::start(
+	[ 'psql', '-X', '-At', '-d', $node->connstr('postgres'), '-c',
+		q{/* loader */ SET enable_seqscan = off; SELECT id FROM held2 ORDER BY v <-> '{1, 1}' LIMIT 1} ],
+	'>', \$lo, '2>', \$le);
+ok($node->poll_query_until('postgres',
+		q{SELECT count(*) = 1 FROM pg_stat_activity WHERE query LIKE '/* loader */%' AND wait_event_type = 'Extension'}),
+	'the scan waits for its load request');
+$node->safe_psql('postgres', q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE '/* loader */%'});
+$loader->finish;
+ok(kill('CONT', $spid), 'service continued again');
+ok(scans_load('held2', 'held2_idx'), 'after the loader was terminated, another session\'s scan loads the mirror at once');
 
 $node->stop;
 done_testing();
