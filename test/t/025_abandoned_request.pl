@@ -4,9 +4,9 @@
 # the slot must stay with the service: given to another backend at once, the
 # old request's answer would be taken as the answer to the new one (a build
 # would then write the quantizers of a training run that never happened).
-# Here a slow gpu_metric request is cancelled and its session ends; a new
-# session then builds an index through the service, and the index answers
-# like a sequential scan. A backend terminated while its request waits,
+# Here a batch search the service serves (the GPU process stopped under
+# it) is cancelled and its session ends; a new session then builds an
+# index through the service, and the index answers like a sequential scan. A backend terminated while its request waits,
 # not yet taken, withdraws it: the slot is not lost (more terminations than
 # slots, then every session is still served). A scan cancelled while the
 # GPU process holds it is not told to load the index's mirror (it would
@@ -34,31 +34,42 @@ gpu_ivfpq.gpu_timeout = 120
 });
 $node->safe_psql(
 	'postgres', q{
-	CREATE TABLE lw (id int, word text);
-	INSERT INTO lw SELECT i, (SELECT string_agg(substr(md5((i * 1000 + j)::text), 1, 8), '')
-	                           FROM generate_series(1, 250) j)
-	FROM generate_series(1, 3000) i;
-	CREATE INDEX lwi ON lw USING gpu_metric (word);
-	SELECT gpu_metric_prewarm('lwi');
+	CREATE TABLE e (id int, v real[]);
+	INSERT INTO e SELECT i, ARRAY[i % 7, i % 3]::real[] FROM generate_series(1, 500) i;
+	CREATE INDEX ei ON e USING gpu_ivfpq (v) WITH (lists = 4, m = 2);
+	SELECT gpu_ivfpq_prewarm('ei');
 	CREATE TABLE d (id int, v real[]);
 	INSERT INTO d SELECT i, ARRAY[(i * 0.618034) % 1]::real[] FROM generate_series(1, 5000) i;
 });
 
-# A request that keeps the service busy for seconds (every word within the
-# radius, long words), cancelled by statement_timeout; then the session ends.
-my $slow = q{SELECT count(*) FROM gpu_metric_range_batch('lwi',
-	(SELECT array_agg(repeat(md5(i::text), 64)) FROM generate_series(1, 3) i), 5000)};
+# The GPU process is stopped, so that the service waits on a batch search
+# it took: the search is cancelled by statement_timeout, then its session
+# ends (the slot it leaves is the service's until the service answers).
+my $gpid0 = $node->safe_psql('postgres', 'SELECT gpu_process_pid FROM gpu_ivfpq_status');
+ok(kill('STOP', $gpid0), 'GPU process stopped');
 my $a = $node->background_psql('postgres', on_error_stop => 0);
 my $apid = $a->query_safe('SELECT pg_backend_pid()');
-$a->query("SET statement_timeout = '1s'; $slow");
-like($a->{stderr}, qr/canceling statement due to statement timeout/, 'the slow request is cancelled');
+$a->query(q{SET statement_timeout = '1s';
+	SELECT count(*) FROM gpu_ivfpq_knn_batch('ei', ARRAY[[1, 1], [2, 2]]::real[], 3)});
+like($a->{stderr}, qr/canceling statement due to statement timeout/, 'the waiting batch search is cancelled');
 $a->quit;
 ok($node->poll_query_until('postgres', "SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = $apid"),
 	'its session ended');
 
-# A new session's build trains through the service meanwhile: it gets an
-# answer of its own (it waits for the service), and its index is sound.
-$node->safe_psql('postgres', 'CREATE INDEX di ON d USING gpu_ivfpq (v) WITH (lists = 100)');
+# A new session's build sends its training request meanwhile; the GPU
+# process goes on. The build gets an answer of its own (after the service
+# answered the abandoned search), and its index is sound.
+my ($bout, $berr) = ('', '');
+my $builder = IPC::Run::start(
+	[ 'psql', '-X', '-q', '-d', $node->connstr('postgres'), '-c',
+		'/* builder */ CREATE INDEX di ON d USING gpu_ivfpq (v) WITH (lists = 100)' ],
+	'>', \$bout, '2>', \$berr);
+ok($node->poll_query_until('postgres',
+		q{SELECT count(*) = 1 FROM pg_stat_activity WHERE query LIKE '/* builder */%' AND wait_event_type = 'Extension'}),
+	'the build waits for its training request');
+ok(kill('CONT', $gpid0), 'GPU process continued');
+$builder->finish;
+is($berr, '', 'the build finished');
 my $nearest = q{SELECT string_agg(id::text, ',') FROM (SELECT id FROM d ORDER BY v <-> '{0.5}' LIMIT 5) s};
 my $by_index = $node->safe_psql('postgres',
 	"SET gpu_ivfpq.device = cpu; SET gpu_ivfpq.probes = 4; SET enable_seqscan = off; $nearest");
