@@ -136,6 +136,22 @@ LoadMetricMirror(GpuIvfpqSlot *slot, Relation index, GpuMetricCached *entry, con
 	return result;
 }
 
+/* What LoadToldMetricMirror loads: the backend's copy of the index, current for meta. */
+typedef struct MetricLoadArg
+{
+	GpuMetricCached *entry;
+	const GpuMetricMetaPageData *meta;
+} MetricLoadArg;
+
+/* LoadMetricMirror as GpuIvfpqLoadToldMirror calls it: arg is a MetricLoadArg. */
+static RequestResult
+LoadToldMetricMirror(GpuIvfpqSlot *slot, Relation index, const void *arg, int64 *live, char *error, Size errlen)
+{
+	const MetricLoadArg *load = (const MetricLoadArg *) arg;
+
+	return LoadMetricMirror(slot, index, load->entry, load->meta, live, error, errlen);
+}
+
 /*
  * Reads an answer (hit offsets and hits after the request, as l lays it out
  * in capacity bytes at base) into out, checked first: the hits must lie in
@@ -332,39 +348,17 @@ GpuMetricServiceAnswer(Relation index, GpuMetricCached *entry, const GpuMetricMe
 		}
 		if (!loaded && entry != NULL && (result == RES_NOT_LOADED || (result == RES_LOADING && required)))
 		{
-			int64		live_words;
+			MetricLoadArg load = {entry, meta};
 
 			loaded = true;
-			if (slot == NULL && (slot = GpuIvfpqAcquireSlot()) == NULL)
+			if (!GpuIvfpqLoadToldMirror(&slot, LoadToldMetricMirror, &load, index, "gpu_metric", "live words",
+										&result, error, sizeof(error)))
 			{
-				/*
-				 * Its slot still serves a request this session cancelled:
-				 * the load goes to the next search, this one to the CPU.
-				 */
-				GpuIvfpqQueueGiveUpLoad(false);
 				no_slot = true;
 				break;
 			}
-			/* A cancel or an exit while loading gives the load up for the next search to claim. */
-			GpuIvfpqQueueLoading(true);
-			PG_TRY();
-			{
-				result = LoadMetricMirror(slot, index, entry, meta, &live_words, error, sizeof(error));
-			}
-			PG_CATCH();
-			{
-				GpuIvfpqQueueLoading(false);
-				GpuIvfpqQueueGiveUpLoad(true);
-				PG_RE_THROW();
-			}
-			PG_END_TRY();
-			GpuIvfpqQueueLoading(false);
 			if (result == RES_OK)
-			{
-				elog(DEBUG1, "gpu_metric: index \"%s\" mirrored to the GPU (%lld live words)",
-					 RelationGetRelationName(index), (long long) live_words);
 				continue;
-			}
 		}
 		break;
 	}

@@ -151,6 +151,54 @@ GpuIvfpqSearchFellBack(Relation index, RequestResult result, const char *error, 
 		GpuIvfpqGpuRequiredError(what, reason);
 }
 
+/*
+ * Loads the mirror of index that a search of this backend was told to load
+ * (answered RES_NOT_LOADED, or RES_LOADING where the GPU is required), with
+ * load and its arg; load sets *count, what the DEBUG1 line counts in unit
+ * ("<am>: index ... mirrored to the GPU (<count> <unit>)"). *slot is this
+ * backend's request slot, or NULL: then it is acquired here. Returns false,
+ * loading nothing, when the slot still serves a request this session
+ * cancelled: the load is given up for the next search, and the caller's
+ * search goes to the CPU. Else true with *result the load's answer (RES_OK:
+ * the caller searches again).
+ */
+bool
+GpuIvfpqLoadToldMirror(GpuIvfpqSlot **slot, GpuIvfpqMirrorLoader load, const void *arg, Relation index,
+					   const char *am, const char *unit, RequestResult *result, char *error, Size errlen)
+{
+	volatile RequestResult loaded = RES_ERROR;
+	int64		count = 0;
+
+	if (*slot == NULL && (*slot = GpuIvfpqAcquireSlot()) == NULL)
+	{
+		/*
+		 * Its slot still serves a request this session cancelled: the load
+		 * goes to the next search, this one to the CPU.
+		 */
+		GpuIvfpqQueueGiveUpLoad(false);
+		return false;
+	}
+	/* A cancel or an exit while loading gives the load up for the next search to claim. */
+	GpuIvfpqQueueLoading(true);
+	PG_TRY();
+	{
+		loaded = load(*slot, index, arg, &count, error, errlen);
+	}
+	PG_CATCH();
+	{
+		GpuIvfpqQueueLoading(false);
+		GpuIvfpqQueueGiveUpLoad(true);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	GpuIvfpqQueueLoading(false);
+	*result = loaded;
+	if (loaded == RES_OK)
+		elog(DEBUG1, "%s: index \"%s\" mirrored to the GPU (%lld %s)",
+			 am, RelationGetRelationName(index), (long long) count, unit);
+	return true;
+}
+
 /* ---- slots ---- */
 
 static void

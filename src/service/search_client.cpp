@@ -182,6 +182,13 @@ LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
 	return result;
 }
 
+/* LoadMirror as GpuIvfpqLoadToldMirror calls it: arg is the index's meta. */
+static RequestResult
+LoadToldMirror(GpuIvfpqSlot *slot, Relation index, const void *arg, int64 *entries, char *error, Size errlen)
+{
+	return LoadMirror(slot, index, (const GpuIvfpqMetaPageData *) arg, entries, error, errlen);
+}
+
 /* ---- search ---- */
 
 /*
@@ -236,40 +243,17 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
 		}
 		if (attempt == 0 && (result == RES_NOT_LOADED || (result == RES_LOADING && required)))
 		{
-			GpuIvfpqSlot *slot = GpuIvfpqAcquireSlot();
-			int64		entries;
+			GpuIvfpqSlot *slot = NULL;
 
-			if (slot == NULL)
+			if (!GpuIvfpqLoadToldMirror(&slot, LoadToldMirror, meta, index, "gpu_ivfpq", "entries",
+										&result, error, sizeof(error)))
 			{
-				/*
-				 * Its slot still serves a request this session cancelled:
-				 * the load goes to the next search, this one to the CPU.
-				 */
-				GpuIvfpqQueueGiveUpLoad(false);
 				if (required)
 					GpuIvfpqGpuRequiredError("scan", "No request slot is free");
 				return -1;
 			}
-			/* A cancel or an exit while loading gives the load up for the next search to claim. */
-			GpuIvfpqQueueLoading(true);
-			PG_TRY();
-			{
-				result = LoadMirror(slot, index, meta, &entries, error, sizeof(error));
-			}
-			PG_CATCH();
-			{
-				GpuIvfpqQueueLoading(false);
-				GpuIvfpqQueueGiveUpLoad(true);
-				PG_RE_THROW();
-			}
-			PG_END_TRY();
-			GpuIvfpqQueueLoading(false);
 			if (result == RES_OK)
-			{
-				elog(DEBUG1, "gpu_ivfpq: index \"%s\" mirrored to the GPU (%lld entries)",
-					 RelationGetRelationName(index), (long long) entries);
 				continue;
-			}
 		}
 		break;
 	}
