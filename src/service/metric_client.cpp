@@ -387,8 +387,7 @@ gpu_metric_prewarm(PG_FUNCTION_ARGS)
 	Relation	heap;
 	GpuMetricMetaPageData meta;
 	GpuMetricCached *entry;
-	const char *reason;
-	GpuIvfpqSlot *slot = NULL;
+	GpuIvfpqSlot *slot;
 	int64		live = 0;
 	char		error[256];
 	RequestResult result;
@@ -396,24 +395,12 @@ gpu_metric_prewarm(PG_FUNCTION_ARGS)
 	/* As pg_prewarm: reading a relation into memory takes SELECT on it (here its table). */
 	GpuIvfpqOpenIndexChecked(PG_GETARG_OID(0), "gpu_metric", "gpu_metric_prewarm", false, &index, &heap);
 	table_close(heap, AccessShareLock);
-	reason = MetricNotServableReason();
-	if (reason == NULL && (slot = GpuIvfpqAcquireSlot()) == NULL)
-		reason = "No request slot is free";
-	if (reason != NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("cannot mirror \"%s\" to the GPU", RelationGetRelationName(index)),
-				 errdetail("%s.", reason),
-				 errhint("Preload gpu_ivfpq (shared_preload_libraries) on a server whose service has a GPU.")));
+	slot = GpuIvfpqPrewarmSlot(index, MetricNotServableReason(),
+							   "Preload gpu_ivfpq (shared_preload_libraries) on a server whose service has a GPU.");
 	entry = GpuMetricGetCached(index, &meta);
 	error[0] = '\0';
 	result = LoadMetricMirror(slot, index, entry, &meta, &live, error, sizeof(error));
-	if (result != RES_OK)
-		ereport(ERROR,
-				(errcode(result == RES_NO_MEMORY ? ERRCODE_OUT_OF_MEMORY : ERRCODE_INTERNAL_ERROR),
-				 errmsg("could not mirror \"%s\" to the GPU", RelationGetRelationName(index)),
-				 errdetail("%s", error[0] ? error : "the service exited"),
-				 result == RES_NO_MEMORY ? errhint("Raise gpu_ivfpq.gpu_memory_budget or drop unused indexes.") : 0));
+	GpuIvfpqPrewarmLoaded(index, result, error);
 	relation_close(index, AccessShareLock);
 	PG_RETURN_INT64(live);
 }

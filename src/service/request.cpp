@@ -199,6 +199,39 @@ GpuIvfpqLoadToldMirror(GpuIvfpqSlot **slot, GpuIvfpqMirrorLoader load, const voi
 	return true;
 }
 
+/*
+ * The slot a prewarm function loads index's mirror with: raises an error
+ * (with hint, unless NULL) when it cannot, for reason (the caller's; NULL:
+ * none) or for want of a free slot.
+ */
+GpuIvfpqSlot *
+GpuIvfpqPrewarmSlot(Relation index, const char *reason, const char *hint)
+{
+	GpuIvfpqSlot *slot = NULL;
+
+	if (reason == NULL && (slot = GpuIvfpqAcquireSlot()) == NULL)
+		reason = "No request slot is free";
+	if (reason != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("cannot mirror \"%s\" to the GPU", RelationGetRelationName(index)),
+				 errdetail("%s.", reason),
+				 hint != NULL ? errhint("%s", hint) : 0));
+	return slot;
+}
+
+/* Raises a prewarm function's error unless its load of index's mirror answered RES_OK. */
+void
+GpuIvfpqPrewarmLoaded(Relation index, RequestResult result, const char *error)
+{
+	if (result != RES_OK)
+		ereport(ERROR,
+				(errcode(result == RES_NO_MEMORY ? ERRCODE_OUT_OF_MEMORY : ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not mirror \"%s\" to the GPU", RelationGetRelationName(index)),
+				 errdetail("%s", error[0] ? error : "the service exited"),
+				 result == RES_NO_MEMORY ? errhint("Raise gpu_ivfpq.gpu_memory_budget or drop unused indexes.") : 0));
+}
+
 /* ---- slots ---- */
 
 static void

@@ -393,7 +393,6 @@ gpu_ivfpq_prewarm(PG_FUNCTION_ARGS)
 	Relation	index;
 	Relation	heap;
 	GpuIvfpqMetaPageData meta;
-	const char *reason;
 	GpuIvfpqSlot *slot;
 	int64		entries = 0;
 	char		error[256];
@@ -403,22 +402,10 @@ gpu_ivfpq_prewarm(PG_FUNCTION_ARGS)
 	GpuIvfpqOpenIndexChecked(PG_GETARG_OID(0), "gpu_ivfpq", "gpu_ivfpq_prewarm", false, &index, &heap);
 	table_close(heap, AccessShareLock);
 	GpuIvfpqReadMeta(index, &meta);
-	reason = GpuIvfpqNotServableReason(&meta);
-	if (reason == NULL && (slot = GpuIvfpqAcquireSlot()) == NULL)
-		reason = "No request slot is free";
-	if (reason != NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("cannot mirror \"%s\" to the GPU", RelationGetRelationName(index)),
-				 errdetail("%s.", reason),
-				 !meta.trained ? errhint("REINDEX the index once its table holds rows: that trains its quantizers.") : 0));
+	slot = GpuIvfpqPrewarmSlot(index, GpuIvfpqNotServableReason(&meta),
+							   !meta.trained ? "REINDEX the index once its table holds rows: that trains its quantizers." : NULL);
 	result = LoadMirror(slot, index, &meta, &entries, error, sizeof(error));
-	if (result != RES_OK)
-		ereport(ERROR,
-				(errcode(result == RES_NO_MEMORY ? ERRCODE_OUT_OF_MEMORY : ERRCODE_INTERNAL_ERROR),
-				 errmsg("could not mirror \"%s\" to the GPU", RelationGetRelationName(index)),
-				 errdetail("%s", error[0] ? error : "the service exited"),
-				 result == RES_NO_MEMORY ? errhint("Raise gpu_ivfpq.gpu_memory_budget or drop unused indexes.") : 0));
+	GpuIvfpqPrewarmLoaded(index, result, error);
 	relation_close(index, AccessShareLock);
 	PG_RETURN_INT64(entries);
 }

@@ -481,6 +481,8 @@ typedef RequestResult (*GpuIvfpqMirrorLoader) (GpuIvfpqSlot *slot, Relation inde
 extern bool GpuIvfpqLoadToldMirror(GpuIvfpqSlot **slot, GpuIvfpqMirrorLoader load, const void *arg,
 								   Relation index, const char *am, const char *unit, RequestResult *result,
 								   char *error, Size errlen);
+extern GpuIvfpqSlot *GpuIvfpqPrewarmSlot(Relation index, const char *reason, const char *hint);
+extern void GpuIvfpqPrewarmLoaded(Relation index, RequestResult result, const char *error);
 
 /*
  * change_log.cpp: pushing to the change log, also for the WAL replay of
