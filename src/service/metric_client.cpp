@@ -136,6 +136,22 @@ LoadMetricMirror(GpuIvfpqSlot *slot, Relation index, GpuMetricCached *entry, con
 	return result;
 }
 
+/* What LoadToldMetricMirror loads: the backend's copy of the index, current for meta. */
+typedef struct MetricLoadArg
+{
+	GpuMetricCached *entry;
+	const GpuMetricMetaPageData *meta;
+} MetricLoadArg;
+
+/* LoadMetricMirror as GpuIvfpqLoadToldMirror calls it: arg is a MetricLoadArg. */
+static RequestResult
+LoadToldMetricMirror(GpuIvfpqSlot *slot, Relation index, const void *arg, int64 *live, char *error, Size errlen)
+{
+	const MetricLoadArg *load = (const MetricLoadArg *) arg;
+
+	return LoadMetricMirror(slot, index, load->entry, load->meta, live, error, errlen);
+}
+
 /*
  * Reads an answer (hit offsets and hits after the request, as l lays it out
  * in capacity bytes at base) into out, checked first: the hits must lie in
@@ -332,39 +348,17 @@ GpuMetricServiceAnswer(Relation index, GpuMetricCached *entry, const GpuMetricMe
 		}
 		if (!loaded && entry != NULL && (result == RES_NOT_LOADED || (result == RES_LOADING && required)))
 		{
-			int64		live_words;
+			MetricLoadArg load = {entry, meta};
 
 			loaded = true;
-			if (slot == NULL && (slot = GpuIvfpqAcquireSlot()) == NULL)
+			if (!GpuIvfpqLoadToldMirror(&slot, LoadToldMetricMirror, &load, index, "gpu_metric", "live words",
+										&result, error, sizeof(error)))
 			{
-				/*
-				 * Its slot still serves a request this session cancelled:
-				 * the load goes to the next search, this one to the CPU.
-				 */
-				GpuIvfpqQueueGiveUpLoad(false);
 				no_slot = true;
 				break;
 			}
-			/* A cancel or an exit while loading gives the load up for the next search to claim. */
-			GpuIvfpqQueueLoading(true);
-			PG_TRY();
-			{
-				result = LoadMetricMirror(slot, index, entry, meta, &live_words, error, sizeof(error));
-			}
-			PG_CATCH();
-			{
-				GpuIvfpqQueueLoading(false);
-				GpuIvfpqQueueGiveUpLoad(true);
-				PG_RE_THROW();
-			}
-			PG_END_TRY();
-			GpuIvfpqQueueLoading(false);
 			if (result == RES_OK)
-			{
-				elog(DEBUG1, "gpu_metric: index \"%s\" mirrored to the GPU (%lld live words)",
-					 RelationGetRelationName(index), (long long) live_words);
 				continue;
-			}
 		}
 		break;
 	}
@@ -393,8 +387,7 @@ gpu_metric_prewarm(PG_FUNCTION_ARGS)
 	Relation	heap;
 	GpuMetricMetaPageData meta;
 	GpuMetricCached *entry;
-	const char *reason;
-	GpuIvfpqSlot *slot = NULL;
+	GpuIvfpqSlot *slot;
 	int64		live = 0;
 	char		error[256];
 	RequestResult result;
@@ -402,24 +395,12 @@ gpu_metric_prewarm(PG_FUNCTION_ARGS)
 	/* As pg_prewarm: reading a relation into memory takes SELECT on it (here its table). */
 	GpuIvfpqOpenIndexChecked(PG_GETARG_OID(0), "gpu_metric", "gpu_metric_prewarm", false, &index, &heap);
 	table_close(heap, AccessShareLock);
-	reason = MetricNotServableReason();
-	if (reason == NULL && (slot = GpuIvfpqAcquireSlot()) == NULL)
-		reason = "No request slot is free";
-	if (reason != NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("cannot mirror \"%s\" to the GPU", RelationGetRelationName(index)),
-				 errdetail("%s.", reason),
-				 errhint("Preload gpu_ivfpq (shared_preload_libraries) on a server whose service has a GPU.")));
+	slot = GpuIvfpqPrewarmSlot(index, MetricNotServableReason(),
+							   "Preload gpu_ivfpq (shared_preload_libraries) on a server whose service has a GPU.");
 	entry = GpuMetricGetCached(index, &meta);
 	error[0] = '\0';
 	result = LoadMetricMirror(slot, index, entry, &meta, &live, error, sizeof(error));
-	if (result != RES_OK)
-		ereport(ERROR,
-				(errcode(result == RES_NO_MEMORY ? ERRCODE_OUT_OF_MEMORY : ERRCODE_INTERNAL_ERROR),
-				 errmsg("could not mirror \"%s\" to the GPU", RelationGetRelationName(index)),
-				 errdetail("%s", error[0] ? error : "the service exited"),
-				 result == RES_NO_MEMORY ? errhint("Raise gpu_ivfpq.gpu_memory_budget or drop unused indexes.") : 0));
+	GpuIvfpqPrewarmLoaded(index, result, error);
 	relation_close(index, AccessShareLock);
 	PG_RETURN_INT64(live);
 }

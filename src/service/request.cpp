@@ -151,6 +151,87 @@ GpuIvfpqSearchFellBack(Relation index, RequestResult result, const char *error, 
 		GpuIvfpqGpuRequiredError(what, reason);
 }
 
+/*
+ * Loads the mirror of index that a search of this backend was told to load
+ * (answered RES_NOT_LOADED, or RES_LOADING where the GPU is required), with
+ * load and its arg; load sets *count, what the DEBUG1 line counts in unit
+ * ("<am>: index ... mirrored to the GPU (<count> <unit>)"). *slot is this
+ * backend's request slot, or NULL: then it is acquired here. Returns false,
+ * loading nothing, when the slot still serves a request this session
+ * cancelled: the load is given up for the next search, and the caller's
+ * search goes to the CPU. Else true with *result the load's answer (RES_OK:
+ * the caller searches again).
+ */
+bool
+GpuIvfpqLoadToldMirror(GpuIvfpqSlot **slot, GpuIvfpqMirrorLoader load, const void *arg, Relation index,
+					   const char *am, const char *unit, RequestResult *result, char *error, Size errlen)
+{
+	volatile RequestResult loaded = RES_ERROR;
+	int64		count = 0;
+
+	if (*slot == NULL && (*slot = GpuIvfpqAcquireSlot()) == NULL)
+	{
+		/*
+		 * Its slot still serves a request this session cancelled: the load
+		 * goes to the next search, this one to the CPU.
+		 */
+		GpuIvfpqQueueGiveUpLoad(false);
+		return false;
+	}
+	/* A cancel or an exit while loading gives the load up for the next search to claim. */
+	GpuIvfpqQueueLoading(true);
+	PG_TRY();
+	{
+		loaded = load(*slot, index, arg, &count, error, errlen);
+	}
+	PG_CATCH();
+	{
+		GpuIvfpqQueueLoading(false);
+		GpuIvfpqQueueGiveUpLoad(true);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	GpuIvfpqQueueLoading(false);
+	*result = loaded;
+	if (loaded == RES_OK)
+		elog(DEBUG1, "%s: index \"%s\" mirrored to the GPU (%lld %s)",
+			 am, RelationGetRelationName(index), (long long) count, unit);
+	return true;
+}
+
+/*
+ * The slot a prewarm function loads index's mirror with: raises an error
+ * (with hint, unless NULL) when it cannot, for reason (the caller's; NULL:
+ * none) or for want of a free slot.
+ */
+GpuIvfpqSlot *
+GpuIvfpqPrewarmSlot(Relation index, const char *reason, const char *hint)
+{
+	GpuIvfpqSlot *slot = NULL;
+
+	if (reason == NULL && (slot = GpuIvfpqAcquireSlot()) == NULL)
+		reason = "No request slot is free";
+	if (reason != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("cannot mirror \"%s\" to the GPU", RelationGetRelationName(index)),
+				 errdetail("%s.", reason),
+				 hint != NULL ? errhint("%s", hint) : 0));
+	return slot;
+}
+
+/* Raises a prewarm function's error unless its load of index's mirror answered RES_OK. */
+void
+GpuIvfpqPrewarmLoaded(Relation index, RequestResult result, const char *error)
+{
+	if (result != RES_OK)
+		ereport(ERROR,
+				(errcode(result == RES_NO_MEMORY ? ERRCODE_OUT_OF_MEMORY : ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not mirror \"%s\" to the GPU", RelationGetRelationName(index)),
+				 errdetail("%s", error[0] ? error : "the service exited"),
+				 result == RES_NO_MEMORY ? errhint("Raise gpu_ivfpq.gpu_memory_budget or drop unused indexes.") : 0));
+}
+
 /* ---- slots ---- */
 
 static void

@@ -182,6 +182,13 @@ LoadMirror(GpuIvfpqSlot *slot, Relation index, const GpuIvfpqMetaPageData *meta,
 	return result;
 }
 
+/* LoadMirror as GpuIvfpqLoadToldMirror calls it: arg is the index's meta. */
+static RequestResult
+LoadToldMirror(GpuIvfpqSlot *slot, Relation index, const void *arg, int64 *entries, char *error, Size errlen)
+{
+	return LoadMirror(slot, index, (const GpuIvfpqMetaPageData *) arg, entries, error, errlen);
+}
+
 /* ---- search ---- */
 
 /*
@@ -236,40 +243,17 @@ GpuIvfpqServiceSearch(Relation index, const GpuIvfpqMetaPageData *meta, const fl
 		}
 		if (attempt == 0 && (result == RES_NOT_LOADED || (result == RES_LOADING && required)))
 		{
-			GpuIvfpqSlot *slot = GpuIvfpqAcquireSlot();
-			int64		entries;
+			GpuIvfpqSlot *slot = NULL;
 
-			if (slot == NULL)
+			if (!GpuIvfpqLoadToldMirror(&slot, LoadToldMirror, meta, index, "gpu_ivfpq", "entries",
+										&result, error, sizeof(error)))
 			{
-				/*
-				 * Its slot still serves a request this session cancelled:
-				 * the load goes to the next search, this one to the CPU.
-				 */
-				GpuIvfpqQueueGiveUpLoad(false);
 				if (required)
 					GpuIvfpqGpuRequiredError("scan", "No request slot is free");
 				return -1;
 			}
-			/* A cancel or an exit while loading gives the load up for the next search to claim. */
-			GpuIvfpqQueueLoading(true);
-			PG_TRY();
-			{
-				result = LoadMirror(slot, index, meta, &entries, error, sizeof(error));
-			}
-			PG_CATCH();
-			{
-				GpuIvfpqQueueLoading(false);
-				GpuIvfpqQueueGiveUpLoad(true);
-				PG_RE_THROW();
-			}
-			PG_END_TRY();
-			GpuIvfpqQueueLoading(false);
 			if (result == RES_OK)
-			{
-				elog(DEBUG1, "gpu_ivfpq: index \"%s\" mirrored to the GPU (%lld entries)",
-					 RelationGetRelationName(index), (long long) entries);
 				continue;
-			}
 		}
 		break;
 	}
@@ -409,7 +393,6 @@ gpu_ivfpq_prewarm(PG_FUNCTION_ARGS)
 	Relation	index;
 	Relation	heap;
 	GpuIvfpqMetaPageData meta;
-	const char *reason;
 	GpuIvfpqSlot *slot;
 	int64		entries = 0;
 	char		error[256];
@@ -419,22 +402,10 @@ gpu_ivfpq_prewarm(PG_FUNCTION_ARGS)
 	GpuIvfpqOpenIndexChecked(PG_GETARG_OID(0), "gpu_ivfpq", "gpu_ivfpq_prewarm", false, &index, &heap);
 	table_close(heap, AccessShareLock);
 	GpuIvfpqReadMeta(index, &meta);
-	reason = GpuIvfpqNotServableReason(&meta);
-	if (reason == NULL && (slot = GpuIvfpqAcquireSlot()) == NULL)
-		reason = "No request slot is free";
-	if (reason != NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("cannot mirror \"%s\" to the GPU", RelationGetRelationName(index)),
-				 errdetail("%s.", reason),
-				 !meta.trained ? errhint("REINDEX the index once its table holds rows: that trains its quantizers.") : 0));
+	slot = GpuIvfpqPrewarmSlot(index, GpuIvfpqNotServableReason(&meta),
+							   !meta.trained ? "REINDEX the index once its table holds rows: that trains its quantizers." : NULL);
 	result = LoadMirror(slot, index, &meta, &entries, error, sizeof(error));
-	if (result != RES_OK)
-		ereport(ERROR,
-				(errcode(result == RES_NO_MEMORY ? ERRCODE_OUT_OF_MEMORY : ERRCODE_INTERNAL_ERROR),
-				 errmsg("could not mirror \"%s\" to the GPU", RelationGetRelationName(index)),
-				 errdetail("%s", error[0] ? error : "the service exited"),
-				 result == RES_NO_MEMORY ? errhint("Raise gpu_ivfpq.gpu_memory_budget or drop unused indexes.") : 0));
+	GpuIvfpqPrewarmLoaded(index, result, error);
 	relation_close(index, AccessShareLock);
 	PG_RETURN_INT64(entries);
 }

@@ -472,6 +472,19 @@ extern RequestResult GpuIvfpqSubmitAndWait(GpuIvfpqSlot *slot);
 extern void GpuIvfpqFinishSlot(GpuIvfpqSlot *slot);
 
 /*
+ * A mirror load for GpuIvfpqLoadToldMirror: loads index's mirror with slot
+ * (arg: the caller's, as it passed it), sets *count for the DEBUG1 line and
+ * error on failure.
+ */
+typedef RequestResult (*GpuIvfpqMirrorLoader) (GpuIvfpqSlot *slot, Relation index, const void *arg,
+											   int64 *count, char *error, Size errlen);
+extern bool GpuIvfpqLoadToldMirror(GpuIvfpqSlot **slot, GpuIvfpqMirrorLoader load, const void *arg,
+								   Relation index, const char *am, const char *unit, RequestResult *result,
+								   char *error, Size errlen);
+extern GpuIvfpqSlot *GpuIvfpqPrewarmSlot(Relation index, const char *reason, const char *hint);
+extern void GpuIvfpqPrewarmLoaded(Relation index, RequestResult result, const char *error);
+
+/*
  * change_log.cpp: pushing to the change log, also for the WAL replay of
  * the records that announce its entries (wal_announce.cpp). Each returns
  * the entry's position (GpuIvfpqLogPushRemove: the position after its
