@@ -568,7 +568,17 @@ int main(int argc, char** argv)
                             idx.small_batch_path(b, kk, np) ? "yes" : "no");
                 return 0;
             }
+            auto print_occupancy = [&] {
+                std::printf("## one-launch clusters resident at once (cudaOccupancyMaxActiveClusters; k %zu, nprobe "
+                            "%zu)\n\n| blocks per query | shared memory per block | clusters resident | with 32 KiB "
+                            "less | with half | registers per thread |\n|---|---|---|---|---|---|\n", kk, np);
+                for (const auto& row : idx.small_batch_occupancy(kk, np))
+                    std::printf("| %d | %zu | %d | %d | %d | %d |\n", row.cluster, row.smem, row.active,
+                                row.active_less_32k, row.active_half, row.registers);
+                std::printf("\n");
+            };
             if (small_ab) {
+                print_occupancy();
                 // The one-launch kernel's variants, wall us per call (graphs
                 // on; each call a different slice of the queries, as a
                 // service's batches are), two rounds alternating; answers
@@ -639,6 +649,14 @@ int main(int argc, char** argv)
                 variants("coarse keys (0 each query's blocks, 1 a kernel for the batch first)", {0, 1},
                          [&](int v, size_t) { idx.set_small_shared_coarse_from(v == 0 ? 0 : 1); });
                 idx.set_small_shared_coarse_from(GpuIvfPqOptions().small_shared_coarse_from);
+                // Blocks per query forced around the default's choice at
+                // batches of 20 to 40 (clusters of 7 at 32), three times:
+                // whether a size whose clusters only just all fit at once
+                // sometimes takes two rounds.
+                for (int t = 0; t < 3; ++t)
+                    variants("blocks per query (0 the default, else forced)", {0, 5, 6, 7, 8},
+                             [&](int v, size_t) { idx.set_small_cluster(v); });
+                idx.set_small_cluster(GpuIvfPqOptions().small_cluster);
                 return 0;
             }
             // Twice: the staged pipeline forced (small_batch_max 0), then the
@@ -745,13 +763,7 @@ int main(int argc, char** argv)
                             ends.back(), spans.front(), spans[nb / 2], spans.back());
             }
             std::printf("\n");
-            std::printf("## one-launch clusters resident at once (cudaOccupancyMaxActiveClusters; k %zu, nprobe %zu)\n\n"
-                        "| blocks per query | shared memory per block | clusters resident | with 32 KiB less | with half "
-                        "| registers per thread |\n|---|---|---|---|---|---|\n", kk, np);
-            for (const auto& row : idx.small_batch_occupancy(kk, np))
-                std::printf("| %d | %zu | %d | %d | %d | %d |\n", row.cluster, row.smem, row.active,
-                            row.active_less_32k, row.active_half, row.registers);
-            std::printf("\n");
+            print_occupancy();
             idx.set_small_batch_max(default_small);
             // Large batches keep the staged pipeline: device throughput of one
             // search_exact_device call over every query (CUDA events, median

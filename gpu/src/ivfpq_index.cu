@@ -369,7 +369,7 @@ std::vector<GpuIvfPqIndex::SmallOccupancyRow> GpuIvfPqIndex::small_batch_occupan
     const Impl& I = *impl_;
     std::vector<SmallOccupancyRow> out;
     const SmallSearchArgs a = I.small_args(1, k, std::min(std::max<size_t>(nprobe, 1), I.lists));
-    for (int c : {1, 2, 4, 8, 16}) {
+    for (int c = 1; c <= 16; ++c) {
         SmallOccupancyRow row;
         row.cluster = c;
         const SmallOccupancy o = small_search_occupancy(a, c, 0);

@@ -222,7 +222,7 @@ public:
     // call (at most 4096), three values: its global timer (ns) at its start
     // and at its end, and the multiprocessor it ran on.
     std::vector<unsigned long long> small_batch_blocks() const;
-    // Bench aid: for clusters of 1, 2, 4, 8 and 16 blocks, the one-launch
+    // Bench aid: for clusters of 1 to 16 blocks, the one-launch
     // kernel's shared memory per block for this k and nprobe, and how many
     // clusters can be resident at once with it, with 32 KiB less, and with
     // half of it; and the kernel's registers per thread.
