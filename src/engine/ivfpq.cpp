@@ -140,7 +140,7 @@ void IvfPqModel::train(const float* x, size_t n, const IvfPqTrainParams& params)
     std::vector<float> res = gather_rows(x, rows.pq, d_, cosine);
     std::vector<int32_t> assign(np);
     assign_nearest(res.data(), np, centroids_.data(), lists_, d_, assign.data(), nullptr,
-                   params.threads);
+                   params.threads, centroid_norms_.data());
     for (size_t i = 0; i < np; i++) {
         const float* c = centroids_.data() + size_t(assign[i]) * d_;
         for (size_t t = 0; t < d_; t++)
@@ -166,7 +166,7 @@ void IvfPqModel::encode(const float* x, size_t n, int32_t* list_ids, uint8_t* co
     constexpr size_t kRows = 2048;
     const size_t ntiles = (n + kRows - 1) / kRows;
     parallel_for(ntiles, threads, [&](size_t t0, size_t t1) {
-        std::vector<float> buf(kRows * d_), dist(kRows);
+        std::vector<float> buf(std::min(kRows, n) * d_), dist(std::min(kRows, n));
         for (size_t t = t0; t < t1; t++) {
             check_interrupt();
             const size_t r0 = t * kRows, nr = std::min(kRows, n - r0);
@@ -174,7 +174,7 @@ void IvfPqModel::encode(const float* x, size_t n, int32_t* list_ids, uint8_t* co
             if (cosine)
                 normalize_rows(buf.data(), nr, d_);
             assign_nearest(buf.data(), nr, centroids_.data(), lists_, d_, list_ids + r0,
-                           dist.data(), 1);
+                           dist.data(), 1, centroid_norms_.data());
             for (size_t i = 0; i < nr; i++) {
                 const float* c = centroids_.data() + size_t(list_ids[r0 + i]) * d_;
                 float* r = buf.data() + i * d_;

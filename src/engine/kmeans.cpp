@@ -53,7 +53,7 @@ size_t nearest_or_exact(const float* x, const float* centroids, size_t k, size_t
 }  // namespace detail
 
 void assign_nearest(const float* x, size_t n, const float* centroids, size_t k, size_t d,
-                     int32_t* assign, float* dist, int threads)
+                     int32_t* assign, float* dist, int threads, const float* centroid_norms)
 {
     require(k >= 1, "assign_nearest: need at least one centroid");
     require(d >= 1, "assign_nearest: dimension must be at least 1");
@@ -91,9 +91,13 @@ void assign_nearest(const float* x, size_t n, const float* centroids, size_t k, 
         return;
     }
 
-    std::vector<float> cnorm(k);
-    for (size_t j = 0; j < k; j++)
-        cnorm[j] = norm_sqr(centroids + j * d, d);
+    std::vector<float> own;
+    if (!centroid_norms) {
+        own.resize(k);
+        for (size_t j = 0; j < k; j++)
+            own[j] = norm_sqr(centroids + j * d, d);
+    }
+    const float* cnorm = centroid_norms ? centroid_norms : own.data();
 
     // Tiles of rows x centroid-block keep each thread's block at <= 4 MiB;
     // tiling depends only on (n, k), never on the thread count.
@@ -102,7 +106,7 @@ void assign_nearest(const float* x, size_t n, const float* centroids, size_t k, 
     const size_t ntiles = (n + rows - 1) / rows;
 
     parallel_for(ntiles, threads, [&](size_t t0, size_t t1) {
-        std::vector<float> block(rows * cb), best(rows);
+        std::vector<float> block(std::min(rows, n) * cb), best(std::min(rows, n));
         for (size_t t = t0; t < t1; t++) {
             check_interrupt();
             const size_t r0 = t * rows, nr = std::min(rows, n - r0);
@@ -112,7 +116,7 @@ void assign_nearest(const float* x, size_t n, const float* centroids, size_t k, 
                 detail::gemm_nt(nr, nc, d, xt, d, centroids + c0 * d, d, block.data(), nc);
                 for (size_t i = 0; i < nr; i++) {
                     const float* row = block.data() + i * nc;
-                    const size_t j = detail::argmin_l2(row, cnorm.data() + c0, nc);
+                    const size_t j = detail::argmin_l2(row, cnorm + c0, nc);
                     const float v = cnorm[c0 + j] - 2.0f * row[j];
                     if (c0 == 0 || v < best[i]) {
                         best[i] = v;

@@ -30,8 +30,11 @@ void kmeans_train(const float* x, size_t n, size_t d, size_t k, const KMeansPara
 
 // For each of the n points, the nearest of the k centroids by L2:
 // assign[i] in [0, k), dist[i] = ||x_i - c||^2 (dist may be null).
+// centroid_norms: norm_sqr of each centroid, kept by a caller that assigns
+// often (an insert assigns one row), or null: computed here (above 16
+// dimensions; below, the small-dimension kernel computes its own).
 void assign_nearest(const float* x, size_t n, const float* centroids, size_t k, size_t d,
-                    int32_t* assign, float* dist, int threads = 1);
+                    int32_t* assign, float* dist, int threads = 1, const float* centroid_norms = nullptr);
 
 // ---- The random choices of k-means, made on the host by kmeans_train and
 // by the GPU k-means (gpu/) alike, so that one seed starts both from the same

@@ -24,10 +24,31 @@ ProductQuantizer::ProductQuantizer(size_t d, size_t m) : d_(d), m_(m), dsub_(0)
     codebooks_.assign(detail::checked_mul(m * kPqCentroids, dsub_, "PQ codebooks"), 0.0f);
 }
 
+struct ProductQuantizer::Encoder {
+    std::vector<detail::SmallCodebook> small;  // dsub <= kSmallDimMax: one per sub-quantizer
+    std::vector<float> norms;                  // else: m x 256 squared norms
+};
+
+std::shared_ptr<const ProductQuantizer::Encoder> ProductQuantizer::make_encoder() const
+{
+    auto e = std::make_shared<Encoder>();
+    if (dsub_ <= detail::kSmallDimMax) {
+        for (size_t j = 0; j < m_; j++)
+            e->small.push_back(detail::make_small_codebook(codebooks_.data() + j * kPqCentroids * dsub_,
+                                                           kPqCentroids, dsub_));
+    } else {
+        e->norms.resize(m_ * kPqCentroids);
+        for (size_t c = 0; c < m_ * kPqCentroids; c++)
+            e->norms[c] = norm_sqr(codebooks_.data() + c * dsub_, dsub_);
+    }
+    return e;
+}
+
 void ProductQuantizer::set_codebooks(const float* data)
 {
     require(data != nullptr, "product quantizer: null codebooks");
     std::copy(data, data + codebooks_.size(), codebooks_.begin());
+    encoder_ = make_encoder();
 }
 
 void ProductQuantizer::train(const float* x, size_t n, const KMeansParams& params)
@@ -53,6 +74,7 @@ void ProductQuantizer::train(const float* x, size_t n, const KMeansParams& param
                          codebooks_.data() + j * kPqCentroids * dsub_);
         }
     });
+    encoder_ = make_encoder();
 }
 
 void ProductQuantizer::encode(const float* x, size_t n, uint8_t* codes, int threads) const
@@ -62,15 +84,13 @@ void ProductQuantizer::encode(const float* x, size_t n, uint8_t* codes, int thre
     require(x && codes, "product quantizer: null pointer in encode");
     constexpr size_t kRows = 1024;
     const size_t ntiles = (n + kRows - 1) / kRows;
+    const std::shared_ptr<const Encoder> enc = encoder_ ? encoder_ : make_encoder();
     if (dsub_ <= detail::kSmallDimMax) {
         // Small sub-vectors: the fused kernel per sub-quantizer (BLAS is slow
         // with a tiny, strided inner dimension).
-        std::vector<detail::SmallCodebook> cbs;
-        for (size_t j = 0; j < m_; j++)
-            cbs.push_back(detail::make_small_codebook(
-                codebooks_.data() + j * kPqCentroids * dsub_, kPqCentroids, dsub_));
+        const std::vector<detail::SmallCodebook>& cbs = enc->small;
         parallel_for(ntiles, threads, [&](size_t t0, size_t t1) {
-            std::vector<int32_t> idx(kRows);
+            std::vector<int32_t> idx(std::min(kRows, n));
             for (size_t t = t0; t < t1; t++) {
                 check_interrupt();
                 const size_t r0 = t * kRows, nr = std::min(kRows, n - r0);
@@ -89,13 +109,11 @@ void ProductQuantizer::encode(const float* x, size_t n, uint8_t* codes, int thre
         });
         return;
     }
-    std::vector<float> norms(m_ * kPqCentroids);
-    for (size_t c = 0; c < m_ * kPqCentroids; c++)
-        norms[c] = norm_sqr(codebooks_.data() + c * dsub_, dsub_);
+    const std::vector<float>& norms = enc->norms;
     // Tiles of rows: per sub-quantizer one strided GEMM (lda = d) against its
     // 256 codewords, then the row argmin.
     parallel_for(ntiles, threads, [&](size_t t0, size_t t1) {
-        std::vector<float> block(kRows * kPqCentroids);
+        std::vector<float> block(std::min(kRows, n) * kPqCentroids);
         for (size_t t = t0; t < t1; t++) {
             check_interrupt();
             const size_t r0 = t * kRows, nr = std::min(kRows, n - r0);

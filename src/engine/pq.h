@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "kmeans.h"
@@ -41,6 +42,15 @@ public:
 private:
     size_t d_, m_, dsub_;
     std::vector<float> codebooks_;
+    // What encode derives from the codebooks alone (per sub-quantizer the
+    // transposed codebook of the small-dimension kernel, or the codewords'
+    // squared norms), built again whenever the codebooks change: an encode
+    // of one row (an insert) built it per call, which was more than half of
+    // an insert's time. Shared by copies (it never changes once built);
+    // null until set_codebooks or train (encode then builds its own).
+    struct Encoder;
+    std::shared_ptr<const Encoder> encoder_;
+    std::shared_ptr<const Encoder> make_encoder() const;
 };
 
 // The k-means seed of sub-quantizer j, decorrelating the slices; the GPU

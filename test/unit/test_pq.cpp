@@ -110,6 +110,50 @@ TEST(PQ, SetCodebooksRoundTrip)
     EXPECT_EQ(ca, cbytes);
 }
 
+// encode keeps what it derives from the codebooks (the small-dimension
+// kernel's transposed codebooks, or the codewords' norms) between calls:
+// after new codebooks, or a training, it must encode with those, one row at
+// a time as an insert does, or a batch.
+TEST(PQ, EncodeFollowsNewCodebooks)
+{
+    const uint64_t seed = test_seed(507);
+    for (size_t dsub : {size_t(4), size_t(24)}) {  // the small-dimension kernel, then GEMM
+        const size_t m = 3, d = m * dsub, n = 50;
+        SCOPED_TRACE(testing::Message() << "seed=" << seed << " dsub=" << dsub);
+        const auto x = testutil::uniform_vectors(n, d, seed + 1);
+        const auto cb1 = testutil::uniform_vectors(m * 256, dsub, seed + 2);
+        const auto cb2 = testutil::uniform_vectors(m * 256, dsub, seed + 3);
+        auto codes_of = [&](const ProductQuantizer& pq, size_t rows_a_call) {
+            std::vector<uint8_t> c(n * m);
+            for (size_t i = 0; i < n; i += rows_a_call)
+                pq.encode(x.data() + i * d, std::min(rows_a_call, n - i), c.data() + i * m);
+            return c;
+        };
+        ProductQuantizer fresh(d, m), reused(d, m);
+        fresh.set_codebooks(cb2.data());
+        reused.set_codebooks(cb1.data());
+        const auto with_cb1 = codes_of(reused, 1);
+        reused.set_codebooks(cb2.data());
+        EXPECT_NE(with_cb1, codes_of(reused, 1));
+        EXPECT_EQ(codes_of(reused, 1), codes_of(fresh, n));
+        EXPECT_EQ(codes_of(reused, n), codes_of(fresh, 1));
+        // A copy keeps encoding with its own codebooks after the original changes.
+        ProductQuantizer copy = reused;
+        reused.set_codebooks(cb1.data());
+        EXPECT_EQ(codes_of(copy, 1), codes_of(fresh, 1));
+        EXPECT_EQ(codes_of(reused, 1), with_cb1);
+        // Trained codebooks: the same codes as a quantizer given them.
+        KMeansParams params;
+        params.iterations = 3;
+        params.seed = seed;
+        const auto train = testutil::uniform_vectors(600, d, seed + 4);
+        reused.train(train.data(), 600, params);
+        ProductQuantizer given(d, m);
+        given.set_codebooks(reused.codebooks().data());
+        EXPECT_EQ(codes_of(reused, 1), codes_of(given, n));
+    }
+}
+
 TEST(PQ, EncodeIsNearestCodewordAndPortablePathAgrees)
 {
     const uint64_t seed = test_seed(504);
