@@ -43,7 +43,10 @@ ReleaseSlot(ModelCacheSlot *slot)
 	slot->cxt = NULL;
 }
 
-/* The memory a slot's model holds (centroids, codebooks or rotation, tables). */
+/*
+ * The memory a slot's model holds (centroids and their norms, codebooks and
+ * the encoder's copy of them with their norms, or rotation; tables).
+ */
 static Size
 SlotBytes(const ModelCacheSlot *slot)
 {
@@ -51,7 +54,8 @@ SlotBytes(const ModelCacheSlot *slot)
 	Size		lists = slot->shape.lists;
 
 	if (slot->model != NULL)
-		return (lists * d + lists + (Size) 256 * d) * sizeof(float) + slot->model->precomputed_bytes();
+		return (lists * d + lists + (Size) 2 * 256 * d + (Size) 256 * slot->model->m()) * sizeof(float) +
+			slot->model->precomputed_bytes();
 	if (slot->rabitq != NULL)
 		return lists * d * (sizeof(float) + sizeof(double)) + d * d * sizeof(double);
 	return 0;
