@@ -45,7 +45,8 @@ ReleaseSlot(ModelCacheSlot *slot)
 
 /*
  * The memory a slot's model holds (centroids and their norms, codebooks and
- * the encoder's copy of them with their norms, or rotation; tables).
+ * the encoder's copy of them with their norms, or rotated centroids and the
+ * rotation; tables).
  */
 static Size
 SlotBytes(const ModelCacheSlot *slot)
@@ -57,7 +58,7 @@ SlotBytes(const ModelCacheSlot *slot)
 		return (lists * d + lists + (Size) 2 * 256 * d + (Size) 256 * slot->model->m()) * sizeof(float) +
 			slot->model->precomputed_bytes();
 	if (slot->rabitq != NULL)
-		return lists * d * (sizeof(float) + sizeof(double)) + d * d * sizeof(double);
+		return lists * d * (sizeof(float) + sizeof(double)) + lists * sizeof(float) + d * d * sizeof(double);
 	return 0;
 }
 

@@ -403,13 +403,21 @@ RabitqModel::RabitqModel(size_t d, size_t lists, int bits, Metric metric, Rabitq
                                     std::to_string(rotation_.d()) + ", the model " +
                                     std::to_string(d));
     centroids_.assign(detail::checked_mul(lists, d, "RaBitQ centroids"), 0.0f);
+    centroid_norms_.assign(lists, 0.0f);
     rotated_.assign(centroids_.size(), 0.0);  // P 0
+}
+
+void RabitqModel::set_centroid_norms()
+{
+    for (size_t l = 0; l < lists_; l++)
+        centroid_norms_[l] = norm_sqr(centroids_.data() + l * d_, d_);
 }
 
 void RabitqModel::set_centroids(const float* data, int threads)
 {
     require(data != nullptr, "RaBitQ: null centroids");
     std::copy(data, data + centroids_.size(), centroids_.begin());
+    set_centroid_norms();
     // P c per list, in tiles of rows (each row's sums in apply's order).
     rotated_.assign(centroids_.size(), 0.0);
     const size_t ntiles = (lists_ + kEncodeTile - 1) / kEncodeTile;
@@ -431,6 +439,7 @@ void RabitqModel::set_centroids(const float* data, const double* rotated)
     for (size_t i = 0; i < centroids_.size(); i++)
         require(std::isfinite(rotated[i]), "RaBitQ: a rotated centroid is not finite");
     std::copy(data, data + centroids_.size(), centroids_.begin());
+    set_centroid_norms();
     rotated_.assign(rotated, rotated + centroids_.size());
 }
 
@@ -440,7 +449,8 @@ void RabitqModel::assign(const float* x, size_t n, int32_t* list_ids, int thread
         return;
     require(x && list_ids, "RaBitQ: null pointer in assign");
     if (metric_ != Metric::Cosine) {
-        assign_nearest(x, n, centroids_.data(), lists_, d_, list_ids, nullptr, threads);
+        assign_nearest(x, n, centroids_.data(), lists_, d_, list_ids, nullptr, threads,
+                       centroid_norms_.data());
         return;
     }
     constexpr size_t kRows = 4096;
@@ -450,7 +460,7 @@ void RabitqModel::assign(const float* x, size_t n, int32_t* list_ids, int thread
         std::memcpy(buf.data(), x + r0 * d_, nr * d_ * sizeof(float));
         normalize_rows(buf.data(), nr, d_);
         assign_nearest(buf.data(), nr, centroids_.data(), lists_, d_, list_ids + r0, nullptr,
-                       threads);
+                       threads, centroid_norms_.data());
     }
 }
 

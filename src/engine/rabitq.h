@@ -310,7 +310,10 @@ private:
     Metric metric_;
     RabitqRotation rotation_;
     std::vector<float> centroids_;
-    std::vector<double> rotated_;  // P c per list
+    std::vector<float> centroid_norms_;  // ||c||^2 per list, for assign
+    std::vector<double> rotated_;        // P c per list
+
+    void set_centroid_norms();
 };
 
 }  // namespace gpuivfpq
