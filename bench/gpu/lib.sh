@@ -6,7 +6,8 @@
 
 # bench_setup EXTRA_CONF DROP_TABLES: preloads gpu_ivfpq with large buffers
 # (plus EXTRA_CONF lines), restarts, makes the data if missing, and loads it
-# after dropping DROP_TABLES (besides base and queries). STORAGE (plain,
+# after dropping DROP_TABLES (besides base and queries); DATASET (data.sh)
+# chooses the data. STORAGE (plain,
 # main, external, extended): the base table's vector column's storage.
 bench_setup() {
   local extra=$1 drop=$2
@@ -36,6 +37,11 @@ COPY queries FROM '$DATA/queries.txt';
 SQL
   # The base rows straight from the generator, as COPY text; a large set
   # through several COPYs side by side (one server process parses each).
+  if [ "${DATASET:-}" = fashion-mnist ]; then
+    "$FMNIST" --set train --no-label | psql -qc "COPY base (id, v) FROM STDIN" || return 1
+    psql -qc "VACUUM ANALYZE base"
+    return
+  fi
   local parts=$(( N >= 2000000 ? ($(nproc) / 2 > 8 ? 8 : ($(nproc) / 2 < 1 ? 1 : $(nproc) / 2)) : 1 )) p pids=()
   for p in $(seq 0 $((parts - 1))); do
     "$GEN" --rows "$N" --dim "${DIM:-128}" --threads "$(( parts > 1 ? 2 : $(nproc) ))" --part "$p/$parts" | psql -qc "COPY base (id, v) FROM STDIN" &

@@ -36,7 +36,7 @@ say() { echo "$*" | tee -a "$RES"; }
 
 . bench/gpu/lib.sh
 bench_setup "work_mem = '256MB'" "q10k"
-say "# codes = rabitq beside codes = pq: $N x $DIM synthetic (tools/gen_synthetic, seed 42), lists $LISTS"
+say "# codes = rabitq beside codes = pq: ${DATASET:-synthetic (tools/gen_synthetic, seed 42)} $N x $DIM, lists $LISTS"
 say "# host: $(nproc) CPU cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $SECS s per row; $(date -u +%F' '%T) UTC"
 work=$(mktemp -d)
 chmod 755 "$work"
