@@ -112,7 +112,7 @@ unsigned blocks_for(int64_t n) { return unsigned((n + kThreads - 1) / kThreads);
 
 }  // namespace
 
-void rabitq_encode_rows(GpuContext& ctx, const float* centroids, const float* rotation, size_t d, size_t lists,
+void rabitq_encode_rows(GpuContext& ctx, const float* centroids, const float* rotation_t, size_t d, size_t lists,
                         int bits, Metric metric, const float* x, size_t n, const int32_t* list_ids, uint8_t* rows)
 {
     if (n == 0)
@@ -161,9 +161,9 @@ void rabitq_encode_rows(GpuContext& ctx, const float* centroids, const float* ro
         const dim3 grid(unsigned((d + 127) / 128), unsigned((nt + rot_rows - 1) / rot_rows));
         const size_t smem = size_t(rot_rows) * d * sizeof(double);
         if (rot_rows == 4)
-            rabitq_rotate_kernel<double, 4><<<grid, 128, smem, st>>>(rotation, int(d), a.res, a.n, a.rot);
+            rabitq_rotate_kernel<double, 4><<<grid, 128, smem, st>>>(rotation_t, int(d), a.res, a.n, a.rot);
         else
-            rabitq_rotate_kernel<double, 2><<<grid, 128, smem, st>>>(rotation, int(d), a.res, a.n, a.rot);
+            rabitq_rotate_kernel<double, 2><<<grid, 128, smem, st>>>(rotation_t, int(d), a.res, a.n, a.rot);
         GPU_KERNEL_CHECK();
         grid_kernel<<<blocks_for(a.n), kThreads, 0, st>>>(a);
         GPU_KERNEL_CHECK();

@@ -206,7 +206,7 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
     int bits = 0;
     Metric metric = Metric::L2;
     size_t plane_bytes = 0, code_len = 0;  // bytes of a plane, of a code
-    DeviceBuffer centroids, centroid_norms, rotation, rotated;
+    DeviceBuffer centroids, centroid_norms, rotation_t, rotated;  // rotation_t: P transposed
     explicit Impl(GpuContext& c) : ListStore(c), SearchIo(c) {}
     cudaStream_t st() const { return ctx.impl().stream; }
     Metric coarse_metric() const { return metric == Metric::InnerProduct ? Metric::InnerProduct : Metric::L2; }
@@ -268,7 +268,7 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
         std::memcpy(&eps_bits, &eps0, sizeof eps_bits);
         SearchGraphs::Key key = {nprobe, eps_bits, p.ld, p.chunks, uint64_t(p.splits), uint64_t(p.radix)};
         for (const DeviceBuffer* b :
-             {&centroids, &centroid_norms, &rotation, &rotated, &code_ptrs, &id_ptrs, &key_ptrs, &lens})
+             {&centroids, &centroid_norms, &rotation_t, &rotated, &code_ptrs, &id_ptrs, &key_ptrs, &lens})
             key.push_back(reinterpret_cast<uintptr_t>(b->data()));
         return key;
     }
@@ -310,8 +310,15 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
         pa.prefix = prefix;
         pa.list_len = lens.as<int32_t>();
         launch_ivf_prefix(pa, st());
-        rabitq_rotate_kernel<float, 1><<<dim3(unsigned((d + 127) / 128), unsigned(nt)), 128, d * sizeof(double), st()>>>(
-            rotation.as<float>(), int(d), dq, int64_t(nt), rq);
+        // Four queries a block in larger tiles (P read once for the four),
+        // where their doubles fit the default 48 KiB of shared memory.
+        if (nt >= 64 && 4 * d * sizeof(double) <= 48 * 1024)
+            rabitq_rotate_kernel<float, 4><<<dim3(unsigned((d + 127) / 128), unsigned((nt + 3) / 4)), 128,
+                                             4 * d * sizeof(double), st()>>>(rotation_t.as<float>(), int(d), dq,
+                                                                             int64_t(nt), rq);
+        else
+            rabitq_rotate_kernel<float, 1><<<dim3(unsigned((d + 127) / 128), unsigned(nt)), 128, d * sizeof(double),
+                                             st()>>>(rotation_t.as<float>(), int(d), dq, int64_t(nt), rq);
         GPU_KERNEL_CHECK();
         if (matched)
             GPU_CUDA_CHECK(cudaMemsetAsync(matched, 0, nt * sizeof(int64_t), st()));
@@ -399,8 +406,14 @@ GpuRabitqIndex::GpuRabitqIndex(GpuContext& ctx, size_t d, size_t lists, int bits
     I.centroids.upload(centroids, lists * d * sizeof(float));
     I.centroid_norms = DeviceBuffer(ctx, lists * sizeof(float));
     row_norms(ctx, I.centroids.as<float>(), lists, d, I.centroid_norms.as<float>());
-    I.rotation = DeviceBuffer(ctx, d * d * sizeof(float));
-    I.rotation.upload(rotation, d * d * sizeof(float));
+    {
+        std::vector<float> t(d * d);
+        for (size_t i = 0; i < d; i++)
+            for (size_t k = 0; k < d; k++)
+                t[k * d + i] = rotation[i * d + k];
+        I.rotation_t = DeviceBuffer(ctx, d * d * sizeof(float));
+        I.rotation_t.upload(t.data(), d * d * sizeof(float));
+    }
     I.rotated = DeviceBuffer(ctx, lists * d * sizeof(double));
     I.rotated.upload(pc, lists * d * sizeof(double));
     I.init_lists(d, lists, rabitq_row_bytes(d, bits), false, false, filter_keys);  // no vectors, no terms
@@ -428,7 +441,7 @@ GpuMemoryUse GpuRabitqIndex::memory_use() const
     const Impl& I = *impl_;
     GpuMemoryUse u;
     u.centroids = I.centroids.bytes() + I.centroid_norms.bytes();
-    u.codebooks = I.rotation.bytes() + I.rotated.bytes();
+    u.codebooks = I.rotation_t.bytes() + I.rotated.bytes();
     u.codes = I.code_bytes();
     u.ids = I.id_bytes();
     u.keys = I.key_bytes();
@@ -537,7 +550,7 @@ void GpuRabitqIndex::assign(const float* x, size_t n, int32_t* list_ids) const
 void GpuRabitqIndex::encode(const float* x, size_t n, const int32_t* list_ids, uint8_t* rows) const
 {
     const Impl& I = *impl_;
-    rabitq_encode_rows(I.ctx, I.centroids.as<float>(), I.rotation.as<float>(), I.d, I.lists, I.bits, I.metric, x, n,
+    rabitq_encode_rows(I.ctx, I.centroids.as<float>(), I.rotation_t.as<float>(), I.d, I.lists, I.bits, I.metric, x, n,
                        list_ids, rows);
 }
 

@@ -3,9 +3,12 @@
 # build-gpu): WHAT=128 (1M x 128, lists 4096, m 32), WHAT=768 (200k x 768, lists 1024, m 96) or
 # WHAT=fashion.
 set -uo pipefail
-# WHAT=fashion: Fashion-MNIST (60k x 784, lists 256, PQ m 16), its Debian package carried in
-# .devfm (unpacked with the kit's); the kernels are then built here.
-[ "${WHAT:-128}" = fashion ] && cp .devfm/*.deb .device/debs/
+# WHAT=fashion: Fashion-MNIST (60k x 784, lists 256, PQ m 16), its Debian package
+# (dataset-fashion-mnist) carried in .devfm.
+if [ "${WHAT:-128}" = fashion ] && [ ! -e /usr/share/datasets/fashion-mnist ]; then
+  fm=$(mktemp -d) && dpkg-deb -x .devfm/*.deb "$fm" && mkdir -p /usr/share/datasets &&
+    ln -s "$fm/usr/share/datasets/fashion-mnist" /usr/share/datasets/fashion-mnist || exit 1
+fi
 . bench/gpu/device_build.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > $OUT/device.txt; nproc >> $OUT/device.txt
 if [ "${WHAT:-128}" = fashion ]; then
