@@ -41,30 +41,13 @@ __device__ __forceinline__ float rabitq_code_ip(const float* lut, const uint8_t*
 // From the nibble tables: nib[j * 32 + v] the low nibble v's entry of byte
 // group j, nib[j * 32 + 16 + v] the high one's; a byte's entry is their
 // float sum, as RabitqModel::prepare_list forms its byte tables, so the
-// sums are those of rabitq_code_ip. Written out rather than through
-// rabitq_code_ip_by: the tables of a word's four groups lie 128 floats
-// apart, so each nibble's entry is one shift and mask from the word, off a
-// pointer that steps a word at a time (the lambda's j * 32 + byte index
-// cost twice the instructions of the loop at d = 768).
+// sums are those of rabitq_code_ip.
 __device__ __forceinline__ float rabitq_code_ip_nibbles(const float* nib, const uint8_t* code, int plane_bytes,
                                                         int bits)
 {
-    const int words = plane_bytes / 4;
-    float ip = 0.0f;
-    for (int p = 0; p < bits; p++) {
-        const uint32_t* plane = reinterpret_cast<const uint32_t*>(code + size_t(p) * plane_bytes);
-        const float* t = nib;
-        float s = 0.0f;
-        for (int w = 0; w < words; w++, t += 128) {
-            const uint32_t word = plane[w];  // bytes 4w .. 4w + 3, little endian
-#pragma unroll
-            for (int b = 0; b < 4; b++)
-                s = __fadd_rn(s, __fadd_rn(t[32 * b + ((word >> (8 * b)) & 15)],
-                                           t[32 * b + 16 + ((word >> (8 * b + 4)) & 15)]));
-        }
-        ip = __fadd_rn(__fmul_rn(2.0f, ip), s);
-    }
-    return ip;
+    return rabitq_code_ip_by(code, plane_bytes, bits, [nib](int j, uint32_t byte) {
+        return __fadd_rn(nib[j * 32 + (byte & 15)], nib[j * 32 + 16 + (byte >> 4)]);
+    });
 }
 
 // The ranking estimate: base + add_scale * add + ip_scale * (rescale * ip).
