@@ -225,6 +225,13 @@ void check_index(size_t d, int bits, Metric metric, uint64_t s)
             compare(index, fx, q, nq, k, 4, live, true, gpuivfpq::kRabitqLowerEps0);
         }
     gpuivfpq::gpu::set_radix_select(ctx(), true);  // the default
+    // A tile of 64 queries or more rotates four queries a block (70: the
+    // last block holds two).
+    {
+        const size_t many = 70;
+        const std::vector<float> qm = clustered(many, d, 8, 3.0f, s + 2);
+        compare(index, fx, qm, many, 10, 4, live, false, gpuivfpq::kRabitqLowerEps0);
+    }
     // Every list probed, k = n: every entry, in estimate order.
     compare(index, fx, q, 2, n, lists, live, false);
     // Removals (unknown ids and duplicates among them).
