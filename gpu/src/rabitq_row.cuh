@@ -41,12 +41,18 @@ __device__ __forceinline__ float rabitq_code_ip(const float* lut, const uint8_t*
 // From the nibble tables: nib[j * 32 + v] the low nibble v's entry of byte
 // group j, nib[j * 32 + 16 + v] the high one's; a byte's entry is their
 // float sum, as RabitqModel::prepare_list forms its byte tables, so the
-// sums are those of rabitq_code_ip. Written out: a word's four groups'
-// tables lie 512 bytes apart, and two masks of the word put every byte's
-// low and high nibble, times 4, into that byte, so that a nibble's entry
-// is one byte permute off the word's tables (the lambda's index arithmetic
-// cost about twice the instructions); four words are loaded before any is
-// summed, so that a row's loads wait together rather than one at a time.
+// sums are those of rabitq_code_ip. Written out rather than through
+// rabitq_code_ip_by, whose index arithmetic took 17 instructions a code
+// byte in the list blocks (12.5 now, ncu on an H100): a word's four groups'
+// tables lie 128 floats apart, and two masks of the word put every byte's
+// low and high nibble, times 4, into that byte, so that a nibble's entry is
+// one byte permute off the word's tables (shared-memory loads take the
+// table's address and the group's offset themselves). Four words of a
+// plane are loaded before any is summed, so that their loads wait
+// together (one load in flight at a time left 768-d rows waiting).
+//
+// One plane word's four bytes added to s in order; t: the nibble tables of
+// the word's first byte group.
 __device__ __forceinline__ float rabitq_nibble_word(float s, uint32_t word, const char* t)
 {
     const uint32_t lo = (word << 2) & 0x3c3c3c3cu;  // byte b: its low nibble x 4
