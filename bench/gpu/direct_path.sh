@@ -19,6 +19,7 @@
 # PROBES default 32, or auto: the fewest of 32, 48, 64, 96, ... reaching
 # recall@10 0.95; LISTS default 4096; POLL_AB=0 skips the gpu_poll rows;
 # STORAGE: the vector column's storage, e.g. main, set before the load;
+# BATCH_SIZES="256 16 24": 64 and 128 clients at each gpu_ivfpq.batch_size;
 # FRONTIER="P:R ...": after the main table, recall@10 and the 1- and
 # 64-client rates at each probes P and gpu_ivfpq.rerank R, beside the
 # ceiling's 64-client rate of the main table)
@@ -144,6 +145,29 @@ for p in 0 200 0 200; do
   done
 done
 set_reload gpu_ivfpq.gpu_poll
+fi
+
+# BATCH_SIZES="256 16 ...": 64 and 128 clients at each gpu_ivfpq.batch_size
+# (the most searches the GPU process merges into one batch), then the
+# setting's default again.
+if [ -n "${BATCH_SIZES:-}" ]; then
+say ""
+say "## gpu_ivfpq.batch_size (the most searches in one GPU batch)"
+say "| batch_size | clients | k-NN QPS | p50 ms | mean batch | GPU us per batch |"
+say "|---|---|---|---|---|---|"
+for bsz in $BATCH_SIZES; do
+  set_reload gpu_ivfpq.batch_size "$bsz"
+  for c in 64 128; do
+    IFS='|' read -r _ _ _ b0 q0 _ _ < <(snap)
+    g0=$(stat "mean_gpu_us * batches")
+    read -r knn knn50 _ < <(bench "$c" "$work/knn.sql")
+    IFS='|' read -r _ _ _ b1 q1 _ _ < <(snap)
+    g1=$(stat "mean_gpu_us * batches")
+    say "$(awk -v z="$bsz" -v c="$c" -v k="$knn" -v l="$knn50" -v b="$((b1 - b0))" -v q="$((q1 - q0))" -v g="$g0 $g1" 'BEGIN {
+      split(g, G, " "); printf "| %d | %d | %d | %.3f | %.1f | %.1f |", z, c, k, l, (b > 0 ? q / b : 0), (b > 0 ? (G[2] - G[1]) / b : 0) }')"
+  done
+done
+set_reload gpu_ivfpq.batch_size
 fi
 
 # Delivery threads of the GPU process (DELIVERY_AB=1): the server restarted
