@@ -129,45 +129,42 @@ for c in 1 64 128; do
         (K[2] > 0 ? K[1] / K[2] : 0), (R[2] > 0 ? R[1] / R[2] : 0), (K[2] > 0 ? K[3] / K[2] * ncpu : 0) }')"
 done
 
-if [ "${POLL_AB:-1}" = 1 ]; then
-say ""
-say "## gpu_ivfpq.gpu_poll (how long the GPU process polls for the next search before it sleeps)"
-say "| gpu_poll us | clients | k-NN QPS | p50 ms | mean batch |"
-say "|---|---|---|---|---|"
-for p in 0 200 0 200; do
-  set_reload gpu_ivfpq.gpu_poll "$p"
-  for c in 1 64; do
-    IFS='|' read -r _ _ _ b0 q0 _ _ < <(snap)
-    read -r knn knn50 _ < <(bench "$c" "$work/knn.sql")
-    IFS='|' read -r _ _ _ b1 q1 _ _ < <(snap)
-    say "$(awk -v p="$p" -v c="$c" -v k="$knn" -v l="$knn50" -v b="$((b1 - b0))" -v q="$((q1 - q0))" 'BEGIN {
-      printf "| %d | %d | %d | %.3f | %.1f |", p, c, k, l, (b > 0 ? q / b : 0) }')"
+# knn_row LABEL CLIENTS: the k-NN statement at CLIENTS clients as a table
+# row: LABEL, clients, q/s, p50, the mean batch and the GPU's time per batch.
+knn_row() {
+  local knn knn50 b0 q0 b1 q1 g0 g1
+  IFS='|' read -r _ _ _ b0 q0 _ _ < <(snap)
+  g0=$(stat "mean_gpu_us * batches")
+  read -r knn knn50 _ < <(bench "$2" "$work/knn.sql")
+  IFS='|' read -r _ _ _ b1 q1 _ _ < <(snap)
+  g1=$(stat "mean_gpu_us * batches")
+  say "$(awk -v v="$1" -v c="$2" -v k="$knn" -v l="$knn50" -v b="$((b1 - b0))" -v q="$((q1 - q0))" -v g="$g0 $g1" 'BEGIN {
+    split(g, G, " "); printf "| %s | %d | %d | %.3f | %.1f | %.1f |", v, c, k, l, (b > 0 ? q / b : 0), (b > 0 ? (G[2] - G[1]) / b : 0) }')"
+}
+# setting_rows SETTING "VALUES" "CLIENTS": knn_row at each client count for
+# each value of gpu_ivfpq.SETTING (set and reloaded), then its default again.
+setting_rows() {
+  local v c
+  say "| $1 | clients | k-NN QPS | p50 ms | mean batch | GPU us per batch |"
+  say "|---|---|---|---|---|---|"
+  for v in $2; do
+    set_reload "gpu_ivfpq.$1" "$v"
+    for c in $3; do knn_row "$v" "$c"; done
   done
-done
-set_reload gpu_ivfpq.gpu_poll
-fi
+  set_reload "gpu_ivfpq.$1"
+}
 
+if [ "${POLL_AB:-1}" = 1 ]; then
+  say ""
+  say "## gpu_ivfpq.gpu_poll (how long the GPU process polls for the next search before it sleeps, us)"
+  setting_rows gpu_poll "0 200 0 200" "1 64"
+fi
 # BATCH_SIZES="256 16 ...": 64 and 128 clients at each gpu_ivfpq.batch_size
-# (the most searches the GPU process merges into one batch), then the
-# setting's default again.
+# (the most searches the GPU process merges into one batch).
 if [ -n "${BATCH_SIZES:-}" ]; then
-say ""
-say "## gpu_ivfpq.batch_size (the most searches in one GPU batch)"
-say "| batch_size | clients | k-NN QPS | p50 ms | mean batch | GPU us per batch |"
-say "|---|---|---|---|---|---|"
-for bsz in $BATCH_SIZES; do
-  set_reload gpu_ivfpq.batch_size "$bsz"
-  for c in 64 128; do
-    IFS='|' read -r _ _ _ b0 q0 _ _ < <(snap)
-    g0=$(stat "mean_gpu_us * batches")
-    read -r knn knn50 _ < <(bench "$c" "$work/knn.sql")
-    IFS='|' read -r _ _ _ b1 q1 _ _ < <(snap)
-    g1=$(stat "mean_gpu_us * batches")
-    say "$(awk -v z="$bsz" -v c="$c" -v k="$knn" -v l="$knn50" -v b="$((b1 - b0))" -v q="$((q1 - q0))" -v g="$g0 $g1" 'BEGIN {
-      split(g, G, " "); printf "| %d | %d | %d | %.3f | %.1f | %.1f |", z, c, k, l, (b > 0 ? q / b : 0), (b > 0 ? (G[2] - G[1]) / b : 0) }')"
-  done
-done
-set_reload gpu_ivfpq.batch_size
+  say ""
+  say "## gpu_ivfpq.batch_size (the most searches in one GPU batch)"
+  setting_rows batch_size "$BATCH_SIZES" "64 128"
 fi
 
 # Delivery threads of the GPU process (DELIVERY_AB=1): the server restarted
@@ -236,15 +233,7 @@ if [ "${LANES:-1}" = 1 ]; then
     done
     psql -qAtc "SELECT 'devices $devs: ' || string_agg(device::text || ' ' || description, '; ') FROM gpu_ivfpq_devices" | tee -a "$RES"
     psql -qAtc "SELECT gpu_ivfpq_prewarm('base_idx')" >/dev/null
-    for c in 64 128; do
-      IFS='|' read -r _ _ _ b0 q0 _ _ < <(snap)
-      g0=$(stat "mean_gpu_us * batches")
-      read -r knn knn50 _ < <(bench "$c" "$work/knn.sql")
-      IFS='|' read -r _ _ _ b1 q1 _ _ < <(snap)
-      g1=$(stat "mean_gpu_us * batches")
-      say "$(awk -v dv="$devs" -v c="$c" -v k="$knn" -v p="$knn50" -v b="$((b1 - b0))" -v q="$((q1 - q0))" -v g="$g0 $g1" 'BEGIN {
-        split(g, G, " "); printf "| %s | %d | %d | %.3f | %.1f | %.1f |", dv, c, k, p, (b > 0 ? q / b : 0), (b > 0 ? (G[2] - G[1]) / b : 0) }')"
-    done
+    for c in 64 128; do knn_row "$devs" "$c"; done
   done
   set_reload gpu_ivfpq.devices
   for _ in $(seq 300); do
