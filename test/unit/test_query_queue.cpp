@@ -229,6 +229,39 @@ TEST(QueryQueue, MalformedAnswersAreRefused)
     }));
 }
 
+// A row twice anywhere among an answer's rows is refused, both below the
+// small set's limit (one pass through a set on the stack) and above it
+// (sorted), also when every label lands on the same slots of the set.
+TEST(QueryQueue, RepeatedRowsAreRefusedAtEverySize)
+{
+    namespace rc = gpuivfpq::replycheck;
+    std::vector<int64_t> scratch(1000);
+    auto tid = [](int64_t block, int64_t off) { return (block << 16) | off; };
+    const size_t half = rc::kSmallRowSet / 2;
+    for (size_t n : {size_t(1), size_t(2), size_t(100), half, half + 1, size_t(1000)}) {
+        std::vector<int64_t> rows(n);
+        for (size_t i = 0; i < n; i++)
+            rows[i] = tid(int64_t(i * 7919 % 100003), int64_t(1 + i % 5));
+        EXPECT_TRUE(rc::tid_rows_sound(rows.data(), n, scratch.data())) << n;
+        if (n < 2)
+            continue;
+        for (size_t at : {size_t(1), n / 2, n - 1}) {
+            std::vector<int64_t> bad = rows;
+            bad[at] = bad[at - 1 - (at - 1) / 2];
+            EXPECT_FALSE(rc::tid_rows_sound(bad.data(), n, scratch.data())) << n << " " << at;
+        }
+    }
+    // As many distinct labels as the set takes, all with the same first
+    // slot (the longest probe sequences), then one of them twice.
+    std::vector<int64_t> same;
+    for (int64_t b = 0; same.size() < rc::kSmallRowSet / 2; b++)
+        if (rc::small_row_slot(tid(b, 1)) == 0)
+            same.push_back(tid(b, 1));
+    EXPECT_TRUE(rc::tid_rows_sound(same.data(), same.size(), scratch.data()));
+    same.back() = same.front();
+    EXPECT_FALSE(rc::tid_rows_sound(same.data(), same.size(), scratch.data()));
+}
+
 // A gpu_metric request in slot i: words, k-NN with k > 0 or a range search
 // with radii (one, or one a word).
 void fill_metric(const Queue& q, uint32_t i, const MirrorKey& key, const std::vector<metricwords::Word>& words,
@@ -295,38 +328,6 @@ protected:
 
 // Searches through the queue get what the mirror itself answers; a search
 // carrying a change-log position beyond what the service applied waits.
-// A row twice anywhere among an answer's rows is refused, both below the
-// small set's limit (one pass through a set on the stack) and above it
-// (sorted), also when every label lands on the same slots of the set.
-TEST(QueryQueue, RepeatedRowsAreRefusedAtEverySize)
-{
-    namespace rc = gpuivfpq::replycheck;
-    std::vector<int64_t> scratch(1000);
-    auto tid = [](int64_t block, int64_t off) { return (block << 16) | off; };
-    for (size_t n : {size_t(1), size_t(2), size_t(100), rc::kSmallRowSet / 2, rc::kSmallRowSet / 2 + 1, size_t(1000)}) {
-        std::vector<int64_t> rows(n);
-        for (size_t i = 0; i < n; i++)
-            rows[i] = tid(int64_t(i * 7919 % 100003), int64_t(1 + i % 5));
-        EXPECT_TRUE(rc::tid_rows_sound(rows.data(), n, scratch.data())) << n;
-        if (n < 2)
-            continue;
-        for (size_t at : {size_t(1), n / 2, n - 1}) {
-            std::vector<int64_t> bad = rows;
-            bad[at] = bad[at - 1 - (at - 1) / 2];
-            EXPECT_FALSE(rc::tid_rows_sound(bad.data(), n, scratch.data())) << n << " " << at;
-        }
-    }
-    // As many distinct labels as the set takes, all with the same first
-    // slot (the longest probe sequences), then one of them twice.
-    std::vector<int64_t> same;
-    for (int64_t b = 0; same.size() < rc::kSmallRowSet / 2; b++)
-        if (rc::small_row_slot(tid(b, 1)) == 0)
-            same.push_back(tid(b, 1));
-    EXPECT_TRUE(rc::tid_rows_sound(same.data(), same.size(), scratch.data()));
-    same.back() = same.front();
-    EXPECT_FALSE(rc::tid_rows_sound(same.data(), same.size(), scratch.data()));
-}
-
 TEST_F(QueryServer, ServesAsTheMirrorAnswersAndWaitsForTheLog)
 {
     const MirrorKey key{1, 10, 100, 1};
