@@ -64,13 +64,21 @@ header() {
 }
 
 psql -qc "CREATE TABLE q10k AS SELECT array_agg(v ORDER BY id) AS m FROM base WHERE id % $((N / 10000)) = 0 AND id <= $N"
+# BATCH_WORKERS="2 8": the batch k-NN timed at each max_parallel_workers_per_gather (the
+# participants of the re-rank from the table; PostgreSQL's default is 2).
 batch() {  # NAME: gpu_ivfpq_knn_batch of 10,000 queries, k 10, probes 32, on the GPU
-  local t0 t
-  psql -qAtc "SET gpu_ivfpq.device = gpu; SET gpu_ivfpq.probes = 32; SELECT count(*) FROM gpu_ivfpq_knn_batch('base_idx', (SELECT m FROM q10k), 10)" >/dev/null
-  t0=$(date +%s.%N)
-  psql -qAtc "SET gpu_ivfpq.device = gpu; SET gpu_ivfpq.probes = 32; SELECT count(*) FROM gpu_ivfpq_knn_batch('base_idx', (SELECT m FROM q10k), 10)" >/dev/null
-  t=$(awk "BEGIN { printf \"%.3f\", $(date +%s.%N) - $t0 }")
-  say "$1: gpu_ivfpq_knn_batch, 10000 queries, k 10, probes 32, rerank 100, GPU: $t s ($(awk "BEGIN { printf \"%.0f\", 10000 / $t }") queries/s)"
+  local t0 t w sql
+  for w in ${BATCH_WORKERS:-2}; do
+    sql="SET gpu_ivfpq.device = gpu; SET gpu_ivfpq.probes = 32; SET max_parallel_workers_per_gather = $w; SELECT count(*) FROM gpu_ivfpq_knn_batch('base_idx', (SELECT m FROM q10k), 10)"
+    psql -qAtc "$sql" >/dev/null
+    t0=$(date +%s.%N)
+    psql -qAtc "$sql" >/dev/null
+    t=$(awk "BEGIN { printf \"%.3f\", $(date +%s.%N) - $t0 }")
+    say "$1: gpu_ivfpq_knn_batch, 10000 queries, k 10, probes 32, rerank 100, GPU$([ "$w" = 2 ] || echo ", max_parallel_workers_per_gather $w"): $t s ($(awk "BEGIN { printf \"%.0f\", 10000 / $t }") queries/s)"
+    # A third call with its DEBUG1 report: where the time goes (the GPU's search, the rows from the table).
+    psql -qAtc "SET client_min_messages = debug1; $sql" 2>&1 >/dev/null |
+      sed -n 's/^DEBUG:  gpu_ivfpq batch search on "base_idx": /  stages: /p' | tee -a "$RES"
+  done
 }
 mirror() {
   psql -qAtc "SELECT gpu_ivfpq_prewarm('base_idx')" >/dev/null || true
