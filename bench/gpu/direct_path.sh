@@ -20,6 +20,8 @@
 # recall@10 0.95; LISTS default 4096; POLL_AB=0 skips the gpu_poll rows;
 # STORAGE: the vector column's storage, e.g. main, set before the load;
 # BATCH_SIZES="256 16 24": 64 and 128 clients at each gpu_ivfpq.batch_size;
+# WAIT_AB=1: 1, 64 and 128 clients with the GPU process's serving threads
+# spinning, then sleeping, while the GPU works (GPU_IVFPQ_HOST_WAIT), twice;
 # FRONTIER="P:R ...": after the main table, recall@10 and the 1- and
 # 64-client rates at each probes P and gpu_ivfpq.rerank R, beside the
 # ceiling's 64-client rate of the main table)
@@ -170,8 +172,12 @@ fi
 # Delivery threads of the GPU process (DELIVERY_AB=1): the server restarted
 # with GPU_IVFPQ_DELIVERY_THREADS 1, 4 (the default) and 0 (every answer on
 # the serving thread), twice, then with the default again.
+# restart_with "[VAR=VALUE ...]": the server restarted with those variables
+# in its environment (none: as started), its GPU process up and the index
+# mirrored again.
 restart_with() {
-  as_pg env ${1:+GPU_IVFPQ_DELIVERY_THREADS=$1} pg_ctl -D "$PGDATA" -l /tmp/pgkit-server.log -w restart >/dev/null
+  # shellcheck disable=SC2086
+  as_pg env $1 pg_ctl -D "$PGDATA" -l /tmp/pgkit-server.log -w restart >/dev/null
   for _ in $(seq 300); do
     [ "$(psql -qAtc "SELECT state = 'running (GPU)' FROM gpu_ivfpq_status" 2>/dev/null)" = t ] && break
     sleep 0.2
@@ -184,7 +190,7 @@ if [ "${DELIVERY_AB:-0}" = 1 ]; then
   say "| delivery threads | clients | k-NN QPS | p50 ms | mean batch | GPU us per batch | delivery us per batch (work) |"
   say "|---|---|---|---|---|---|---|"
   for dt in 1 4 0 1 4 0; do
-    restart_with "$dt"
+    restart_with "GPU_IVFPQ_DELIVERY_THREADS=$dt"
     for c in 1 64; do
       IFS='|' read -r _ _ _ b0 q0 _ _ < <(snap)
       g0=$(stat "mean_gpu_us * batches"); d0=$(stat "mean_deliver_us * batches")
@@ -195,6 +201,22 @@ if [ "${DELIVERY_AB:-0}" = 1 ]; then
         split(g, G, " "); split(d, D, " ");
         printf "| %d | %d | %d | %.3f | %.1f | %.1f | %.1f |", dt, c, k, l, (b > 0 ? q / b : 0), (b > 0 ? (G[2] - G[1]) / b : 0), (b > 0 ? (D[2] - D[1]) / b : 0) }')"
     done
+  done
+  restart_with ""
+fi
+
+# How the GPU process's serving threads wait for the device (WAIT_AB=1):
+# the server restarted with GPU_IVFPQ_HOST_WAIT spin (what the CUDA runtime
+# chooses on a host with more cores than contexts) and block (asleep until
+# the device's interrupt), twice, then as started.
+if [ "${WAIT_AB:-0}" = 1 ]; then
+  say ""
+  say "## How the serving threads wait for the GPU (GPU_IVFPQ_HOST_WAIT; the server restarted for each)"
+  say "| host wait | clients | k-NN QPS | p50 ms | mean batch | GPU us per batch |"
+  say "|---|---|---|---|---|---|"
+  for w in spin block spin block; do
+    restart_with "GPU_IVFPQ_HOST_WAIT=$w"
+    for c in 1 64 128; do knn_row "$w" "$c"; done
   done
   restart_with ""
 fi

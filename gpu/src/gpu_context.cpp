@@ -74,6 +74,26 @@ std::string device_description(int device)
     return os.str();
 }
 
+void set_host_wait(int device, HostWait wait)
+{
+    unsigned flags = cudaDeviceScheduleAuto;
+    switch (wait) {
+    case HostWait::Spin:
+        flags = cudaDeviceScheduleSpin;
+        break;
+    case HostWait::Yield:
+        flags = cudaDeviceScheduleYield;
+        break;
+    case HostWait::Block:
+        flags = cudaDeviceScheduleBlockingSync;
+        break;
+    case HostWait::Auto:
+        break;
+    }
+    GPU_CUDA_CHECK(cudaSetDevice(device));
+    GPU_CUDA_CHECK(cudaSetDeviceFlags(flags));
+}
+
 GpuContext::GpuContext(int device, size_t budget_bytes) : impl_(new Impl)
 {
     int n = device_count();

@@ -378,6 +378,23 @@ private:
 
 int cuda_device_count() { return gpu::device_count(); }
 
+bool cuda_set_host_wait(int device, const char* mode)
+{
+    static const struct {
+        const char* name;
+        gpu::HostWait wait;
+    } kModes[] = {{"auto", gpu::HostWait::Auto},
+                  {"spin", gpu::HostWait::Spin},
+                  {"yield", gpu::HostWait::Yield},
+                  {"block", gpu::HostWait::Block}};
+    for (const auto& m : kModes)
+        if (std::strcmp(mode, m.name) == 0) {
+            gpu::set_host_wait(device, m.wait);
+            return true;
+        }
+    return false;
+}
+
 std::unique_ptr<ComputeDevice> make_cuda_device(int device, size_t budget)
 {
     return std::make_unique<CudaDevice>(device, budget);

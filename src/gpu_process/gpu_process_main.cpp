@@ -149,6 +149,12 @@ int main(int argc, char** argv)
                 continue;
             }
             try {
+                // Diagnostics: GPU_IVFPQ_HOST_WAIT (auto, spin, yield, block) in
+                // the server's environment sets how the serving threads wait for
+                // the device (the CUDA runtime's choice otherwise).
+                if (const char* w = std::getenv("GPU_IVFPQ_HOST_WAIT"))
+                    if (!cuda_set_host_wait(i, w))
+                        std::fprintf(stderr, "gpu_ivfpq_gpu_process: GPU_IVFPQ_HOST_WAIT \"%s\" ignored\n", w);
                 devs.push_back(make_cuda_device(i, 0));
                 ordinals.push_back((uint32_t)i);
             } catch (const std::exception& e) {

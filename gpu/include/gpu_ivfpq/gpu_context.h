@@ -13,6 +13,18 @@ int device_count();
 // "name (sm_XY, N SMs, M MiB)" of a device; throws gpuivfpq::Error on CUDA errors.
 std::string device_description(int device);
 
+// How a host thread waits for its device's work (cudaSetDeviceFlags'
+// scheduling flags): Auto lets the runtime choose (it spins while the
+// process has fewer contexts than the host has cores), Spin polls on the
+// CPU, Yield polls but gives up the CPU between polls, Block sleeps until
+// the device's interrupt wakes it.
+enum class HostWait { Auto, Spin, Yield, Block };
+
+// Sets how host threads wait for device's work from now on (before its
+// first context, or overwriting the flags of its active one); throws
+// gpuivfpq::Error on CUDA errors.
+void set_host_wait(int device, HostWait wait);
+
 // Page-locks host memory the caller owns and keeps mapped (cudaHostRegister
 // on the current device), so that copies to and from it go by DMA without a
 // staging copy that blocks the host; false when the driver refuses (the
