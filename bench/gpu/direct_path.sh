@@ -21,7 +21,8 @@
 # STORAGE: the vector column's storage, e.g. main, set before the load;
 # BATCH_SIZES="256 16 24": 64 and 128 clients at each gpu_ivfpq.batch_size;
 # WAIT_AB=1: 1, 64 and 128 clients with the GPU process's serving threads
-# spinning, then sleeping, while the GPU works (GPU_IVFPQ_HOST_WAIT), twice;
+# spinning, then sleeping, while the GPU works (GPU_IVFPQ_HOST_WAIT), twice
+# (WAIT_MODES: the modes in turn, default "spin block spin block");
 # FRONTIER="P:R ...": after the main table, recall@10 and the 1- and
 # 64-client rates at each probes P and gpu_ivfpq.rerank R, beside the
 # ceiling's 64-client rate of the main table)
@@ -214,7 +215,7 @@ if [ "${WAIT_AB:-0}" = 1 ]; then
   say "## How the serving threads wait for the GPU (GPU_IVFPQ_HOST_WAIT; the server restarted for each)"
   say "| host wait | clients | k-NN QPS | p50 ms | mean batch | GPU us per batch |"
   say "|---|---|---|---|---|---|"
-  for w in spin block spin block; do
+  for w in ${WAIT_MODES:-spin block spin block}; do
     restart_with "GPU_IVFPQ_HOST_WAIT=$w"
     for c in 1 64 128; do knn_row "$w" "$c"; done
   done
