@@ -170,9 +170,6 @@ if [ -n "${BATCH_SIZES:-}" ]; then
   setting_rows batch_size "$BATCH_SIZES" "64 128"
 fi
 
-# Delivery threads of the GPU process (DELIVERY_AB=1): the server restarted
-# with GPU_IVFPQ_DELIVERY_THREADS 1, 4 (the default) and 0 (every answer on
-# the serving thread), twice, then with the default again.
 # restart_with "[VAR=VALUE ...]": the server restarted with those variables
 # in its environment (none: as started), its GPU process up and the index
 # mirrored again.
@@ -185,6 +182,9 @@ restart_with() {
   done
   psql -qAtc "SELECT gpu_ivfpq_prewarm('base_idx')" >/dev/null
 }
+# Delivery threads of the GPU process (DELIVERY_AB=1): the server restarted
+# with GPU_IVFPQ_DELIVERY_THREADS 1, 4 (the default) and 0 (every answer on
+# the serving thread), twice, then with the default again.
 if [ "${DELIVERY_AB:-0}" = 1 ]; then
   say ""
   say "## Delivery threads (GPU_IVFPQ_DELIVERY_THREADS; the server restarted for each)"

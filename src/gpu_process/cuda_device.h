@@ -11,7 +11,7 @@ namespace gpuivfpq {
 // CUDA devices visible to this process, 0 without a driver (never throws).
 int cuda_device_count();
 
-// How host threads wait for device's work, before it is opened: "auto"
+// How host threads wait for the work of device, before it is opened: "auto"
 // (the CUDA runtime's choice: a spin while the process has fewer contexts
 // than the host has cores), "spin", "yield" or "block" (asleep until the
 // device's interrupt). Returns false, changing nothing, for another word;

@@ -20,8 +20,8 @@ std::string device_description(int device);
 // the device's interrupt wakes it.
 enum class HostWait { Auto, Spin, Yield, Block };
 
-// Sets how host threads wait for device's work from now on (before its
-// first context, or overwriting the flags of its active one); throws
+// Sets how host threads wait for the work of device from now on (before
+// its first context, or overwriting the flags of its active one); throws
 // gpuivfpq::Error on CUDA errors.
 void set_host_wait(int device, HostWait wait);
 
