@@ -75,7 +75,8 @@ inline bool tid_labels_sound(const int64_t* labels, size_t n)
 // RaBitQ scans (development machine, emulated GPU, perf).
 constexpr size_t kSmallRowSet = 256;
 // A label's first slot in that set: the top 8 bits of the label times
-// 2^64 / phi (Fibonacci hashing).
+// 2^64 / phi (Fibonacci hashing); 8 bits are the set's 256 slots.
+static_assert(kSmallRowSet == size_t(1) << 8, "small_row_slot gives 8-bit slots");
 inline size_t small_row_slot(int64_t label)
 {
     return size_t((uint64_t(label) * 0x9E3779B97F4A7C15ull) >> 56);
