@@ -67,7 +67,7 @@ REGRESS = operators options build_edge scan_basic scan_hints filter_pushdown dml
 REGRESS_SERVICE = service_status service_rabitq gpu_metric_service
 REGRESS_OPTS = --inputdir=test
 # Made before pg_regress runs (PGXS reads it when it defines installcheck).
-REGRESS_PREP = tmp_check/.dir
+REGRESS_PREP = tmp_check/.dir tmp_check/regress.conf
 # The temporary instances use the C locale and UTF8, as CI always has.
 ENCODING = UTF8
 NO_LOCALE = 1
@@ -264,11 +264,15 @@ print-core-ldlibs:
 # tmp_check/ as PGXS's own `make check` does; TEMP_CONFIG adds settings to
 # it (e.g. jit = off where the server package has no LLVM).
 ifeq ($(RUNNING_SERVER),)
-REGRESS_OPTS += --temp-instance=tmp_check/regress $(TEMP_CONF)
+REGRESS_OPTS += --temp-instance=tmp_check/regress $(TEMP_CONF) --temp-config=tmp_check/regress.conf
 endif
 tmp_check/.dir:
 	$(MKDIR_P) tmp_check
 	touch $@
+# The tests' VACUUMs must remove what they deleted: an autoanalyze of another
+# table, whose snapshot predates a DELETE, would hold its rows back.
+tmp_check/regress.conf: tmp_check/.dir
+	@echo "autovacuum = off" >$@
 
 # The same suite again, then service_status, on an instance whose GPU
 # service serves the scans: always a temporary instance (RUNNING_SERVER
@@ -282,7 +286,7 @@ installcheck-service: tmp_check/.dir
 	@echo "gpu_ivfpq.service_emulate_gpu = $(if $(filter 1,$(GPU_IVFPQ_EXPECT_GPU)),off,on)" >>$(SERVICE_CONF)
 	@# Two emulated GPUs: every scan of the suite goes through replicas (one GPU process, two devices).
 	@echo "gpu_ivfpq.service_emulate_devices = 2" >>$(SERVICE_CONF)
-	@# The tests' VACUUMs must remove what they deleted: an autoanalyze's snapshot would hold them back.
+	@# The tests' VACUUMs must remove what they deleted (see tmp_check/regress.conf).
 	@echo "autovacuum = off" >>$(SERVICE_CONF)
 	$(pg_regress_installcheck) $(filter-out --temp-instance=% --temp-config=%,$(REGRESS_OPTS)) \
 	    --temp-instance=tmp_check/service-instance $(TEMP_CONF) --temp-config=$(SERVICE_CONF) \

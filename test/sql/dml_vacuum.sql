@@ -23,7 +23,7 @@ INSERT INTO t
 SELECT i, 'x', ARRAY(SELECT (random() * 4 - 2)::real FROM generate_series(1, 8) WHERE i > 0)
 FROM generate_series(1, 3000) i;
 -- The vectors of the rows, to insert them again later.
-CREATE TABLE t_saved AS SELECT id, v FROM t;
+CREATE TABLE t_saved WITH (autovacuum_enabled = off) AS SELECT id, v FROM t;
 CREATE INDEX t_idx ON t USING gpu_ivfpq (v) WITH (lists = 2, m = 8);
 SELECT pg_relation_size('t_idx') AS size0 \gset
 SELECT same_as_seqscan('SELECT id FROM t ORDER BY v <-> ''{0,0,0,0,0,0,0,0}'' LIMIT 20') AS same_top20,
