@@ -170,18 +170,6 @@ if [ -n "${BATCH_SIZES:-}" ]; then
   setting_rows batch_size "$BATCH_SIZES" "64 128"
 fi
 
-# restart_with "[VAR=VALUE ...]": the server restarted with those variables
-# in its environment (none: as started), its GPU process up and the index
-# mirrored again.
-restart_with() {
-  # shellcheck disable=SC2086
-  as_pg env $1 pg_ctl -D "$PGDATA" -l /tmp/pgkit-server.log -w restart >/dev/null
-  for _ in $(seq 300); do
-    [ "$(psql -qAtc "SELECT state = 'running (GPU)' FROM gpu_ivfpq_status" 2>/dev/null)" = t ] && break
-    sleep 0.2
-  done
-  psql -qAtc "SELECT gpu_ivfpq_prewarm('base_idx')" >/dev/null
-}
 # Delivery threads of the GPU process (DELIVERY_AB=1): the server restarted
 # with GPU_IVFPQ_DELIVERY_THREADS 1, 4 (the default) and 0 (every answer on
 # the serving thread), twice, then with the default again.

@@ -61,6 +61,19 @@ SELECT round(avg(hit) / 10, 4) FROM queries q, LATERAL (
 SQL
 }
 
+# restart_with "[VAR=VALUE ...]": the server restarted with those variables
+# in its environment (none: as started), its GPU process up and the index
+# mirrored again.
+restart_with() {
+  # shellcheck disable=SC2086
+  as_pg env $1 pg_ctl -D "$PGDATA" -l /tmp/pgkit-server.log -w restart >/dev/null
+  for _ in $(seq 300); do
+    [ "$(psql -qAtc "SELECT state = 'running (GPU)' FROM gpu_ivfpq_status" 2>/dev/null)" = t ] && break
+    sleep 0.2
+  done
+  psql -qAtc "SELECT gpu_ivfpq_prewarm('base_idx')" >/dev/null
+}
+
 # set_reload NAME [VALUE]: ALTER SYSTEM SET NAME = VALUE (RESET without a
 # value) and a reload, then a moment for the service to pass it on.
 set_reload() {

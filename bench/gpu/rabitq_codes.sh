@@ -16,7 +16,7 @@
 # with the kernels. usage: bench/gpu/rabitq_codes.sh (N, DIM, LISTS, M, SECS
 # (pgbench seconds per row, default 6), BITS ("2 4 7"), PROBES ("16 32"),
 # RERANKS ("100 40 20"), GPU_PROBES (probes of the GPU rows, "32"), PQ (0: no
-# PQ rows))
+# PQ rows), ONE_LAUNCH (1: RaBitQ's GPU rows again, searched in one launch))
 set -euo pipefail
 N=${N:-1000000}
 DIM=${DIM:-128}
@@ -93,6 +93,15 @@ section() {  # NAME OPTIONS: index the table WITH (OPTIONS), then NAME's rows
   for p in $GPU_PROBES; do
     for r in $RERANKS; do row "$1, GPU" auto "$p" "$r"; done
   done
+  # ONE_LAUNCH=1: the RaBitQ GPU rows again with the GPU process searching
+  # batches of up to 256 queries in one launch (GPU_IVFPQ_RABITQ_ONE_LAUNCH).
+  if [ "${ONE_LAUNCH:-0}" = 1 ] && [ "${1#rabitq}" != "$1" ]; then
+    restart_with "GPU_IVFPQ_RABITQ_ONE_LAUNCH=256"
+    for p in $GPU_PROBES; do
+      for r in $RERANKS; do row "$1, GPU, one launch" auto "$p" "$r"; done
+    done
+    restart_with ""
+  fi
   for p in $PROBES; do row "$1, CPU" cpu "$p" 100; done
 }
 

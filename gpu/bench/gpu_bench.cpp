@@ -80,18 +80,18 @@ struct PinnedCall {
 // Ranked by lower bounds (eps0 kRabitqLowerEps0) as the GPU service's
 // searches are. profile_batch > 0 (`--rabitq-profile B`, for a profiler):
 // the skewed shapes only, then 5 calls of B queries at nprobe 32 and 5 at
-// 80, no table.
+// 80, no table, by the staged kernels and again in one launch.
 void rabitq_index_bench(GpuContext& ctx, size_t profile_batch = 0)
 {
     std::printf("\n# RaBitQ mirror search (GpuRabitqIndex::search, host to host), k 100, ranked by lower bounds\n"
                 "# (eps0 %.1f, as the GPU service asks), nprobe 32 (80 too for the skewed 128-d lists); ms\n"
                 "# per call as it runs by default (the radix k-selections of set_radix_select, CUDA graphs\n"
-                "# for batches up to 128), without the graphs, and with WarpSelect instead of the radix\n"
-                "# selections\n\n",
+                "# for batches up to 128), without the graphs, with WarpSelect instead of the radix\n"
+                "# selections, and in one launch (set_small_batch_max: batches up to 256)\n\n",
                 double(gpuivfpq::kRabitqLowerEps0));
     std::printf("| d | bits | rows | lists | spread | nprobe | batch | ms | ms, no graphs | ms, WarpSelect | "
-                "queries/s |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+                "ms, one launch | queries/s |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     struct Shape {
         size_t d, n, lists;
         bool skewed;
@@ -152,26 +152,36 @@ void rabitq_index_bench(GpuContext& ctx, size_t profile_batch = 0)
                 std::vector<int64_t> labels(profile_batch * 100);
                 for (float& v : q)
                     v = unit();
-                for (size_t nprobe : {size_t(32), size_t(80)})
-                    for (int rep = 0; rep < 5; rep++)
-                        index.search(q.data(), profile_batch, 100, nprobe, dist.data(), labels.data(), nullptr,
-                                     gpuivfpq::kRabitqLowerEps0);
+                // The staged kernels, then the one launch (rabitq_small_kernel).
+                for (size_t small : {size_t(0), size_t(256)})
+                    for (size_t nprobe : {size_t(32), size_t(80)})
+                        for (int rep = 0; rep < 5; rep++) {
+                            index.set_small_batch_max(small);
+                            index.search(q.data(), profile_batch, 100, nprobe, dist.data(), labels.data(), nullptr,
+                                         gpuivfpq::kRabitqLowerEps0);
+                        }
+                index.set_small_batch_max(0);
                 continue;
             }
             for (size_t nprobe : {size_t(32), size_t(80)})
-                for (size_t nq : {size_t(1), size_t(16), size_t(64), size_t(1000), size_t(10000)}) {
+                for (size_t nq : {size_t(1), size_t(8), size_t(16), size_t(24), size_t(64), size_t(1000), size_t(10000)}) {
                     if (nprobe != 32 && !(sh.skewed && sh.d == 128))
                         continue;
                     std::vector<float> q(nq * sh.d), dist(nq * 100);
                     std::vector<int64_t> labels(nq * 100);
                     for (float& v : q)
                         v = unit();
-                    // {radix, graphs}: the default, no graphs, WarpSelect.
-                    const bool runs[3][2] = {{true, true}, {true, false}, {false, true}};
-                    double ms[3];
-                    for (int r = 0; r < 3; r++) {
+                    // {radix, graphs, one launch}: the default, no graphs,
+                    // WarpSelect, one launch (small batches only).
+                    const bool runs[4][3] = {{true, true, false}, {true, false, false}, {false, true, false},
+                                             {true, true, true}};
+                    double ms[4] = {0, 0, 0, 0};
+                    for (int r = 0; r < 4; r++) {
+                        if (runs[r][2] && nq > 256)
+                            continue;
                         set_radix_select(ctx, runs[r][0]);
                         index.set_search_graphs(runs[r][1]);
+                        index.set_small_batch_max(runs[r][2] ? 256 : 0);
                         ms[r] = time_ms(ctx, [&] {
                             index.search(q.data(), nq, 100, nprobe, dist.data(), labels.data(), nullptr,
                                          gpuivfpq::kRabitqLowerEps0);
@@ -179,9 +189,13 @@ void rabitq_index_bench(GpuContext& ctx, size_t profile_batch = 0)
                     }
                     set_radix_select(ctx, true);
                     index.set_search_graphs(true);
-                    std::printf("| %zu | %d | %zu | %zu | %s | %zu | %zu | %.3f | %.3f | %.3f | %.0f |\n", sh.d, bits,
-                                sh.n, sh.lists, sh.skewed ? "skewed" : "even", nprobe, nq, ms[0], ms[1], ms[2],
-                                double(nq) / (ms[0] * 1e-3));
+                    index.set_small_batch_max(0);
+                    char one[32] = "-";
+                    if (ms[3] > 0)
+                        std::snprintf(one, sizeof one, "%.3f", ms[3]);
+                    std::printf("| %zu | %d | %zu | %zu | %s | %zu | %zu | %.3f | %.3f | %.3f | %s | %.0f |\n", sh.d,
+                                bits, sh.n, sh.lists, sh.skewed ? "skewed" : "even", nprobe, nq, ms[0], ms[1], ms[2],
+                                one, double(nq) / (ms[0] * 1e-3));
                     std::fflush(stdout);
                 }
         }

@@ -37,6 +37,7 @@
 #include "rabitq_encode.h"
 #include "rabitq_rotate.cuh"
 #include "rabitq_row.cuh"
+#include "rabitq_small.h"
 
 namespace gpuivfpq::gpu {
 
@@ -77,7 +78,7 @@ __global__ void __launch_bounds__(kThreads) rabitq_pairs_kernel(PairArgs a)
     double* rot = reinterpret_cast<double*>(smem);                        // plane_bytes * 8
     float* lut = reinterpret_cast<float*>(rot + size_t(a.plane_bytes) * 8);  // plane_bytes * 32 (nibbles)
     __shared__ double part[8];
-    __shared__ float base, add_scale, ip_scale, bound_scale;
+    __shared__ RabitqListTerms terms;
     __shared__ unsigned long long in_range;
 
     const int q = blockIdx.y, p = blockIdx.x / a.splits;
@@ -93,77 +94,21 @@ __global__ void __launch_bounds__(kThreads) rabitq_pairs_kernel(PairArgs a)
     const int d = a.d;
     const float* qv = a.queries + size_t(q) * d;
     const float* c = a.centroids + size_t(list) * d;
-    const double* pq = a.rotated + size_t(q) * d;
-    const double* pc = a.pc + size_t(list) * d;
-    // q' = P q - P c, zero past d (prepare_list's padded groups).
-    for (int k = threadIdx.x; k < a.plane_bytes * 8; k += blockDim.x)
-        rot[k] = k < d ? __dsub_rn(pq[k], pc[k]) : 0.0;
-    // ||q - c||^2 (lanes 0-3) and <q, c> (lanes 4-7) in dot_double's four
-    // partial sums, the tail added to the first.
-    if (threadIdx.x < 8) {
-        const int t = threadIdx.x & 3;
-        const bool dot = threadIdx.x >= 4;
-        const int full = d / 4 * 4;
-        double s = 0.0;
-        auto term = [&](int k) {
-            if (dot)
-                return __dmul_rn(double(qv[k]), double(c[k]));
-            const double r = __dsub_rn(double(qv[k]), double(c[k]));
-            return __dmul_rn(r, r);
-        };
-        for (int k = t; k < full; k += 4)
-            s = __dadd_rn(s, term(k));
-        if (t == 0)
-            for (int k = full; k < d; k++)
-                s = __dadd_rn(s, term(k));
-        part[threadIdx.x] = s;
-    }
+    rabitq_fill_rotated(rot, a.rotated + size_t(q) * d, a.pc + size_t(list) * d, d, a.plane_bytes, threadIdx.x,
+                        blockDim.x);
+    if (threadIdx.x < 8)
+        part[threadIdx.x] = rabitq_list_part(qv, c, d, threadIdx.x);
     if (threadIdx.x == 0)
         in_range = 0;
     __syncthreads();
-    // The nibble tables (prepare_list's, before it sums them into bytes):
-    // entry v of group j's low half is minus half the group's sum plus
-    // q'[8j + t] over the set bits t of v, of its high half the sum of
-    // q'[8j + 4 + t], each added highest bit first and rounded to float.
-    for (int e = threadIdx.x; e < a.plane_bytes * 32; e += blockDim.x) {
-        const double* v = rot + (e >> 5) * 8;
-        const int high = (e >> 4) & 1, b = e & 15;
-        double t = high ? 0.0
-                        : __dmul_rn(-0.5, __dadd_rn(__dadd_rn(__dadd_rn(v[0], v[1]), __dadd_rn(v[2], v[3])),
-                                                    __dadd_rn(__dadd_rn(v[4], v[5]), __dadd_rn(v[6], v[7]))));
-        for (int bit = 3; bit >= 0; bit--)
-            if ((b >> bit) & 1)
-                t = __dadd_rn(t, v[4 * high + bit]);
-        lut[e] = __double2float_rn(t);
-    }
-    if (threadIdx.x == 0) {
-        const double qsq = __dadd_rn(__dadd_rn(part[0], part[1]), __dadd_rn(part[2], part[3]));
-        // prepare_list's bound scale: 2 ||q - c|| for L2, ||q - c|| else.
-        const double qn = __dsqrt_rn(qsq);
-        bound_scale = __double2float_rn(a.metric == int(Metric::L2) ? __dmul_rn(2.0, qn) : qn);
-        switch (a.metric) {
-        case int(Metric::L2):
-            base = __double2float_rn(qsq);
-            add_scale = 1.0f;
-            ip_scale = -2.0f;
-            break;
-        case int(Metric::Cosine):
-            base = __double2float_rn(__dmul_rn(0.5, qsq));
-            add_scale = 0.5f;
-            ip_scale = -1.0f;
-            break;
-        default: {  // InnerProduct
-            const double qc = __dadd_rn(__dadd_rn(part[4], part[5]), __dadd_rn(part[6], part[7]));
-            base = __double2float_rn(-qc);
-            add_scale = -1.0f;
-            ip_scale = -1.0f;
-        }
-        }
-    }
+    rabitq_fill_nibbles(lut, rot, a.plane_bytes, threadIdx.x, blockDim.x);
+    if (threadIdx.x == 0)
+        terms = rabitq_list_terms(part, a.metric);
     __syncthreads();
     const uint8_t* rows = a.list_rows[list];
     const int64_t* keys = a.key_lo ? a.list_keys[list] : nullptr;
     const int64_t lo = a.key_lo ? a.key_lo[q] : 0, hi = a.key_lo ? a.key_hi[q] : 0;
+    const RabitqListTerms t = terms;
     unsigned long long mine = 0;
     for (int r = r0 + threadIdx.x; r < n; r += blockDim.x) {
         if (keys) {
@@ -174,19 +119,7 @@ __global__ void __launch_bounds__(kThreads) rabitq_pairs_kernel(PairArgs a)
             }
             mine++;
         }
-        const uint8_t* row = rows + size_t(r) * a.row_bytes;
-        const float ip = rabitq_code_ip_nibbles(lut, row, a.plane_bytes, a.bits);
-        const RabitqFactors f = *reinterpret_cast<const RabitqFactors*>(row + a.code_bytes);
-        const float est = rabitq_estimate(base, add_scale, ip_scale, f, ip);
-        if (a.eps0 > 0.0f) {
-            // finish_estimate's bound (+inf where it is not a number >= 0), subtracted.
-            float bound = __fmul_rn(__fmul_rn(bound_scale, f.error), a.eps0);
-            if (!(bound >= 0.0f))
-                bound = inf;
-            out[r] = __fsub_rn(est, bound);
-        } else {
-            out[r] = est;
-        }
+        out[r] = rabitq_row_key(rows + size_t(r) * a.row_bytes, lut, a.plane_bytes, a.bits, a.code_bytes, t, a.eps0);
     }
     if (a.matched && keys) {
         if (mine)
@@ -207,6 +140,13 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
     Metric metric = Metric::L2;
     size_t plane_bytes = 0, code_len = 0;  // bytes of a plane, of a code
     DeviceBuffer centroids, centroid_norms, rotation_t, rotated;  // rotation_t: P transposed
+    size_t small_batch_max = 0;  // set_small_batch_max
+    int small_cluster = 0;       // set_small_cluster
+    size_t small_launches = 0;
+    // From this many queries the one-launch path's coarse keys come from a
+    // kernel of their own first (each centroid row read once per 4 queries),
+    // as GpuIvfPqOptions::small_shared_coarse_from's default.
+    static constexpr size_t kSmallSharedCoarseFrom = 16;
     explicit Impl(GpuContext& c) : ListStore(c), SearchIo(c) {}
     cudaStream_t st() const { return ctx.impl().stream; }
     Metric coarse_metric() const { return metric == Metric::InnerProduct ? Metric::InnerProduct : Metric::L2; }
@@ -262,15 +202,109 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
     // What a captured search graph depends on besides its staging
     // (SearchIo::host_search adds that): the tile's plan and the index's
     // device addresses (list contents and lengths are read when it runs).
-    SearchGraphs::Key graph_key(const TilePlan& p, size_t nprobe, float eps0) const
+    SearchGraphs::Key graph_key(const TilePlan& p, size_t nprobe, float eps0, const SmallLaunch& sl) const
     {
         uint32_t eps_bits = 0;
         std::memcpy(&eps_bits, &eps0, sizeof eps_bits);
-        SearchGraphs::Key key = {nprobe, eps_bits, p.ld, p.chunks, uint64_t(p.splits), uint64_t(p.radix)};
+        SearchGraphs::Key key = {nprobe, eps_bits, p.ld, p.chunks, uint64_t(p.splits), uint64_t(p.radix),
+                                 uint64_t(sl.cluster), uint64_t(sl.smem)};
         for (const DeviceBuffer* b :
              {&centroids, &centroid_norms, &rotation_t, &rotated, &code_ptrs, &id_ptrs, &key_ptrs, &lens})
             key.push_back(reinterpret_cast<uintptr_t>(b->data()));
         return key;
+    }
+
+    // P q of nt queries (device) into rq (nt x d doubles).
+    void rotate_queries(const float* dq, size_t nt, double* rq)
+    {
+        // Four queries a block in larger tiles (P read once for the four),
+        // where their doubles fit the default 48 KiB of shared memory.
+        if (nt >= 64 && 4 * d * sizeof(double) <= 48 * 1024)
+            rabitq_rotate_kernel<float, 4><<<dim3(unsigned((d + 127) / 128), unsigned((nt + 3) / 4)), 128,
+                                             4 * d * sizeof(double), st()>>>(rotation_t.as<float>(), int(d), dq,
+                                                                             int64_t(nt), rq);
+        else
+            rabitq_rotate_kernel<float, 1><<<dim3(unsigned((d + 127) / 128), unsigned(nt)), 128, d * sizeof(double),
+                                             st()>>>(rotation_t.as<float>(), int(d), dq, int64_t(nt), rq);
+        GPU_KERNEL_CHECK();
+    }
+
+    // The one-launch path's arguments for nt queries, without the inputs
+    // and answers.
+    RabitqSmallArgs small_args(size_t nt, size_t k, size_t nprobe, float eps0) const
+    {
+        RabitqSmallArgs a;
+        a.nq = int(nt);
+        a.d = int(d);
+        a.lists = int(lists);
+        a.nprobe = int(nprobe);
+        a.k = int(k);
+        a.bits = bits;
+        a.plane_bytes = int(plane_bytes);
+        a.code_bytes = int(code_len);
+        a.row_bytes = int(m);
+        a.metric = metric;
+        a.eps0 = eps0;
+        a.centroids = centroids.as<float>();
+        a.centroid_norms = centroid_norms.as<float>();
+        a.pc = rotated.as<double>();
+        a.list_rows = code_ptrs.as<const uint8_t* const>();
+        a.list_len = lens.as<int32_t>();
+        a.list_ids = id_ptrs.as<const int64_t* const>();
+        return a;
+    }
+    // The one-launch plan for a tile of nt queries, or cluster 0 for the
+    // staged search.
+    SmallLaunch small_launch(size_t nt, size_t k, size_t nprobe, float eps0) const
+    {
+        if (nt == 0 || nt > small_batch_max || k > size_t(kSmallSearchMaxK) || nprobe > size_t(kSmallSearchMaxK) ||
+            nprobe * std::max<size_t>(max_len, 1) >= (size_t(1) << 31))
+            return SmallLaunch{};
+        return rabitq_small_plan(small_args(nt, k, nprobe, eps0), ctx.multiprocessors(), small_cluster);
+    }
+    // search_tile's work in one launch (after the rotation, and from
+    // kSmallSharedCoarseFrom queries the batch's coarse keys).
+    void search_small(float* dq, size_t nt, size_t k, size_t nprobe, const SmallLaunch& sl, const int64_t* lo,
+                      const int64_t* hi, int64_t* matched, float eps0, float* dist, int64_t* labels)
+    {
+        const bool shared = nt >= kSmallSharedCoarseFrom;
+        Carver sz;
+        sz.take<double>(nt * d);
+        sz.take<float>(shared ? nt * lists : 0);
+        Scratch s(ctx, sz.size());
+        Carver c(s.data());
+        double* rq = c.take<double>(nt * d);
+        float* keys = c.take<float>(shared ? nt * lists : 0);
+        if (metric == Metric::Cosine)
+            normalize_rows(ctx, dq, nt, d);
+        rotate_queries(dq, nt, rq);
+        RabitqSmallArgs a = small_args(nt, k, nprobe, eps0);
+        a.queries = dq;
+        a.rotated = rq;
+        if (lo) {
+            a.list_keys = key_ptrs.as<const int64_t* const>();
+            a.key_lo = lo;
+            a.key_hi = hi;
+            a.key_matched = matched;
+        }
+        a.out_dist = dist;
+        a.out_labels = labels;
+        if (shared) {
+            // The queries are normalised already: the keys of their L2
+            // coarse step (inner product for that metric), as the kernel's own.
+            SmallSearchArgs ka;
+            ka.nq = int(nt);
+            ka.d = int(d);
+            ka.lists = int(lists);
+            ka.metric = coarse_metric();
+            ka.queries = dq;
+            ka.centroids = centroids.as<float>();
+            ka.centroid_norms = centroid_norms.as<float>();
+            launch_coarse_keys(ka, keys, st());
+            a.coarse_keys = keys;
+        }
+        launch_rabitq_small(a, sl, st());
+        small_launches++;
     }
 
     // nt queries (device, d floats each) through nprobe lists into dist /
@@ -310,16 +344,7 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
         pa.prefix = prefix;
         pa.list_len = lens.as<int32_t>();
         launch_ivf_prefix(pa, st());
-        // Four queries a block in larger tiles (P read once for the four),
-        // where their doubles fit the default 48 KiB of shared memory.
-        if (nt >= 64 && 4 * d * sizeof(double) <= 48 * 1024)
-            rabitq_rotate_kernel<float, 4><<<dim3(unsigned((d + 127) / 128), unsigned((nt + 3) / 4)), 128,
-                                             4 * d * sizeof(double), st()>>>(rotation_t.as<float>(), int(d), dq,
-                                                                             int64_t(nt), rq);
-        else
-            rabitq_rotate_kernel<float, 1><<<dim3(unsigned((d + 127) / 128), unsigned(nt)), 128, d * sizeof(double),
-                                             st()>>>(rotation_t.as<float>(), int(d), dq, int64_t(nt), rq);
-        GPU_KERNEL_CHECK();
+        rotate_queries(dq, nt, rq);
         if (matched)
             GPU_CUDA_CHECK(cudaMemsetAsync(matched, 0, nt * sizeof(int64_t), st()));
         PairArgs a;
@@ -489,17 +514,32 @@ void GpuRabitqIndex::search(const float* queries, size_t nq, size_t k, size_t np
             r.matched = ranges->matched ? ranges->matched + t0 : nullptr;
         }
         const Impl::TilePlan p = I.plan_tile(nt, k, nprobe);
+        const SmallLaunch sl = I.small_launch(nt, k, nprobe, eps0);
         I.host_search(I.d, queries + t0 * I.d, nt, k, ranges ? &r : nullptr, dist + t0 * k, labels + t0 * k,
-                      false, [&] { return I.graph_key(p, nprobe, eps0); },
+                      false, [&] { return I.graph_key(p, nprobe, eps0, sl); },
                       [&](float* dq, float* dd, int64_t* dl, const KeyRange* dr) {
                           // The staged queries are the call's own (Cosine normalises them in place).
-                          I.search_tile(dq, nt, k, nprobe, p, dr ? dr->lo : nullptr,
-                                        dr ? dr->hi : nullptr, dr ? dr->matched : nullptr, eps0, dd, dl);
+                          if (sl.cluster)
+                              I.search_small(dq, nt, k, nprobe, sl, dr ? dr->lo : nullptr, dr ? dr->hi : nullptr,
+                                             dr ? dr->matched : nullptr, eps0, dd, dl);
+                          else
+                              I.search_tile(dq, nt, k, nprobe, p, dr ? dr->lo : nullptr,
+                                            dr ? dr->hi : nullptr, dr ? dr->matched : nullptr, eps0, dd, dl);
                       });
     }
 }
 
 void GpuRabitqIndex::set_search_graphs(bool on) { impl_->graphs.set_enabled(on); }
+
+void GpuRabitqIndex::set_small_batch_max(size_t queries) { impl_->small_batch_max = queries; }
+
+void GpuRabitqIndex::set_small_cluster(int blocks)
+{
+    require(blocks >= 0 && blocks <= 16, "GPU RaBitQ: blocks per query outside [0, 16]");
+    impl_->small_cluster = blocks;
+}
+
+size_t GpuRabitqIndex::small_search_launches() const { return impl_->small_launches; }
 
 size_t GpuRabitqIndex::search_graph_launches() const { return impl_->graphs.launches(); }
 

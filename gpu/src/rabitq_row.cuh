@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "engine/distances.h"
 #include "engine/rabitq.h"
 #include "engine/search_limits.h"
 
@@ -99,6 +100,113 @@ __device__ __forceinline__ float rabitq_estimate(float base, float add_scale, fl
     const float est =
         __fadd_rn(__fadd_rn(base, __fmul_rn(add_scale, f.add)), __fmul_rn(ip_scale, __fmul_rn(f.rescale, ip)));
     return rank_distance(est);
+}
+
+// What a probed list contributes to its rows' estimates and bounds
+// (RabitqModel::prepare_list's scalars): base, the metric's two scales, and
+// the bound's scale (2 ||q - c|| for L2, ||q - c|| else).
+struct RabitqListTerms {
+    float base, add_scale, ip_scale, bound_scale;
+};
+
+// Lane t (0 .. 7) of the list terms' sums, in dot_double's four partial
+// sums by k % 4 (the tail added to the first): t 0 .. 3 the partial sums of
+// ||q - c||^2, t 4 .. 7 those of <q, c>; products and sums rounded
+// separately. q: the query as the coarse step sees it (normalised for
+// Cosine), c: the list's centroid.
+__device__ __forceinline__ double rabitq_list_part(const float* q, const float* c, int d, int t)
+{
+    const int j = t & 3;
+    const bool dot = t >= 4;
+    const int full = d / 4 * 4;
+    double s = 0.0;
+    auto term = [&](int k) {
+        if (dot)
+            return __dmul_rn(double(q[k]), double(c[k]));
+        const double r = __dsub_rn(double(q[k]), double(c[k]));
+        return __dmul_rn(r, r);
+    };
+    for (int k = j; k < full; k += 4)
+        s = __dadd_rn(s, term(k));
+    if (j == 0)
+        for (int k = full; k < d; k++)
+            s = __dadd_rn(s, term(k));
+    return s;
+}
+
+// The list's terms from the eight partial sums of rabitq_list_part.
+__device__ __forceinline__ RabitqListTerms rabitq_list_terms(const double* part, int metric)
+{
+    RabitqListTerms t;
+    const double qsq = __dadd_rn(__dadd_rn(part[0], part[1]), __dadd_rn(part[2], part[3]));
+    const double qn = __dsqrt_rn(qsq);
+    t.bound_scale = __double2float_rn(metric == int(Metric::L2) ? __dmul_rn(2.0, qn) : qn);
+    switch (metric) {
+    case int(Metric::L2):
+        t.base = __double2float_rn(qsq);
+        t.add_scale = 1.0f;
+        t.ip_scale = -2.0f;
+        break;
+    case int(Metric::Cosine):
+        t.base = __double2float_rn(__dmul_rn(0.5, qsq));
+        t.add_scale = 0.5f;
+        t.ip_scale = -1.0f;
+        break;
+    default: {  // InnerProduct
+        const double qc = __dadd_rn(__dadd_rn(part[4], part[5]), __dadd_rn(part[6], part[7]));
+        t.base = __double2float_rn(-qc);
+        t.add_scale = -1.0f;
+        t.ip_scale = -1.0f;
+    }
+    }
+    return t;
+}
+
+// A list's tables in shared memory, built by threads t of n: q' = P q - P c
+// into rot (plane_bytes * 8 doubles, zero past d: prepare_list's padded
+// groups); after a barrier, rabitq_fill_nibbles.
+__device__ __forceinline__ void rabitq_fill_rotated(double* rot, const double* pq, const double* pc, int d,
+                                                    int plane_bytes, int t, int n)
+{
+    for (int k = t; k < plane_bytes * 8; k += n)
+        rot[k] = k < d ? __dsub_rn(pq[k], pc[k]) : 0.0;
+}
+
+// The nibble tables (prepare_list's, before it sums them into bytes) from
+// rot: entry v of group j's low half is minus half the group's sum plus
+// q'[8j + t] over the set bits t of v, of its high half the sum of
+// q'[8j + 4 + t], each added highest bit first and rounded to float.
+__device__ __forceinline__ void rabitq_fill_nibbles(float* lut, const double* rot, int plane_bytes, int t, int n)
+{
+    for (int e = t; e < plane_bytes * 32; e += n) {
+        const double* v = rot + (e >> 5) * 8;
+        const int high = (e >> 4) & 1, b = e & 15;
+        double x = high ? 0.0
+                        : __dmul_rn(-0.5, __dadd_rn(__dadd_rn(__dadd_rn(v[0], v[1]), __dadd_rn(v[2], v[3])),
+                                                    __dadd_rn(__dadd_rn(v[4], v[5]), __dadd_rn(v[6], v[7]))));
+        for (int bit = 3; bit >= 0; bit--)
+            if ((b >> bit) & 1)
+                x = __dadd_rn(x, v[4 * high + bit]);
+        lut[e] = __double2float_rn(x);
+    }
+}
+
+// A row's ranking key (RabitqModel::scan_keys): its estimate, or at eps0 >
+// 0 the estimate minus its bound (finish_estimate's bound; +inf where that
+// is not a number >= 0).
+__device__ __forceinline__ float rabitq_row_key(const uint8_t* row, const float* lut, int plane_bytes, int bits,
+                                                int code_bytes, const RabitqListTerms& t, float eps0)
+{
+    const float ip = rabitq_code_ip_nibbles(lut, row, plane_bytes, bits);
+    const RabitqFactors f = *reinterpret_cast<const RabitqFactors*>(row + code_bytes);
+    const float est = rabitq_estimate(t.base, t.add_scale, t.ip_scale, f, ip);
+    if (eps0 > 0.0f) {
+        float bound = __fmul_rn(__fmul_rn(t.bound_scale, f.error), eps0);
+        if (!(bound >= 0.0f))
+            bound = __int_as_float(0x7f800000);
+        return __fsub_rn(est, bound);
+    }
+    return est;
 }
 
 }  // namespace gpuivfpq::gpu

@@ -26,34 +26,15 @@
 
 #include <cooperative_groups.h>
 
-#include <map>
-#include <mutex>
-#include <set>
-#include <tuple>
-
-#include "block_radix.cuh"
 #include "cuda_check.h"
 #include "engine/exact_distance.h"
 #include "engine/search_limits.h"
-#include "ivf_scan.cuh"
-#include "search_parts.cuh"
-#include "warp_select.cuh"
-
-namespace cg = cooperative_groups;
+#include "small_parts.cuh"
 
 namespace gpuivfpq::gpu {
 
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-constexpr int kMaxCluster = 16;
-
-// Keys a block selects from in shared memory (radix select); a block with
-// more candidates than this keeps those below a running bar (FilterSink).
-constexpr int kKeysPerThread = 16;
-constexpr int kKeyCap = kThreads * kKeysPerThread;
-static_assert(kThreads == kRadixThreads, "the selections run on block_radix.cuh's blocks");
 
 // The dynamic shared memory of a block, the same in every block of a
 // cluster (remote accesses use local offsets). The C sorted lists are kQ + 1
@@ -63,15 +44,6 @@ struct Layout {
         pcodes, pvt, pkeys, pvec, pids, rd, rl, rp, spos, misc, total;
 };
 
-struct Bump {
-    size_t off = 0;
-    __host__ __device__ size_t take(size_t bytes)
-    {
-        const size_t at = off;
-        off = (off + bytes + 15) / 16 * 16;
-        return at;
-    }
-};
 
 __host__ __device__ inline Layout layout_of(int m, int d, int cluster, int kq)
 {
@@ -107,26 +79,6 @@ __host__ __device__ inline Layout layout_of(int m, int d, int cluster, int kq)
     return L;
 }
 
-// Asks for the 128-byte line at p in L1 or L2 (no register, no wait): the
-// loops below read their rows one float at a time in a fixed order (the
-// order of the sums they must reproduce), which alone would wait on memory
-// at every line.
-__device__ __forceinline__ void prefetch_l1(const void* p)
-{
-    asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-}
-__device__ __forceinline__ void prefetch_l2(const void* p)
-{
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
-// The lines of n bytes from p, split over `lanes` threads (t of them).
-__device__ __forceinline__ void prefetch_span(const void* p, size_t n, int t, int lanes)
-{
-    const char* c = static_cast<const char*>(p);
-    for (size_t o = static_cast<size_t>(t) * 128; o < n; o += static_cast<size_t>(lanes) * 128)
-        prefetch_l1(c + o);
-}
 
 // Bench aid (SmallSearchArgs::trace): block 0's clock at the phase ends.
 #define SMALL_TRACE(i)                                  \
@@ -163,313 +115,7 @@ __device__ __forceinline__ void prefetch_span(const void* p, size_t n, int t, in
         }                                                                                 \
     } while (0)
 
-// A warp's tile of centroid rows (coarse step): R rows (32, 16 or 8) of W =
-// 1024 / R columns, element (row, col) with its 16-byte group of four
-// columns swizzled by the row within each eight groups, so that the eight
-// rows a quarter-warp reads (four columns each, the same group) and the
-// eight groups of one row it writes fall in distinct banks with no padding.
-template <int R>
-__device__ __forceinline__ int tile_at(int row, int col)
-{
-    constexpr int W = 1024 / R;
-    const int g = col >> 2;
-    return row * W + (((g & ~7) | ((g ^ row) & 7)) << 2) + (col & 3);
-}
 
-// The coarse step's dot products for the `rows` (<= R) centroid rows at
-// base (d floats each), a lane a row: acc[i] += <query i, row lane> for the
-// Q queries at qv + i * qstride (shared memory), every sum in column order
-// with fmaf, so the same bits whatever R. The warp takes W = 1024 / R
-// columns at a time through tile (1024 floats of shared memory, tile_at's
-// swizzle): coalesced loads, conflict-free 16-byte reads. With d a
-// multiple of 4, the next W columns are loaded (into registers, eight
-// 16-byte words a lane) while the warp sums the current ones, so that a
-// row's loads do not wait on memory one chunk at a time. Fewer rows a warp
-// (R 8 or 16: a block with few centroids, wide rows) take as many floats a
-// chunk in fewer, wider chunks: fewer waits on memory a row. Called by the
-// whole warp.
-template <int R, int Q>
-__device__ __forceinline__ void coarse_sum_chunk(const float* qv, int qstride, const float* tile, int lane, int j0,
-                                                 int w, float (&acc)[Q])
-{
-    constexpr int W = 1024 / R;
-    if (w == W) {
-        // Four columns per shared load, in column order.
-#pragma unroll 8
-        for (int c4 = 0; c4 < W; c4 += 4) {
-            const float4 t4 = *reinterpret_cast<const float4*>(tile + tile_at<R>(lane, c4));
-#pragma unroll
-            for (int i = 0; i < Q; ++i) {
-                const float4 q4 = *reinterpret_cast<const float4*>(qv + i * qstride + j0 + c4);
-                acc[i] = fmaf(q4.x, t4.x, acc[i]);
-                acc[i] = fmaf(q4.y, t4.y, acc[i]);
-                acc[i] = fmaf(q4.z, t4.z, acc[i]);
-                acc[i] = fmaf(q4.w, t4.w, acc[i]);
-            }
-        }
-    } else {
-        for (int col = 0; col < w; ++col) {
-            const float t = tile[tile_at<R>(lane, col)];
-#pragma unroll
-            for (int i = 0; i < Q; ++i)
-                acc[i] = fmaf(qv[i * qstride + j0 + col], t, acc[i]);
-        }
-    }
-}
-
-template <int R, int Q>
-__device__ __forceinline__ void coarse_rows(const float* base, int rows, int d, const float* qv, int qstride,
-                                            float* tile, int lane, float (&acc)[Q])
-{
-    constexpr int W = 1024 / R, G = W / 4;  // columns a chunk, 16-byte groups a row
-    if ((d & 3) == 0) {
-        // Lane's words: rows (lane + 32 i) / G, columns 4 ((lane + 32 i) % G) .. + 3.
-        float4 next[8];
-        auto fetch = [&](int j0) {
-            const int w = min(W, d - j0);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const int f = lane + 32 * i, row = f / G, c4 = (f % G) * 4;
-                next[i] = row < rows && c4 < w ? __ldg(reinterpret_cast<const float4*>(
-                                                     base + static_cast<int64_t>(row) * d + j0 + c4))
-                                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            }
-        };
-        fetch(0);
-        for (int j0 = 0; j0 < d; j0 += W) {
-            const int w = min(W, d - j0);
-            __syncwarp();  // the previous chunk read
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const int f = lane + 32 * i, row = f / G, c4 = (f % G) * 4;
-                if (row < rows && c4 < w)
-                    *reinterpret_cast<float4*>(tile + tile_at<R>(row, c4)) = next[i];
-            }
-            if (j0 + W < d)
-                fetch(j0 + W);
-            __syncwarp();
-            if (lane < rows)
-                coarse_sum_chunk<R, Q>(qv, qstride, tile, lane, j0, w, acc);
-        }
-        return;
-    }
-    for (int j0 = 0; j0 < d; j0 += W) {
-        const int w = min(W, d - j0);
-        __syncwarp();  // the previous chunk read
-        for (int f = lane; f < R * W; f += 32) {
-            const int row = f / W, col = f % W;
-            if (row < rows && col < w)
-                tile[tile_at<R>(row, col)] = __ldg(base + static_cast<int64_t>(row) * d + j0 + col);
-        }
-        __syncwarp();
-        if (lane < rows)
-            coarse_sum_chunk<R, Q>(qv, qstride, tile, lane, j0, w, acc);
-    }
-}
-
-// Rows a warp takes in the coarse step when a block (or the batch's coarse
-// keys kernel) has `rows` centroids to rank: all warps busy, each with the
-// widest chunks that keeps them so (8, 16 or 32).
-__host__ __device__ inline int coarse_rows_per_warp(int rows)
-{
-    return rows <= kWarps * 8 ? 8 : rows <= kWarps * 16 ? 16 : 32;
-}
-
-// A coarse key from the dot product s of the query with centroid c: the
-// GEMM form exact_knn's selection makes (rn: the query's squared norm).
-__device__ __forceinline__ float coarse_key(const SmallSearchArgs& a, bool ip, float s, float rn, int c)
-{
-    return ip ? fmaxf(fminf(fmaf(-1.0f, s, 0.0f), kOverflowDistance), -INFINITY)
-              : fmaxf(fminf(fmaf(-2.0f, s, rn + __ldg(a.centroid_norms + c)), kOverflowDistance), 0.0f);
-}
-
-// Bench aid: the scan selection's own phase ends, at tr[0 .. 3] (null: off).
-#define SELECT_TRACE(i)                           \
-    do {                                          \
-        if (tr && blockIdx.x == 0 && tid == 0)    \
-            tr[(i) - 1] = clock64();              \
-    } while (0)
-
-// The kk keys of this block's list `own` of all_k into the same list of
-// every other block of the cluster: the block's threads spread over
-// (block, entry) pairs, consecutive threads on consecutive entries of one
-// block. Every thread calls it after the list is complete.
-template <int kQ>
-__device__ void broadcast_list(float* all_k, int kk, int own, int C)
-{
-    cg::cluster_group cluster = cg::this_cluster();
-    const float* mine = all_k + own * (kQ + 1);
-    const int work = kk * (C - 1);
-    for (int t = threadIdx.x; t < work; t += kThreads) {
-        const int o = t / kk, e = t - o * kk;
-        const int b = o < own ? o : o + 1;
-        cluster.map_shared_rank(all_k, b)[own * (kQ + 1) + e] = mine[e];
-    }
-}
-
-// The kk smallest of keys[0 .. n) (shared memory, n <= kKeyCap; +inf is no
-// candidate) in (key, position) order, as (key, label) into list `own` of
-// this block's all_k / all_v (stride kQ + 1), the keys also into every
-// other block's all_k, padded with (+inf, -1); an entry's label is
-// label0 + its position, or lab[position] where lab is given (its
-// positions then in label order). radix_cut finds the k-th key; the
-// entries below it, the tied ones by position, then a rank count among the
-// kk. Every thread calls it.
-template <int kQ>
-__device__ void select_smem(const float* keys, int n, int kk, int label0, const int* lab, int* hist, int* scan,
-                            int* sel, float* selk, float* all_k, int* all_v, int own, int C, unsigned long long* tr)
-{
-    const int tid = threadIdx.x, lane = tid & 31;
-    int* ctl = scan + 32;  // [4] selected count
-    if (tid == 0)
-        ctl[4] = 0;  // before radix_cut's barriers
-    const RadixCut cut = radix_cut(keys, n, kk, hist, scan);
-    SELECT_TRACE(1);
-    // Selected: below the bin, or in it (all of it, or by index when tied).
-    // Each thread takes a contiguous chunk (the ties by index need the
-    // order); the warp claims its places in sel with one atomic per step.
-    const int per = (n + kThreads - 1) / kThreads;
-    const int c0 = min(n, tid * per), c1 = min(n, c0 + per);
-    const int eq = cut_ties(cut, keys, c0, c1);  // tied entries in this thread's contiguous chunk
-    int eq_total;
-    int eq_before = cut.ties ? block_exclusive_scan(eq, scan, &eq_total) : 0;
-    for (int j = 0; j < per; ++j) {  // uniform over the block
-        const int i = c0 + j;
-        const bool take = i < c1 && cut_takes(cut, kk, keys[i], eq_before);
-        const unsigned ballot = __ballot_sync(kFullMask, take);
-        if (ballot) {
-            int at = 0;
-            if (lane == 0)
-                at = atomicAdd(ctl + 4, __popc(ballot));
-            at = __shfl_sync(kFullMask, at, 0);
-            if (take)
-                sel[at + __popc(ballot & ((1u << lane) - 1u))] = i;
-        }
-    }
-    __syncthreads();
-    const int nsel = ctl[4];
-    for (int e = tid; e < nsel; e += kThreads)
-        selk[e] = keys[sel[e]];
-    __syncthreads();
-    SELECT_TRACE(2);
-    // Rank count among the selected, (key, index) order, into this block's
-    // own list (padding after); then the keys, in order, into the other
-    // blocks' copies of it (consecutive threads, consecutive places: the
-    // remote stores coalesce). The labels stay here: only this block reads
-    // them.
-    // kS consecutive lanes count for one entry, each over 1/kS of the
-    // selected, summed by shuffles.
-    constexpr int kS = kThreads / kQ;  // a power of two: 2 or 8
-    static_assert(kS >= 1 && (kS & (kS - 1)) == 0 && kS <= 32, "lanes per entry");
-    float* mine_k = all_k + own * (kQ + 1);
-    int* mine_v = all_v + own * (kQ + 1);
-    {  // kk <= kQ: one entry per kS threads covers them all
-        const int e = tid / kS, part = tid % kS;
-        float key = INFINITY;
-        int i = -1, at = 0;
-        if (e < kk && e < nsel) {
-            i = sel[e];
-            key = selk[e];
-            for (int f = part; f < nsel; f += kS) {
-                const float kj = selk[f];
-                const int j = sel[f];
-                at += kj < key || (kj == key && j < i);
-            }
-        }
-#pragma unroll
-        for (int off = 1; off < kS; off <<= 1)
-            at += __shfl_xor_sync(kFullMask, at, off);
-        if (part == 0 && e < kk) {
-            if (e >= nsel)
-                at = e;  // padding after the selected
-            mine_k[at] = key;
-            mine_v[at] = e < nsel ? (lab ? lab[i] : label0 + i) : -1;
-        }
-    }
-    __syncthreads();
-    SELECT_TRACE(3);
-    broadcast_list<kQ>(all_k, kk, own, C);
-    SELECT_TRACE(4);
-}
-
-// out[i] = the rank of entry i of this block's list (`own`) among the C
-// sorted lists of kk entries, ordered by (key, list, position), for the
-// entries that can rank below kk; kk for the others. Those that can: the
-// first ceil(kk / C) entries of every list (at least kk entries) are all at
-// most T, the largest of their last keys, so an entry with a larger key
-// has kk entries before it; the list is sorted, so the entries up to T are
-// a prefix of it (all of it when T is +inf). A group of G consecutive
-// lanes serves an entry (G the power of two at or above C, C <= 16; lane b
-// of the group searches list b, those from C on idle), a binary search
-// each, summed by shuffles. Every thread calls it.
-template <int kQ>
-__device__ void rank_entries(const float* all_k, int C, int own, int kk, int* out)
-{
-    const int lane = threadIdx.x & 31;
-    const float* mine = all_k + own * (kQ + 1);
-    // T, and how many of this list's entries are at most T (every thread
-    // computes both, from the same shared memory: no barrier).
-    const int head = (kk + C - 1) / C - 1;
-    float t = lane < C ? all_k[lane * (kQ + 1) + head] : -INFINITY;
-    for (int off = 16; off > 0; off >>= 1)
-        t = fmaxf(t, __shfl_xor_sync(kFullMask, t, off));
-    int cnt = 0;
-    {
-        int lo = 0, hi = kk;  // entries <= t: the first cnt
-        while (lo < hi) {
-            const int mid = (lo + hi) >> 1;
-            if (mine[mid] <= t)
-                lo = mid + 1;
-            else
-                hi = mid;
-        }
-        cnt = lo;
-    }
-    for (int i = cnt + static_cast<int>(threadIdx.x); i < kk; i += kThreads)
-        out[i] = kk;
-    int G = 1;
-    while (G < C)
-        G <<= 1;
-    const int work = cnt * G;
-    const int lg = __ffs(G) - 1;
-    for (int t0 = 0; t0 < work; t0 += kThreads) {  // uniform over the block
-        const int w = t0 + static_cast<int>(threadIdx.x);
-        const int i = w >> lg, b = w & (G - 1);
-        int lo = 0;
-        if (w < work && b < C && b != own) {
-            const float v = mine[i];
-            const float* lb = all_k + b * (kQ + 1);
-            int hi = kk;  // entries of list b before v: key < v, or key <= v for b < own
-            while (lo < hi) {
-                const int mid = (lo + hi) >> 1;
-                if (b < own ? lb[mid] <= v : lb[mid] < v)
-                    lo = mid + 1;
-                else
-                    hi = mid;
-            }
-        }
-        for (int off = 1; off < G; off <<= 1)
-            lo += __shfl_xor_sync(kFullMask, lo, off);
-        if (w < work && b == 0)
-            out[i] = i + lo;
-    }
-    __syncthreads();
-}
-
-// The probe holding candidate position pos (prefix: nprobe + 1 offsets,
-// pos < prefix[nprobe]): the last p with prefix[p] <= pos, a non-empty list.
-__device__ __forceinline__ int probe_of(const int* prefix, int nprobe, int pos)
-{
-    int lo = 0, hi = nprobe;
-    while (hi - lo > 1) {
-        const int mid = (lo + hi) >> 1;
-        if (prefix[mid] <= pos)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    return lo;
-}
 
 // What a block's list scan reads: the probed lists (shared memory), the
 // query's table and key window.
@@ -594,83 +240,6 @@ __device__ __forceinline__ unsigned scan_share_batched(const ScanShare& s, int i
     return in_range_count;
 }
 
-// Scan sinks (scan_share_batched's and the one-entry loop's): keys into
-// shared memory at their position (a share that fits keybuf), or
-// FilterSink below.
-struct KeybufSink {
-    float* keybuf;
-    int i0, i1;
-    template <int kU>
-    __device__ __forceinline__ void step(int b0, const float* key)
-    {
-#pragma unroll
-        for (int u = 0; u < kU; ++u) {
-            const int i = b0 + u * kThreads + static_cast<int>(threadIdx.x);
-            if (i < i1)
-                keybuf[i - i0] = key[u];
-        }
-    }
-};
-
-// A share larger than keybuf: the keys that can still be among the block's
-// kk best, with their positions (labels), appended to keys / labels in
-// position order; when a step might not fit, the buffer is cut to its kk
-// best (cut_to_best), whose largest key then bars every later entry whose
-// key is not below it (a later entry ranks after an equal one: its
-// position is larger). Before the first cut only +inf (no candidate) is
-// barred. n: the entries held, the same in every thread.
-struct FilterSink {
-    float* keys;
-    int* labels;
-    int kk;
-    int* hist;  // scratch: two sets of step counts (cut_to_best uses all of it)
-    int* scan;
-    float* tk;  // cut_to_best's scratch, kk entries each
-    int* tl;
-    int cap;  // entries keys and labels hold
-    int n = 0, steps = 0;
-    uint32_t bar = 0xff800000u;  // order_bits(+inf)
-    template <int kU>
-    __device__ __forceinline__ void step(int b0, const float* key)
-    {
-        static_assert(kU * kWarps <= 32, "a warp scans the step's counts");
-        const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-        if (n + kU * kThreads > cap)  // uniform
-            n = cut_to_best(keys, labels, n, kk, hist, scan, tk, tl, &bar);
-        // Counts per (u, warp), in position order; two sets used in turn, so
-        // that a step's counts never overwrite those another warp still reads.
-        int* cnt = hist + (steps++ & 1) * 96;
-        unsigned ballot[kU];
-#pragma unroll
-        for (int u = 0; u < kU; ++u) {
-            ballot[u] = __ballot_sync(kFullMask, order_bits(key[u]) < bar);
-            if (lane == 0)
-                cnt[u * kWarps + warp] = __popc(ballot[u]);
-        }
-        __syncthreads();
-        if (warp == 0) {
-            const int v = lane < kU * kWarps ? cnt[lane] : 0;
-            int x = v;
-            for (int off = 1; off < 32; off <<= 1) {
-                const int y = __shfl_up_sync(kFullMask, x, off);
-                if (lane >= off)
-                    x += y;
-            }
-            cnt[32 + lane] = n + x - v;
-            if (lane == 31)
-                cnt[64] = n + x;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int u = 0; u < kU; ++u)
-            if (ballot[u] & (1u << lane)) {
-                const int at = cnt[32 + u * kWarps + warp] + __popc(ballot[u] & ((1u << lane) - 1u));
-                keys[at] = key[u];
-                labels[at] = b0 + u * kThreads + tid;
-            }
-        n = cnt[64];
-    }
-};
 
 // The block's share [i0, i1) of the probed entries into sink: the common
 // code sizes (16-byte words) batched, the others one entry at a time
@@ -818,81 +387,20 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     }
     SMALL_TRACE(2);
 
-    // 2. Coarse step over this block's share of the centroids: a lane per
-    // centroid summing its products in order, the GEMM form's key as
-    // exact_knn's selection makes it. A warp takes 32 centroids at a time,
-    // 32 columns at a time, through a tile in shared memory (tile_at's
-    // swizzle): coalesced loads, conflict-free 16-byte reads; a share of at
-    // most 128 centroids (many blocks a query, few lists) 16 or 8 a warp, 64
-    // or 128 columns at a time (coarse_rows_per_warp), the same sums.
-    // Kept in shared memory and radix-selected when they fit.
-    // A share larger than keybuf goes through FilterSink, keys in its first
-    // half and labels (centroids) in the second (the tiles are in use).
-    const bool coarse_smem = c1 - c0 <= kKeyCap;  // uniform
-    FilterSink coarse_sink{keybuf, reinterpret_cast<int*>(keybuf + kKeyCap / 2), a.nprobe, hist, scan, mk, mv,
-                           kKeyCap / 2};
-    {
-        // Keys computed for the batch before this launch (coarse_keys_kernel)
-        // are the same keys, fed in the same order.
-        const float* kq = a.coarse_keys ? a.coarse_keys + static_cast<int64_t>(q) * a.lists : nullptr;
-        const float rn = ip ? 0.0f : *qnorm;
-        const int per_warp = kq ? 32 : coarse_rows_per_warp(c1 - c0);  // uniform
-        if (per_warp < 32) {
-            // A few centroids: each in keybuf (coarse_smem: c1 - c0 <= 128).
-            const int g = c0 + warp * per_warp, c = g + lane;
-            if (g < c1) {  // uniform over the warp
-                float s[1] = {0.0f};
-                if (per_warp == 8)
-                    coarse_rows<8>(a.centroids + static_cast<int64_t>(g) * d, min(8, c1 - g), d, qv, 0, tile,
-                                   lane, s);
-                else
-                    coarse_rows<16>(a.centroids + static_cast<int64_t>(g) * d, min(16, c1 - g), d, qv, 0, tile,
-                                    lane, s);
-                if (lane < per_warp && c < c1)
-                    keybuf[c - c0] = coarse_key(a, ip, s[0], rn, c);
-            }
-        }
-        for (int g0 = c0; per_warp == 32 && g0 < c1; g0 += kWarps * 32) {  // uniform over the block
-            const int g = g0 + warp * 32, c = g + lane;
-            float key = INFINITY;
-            if (kq) {
-                if (c < c1)
-                    key = kq[c];
-            } else if (g < c1) {  // uniform over the warp
-                float s[1] = {0.0f};
-                coarse_rows<32>(a.centroids + static_cast<int64_t>(g) * d, min(32, c1 - g), d, qv, 0, tile, lane,
-                                s);
-                if (c < c1)
-                    key = coarse_key(a, ip, s[0], rn, c);
-            }
-            if (!coarse_smem)
-                coarse_sink.step<1>(g0, &key);  // labels g0 + tid: c
-            else if (c < c1)
-                keybuf[c - c0] = key;
-        }
-    }
+    // 2. Coarse step over this block's share of the centroids (coarse_keys,
+    // small_parts.cuh), then its selection.
+    const HeldKeys coarse =
+        coarse_step_keys(a.centroids, a.centroid_norms,
+                         a.coarse_keys ? a.coarse_keys + static_cast<int64_t>(q) * a.lists : nullptr, c0, c1, d,
+                         a.nprobe, ip, ip ? 0.0f : *qnorm, qv, tile, keybuf, hist, scan, mk, mv, warp, lane);
     SMALL_TRACE(3);
-    __syncthreads();  // keybuf complete
-    if (coarse_smem)
-        select_smem<kQ>(keybuf, c1 - c0, a.nprobe, c0, nullptr, hist, scan, win, mk, all_k, all_v, r, C, nullptr);
-    else
-        select_smem<kQ>(keybuf, coarse_sink.n, a.nprobe, 0, coarse_sink.labels, hist, scan, win, mk, all_k, all_v,
-                        r, C, nullptr);
+    select_held<kQ>(coarse, keybuf, c0, a.nprobe, hist, scan, win, mk, all_k, all_v, r, C);
     SMALL_TRACE(4);
     cluster.sync();
     SMALL_TRACE(5);
     // The probes this block's entries win: their direct base distances (a
     // warp each, as exact_base), stored into every block at their rank.
-    rank_entries<kQ>(all_k, C, r, a.nprobe, rank);
-    for (int i = tid; i < a.nprobe; i += kThreads)
-        if (rank[i] < a.nprobe)
-            win[atomicAdd(nwin, 1)] = i;
-    __syncthreads();
-    for (int w = tid; w < *nwin; w += kThreads) {
-        const int list = all_v[r * kS + win[w]];
-        if (list >= 0)
-            prefetch_span(a.centroids + static_cast<int64_t>(list) * d, d * sizeof(float), 0, 1);
-    }
+    probe_winners<kQ>(all_k, all_v, C, r, a.nprobe, rank, win, nwin, a.centroids, d);
     for (int w = warp; w < *nwin; w += kWarps) {
         const int i = win[w];
         const int list = all_v[r * kS + i];
@@ -909,30 +417,16 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     SMALL_TRACE(7);
 
     // 3. The probed lists: candidate offsets and list pointers (each block
-    // for itself), a thread a probe, so that every probe's loads are in
-    // flight at once (a warp taking 32 probes at a time waited for each
-    // group's loads in turn).
-    static_assert(kSmallSearchMaxK <= kThreads, "a thread a probe");
-    {
-        const int p = tid;
-        int len = 0;
-        if (p < a.nprobe) {
-            const int list = plist[p];
-            len = list >= 0 ? a.list_len[list] : 0;
-            pcodes[p] = list >= 0 ? a.list_codes[list] : nullptr;
-            pvt[p] = list >= 0 && a.list_term1 ? a.list_term1[list] : nullptr;
-            pkeys[p] = list >= 0 && filtered ? a.list_keys[list] : nullptr;
-            pvec[p] = list >= 0 ? a.list_vectors[list] : nullptr;
-            pids[p] = list >= 0 ? a.list_ids[list] : nullptr;
-        }
-        int sum = 0;
-        const int before = block_exclusive_scan(len, scan, &sum);
-        if (p < a.nprobe)
-            prefix[p] = before;
-        if (p == 0)
-            prefix[a.nprobe] = sum;
-    }
-    __syncthreads();
+    // for itself, probe_offsets).
+    probe_offsets(a.nprobe, scan, prefix, [&](int p) {
+        const int list = plist[p];
+        pcodes[p] = list >= 0 ? a.list_codes[list] : nullptr;
+        pvt[p] = list >= 0 && a.list_term1 ? a.list_term1[list] : nullptr;
+        pkeys[p] = list >= 0 && filtered ? a.list_keys[list] : nullptr;
+        pvec[p] = list >= 0 ? a.list_vectors[list] : nullptr;
+        pids[p] = list >= 0 ? a.list_ids[list] : nullptr;
+        return list >= 0 ? a.list_len[list] : 0;
+    });
 
     // This block's share of the concatenated probed entries (labels:
     // positions, as the staged scan's): keys into shared memory and radix
@@ -980,19 +474,10 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
         held = sink.n;
     }
     SMALL_TRACE(9);
-    __syncthreads();  // keybuf complete
-    if (scan_smem)
-        select_smem<kQ>(keybuf, i1 - i0, a.k, i0, nullptr, hist, scan, win, mk, all_k, all_v, r, C,
-                        a.trace ? a.trace + 16 : nullptr);
-    else
-        select_smem<kQ>(keybuf, held, a.k, 0, held_labels, hist, scan, win, mk, all_k, all_v, r, C,
-                        a.trace ? a.trace + 16 : nullptr);
-    if (filtered) {
-        for (int off = 16; off > 0; off >>= 1)
-            in_range_count += __shfl_down_sync(kFullMask, in_range_count, off);
-        if (lane == 0 && in_range_count)
-            atomicAdd(cluster.map_shared_rank(matched, 0), static_cast<unsigned long long>(in_range_count));
-    }
+    select_held<kQ>(scan_smem ? HeldKeys{i1 - i0, nullptr} : HeldKeys{held, held_labels}, keybuf, i0, a.k, hist,
+                    scan, win, mk, all_k, all_v, r, C, a.trace ? a.trace + 16 : nullptr);
+    if (filtered)
+        add_in_range(in_range_count, cluster.map_shared_rank(matched, 0));
     // The vectors of this block's candidates towards L2: the winners among
     // them are read right after the merge.
     __syncthreads();
@@ -1021,10 +506,7 @@ __global__ void __launch_bounds__(kThreads, 2) small_search_kernel(SmallSearchAr
     if (tid == 0)
         *nwin = 0;
     __syncthreads();
-    for (int i = tid; i < a.k; i += kThreads)
-        if (rank[i] < a.k)
-            win[atomicAdd(nwin, 1)] = i;
-    __syncthreads();
+    list_winners(rank, a.k, win, nwin);
     {
         const int nw = *nwin;
         for (int t = tid; t < nw * C; t += kThreads) {  // (winner, block) pairs
@@ -1200,84 +682,17 @@ __global__ void __launch_bounds__(kThreads) coarse_keys_kernel(SmallSearchArgs a
         const int c = g + lane;
         if (lane < R && c < r1)
             for (int i = 0; i < nqb; ++i)
-                keys[static_cast<int64_t>(q0 + i) * a.lists + c] = coarse_key(a, ip, acc[i], ip ? 0.0f : norms[i], c);
+                keys[static_cast<int64_t>(q0 + i) * a.lists + c] = coarse_key(a.centroid_norms, ip, acc[i], ip ? 0.0f : norms[i], c);
     }
 }
 
-int device_attribute(cudaDeviceAttr attr)
-{
-    int dev = 0, v = 0;
-    GPU_CUDA_CHECK(cudaGetDevice(&dev));
-    GPU_CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, dev));
-    return v;
-}
 
-int max_optin_smem() { return device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin); }
-
-// How many clusters of `cluster` blocks asking for smem bytes each can be
-// resident on the current device at once (0: none fits).
+// How many clusters of the kQ kernel can be resident at once (see
+// active_clusters in small_parts.cuh).
 template <int kQ>
 int active_clusters(int cluster, size_t smem)
 {
-    int device = 0;
-    GPU_CUDA_CHECK(cudaGetDevice(&device));
-    auto kernel = small_search_kernel<kQ>;
-    // Raised once to the device's limit (a launch of any smaller size then
-    // fits), and clusters past the portable 8 allowed.
-    {
-        static std::mutex raised_mutex;
-        static std::set<int> raised;  // devices
-        std::lock_guard<std::mutex> lock(raised_mutex);
-        if (!raised.count(device)) {
-            GPU_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_optin_smem()));
-            GPU_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-            raised.insert(device);
-        }
-    }
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(cluster));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = smem;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    int n = 0;
-    const cudaError_t err = cudaOccupancyMaxActiveClusters(&n, kernel, &cfg);
-    if (err != cudaSuccess) {
-        (void)cudaGetLastError();  // not fitting is an answer, not an error
-        return 0;
-    }
-    return n;
-}
-
-// Per (device, queue size, cluster, shared memory): how many clusters can
-// be resident at once.
-std::mutex g_fit_mutex;
-std::map<std::tuple<int, int, int, size_t>, int> g_fit;
-
-template <int kQ>
-int resident_clusters(int cluster, size_t smem)
-{
-    std::lock_guard<std::mutex> lock(g_fit_mutex);
-    int device = 0;
-    GPU_CUDA_CHECK(cudaGetDevice(&device));
-    const auto key = std::make_tuple(device, kQ, cluster, smem);
-    auto it = g_fit.find(key);
-    if (it != g_fit.end())
-        return it->second;
-    const int n = active_clusters<kQ>(cluster, smem);
-    g_fit[key] = n;
-    return n;
-}
-
-template <int kQ>
-bool cluster_fits(int cluster, size_t smem)
-{
-    return resident_clusters<kQ>(cluster, smem) > 0;
+    return active_clusters(reinterpret_cast<const void*>(small_search_kernel<kQ>), cluster, smem);
 }
 
 int queue_of(const SmallSearchArgs& a) { return a.k <= 32 && a.nprobe <= 32 ? 32 : kSmallSearchMaxK; }
@@ -1285,60 +700,14 @@ int queue_of(const SmallSearchArgs& a) { return a.k <= 32 && a.nprobe <= 32 ? 32
 template <int kQ>
 SmallLaunch pick_launch(const SmallSearchArgs& a, int sms, int forced, bool spread)
 {
-    int c = 1;
-    if (forced > 0) {
-        c = std::min(forced, kMaxCluster);
-    } else {
-        // About two blocks per multiprocessor over the batch; 16 a query
-        // only while the batch's blocks fit one per multiprocessor (two
-        // 16-block clusters seldom find room in one GPC together: batch 16
-        // took 1.2-1.3x the time with 16 than with 8 on an H200), else 8.
-        const int64_t nq = a.nq;
-        const int most = nq * kMaxCluster <= sms ? kMaxCluster : kMaxCluster / 2;
-        while (c < most && nq * c * 2 <= 2 * static_cast<int64_t>(sms))
-            c <<= 1;
-        // Every cluster of the batch resident at once: the clusters that do
-        // not fit wait for the first ones to finish, and the call takes two
-        // rounds (batch 32 in clusters of 8 on an H200: 30 fit; the call
-        // took 140 us, the first round 80). The largest size at or below c
-        // whose nq clusters fit, whatever the power (rank_entries takes any
-        // size up to 16).
-        while (c > 1 && resident_clusters<kQ>(c, layout_of(a.m, a.d, c, kQ).total) < nq)
-            c--;
-    }
-    const int limit = max_optin_smem();
-    // More than half of a multiprocessor's shared memory: one block per SM.
-    const size_t half_sm = static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor)) / 2 + 16;
-    for (; c >= 1; c >>= 1) {
-        const size_t need = layout_of(a.m, a.d, c, kQ).total;
-        if (need > static_cast<size_t>(limit))
-            continue;
-        if (spread && static_cast<int64_t>(a.nq) * c <= sms && half_sm > need &&
-            half_sm <= static_cast<size_t>(limit) && cluster_fits<kQ>(c, half_sm))
-            return SmallLaunch{c, half_sm};
-        if (cluster_fits<kQ>(c, need))
-            return SmallLaunch{c, need};
-    }
-    return SmallLaunch{};
+    return plan_cluster_launch(reinterpret_cast<const void*>(small_search_kernel<kQ>), a.nq, sms, forced, spread,
+                               [&](int c) { return layout_of(a.m, a.d, c, kQ).total; });
 }
 
 template <int kQ>
 void launch_impl(const SmallSearchArgs& a, const SmallLaunch& plan, cudaStream_t st)
 {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(a.nq) * static_cast<unsigned>(plan.cluster));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = plan.smem;
-    cfg.stream = st;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = static_cast<unsigned>(plan.cluster);
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    GPU_CUDA_CHECK(cudaLaunchKernelEx(&cfg, small_search_kernel<kQ>, a));
-    GPU_KERNEL_CHECK();
+    launch_clusters(small_search_kernel<kQ>, a, a.nq, plan, st);
 }
 
 }  // namespace

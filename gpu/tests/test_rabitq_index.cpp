@@ -13,6 +13,7 @@
 #include <numeric>
 #include <random>
 #include <tuple>
+#include <utility>
 
 #include "engine/distances.h"
 #include "engine/rabitq.h"
@@ -249,6 +250,60 @@ void check_index(size_t d, int bits, Metric metric, uint64_t s)
     compare(index, fx, q, nq, 50, 6, live, true, gpuivfpq::kRabitqLowerEps0);
 }
 
+
+// The one-launch search (set_small_batch_max) against the staged kernels
+// on the same index: the same keys (bit for bit, Cosine included: both
+// normalise the queries the same way), labels and in-range counts, for nq
+// queries with key ranges when ranged (empty ones, single keys and
+// windows) at eps0; cluster forces the blocks per query (0 chooses).
+// one_launch: whether the shape must take the one-launch path.
+void same_as_staged(GpuRabitqIndex& index, const std::vector<float>& q, size_t nq, size_t k, size_t nprobe,
+                    bool ranged, float eps0, int cluster, bool one_launch = true)
+{
+    std::vector<int64_t> lo(nq), hi(nq);
+    for (size_t i = 0; i < nq; i++) {
+        if (i % 5 == 0) {  // empty
+            lo[i] = 5;
+            hi[i] = 4;
+        } else if (i % 5 == 1) {  // a single key
+            lo[i] = hi[i] = 3;
+        } else {
+            lo[i] = int64_t(i % 4);
+            hi[i] = int64_t(i % 4) + 5;
+        }
+    }
+    auto run = [&](size_t small, std::vector<float>& dist, std::vector<int64_t>& labels,
+                   std::vector<int64_t>& matched) {
+        dist.assign(nq * k, 0.0f);
+        labels.assign(nq * k, -2);
+        matched.assign(nq, -1);
+        KeyRange r;
+        r.lo = lo.data();
+        r.hi = hi.data();
+        r.matched = matched.data();
+        index.set_small_batch_max(small);
+        index.set_small_cluster(cluster);
+        index.search(q.data(), nq, k, nprobe, dist.data(), labels.data(), ranged ? &r : nullptr, eps0);
+    };
+    std::vector<float> d0, d1;
+    std::vector<int64_t> l0, l1, m0, m1;
+    run(0, d0, l0, m0);
+    const size_t before = index.small_search_launches();
+    run(256, d1, l1, m1);
+    index.set_small_batch_max(0);
+    index.set_small_cluster(0);
+    ASSERT_EQ(index.small_search_launches(), before + (one_launch ? 1 : 0)) << "the path taken";
+    for (size_t i = 0; i < nq; i++) {
+        if (ranged)
+            ASSERT_EQ(m1[i], m0[i]) << "query " << i << ": entries in range";
+        for (size_t j = 0; j < k; j++) {
+            const size_t e = i * k + j;
+            ASSERT_EQ(l1[e], l0[e]) << "query " << i << " rank " << j << ": label";
+            ASSERT_EQ(bits_of(d1[e]), bits_of(d0[e])) << "query " << i << " rank " << j << ": " << d1[e] << " vs "
+                                                      << d0[e];
+        }
+    }
+}
 }  // namespace
 
 TEST(RabitqIndex, SameEstimatesAsCpu)
@@ -310,6 +365,96 @@ TEST(RabitqIndex, ManyProbesAndSparseRanges)
     // Three probes (about three chunks at k 1000), a key range: fewer rows
     // in range than k.
     compare(L.index, L.fx, L.q, 3, 1000, 3, L.live, true);
+}
+
+// The one-launch search of small batches against the staged kernels, bit
+// for bit, and against the CPU engine: every metric, 1 to 8 bits, plane
+// padding (d 100); one query and batches below and above the shared coarse
+// keys (16); both queue sizes (k and nprobe up to 32, and up to 128); the
+// blocks per query chosen and forced (one block; odd and large clusters);
+// key ranges (empty, single keys); lower bounds; after removals. Shapes
+// past the one launch (k above 128) take the staged kernels.
+TEST(RabitqIndex, OneLaunchAsStaged)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(4510);
+    for_each_rabitq_shape("rabitq one launch", s, {1, 4, 8}, [s](size_t d, int bits, Metric metric) {
+        const size_t n = 3000, lists = 24;
+        Fixture fx(d, lists, n, bits, metric, s);
+        GpuRabitqIndex index(ctx(), d, lists, bits, metric, fx.cent.data(), fx.blob.data(), true);
+        index.add(n, fx.list_ids.data(), fx.rows.data(), fx.ids.data(), fx.keys.data());
+        const std::vector<float> q = clustered(20, d, 8, 3.0f, s + 1);
+        for (int cluster : {0, 1, 3, 16})
+            for (size_t nq : {size_t(1), size_t(5), size_t(20)})
+                for (auto [k, nprobe] : {std::pair<size_t, size_t>{10, 4}, {32, 32}, {100, 24}, {128, 24}})
+                    for (bool ranged : {false, true})
+                        for (float eps0 : {0.0f, gpuivfpq::kRabitqLowerEps0}) {
+                            SCOPED_TRACE("cluster " + std::to_string(cluster) + " nq " + std::to_string(nq) +
+                                         " k " + std::to_string(k) + " nprobe " + std::to_string(nprobe) +
+                                         " ranged " + std::to_string(ranged) + " eps0 " + std::to_string(eps0));
+                            same_as_staged(index, q, nq, k, nprobe, ranged, eps0, cluster);
+                        }
+        // Against the CPU engine too.
+        std::vector<bool> live(n, true);
+        index.set_small_batch_max(256);
+        compare(index, fx, q, 6, 10, 4, live, false);
+        compare(index, fx, q, 6, 100, 24, live, true, gpuivfpq::kRabitqLowerEps0);
+        // After removals.
+        std::vector<int64_t> gone;
+        for (size_t i = 0; i < n; i += 3) {
+            gone.push_back(fx.ids[i]);
+            live[i] = false;
+        }
+        ASSERT_EQ(index.remove_ids(gone.data(), gone.size()), gone.size());
+        compare(index, fx, q, 6, 100, 24, live, true, gpuivfpq::kRabitqLowerEps0);
+        index.set_small_batch_max(0);
+        same_as_staged(index, q, 20, 100, 24, true, gpuivfpq::kRabitqLowerEps0, 0);
+        same_as_staged(index, q, 3, 10, lists, false, 0.0f, 2);
+        // k above 128: the staged kernels.
+        same_as_staged(index, q, 3, 200, 4, false, 0.0f, 0, false);
+    });
+}
+
+// Blocks whose share of the probed rows passes their key buffer (4096
+// rows): the running bar (FilterSink) keeps the candidates; lists of very
+// different lengths; a 768-dimension shape (its tables rebuilt per list).
+TEST(RabitqIndex, OneLaunchLongListsAndWideRows)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(4511);
+    {
+        const size_t lists = 3, n = 60000;
+        SCOPED_TRACE(shape("rabitq one launch long lists", {{"n", double(n)}}, s));
+        Loaded L(32, lists, n, s);
+        const std::vector<float> q = clustered(6, 32, 8, 3.0f, s + 3);
+        for (int cluster : {1, 2, 0})
+            for (size_t k : {size_t(10), size_t(100), size_t(128)})
+                for (size_t nprobe : {size_t(2), lists})
+                    for (bool ranged : {false, true}) {
+                        SCOPED_TRACE("cluster " + std::to_string(cluster) + " k " + std::to_string(k) + " nprobe " +
+                                     std::to_string(nprobe) + " ranged " + std::to_string(ranged));
+                        same_as_staged(L.index, q, 6, k, nprobe, ranged, gpuivfpq::kRabitqLowerEps0, cluster);
+                    }
+        L.index.set_small_batch_max(256);
+        L.index.set_small_cluster(1);
+        compare(L.index, L.fx, L.q, 3, 100, lists, L.live, true, gpuivfpq::kRabitqLowerEps0);
+        compare(L.index, L.fx, L.q, 3, 10, 2, L.live, false);
+    }
+    {
+        const size_t d = 768, lists = 12, n = 600;
+        SCOPED_TRACE(shape("rabitq one launch 768", {{"bits", 4.0}}, s));
+        Fixture fx(d, lists, n, 4, Metric::L2, s);
+        GpuRabitqIndex index(ctx(), d, lists, 4, Metric::L2, fx.cent.data(), fx.blob.data(), true);
+        index.add(n, fx.list_ids.data(), fx.rows.data(), fx.ids.data(), fx.keys.data());
+        const std::vector<float> q = clustered(17, d, 8, 3.0f, s + 1);
+        for (int cluster : {0, 1, 8})
+            for (size_t nq : {size_t(1), size_t(17)})
+                for (bool ranged : {false, true})
+                    same_as_staged(index, q, nq, 100, 6, ranged, gpuivfpq::kRabitqLowerEps0, cluster);
+        std::vector<bool> live(n, true);
+        index.set_small_batch_max(256);
+        compare(index, fx, q, 4, 100, 6, live, true, gpuivfpq::kRabitqLowerEps0);
+    }
 }
 
 // Small batches replay CUDA graphs of their device work from the second

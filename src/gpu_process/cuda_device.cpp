@@ -1,6 +1,8 @@
 // The service's compute device on a CUDA GPU: mirrors are GpuIvfPqIndex
 // objects (GpuRabitqIndex for indexes with RaBitQ codes), builds train with the GPU k-means and encode on the GPU. Built
 // only when the extension is linked with the kernels (no postgres.h here).
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <utility>
@@ -135,6 +137,15 @@ public:
         : CudaMirrorOf(ctx, (require_rabitq_spec(s), s.d), s.lists, s.rabitq_bits, s.metric, s.centroids,
                        s.rabitq_model, s.filter_keys)
     {
+        // Measurement aid: GPU_IVFPQ_RABITQ_ONE_LAUNCH=N in the server's
+        // environment searches batches of up to N queries (at most 256) in
+        // one launch (GpuRabitqIndex::set_small_batch_max; off by default).
+        if (const char* v = std::getenv("GPU_IVFPQ_RABITQ_ONE_LAUNCH")) {
+            char* end = nullptr;
+            const unsigned long n = std::strtoul(v, &end, 10);
+            if (end != v && *end == '\0')
+                index_.set_small_batch_max(std::min<unsigned long>(n, 256));
+        }
     }
     void add(size_t n, const int32_t* list_ids, const uint8_t* codes, const int64_t* labels,
              const float* vectors, const int64_t* keys) override

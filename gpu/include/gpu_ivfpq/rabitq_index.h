@@ -79,6 +79,18 @@ public:
     void set_search_graphs(bool on);
     size_t search_graph_launches() const;
 
+    // Batches of at most `queries` (0, the default: none) search in one
+    // kernel launch after the rotation (rabitq_small.h: a thread-block
+    // cluster per query, the selections in shared memory) instead of the
+    // staged kernels, where k and nprobe are at most 128 and the shape fits
+    // a block's shared memory; the same keys and labels. Off until measured
+    // on a GPU against the staged search. set_small_cluster forces the
+    // blocks per query (1 .. 16; 0 chooses); small_search_launches counts
+    // the calls that took that path. Bench and test aids.
+    void set_small_batch_max(size_t queries);
+    void set_small_cluster(int blocks);
+    size_t small_search_launches() const;
+
     // Test aid: the probed lists of each query as the search picks them
     // (nq x nprobe, nearest first; host).
     void probe_lists(const float* queries, size_t nq, size_t nprobe, int32_t* lists) const;
