@@ -257,8 +257,9 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
     // staged search.
     SmallLaunch small_launch(size_t nt, size_t k, size_t nprobe, float eps0) const
     {
+        // Positions (and a scan step's last thread past them) fit an int.
         if (nt == 0 || nt > small_batch_max || k > size_t(kSmallSearchMaxK) || nprobe > size_t(kSmallSearchMaxK) ||
-            nprobe * std::max<size_t>(max_len, 1) >= (size_t(1) << 31))
+            nprobe * std::max<size_t>(max_len, 1) >= (size_t(1) << 31) - 1024)
             return SmallLaunch{};
         return rabitq_small_plan(small_args(nt, k, nprobe, eps0), ctx.multiprocessors(), small_cluster);
     }
@@ -304,7 +305,6 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
             a.coarse_keys = keys;
         }
         launch_rabitq_small(a, sl, st());
-        small_launches++;
     }
 
     // nt queries (device, d floats each) through nprobe lists into dist /
@@ -515,6 +515,7 @@ void GpuRabitqIndex::search(const float* queries, size_t nq, size_t k, size_t np
         }
         const Impl::TilePlan p = I.plan_tile(nt, k, nprobe);
         const SmallLaunch sl = I.small_launch(nt, k, nprobe, eps0);
+        I.small_launches += sl.cluster > 0;  // per call, whether a graph replays it or not
         I.host_search(I.d, queries + t0 * I.d, nt, k, ranges ? &r : nullptr, dist + t0 * k, labels + t0 * k,
                       false, [&] { return I.graph_key(p, nprobe, eps0, sl); },
                       [&](float* dq, float* dd, int64_t* dl, const KeyRange* dr) {

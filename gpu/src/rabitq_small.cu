@@ -15,7 +15,8 @@
 //      and ranked across the cluster;
 //   4. the answers: each block writes the winners it holds at their rank,
 //      their positions decoded to ids.
-// Three cluster barriers; nothing goes through device memory but the
+// Four cluster barriers (every block started; the coarse lists; the
+// probes; the scan's lists); nothing goes through device memory but the
 // inputs and the answers. P q comes from rabitq_rotate_kernel before the
 // launch (the staged search's, so the same doubles).
 #include "rabitq_small.h"

@@ -285,6 +285,9 @@ void same_as_staged(GpuRabitqIndex& index, const std::vector<float>& q, size_t n
         index.set_small_cluster(cluster);
         index.search(q.data(), nq, k, nprobe, dist.data(), labels.data(), ranged ? &r : nullptr, eps0);
     };
+    // The staged kernels break equal keys by position with the radix
+    // selections only (the default; another test may have left it off).
+    gpuivfpq::gpu::set_radix_select(ctx(), true);
     std::vector<float> d0, d1;
     std::vector<int64_t> l0, l1, m0, m1;
     run(0, d0, l0, m0);
@@ -394,11 +397,13 @@ TEST(RabitqIndex, OneLaunchAsStaged)
                                          " ranged " + std::to_string(ranged) + " eps0 " + std::to_string(eps0));
                             same_as_staged(index, q, nq, k, nprobe, ranged, eps0, cluster);
                         }
-        // Against the CPU engine too.
+        // Against the CPU engine too (each compare one search).
         std::vector<bool> live(n, true);
         index.set_small_batch_max(256);
+        size_t launches = index.small_search_launches();
         compare(index, fx, q, 6, 10, 4, live, false);
         compare(index, fx, q, 6, 100, 24, live, true, gpuivfpq::kRabitqLowerEps0);
+        ASSERT_EQ(index.small_search_launches(), launches + 2);
         // After removals.
         std::vector<int64_t> gone;
         for (size_t i = 0; i < n; i += 3) {
@@ -406,12 +411,37 @@ TEST(RabitqIndex, OneLaunchAsStaged)
             live[i] = false;
         }
         ASSERT_EQ(index.remove_ids(gone.data(), gone.size()), gone.size());
+        launches = index.small_search_launches();
         compare(index, fx, q, 6, 100, 24, live, true, gpuivfpq::kRabitqLowerEps0);
+        ASSERT_EQ(index.small_search_launches(), launches + 1);
         index.set_small_batch_max(0);
         same_as_staged(index, q, 20, 100, 24, true, gpuivfpq::kRabitqLowerEps0, 0);
         same_as_staged(index, q, 3, 10, lists, false, 0.0f, 2);
         // k above 128: the staged kernels.
         same_as_staged(index, q, 3, 200, 4, false, 0.0f, 0, false);
+        // Empty lists among the probed ones: only the rows of two lists in
+        // three added.
+        GpuRabitqIndex sparse(ctx(), d, lists, bits, metric, fx.cent.data(), fx.blob.data(), true);
+        std::vector<size_t> kept;
+        for (size_t i = 0; i < n; i++)
+            if (fx.list_ids[i] % 3 != 0)
+                kept.push_back(i);
+        std::vector<uint8_t> rows(kept.size() * fx.rb());
+        std::vector<int32_t> ls;
+        std::vector<int64_t> ids, keys;
+        for (size_t j = 0; j < kept.size(); j++) {
+            std::memcpy(rows.data() + j * fx.rb(), fx.rows.data() + kept[j] * fx.rb(), fx.rb());
+            ls.push_back(fx.list_ids[kept[j]]);
+            ids.push_back(fx.ids[kept[j]]);
+            keys.push_back(fx.keys[kept[j]]);
+        }
+        sparse.add(kept.size(), ls.data(), rows.data(), ids.data(), keys.data());
+        for (int cluster : {0, 1, 5})
+            for (bool ranged : {false, true}) {
+                SCOPED_TRACE("empty lists: cluster " + std::to_string(cluster) + " ranged " + std::to_string(ranged));
+                same_as_staged(sparse, q, 7, 100, lists, ranged, gpuivfpq::kRabitqLowerEps0, cluster);
+                same_as_staged(sparse, q, 7, 10, 6, ranged, 0.0f, cluster);
+            }
     });
 }
 
@@ -437,8 +467,10 @@ TEST(RabitqIndex, OneLaunchLongListsAndWideRows)
                     }
         L.index.set_small_batch_max(256);
         L.index.set_small_cluster(1);
+        const size_t launches = L.index.small_search_launches();
         compare(L.index, L.fx, L.q, 3, 100, lists, L.live, true, gpuivfpq::kRabitqLowerEps0);
         compare(L.index, L.fx, L.q, 3, 10, 2, L.live, false);
+        ASSERT_EQ(L.index.small_search_launches(), launches + 2);
     }
     {
         const size_t d = 768, lists = 12, n = 600;
@@ -453,7 +485,9 @@ TEST(RabitqIndex, OneLaunchLongListsAndWideRows)
                     same_as_staged(index, q, nq, 100, 6, ranged, gpuivfpq::kRabitqLowerEps0, cluster);
         std::vector<bool> live(n, true);
         index.set_small_batch_max(256);
+        const size_t launches = index.small_search_launches();
         compare(index, fx, q, 4, 100, 6, live, true, gpuivfpq::kRabitqLowerEps0);
+        ASSERT_EQ(index.small_search_launches(), launches + 1);
     }
 }
 

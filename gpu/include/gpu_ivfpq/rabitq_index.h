@@ -86,7 +86,8 @@ public:
     // a block's shared memory; the same keys and labels. Off until measured
     // on a GPU against the staged search. set_small_cluster forces the
     // blocks per query (1 .. 16; 0 chooses); small_search_launches counts
-    // the calls that took that path. Bench and test aids.
+    // the tiles of queries that took that path (a replayed graph's too).
+    // Bench and test aids.
     void set_small_batch_max(size_t queries);
     void set_small_cluster(int blocks);
     size_t small_search_launches() const;
