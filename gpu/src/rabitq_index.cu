@@ -278,7 +278,19 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
         float* keys = c.take<float>(shared ? nt * lists : 0);
         if (metric == Metric::Cosine)
             normalize_rows(ctx, dq, nt, d);
-        rotate_queries(dq, nt, rq);
+        // Below 64 queries (where rotate_queries takes a thread a
+        // coordinate) a coordinate's four partial sums by four warps: the
+        // same doubles.
+        if (nt < 64) {
+            static_assert((kRabitqMaxDims + 128) * sizeof(double) <= 48 * 1024,
+                          "the split rotation's row fits the default shared memory");
+            const size_t smem = (d + 128) * sizeof(double);
+            rabitq_rotate_split_kernel<float><<<dim3(unsigned((d + 31) / 32), unsigned(nt)), 128, smem, st()>>>(
+                rotation_t.as<float>(), int(d), dq, int64_t(nt), rq);
+            GPU_KERNEL_CHECK();
+        } else {
+            rotate_queries(dq, nt, rq);
+        }
         RabitqSmallArgs a = small_args(nt, k, nprobe, eps0);
         a.queries = dq;
         a.rotated = rq;

@@ -447,7 +447,8 @@ TEST(RabitqIndex, OneLaunchAsStaged)
 
 // Blocks whose share of the probed rows passes their key buffer (4096
 // rows): the running bar (FilterSink) keeps the candidates; lists of very
-// different lengths; a 768-dimension shape (its tables rebuilt per list).
+// different lengths; a 768-dimension shape (its tables rebuilt per list);
+// a dimension that is not a multiple of 4.
 TEST(RabitqIndex, OneLaunchLongListsAndWideRows)
 {
     GPU_REQUIRE_DEVICE();
@@ -488,6 +489,18 @@ TEST(RabitqIndex, OneLaunchLongListsAndWideRows)
         const size_t launches = index.small_search_launches();
         compare(index, fx, q, 4, 100, 6, live, true, gpuivfpq::kRabitqLowerEps0);
         ASSERT_EQ(index.small_search_launches(), launches + 1);
+    }
+    // A dimension that is not a multiple of 4: the rotation's tail terms
+    // (the split rotation below 64 queries, the tiled one from 64).
+    for (Metric metric : {Metric::L2, Metric::InnerProduct, Metric::Cosine}) {
+        const size_t d = 101, lists = 12, n = 1500;
+        SCOPED_TRACE(shape("rabitq one launch d 101", {{"metric", double(int(metric))}}, s));
+        Fixture fx(d, lists, n, 3, metric, s);
+        GpuRabitqIndex index(ctx(), d, lists, 3, metric, fx.cent.data(), fx.blob.data(), true);
+        index.add(n, fx.list_ids.data(), fx.rows.data(), fx.ids.data(), fx.keys.data());
+        const std::vector<float> q = clustered(70, d, 8, 3.0f, s + 5);
+        for (size_t nq : {size_t(1), size_t(9), size_t(70)})
+            same_as_staged(index, q, nq, 50, 5, true, gpuivfpq::kRabitqLowerEps0, 0);
     }
 }
 
