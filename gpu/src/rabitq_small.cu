@@ -17,8 +17,8 @@
 //      their positions decoded to ids.
 // Four cluster barriers (every block started; the coarse lists; the
 // probes; the scan's lists); nothing goes through device memory but the
-// inputs and the answers. P q comes from rabitq_rotate_kernel before the
-// launch (the staged search's, so the same doubles).
+// inputs and the answers. P q comes from a kernel of rabitq_rotate.cuh
+// before the launch (the same doubles as the staged search's).
 #include "rabitq_small.h"
 
 #include <cooperative_groups.h>
