@@ -76,6 +76,22 @@ struct Fixture {
     size_t rb() const { return gpuivfpq::rabitq_row_bytes(d, bits); }
 };
 
+// The rows `which` of fx (their codes, lists, ids and keys) added to index.
+void add_rows(GpuRabitqIndex& index, const Fixture& fx, const std::vector<size_t>& which)
+{
+    std::vector<uint8_t> rows(which.size() * fx.rb());
+    std::vector<int32_t> ls;
+    std::vector<int64_t> ids, keys;
+    for (size_t j = 0; j < which.size(); j++) {
+        const size_t i = which[j];
+        std::memcpy(rows.data() + j * fx.rb(), fx.rows.data() + i * fx.rb(), fx.rb());
+        ls.push_back(fx.list_ids[i]);
+        ids.push_back(fx.ids[i]);
+        keys.push_back(fx.keys[i]);
+    }
+    index.add(which.size(), ls.data(), rows.data(), ids.data(), keys.data());
+}
+
 struct Hit {
     float est;
     int64_t label;
@@ -426,16 +442,7 @@ TEST(RabitqIndex, OneLaunchAsStaged)
         for (size_t i = 0; i < n; i++)
             if (fx.list_ids[i] % 3 != 0)
                 kept.push_back(i);
-        std::vector<uint8_t> rows(kept.size() * fx.rb());
-        std::vector<int32_t> ls;
-        std::vector<int64_t> ids, keys;
-        for (size_t j = 0; j < kept.size(); j++) {
-            std::memcpy(rows.data() + j * fx.rb(), fx.rows.data() + kept[j] * fx.rb(), fx.rb());
-            ls.push_back(fx.list_ids[kept[j]]);
-            ids.push_back(fx.ids[kept[j]]);
-            keys.push_back(fx.keys[kept[j]]);
-        }
-        sparse.add(kept.size(), ls.data(), rows.data(), ids.data(), keys.data());
+        add_rows(sparse, fx, kept);
         for (int cluster : {0, 1, 5})
             for (bool ranged : {false, true}) {
                 SCOPED_TRACE("empty lists: cluster " + std::to_string(cluster) + " ranged " + std::to_string(ranged));
@@ -537,18 +544,9 @@ TEST(RabitqIndex, GraphsReplayAfterChanges)
         }
         ASSERT_EQ(held.size(), 10u);
         auto add = [&](const std::vector<size_t>& which) {
-            std::vector<uint8_t> rows(which.size() * fx.rb());
-            std::vector<int32_t> ls;
-            std::vector<int64_t> ids, keys;
-            for (size_t j = 0; j < which.size(); j++) {
-                const size_t i = which[j];
-                std::memcpy(rows.data() + j * fx.rb(), fx.rows.data() + i * fx.rb(), fx.rb());
-                ls.push_back(fx.list_ids[i]);
-                ids.push_back(fx.ids[i]);
-                keys.push_back(fx.keys[i]);
+            for (size_t i : which)
                 live[i] = true;
-            }
-            index.add(which.size(), ls.data(), rows.data(), ids.data(), keys.data());
+            add_rows(index, fx, which);
         };
         auto rounds = [&](const char* what, size_t replays) {
             SCOPED_TRACE(what);
