@@ -31,6 +31,7 @@
 #include "gpu_ivfpq/kmeans_gpu.h"
 #include "gpu_ivfpq/rabitq_index.h"
 #include "gpu_ivfpq/rabitq_scan.h"
+#include "engine/rabitq.h"
 #include "../../tools/common.h"  // read_fvecs: the tools' reader of the generator's files
 #include "bench_util.h"  // ck, time_ms, recall_at
 #include "uniform.h"
@@ -201,6 +202,102 @@ void rabitq_index_bench(GpuContext& ctx, size_t profile_batch = 0)
         }
 }
 
+// The GPU mirror's RaBitQ search over real lists (`--rabitq-data`): the
+// base's k-means lists (on the GPU, as a build trains them), a RaBitQ
+// model with a random rotation (the CPU engine's), every row assigned and
+// encoded on the GPU. Clustered data's queries fall in its dense regions:
+// they probe long lists, and a batch's queries probe many lists in common.
+// Printed: the rows a query probes against lists of even length, then ms
+// per call of k 100 candidates by lower bounds, as the service asks, by
+// batch: list blocks scoring up to 8, 4, 2 and 1 queries' pairs of a list
+// at once (set_group_queries), and the one launch (set_small_batch_max).
+void rabitq_data_bench(GpuContext& ctx, const std::vector<float>& hbase, const std::vector<float>& hq, size_t d,
+                       size_t lists, int bits, const char* what)
+{
+    const size_t n = hbase.size() / d, nq = hq.size() / d;
+    KMeansParams kp;
+    kp.iterations = 10;
+    kp.seed = 1234;
+    kp.max_points_per_centroid = 256;
+    std::vector<float> cent(lists * d);
+    kmeans_train_gpu_host(ctx, hbase.data(), n, d, lists, kp, cent.data());
+    std::printf("\n# RaBitQ mirror search over %s: %zu x %zu, %zu k-means lists (GPU), %zu queries; k 100 ranked by\n"
+                "# lower bounds (eps0 %.1f), ms per call (host to host, CUDA graphs up to 128); list blocks\n"
+                "# scoring up to G queries of a list at once (set_group_queries), and in one launch\n\n",
+                what, n, d, lists, nq, double(gpuivfpq::kRabitqLowerEps0));
+    std::printf("| bits | nprobe | rows probed a query (even lists) | batch | G 8 | G 4 | G 2 | G 1 | one launch | "
+                "queries/s (best) |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    {
+        RabitqModel model(d, lists, bits, Metric::L2, RabitqRotation::generate(d, 4242, 8));
+        model.set_centroids(cent.data(), 8);
+        std::vector<uint8_t> blob(rabitq_model_bytes(d, lists));
+        std::memcpy(blob.data(), model.rotation().matrix().data(), d * d * sizeof(float));
+        std::memcpy(blob.data() + rabitq_rotated_offset(d), model.rotated_centroids().data(),
+                    lists * d * sizeof(double));
+        GpuRabitqIndex index(ctx, d, lists, bits, Metric::L2, cent.data(), blob.data());
+        const size_t step = 100000, rb = rabitq_row_bytes(d, bits);
+        std::vector<int32_t> lid(step);
+        std::vector<uint8_t> rows(step * rb);
+        std::vector<int64_t> ids(step);
+        for (size_t a = 0; a < n; a += step) {
+            const size_t nb = std::min(step, n - a);
+            index.assign(hbase.data() + a * d, nb, lid.data());
+            index.encode(hbase.data() + a * d, nb, lid.data(), rows.data());
+            for (size_t i = 0; i < nb; i++)
+                ids[i] = int64_t(a + i);
+            index.add(nb, lid.data(), rows.data(), ids.data());
+        }
+        for (size_t nprobe : {size_t(32), size_t(80)}) {
+            if (nprobe == 80 && d > 256)
+                continue;
+            std::vector<int32_t> pl(nq * nprobe);
+            index.probe_lists(hq.data(), nq, nprobe, pl.data());
+            double probed = 0;
+            for (int32_t l : pl)
+                probed += double(index.list_size(size_t(l)));
+            char rows_probed[64];
+            std::snprintf(rows_probed, sizeof rows_probed, "%.0f (%.0f)", probed / double(nq),
+                          double(nprobe) * double(n) / double(lists));
+            for (size_t b : {size_t(1), size_t(8), size_t(16), size_t(32), size_t(64), size_t(1000), nq}) {
+                if (b > nq)
+                    continue;
+                std::vector<float> dist(b * 100);
+                std::vector<int64_t> labels(b * 100);
+                double ms[5] = {0, 0, 0, 0, 0};
+                const int groups[5] = {8, 4, 2, 1, 8};
+                for (int r = 0; r < 5; r++) {
+                    if (r == 4 && b > 256)
+                        continue;
+                    index.set_group_queries(groups[r]);
+                    index.set_small_batch_max(r == 4 ? 256 : 0);
+                    // Successive calls take successive queries (a batch's
+                    // lists differ from call to call, as under load).
+                    size_t at = 0;
+                    ms[r] = time_ms(ctx, [&] {
+                        if (at + b > nq)
+                            at = 0;
+                        index.search(hq.data() + at * d, b, 100, nprobe, dist.data(), labels.data(), nullptr,
+                                     gpuivfpq::kRabitqLowerEps0);
+                        at += b;
+                    }, b >= 1000 ? 3 : 20, 2);
+                }
+                index.set_group_queries(8);
+                index.set_small_batch_max(0);
+                double best = ms[0];
+                for (int r = 1; r < 5; r++)
+                    if (ms[r] > 0)
+                        best = std::min(best, ms[r]);
+                char one[32] = "-";
+                if (ms[4] > 0)
+                    std::snprintf(one, sizeof one, "%.3f", ms[4]);
+                std::printf("| %d | %zu | %s | %zu | %.3f | %.3f | %.3f | %.3f | %s | %.0f |\n", bits, nprobe,
+                            rows_probed, b, ms[0], ms[1], ms[2], ms[3], one, double(b) / (best * 1e-3));
+                std::fflush(stdout);
+            }
+        }
+    }
+}
+
 // The RaBitQ list scan (rabitq_scan): n rows in `lists` lists of equal
 // size, nq queries probing nprobe lists each (spread over the lists), every
 // row's estimate and bound; random codes, factors and tables.
@@ -284,7 +381,8 @@ int main(int argc, char** argv)
     }
     bool quick = false, stages_only = false;
     size_t stage_nprobe = 32, profile_batch = 0, stage_m = 32, lists_arg = 0;
-    bool small_ab = false;
+    bool small_ab = false, rabitq_data = false;
+    size_t rabitq_bits = 4;
     std::string base_path, queries_path;
     for (int i = 1; i < argc; ++i) {
         if (!std::strcmp(argv[i], "--quick"))
@@ -307,6 +405,10 @@ int main(int argc, char** argv)
             stage_m = std::strtoul(argv[++i], nullptr, 10);  // the stage tables' code bytes (default 32)
         else if (!std::strcmp(argv[i], "--lists") && i + 1 < argc)
             lists_arg = std::strtoul(argv[++i], nullptr, 10);  // default 4096 (--quick: 256)
+        else if (!std::strcmp(argv[i], "--rabitq-data"))
+            rabitq_data = true;  // only the RaBitQ search over the files' k-means lists
+        else if (!std::strcmp(argv[i], "--bits") && i + 1 < argc)
+            rabitq_bits = std::strtoul(argv[++i], nullptr, 10);  // --rabitq-data's code bits (default 4)
         else if (!std::strcmp(argv[i], "--base") && i + 1 < argc)
             base_path = argv[++i];
         else if (!std::strcmp(argv[i], "--queries") && i + 1 < argc)
@@ -314,7 +416,8 @@ int main(int argc, char** argv)
         else {
             std::fprintf(stderr, "usage: gpu_bench --base BASE.fvecs --queries QUERIES.fvecs [--quick] [--stages] [--nprobe N] [--m M] [--lists L] [--profile BATCH] [--small-ab]\n"
                                  "       gpu_bench --rabitq\n"
-                                 "       gpu_bench --rabitq-profile BATCH\n");
+                                 "       gpu_bench --rabitq-profile BATCH\n"
+                                 "       gpu_bench --rabitq-data --base BASE.fvecs --queries QUERIES.fvecs [--lists L] [--bits B]\n");
             return 2;
         }
     }
@@ -340,6 +443,12 @@ int main(int argc, char** argv)
                     prop.multiProcessorCount, prop.totalGlobalMem / double(1 << 30),
                     ctx.budget() / double(1 << 30), quick ? " [quick]" : "");
         std::fflush(stdout);
+        if (rabitq_data) {
+            const size_t l = lists_arg ? lists_arg : std::max<size_t>(1, std::min<size_t>(4096, n / 200));
+            rabitq_data_bench(ctx, hbase, hq, d, l, int(std::max<size_t>(1, std::min<size_t>(8, rabitq_bits))),
+                              file_name(base_path));
+            return 0;
+        }
 
         // Copy bandwidth: (bytes read + bytes written) / time of a D2D copy.
         const size_t cbytes = quick ? (size_t(256) << 20) : (size_t(2) << 30);

@@ -67,15 +67,26 @@ __device__ __forceinline__ float rabitq_nibble_word(float s, uint32_t word, cons
     return s;
 }
 
-__device__ __forceinline__ float rabitq_code_ip_nibbles(const float* nib, const uint8_t* code, int plane_bytes,
-                                                        int bits)
+// <y, q'> of one code against G queries' nibble tables at once (g < gn;
+// query g's tables at luts + g * lut_stride bytes), into ip[g]: the row's
+// plane words are loaded once for the G sums, each summed in the order of
+// the single sum below (the same floats). The list blocks of a batch whose
+// queries share a list score its rows for several queries in one pass.
+template <int G>
+__device__ __forceinline__ void rabitq_code_ips_nibbles(const char* luts, int lut_stride, int gn,
+                                                        const uint8_t* code, int plane_bytes, int bits, float* ip)
 {
     const int words = plane_bytes / 4;
-    float ip = 0.0f;
+#pragma unroll
+    for (int g = 0; g < G; g++)
+        ip[g] = 0.0f;
     for (int p = 0; p < bits; p++) {
         const uint32_t* plane = reinterpret_cast<const uint32_t*>(code + size_t(p) * plane_bytes);
-        const char* t = reinterpret_cast<const char*>(nib);
-        float s = 0.0f;
+        const char* t = luts;
+        float s[G];
+#pragma unroll
+        for (int g = 0; g < G; g++)
+            s[g] = 0.0f;
         int w = 0;
         for (; w + 4 <= words; w += 4, t += 4 * 512) {
             uint32_t x[4];  // bytes 4w .. 4w + 15, little endian
@@ -83,13 +94,30 @@ __device__ __forceinline__ float rabitq_code_ip_nibbles(const float* nib, const 
             for (int i = 0; i < 4; i++)
                 x[i] = __ldg(plane + w + i);
 #pragma unroll
-            for (int i = 0; i < 4; i++)
-                s = rabitq_nibble_word(s, x[i], t + 512 * i);
+            for (int g = 0; g < G; g++)
+                if (G == 1 || g < gn)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        s[g] = rabitq_nibble_word(s[g], x[i], t + g * lut_stride + 512 * i);
         }
-        for (; w < words; w++, t += 512)
-            s = rabitq_nibble_word(s, __ldg(plane + w), t);
-        ip = __fadd_rn(__fmul_rn(2.0f, ip), s);
+        for (; w < words; w++, t += 512) {
+            const uint32_t x = __ldg(plane + w);
+#pragma unroll
+            for (int g = 0; g < G; g++)
+                if (G == 1 || g < gn)
+                    s[g] = rabitq_nibble_word(s[g], x, t + g * lut_stride);
+        }
+#pragma unroll
+        for (int g = 0; g < G; g++)
+            ip[g] = __fadd_rn(__fmul_rn(2.0f, ip[g]), s[g]);
     }
+}
+
+__device__ __forceinline__ float rabitq_code_ip_nibbles(const float* nib, const uint8_t* code, int plane_bytes,
+                                                        int bits)
+{
+    float ip;
+    rabitq_code_ips_nibbles<1>(reinterpret_cast<const char*>(nib), 0, 1, code, plane_bytes, bits, &ip);
     return ip;
 }
 
@@ -191,14 +219,12 @@ __device__ __forceinline__ void rabitq_fill_nibbles(float* lut, const double* ro
     }
 }
 
-// A row's ranking key (RabitqModel::scan_keys): its estimate, or at eps0 >
-// 0 the estimate minus its bound (finish_estimate's bound; +inf where that
-// is not a number >= 0).
-__device__ __forceinline__ float rabitq_row_key(const uint8_t* row, const float* lut, int plane_bytes, int bits,
-                                                int code_bytes, const RabitqListTerms& t, float eps0)
+// A row's ranking key (RabitqModel::scan_keys) from its factors f and
+// <y, q'>: its estimate, or at eps0 > 0 the estimate minus its bound
+// (finish_estimate's bound; +inf where that is not a number >= 0).
+__device__ __forceinline__ float rabitq_key_of(const RabitqFactors& f, float ip, const RabitqListTerms& t,
+                                               float eps0)
 {
-    const float ip = rabitq_code_ip_nibbles(lut, row, plane_bytes, bits);
-    const RabitqFactors f = *reinterpret_cast<const RabitqFactors*>(row + code_bytes);
     const float est = rabitq_estimate(t.base, t.add_scale, t.ip_scale, f, ip);
     if (eps0 > 0.0f) {
         float bound = __fmul_rn(__fmul_rn(t.bound_scale, f.error), eps0);
@@ -207,6 +233,14 @@ __device__ __forceinline__ float rabitq_row_key(const uint8_t* row, const float*
         return __fsub_rn(est, bound);
     }
     return est;
+}
+
+// A row's ranking key from its list's nibble tables.
+__device__ __forceinline__ float rabitq_row_key(const uint8_t* row, const float* lut, int plane_bytes, int bits,
+                                                int code_bytes, const RabitqListTerms& t, float eps0)
+{
+    const float ip = rabitq_code_ip_nibbles(lut, row, plane_bytes, bits);
+    return rabitq_key_of(*reinterpret_cast<const RabitqFactors*>(row + code_bytes), ip, t, eps0);
 }
 
 }  // namespace gpuivfpq::gpu

@@ -8,6 +8,7 @@
 // argument checks.
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <set>
 #include <numeric>
@@ -267,14 +268,12 @@ void check_index(size_t d, int bits, Metric metric, uint64_t s)
 }
 
 
-// The one-launch search (set_small_batch_max) against the staged kernels
-// on the same index: the same keys (bit for bit, Cosine included: both
-// normalise the queries the same way), labels and in-range counts, for nq
-// queries with key ranges when ranged (empty ones, single keys and
-// windows) at eps0; cluster forces the blocks per query (0 chooses).
-// one_launch: whether the shape must take the one-launch path.
-void same_as_staged(GpuRabitqIndex& index, const std::vector<float>& q, size_t nq, size_t k, size_t nprobe,
-                    bool ranged, float eps0, int cluster, bool one_launch = true)
+// Two settings of one index (set(false), then set(true) before the second
+// search) against each other: the same keys (bit for bit), labels and
+// in-range counts for nq queries, with key ranges when ranged (empty
+// ones, single keys and windows), at eps0.
+void same_answers(GpuRabitqIndex& index, const std::vector<float>& q, size_t nq, size_t k, size_t nprobe,
+                  bool ranged, float eps0, const std::function<void(bool)>& set)
 {
     std::vector<int64_t> lo(nq), hi(nq);
     for (size_t i = 0; i < nq; i++) {
@@ -288,7 +287,7 @@ void same_as_staged(GpuRabitqIndex& index, const std::vector<float>& q, size_t n
             hi[i] = int64_t(i % 4) + 5;
         }
     }
-    auto run = [&](size_t small, std::vector<float>& dist, std::vector<int64_t>& labels,
+    auto run = [&](bool second, std::vector<float>& dist, std::vector<int64_t>& labels,
                    std::vector<int64_t>& matched) {
         dist.assign(nq * k, 0.0f);
         labels.assign(nq * k, -2);
@@ -297,8 +296,7 @@ void same_as_staged(GpuRabitqIndex& index, const std::vector<float>& q, size_t n
         r.lo = lo.data();
         r.hi = hi.data();
         r.matched = matched.data();
-        index.set_small_batch_max(small);
-        index.set_small_cluster(cluster);
+        set(second);
         index.search(q.data(), nq, k, nprobe, dist.data(), labels.data(), ranged ? &r : nullptr, eps0);
     };
     // The staged kernels break equal keys by position with the radix
@@ -306,12 +304,8 @@ void same_as_staged(GpuRabitqIndex& index, const std::vector<float>& q, size_t n
     gpuivfpq::gpu::set_radix_select(ctx(), true);
     std::vector<float> d0, d1;
     std::vector<int64_t> l0, l1, m0, m1;
-    run(0, d0, l0, m0);
-    const size_t before = index.small_search_launches();
-    run(256, d1, l1, m1);
-    index.set_small_batch_max(0);
-    index.set_small_cluster(0);
-    ASSERT_EQ(index.small_search_launches(), before + (one_launch ? 1 : 0)) << "the path taken";
+    run(false, d0, l0, m0);
+    run(true, d1, l1, m1);
     for (size_t i = 0; i < nq; i++) {
         if (ranged)
             ASSERT_EQ(m1[i], m0[i]) << "query " << i << ": entries in range";
@@ -322,6 +316,42 @@ void same_as_staged(GpuRabitqIndex& index, const std::vector<float>& q, size_t n
                                                       << d0[e];
         }
     }
+}
+
+// The one-launch search (set_small_batch_max) against the staged kernels
+// on the same index (same_answers; Cosine included: both normalise the
+// queries the same way); cluster forces the blocks per query (0 chooses).
+// one_launch: whether the shape must take the one-launch path.
+void same_as_staged(GpuRabitqIndex& index, const std::vector<float>& q, size_t nq, size_t k, size_t nprobe,
+                    bool ranged, float eps0, int cluster, bool one_launch = true)
+{
+    size_t before = 0;
+    same_answers(index, q, nq, k, nprobe, ranged, eps0, [&](bool second) {
+        if (second)
+            before = index.small_search_launches();
+        index.set_small_batch_max(second ? 256 : 0);
+        index.set_small_cluster(cluster);
+    });
+    index.set_small_batch_max(0);
+    index.set_small_cluster(0);
+    ASSERT_EQ(index.small_search_launches(), before + (one_launch ? 1 : 0)) << "the path taken";
+}
+
+// List blocks scoring up to `group` queries of a list at once against a
+// block per (query, list) (set_group_queries), same_answers; grouped:
+// whether the search must have grouped its pairs (a tile of one query
+// never does).
+void same_as_ungrouped(GpuRabitqIndex& index, const std::vector<float>& q, size_t nq, size_t k, size_t nprobe,
+                       bool ranged, float eps0, int group, bool grouped = true)
+{
+    size_t before = 0;
+    same_answers(index, q, nq, k, nprobe, ranged, eps0, [&](bool second) {
+        if (second)
+            before = index.grouped_searches();
+        index.set_group_queries(second ? group : 1);
+    });
+    index.set_group_queries(8);
+    ASSERT_EQ(index.grouped_searches() > before, grouped) << "the path taken";
 }
 }  // namespace
 
@@ -508,6 +538,85 @@ TEST(RabitqIndex, OneLaunchLongListsAndWideRows)
         const std::vector<float> q = clustered(70, d, 8, 3.0f, s + 5);
         for (size_t nq : {size_t(1), size_t(9), size_t(70)})
             same_as_staged(index, q, nq, 50, 5, true, gpuivfpq::kRabitqLowerEps0, 0);
+    }
+}
+
+// List blocks that score a list's rows for several queries at once
+// (set_group_queries 2, 4, 8) against a block per (query, list), bit for
+// bit: every metric, 1 to 8 bits, plane padding; batches that share lists
+// (clustered queries, few lists) from 2 queries to past the graphs' 128;
+// a few probes and every list; key ranges, lower bounds; lists split over
+// several blocks; more distinct probed lists than the grouping's scan
+// block (256); empty lists; after removals; 768 and 2000 dimensions (the
+// tables of 8 queries do not fit a block there: fewer). Against the CPU
+// engine the default (8) runs in every other test of this file.
+TEST(RabitqIndex, GroupedListBlocksAsOne)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(4512);
+    for_each_rabitq_shape("rabitq grouped", s, {1, 4, 8}, [s](size_t d, int bits, Metric metric) {
+        const size_t n = 3000, lists = 12;
+        Fixture fx(d, lists, n, bits, metric, s);
+        GpuRabitqIndex index(ctx(), d, lists, bits, metric, fx.cent.data(), fx.blob.data(), true);
+        index.add(n, fx.list_ids.data(), fx.rows.data(), fx.ids.data(), fx.keys.data());
+        const std::vector<float> q = clustered(140, d, 8, 3.0f, s + 1);
+        for (int group : {2, 4, 8})
+            for (size_t nq : {size_t(2), size_t(3), size_t(9), size_t(140)})
+                for (size_t nprobe : {size_t(3), lists})
+                    for (bool ranged : {false, true}) {
+                        const float eps0 = ranged ? gpuivfpq::kRabitqLowerEps0 : 0.0f;
+                        const size_t k = nq == 9 ? 100 : 10;
+                        SCOPED_TRACE("group " + std::to_string(group) + " nq " + std::to_string(nq) + " nprobe " +
+                                     std::to_string(nprobe) + " ranged " + std::to_string(ranged));
+                        same_as_ungrouped(index, q, nq, k, nprobe, ranged, eps0, group);
+                    }
+        // One query never groups.
+        same_as_ungrouped(index, q, 1, 10, lists, true, 0.0f, 8, false);
+        // After removals.
+        std::vector<int64_t> gone;
+        for (size_t i = 0; i < n; i += 3)
+            gone.push_back(fx.ids[i]);
+        ASSERT_EQ(index.remove_ids(gone.data(), gone.size()), gone.size());
+        same_as_ungrouped(index, q, 9, 100, lists, true, gpuivfpq::kRabitqLowerEps0, 8);
+        // Empty lists among the probed ones.
+        GpuRabitqIndex sparse(ctx(), d, lists, bits, metric, fx.cent.data(), fx.blob.data(), true);
+        std::vector<size_t> kept;
+        for (size_t i = 0; i < n; i++)
+            if (fx.list_ids[i] % 3 != 0)
+                kept.push_back(i);
+        add_rows(sparse, fx, kept);
+        for (bool ranged : {false, true})
+            same_as_ungrouped(sparse, q, 7, 100, lists, ranged, gpuivfpq::kRabitqLowerEps0, 4);
+    });
+    {
+        // Lists of 20,000 rows: 20 blocks each.
+        SCOPED_TRACE(shape("rabitq grouped long lists", {}, s));
+        Loaded L(32, 3, 60000, s);
+        const std::vector<float> q = clustered(6, 32, 8, 3.0f, s + 2);
+        for (int group : {2, 8})
+            for (bool ranged : {false, true})
+                same_as_ungrouped(L.index, q, 6, 100, 3, ranged, gpuivfpq::kRabitqLowerEps0, group);
+    }
+    {
+        // 600 lists, 300 probed by each of 5 queries: the plan's scan block
+        // carries over three rounds.
+        SCOPED_TRACE(shape("rabitq grouped many lists", {}, s));
+        Loaded L(8, 600, 9000, s);
+        const std::vector<float> q = clustered(5, 8, 8, 3.0f, s + 3);
+        for (bool ranged : {false, true})
+            same_as_ungrouped(L.index, q, 5, 100, 300, ranged, 0.0f, 8);
+    }
+    for (size_t d : {size_t(768), size_t(2000)}) {
+        SCOPED_TRACE(shape("rabitq grouped wide", {{"d", double(d)}}, s));
+        const size_t n = 1500, lists = 6;
+        Fixture fx(d, lists, n, 4, Metric::L2, s);
+        GpuRabitqIndex index(ctx(), d, lists, 4, Metric::L2, fx.cent.data(), fx.blob.data(), true);
+        index.add(n, fx.list_ids.data(), fx.rows.data(), fx.ids.data(), fx.keys.data());
+        const std::vector<float> q = clustered(12, d, 8, 3.0f, s + 4);
+        for (int group : {2, 8})
+            same_as_ungrouped(index, q, 12, 100, 4, true, gpuivfpq::kRabitqLowerEps0, group);
+        std::vector<bool> live(n, true);
+        compare(index, fx, q, 12, 100, 4, live, true, gpuivfpq::kRabitqLowerEps0);
     }
 }
 
