@@ -281,7 +281,7 @@ void rabitq_data_bench(GpuContext& ctx, const std::vector<float>& hbase, const s
                         at += b;
                     }, b >= 1000 ? 3 : 20, 2);
                 }
-                index.set_group_queries(8);
+                index.set_group_queries(0);
                 index.set_small_batch_max(0);
                 double best = ms[0];
                 for (int r = 1; r < 5; r++)

@@ -53,8 +53,19 @@ constexpr int kRowsPerBlock = 4 * kThreads;
 // The candidates of one tile of queries (nq x nprobe x the longest list
 // floats) are kept below this many bytes, unless one query alone needs more.
 constexpr size_t kTileBytes = size_t(256) << 20;
-// Queries a list block scores at once by default (set_group_queries).
-constexpr int kGroupMax = 8;
+// Queries a list block scores at once by default (set_group_queries 0):
+// kGroupQueries for tiles of at least kGroupFromQueries queries whose code
+// planes are at least kGroupFromPlaneBytes wide, else one. Measured on an
+// H100 (gpu_bench --rabitq-data: tools/gen_synthetic's sets, their k-means
+// lists, k 100, nprobe 32): at 768 dimensions and 4 bits, groups of 4 took
+// 0.79x the time of single queries from batches of 32 to 10,000 (1.75 ms
+// against 2.03 at 64; 22.5 against 28.4 at 1000) and about the same at 16
+// and below; at 128 dimensions every group size was slower (1.7x at
+// 10,000 for 8): narrow rows are cheap to read again, and the grouped
+// blocks build tables one query after another at a lower occupancy.
+constexpr int kGroupQueries = 4;
+constexpr size_t kGroupFromQueries = 32;
+constexpr size_t kGroupFromPlaneBytes = 64;
 
 // Up to G pairs (query, probed list) of one list, whose rows a block scores
 // for all of them in one pass (their positions in the probe array).
@@ -332,7 +343,7 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
     size_t small_batch_max = 0;  // set_small_batch_max
     int small_cluster = 0;       // set_small_cluster
     size_t small_launches = 0;
-    int group_max = kGroupMax;  // set_group_queries
+    int group_max = 0;          // set_group_queries (0: by the shape)
     size_t grouped = 0;         // grouped_searches
     int group_blocks[4] = {0, 0, 0, 0};  // resident list blocks a multiprocessor, G = 1, 2, 4, 8
     // From this many queries the one-launch path's coarse keys come from a
@@ -393,13 +404,17 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
         return p;
     }
     // Queries a list block of a tile of nt scores at once: the power of two
-    // at or above nt, at most group_max and 8, whose tables fit a block.
+    // at or above nt, at most the limit (set_group_queries, or by the
+    // shape) and 8, whose tables fit a block.
     int group_of(size_t nt) const
     {
+        int most = group_max;
+        if (most == 0)
+            most = nt >= kGroupFromQueries && plane_bytes >= kGroupFromPlaneBytes ? kGroupQueries : 1;
         int g = 1;
-        while (g < group_max && size_t(g) < nt && g < 8)
+        while (g < most && size_t(g) < nt && g < 8)
             g <<= 1;
-        while (g > 1 && (g > group_max || group_blocks[log2_of(g)] < 1))
+        while (g > 1 && (g > most || group_blocks[log2_of(g)] < 1))
             g >>= 1;
         return g;
     }
@@ -794,7 +809,7 @@ void GpuRabitqIndex::set_small_batch_max(size_t queries) { impl_->small_batch_ma
 
 void GpuRabitqIndex::set_group_queries(int queries)
 {
-    require(queries >= 1 && queries <= 8, "GPU RaBitQ: queries a list block scores outside [1, 8]");
+    require(queries >= 0 && queries <= 8, "GPU RaBitQ: queries a list block scores outside [0, 8]");
     impl_->group_max = queries;
 }
 

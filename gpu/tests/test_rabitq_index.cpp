@@ -350,7 +350,7 @@ void same_as_ungrouped(GpuRabitqIndex& index, const std::vector<float>& q, size_
             before = index.grouped_searches();
         index.set_group_queries(second ? group : 1);
     });
-    index.set_group_queries(8);
+    index.set_group_queries(0);
     ASSERT_EQ(index.grouped_searches() > before, grouped) << "the path taken";
 }
 }  // namespace
@@ -548,8 +548,9 @@ TEST(RabitqIndex, OneLaunchLongListsAndWideRows)
 // a few probes and every list; key ranges, lower bounds; lists split over
 // several blocks; more distinct probed lists than the grouping's scan
 // block (256); empty lists; after removals; 768 and 2000 dimensions (the
-// tables of 8 queries do not fit a block there: fewer). Against the CPU
-// engine the default (8) runs in every other test of this file.
+// tables of 8 queries do not fit a block there: fewer), where the default
+// groups (from 32 queries) against the CPU engine too; smaller batches of
+// the other tests compare single-query blocks with it.
 TEST(RabitqIndex, GroupedListBlocksAsOne)
 {
     GPU_REQUIRE_DEVICE();
@@ -612,11 +613,13 @@ TEST(RabitqIndex, GroupedListBlocksAsOne)
         Fixture fx(d, lists, n, 4, Metric::L2, s);
         GpuRabitqIndex index(ctx(), d, lists, 4, Metric::L2, fx.cent.data(), fx.blob.data(), true);
         index.add(n, fx.list_ids.data(), fx.rows.data(), fx.ids.data(), fx.keys.data());
-        const std::vector<float> q = clustered(12, d, 8, 3.0f, s + 4);
+        const std::vector<float> q = clustered(40, d, 8, 3.0f, s + 4);
         for (int group : {2, 8})
             same_as_ungrouped(index, q, 12, 100, 4, true, gpuivfpq::kRabitqLowerEps0, group);
         std::vector<bool> live(n, true);
-        compare(index, fx, q, 12, 100, 4, live, true, gpuivfpq::kRabitqLowerEps0);
+        const size_t before = index.grouped_searches();
+        compare(index, fx, q, 40, 100, 4, live, true, gpuivfpq::kRabitqLowerEps0);
+        ASSERT_GT(index.grouped_searches(), before) << "the default groups 40 queries at d " << d;
     }
 }
 
