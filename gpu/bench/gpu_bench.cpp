@@ -211,8 +211,11 @@ void rabitq_index_bench(GpuContext& ctx, size_t profile_batch = 0)
 // per call of k 100 candidates by lower bounds, as the service asks, by
 // batch: list blocks scoring up to 8, 4, 2 and 1 queries' pairs of a list
 // at once (set_group_queries), and the one launch (set_small_batch_max).
+// profile_batch > 0 (`--profile B`, for a profiler): no table; three
+// calls of B queries at nprobe 32 with single-query list blocks, then three
+// in groups of 4.
 void rabitq_data_bench(GpuContext& ctx, const std::vector<float>& hbase, const std::vector<float>& hq, size_t d,
-                       size_t lists, int bits, const char* what)
+                       size_t lists, int bits, const char* what, size_t profile_batch = 0)
 {
     const size_t n = hbase.size() / d, nq = hq.size() / d;
     KMeansParams kp;
@@ -246,6 +249,19 @@ void rabitq_data_bench(GpuContext& ctx, const std::vector<float>& hbase, const s
             for (size_t i = 0; i < nb; i++)
                 ids[i] = int64_t(a + i);
             index.add(nb, lid.data(), rows.data(), ids.data());
+        }
+        if (profile_batch) {
+            const size_t b = std::min(profile_batch, nq);
+            std::vector<float> dist(b * 100);
+            std::vector<int64_t> labels(b * 100);
+            for (int group : {1, 4})
+                for (int rep = 0; rep < 3; rep++) {
+                    index.set_group_queries(group);
+                    index.search(hq.data(), b, 100, 32, dist.data(), labels.data(), nullptr,
+                                 gpuivfpq::kRabitqLowerEps0);
+                }
+            index.set_group_queries(0);
+            return;
         }
         for (size_t nprobe : {size_t(32), size_t(80)}) {
             if (nprobe == 80 && d > 256)
@@ -446,7 +462,7 @@ int main(int argc, char** argv)
         if (rabitq_data) {
             const size_t l = lists_arg ? lists_arg : std::max<size_t>(1, std::min<size_t>(4096, n / 200));
             rabitq_data_bench(ctx, hbase, hq, d, l, int(std::max<size_t>(1, std::min<size_t>(8, rabitq_bits))),
-                              file_name(base_path));
+                              file_name(base_path), profile_batch);
             return 0;
         }
 
