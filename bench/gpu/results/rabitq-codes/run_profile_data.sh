@@ -1,3 +1,8 @@
+#!/bin/bash
+# ncu of the RaBitQ list blocks (rabitq_pairs_kernel, one query a block and
+# groups of 4) over tools/gen_synthetic's 200k x 768 set and its k-means
+# lists: gpu_bench --rabitq-data --profile B at B = 1000 and 16, each call
+# three times; the details page and the SASS with its counters, to $OUT.
 B=/tmp/gpubin; mkdir -p $B && tar xJf .gpubin/gpubin.tar.xz -C $B; export LD_LIBRARY_PATH=$B:/usr/local/cuda/lib64
 . bench/gpu/data.sh; DIM=768 make_data /tmp/d768 200000 || exit 1
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -6,7 +11,6 @@ for b in 1000 16; do
     $B/gpu_bench --rabitq-data --base /tmp/d768/base.fvecs --queries /tmp/d768/queries.fvecs --lists 1024 --profile $b > $OUT/ncu-run-$b.log 2>&1
   echo "ncu $b rc=$?"
   $NCU -i /tmp/prof$b.ncu-rep --page details --csv > $OUT/ncu-details-$b.csv 2>&1
-  $NCU -i /tmp/prof$b.ncu-rep --page source --csv --print-source sass --launch-skip 0 --launch-count 1 > $OUT/ncu-sass-g1-$b.csv 2>&1
-  $NCU -i /tmp/prof$b.ncu-rep --page source --csv --print-source sass --launch-skip 3 --launch-count 1 > $OUT/ncu-sass-g4-$b.csv 2>&1
+  $NCU -i /tmp/prof$b.ncu-rep --page source --csv --print-source sass 2>&1 | xz -T4 > $OUT/ncu-sass-$b.csv.xz
 done
 ls -la $OUT
