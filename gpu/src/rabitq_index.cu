@@ -313,9 +313,8 @@ const void* pairs_kernel(int G)
     }
 }
 
-void launch_pairs(int G, const PairArgs& a, dim3 grid, size_t plane_bytes, cudaStream_t st)
+void launch_pairs(int G, const PairArgs& a, dim3 grid, size_t smem, cudaStream_t st)
 {
-    const size_t smem = smem_bytes(plane_bytes, G);
     switch (G) {
     case 1:
         rabitq_pairs_kernel<1><<<grid, kThreads, smem, st>>>(a);
@@ -345,6 +344,18 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
     size_t small_launches = 0;
     int group_max = 0;          // set_group_queries (0: by the shape)
     size_t grouped = 0;         // grouped_searches
+    int blocks_per_sm = 0;      // set_list_blocks_per_sm
+    int sm_smem = 0;            // shared memory a multiprocessor
+    // The single-query list blocks' dynamic shared memory: their tables,
+    // or more where blocks_per_sm caps how many share a multiprocessor
+    // (each block takes 1 KiB besides).
+    size_t single_smem() const
+    {
+        const size_t need = smem_bytes(plane_bytes, 1);
+        if (blocks_per_sm <= 0)
+            return need;
+        return std::max(need, size_t(sm_smem) / size_t(blocks_per_sm) - 1024);
+    }
     int group_blocks[4] = {0, 0, 0, 0};  // resident list blocks a multiprocessor, G = 1, 2, 4, 8
     // From this many queries the one-launch path's coarse keys come from a
     // kernel of their own first (each centroid row read once per 4 queries),
@@ -427,7 +438,7 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
         uint32_t eps_bits = 0;
         std::memcpy(&eps_bits, &eps0, sizeof eps_bits);
         SearchGraphs::Key key = {nprobe, eps_bits, p.ld, p.chunks, uint64_t(p.splits), uint64_t(p.radix),
-                                 uint64_t(p.group), uint64_t(sl.cluster), uint64_t(sl.smem)};
+                                 uint64_t(p.group), uint64_t(single_smem()), uint64_t(sl.cluster), uint64_t(sl.smem)};
         for (const DeviceBuffer* b :
              {&centroids, &centroid_norms, &rotation_t, &rotated, &code_ptrs, &id_ptrs, &key_ptrs, &lens})
             key.push_back(reinterpret_cast<uintptr_t>(b->data()));
@@ -635,9 +646,10 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
             a.ngroups = counts + 1;
             // Enough blocks to fill the device; they take the items in turn.
             const size_t resident = size_t(std::max(ctx.multiprocessors(), 1)) * size_t(group_blocks[log2_of(G)]);
-            launch_pairs(G, a, dim3(unsigned(std::min(npairs * size_t(a.splits), resident))), plane_bytes, st());
+            launch_pairs(G, a, dim3(unsigned(std::min(npairs * size_t(a.splits), resident))),
+                         smem_bytes(plane_bytes, G), st());
         } else {
-            launch_pairs(1, a, dim3(unsigned(nprobe * size_t(a.splits)), unsigned(nt)), plane_bytes, st());
+            launch_pairs(1, a, dim3(unsigned(nprobe * size_t(a.splits)), unsigned(nt)), single_smem(), st());
         }
         // The candidates past a query's last probed row are never read.
         SelectArgs sel;
@@ -691,6 +703,9 @@ GpuRabitqIndex::GpuRabitqIndex(GpuContext& ctx, size_t d, size_t lists, int bits
             GPU_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
         GPU_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&I.group_blocks[i], kernel, kThreads, bytes));
     }
+    // The single-query blocks may ask for more (set_list_blocks_per_sm).
+    GPU_CUDA_CHECK(cudaFuncSetAttribute(pairs_kernel(1), cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+    GPU_CUDA_CHECK(cudaDeviceGetAttribute(&I.sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
     const float* rotation = static_cast<const float*>(model);
     const double* pc =
         reinterpret_cast<const double*>(static_cast<const char*>(model) + rabitq_rotated_offset(d));
@@ -822,6 +837,12 @@ void GpuRabitqIndex::set_small_cluster(int blocks)
 size_t GpuRabitqIndex::small_search_launches() const { return impl_->small_launches; }
 
 size_t GpuRabitqIndex::grouped_searches() const { return impl_->grouped; }
+
+void GpuRabitqIndex::set_list_blocks_per_sm(int blocks)
+{
+    require(blocks >= 0 && blocks <= 32, "GPU RaBitQ: list blocks a multiprocessor outside [0, 32]");
+    impl_->blocks_per_sm = blocks;
+}
 
 size_t GpuRabitqIndex::search_graph_launches() const { return impl_->graphs.launches(); }
 

@@ -616,6 +616,14 @@ TEST(RabitqIndex, GroupedListBlocksAsOne)
         const std::vector<float> q = clustered(40, d, 8, 3.0f, s + 4);
         for (int group : {2, 8})
             same_as_ungrouped(index, q, 12, 100, 4, true, gpuivfpq::kRabitqLowerEps0, group);
+        // Single-query blocks capped at 3 a multiprocessor (their shared
+        // memory padded).
+        same_answers(index, q, 12, 100, 4, true, gpuivfpq::kRabitqLowerEps0, [&](bool second) {
+            index.set_group_queries(1);
+            index.set_list_blocks_per_sm(second ? 3 : 0);
+        });
+        index.set_group_queries(0);
+        index.set_list_blocks_per_sm(0);
         std::vector<bool> live(n, true);
         const size_t before = index.grouped_searches();
         compare(index, fx, q, 40, 100, 4, live, true, gpuivfpq::kRabitqLowerEps0);

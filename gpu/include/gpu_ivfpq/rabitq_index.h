@@ -100,6 +100,10 @@ public:
     // test aid.
     void set_group_queries(int queries);
     size_t grouped_searches() const;  // tiles whose pairs were grouped (a replayed graph's too)
+    // At most this many single-query list blocks on a multiprocessor (their
+    // shared memory padded; 0, the default: as many as fit), so that the
+    // rows they read in flight stay in L1. Bench aid.
+    void set_list_blocks_per_sm(int blocks);
     size_t small_search_launches() const;
 
     // Test aid: the probed lists of each query as the search picks them
