@@ -346,6 +346,7 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
     size_t grouped = 0;         // grouped_searches
     int blocks_per_sm = 0;      // set_list_blocks_per_sm
     int sm_smem = 0;            // shared memory a multiprocessor
+    size_t single_max = 0;      // the single-query blocks' most dynamic shared memory
     // The single-query list blocks' dynamic shared memory: their tables,
     // or more where blocks_per_sm caps how many share a multiprocessor
     // (each block takes 1 KiB besides).
@@ -354,7 +355,7 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
         const size_t need = smem_bytes(plane_bytes, 1);
         if (blocks_per_sm <= 0)
             return need;
-        return std::max(need, size_t(sm_smem) / size_t(blocks_per_sm) - 1024);
+        return std::max(need, std::min(single_max, size_t(sm_smem) / size_t(blocks_per_sm) - 1024));
     }
     int group_blocks[4] = {0, 0, 0, 0};  // resident list blocks a multiprocessor, G = 1, 2, 4, 8
     // From this many queries the one-launch path's coarse keys come from a
@@ -704,7 +705,11 @@ GpuRabitqIndex::GpuRabitqIndex(GpuContext& ctx, size_t d, size_t lists, int bits
         GPU_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&I.group_blocks[i], kernel, kThreads, bytes));
     }
     // The single-query blocks may ask for more (set_list_blocks_per_sm).
-    GPU_CUDA_CHECK(cudaFuncSetAttribute(pairs_kernel(1), cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+    cudaFuncAttributes fa{};
+    GPU_CUDA_CHECK(cudaFuncGetAttributes(&fa, pairs_kernel(1)));
+    I.single_max = size_t(optin) - fa.sharedSizeBytes;
+    GPU_CUDA_CHECK(
+        cudaFuncSetAttribute(pairs_kernel(1), cudaFuncAttributeMaxDynamicSharedMemorySize, int(I.single_max)));
     GPU_CUDA_CHECK(cudaDeviceGetAttribute(&I.sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
     const float* rotation = static_cast<const float*>(model);
     const double* pc =
