@@ -9,6 +9,7 @@
 #include "context_impl.h"
 #include "cuda_check.h"
 #include "ivfpq_kernels.h"
+#include "list_layout.cuh"
 #include "search_parts.cuh"
 
 namespace gpuivfpq::gpu {
@@ -199,8 +200,8 @@ constexpr int kRemoveStagedMaxM = 128;
 // move can overwrite it, with no barrier. Rows go kRemoveRowGroup at a
 // time, all read before any is written (memory-level parallelism), which
 // keeps that order within the group. move_to[r]: row base + r's slot, or -1.
-template <typename T>
-__device__ void move_rows(T* rows, int width, int base, int chunk, const int* move_to)
+template <typename T, typename At>
+__device__ void move_rows(T* rows, int width, int base, int chunk, const int* move_to, At at)
 {
     for (int r0 = 0; r0 < chunk; r0 += kRemoveRowGroup) {
         const int nr = min(kRemoveRowGroup, chunk - r0);
@@ -208,11 +209,11 @@ __device__ void move_rows(T* rows, int width, int base, int chunk, const int* mo
             T v[kRemoveRowGroup];
 #pragma unroll
             for (int u = 0; u < kRemoveRowGroup; ++u)
-                v[u] = u < nr && move_to[r0 + u] >= 0 ? rows[(static_cast<int64_t>(base) + r0 + u) * width + t] : T();
+                v[u] = u < nr && move_to[r0 + u] >= 0 ? rows[at(static_cast<int64_t>(base) + r0 + u, t)] : T();
 #pragma unroll
             for (int u = 0; u < kRemoveRowGroup; ++u)
                 if (u < nr && move_to[r0 + u] >= 0)
-                    rows[static_cast<int64_t>(move_to[r0 + u]) * width + t] = v[u];
+                    rows[at(static_cast<int64_t>(move_to[r0 + u]), t)] = v[u];
         }
     }
 }
@@ -227,13 +228,13 @@ __device__ void move_rows(T* rows, int width, int base, int chunk, const int* mo
 __global__ void __launch_bounds__(kRemoveThreads)
     remove_ids_kernel(uint8_t* const* list_codes, int64_t* const* list_ids, float* const* list_vt,
                       float* const* list_vectors, int64_t* const* list_keys, const int32_t* list_len,
-                      int m, int d, const int64_t* gone, int64_t ngone, int32_t* new_len)
+                      int m, int d, const int64_t* gone, int64_t ngone, int32_t* new_len, bool interleaved)
 {
     using BlockScan = cub::BlockScan<int, kRemoveThreads>;
     __shared__ typename BlockScan::TempStorage scan_storage;
     __shared__ int move_to[kRemoveThreads];  // chunk entry -> its new row, -1: stays or goes
     extern __shared__ uint8_t staged_codes[];  // kRemoveThreads x m (narrow codes)
-    const bool staged = m <= kRemoveStagedMaxM;
+    const bool staged = m <= kRemoveStagedMaxM && !interleaved;
     const int list = blockIdx.x;
     const int len = list_len[list];
     uint8_t* codes = list_codes[list];
@@ -281,9 +282,14 @@ __global__ void __launch_bounds__(kRemoveThreads)
             move_to[threadIdx.x] = i < len && keep && dst != i ? dst : -1;
             __syncthreads();
             if (vecs)
-                move_rows(vecs, d, base, chunk, move_to);
-            if (!staged)
-                move_rows(reinterpret_cast<uint32_t*>(codes), m / 4, base, chunk, move_to);
+                move_rows(vecs, d, base, chunk, move_to, [d](int64_t r, int t) { return r * d + t; });
+            const int words = m / 4;
+            if (interleaved)
+                move_rows(reinterpret_cast<uint32_t*>(codes), words, base, chunk, move_to,
+                          [words](int64_t r, int t) { return interleaved_word(r, t, words); });
+            else if (!staged)
+                move_rows(reinterpret_cast<uint32_t*>(codes), words, base, chunk, move_to,
+                          [words](int64_t r, int t) { return r * words + t; });
         }
         kept += chunk_kept;
         __syncthreads();  // staged codes, scan storage and move_to are reused
@@ -391,14 +397,16 @@ void launch_exact_base(const float* queries, int64_t nq, int nprobe, int d, cons
 void launch_remove_ids(uint8_t* const* list_codes, int64_t* const* list_ids, float* const* list_vt,
                        float* const* list_vectors, int64_t* const* list_keys, const int32_t* list_len,
                        int64_t lists, int m, int d, const int64_t* sorted_ids, int64_t n,
-                       int32_t* new_len, cudaStream_t st)
+                       int32_t* new_len, bool interleaved, cudaStream_t st)
 {
     if (!lists)
         return;
-    require(m <= kRemoveStagedMaxM || m % 4 == 0, "remove_ids: codes wider than 128 bytes must be whole words");
+    require((m <= kRemoveStagedMaxM && !interleaved) || m % 4 == 0,
+            "remove_ids: codes wider than 128 bytes or interleaved must be whole words");
+    const bool staged = m <= kRemoveStagedMaxM && !interleaved;
     remove_ids_kernel<<<static_cast<unsigned>(lists), kRemoveThreads,
-                        m <= kRemoveStagedMaxM ? static_cast<size_t>(kRemoveThreads) * m : 0, st>>>(
-        list_codes, list_ids, list_vt, list_vectors, list_keys, list_len, m, d, sorted_ids, n, new_len);
+                        staged ? static_cast<size_t>(kRemoveThreads) * m : 0, st>>>(
+        list_codes, list_ids, list_vt, list_vectors, list_keys, list_len, m, d, sorted_ids, n, new_len, interleaved);
     GPU_KERNEL_CHECK();
 }
 
@@ -410,14 +418,23 @@ __global__ void __launch_bounds__(kAppendThreads)
                           float* const* list_vectors, int64_t* const* list_keys, int32_t* list_len,
                           const int32_t* lists, const int32_t* pos, int m, int d, const uint8_t* codes,
                           const int64_t* ids, const float* vt, const float* vectors, const int64_t* keys,
-                          const int32_t* touched, const int32_t* new_len, int64_t nt)
+                          const int32_t* touched, const int32_t* new_len, int64_t nt, bool interleaved)
 {
     const int64_t s = blockIdx.x;
     const int l = lists[s];
     const int64_t p = pos[s];
-    uint8_t* dc = list_codes[l] + p * m;
-    for (int j = threadIdx.x; j < m; j += blockDim.x)
-        dc[j] = codes[s * m + j];
+    if (interleaved) {
+        const int words = m / 4;
+        uint32_t* dw = reinterpret_cast<uint32_t*>(list_codes[l]);
+        const uint8_t* src = codes + s * m;
+        for (int j = threadIdx.x; j < words; j += blockDim.x)
+            dw[interleaved_word(p, j, words)] = uint32_t(src[4 * j]) | uint32_t(src[4 * j + 1]) << 8 |
+                                                uint32_t(src[4 * j + 2]) << 16 | uint32_t(src[4 * j + 3]) << 24;
+    } else {
+        uint8_t* dc = list_codes[l] + p * m;
+        for (int j = threadIdx.x; j < m; j += blockDim.x)
+            dc[j] = codes[s * m + j];
+    }
     if (vectors != nullptr) {
         float* dv = list_vectors[l] + p * d;
         for (int j = threadIdx.x; j < d; j += blockDim.x)
@@ -439,13 +456,14 @@ void launch_append_entries(uint8_t* const* list_codes, int64_t* const* list_ids,
                            const int32_t* lists, const int32_t* pos, int64_t n, int m, int d,
                            const uint8_t* codes, const int64_t* ids, const float* vt, const float* vectors,
                            const int64_t* keys, const int32_t* touched, const int32_t* new_len, int64_t nt,
-                           cudaStream_t st)
+                           bool interleaved, cudaStream_t st)
 {
     if (n <= 0)
         return;
+    require(!interleaved || m % 4 == 0, "append: interleaved codes must be whole words");
     append_entries_kernel<<<static_cast<unsigned>(n), kAppendThreads, 0, st>>>(
         list_codes, list_ids, list_vt, list_vectors, list_keys, list_len, lists, pos, m, d, codes, ids, vt,
-        vectors, keys, touched, new_len, nt);
+        vectors, keys, touched, new_len, nt, interleaved);
     GPU_KERNEL_CHECK();
 }
 

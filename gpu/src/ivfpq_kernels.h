@@ -57,11 +57,12 @@ void launch_decode_labels(const int32_t* pos, int64_t nq, int k, int nprobe, con
 // list has one (list_vt[l] != null) its per-vector term 1, where
 // list_vectors is not null the stored vectors (d floats each) and where
 // list_keys is not null the filter keys. Device arrays of lists entries;
-// new_len[l] receives the entries list l keeps.
+// new_len[l] receives the entries list l keeps. interleaved: the codes as
+// list_layout.cuh interleaves them (m a multiple of 4).
 void launch_remove_ids(uint8_t* const* list_codes, int64_t* const* list_ids, float* const* list_vt,
                        float* const* list_vectors, int64_t* const* list_keys, const int32_t* list_len,
                        int64_t lists, int m, int d, const int64_t* sorted_ids, int64_t n,
-                       int32_t* new_len, cudaStream_t st);
+                       int32_t* new_len, bool interleaved, cudaStream_t st);
 
 // Appends n staged entries in one launch: entry s goes to list lists[s] at
 // position pos[s] (the list's size before the batch plus its rank in the
@@ -69,12 +70,13 @@ void launch_remove_ids(uint8_t* const* list_codes, int64_t* const* list_ids, flo
 // not null its per-vector term, where vectors is not null its d floats, where
 // keys is not null its filter key (the device arrays of per-list pointers
 // must already name buffers large enough). Then list_len[touched[i]] =
-// new_len[i] for the nt touched lists (nt <= n).
+// new_len[i] for the nt touched lists (nt <= n). interleaved: the codes
+// written as list_layout.cuh interleaves them (m a multiple of 4).
 void launch_append_entries(uint8_t* const* list_codes, int64_t* const* list_ids, float* const* list_vt,
                            float* const* list_vectors, int64_t* const* list_keys, int32_t* list_len,
                            const int32_t* lists, const int32_t* pos, int64_t n, int m, int d,
                            const uint8_t* codes, const int64_t* ids, const float* vt, const float* vectors,
                            const int64_t* keys, const int32_t* touched, const int32_t* new_len, int64_t nt,
-                           cudaStream_t st);
+                           bool interleaved, cudaStream_t st);
 
 }  // namespace gpuivfpq::gpu

@@ -9,11 +9,14 @@
 #include "engine/error.h"
 #include "gpu_ivfpq/gpu_context.h"
 #include "ivfpq_kernels.h"
+#include "list_layout.cuh"
 
 namespace gpuivfpq::gpu {
 
-void ListStore::init_lists(size_t d_, size_t lists_, size_t m_, bool vt, bool vectors, bool keys)
+void ListStore::init_lists(size_t d_, size_t lists_, size_t m_, bool vt, bool vectors, bool keys, bool interleave)
 {
+    require(!interleave || m_ % 4 == 0, "interleaved list codes must be whole words");
+    interleaved = interleave;
     d = d_;
     lists = lists_;
     m = m_;
@@ -38,7 +41,9 @@ void ListStore::grow(size_t l, size_t need)
     if (need <= L.cap)
         return;
     const cudaStream_t st = ctx.impl().stream;
-    const size_t cap = std::max(need, L.cap + L.cap / 2);
+    size_t cap = std::max(need, L.cap + L.cap / 2);
+    if (interleaved)  // whole blocks
+        cap = (cap + kInterleaveRows - 1) / kInterleaveRows * kInterleaveRows;
     DeviceBuffer codes(ctx, cap * m), ids(ctx, cap * sizeof(int64_t));
     DeviceBuffer vt = has_vt ? DeviceBuffer(ctx, cap * sizeof(float)) : DeviceBuffer();
     DeviceBuffer vecs = has_vectors ? DeviceBuffer(ctx, cap * d * sizeof(float)) : DeviceBuffer();
@@ -52,7 +57,11 @@ void ListStore::grow(size_t l, size_t need)
         GPU_CUDA_CHECK(cudaMemcpyAsync(keys.data(), L.keys.data(), L.size * sizeof(int64_t),
                                        cudaMemcpyDeviceToDevice, st));
     if (L.size) {
-        GPU_CUDA_CHECK(cudaMemcpyAsync(codes.data(), L.codes.data(), L.size * m, cudaMemcpyDeviceToDevice, st));
+        // Interleaved: the blocks the entries occupy (a prefix, whatever
+        // the capacity).
+        const size_t rows =
+            interleaved ? (L.size + kInterleaveRows - 1) / kInterleaveRows * kInterleaveRows : L.size;
+        GPU_CUDA_CHECK(cudaMemcpyAsync(codes.data(), L.codes.data(), rows * m, cudaMemcpyDeviceToDevice, st));
         GPU_CUDA_CHECK(cudaMemcpyAsync(ids.data(), L.ids.data(), L.size * sizeof(int64_t), cudaMemcpyDeviceToDevice,
                                        st));
     }
@@ -229,7 +238,7 @@ void ListStore::append(const char* who, size_t n, const int32_t* list_ids, const
                           vec_ptrs.as<float* const>(), key_ptrs.as<int64_t* const>(), lens.as<int32_t>(), dl, dpos,
                           static_cast<int64_t>(n), static_cast<int>(m), static_cast<int>(d), dcodes, dids,
                           has_vt ? dvt : nullptr, vectors ? dvecs : nullptr, keys ? dkeys : nullptr, dtouched,
-                          dlen, static_cast<int64_t>(nt), st);
+                          dlen, static_cast<int64_t>(nt), interleaved, st);
     for (int32_t l : touched) {
         lst[l].size += count[l + 1] - count[l];
         max_len = std::max(max_len, lst[l].size);
@@ -267,7 +276,7 @@ size_t ListStore::remove(const int64_t* ids, size_t n)
     launch_remove_ids(code_ptrs.as<uint8_t* const>(), id_ptrs.as<int64_t* const>(), vt_ptrs.as<float* const>(),
                       vec_ptrs.as<float* const>(), key_ptrs.as<int64_t* const>(), lens.as<int32_t>(),
                       static_cast<int64_t>(lists), static_cast<int>(m), static_cast<int>(d), dgone,
-                      static_cast<int64_t>(gone.size()), dlen, ctx.impl().stream);
+                      static_cast<int64_t>(gone.size()), dlen, interleaved, ctx.impl().stream);
     std::vector<int32_t> kept(lists);
     copy_to_host(ctx, kept.data(), dlen, lists * sizeof(int32_t));  // waits
     size_t removed = 0;

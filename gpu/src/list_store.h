@@ -93,6 +93,9 @@ struct ListStore {
     size_t d = 0, lists = 0, m = 0;
     // What each entry keeps besides its code and id.
     bool has_vt = false, has_vectors = false, has_keys = false;
+    // Codes interleaved (list_layout.cuh; m a multiple of 4), capacities
+    // whole blocks of kInterleaveRows; row-major otherwise.
+    bool interleaved = false;
 
     struct List {
         DeviceBuffer codes, ids, vt;  // vt: one float term per entry (has_vt)
@@ -113,7 +116,7 @@ struct ListStore {
 
     // Allocates lists empty lists and their pointer arrays (on the device,
     // uploaded). d may be 0 without vectors.
-    void init_lists(size_t d, size_t lists, size_t m, bool vt, bool vectors, bool keys);
+    void init_lists(size_t d, size_t lists, size_t m, bool vt, bool vectors, bool keys, bool interleave = false);
 
     // Grows list l to hold need entries (contents kept; capacity by half
     // at least).

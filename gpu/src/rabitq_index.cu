@@ -200,10 +200,10 @@ __global__ void __launch_bounds__(kThreads) rabitq_pairs_kernel(PairArgs a)
                         (G == 1 ? out0 : mout[g])[r] = inf;
                 continue;
             }
-            const uint8_t* row = rows + size_t(r) * a.row_bytes;
+            const uint32_t* row = interleaved_row(rows, r, a.row_bytes / 4);
             float ip[G];
-            rabitq_code_ips_nibbles<G>(luts, lut_stride, gn, row, a.plane_bytes, a.bits, ip);
-            const RabitqFactors f = *reinterpret_cast<const RabitqFactors*>(row + a.code_bytes);
+            rabitq_code_ips_nibbles<G>(luts, lut_stride, gn, row, kInterleaveRows, a.plane_bytes, a.bits, ip);
+            const RabitqFactors f = rabitq_factors_at(row, kInterleaveRows, a.code_bytes);
 #pragma unroll
             for (int g = 0; g < G; g++)
                 if (g < gn)
@@ -733,7 +733,8 @@ GpuRabitqIndex::GpuRabitqIndex(GpuContext& ctx, size_t d, size_t lists, int bits
     }
     I.rotated = DeviceBuffer(ctx, lists * d * sizeof(double));
     I.rotated.upload(pc, lists * d * sizeof(double));
-    I.init_lists(d, lists, rabitq_row_bytes(d, bits), false, false, filter_keys);  // no vectors, no terms
+    // No vectors, no terms; the rows interleaved (list_layout.cuh).
+    I.init_lists(d, lists, rabitq_row_bytes(d, bits), false, false, filter_keys, true);
     ctx.synchronize();
 }
 

@@ -9,6 +9,7 @@
 #include "engine/distances.h"
 #include "engine/rabitq.h"
 #include "engine/search_limits.h"
+#include "list_layout.cuh"
 
 namespace gpuivfpq::gpu {
 
@@ -72,16 +73,18 @@ __device__ __forceinline__ float rabitq_nibble_word(float s, uint32_t word, cons
 // plane words are loaded once for the G sums, each summed in the order of
 // the single sum below (the same floats). The list blocks of a batch whose
 // queries share a list score its rows for several queries in one pass.
+// The code's word w is row[w * stride] (stride kInterleaveRows in the
+// mirror's interleaved lists, list_layout.cuh).
 template <int G>
-__device__ __forceinline__ void rabitq_code_ips_nibbles(const char* luts, int lut_stride, int gn,
-                                                        const uint8_t* code, int plane_bytes, int bits, float* ip)
+__device__ __forceinline__ void rabitq_code_ips_nibbles(const char* luts, int lut_stride, int gn, const uint32_t* row,
+                                                        int stride, int plane_bytes, int bits, float* ip)
 {
     const int words = plane_bytes / 4;
 #pragma unroll
     for (int g = 0; g < G; g++)
         ip[g] = 0.0f;
     for (int p = 0; p < bits; p++) {
-        const uint32_t* plane = reinterpret_cast<const uint32_t*>(code + size_t(p) * plane_bytes);
+        const uint32_t* plane = row + size_t(p) * words * stride;
         const char* t = luts;
         float s[G];
 #pragma unroll
@@ -92,7 +95,7 @@ __device__ __forceinline__ void rabitq_code_ips_nibbles(const char* luts, int lu
             uint32_t x[4];  // bytes 4w .. 4w + 15, little endian
 #pragma unroll
             for (int i = 0; i < 4; i++)
-                x[i] = __ldg(plane + w + i);
+                x[i] = __ldg(plane + (w + i) * stride);
 #pragma unroll
             for (int g = 0; g < G; g++)
                 if (G == 1 || g < gn)
@@ -101,7 +104,7 @@ __device__ __forceinline__ void rabitq_code_ips_nibbles(const char* luts, int lu
                         s[g] = rabitq_nibble_word(s[g], x[i], t + g * lut_stride + 512 * i);
         }
         for (; w < words; w++, t += 512) {
-            const uint32_t x = __ldg(plane + w);
+            const uint32_t x = __ldg(plane + w * stride);
 #pragma unroll
             for (int g = 0; g < G; g++)
                 if (G == 1 || g < gn)
@@ -113,12 +116,15 @@ __device__ __forceinline__ void rabitq_code_ips_nibbles(const char* luts, int lu
     }
 }
 
-__device__ __forceinline__ float rabitq_code_ip_nibbles(const float* nib, const uint8_t* code, int plane_bytes,
-                                                        int bits)
+// A row's factors (the words after its code_bytes / 4 code words).
+__device__ __forceinline__ RabitqFactors rabitq_factors_at(const uint32_t* row, int stride, int code_bytes)
 {
-    float ip;
-    rabitq_code_ips_nibbles<1>(reinterpret_cast<const char*>(nib), 0, 1, code, plane_bytes, bits, &ip);
-    return ip;
+    const uint32_t* f = row + size_t(code_bytes / 4) * stride;
+    RabitqFactors out;
+    out.add = __uint_as_float(__ldg(f));
+    out.rescale = __uint_as_float(__ldg(f + stride));
+    out.error = __uint_as_float(__ldg(f + 2 * stride));
+    return out;
 }
 
 // The ranking estimate: base + add_scale * add + ip_scale * (rescale * ip).
@@ -235,12 +241,14 @@ __device__ __forceinline__ float rabitq_key_of(const RabitqFactors& f, float ip,
     return est;
 }
 
-// A row's ranking key from its list's nibble tables.
-__device__ __forceinline__ float rabitq_row_key(const uint8_t* row, const float* lut, int plane_bytes, int bits,
-                                                int code_bytes, const RabitqListTerms& t, float eps0)
+// A row's ranking key from its list's nibble tables (word w of the row at
+// row[w * stride]).
+__device__ __forceinline__ float rabitq_row_key(const uint32_t* row, int stride, const float* lut, int plane_bytes,
+                                                int bits, int code_bytes, const RabitqListTerms& t, float eps0)
 {
-    const float ip = rabitq_code_ip_nibbles(lut, row, plane_bytes, bits);
-    return rabitq_key_of(*reinterpret_cast<const RabitqFactors*>(row + code_bytes), ip, t, eps0);
+    float ip;
+    rabitq_code_ips_nibbles<1>(reinterpret_cast<const char*>(lut), 0, 1, row, stride, plane_bytes, bits, &ip);
+    return rabitq_key_of(rabitq_factors_at(row, stride, code_bytes), ip, t, eps0);
 }
 
 }  // namespace gpuivfpq::gpu
