@@ -209,13 +209,9 @@ void rabitq_index_bench(GpuContext& ctx, size_t profile_batch = 0)
 // they probe long lists, and a batch's queries probe many lists in common.
 // Printed: the rows a query probes against lists of even length, then ms
 // per call of k 100 candidates by lower bounds, as the service asks, by
-// batch: list blocks scoring up to 8, 4, 2 and 1 queries' pairs of a list
-// at once (set_group_queries), single-query blocks at most 4 and 6 a
-// multiprocessor (set_list_blocks_per_sm), and the one launch
-// (set_small_batch_max).
-// profile_batch > 0 (`--profile B`, for a profiler): no table; three
-// calls of B queries at nprobe 32 with single-query list blocks, then three
-// in groups of 4.
+// batch: the staged kernels and the one launch (set_small_batch_max).
+// profile_batch > 0 (`--profile B`, for a profiler): no table; three calls
+// of B queries at nprobe 32 by the staged kernels.
 void rabitq_data_bench(GpuContext& ctx, const std::vector<float>& hbase, const std::vector<float>& hq, size_t d,
                        size_t lists, int bits, const char* what, size_t profile_batch = 0)
 {
@@ -227,12 +223,11 @@ void rabitq_data_bench(GpuContext& ctx, const std::vector<float>& hbase, const s
     std::vector<float> cent(lists * d);
     kmeans_train_gpu_host(ctx, hbase.data(), n, d, lists, kp, cent.data());
     std::printf("\n# RaBitQ mirror search over %s: %zu x %zu, %zu k-means lists (GPU), %zu queries; k 100 ranked by\n"
-                "# lower bounds (eps0 %.1f), ms per call (host to host, CUDA graphs up to 128); list blocks\n"
-                "# scoring up to G queries of a list at once (set_group_queries), single-query blocks capped\n"
-                "# per multiprocessor (set_list_blocks_per_sm), and in one launch\n\n",
+                "# lower bounds (eps0 %.1f), ms per call (host to host, CUDA graphs up to 128), by the staged\n"
+                "# kernels and in one launch\n\n",
                 what, n, d, lists, nq, double(gpuivfpq::kRabitqLowerEps0));
-    std::printf("| bits | nprobe | rows probed a query (even lists) | batch | G 8 | G 4 | G 2 | G 1 | G 1, 4 blocks/SM | "
-                "G 1, 6 blocks/SM | one launch | queries/s (best) |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::printf("| bits | nprobe | rows probed a query (even lists) | batch | ms | ms, one launch | queries/s |\n"
+                "|---|---|---|---|---|---|---|\n");
     {
         RabitqModel model(d, lists, bits, Metric::L2, RabitqRotation::generate(d, 4242, 8));
         model.set_centroids(cent.data(), 8);
@@ -257,13 +252,8 @@ void rabitq_data_bench(GpuContext& ctx, const std::vector<float>& hbase, const s
             const size_t b = std::min(profile_batch, nq);
             std::vector<float> dist(b * 100);
             std::vector<int64_t> labels(b * 100);
-            for (int group : {1, 4})
-                for (int rep = 0; rep < 3; rep++) {
-                    index.set_group_queries(group);
-                    index.search(hq.data(), b, 100, 32, dist.data(), labels.data(), nullptr,
-                                 gpuivfpq::kRabitqLowerEps0);
-                }
-            index.set_group_queries(0);
+            for (int rep = 0; rep < 3; rep++)
+                index.search(hq.data(), b, 100, 32, dist.data(), labels.data(), nullptr, gpuivfpq::kRabitqLowerEps0);
             return;
         }
         for (size_t nprobe : {size_t(32), size_t(80)}) {
@@ -282,17 +272,11 @@ void rabitq_data_bench(GpuContext& ctx, const std::vector<float>& hbase, const s
                     continue;
                 std::vector<float> dist(b * 100);
                 std::vector<int64_t> labels(b * 100);
-                // G 8, 4, 2, 1; G 1 at most 4 and 6 blocks a multiprocessor;
-                // one launch.
-                double ms[7] = {0, 0, 0, 0, 0, 0, 0};
-                const int groups[7] = {8, 4, 2, 1, 1, 1, 8};
-                const int cap[7] = {0, 0, 0, 0, 4, 6, 0};
-                for (int r = 0; r < 7; r++) {
-                    if (r == 6 && b > 256)
+                double ms[2] = {0, 0};
+                for (int r = 0; r < 2; r++) {
+                    if (r == 1 && b > 256)
                         continue;
-                    index.set_group_queries(groups[r]);
-                    index.set_list_blocks_per_sm(cap[r]);
-                    index.set_small_batch_max(r == 6 ? 256 : 0);
+                    index.set_small_batch_max(r == 1 ? 256 : 0);
                     // Successive calls take successive queries (a batch's
                     // lists differ from call to call, as under load).
                     size_t at = 0;
@@ -304,18 +288,12 @@ void rabitq_data_bench(GpuContext& ctx, const std::vector<float>& hbase, const s
                         at += b;
                     }, b >= 1000 ? 3 : 20, 2);
                 }
-                index.set_group_queries(0);
-                index.set_list_blocks_per_sm(0);
                 index.set_small_batch_max(0);
-                double best = ms[0];
-                for (int r = 1; r < 7; r++)
-                    if (ms[r] > 0)
-                        best = std::min(best, ms[r]);
+                const double best = ms[1] > 0 ? std::min(ms[0], ms[1]) : ms[0];
                 char one[32] = "-";
-                if (ms[6] > 0)
-                    std::snprintf(one, sizeof one, "%.3f", ms[6]);
-                std::printf("| %d | %zu | %s | %zu | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %s | %.0f |\n", bits,
-                            nprobe, rows_probed, b, ms[0], ms[1], ms[2], ms[3], ms[4], ms[5], one,
+                if (ms[1] > 0)
+                    std::snprintf(one, sizeof one, "%.3f", ms[1]);
+                std::printf("| %d | %zu | %s | %zu | %.3f | %s | %.0f |\n", bits, nprobe, rows_probed, b, ms[0], one,
                             double(b) / (best * 1e-3));
                 std::fflush(stdout);
             }

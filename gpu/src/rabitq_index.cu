@@ -11,7 +11,9 @@
 // to ids through the prefix (the IVF scan's decode). The
 // block keeps nibble tables (16 entries per half byte, an eighth of the
 // byte tables' 256: 2 KiB of shared memory at d = 128, 12 KiB at 768) and
-// sums a byte's two entries as the CPU engine forms its byte entry.
+// sums a byte's two entries as the CPU engine forms its byte entry. The
+// lists' rows are interleaved 32 at a time (list_layout.cuh): a warp's 32
+// threads read the same word of 32 consecutive rows in one transaction.
 #include "gpu_ivfpq/rabitq_index.h"
 
 #include <algorithm>
@@ -20,8 +22,6 @@
 #include <limits>
 #include <string>
 #include <vector>
-
-#include <cub/block/block_scan.cuh>
 
 #include "context_impl.h"
 #include "cuda_check.h"
@@ -53,25 +53,6 @@ constexpr int kRowsPerBlock = 4 * kThreads;
 // The candidates of one tile of queries (nq x nprobe x the longest list
 // floats) are kept below this many bytes, unless one query alone needs more.
 constexpr size_t kTileBytes = size_t(256) << 20;
-// Queries a list block scores at once by default (set_group_queries 0):
-// kGroupQueries for tiles of at least kGroupFromQueries queries whose code
-// planes are at least kGroupFromPlaneBytes wide, else one. Measured on an
-// H100 (gpu_bench --rabitq-data: tools/gen_synthetic's sets, their k-means
-// lists, k 100, nprobe 32): at 768 dimensions and 4 bits, groups of 4 took
-// 0.79x the time of single queries from batches of 32 to 10,000 (1.75 ms
-// against 2.03 at 64; 22.5 against 28.4 at 1000) and about the same at 16
-// and below; at 128 dimensions every group size was slower (1.7x at
-// 10,000 for 8): narrow rows are cheap to read again, and the grouped
-// blocks build tables one query after another at a lower occupancy.
-constexpr int kGroupQueries = 4;
-constexpr size_t kGroupFromQueries = 32;
-constexpr size_t kGroupFromPlaneBytes = 64;
-
-// Up to G pairs (query, probed list) of one list, whose rows a block scores
-// for all of them in one pass (their positions in the probe array).
-struct PairGroup {
-    int32_t list, first, count;  // members[first .. first + count)
-};
 
 struct PairArgs {
     const float* queries;    // nq x d (unit length for Cosine)
@@ -91,246 +72,69 @@ struct PairArgs {
     int d, bits, plane_bytes, code_bytes, row_bytes, nprobe, metric;
     int splits;              // blocks per probed list: kRowsPerBlock rows each
     int64_t ld;
-    // Grouped (G > 1): the pairs grouped by list (group_pairs), the blocks
-    // taking the (group, split) items in turn; null: a block per (pair,
-    // split), the grid (nprobe x splits, nq).
-    const PairGroup* groups;
-    const int32_t* members;  // pair indices, q * nprobe + p
-    const int32_t* ngroups;
 };
 
-// The list blocks: the rows kRowsPerBlock from r0 of a probed list, for up
-// to G queries that probe it. Each query's q' = P q - P c, list terms and
-// nibble tables are built in shared memory (RabitqModel::prepare_list's),
-// then a thread a row loads the row's planes once and sums them against
-// every query's tables (rabitq_code_ips_nibbles): each key is the one the
-// CPU engine computes, written (+inf outside the query's key range) at the
-// row's place in the query's candidates.
-template <int G>
 __global__ void __launch_bounds__(kThreads) rabitq_pairs_kernel(PairArgs a)
 {
     extern __shared__ __align__(16) unsigned char smem[];
-    double* rot = reinterpret_cast<double*>(smem);                                  // plane_bytes * 8
-    char* luts = reinterpret_cast<char*>(rot + size_t(a.plane_bytes) * 8);           // G x plane_bytes * 32 floats
-    const int lut_stride = a.plane_bytes * 32 * int(sizeof(float));
-    __shared__ double part[G][8];
-    __shared__ RabitqListTerms terms[G];
-    __shared__ unsigned long long in_range[G];
-    __shared__ int mq[G];
-    __shared__ float* mout[G];
-    __shared__ int64_t mlo[G], mhi[G];
+    double* rot = reinterpret_cast<double*>(smem);                        // plane_bytes * 8
+    float* lut = reinterpret_cast<float*>(rot + size_t(a.plane_bytes) * 8);  // plane_bytes * 32 (nibbles)
+    __shared__ double part[8];
+    __shared__ RabitqListTerms terms;
+    __shared__ unsigned long long in_range;
 
+    const int q = blockIdx.y, p = blockIdx.x / a.splits;
+    const int r0 = (blockIdx.x % a.splits) * kRowsPerBlock;
+    const int list = a.probe[size_t(q) * a.nprobe + p];
+    if (list < 0)  // the coarse step found fewer lists (never expected): no rows
+        return;
+    const int n = min(a.list_len[list], r0 + kRowsPerBlock);
+    if (r0 >= n)  // uniform over the block
+        return;
+    float* out = a.cand + size_t(q) * a.ld + a.prefix[size_t(q) * (a.nprobe + 1) + p];
     const float inf = __int_as_float(0x7f800000);
     const int d = a.d;
-    const int items = a.groups ? *a.ngroups * a.splits : 1;
-    for (int item = a.groups ? int(blockIdx.x) : 0; item < items; item += a.groups ? int(gridDim.x) : 1) {
-        // The item's list, first row and pairs (uniform over the block).
-        int list, r0, gn, pair0 = 0;
-        const int32_t* members = nullptr;
-        if (a.groups) {
-            const PairGroup g = a.groups[item / a.splits];
-            list = g.list;
-            r0 = (item % a.splits) * kRowsPerBlock;
-            gn = g.count;
-            members = a.members + g.first;
-        } else {
-            pair0 = int(blockIdx.y) * a.nprobe + int(blockIdx.x) / a.splits;
-            list = a.probe[pair0];
-            r0 = (int(blockIdx.x) % a.splits) * kRowsPerBlock;
-            gn = 1;
-        }
-        if (list < 0)  // the coarse step found fewer lists (never expected): no rows
-            continue;
-        const int n = min(a.list_len[list], r0 + kRowsPerBlock);
-        if (r0 >= n)
-            continue;
-        __syncthreads();  // the last item's tables and pairs are no longer read
-        if (threadIdx.x < gn) {
-            const int g = threadIdx.x, pair = members ? members[g] : pair0;
-            const int q = pair / a.nprobe, p = pair % a.nprobe;
-            mq[g] = q;
-            mout[g] = a.cand + size_t(q) * a.ld + a.prefix[size_t(q) * (a.nprobe + 1) + p];
-            mlo[g] = a.key_lo ? a.key_lo[q] : 0;
-            mhi[g] = a.key_lo ? a.key_hi[q] : 0;
-            in_range[g] = 0;
-        }
-        __syncthreads();
-        const float* c = a.centroids + size_t(list) * d;
-        if (threadIdx.x < 8 * gn)
-            part[threadIdx.x >> 3][threadIdx.x & 7] =
-                rabitq_list_part(a.queries + size_t(mq[threadIdx.x >> 3]) * d, c, d, threadIdx.x & 7);
-        for (int g = 0; g < gn; g++) {
-            rabitq_fill_rotated(rot, a.rotated + size_t(mq[g]) * d, a.pc + size_t(list) * d, d, a.plane_bytes,
-                                threadIdx.x, blockDim.x);
-            __syncthreads();
-            rabitq_fill_nibbles(reinterpret_cast<float*>(luts + g * lut_stride), rot, a.plane_bytes, threadIdx.x,
-                                blockDim.x);
-            __syncthreads();
-        }
-        if (threadIdx.x < gn)
-            terms[threadIdx.x] = rabitq_list_terms(part[threadIdx.x], a.metric);
-        __syncthreads();
-        const uint8_t* rows = a.list_rows[list];
-        const int64_t* keys = a.key_lo ? a.list_keys[list] : nullptr;
-        // One query: its terms and answers in registers (the single
-        // query's block kept its 40 registers so, and the occupancy that
-        // keeps 768-d rows in L1).
-        const RabitqListTerms t0 = terms[0];
-        float* const out0 = mout[0];
-        uint32_t mine[G];
-#pragma unroll
-        for (int g = 0; g < G; g++)
-            mine[g] = 0;
-        for (int r = r0 + threadIdx.x; r < n; r += blockDim.x) {
-            uint32_t in = (1u << gn) - 1;  // the pairs whose key range holds the row
-            if (keys) {
-                const int64_t key = keys[r];
-                in = 0;
-#pragma unroll
-                for (int g = 0; g < G; g++)
-                    if (g < gn && mlo[g] <= key && key <= mhi[g]) {
-                        in |= 1u << g;
-                        mine[g]++;
-                    }
-            }
-            if (!in) {
-#pragma unroll
-                for (int g = 0; g < G; g++)
-                    if (g < gn)
-                        (G == 1 ? out0 : mout[g])[r] = inf;
+    const float* qv = a.queries + size_t(q) * d;
+    const float* c = a.centroids + size_t(list) * d;
+    rabitq_fill_rotated(rot, a.rotated + size_t(q) * d, a.pc + size_t(list) * d, d, a.plane_bytes, threadIdx.x,
+                        blockDim.x);
+    if (threadIdx.x < 8)
+        part[threadIdx.x] = rabitq_list_part(qv, c, d, threadIdx.x);
+    if (threadIdx.x == 0)
+        in_range = 0;
+    __syncthreads();
+    rabitq_fill_nibbles(lut, rot, a.plane_bytes, threadIdx.x, blockDim.x);
+    if (threadIdx.x == 0)
+        terms = rabitq_list_terms(part, a.metric);
+    __syncthreads();
+    const uint8_t* rows = a.list_rows[list];
+    const int64_t* keys = a.key_lo ? a.list_keys[list] : nullptr;
+    const int64_t lo = a.key_lo ? a.key_lo[q] : 0, hi = a.key_lo ? a.key_hi[q] : 0;
+    const RabitqListTerms t = terms;
+    unsigned long long mine = 0;
+    for (int r = r0 + threadIdx.x; r < n; r += blockDim.x) {
+        if (keys) {
+            const int64_t key = keys[r];
+            if (!(lo <= key && key <= hi)) {
+                out[r] = inf;
                 continue;
             }
-            const uint32_t* row = interleaved_row(rows, r, a.row_bytes / 4);
-            float ip[G];
-            rabitq_code_ips_nibbles<G>(luts, lut_stride, gn, row, kInterleaveRows, a.plane_bytes, a.bits, ip);
-            const RabitqFactors f = rabitq_factors_at(row, kInterleaveRows, a.code_bytes);
-#pragma unroll
-            for (int g = 0; g < G; g++)
-                if (g < gn)
-                    (G == 1 ? out0 : mout[g])[r] =
-                        (in >> g) & 1u ? rabitq_key_of(f, ip[g], G == 1 ? t0 : terms[g], a.eps0) : inf;
+            mine++;
         }
-        if (a.matched && keys) {
-#pragma unroll
-            for (int g = 0; g < G; g++)
-                if (g < gn && mine[g])
-                    atomicAdd(&in_range[g], (unsigned long long)mine[g]);
-            __syncthreads();
-            if (threadIdx.x < gn && in_range[threadIdx.x])
-                atomicAdd(a.matched + mq[threadIdx.x], in_range[threadIdx.x]);
-        }
+        out[r] = rabitq_row_key(interleaved_row(rows, r, a.row_bytes / 4), kInterleaveRows, lut, a.plane_bytes,
+                                a.bits, a.code_bytes, t, a.eps0);
     }
-}
-
-// Grouping a tile's pairs by list (G > 1), in three steps:
-// group_count_kernel: each pair's slot among its list's pairs (cnt, zeroed
-// first, counts them) and the distinct lists; group_plan_kernel (one
-// block): each distinct list's groups of up to G pairs, where its pairs
-// start in members (start) and the groups' count; group_fill_kernel: each
-// pair into members. A pair's slot depends on the order of the atomics, so
-// the groups do too; each pair's keys do not.
-__global__ void group_count_kernel(const int32_t* probe, int64_t npairs, int32_t* cnt, int32_t* slot,
-                                   int32_t* distinct, int32_t* ndistinct)
-{
-    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= npairs)
-        return;
-    const int list = probe[i];
-    if (list < 0) {
-        slot[i] = -1;
-        return;
-    }
-    const int s = atomicAdd(cnt + list, 1);
-    slot[i] = s;
-    if (s == 0)
-        distinct[atomicAdd(ndistinct, 1)] = list;
-}
-
-constexpr int kPlanThreads = 256;
-
-__global__ void __launch_bounds__(kPlanThreads) group_plan_kernel(const int32_t* cnt, const int32_t* distinct,
-                                                                  const int32_t* ndistinct, int G, int32_t* start,
-                                                                  PairGroup* groups, int32_t* ngroups)
-{
-    using BlockScan = cub::BlockScan<int2, kPlanThreads>;
-    __shared__ typename BlockScan::TempStorage scan;
-    __shared__ int2 carry;
-    const int nd = *ndistinct;
-    if (threadIdx.x == 0)
-        carry = make_int2(0, 0);
-    __syncthreads();
-    for (int u0 = 0; u0 < nd; u0 += kPlanThreads) {
-        const int u = u0 + threadIdx.x;
-        const int list = u < nd ? distinct[u] : -1;
-        const int c = list >= 0 ? cnt[list] : 0;
-        const int2 mine = make_int2(c, (c + G - 1) / G);  // pairs, groups
-        int2 before, total;
-        BlockScan(scan).ExclusiveScan(mine, before, make_int2(0, 0),
-                                      [](int2 x, int2 y) { return make_int2(x.x + y.x, x.y + y.y); }, total);
-        const int2 base = make_int2(carry.x + before.x, carry.y + before.y);
-        if (list >= 0) {
-            start[list] = base.x;
-            for (int j = 0; j < mine.y; j++)
-                groups[base.y + j] = PairGroup{list, base.x + j * G, min(G, c - j * G)};
-        }
-        __syncthreads();  // every thread has read carry and the scan's storage
-        if (threadIdx.x == 0)
-            carry = make_int2(carry.x + total.x, carry.y + total.y);
+    if (a.matched && keys) {
+        if (mine)
+            atomicAdd(&in_range, mine);
         __syncthreads();
-    }
-    if (threadIdx.x == 0)
-        *ngroups = carry.y;
-}
-
-__global__ void group_fill_kernel(const int32_t* probe, const int32_t* slot, int64_t npairs, const int32_t* start,
-                                  int32_t* members)
-{
-    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i < npairs && slot[i] >= 0)
-        members[start[probe[i]] + slot[i]] = int32_t(i);
-}
-
-// The pairs' shared memory: one list's q' (8 doubles a byte group) and G
-// queries' nibble tables (32 floats a group each).
-size_t smem_bytes(size_t plane_bytes, int G = 1)
-{
-    return plane_bytes * 8 * sizeof(double) + size_t(G) * plane_bytes * 32 * sizeof(float);
-}
-
-int log2_of(int G) { return G >= 8 ? 3 : G >= 4 ? 2 : G >= 2 ? 1 : 0; }
-
-const void* pairs_kernel(int G)
-{
-    switch (G) {
-    case 1:
-        return reinterpret_cast<const void*>(rabitq_pairs_kernel<1>);
-    case 2:
-        return reinterpret_cast<const void*>(rabitq_pairs_kernel<2>);
-    case 4:
-        return reinterpret_cast<const void*>(rabitq_pairs_kernel<4>);
-    default:
-        return reinterpret_cast<const void*>(rabitq_pairs_kernel<8>);
+        if (threadIdx.x == 0 && in_range)
+            atomicAdd(a.matched + q, in_range);
     }
 }
 
-void launch_pairs(int G, const PairArgs& a, dim3 grid, size_t smem, cudaStream_t st)
-{
-    switch (G) {
-    case 1:
-        rabitq_pairs_kernel<1><<<grid, kThreads, smem, st>>>(a);
-        break;
-    case 2:
-        rabitq_pairs_kernel<2><<<grid, kThreads, smem, st>>>(a);
-        break;
-    case 4:
-        rabitq_pairs_kernel<4><<<grid, kThreads, smem, st>>>(a);
-        break;
-    default:
-        rabitq_pairs_kernel<8><<<grid, kThreads, smem, st>>>(a);
-    }
-    GPU_KERNEL_CHECK();
-}
-
+// q' (8 doubles a byte group) and the nibble tables (32 floats a group).
+size_t smem_bytes(size_t plane_bytes) { return plane_bytes * 8 * sizeof(double) + plane_bytes * 32 * sizeof(float); }
 
 }  // namespace
 
@@ -342,22 +146,6 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
     size_t small_batch_max = 0;  // set_small_batch_max
     int small_cluster = 0;       // set_small_cluster
     size_t small_launches = 0;
-    int group_max = 0;          // set_group_queries (0: by the shape)
-    size_t grouped = 0;         // grouped_searches
-    int blocks_per_sm = 0;      // set_list_blocks_per_sm
-    int sm_smem = 0;            // shared memory a multiprocessor
-    size_t single_max = 0;      // the single-query blocks' most dynamic shared memory
-    // The single-query list blocks' dynamic shared memory: their tables,
-    // or more where blocks_per_sm caps how many share a multiprocessor
-    // (each block takes 1 KiB besides).
-    size_t single_smem() const
-    {
-        const size_t need = smem_bytes(plane_bytes, 1);
-        if (blocks_per_sm <= 0)
-            return need;
-        return std::max(need, std::min(single_max, size_t(sm_smem) / size_t(blocks_per_sm) - 1024));
-    }
-    int group_blocks[4] = {0, 0, 0, 0};  // resident list blocks a multiprocessor, G = 1, 2, 4, 8
     // From this many queries the one-launch path's coarse keys come from a
     // kernel of their own first (each centroid row read once per 4 queries),
     // as GpuIvfPqOptions::small_shared_coarse_from's default.
@@ -373,7 +161,6 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
         size_t chunks = 1;  // the first selection's chunks a query
         int splits = 1;     // blocks per probed list
         bool radix = false;
-        int group = 1;      // queries a list block scores at once (1, 2, 4 or 8)
     };
     TilePlan plan_tile(size_t nt, size_t k, size_t nprobe) const
     {
@@ -412,23 +199,7 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
         p.chunks = chunks;
         p.splits = int((std::max<size_t>(max_len, 1) + kRowsPerBlock - 1) / kRowsPerBlock);
         p.radix = radix;
-        p.group = group_of(nt);
         return p;
-    }
-    // Queries a list block of a tile of nt scores at once: the power of two
-    // at or above nt, at most the limit (set_group_queries, or by the
-    // shape) and 8, whose tables fit a block.
-    int group_of(size_t nt) const
-    {
-        int most = group_max;
-        if (most == 0)
-            most = nt >= kGroupFromQueries && plane_bytes >= kGroupFromPlaneBytes ? kGroupQueries : 1;
-        int g = 1;
-        while (g < most && size_t(g) < nt && g < 8)
-            g <<= 1;
-        while (g > 1 && (g > most || group_blocks[log2_of(g)] < 1))
-            g >>= 1;
-        return g;
     }
 
     // What a captured search graph depends on besides its staging
@@ -439,7 +210,7 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
         uint32_t eps_bits = 0;
         std::memcpy(&eps_bits, &eps0, sizeof eps_bits);
         SearchGraphs::Key key = {nprobe, eps_bits, p.ld, p.chunks, uint64_t(p.splits), uint64_t(p.radix),
-                                 uint64_t(p.group), uint64_t(single_smem()), uint64_t(sl.cluster), uint64_t(sl.smem)};
+                                 uint64_t(sl.cluster), uint64_t(sl.smem)};
         for (const DeviceBuffer* b :
              {&centroids, &centroid_norms, &rotation_t, &rotated, &code_ptrs, &id_ptrs, &key_ptrs, &lens})
             key.push_back(reinterpret_cast<uintptr_t>(b->data()));
@@ -567,13 +338,6 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
         sz.take<float>(chunks > 1 ? nt * chunks * k : 0);
         sz.take<int32_t>(chunks > 1 ? nt * chunks * k : 0);
         sz.take<int32_t>(nt * k);
-        const int G = p.group;
-        const size_t npairs = nt * nprobe, grouped = G > 1 ? npairs : 0;
-        sz.take<int32_t>(G > 1 ? 2 * lists + 2 : 0);  // cnt, start, the distinct lists' and groups' counts
-        sz.take<int32_t>(grouped);                    // slot
-        sz.take<int32_t>(G > 1 ? std::min(lists, npairs) : 0);  // distinct
-        sz.take<int32_t>(grouped);                    // members
-        sz.take<PairGroup>(grouped);
         Scratch s(ctx, sz.size());
         Carver c(s.data());
         float* pdist = c.take<float>(nt * nprobe);
@@ -584,11 +348,6 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
         float* cdist = c.take<float>(chunks > 1 ? nt * chunks * k : 0);
         int32_t* cidx = c.take<int32_t>(chunks > 1 ? nt * chunks * k : 0);
         int32_t* pos = c.take<int32_t>(nt * k);
-        int32_t* cnt = c.take<int32_t>(G > 1 ? 2 * lists + 2 : 0);
-        int32_t* slot = c.take<int32_t>(grouped);
-        int32_t* distinct = c.take<int32_t>(G > 1 ? std::min(lists, npairs) : 0);
-        int32_t* members = c.take<int32_t>(grouped);
-        PairGroup* groups = c.take<PairGroup>(grouped);
         if (metric == Metric::Cosine)
             normalize_rows(ctx, dq, nt, d);
         exact_knn_i32(ctx, dq, nt, centroids.as<float>(), lists, d, coarse_metric(), nprobe, pdist, probe,
@@ -627,31 +386,9 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
         a.metric = int(metric);
         a.ld = int64_t(ld);
         a.splits = p.splits;
-        a.groups = nullptr;
-        a.members = nullptr;
-        a.ngroups = nullptr;
-        if (G > 1) {
-            int32_t* start = cnt + lists;
-            int32_t* counts = cnt + 2 * lists;  // distinct lists, groups
-            GPU_CUDA_CHECK(cudaMemsetAsync(cnt, 0, lists * sizeof(int32_t), st()));
-            GPU_CUDA_CHECK(cudaMemsetAsync(counts, 0, 2 * sizeof(int32_t), st()));
-            const unsigned pb = unsigned((npairs + 255) / 256);
-            group_count_kernel<<<pb, 256, 0, st()>>>(probe, int64_t(npairs), cnt, slot, distinct, counts);
-            GPU_KERNEL_CHECK();
-            group_plan_kernel<<<1, kPlanThreads, 0, st()>>>(cnt, distinct, counts, G, start, groups, counts + 1);
-            GPU_KERNEL_CHECK();
-            group_fill_kernel<<<pb, 256, 0, st()>>>(probe, slot, int64_t(npairs), start, members);
-            GPU_KERNEL_CHECK();
-            a.groups = groups;
-            a.members = members;
-            a.ngroups = counts + 1;
-            // Enough blocks to fill the device; they take the items in turn.
-            const size_t resident = size_t(std::max(ctx.multiprocessors(), 1)) * size_t(group_blocks[log2_of(G)]);
-            launch_pairs(G, a, dim3(unsigned(std::min(npairs * size_t(a.splits), resident))),
-                         smem_bytes(plane_bytes, G), st());
-        } else {
-            launch_pairs(1, a, dim3(unsigned(nprobe * size_t(a.splits)), unsigned(nt)), single_smem(), st());
-        }
+        rabitq_pairs_kernel<<<dim3(unsigned(nprobe * size_t(a.splits)), unsigned(nt)), kThreads,
+                              smem_bytes(plane_bytes), st()>>>(a);
+        GPU_KERNEL_CHECK();
         // The candidates past a query's last probed row are never read.
         SelectArgs sel;
         sel.in = cand;
@@ -694,23 +431,9 @@ GpuRabitqIndex::GpuRabitqIndex(GpuContext& ctx, size_t d, size_t lists, int bits
     if (smem + 1024 > size_t(optin))
         throw Error(ErrorKind::Unsupported, "GPU RaBitQ: the byte tables of d = " + std::to_string(d) +
                                                 " do not fit a block's shared memory");
-    for (int i = 0; i < 4; i++) {
-        const int G = 1 << i;
-        const size_t bytes = smem_bytes(I.plane_bytes, G);
-        const void* kernel = pairs_kernel(G);
-        if (bytes + 1024 > size_t(optin))
-            continue;  // group_of takes a smaller G
-        if (bytes > 48 * 1024)
-            GPU_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-        GPU_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&I.group_blocks[i], kernel, kThreads, bytes));
-    }
-    // The single-query blocks may ask for more (set_list_blocks_per_sm).
-    cudaFuncAttributes fa{};
-    GPU_CUDA_CHECK(cudaFuncGetAttributes(&fa, pairs_kernel(1)));
-    I.single_max = size_t(optin) - fa.sharedSizeBytes;
-    GPU_CUDA_CHECK(
-        cudaFuncSetAttribute(pairs_kernel(1), cudaFuncAttributeMaxDynamicSharedMemorySize, int(I.single_max)));
-    GPU_CUDA_CHECK(cudaDeviceGetAttribute(&I.sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    if (smem > 48 * 1024)
+        GPU_CUDA_CHECK(
+            cudaFuncSetAttribute(rabitq_pairs_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     const float* rotation = static_cast<const float*>(model);
     const double* pc =
         reinterpret_cast<const double*>(static_cast<const char*>(model) + rabitq_rotated_offset(d));
@@ -809,7 +532,6 @@ void GpuRabitqIndex::search(const float* queries, size_t nq, size_t k, size_t np
         const Impl::TilePlan p = I.plan_tile(nt, k, nprobe);
         const SmallLaunch sl = I.small_launch(nt, k, nprobe, eps0);
         I.small_launches += sl.cluster > 0;  // per call, whether a graph replays it or not
-        I.grouped += sl.cluster == 0 && p.group > 1;
         I.host_search(I.d, queries + t0 * I.d, nt, k, ranges ? &r : nullptr, dist + t0 * k, labels + t0 * k,
                       false, [&] { return I.graph_key(p, nprobe, eps0, sl); },
                       [&](float* dq, float* dd, int64_t* dl, const KeyRange* dr) {
@@ -828,12 +550,6 @@ void GpuRabitqIndex::set_search_graphs(bool on) { impl_->graphs.set_enabled(on);
 
 void GpuRabitqIndex::set_small_batch_max(size_t queries) { impl_->small_batch_max = queries; }
 
-void GpuRabitqIndex::set_group_queries(int queries)
-{
-    require(queries >= 0 && queries <= 8, "GPU RaBitQ: queries a list block scores outside [0, 8]");
-    impl_->group_max = queries;
-}
-
 void GpuRabitqIndex::set_small_cluster(int blocks)
 {
     require(blocks >= 0 && blocks <= 16, "GPU RaBitQ: blocks per query outside [0, 16]");
@@ -841,14 +557,6 @@ void GpuRabitqIndex::set_small_cluster(int blocks)
 }
 
 size_t GpuRabitqIndex::small_search_launches() const { return impl_->small_launches; }
-
-size_t GpuRabitqIndex::grouped_searches() const { return impl_->grouped; }
-
-void GpuRabitqIndex::set_list_blocks_per_sm(int blocks)
-{
-    require(blocks >= 0 && blocks <= 32, "GPU RaBitQ: list blocks a multiprocessor outside [0, 32]");
-    impl_->blocks_per_sm = blocks;
-}
 
 size_t GpuRabitqIndex::search_graph_launches() const { return impl_->graphs.launches(); }
 

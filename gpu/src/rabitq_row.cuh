@@ -49,9 +49,10 @@ __device__ __forceinline__ float rabitq_code_ip(const float* lut, const uint8_t*
 // tables lie 128 floats apart, and two masks of the word put every byte's
 // low and high nibble, times 4, into that byte, so that a nibble's entry is
 // one byte permute off the word's tables (shared-memory loads take the
-// table's address and the group's offset themselves). Four words of a
-// plane are loaded before any is summed, so that their loads wait
-// together (one load in flight at a time left 768-d rows waiting).
+// table's address and the group's offset themselves). Several words are
+// loaded before any is summed (rabitq_code_ip_nibbles), so that their
+// loads wait together (one load in flight at a time left 768-d rows
+// waiting).
 //
 // One plane word's four bytes added to s in order; t: the nibble tables of
 // the word's first byte group.
@@ -68,52 +69,44 @@ __device__ __forceinline__ float rabitq_nibble_word(float s, uint32_t word, cons
     return s;
 }
 
-// <y, q'> of one code against G queries' nibble tables at once (g < gn;
-// query g's tables at luts + g * lut_stride bytes), into ip[g]: the row's
-// plane words are loaded once for the G sums, each summed in the order of
-// the single sum below (the same floats). The list blocks of a batch whose
-// queries share a list score its rows for several queries in one pass.
-// The code's word w is row[w * stride] (stride kInterleaveRows in the
-// mirror's interleaved lists, list_layout.cuh).
-template <int G>
-__device__ __forceinline__ void rabitq_code_ips_nibbles(const char* luts, int lut_stride, int gn, const uint32_t* row,
-                                                        int stride, int plane_bytes, int bits, float* ip)
+// <y, q'> of one code from its list's nibble tables, in rabitq_code_ip's
+// order (per plane its words in order, planes folded most significant
+// first). The code's word w is row[w * stride] (stride kInterleaveRows in
+// the mirror's interleaved lists, list_layout.cuh). Eight words are loaded
+// before any is summed, across planes: in the interleaved lists a word's
+// load brings no neighbour along (a row-major row's sector held eight), so
+// a thread's loads in flight at a time bound its wait.
+__device__ __forceinline__ float rabitq_code_ip_nibbles(const float* nib, const uint32_t* row, int stride,
+                                                        int plane_bytes, int bits)
 {
-    const int words = plane_bytes / 4;
-#pragma unroll
-    for (int g = 0; g < G; g++)
-        ip[g] = 0.0f;
-    for (int p = 0; p < bits; p++) {
-        const uint32_t* plane = row + size_t(p) * words * stride;
-        const char* t = luts;
-        float s[G];
-#pragma unroll
-        for (int g = 0; g < G; g++)
-            s[g] = 0.0f;
-        int w = 0;
-        for (; w + 4 <= words; w += 4, t += 4 * 512) {
-            uint32_t x[4];  // bytes 4w .. 4w + 15, little endian
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                x[i] = __ldg(plane + (w + i) * stride);
-#pragma unroll
-            for (int g = 0; g < G; g++)
-                if (G == 1 || g < gn)
-#pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        s[g] = rabitq_nibble_word(s[g], x[i], t + g * lut_stride + 512 * i);
+    const int words = plane_bytes / 4, total = words * bits;
+    const char* const t0 = reinterpret_cast<const char*>(nib);
+    const char* t = t0;  // the tables of the word's first byte group
+    float ip = 0.0f, s = 0.0f;
+    int w = 0;  // the word's place in its plane
+    auto add = [&](uint32_t x) {
+        s = rabitq_nibble_word(s, x, t);
+        t += 512;
+        if (++w == words) {
+            ip = __fadd_rn(__fmul_rn(2.0f, ip), s);
+            s = 0.0f;
+            w = 0;
+            t = t0;
         }
-        for (; w < words; w++, t += 512) {
-            const uint32_t x = __ldg(plane + w * stride);
+    };
+    int k = 0;
+    for (; k + 8 <= total; k += 8) {
+        uint32_t x[8];
 #pragma unroll
-            for (int g = 0; g < G; g++)
-                if (G == 1 || g < gn)
-                    s[g] = rabitq_nibble_word(s[g], x, t + g * lut_stride);
-        }
+        for (int i = 0; i < 8; i++)
+            x[i] = __ldg(row + size_t(k + i) * stride);
 #pragma unroll
-        for (int g = 0; g < G; g++)
-            ip[g] = __fadd_rn(__fmul_rn(2.0f, ip[g]), s[g]);
+        for (int i = 0; i < 8; i++)
+            add(x[i]);
     }
+    for (; k < total; k++)
+        add(__ldg(row + size_t(k) * stride));
+    return ip;
 }
 
 // A row's factors (the words after its code_bytes / 4 code words).
@@ -246,8 +239,7 @@ __device__ __forceinline__ float rabitq_key_of(const RabitqFactors& f, float ip,
 __device__ __forceinline__ float rabitq_row_key(const uint32_t* row, int stride, const float* lut, int plane_bytes,
                                                 int bits, int code_bytes, const RabitqListTerms& t, float eps0)
 {
-    float ip;
-    rabitq_code_ips_nibbles<1>(reinterpret_cast<const char*>(lut), 0, 1, row, stride, plane_bytes, bits, &ip);
+    const float ip = rabitq_code_ip_nibbles(lut, row, stride, plane_bytes, bits);
     return rabitq_key_of(rabitq_factors_at(row, stride, code_bytes), ip, t, eps0);
 }
 

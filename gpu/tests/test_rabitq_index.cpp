@@ -336,23 +336,6 @@ void same_as_staged(GpuRabitqIndex& index, const std::vector<float>& q, size_t n
     index.set_small_cluster(0);
     ASSERT_EQ(index.small_search_launches(), before + (one_launch ? 1 : 0)) << "the path taken";
 }
-
-// List blocks scoring up to `group` queries of a list at once against a
-// block per (query, list) (set_group_queries), same_answers; grouped:
-// whether the search must have grouped its pairs (a tile of one query
-// never does).
-void same_as_ungrouped(GpuRabitqIndex& index, const std::vector<float>& q, size_t nq, size_t k, size_t nprobe,
-                       bool ranged, float eps0, int group, bool grouped = true)
-{
-    size_t before = 0;
-    same_answers(index, q, nq, k, nprobe, ranged, eps0, [&](bool second) {
-        if (second)
-            before = index.grouped_searches();
-        index.set_group_queries(second ? group : 1);
-    });
-    index.set_group_queries(0);
-    ASSERT_EQ(index.grouped_searches() > before, grouped) << "the path taken";
-}
 }  // namespace
 
 TEST(RabitqIndex, SameEstimatesAsCpu)
@@ -541,94 +524,66 @@ TEST(RabitqIndex, OneLaunchLongListsAndWideRows)
     }
 }
 
-// List blocks that score a list's rows for several queries at once
-// (set_group_queries 2, 4, 8) against a block per (query, list), bit for
-// bit: every metric, 1 to 8 bits, plane padding; batches that share lists
-// (clustered queries, few lists) from 2 queries to past the graphs' 128;
-// a few probes and every list; key ranges, lower bounds; lists split over
-// several blocks; more distinct probed lists than the grouping's scan
-// block (256); empty lists; after removals; 768 and 2000 dimensions (the
-// tables of 8 queries do not fit a block there: fewer), where the default
-// groups (from 32 queries) against the CPU engine too; smaller batches of
-// the other tests compare single-query blocks with it.
-TEST(RabitqIndex, GroupedListBlocksAsOne)
+// The mirror's rows interleaved 32 at a time (list_layout.cuh): appends of
+// 1, 31, 2 and 70 rows (blocks filled across calls, lists grown past their
+// capacity while a block is part full), removals at block edges (rows 0,
+// 31, 32, 63 of a list and its last), the answers the CPU engine's after
+// each step, by the staged kernels and in one launch.
+TEST(RabitqIndex, InterleavedRowsAcrossBlocks)
 {
     GPU_REQUIRE_DEVICE();
-    const uint64_t s = seed(4512);
-    for_each_rabitq_shape("rabitq grouped", s, {1, 4, 8}, [s](size_t d, int bits, Metric metric) {
-        const size_t n = 3000, lists = 12;
-        Fixture fx(d, lists, n, bits, metric, s);
-        GpuRabitqIndex index(ctx(), d, lists, bits, metric, fx.cent.data(), fx.blob.data(), true);
-        index.add(n, fx.list_ids.data(), fx.rows.data(), fx.ids.data(), fx.keys.data());
-        const std::vector<float> q = clustered(140, d, 8, 3.0f, s + 1);
-        for (int group : {2, 4, 8})
-            for (size_t nq : {size_t(2), size_t(3), size_t(9), size_t(140)})
-                for (size_t nprobe : {size_t(3), lists})
-                    for (bool ranged : {false, true}) {
-                        const float eps0 = ranged ? gpuivfpq::kRabitqLowerEps0 : 0.0f;
-                        const size_t k = nq == 9 ? 100 : 10;
-                        SCOPED_TRACE("group " + std::to_string(group) + " nq " + std::to_string(nq) + " nprobe " +
-                                     std::to_string(nprobe) + " ranged " + std::to_string(ranged));
-                        same_as_ungrouped(index, q, nq, k, nprobe, ranged, eps0, group);
-                    }
-        // One query never groups.
-        same_as_ungrouped(index, q, 1, 10, lists, true, 0.0f, 8, false);
-        // After removals.
-        std::vector<int64_t> gone;
-        for (size_t i = 0; i < n; i += 3)
-            gone.push_back(fx.ids[i]);
-        ASSERT_EQ(index.remove_ids(gone.data(), gone.size()), gone.size());
-        same_as_ungrouped(index, q, 9, 100, lists, true, gpuivfpq::kRabitqLowerEps0, 8);
-        // Empty lists among the probed ones.
-        GpuRabitqIndex sparse(ctx(), d, lists, bits, metric, fx.cent.data(), fx.blob.data(), true);
-        std::vector<size_t> kept;
-        for (size_t i = 0; i < n; i++)
-            if (fx.list_ids[i] % 3 != 0)
-                kept.push_back(i);
-        add_rows(sparse, fx, kept);
-        for (bool ranged : {false, true})
-            same_as_ungrouped(sparse, q, 7, 100, lists, ranged, gpuivfpq::kRabitqLowerEps0, 4);
-    });
+    const uint64_t s = seed(4513);
+    const size_t d = 100, lists = 3, n = 300;
+    SCOPED_TRACE(shape("rabitq interleaved rows", {}, s));
+    Fixture fx(d, lists, n, 3, Metric::L2, s);
+    GpuRabitqIndex index(ctx(), d, lists, 3, Metric::L2, fx.cent.data(), fx.blob.data(), true);
+    const std::vector<float> q = clustered(5, d, 8, 3.0f, s + 1);
+    std::vector<bool> live(n, false);
+    auto check = [&] {
+        for (size_t small : {size_t(0), size_t(256)}) {
+            index.set_small_batch_max(small);
+            compare(index, fx, q, 5, 100, lists, live, false, gpuivfpq::kRabitqLowerEps0);
+            compare(index, fx, q, 5, 10, 2, live, true);
+        }
+        index.set_small_batch_max(0);
+    };
+    size_t at = 0;
+    for (size_t count : {size_t(1), size_t(31), size_t(2), size_t(70)}) {
+        std::vector<size_t> rows(count);
+        std::iota(rows.begin(), rows.end(), at);
+        add_rows(index, fx, rows);
+        for (size_t i : rows)
+            live[i] = true;
+        at += count;
+        SCOPED_TRACE("after appending up to row " + std::to_string(at));
+        check();
+    }
+    // Each list's rows in order of addition: remove its 0th, 31st, 32nd,
+    // 63rd and last.
+    std::vector<int64_t> gone;
+    for (size_t l = 0; l < lists; l++) {
+        std::vector<size_t> of;
+        for (size_t i = 0; i < at; i++)
+            if (size_t(fx.list_ids[i]) == l)
+                of.push_back(i);
+        for (size_t j : {size_t(0), size_t(31), size_t(32), size_t(63), of.size() - 1})
+            if (j < of.size() && live[of[j]]) {
+                gone.push_back(fx.ids[of[j]]);
+                live[of[j]] = false;
+            }
+    }
+    ASSERT_EQ(index.remove_ids(gone.data(), gone.size()), gone.size());
     {
-        // Lists of 20,000 rows: 20 blocks each.
-        SCOPED_TRACE(shape("rabitq grouped long lists", {}, s));
-        Loaded L(32, 3, 60000, s);
-        const std::vector<float> q = clustered(6, 32, 8, 3.0f, s + 2);
-        for (int group : {2, 8})
-            for (bool ranged : {false, true})
-                same_as_ungrouped(L.index, q, 6, 100, 3, ranged, gpuivfpq::kRabitqLowerEps0, group);
+        SCOPED_TRACE("after removals");
+        check();
     }
-    {
-        // 600 lists, 300 probed by each of 5 queries: the plan's scan block
-        // carries over three rounds.
-        SCOPED_TRACE(shape("rabitq grouped many lists", {}, s));
-        Loaded L(8, 600, 9000, s);
-        const std::vector<float> q = clustered(5, 8, 8, 3.0f, s + 3);
-        for (bool ranged : {false, true})
-            same_as_ungrouped(L.index, q, 5, 100, 300, ranged, 0.0f, 8);
-    }
-    for (size_t d : {size_t(768), size_t(2000)}) {
-        SCOPED_TRACE(shape("rabitq grouped wide", {{"d", double(d)}}, s));
-        const size_t n = 1500, lists = 6;
-        Fixture fx(d, lists, n, 4, Metric::L2, s);
-        GpuRabitqIndex index(ctx(), d, lists, 4, Metric::L2, fx.cent.data(), fx.blob.data(), true);
-        index.add(n, fx.list_ids.data(), fx.rows.data(), fx.ids.data(), fx.keys.data());
-        const std::vector<float> q = clustered(40, d, 8, 3.0f, s + 4);
-        for (int group : {2, 8})
-            same_as_ungrouped(index, q, 12, 100, 4, true, gpuivfpq::kRabitqLowerEps0, group);
-        // Single-query blocks capped at 3 a multiprocessor (their shared
-        // memory padded).
-        same_answers(index, q, 12, 100, 4, true, gpuivfpq::kRabitqLowerEps0, [&](bool second) {
-            index.set_group_queries(1);
-            index.set_list_blocks_per_sm(second ? 3 : 0);
-        });
-        index.set_group_queries(0);
-        index.set_list_blocks_per_sm(0);
-        std::vector<bool> live(n, true);
-        const size_t before = index.grouped_searches();
-        compare(index, fx, q, 40, 100, 4, live, true, gpuivfpq::kRabitqLowerEps0);
-        ASSERT_GT(index.grouped_searches(), before) << "the default groups 40 queries at d " << d;
-    }
+    std::vector<size_t> rest(n - at);
+    std::iota(rest.begin(), rest.end(), at);
+    add_rows(index, fx, rest);
+    for (size_t i : rest)
+        live[i] = true;
+    SCOPED_TRACE("after the rest");
+    check();
 }
 
 // Small batches replay CUDA graphs of their device work from the second

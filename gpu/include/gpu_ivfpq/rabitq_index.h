@@ -90,20 +90,6 @@ public:
     // Bench and test aids.
     void set_small_batch_max(size_t queries);
     void set_small_cluster(int blocks);
-    // The staged search's list blocks score a probed list's rows for up to
-    // this many queries of the tile that probe it (1 .. 8, rounded down to
-    // a power of two): the rows are read once for them, and each row's
-    // words are unpacked once. 1: a block per (query, list), as a tile of
-    // one query always runs. 0, the default: 4 for tiles of 32 queries or
-    // more over code planes of 64 bytes or more (512 dimensions), else 1,
-    // as measured (rabitq_index.cu). The same keys either way. Bench and
-    // test aid.
-    void set_group_queries(int queries);
-    size_t grouped_searches() const;  // tiles whose pairs were grouped (a replayed graph's too)
-    // At most this many single-query list blocks on a multiprocessor (their
-    // shared memory padded; 0, the default: as many as fit), so that the
-    // rows they read in flight stay in L1. Bench aid.
-    void set_list_blocks_per_sm(int blocks);
     size_t small_search_launches() const;
 
     // Test aid: the probed lists of each query as the search picks them
