@@ -27,4 +27,13 @@ __host__ __device__ __forceinline__ const uint32_t* interleaved_row(const uint8_
     return reinterpret_cast<const uint32_t*>(list) + interleaved_word(r, 0, words);
 }
 
+// Entry r's word 0 in a list of m-byte entries (m a multiple of 4),
+// interleaved or not; its word w is at [w * list_word_stride(interleaved)].
+__host__ __device__ __forceinline__ const uint32_t* list_row(const uint8_t* list, int64_t r, int m, bool interleaved)
+{
+    return interleaved ? interleaved_row(list, r, m / 4) : reinterpret_cast<const uint32_t*>(list + r * m);
+}
+
+__host__ __device__ __forceinline__ int list_word_stride(bool interleaved) { return interleaved ? kInterleaveRows : 1; }
+
 }  // namespace gpuivfpq::gpu

@@ -11,9 +11,10 @@
 // to ids through the prefix (the IVF scan's decode). The
 // block keeps nibble tables (16 entries per half byte, an eighth of the
 // byte tables' 256: 2 KiB of shared memory at d = 128, 12 KiB at 768) and
-// sums a byte's two entries as the CPU engine forms its byte entry. The
-// lists' rows are interleaved 32 at a time (list_layout.cuh): a warp's 32
-// threads read the same word of 32 consecutive rows in one transaction.
+// sums a byte's two entries as the CPU engine forms its byte entry. Wide
+// rows (kInterleaveFromBytes) are interleaved 32 at a time in the lists
+// (list_layout.cuh): a warp's 32 threads read the same word of 32
+// consecutive rows in one transaction.
 #include "gpu_ivfpq/rabitq_index.h"
 
 #include <algorithm>
@@ -53,6 +54,26 @@ constexpr int kRowsPerBlock = 4 * kThreads;
 // The candidates of one tile of queries (nq x nprobe x the longest list
 // floats) are kept below this many bytes, unless one query alone needs more.
 constexpr size_t kTileBytes = size_t(256) << 20;
+// Batches of up to this many queries search in one launch by default
+// (set_small_batch_max). Measured on an H100 (gpu_bench --rabitq-data, as
+// below, ms per call, staged against one launch): 768 dimensions, 4 bits,
+// interleaved rows: 1 query 0.322 / 0.252, 8 0.384 / 0.298, 16 0.483 /
+// 0.531, 64 1.08 / 1.38; 128 dimensions, nprobe 32: 1 query 0.109 /
+// 0.076, 8 0.120 / 0.087, 16 0.125 / 0.119, 64 0.212 / 0.253; nprobe 80:
+// 8 0.141 / 0.137, 16 0.179 / 0.206. (In one launch a query's rows are
+// scanned by one cluster of at most 16 blocks.)
+constexpr size_t kSmallBatchMax = 8;
+// Rows of at least this many bytes are kept interleaved (list_layout.cuh).
+// Measured on an H100 (gpu_bench --rabitq-data: tools/gen_synthetic's sets,
+// their k-means lists, k 100 by lower bounds, nprobe 32): 396-byte rows
+// (768 dimensions, 4 bits) scanned 2.2x as fast from batches of 1000 on
+// (127.7 ms against 277.1 for 10,000 queries; 1.08 against 2.01 ms at 64),
+// the row-major scan bound by L2 (ncu: 96% of its throughput, a thread's
+// load using 4 of a sector's 32 bytes); 76-byte rows (128 dimensions)
+// scanned at 0.87x (17.7 against 15.3 ms), and the staged search of one
+// query took longer for both (0.32 against 0.25 ms at 768 dimensions),
+// where nothing but latency bounds it.
+constexpr size_t kInterleaveFromBytes = 256;
 
 struct PairArgs {
     const float* queries;    // nq x d (unit length for Cosine)
@@ -70,6 +91,7 @@ struct PairArgs {
     float* cand;             // nq x ld
     float eps0;              // > 0: rank by lower bounds (RabitqModel::scan_keys)
     int d, bits, plane_bytes, code_bytes, row_bytes, nprobe, metric;
+    bool interleaved;        // the lists' rows (list_layout.cuh)
     int splits;              // blocks per probed list: kRowsPerBlock rows each
     int64_t ld;
 };
@@ -121,8 +143,8 @@ __global__ void __launch_bounds__(kThreads) rabitq_pairs_kernel(PairArgs a)
             }
             mine++;
         }
-        out[r] = rabitq_row_key(interleaved_row(rows, r, a.row_bytes / 4), kInterleaveRows, lut, a.plane_bytes,
-                                a.bits, a.code_bytes, t, a.eps0);
+        out[r] = rabitq_row_key(list_row(rows, r, a.row_bytes, a.interleaved), list_word_stride(a.interleaved), lut,
+                                a.plane_bytes, a.bits, a.code_bytes, t, a.eps0);
     }
     if (a.matched && keys) {
         if (mine)
@@ -143,7 +165,7 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
     Metric metric = Metric::L2;
     size_t plane_bytes = 0, code_len = 0;  // bytes of a plane, of a code
     DeviceBuffer centroids, centroid_norms, rotation_t, rotated;  // rotation_t: P transposed
-    size_t small_batch_max = 0;  // set_small_batch_max
+    size_t small_batch_max = kSmallBatchMax;  // set_small_batch_max
     int small_cluster = 0;       // set_small_cluster
     size_t small_launches = 0;
     // From this many queries the one-launch path's coarse keys come from a
@@ -246,6 +268,7 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
         a.plane_bytes = int(plane_bytes);
         a.code_bytes = int(code_len);
         a.row_bytes = int(m);
+        a.interleaved = interleaved;
         a.metric = metric;
         a.eps0 = eps0;
         a.centroids = centroids.as<float>();
@@ -382,6 +405,7 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
         a.plane_bytes = int(plane_bytes);
         a.code_bytes = int(code_len);
         a.row_bytes = int(m);
+        a.interleaved = interleaved;
         a.nprobe = int(nprobe);
         a.metric = int(metric);
         a.ld = int64_t(ld);
@@ -456,8 +480,10 @@ GpuRabitqIndex::GpuRabitqIndex(GpuContext& ctx, size_t d, size_t lists, int bits
     }
     I.rotated = DeviceBuffer(ctx, lists * d * sizeof(double));
     I.rotated.upload(pc, lists * d * sizeof(double));
-    // No vectors, no terms; the rows interleaved (list_layout.cuh).
-    I.init_lists(d, lists, rabitq_row_bytes(d, bits), false, false, filter_keys, true);
+    // No vectors, no terms; rows of kInterleaveFromBytes or more interleaved
+    // (list_layout.cuh).
+    const size_t rb = rabitq_row_bytes(d, bits);
+    I.init_lists(d, lists, rb, false, false, filter_keys, rb >= kInterleaveFromBytes);
     ctx.synchronize();
 }
 

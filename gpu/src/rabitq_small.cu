@@ -218,8 +218,9 @@ __global__ void __launch_bounds__(kThreads, 2) rabitq_small_kernel(RabitqSmallAr
                     const bool in_range = !keys || kw.passes(keys, off);
                     in_range_count += keys && in_range;
                     if (in_range)
-                        key = rabitq_row_key(interleaved_row(rows, off, a.row_bytes / 4), kInterleaveRows, lut,
-                                             a.plane_bytes, a.bits, a.code_bytes, t, a.eps0);
+                        key = rabitq_row_key(list_row(rows, off, a.row_bytes, a.interleaved),
+                                             list_word_stride(a.interleaved), lut, a.plane_bytes, a.bits,
+                                             a.code_bytes, t, a.eps0);
                 }
                 if (scan_smem) {
                     if (i < s1)

@@ -22,6 +22,7 @@ namespace gpuivfpq::gpu {
 struct RabitqSmallArgs {
     int nq = 0, d = 0, lists = 0, nprobe = 0, k = 0;
     int bits = 0, plane_bytes = 0, code_bytes = 0, row_bytes = 0;
+    bool interleaved = false;  // the lists' rows (list_layout.cuh)
     Metric metric = Metric::L2;
     float eps0 = 0.0f;                      // > 0: rank by lower bounds
     const float* queries = nullptr;         // nq x d (device), normalised for Cosine

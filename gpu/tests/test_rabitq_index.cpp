@@ -336,6 +336,62 @@ void same_as_staged(GpuRabitqIndex& index, const std::vector<float>& q, size_t n
     index.set_small_cluster(0);
     ASSERT_EQ(index.small_search_launches(), before + (one_launch ? 1 : 0)) << "the path taken";
 }
+// InterleavedRowsAcrossBlocks at d dimensions.
+void interleaved_rows_across_blocks(size_t d, uint64_t s)
+{
+    const size_t lists = 3, n = 300;
+    SCOPED_TRACE(shape("rabitq rows across blocks", {{"d", double(d)}}, s));
+    Fixture fx(d, lists, n, 3, Metric::L2, s);
+    GpuRabitqIndex index(ctx(), d, lists, 3, Metric::L2, fx.cent.data(), fx.blob.data(), true);
+    const std::vector<float> q = clustered(5, d, 8, 3.0f, s + 1);
+    std::vector<bool> live(n, false);
+    auto check = [&] {
+        for (size_t small : {size_t(0), size_t(256)}) {
+            index.set_small_batch_max(small);
+            compare(index, fx, q, 5, 100, lists, live, false, gpuivfpq::kRabitqLowerEps0);
+            compare(index, fx, q, 5, 10, 2, live, true);
+        }
+        index.set_small_batch_max(0);
+    };
+    size_t at = 0;
+    for (size_t count : {size_t(1), size_t(31), size_t(2), size_t(70)}) {
+        std::vector<size_t> rows(count);
+        std::iota(rows.begin(), rows.end(), at);
+        add_rows(index, fx, rows);
+        for (size_t i : rows)
+            live[i] = true;
+        at += count;
+        SCOPED_TRACE("after appending up to row " + std::to_string(at));
+        check();
+    }
+    // Each list's rows in order of addition: remove its 0th, 31st, 32nd,
+    // 63rd and last.
+    std::vector<int64_t> gone;
+    for (size_t l = 0; l < lists; l++) {
+        std::vector<size_t> of;
+        for (size_t i = 0; i < at; i++)
+            if (size_t(fx.list_ids[i]) == l)
+                of.push_back(i);
+        for (size_t j : {size_t(0), size_t(31), size_t(32), size_t(63), of.size() - 1})
+            if (j < of.size() && live[of[j]]) {
+                gone.push_back(fx.ids[of[j]]);
+                live[of[j]] = false;
+            }
+    }
+    ASSERT_EQ(index.remove_ids(gone.data(), gone.size()), gone.size());
+    {
+        SCOPED_TRACE("after removals");
+        check();
+    }
+    std::vector<size_t> rest(n - at);
+    std::iota(rest.begin(), rest.end(), at);
+    add_rows(index, fx, rest);
+    for (size_t i : rest)
+        live[i] = true;
+    SCOPED_TRACE("after the rest");
+    check();
+}
+
 }  // namespace
 
 TEST(RabitqIndex, SameEstimatesAsCpu)
@@ -524,7 +580,8 @@ TEST(RabitqIndex, OneLaunchLongListsAndWideRows)
     }
 }
 
-// The mirror's rows interleaved 32 at a time (list_layout.cuh): appends of
+// The mirror's rows, row-major (d 100, 3 bits: 124-byte rows) and
+// interleaved 32 at a time (d 768: 300 bytes, list_layout.cuh): appends of
 // 1, 31, 2 and 70 rows (blocks filled across calls, lists grown past their
 // capacity while a block is part full), removals at block edges (rows 0,
 // 31, 32, 63 of a list and its last), the answers the CPU engine's after
@@ -533,57 +590,8 @@ TEST(RabitqIndex, InterleavedRowsAcrossBlocks)
 {
     GPU_REQUIRE_DEVICE();
     const uint64_t s = seed(4513);
-    const size_t d = 100, lists = 3, n = 300;
-    SCOPED_TRACE(shape("rabitq interleaved rows", {}, s));
-    Fixture fx(d, lists, n, 3, Metric::L2, s);
-    GpuRabitqIndex index(ctx(), d, lists, 3, Metric::L2, fx.cent.data(), fx.blob.data(), true);
-    const std::vector<float> q = clustered(5, d, 8, 3.0f, s + 1);
-    std::vector<bool> live(n, false);
-    auto check = [&] {
-        for (size_t small : {size_t(0), size_t(256)}) {
-            index.set_small_batch_max(small);
-            compare(index, fx, q, 5, 100, lists, live, false, gpuivfpq::kRabitqLowerEps0);
-            compare(index, fx, q, 5, 10, 2, live, true);
-        }
-        index.set_small_batch_max(0);
-    };
-    size_t at = 0;
-    for (size_t count : {size_t(1), size_t(31), size_t(2), size_t(70)}) {
-        std::vector<size_t> rows(count);
-        std::iota(rows.begin(), rows.end(), at);
-        add_rows(index, fx, rows);
-        for (size_t i : rows)
-            live[i] = true;
-        at += count;
-        SCOPED_TRACE("after appending up to row " + std::to_string(at));
-        check();
-    }
-    // Each list's rows in order of addition: remove its 0th, 31st, 32nd,
-    // 63rd and last.
-    std::vector<int64_t> gone;
-    for (size_t l = 0; l < lists; l++) {
-        std::vector<size_t> of;
-        for (size_t i = 0; i < at; i++)
-            if (size_t(fx.list_ids[i]) == l)
-                of.push_back(i);
-        for (size_t j : {size_t(0), size_t(31), size_t(32), size_t(63), of.size() - 1})
-            if (j < of.size() && live[of[j]]) {
-                gone.push_back(fx.ids[of[j]]);
-                live[of[j]] = false;
-            }
-    }
-    ASSERT_EQ(index.remove_ids(gone.data(), gone.size()), gone.size());
-    {
-        SCOPED_TRACE("after removals");
-        check();
-    }
-    std::vector<size_t> rest(n - at);
-    std::iota(rest.begin(), rest.end(), at);
-    add_rows(index, fx, rest);
-    for (size_t i : rest)
-        live[i] = true;
-    SCOPED_TRACE("after the rest");
-    check();
+    for (size_t d : {size_t(100), size_t(768)})
+        interleaved_rows_across_blocks(d, s);
 }
 
 // Small batches replay CUDA graphs of their device work from the second
