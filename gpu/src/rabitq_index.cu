@@ -55,14 +55,15 @@ constexpr int kRowsPerBlock = 4 * kThreads;
 // floats) are kept below this many bytes, unless one query alone needs more.
 constexpr size_t kTileBytes = size_t(256) << 20;
 // Batches of up to this many queries search in one launch by default
-// (set_small_batch_max). Measured on an H100 (gpu_bench --rabitq-data, as
-// below, ms per call, staged against one launch): 768 dimensions, 4 bits,
-// interleaved rows: 1 query 0.322 / 0.252, 8 0.384 / 0.298, 16 0.483 /
-// 0.531, 64 1.08 / 1.38; 128 dimensions, nprobe 32: 1 query 0.109 /
-// 0.076, 8 0.120 / 0.087, 16 0.125 / 0.119, 64 0.212 / 0.253; nprobe 80:
-// 8 0.141 / 0.137, 16 0.179 / 0.206. (In one launch a query's rows are
-// scanned by one cluster of at most 16 blocks.)
-constexpr size_t kSmallBatchMax = 8;
+// (set_small_batch_max): none. Measured on H100s (gpu_bench --rabitq-data,
+// tools/gen_synthetic's 200k x 768 set in 1024 k-means lists, 4 bits, one
+// query, ms per call): the one launch took 0.252 and 0.316 ms on two
+// hosts, 0.737 on a third, where the staged kernels took 0.21-0.32; from
+// SQL on that third host one client's p50 rose from 0.57 to 1.39 ms. At
+// 128 dimensions it took 0.069-0.084 ms against the staged 0.081-0.109.
+// (In one launch a query's rows are scanned by one cluster of at most 16
+// blocks, whose room on a chip's processor clusters varies.)
+constexpr size_t kSmallBatchMax = 0;
 // Rows of at least this many bytes are kept interleaved (list_layout.cuh).
 // Measured on an H100 (gpu_bench --rabitq-data: tools/gen_synthetic's sets,
 // their k-means lists, k 100 by lower bounds, nprobe 32): 396-byte rows

@@ -138,9 +138,8 @@ public:
                        s.rabitq_model, s.filter_keys)
     {
         // Measurement aid: GPU_IVFPQ_RABITQ_ONE_LAUNCH=N in the server's
-        // environment searches batches of up to N queries (at most 256; 0:
-        // none) in one launch (GpuRabitqIndex::set_small_batch_max; 8 by
-        // default).
+        // environment searches batches of up to N queries (at most 256) in
+        // one launch (GpuRabitqIndex::set_small_batch_max; none by default).
         if (const char* v = std::getenv("GPU_IVFPQ_RABITQ_ONE_LAUNCH")) {
             char* end = nullptr;
             const unsigned long n = std::strtoul(v, &end, 10);

@@ -79,15 +79,15 @@ public:
     void set_search_graphs(bool on);
     size_t search_graph_launches() const;
 
-    // Batches of at most `queries` (8 by default, as measured on an H100:
-    // rabitq_index.cu; 0: none) search in one kernel launch after the
+    // Batches of at most `queries` (0, the default: none, as measured on
+    // H100s: rabitq_index.cu) search in one kernel launch after the
     // rotation (rabitq_small.h: a thread-block cluster per query, the
     // selections in shared memory) instead of the staged kernels, where k
     // and nprobe are at most 128 and the shape fits a block's shared
     // memory; the same keys and labels. set_small_cluster forces the
     // blocks per query (1 .. 16; 0 chooses); small_search_launches counts
     // the tiles of queries that took that path (a replayed graph's too).
-    // Bench and test aids but the first.
+    // Bench and test aids.
     void set_small_batch_max(size_t queries);
     void set_small_cluster(int blocks);
     size_t small_search_launches() const;
