@@ -429,7 +429,7 @@ int main(int argc, char** argv)
     if (d == 0)
         return 2;
     const size_t n = hbase.size() / d, nq = hq.size() / d;
-    if (stage_m == 0 || d % stage_m != 0 || (lists_arg != 0 && lists_arg > n)) {
+    if ((!rabitq_data && (stage_m == 0 || d % stage_m != 0)) || (lists_arg != 0 && lists_arg > n)) {
         std::fprintf(stderr, "gpu_bench: --m must divide the dimension (%zu) and --lists be at most the rows (%zu)\n",
                      d, n);
         return 2;

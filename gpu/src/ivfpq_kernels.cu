@@ -185,11 +185,13 @@ __device__ bool sorted_contains(const int64_t* sorted, int64_t n, int64_t v)
 }
 
 constexpr int kRemoveThreads = 256;
-// Stored vectors move this many rows at a time (see remove_ids_kernel).
+// Stored vectors and word-wise codes move this many rows at a time (see
+// remove_ids_kernel).
 constexpr int kRemoveRowGroup = 8;
-// Codes up to this many bytes are staged a chunk at a time in shared
-// memory (PQ codes); wider ones (RaBitQ rows, a multiple of 4 bytes) move
-// column-wise as 32-bit words, like the vectors.
+// Row-major codes up to this many bytes are staged a chunk at a time in
+// shared memory (PQ codes); wider ones (RaBitQ rows, a multiple of 4 bytes)
+// and interleaved ones of any width move column-wise as 32-bit words, like
+// the vectors.
 constexpr int kRemoveStagedMaxM = 128;
 
 // Moves the kept rows of a chunk (width elements each, rows base .. base +
@@ -224,7 +226,8 @@ __device__ void move_rows(T* rows, int width, int base, int chunk, const int* mo
 // they are written. Slots are never past the entry's own position and the
 // next chunk is read after the barrier, so nothing is overwritten before it
 // is read. Stored vectors (d floats, too many to stage a chunk of) and wide
-// codes move column-wise (move_rows).
+// or interleaved codes move column-wise (move_rows; a thread owns a word
+// of every row, wherever the layout puts it).
 __global__ void __launch_bounds__(kRemoveThreads)
     remove_ids_kernel(uint8_t* const* list_codes, int64_t* const* list_ids, float* const* list_vt,
                       float* const* list_vectors, int64_t* const* list_keys, const int32_t* list_len,

@@ -69,7 +69,8 @@ void launch_remove_ids(uint8_t* const* list_codes, int64_t* const* list_ids, flo
 // batch) of each array the list keeps: its m code bytes, its id, where vt is
 // not null its per-vector term, where vectors is not null its d floats, where
 // keys is not null its filter key (the device arrays of per-list pointers
-// must already name buffers large enough). Then list_len[touched[i]] =
+// must already name buffers large enough: interleaved, to the end of the
+// position's block of 32). Then list_len[touched[i]] =
 // new_len[i] for the nt touched lists (nt <= n). interleaved: the codes
 // written as list_layout.cuh interleaves them (m a multiple of 4).
 void launch_append_entries(uint8_t* const* list_codes, int64_t* const* list_ids, float* const* list_vt,

@@ -74,7 +74,8 @@ constexpr size_t kSmallBatchMax = 0;
 // scanned at 0.87x (17.7 against 15.3 ms), and the staged search of one
 // query took longer for both (0.32 against 0.25 ms at 768 dimensions),
 // where nothing but latency bounds it.
-constexpr size_t kInterleaveFromBytes = 256;
+constexpr size_t kInterleaveFromBytes = kRabitqInterleaveFromBytes;
+static_assert(kRabitqInterleaveRows == size_t(kInterleaveRows), "the interleaved block of the public header");
 
 struct PairArgs {
     const float* queries;    // nq x d (unit length for Cosine)

@@ -336,13 +336,12 @@ void same_as_staged(GpuRabitqIndex& index, const std::vector<float>& q, size_t n
     index.set_small_cluster(0);
     ASSERT_EQ(index.small_search_launches(), before + (one_launch ? 1 : 0)) << "the path taken";
 }
-// InterleavedRowsAcrossBlocks at d dimensions.
-void interleaved_rows_across_blocks(size_t d, uint64_t s)
+// InterleavedRowsAcrossBlocks for n rows of d dimensions at bits in lists.
+void interleaved_rows_across_blocks(size_t d, int bits, size_t n, size_t lists, uint64_t s)
 {
-    const size_t lists = 3, n = 300;
-    SCOPED_TRACE(shape("rabitq rows across blocks", {{"d", double(d)}}, s));
-    Fixture fx(d, lists, n, 3, Metric::L2, s);
-    GpuRabitqIndex index(ctx(), d, lists, 3, Metric::L2, fx.cent.data(), fx.blob.data(), true);
+    SCOPED_TRACE(shape("rabitq rows across blocks", {{"d", double(d)}, {"bits", double(bits)}, {"n", double(n)}}, s));
+    Fixture fx(d, lists, n, bits, Metric::L2, s);
+    GpuRabitqIndex index(ctx(), d, lists, bits, Metric::L2, fx.cent.data(), fx.blob.data(), true);
     const std::vector<float> q = clustered(5, d, 8, 3.0f, s + 1);
     std::vector<bool> live(n, false);
     auto check = [&] {
@@ -365,20 +364,27 @@ void interleaved_rows_across_blocks(size_t d, uint64_t s)
         check();
     }
     // Each list's rows in order of addition: remove its 0th, 31st, 32nd,
-    // 63rd and last.
-    std::vector<int64_t> gone;
-    for (size_t l = 0; l < lists; l++) {
-        std::vector<size_t> of;
-        for (size_t i = 0; i < at; i++)
-            if (size_t(fx.list_ids[i]) == l)
-                of.push_back(i);
-        for (size_t j : {size_t(0), size_t(31), size_t(32), size_t(63), of.size() - 1})
-            if (j < of.size() && live[of[j]]) {
-                gone.push_back(fx.ids[of[j]]);
-                live[of[j]] = false;
-            }
-    }
-    ASSERT_EQ(index.remove_ids(gone.data(), gone.size()), gone.size());
+    // 63rd, 255th, 256th, 511th, 512th (the compaction's chunks are 256
+    // rows), every seventh past that and its last.
+    auto remove_edges = [&](size_t upto) {
+        std::vector<int64_t> gone;
+        for (size_t l = 0; l < lists; l++) {
+            std::vector<size_t> of;
+            for (size_t i = 0; i < upto; i++)
+                if (size_t(fx.list_ids[i]) == l && live[i])
+                    of.push_back(i);
+            std::vector<size_t> at_j = {0, 31, 32, 63, 255, 256, 511, 512, of.size() - 1};
+            for (size_t j = 600; j < of.size(); j += 7)
+                at_j.push_back(j);
+            for (size_t j : at_j)
+                if (j < of.size() && live[of[j]]) {
+                    gone.push_back(fx.ids[of[j]]);
+                    live[of[j]] = false;
+                }
+        }
+        ASSERT_EQ(index.remove_ids(gone.data(), gone.size()), gone.size());
+    };
+    remove_edges(at);
     {
         SCOPED_TRACE("after removals");
         check();
@@ -388,7 +394,12 @@ void interleaved_rows_across_blocks(size_t d, uint64_t s)
     add_rows(index, fx, rest);
     for (size_t i : rest)
         live[i] = true;
-    SCOPED_TRACE("after the rest");
+    {
+        SCOPED_TRACE("after the rest");
+        check();
+    }
+    remove_edges(n);
+    SCOPED_TRACE("after removals from long lists");
     check();
 }
 
@@ -580,18 +591,24 @@ TEST(RabitqIndex, OneLaunchLongListsAndWideRows)
     }
 }
 
-// The mirror's rows, row-major (d 100, 3 bits: 124-byte rows) and
-// interleaved 32 at a time (d 768: 300 bytes, list_layout.cuh): appends of
-// 1, 31, 2 and 70 rows (blocks filled across calls, lists grown past their
-// capacity while a block is part full), removals at block edges (rows 0,
-// 31, 32, 63 of a list and its last), the answers the CPU engine's after
-// each step, by the staged kernels and in one launch.
+// The mirror's rows, row-major (d 100, 3 bits: 60-byte rows) and
+// interleaved 32 at a time (list_layout.cuh; d 768 at 3 bits: 300 bytes,
+// 1500-row lists at 4 bits; d 800 at 3 bits: 75 code words, not a
+// multiple of the eight loaded at a time; d 2000 at 8 bits: 507 words, more
+// than the append's and the compaction's threads): appends of 1, 31, 2 and
+// 70 rows (blocks filled across calls, lists grown past their capacity
+// while a block is part full), then the rest; removals at block and chunk
+// edges; the answers the CPU engine's after each step, by the staged
+// kernels and in one launch.
 TEST(RabitqIndex, InterleavedRowsAcrossBlocks)
 {
     GPU_REQUIRE_DEVICE();
     const uint64_t s = seed(4513);
-    for (size_t d : {size_t(100), size_t(768)})
-        interleaved_rows_across_blocks(d, s);
+    interleaved_rows_across_blocks(100, 3, 300, 3, s);
+    interleaved_rows_across_blocks(768, 3, 300, 3, s);
+    interleaved_rows_across_blocks(768, 4, 3000, 2, s);
+    interleaved_rows_across_blocks(800, 3, 300, 3, s);
+    interleaved_rows_across_blocks(2000, 8, 400, 2, s);
 }
 
 // Small batches replay CUDA graphs of their device work from the second

@@ -255,9 +255,15 @@ public:
         if (s.rabitq_bits) {
             // Rows (code and factors), ids, keys; a quarter more for the
             // lists' growth; centroids and norms, rotation, P c; per list.
-            const size_t lists = n * (s.m + sizeof(int64_t) + (s.filter_keys ? sizeof(int64_t) : 0));
-            return lists + lists / 4 + s.lists * (s.d + 1) * sizeof(float) + rabitq_model_bytes(s.d, s.lists) +
-                   s.lists * 64;
+            // Wide rows are interleaved: each list that holds any takes
+            // whole blocks of kRabitqInterleaveRows rows.
+            const size_t row = s.m + sizeof(int64_t) + (s.filter_keys ? sizeof(int64_t) : 0);
+            const size_t lists = n * row;
+            const size_t blocks = s.m >= gpu::kRabitqInterleaveFromBytes
+                                      ? std::min(n, s.lists) * (gpu::kRabitqInterleaveRows - 1) * row
+                                      : 0;
+            return lists + lists / 4 + blocks + s.lists * (s.d + 1) * sizeof(float) +
+                   rabitq_model_bytes(s.d, s.lists) + s.lists * 64;
         }
         // codes, ids and the per-vector term 1 (and the vectors, the filter
         // keys when kept); centroids, norms, codebooks; a list's capacity

@@ -1,7 +1,8 @@
 // Device-resident IVF index with RaBitQ codes (src/engine/rabitq.h,
 // docs/rabitq-codes.md): the list centroids, the rotation P and each list's
 // P c, and inverted lists of rows (a code's bit planes, then its
-// RabitqFactors, as the index pages hold them) with ids and optionally
+// RabitqFactors, as the index pages hold them; rows of
+// kRabitqInterleaveFromBytes or more interleaved word by word) with ids and optionally
 // filter keys. A search ranks each query's probed lists by the codes'
 // distance estimates: per (query, list) pair one block builds the nibble
 // tables from q' = P q - P c in shared memory and scans the list; then a
@@ -20,6 +21,12 @@
 namespace gpuivfpq::gpu {
 
 class GpuContext;
+
+// Rows of at least this many bytes are kept interleaved on the device,
+// kRabitqInterleaveRows at a time (gpu/src/list_layout.cuh): a list's
+// capacity is then a whole number of such blocks.
+constexpr size_t kRabitqInterleaveFromBytes = 256;
+constexpr size_t kRabitqInterleaveRows = 32;
 
 class GpuRabitqIndex {
 public:
