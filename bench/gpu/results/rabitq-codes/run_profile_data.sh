@@ -1,6 +1,7 @@
 #!/bin/bash
-# ncu of the RaBitQ list blocks (rabitq_pairs_kernel, one query a block and
-# groups of 4) over tools/gen_synthetic's 200k x 768 set and its k-means
+# ncu of the RaBitQ list blocks (rabitq_pairs_kernel; the committed files
+# also profiled groups of 4, a variant since dropped) over
+# tools/gen_synthetic's 200k x 768 set and its k-means
 # lists: gpu_bench --rabitq-data --profile B at B = 1000 and 16, each call
 # three times; the details page and the SASS with its counters, to $OUT.
 B=/tmp/gpubin; mkdir -p $B && tar xJf .gpubin/gpubin.tar.xz -C $B; export LD_LIBRARY_PATH=$B:/usr/local/cuda/lib64
