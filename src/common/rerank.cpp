@@ -198,13 +198,28 @@ GpuIvfpqHeapFetchEnd(GpuIvfpqHeapFetch *hf)
 	MemoryContextDelete(hf->rowctx);
 }
 
+/*
+ * The exact distance of a fetched row's vector v (NULL: none visible) to
+ * spec's query into *dist; false where GpuIvfpqRerankOne drops the row (no
+ * vector, another dimension, outside the radius).
+ */
+static bool
+KeepRow(const GpuIvfpqRerankSpec *spec, const float *query, const float *v, int vdim, double *dist)
+{
+	if (v == NULL || (query != NULL && vdim != spec->dim))
+		return false;
+	*dist = query != NULL ? GpuIvfpqExactDistance(spec->metric, query, v, spec->dim) : get_float8_nan();
+	/* NaN is never within a radius. */
+	return !spec->bounded || *dist <= spec->radius;
+}
+
 bool
 GpuIvfpqRerankOne(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spec, int64 label, GpuIvfpqHit *hit,
 				  int64 *fetched)
 {
 	ItemPointerData tid;
 	ItemPointerData row_tid;
-	int			vdim;
+	int			vdim = 0;
 	const float *v;
 	double		dist;
 
@@ -222,12 +237,7 @@ GpuIvfpqRerankOne(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spec, int64 l
 	(*fetched)++;
 	row_tid = tid;
 	v = GpuIvfpqHeapFetchVector(hf, &row_tid, &vdim);
-	if (v == NULL || (spec->query != NULL && vdim != spec->dim))
-		return false;
-	dist = spec->query != NULL ? GpuIvfpqExactDistance(spec->metric, spec->query, v, spec->dim)
-		: get_float8_nan();
-	/* NaN is never within a radius. */
-	if (spec->bounded && !(dist <= spec->radius))
+	if (!KeepRow(spec, spec->query, v, vdim, &dist))
 		return false;
 	hit->dist = dist;
 	hit->tid = spec->index_tids ? tid : row_tid;
@@ -334,42 +344,204 @@ KthPush(double *heap, int64 *n, int64 k, double d)
 	heap[i] = d;
 }
 
-int64
-GpuIvfpqRerankBounded(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spec, const int64 *labels,
-					  const double *lower, int64 n, int64 k, GpuIvfpqHit *hits, int64 *fetched)
-{
-	int64		nhits = 0;
-	int64		looked = 0;
-	int64		nkth = 0;
-	double	   *kth = (double *) palloc(sizeof(double) * Max(k, 1));
+/* What the bounded re-rank knows of a candidate (BoundedState). */
+#define BOUNDED_UNKNOWN 0		/* not fetched yet */
+#define BOUNDED_DROPPED 1		/* fetched: not kept (not visible, no vector, ...) */
+#define BOUNDED_KEPT	2		/* fetched and kept, at dist */
 
+/* A candidate to fetch in a round: its label, and whose candidate it is. */
+typedef struct BoundedRequest
+{
+	int64		label;
+	int64		query;			/* in the group */
+	int64		slot;			/* candidate number of that query */
+} BoundedRequest;
+
+static bool
+BoundedRequestLess(const BoundedRequest &a, const BoundedRequest &b)
+{
+	if (a.label != b.label)
+		return a.label < b.label;
+	if (a.query != b.query)
+		return a.query < b.query;
+	return a.slot < b.slot;
+}
+
+/*
+ * The rule of a bounded re-rank, over what is known of one query's n
+ * candidates (state, dist; in the order of their bounds lower): walks them
+ * as a fetch in that order would, pushing each kept distance into the k-th
+ * heap kth (*nkth entries), and stops before the first candidate whose
+ * bound exceeds the k-th smallest distance kept (then *done) or at the
+ * first not fetched yet. Returns where it stopped.
+ */
+static int64
+BoundedWalk(int metric, const uint8 *state, const double *dist, const double *lower, int64 n, int64 k,
+			double *kth, int64 *nkth, bool *done)
+{
+	*nkth = 0;
 	for (int64 i = 0; i < n; i++)
 	{
 		/* Past the k-th exact distance: no later candidate can be nearer (where bounds hold). */
-		if (k > 0 && nkth == k && GpuIvfpqLowerToExact(spec->metric, lower[i]) > kth[0])
-			break;
-		if (GpuIvfpqRerankOne(hf, spec, labels[i], &hits[nhits], &looked))
+		if (k > 0 && *nkth == k && GpuIvfpqLowerToExact(metric, lower[i]) > kth[0])
 		{
-			if (k > 0)
-				KthPush(kth, &nkth, k, hits[nhits].dist);
-			nhits++;
+			*done = true;
+			return i;
+		}
+		if (state[i] == BOUNDED_UNKNOWN)
+		{
+			*done = false;
+			return i;
+		}
+		if (state[i] == BOUNDED_KEPT && k > 0)
+			KthPush(kth, nkth, k, dist[i]);
+	}
+	*done = true;
+	return n;
+}
+
+/* Candidates a query may ask for in one round past the k it needs first. */
+#define BOUNDED_AHEAD 8
+
+void
+GpuIvfpqRerankBoundedBatch(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spec, const float *queries,
+						   int64 nq, const int64 *labels, const double *lower, int64 stride, const int *counts,
+						   int64 k, GpuIvfpqHit *hits, int64 *nhits, int64 *fetched)
+{
+	MemoryContext cxt = AllocSetContextCreate(CurrentMemoryContext, "gpu_ivfpq bounded re-rank",
+											  ALLOCSET_DEFAULT_SIZES);
+	MemoryContext old = MemoryContextSwitchTo(cxt);
+	int64		total = 0;
+	int64		looked = 0;
+	int64		nreq = 0;
+	uint8	   *state;
+	double	   *dist;
+	ItemPointerData *row_tids;
+	BoundedRequest *req;
+	bool	   *done = (bool *) palloc0(sizeof(bool) * Max(nq, 1));
+	double	   *kth = (double *) palloc(sizeof(double) * Max(k, 1));
+	GpuIvfpqHit *mine;
+	int64		pending = nq;
+
+	Assert(spec->seen == NULL);
+	for (int64 q = 0; q < nq; q++)
+		total += Min(Max(counts[q], 0), stride);
+	state = (uint8 *) palloc_extended(Max(nq * stride, 1), MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
+	dist = (double *) palloc_extended(sizeof(double) * Max(nq * stride, 1), MCXT_ALLOC_HUGE);
+	row_tids = (ItemPointerData *) palloc_extended(sizeof(ItemPointerData) * Max(nq * stride, 1),
+												  MCXT_ALLOC_HUGE);
+	req = (BoundedRequest *) palloc_extended(sizeof(BoundedRequest) * Max(total, 1), MCXT_ALLOC_HUGE);
+	mine = (GpuIvfpqHit *) palloc(sizeof(GpuIvfpqHit) * Max(stride, 1));
+
+	/*
+	 * Rounds: each query still short asks for the candidates a fetch in the
+	 * order of their bounds is bound to reach next (the k - kept it lacks, or
+	 * once it has k those whose bound is within its k-th distance, up to
+	 * BOUNDED_AHEAD), then the round fetches the rows asked for in heap order,
+	 * each once however many queries asked, and computes each asker's
+	 * distance. A query's answer is then what BoundedWalk keeps: the rows a
+	 * fetch one at a time in the order of the bounds keeps, so the answers do
+	 * not depend on the queries grouped together (a row fetched for one
+	 * query and not reached by another's walk is never its answer).
+	 */
+	while (pending > 0)
+	{
+		nreq = 0;
+		pending = 0;
+		for (int64 q = 0; q < nq; q++)
+		{
+			int64		n = Min(Max(counts[q], 0), stride);
+			const double *lq = lower + q * stride;
+			int64		nkth;
+			int64		at;
+			int64		ask;
+
+			CHECK_FOR_INTERRUPTS();
+			if (done[q])
+				continue;
+			at = BoundedWalk(spec->metric, state + q * stride, dist + q * stride, lq, n, k, kth, &nkth, &done[q]);
+			if (done[q])
+				continue;
+			pending++;
+			if (nkth < k || k == 0)
+				ask = k > 0 ? k - nkth : n;
+			else
+			{
+				/* Every candidate from at whose bound is within the k-th distance, or the first. */
+				ask = 1;
+				while (ask < BOUNDED_AHEAD && at + ask < n &&
+					   GpuIvfpqLowerToExact(spec->metric, lq[at + ask]) <= kth[0])
+					ask++;
+			}
+			for (int64 i = at; i < Min(at + ask, n); i++)
+			{
+				req[nreq].label = labels[q * stride + i];
+				req[nreq].query = q;
+				req[nreq].slot = i;
+				nreq++;
+			}
+		}
+		if (nreq == 0)
+			break;
+		/* Labels sort as (block, offset): the round reads the heap in order. */
+		std::sort(req, req + nreq, BoundedRequestLess);
+		for (int64 r = 0; r < nreq;)
+		{
+			ItemPointerData tid;
+			ItemPointerData row_tid;
+			int			vdim = 0;
+			const float *v;
+			int64		e;
+
+			CHECK_FOR_INTERRUPTS();
+			for (e = r + 1; e < nreq && req[e].label == req[r].label; e++)
+				;
+			GpuIvfpqLabelToTid(req[r].label, &tid);
+			row_tid = tid;
+			v = GpuIvfpqHeapFetchVector(hf, &row_tid, &vdim);
+			looked++;
+			for (; r < e; r++)
+			{
+				int64		at = req[r].query * stride + req[r].slot;
+
+				state[at] = KeepRow(spec, queries + req[r].query * spec->dim, v, vdim, &dist[at])
+					? BOUNDED_KEPT : BOUNDED_DROPPED;
+				row_tids[at] = spec->index_tids ? tid : row_tid;
+			}
 		}
 	}
-	pfree(kth);
-	if (spec->query != NULL)
-		GpuIvfpqSortHits(hits, nhits);
-	/* A label twice (never from a sound index): equal rows sort next to each other. */
+
+	/* Each query's kept rows, as the walk reaches them, in GpuIvfpqHitLess order, a row once. */
+	for (int64 q = 0; q < nq; q++)
 	{
+		int64		n = Min(Max(counts[q], 0), stride);
+		int64		nkth;
+		bool		ended;
+		int64		upto = BoundedWalk(spec->metric, state + q * stride, dist + q * stride, lower + q * stride, n,
+									   k, kth, &nkth, &ended);
+		int64		nm = 0;
 		int64		kept = 0;
 
-		for (int64 i = 0; i < nhits; i++)
-			if (kept == 0 || !ItemPointerEquals(&hits[kept - 1].tid, &hits[i].tid))
-				hits[kept++] = hits[i];
-		nhits = kept;
+		Assert(ended);
+		for (int64 i = 0; i < upto; i++)
+			if (state[q * stride + i] == BOUNDED_KEPT)
+			{
+				mine[nm].dist = dist[q * stride + i];
+				mine[nm].tid = row_tids[q * stride + i];
+				nm++;
+			}
+		if (queries != NULL)
+			GpuIvfpqSortHits(mine, nm);
+		/* A label twice (never from a sound index): equal rows sort next to each other. */
+		for (int64 i = 0; i < nm && kept < k; i++)
+			if (kept == 0 || !ItemPointerEquals(&hits[q * k + kept - 1].tid, &mine[i].tid))
+				hits[q * k + kept++] = mine[i];
+		nhits[q] = kept;
 	}
+	MemoryContextSwitchTo(old);
+	MemoryContextDelete(cxt);
 	if (fetched != NULL)
 		*fetched = looked;
-	return nhits;
 }
 
 int64

@@ -128,16 +128,25 @@ extern bool GpuIvfpqRerankOne(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *s
 extern double GpuIvfpqLowerToExact(int metric, double lower);
 
 /*
- * Re-ranks candidates ranked by lower bounds (lower[i] of labels[i],
- * ascending, ranking units): fetches them in that order and stops before
- * the first whose bound exceeds the k-th smallest exact distance kept so
- * far: where the bounds hold, the k nearest visible rows of the candidates
- * are among those kept. Writes the kept rows to hits (room for n) in
- * GpuIvfpqHitLess order, a label given twice once; returns how many.
- * *fetched (if not NULL) counts the candidates looked up.
+ * Re-ranks the candidates of nq queries (queries: nq x spec->dim; query q's
+ * are labels[q * stride ...] and their lower bounds lower[q * stride ...],
+ * counts[q] of them, ascending, in ranking units: squared for L2) by those
+ * bounds: for each query, as if it fetched its candidates in that order
+ * and stopped before the first whose bound exceeds the k-th smallest exact
+ * distance kept so far (where the bounds hold, the k nearest visible rows
+ * of the candidates are among those kept). The rows are fetched in rounds
+ * in heap order, a row that several queries reach once a round; the
+ * answers are those of one query at a time. Writes query q's k nearest
+ * kept rows to hits[q * k ...] in GpuIvfpqHitLess order (a label given
+ * twice once) and their number to nhits[q]; *fetched (if not NULL) counts
+ * the rows fetched. spec->query and spec->seen are not used (seen must be
+ * NULL). Memory: about 24 bytes per candidate slot (nq x stride), freed on
+ * return.
  */
-extern int64 GpuIvfpqRerankBounded(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spec, const int64 *labels,
-								   const double *lower, int64 n, int64 k, GpuIvfpqHit *hits, int64 *fetched);
+extern void GpuIvfpqRerankBoundedBatch(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spec,
+									   const float *queries, int64 nq, const int64 *labels, const double *lower,
+									   int64 stride, const int *counts, int64 k, GpuIvfpqHit *hits,
+									   int64 *nhits, int64 *fetched);
 
 /*
  * The TIDs of the rows of a table visible to a snapshot, one bit per line

@@ -141,8 +141,11 @@ RerankCandidates(GpuIvfpqBatchSearch *bs, const GpuIvfpqRerankSpec *spec, int64 
 	if (dists == GPU_IVFPQ_DISTS_LOWER)
 	{
 		int64		fetched = 0;
-		int64		nh = GpuIvfpqRerankBounded(&bs->hf, spec, labels, exact, n, bs->k, bs->hits, &fetched);
+		int64		nh = 0;
 
+		/* hits has room for n + 1, and no more than n rows are kept. */
+		GpuIvfpqRerankBoundedBatch(&bs->hf, spec, spec->query, 1, labels, exact, n, &n, bs->k, bs->hits, &nh,
+								   &fetched);
 		bs->fetched += fetched;
 		return nh;
 	}
@@ -277,17 +280,40 @@ GpuIvfpqBatchRun(GpuIvfpqBatchSearch *bs, const float *queries, int64 nq, GpuIvf
 		INSTR_TIME_SUBTRACT(t1, t0);
 		bs->search_secs += INSTR_TIME_GET_DOUBLE(t1);
 		INSTR_TIME_SET_CURRENT(t0);
-		/* Re-ranks from the table over parallel workers where it can. */
-		if (all_ranked && (dists == GPU_IVFPQ_DISTS_LOWER || dists == GPU_IVFPQ_DISTS_NONE) &&
-			cn >= 2 * GPU_IVFPQ_RERANK_PER_PARTICIPANT)
+		/*
+		 * Re-ranks from the table over parallel workers where it can; else
+		 * candidates by bound a group of queries at a time, as a parallel
+		 * participant takes them.
+		 */
+		if (all_ranked && (dists == GPU_IVFPQ_DISTS_LOWER || dists == GPU_IVFPQ_DISTS_NONE))
 		{
+			bool		grouped = false;
+
 			if (bs->par_hits == NULL)
 			{
 				bs->par_hits = (GpuIvfpqHit *) palloc_extended(sizeof(GpuIvfpqHit) * (Size) bs->chunk * bs->k,
 															   MCXT_ALLOC_HUGE);
 				bs->par_counts = (int64 *) palloc(sizeof(int64) * bs->chunk);
 			}
-			if (GpuIvfpqRerankParallel(bs, queries + c0 * dim, cn, dists, bs->par_hits, bs->par_counts))
+			if (cn >= 2 * GPU_IVFPQ_RERANK_PER_PARTICIPANT)
+				grouped = GpuIvfpqRerankParallel(bs, queries + c0 * dim, cn, dists, bs->par_hits, bs->par_counts);
+			if (!grouped && dists == GPU_IVFPQ_DISTS_LOWER)
+			{
+				int64		group = GpuIvfpqRerankGroup(want);
+
+				for (int64 g0 = 0; g0 < cn; g0 += group)
+				{
+					int64		fetched = 0;
+
+					GpuIvfpqRerankBoundedBatch(&bs->hf, &spec, queries + (c0 + g0) * dim, Min(group, cn - g0),
+											   bs->labels + g0 * want, bs->exact + g0 * want, want,
+											   bs->counts + g0, bs->k, bs->par_hits + g0 * bs->k,
+											   bs->par_counts + g0, &fetched);
+					bs->fetched += fetched;
+				}
+				grouped = true;
+			}
+			if (grouped)
 			{
 				for (int64 i = 0; i < cn; i++)
 				{

@@ -1,6 +1,7 @@
 // The batch functions' re-rank from the heap over parallel workers
 // (parallel_rerank.h): the leader and its workers take the chunk's queries
-// one at a time from a shared counter, each re-ranks its queries' candidates
+// from a shared counter (groups of GpuIvfpqRerankGroup where candidates are
+// ranked by bounds, else one at a time), each re-ranks its queries' candidates
 // from the rows visible to the leader's snapshot (the one re-rank module,
 // rerank.h) and writes their k best into the segment; the leader copies them
 // out in query order.
@@ -57,7 +58,11 @@ At(RerankShared *s, Size offset)
 	return (T *) ((char *) s + offset);
 }
 
-/* Takes queries from the counter until none is left; hits: room for want + 1. */
+/*
+ * Takes queries from the counter until none is left (GpuIvfpqRerankGroup of
+ * them at a time where their candidates are ranked by bounds, else one);
+ * hits: room for want + 1.
+ */
 static void
 RerankTake(RerankShared *s, GpuIvfpqHeapFetch *hf, GpuIvfpqHit *hits)
 {
@@ -68,31 +73,36 @@ RerankTake(RerankShared *s, GpuIvfpqHeapFetch *hf, GpuIvfpqHit *hits)
 	const int  *counts = At<const int>(s, s->counts_at);
 	GpuIvfpqHit *out = At<GpuIvfpqHit>(s, s->hits_at);
 	int64	   *nhits = At<int64>(s, s->nhits_at);
+	uint64		group = s->dists == GPU_IVFPQ_DISTS_LOWER ? (uint64) GpuIvfpqRerankGroup(s->want) : 1;
 
 	memset(&spec, 0, sizeof(spec));
 	spec.metric = s->metric;
 	spec.dim = s->dim;
 	for (;;)
 	{
-		uint64		i = pg_atomic_fetch_add_u64(&s->next, 1);
+		uint64		i = pg_atomic_fetch_add_u64(&s->next, group);
 		int64		nh;
 		int64		fetched = 0;
 		int			n;
 
 		if (i >= (uint64) s->nq)
 			break;
+		if (s->dists == GPU_IVFPQ_DISTS_LOWER)
+		{
+			int64		gn = Min((int64) group, s->nq - (int64) i);
+
+			GpuIvfpqRerankBoundedBatch(hf, &spec, queries + i * s->dim, gn, labels + i * s->want,
+									   lower + i * s->want, s->want, counts + i, s->k, out + i * s->k,
+									   nhits + i, &fetched);
+			pg_atomic_fetch_add_u64(&s->fetched, (uint64) fetched);
+			continue;
+		}
 		n = Min(Max(counts[i], 0), s->want);
 		spec.query = queries + i * s->dim;
-		if (s->dists == GPU_IVFPQ_DISTS_LOWER)
-			nh = GpuIvfpqRerankBounded(hf, &spec, labels + i * s->want, lower + i * s->want, n, s->k, hits,
-									   &fetched);
-		else
-			nh = GpuIvfpqRerank(hf, &spec, labels + i * s->want, n, hits, NULL);
+		nh = GpuIvfpqRerank(hf, &spec, labels + i * s->want, n, hits, NULL);
 		nh = Min(nh, (int64) s->k);
 		memcpy(out + i * s->k, hits, sizeof(GpuIvfpqHit) * nh);
 		nhits[i] = nh;
-		if (fetched > 0)
-			pg_atomic_fetch_add_u64(&s->fetched, (uint64) fetched);
 		CHECK_FOR_INTERRUPTS();
 	}
 }

@@ -16,6 +16,21 @@
 #define GPU_IVFPQ_RERANK_PER_PARTICIPANT 512
 
 /*
+ * Queries whose candidates by lower bound one bounded re-rank takes at once
+ * (GpuIvfpqRerankBoundedBatch), serially or in a parallel participant: the
+ * more queries, the more of their rows are shared and fetched once (in
+ * tools/gen_synthetic's 200k x 768 set, the 13 nearest rows of 1024
+ * clustered queries are 75% distinct, of 4096 64%), within about 16 MB of
+ * state. It depends on want alone, so a serial and a parallel run fetch
+ * the same rows.
+ */
+static inline int64
+GpuIvfpqRerankGroup(int want)
+{
+	return Max((int64) 1, Min((int64) 1024, (int64) (16 * 1024 * 1024) / ((int64) Max(want, 1) * 24)));
+}
+
+/*
  * Re-ranks the nq queries of bs's current chunk (their candidates in
  * bs->labels, bs->exact and bs->counts; dists LOWER or NONE) over up to
  * max_parallel_workers_per_gather workers (and the table's parallel_workers,
