@@ -75,7 +75,8 @@ GpuIvfpqRabitqEncode(const gpuivfpq::RabitqModel *model, const float *x, int n, 
  * (room for topk->k() each); *nlabels says how many. With range, only
  * entries whose filter key lies in it are ranked. Returns how many entries
  * those lists hold (within range). The caller re-ranks the labels with
- * exact distances from the heap, in that order (GpuIvfpqRerankBounded).
+ * exact distances from the heap, in that order (GpuIvfpqRerankBoundedBatch;
+ * index scans fetch theirs lazily).
  */
 int64
 GpuIvfpqRabitqRankLists(Relation index, const GpuIvfpqMetaPageData *meta, const GpuIvfpqListDirEntry *dir,

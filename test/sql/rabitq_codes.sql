@@ -141,8 +141,8 @@ SET client_min_messages = warning;
 SELECT count(*) = 10 * (SELECT count(v) FROM rq) AS graph_rows FROM gpu_ivfpq_knn_graph('rq_l2', 10);
 RESET client_min_messages;
 -- 3000 queries: the re-rank from the table runs over parallel workers (a
--- query at a time from a shared counter), with the same rows, ranks and
--- distances as the leader alone, deleted rows passed over alike.
+-- group of queries at a time from a shared counter), with the same rows,
+-- ranks and distances as the leader alone, deleted rows passed over alike.
 CREATE FUNCTION batch_digest() RETURNS text LANGUAGE sql AS $$
 SELECT md5(string_agg(format('%s %s %s %s', query, rank, tid, distance), ';' ORDER BY query, rank))
 FROM gpu_ivfpq_knn_batch('rq_l2', (SELECT array_agg(v ORDER BY id) FROM rq WHERE id <= 3000), 10)
@@ -155,12 +155,24 @@ SET LOCAL max_parallel_workers_per_gather = 2;
 SELECT batch_digest() = :'serial' AS parallel_same;
 ROLLBACK;
 DROP FUNCTION batch_digest();
+-- Queries re-ranked in a group (rows fetched once for all of them, in
+-- rounds) get what each gets alone, deleted rows passed over alike.
+BEGIN;
+DELETE FROM rq WHERE id % 5 = 0;
+SET LOCAL max_parallel_workers_per_gather = 0;
+SELECT count(*) AS rows, count(*) FILTER (WHERE g.tid IS NULL OR o.tid IS NULL) AS differ
+FROM (SELECT (SELECT array_agg(id ORDER BY id) FROM rq WHERE id <= 400)[query] AS id, rank, tid, distance
+      FROM gpu_ivfpq_knn_batch('rq_l2', (SELECT array_agg(v ORDER BY id) FROM rq WHERE id <= 400), 10)) g
+FULL JOIN (SELECT rq.id, r.rank, r.tid, r.distance
+           FROM rq, LATERAL gpu_ivfpq_knn_batch('rq_l2', rq.v, 10) r WHERE rq.id <= 400) o
+USING (id, rank, tid, distance);
+ROLLBACK;
 -- The workers' buffer accesses count with the leader's (EXPLAIN (BUFFERS),
 -- pg_stat_statements), as in PostgreSQL's own parallel plans: as many as
--- the leader makes alone, but for a query's first fetch, which may or may
--- not find the page its participant's last fetch pinned (at most one
--- access per query either way; the workers' fetches are tens of
--- thousands).
+-- the leader makes alone (the groups fetch the same rows), but for a
+-- group's first fetch, which may or may not find the page its
+-- participant's last fetch pinned (at most one access per round of a
+-- group either way; the workers' fetches are thousands).
 CREATE FUNCTION batch_buffers() RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
 	p json;
