@@ -256,9 +256,28 @@ void rabitq_data_bench(GpuContext& ctx, const std::vector<float>& hbase, const s
                 index.search(hq.data(), b, 100, 32, dist.data(), labels.data(), nullptr, gpuivfpq::kRabitqLowerEps0);
             return;
         }
+        // GPU_BENCH_ROWS_PER_BLOCK="512 1024 ...": the table again at each
+        // (set_rows_per_block; 0: the default).
+        std::vector<int> rows_per_block = {0};
+        if (const char* v = std::getenv("GPU_BENCH_ROWS_PER_BLOCK")) {
+            rows_per_block.clear();
+            for (char* e = const_cast<char*>(v); *e;) {
+                char* next = nullptr;
+                const long r = std::strtol(e, &next, 10);
+                if (next == e)
+                    break;
+                rows_per_block.push_back(int(r));
+                e = next;
+            }
+        }
+        for (int rpb : rows_per_block)
         for (size_t nprobe : {size_t(32), size_t(80)}) {
             if (nprobe == 80 && d > 256)
                 continue;
+            if (rpb > 0) {
+                index.set_rows_per_block(rpb);
+                std::printf("| rows a block: %d | | | | | | |\n", rpb);
+            }
             std::vector<int32_t> pl(nq * nprobe);
             index.probe_lists(hq.data(), nq, nprobe, pl.data());
             double probed = 0;

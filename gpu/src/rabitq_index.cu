@@ -47,9 +47,10 @@ namespace gpuivfpq::gpu {
 namespace {
 
 constexpr int kThreads = 256;
-// Rows of a probed list per block: a long list is split over several blocks,
-// each building the list's tables, so that one list does not hold up the
-// search (clustered data's longest lists are 10-20 times the mean).
+// Rows of a probed list per block (set_rows_per_block): a long list is split
+// over several blocks, each building the list's tables, so that one list
+// does not hold up the search (clustered data's longest lists are 10-20
+// times the mean).
 constexpr int kRowsPerBlock = 4 * kThreads;
 // The candidates of one tile of queries (nq x nprobe x the longest list
 // floats) are kept below this many bytes, unless one query alone needs more.
@@ -94,7 +95,8 @@ struct PairArgs {
     float eps0;              // > 0: rank by lower bounds (RabitqModel::scan_keys)
     int d, bits, plane_bytes, code_bytes, row_bytes, nprobe, metric;
     bool interleaved;        // the lists' rows (list_layout.cuh)
-    int splits;              // blocks per probed list: kRowsPerBlock rows each
+    int splits;              // blocks per probed list: rows_per_block rows each
+    int rows_per_block;
     int64_t ld;
 };
 
@@ -108,11 +110,11 @@ __global__ void __launch_bounds__(kThreads) rabitq_pairs_kernel(PairArgs a)
     __shared__ unsigned long long in_range;
 
     const int q = blockIdx.y, p = blockIdx.x / a.splits;
-    const int r0 = (blockIdx.x % a.splits) * kRowsPerBlock;
+    const int r0 = (blockIdx.x % a.splits) * a.rows_per_block;
     const int list = a.probe[size_t(q) * a.nprobe + p];
     if (list < 0)  // the coarse step found fewer lists (never expected): no rows
         return;
-    const int n = min(a.list_len[list], r0 + kRowsPerBlock);
+    const int n = min(a.list_len[list], r0 + a.rows_per_block);
     if (r0 >= n)  // uniform over the block
         return;
     float* out = a.cand + size_t(q) * a.ld + a.prefix[size_t(q) * (a.nprobe + 1) + p];
@@ -168,6 +170,7 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
     size_t plane_bytes = 0, code_len = 0;  // bytes of a plane, of a code
     DeviceBuffer centroids, centroid_norms, rotation_t, rotated;  // rotation_t: P transposed
     size_t small_batch_max = kSmallBatchMax;  // set_small_batch_max
+    int rows_per_block = kRowsPerBlock;       // set_rows_per_block
     int small_cluster = 0;       // set_small_cluster
     size_t small_launches = 0;
     // From this many queries the one-launch path's coarse keys come from a
@@ -184,6 +187,7 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
         size_t ld = 0;      // candidates a query's row holds
         size_t chunks = 1;  // the first selection's chunks a query
         int splits = 1;     // blocks per probed list
+        int rows = kRowsPerBlock;  // rows of a list per block
         bool radix = false;
     };
     TilePlan plan_tile(size_t nt, size_t k, size_t nprobe) const
@@ -221,7 +225,8 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
             chunks = 1;
         p.ld = ld;
         p.chunks = chunks;
-        p.splits = int((std::max<size_t>(max_len, 1) + kRowsPerBlock - 1) / kRowsPerBlock);
+        p.rows = rows_per_block;
+        p.splits = int((std::max<size_t>(max_len, 1) + size_t(p.rows) - 1) / size_t(p.rows));
         p.radix = radix;
         return p;
     }
@@ -233,8 +238,9 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
     {
         uint32_t eps_bits = 0;
         std::memcpy(&eps_bits, &eps0, sizeof eps_bits);
-        SearchGraphs::Key key = {nprobe, eps_bits, p.ld, p.chunks, uint64_t(p.splits), uint64_t(p.radix),
-                                 uint64_t(sl.cluster), uint64_t(sl.smem)};
+        SearchGraphs::Key key = {nprobe,           eps_bits,          p.ld,
+                                 p.chunks,         uint64_t(p.splits), uint64_t(p.rows),
+                                 uint64_t(p.radix), uint64_t(sl.cluster), uint64_t(sl.smem)};
         for (const DeviceBuffer* b :
              {&centroids, &centroid_norms, &rotation_t, &rotated, &code_ptrs, &id_ptrs, &key_ptrs, &lens})
             key.push_back(reinterpret_cast<uintptr_t>(b->data()));
@@ -244,15 +250,26 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
     // P q of nt queries (device) into rq (nt x d doubles).
     void rotate_queries(const float* dq, size_t nt, double* rq)
     {
-        // Four queries a block in larger tiles (P read once for the four),
-        // where their doubles fit the default 48 KiB of shared memory.
-        if (nt >= 64 && 4 * d * sizeof(double) <= 48 * 1024)
+        if (nt < 64) {
+            // A coordinate's four partial sums by four warps (the same
+            // doubles as a thread a coordinate, which waits on d / 16
+            // rounds of loads): small batches are latency-bound.
+            static_assert((kRabitqMaxDims + 128) * sizeof(double) <= 48 * 1024,
+                          "the split rotation's row fits the default shared memory");
+            const size_t smem = (d + 128) * sizeof(double);
+            rabitq_rotate_split_kernel<float><<<dim3(unsigned((d + 31) / 32), unsigned(nt)), 128, smem, st()>>>(
+                rotation_t.as<float>(), int(d), dq, int64_t(nt), rq);
+        } else if (4 * d * sizeof(double) <= 48 * 1024) {
+            // Four queries a block in larger tiles (P read once for the
+            // four), where their doubles fit the default 48 KiB of shared
+            // memory.
             rabitq_rotate_kernel<float, 4><<<dim3(unsigned((d + 127) / 128), unsigned((nt + 3) / 4)), 128,
                                              4 * d * sizeof(double), st()>>>(rotation_t.as<float>(), int(d), dq,
                                                                              int64_t(nt), rq);
-        else
+        } else {
             rabitq_rotate_kernel<float, 1><<<dim3(unsigned((d + 127) / 128), unsigned(nt)), 128, d * sizeof(double),
                                              st()>>>(rotation_t.as<float>(), int(d), dq, int64_t(nt), rq);
+        }
         GPU_KERNEL_CHECK();
     }
 
@@ -306,19 +323,7 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
         float* keys = c.take<float>(shared ? nt * lists : 0);
         if (metric == Metric::Cosine)
             normalize_rows(ctx, dq, nt, d);
-        // Below 64 queries (where rotate_queries takes a thread a
-        // coordinate) a coordinate's four partial sums by four warps: the
-        // same doubles.
-        if (nt < 64) {
-            static_assert((kRabitqMaxDims + 128) * sizeof(double) <= 48 * 1024,
-                          "the split rotation's row fits the default shared memory");
-            const size_t smem = (d + 128) * sizeof(double);
-            rabitq_rotate_split_kernel<float><<<dim3(unsigned((d + 31) / 32), unsigned(nt)), 128, smem, st()>>>(
-                rotation_t.as<float>(), int(d), dq, int64_t(nt), rq);
-            GPU_KERNEL_CHECK();
-        } else {
-            rotate_queries(dq, nt, rq);
-        }
+        rotate_queries(dq, nt, rq);
         RabitqSmallArgs a = small_args(nt, k, nprobe, eps0);
         a.queries = dq;
         a.rotated = rq;
@@ -412,6 +417,7 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
         a.metric = int(metric);
         a.ld = int64_t(ld);
         a.splits = p.splits;
+        a.rows_per_block = p.rows;
         rabitq_pairs_kernel<<<dim3(unsigned(nprobe * size_t(a.splits)), unsigned(nt)), kThreads,
                               smem_bytes(plane_bytes), st()>>>(a);
         GPU_KERNEL_CHECK();
@@ -577,6 +583,13 @@ void GpuRabitqIndex::search(const float* queries, size_t nq, size_t k, size_t np
 void GpuRabitqIndex::set_search_graphs(bool on) { impl_->graphs.set_enabled(on); }
 
 void GpuRabitqIndex::set_small_batch_max(size_t queries) { impl_->small_batch_max = queries; }
+
+void GpuRabitqIndex::set_rows_per_block(int rows)
+{
+    require(rows >= kThreads && rows <= 64 * kThreads && rows % kThreads == 0,
+            "GPU RaBitQ: rows per block must be a multiple of 256 in [256, 16384]");
+    impl_->rows_per_block = rows;
+}
 
 void GpuRabitqIndex::set_small_cluster(int blocks)
 {
