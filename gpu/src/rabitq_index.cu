@@ -50,8 +50,16 @@ constexpr int kThreads = 256;
 // Rows of a probed list per block (set_rows_per_block): a long list is split
 // over several blocks, each building the list's tables, so that one list
 // does not hold up the search (clustered data's longest lists are 10-20
-// times the mean).
+// times the mean). Tiles of up to kFewQueries take kFewRowsPerBlock: a
+// block's tables cost about what its rows do there. Measured on an H100
+// (gpu_bench --rabitq-data, GPU_BENCH_ROWS_PER_BLOCK, nprobe 32, ms a call
+// for 1 / 8 / 16 / 64 / 10,000 queries): 768 dimensions 0.148 / 0.244 /
+// 0.330 / 0.962 / 124.5 at 512 rows, 0.175 / 0.268 / 0.335 / 0.915 / 108.5
+// at 1024, 0.239 / 0.302 / 0.379 / 0.931 / 110.4 at 2048; 128 dimensions
+// 0.072 / 0.097 at 512 rows (1 / 8), 0.078 / 0.105 at 1024.
 constexpr int kRowsPerBlock = 4 * kThreads;
+constexpr int kFewRowsPerBlock = 2 * kThreads;
+constexpr size_t kFewQueries = 8;
 // The candidates of one tile of queries (nq x nprobe x the longest list
 // floats) are kept below this many bytes, unless one query alone needs more.
 constexpr size_t kTileBytes = size_t(256) << 20;
@@ -170,7 +178,7 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
     size_t plane_bytes = 0, code_len = 0;  // bytes of a plane, of a code
     DeviceBuffer centroids, centroid_norms, rotation_t, rotated;  // rotation_t: P transposed
     size_t small_batch_max = kSmallBatchMax;  // set_small_batch_max
-    int rows_per_block = kRowsPerBlock;       // set_rows_per_block
+    int rows_per_block = 0;                   // set_rows_per_block (0: by the tile's queries)
     int small_cluster = 0;       // set_small_cluster
     size_t small_launches = 0;
     // From this many queries the one-launch path's coarse keys come from a
@@ -225,7 +233,7 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
             chunks = 1;
         p.ld = ld;
         p.chunks = chunks;
-        p.rows = rows_per_block;
+        p.rows = rows_per_block > 0 ? rows_per_block : nt <= kFewQueries ? kFewRowsPerBlock : kRowsPerBlock;
         p.splits = int((std::max<size_t>(max_len, 1) + size_t(p.rows) - 1) / size_t(p.rows));
         p.radix = radix;
         return p;
@@ -586,8 +594,8 @@ void GpuRabitqIndex::set_small_batch_max(size_t queries) { impl_->small_batch_ma
 
 void GpuRabitqIndex::set_rows_per_block(int rows)
 {
-    require(rows >= kThreads && rows <= 64 * kThreads && rows % kThreads == 0,
-            "GPU RaBitQ: rows per block must be a multiple of 256 in [256, 16384]");
+    require(rows == 0 || (rows >= kThreads && rows <= 64 * kThreads && rows % kThreads == 0),
+            "GPU RaBitQ: rows per block must be 0 or a multiple of 256 in [256, 16384]");
     impl_->rows_per_block = rows;
 }
 

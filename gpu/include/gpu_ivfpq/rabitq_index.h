@@ -99,7 +99,8 @@ public:
     void set_small_cluster(int blocks);
     size_t small_search_launches() const;
     // Rows of a probed list that one block of the staged search scores
-    // (a multiple of 256 in [256, 16384]; default 1024): a bench aid.
+    // (a multiple of 256 in [256, 16384]; 0, the default: 512 for tiles of
+    // up to 8 queries, else 1024): a bench aid.
     void set_rows_per_block(int rows);
 
     // Test aid: the probed lists of each query as the search picks them
