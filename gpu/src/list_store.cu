@@ -240,7 +240,9 @@ void ListStore::append(const char* who, size_t n, const int32_t* list_ids, const
                           has_vt ? dvt : nullptr, vectors ? dvecs : nullptr, keys ? dkeys : nullptr, dtouched,
                           dlen, static_cast<int64_t>(nt), interleaved, st);
     for (int32_t l : touched) {
+        const double was = double(lst[l].size);
         lst[l].size += count[l + 1] - count[l];
+        ntotal_sq += double(lst[l].size) * double(lst[l].size) - was * was;
         max_len = std::max(max_len, lst[l].size);
     }
     ntotal += n;
@@ -284,6 +286,10 @@ size_t ListStore::remove(const int64_t* ids, size_t n)
         removed += lst[l].size - static_cast<size_t>(kept[l]);
         lst[l].size = static_cast<size_t>(kept[l]);
     }
+    // Recounted, not updated: no rounding drift over many removals.
+    ntotal_sq = 0;
+    for (size_t l = 0; l < lists; ++l)
+        ntotal_sq += double(lst[l].size) * double(lst[l].size);
     ntotal -= removed;
     if (removed)
         upload_meta();

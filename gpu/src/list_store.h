@@ -108,6 +108,11 @@ struct ListStore {
     // key_ptrs: has_keys only.
     DeviceBuffer code_ptrs, id_ptrs, vt_ptrs, vec_ptrs, key_ptrs, lens;
     size_t ntotal = 0, max_len = 0;
+    // The sum of the lists' squared sizes: ntotal_sq / ntotal is the size of
+    // the list holding a random entry, what a query that falls where the
+    // entries are probes on average (mass_mean_len).
+    double ntotal_sq = 0;
+    double mass_mean_len() const { return ntotal ? ntotal_sq / double(ntotal) : 0.0; }
     // Host side of the per-list arrays (six sections of lists entries, in
     // the order of upload_meta) and the staging of appended entries.
     PinnedHost meta_host, add_host;

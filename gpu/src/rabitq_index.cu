@@ -210,16 +210,21 @@ struct GpuRabitqIndex::Impl : ListStore, SearchIo {
         // known on the device only) into chunks, a warp each, whose k best
         // are then merged, a block a query: about sqrt(4 e / k) chunks for
         // e candidates (a chunk's warp and the merge's block then take about
-        // as long), e estimated as twice nprobe mean lists (clustered data's
-        // probes favour long lists), one chunk where that leaves fewer than
-        // 2; no more than fill the device (16 warps a multiprocessor).
+        // as long), e estimated as nprobe lists of the size of the list
+        // holding a random entry (ListStore::mass_mean_len: queries fall
+        // where the entries are, so clustered data's probes favour long
+        // lists; on tools/gen_synthetic's 768-d set a query probes 10x the
+        // mean list, and the old estimate of twice the mean left the radix
+        // selection's 7 blocks 9,000 keys each, 48 us for one query), one
+        // chunk where that leaves fewer than 2; no more than fill the device
+        // (16 warps a multiprocessor).
         //
         // The radix selection (k up to kRadixMaxK) takes chunks of about
         // kRadixChunkKeys estimated candidates, a block each, no more than
         // the merge's block takes in one tile, and no more than about eight
         // blocks a multiprocessor over the batch.
         const size_t sms = size_t(std::max(ctx.multiprocessors(), 1));
-        const double est = 2.0 * double(nprobe) * double(ntotal) / double(std::max<size_t>(lists, 1));
+        const double est = double(nprobe) * mass_mean_len();
         const bool radix = ctx.impl().radix_select && k <= size_t(kRadixMaxK);
         size_t chunks;
         if (radix) {
