@@ -1,6 +1,7 @@
 // The one re-rank module (rerank.h): heap fetch by TID, exact distance,
 // visibility and the result order shared by the scan and the functions.
 #include <algorithm>
+#include <tuple>
 
 #include "common/rerank.h"
 
@@ -360,11 +361,7 @@ typedef struct BoundedRequest
 static bool
 BoundedRequestLess(const BoundedRequest &a, const BoundedRequest &b)
 {
-	if (a.label != b.label)
-		return a.label < b.label;
-	if (a.query != b.query)
-		return a.query < b.query;
-	return a.slot < b.slot;
+	return std::tie(a.label, a.query, a.slot) < std::tie(b.label, b.query, b.slot);
 }
 
 /*
