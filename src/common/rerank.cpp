@@ -345,7 +345,7 @@ KthPush(double *heap, int64 *n, int64 k, double d)
 	heap[i] = d;
 }
 
-/* What the bounded re-rank knows of a candidate (BoundedState). */
+/* What the bounded re-rank knows of a candidate (its state). */
 #define BOUNDED_UNKNOWN 0		/* not fetched yet */
 #define BOUNDED_DROPPED 1		/* fetched: not kept (not visible, no vector, ...) */
 #define BOUNDED_KEPT	2		/* fetched and kept, at dist */
@@ -365,36 +365,31 @@ BoundedRequestLess(const BoundedRequest &a, const BoundedRequest &b)
 }
 
 /*
- * The rule of a bounded re-rank, over what is known of one query's n
- * candidates (state, dist; in the order of their bounds lower): walks them
+ * The rule of a bounded re-rank, one query at a time: walks its n
+ * candidates (state, dist; in the order of their bounds lower) from *pos on
  * as a fetch in that order would, pushing each kept distance into the k-th
  * heap kth (*nkth entries), and stops before the first candidate whose
- * bound exceeds the k-th smallest distance kept (then *done) or at the
- * first not fetched yet. Returns where it stopped.
+ * bound exceeds the k-th smallest distance kept, or past the last (both:
+ * returns true), or at the first not fetched yet (false). *pos is then
+ * where it stopped; candidates before it were walked.
  */
-static int64
+static bool
 BoundedWalk(int metric, const uint8 *state, const double *dist, const double *lower, int64 n, int64 k,
-			double *kth, int64 *nkth, bool *done)
+			double *kth, int64 *nkth, int64 *pos)
 {
-	*nkth = 0;
-	for (int64 i = 0; i < n; i++)
+	for (; *pos < n; (*pos)++)
 	{
+		int64		i = *pos;
+
 		/* Past the k-th exact distance: no later candidate can be nearer (where bounds hold). */
 		if (k > 0 && *nkth == k && GpuIvfpqLowerToExact(metric, lower[i]) > kth[0])
-		{
-			*done = true;
-			return i;
-		}
+			return true;
 		if (state[i] == BOUNDED_UNKNOWN)
-		{
-			*done = false;
-			return i;
-		}
+			return false;
 		if (state[i] == BOUNDED_KEPT && k > 0)
 			KthPush(kth, nkth, k, dist[i]);
 	}
-	*done = true;
-	return n;
+	return true;
 }
 
 /* Candidates a query may ask for in one round past the k it needs first. */
@@ -410,64 +405,67 @@ GpuIvfpqRerankBoundedBatch(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spec
 	MemoryContext old = MemoryContextSwitchTo(cxt);
 	int64		total = 0;
 	int64		looked = 0;
-	int64		nreq = 0;
-	uint8	   *state;
-	double	   *dist;
-	ItemPointerData *row_tids;
-	BoundedRequest *req;
+	int64		slots = Max(nq * stride, 1);
+	uint8	   *state = (uint8 *) palloc_extended(slots, MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
+	double	   *dist = (double *) palloc_extended(sizeof(double) * slots, MCXT_ALLOC_HUGE);
+	ItemPointerData *row_tids = (ItemPointerData *) palloc_extended(sizeof(ItemPointerData) * slots,
+																	 MCXT_ALLOC_HUGE);
 	bool	   *done = (bool *) palloc0(sizeof(bool) * Max(nq, 1));
-	double	   *kth = (double *) palloc(sizeof(double) * Max(k, 1));
-	GpuIvfpqHit *mine;
-	int64		pending = nq;
+	int64	   *pos = (int64 *) palloc0(sizeof(int64) * Max(nq, 1));
+	int64	   *nkth = (int64 *) palloc0(sizeof(int64) * Max(nq, 1));
+	double	   *kth = (double *) palloc_extended(sizeof(double) * Max(nq * k, 1), MCXT_ALLOC_HUGE);
+	BoundedRequest *req;
+	GpuIvfpqHit *mine = (GpuIvfpqHit *) palloc(sizeof(GpuIvfpqHit) * Max(stride, 1));
 
-	Assert(spec->seen == NULL);
+	Assert(spec->seen == NULL && queries != NULL);
 	for (int64 q = 0; q < nq; q++)
 		total += Min(Max(counts[q], 0), stride);
-	state = (uint8 *) palloc_extended(Max(nq * stride, 1), MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
-	dist = (double *) palloc_extended(sizeof(double) * Max(nq * stride, 1), MCXT_ALLOC_HUGE);
-	row_tids = (ItemPointerData *) palloc_extended(sizeof(ItemPointerData) * Max(nq * stride, 1),
-												  MCXT_ALLOC_HUGE);
+	/* A candidate is asked for once at most: the known ones are a prefix. */
 	req = (BoundedRequest *) palloc_extended(sizeof(BoundedRequest) * Max(total, 1), MCXT_ALLOC_HUGE);
-	mine = (GpuIvfpqHit *) palloc(sizeof(GpuIvfpqHit) * Max(stride, 1));
 
 	/*
-	 * Rounds: each query still short asks for the candidates a fetch in the
-	 * order of their bounds is bound to reach next (the k - kept it lacks, or
-	 * once it has k those whose bound is within its k-th distance, up to
-	 * BOUNDED_AHEAD), then the round fetches the rows asked for in heap order,
-	 * each once however many queries asked, and computes each asker's
-	 * distance. A query's answer is then what BoundedWalk keeps: the rows a
-	 * fetch one at a time in the order of the bounds keeps, so the answers do
-	 * not depend on the queries grouped together (a row fetched for one
-	 * query and not reached by another's walk is never its answer).
+	 * Rounds: each query still short walks on from where it stopped and
+	 * asks for the candidates a fetch in the order of their bounds is bound
+	 * to reach next (the k - kept it lacks, or once it has k those whose
+	 * bound is within its k-th distance, up to BOUNDED_AHEAD); the round
+	 * fetches the rows asked for in heap order, each once however many
+	 * queries asked, and computes each asker's distance. A query's answer
+	 * is what its walk keeps: the rows a fetch one at a time in the order of
+	 * the bounds keeps, so the answers do not depend on the queries grouped
+	 * together (a row fetched for one query and not reached by another's
+	 * walk is never its answer). Each round advances every query it asks
+	 * for, and a walk never goes back: the rounds' work is linear in the
+	 * candidates.
 	 */
-	while (pending > 0)
+	for (;;)
 	{
-		nreq = 0;
-		pending = 0;
+		int64		nreq = 0;
+
 		for (int64 q = 0; q < nq; q++)
 		{
 			int64		n = Min(Max(counts[q], 0), stride);
 			const double *lq = lower + q * stride;
-			int64		nkth;
+			double	   *kq = kth + q * k;
 			int64		at;
 			int64		ask;
 
 			CHECK_FOR_INTERRUPTS();
 			if (done[q])
 				continue;
-			at = BoundedWalk(spec->metric, state + q * stride, dist + q * stride, lq, n, k, kth, &nkth, &done[q]);
+			done[q] = BoundedWalk(spec->metric, state + q * stride, dist + q * stride, lq, n, k, kq, &nkth[q],
+								  &pos[q]);
 			if (done[q])
 				continue;
-			pending++;
-			if (nkth < k || k == 0)
-				ask = k > 0 ? k - nkth : n;
+			at = pos[q];
+			if (nkth[q] < k)
+				ask = k - nkth[q];
+			else if (k == 0)
+				ask = n - at;
 			else
 			{
 				/* Every candidate from at whose bound is within the k-th distance, or the first. */
 				ask = 1;
-				while (ask < BOUNDED_AHEAD && at + ask < n &&
-					   GpuIvfpqLowerToExact(spec->metric, lq[at + ask]) <= kth[0])
+				while (ask < BOUNDED_AHEAD && at + ask < n && GpuIvfpqLowerToExact(spec->metric, lq[at + ask]) <= kq[0])
 					ask++;
 			}
 			for (int64 i = at; i < Min(at + ask, n); i++)
@@ -508,32 +506,26 @@ GpuIvfpqRerankBoundedBatch(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spec
 		}
 	}
 
-	/* Each query's kept rows, as the walk reaches them, in GpuIvfpqHitLess order, a row once. */
+	/* Each query's kept rows, those its walk passed, in GpuIvfpqHitLess order, a row once. */
 	for (int64 q = 0; q < nq; q++)
 	{
-		int64		n = Min(Max(counts[q], 0), stride);
-		int64		nkth;
-		bool		ended;
-		int64		upto = BoundedWalk(spec->metric, state + q * stride, dist + q * stride, lower + q * stride, n,
-									   k, kth, &nkth, &ended);
 		int64		nm = 0;
 		int64		kept = 0;
 
-		Assert(ended);
-		for (int64 i = 0; i < upto; i++)
+		for (int64 i = 0; i < pos[q]; i++)
 			if (state[q * stride + i] == BOUNDED_KEPT)
 			{
 				mine[nm].dist = dist[q * stride + i];
 				mine[nm].tid = row_tids[q * stride + i];
 				nm++;
 			}
-		if (queries != NULL)
-			GpuIvfpqSortHits(mine, nm);
+		GpuIvfpqSortHits(mine, nm);
 		/* A label twice (never from a sound index): equal rows sort next to each other. */
 		for (int64 i = 0; i < nm && kept < k; i++)
 			if (kept == 0 || !ItemPointerEquals(&hits[q * k + kept - 1].tid, &mine[i].tid))
 				hits[q * k + kept++] = mine[i];
 		nhits[q] = kept;
+		CHECK_FOR_INTERRUPTS();
 	}
 	MemoryContextSwitchTo(old);
 	MemoryContextDelete(cxt);

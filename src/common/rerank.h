@@ -140,8 +140,9 @@ extern double GpuIvfpqLowerToExact(int metric, double lower);
  * kept rows to hits[q * k ...] in GpuIvfpqHitLess order (a label given
  * twice once) and their number to nhits[q]; *fetched (if not NULL) counts
  * the rows fetched. spec->query and spec->seen are not used (seen must be
- * NULL). Memory: about 24 bytes per candidate slot (nq x stride), freed on
- * return.
+ * NULL). Memory: about 40 bytes per candidate slot (nq x stride) and 8 per
+ * query and k, freed on return; time linear in the candidates fetched
+ * (besides each round's sort).
  */
 extern void GpuIvfpqRerankBoundedBatch(GpuIvfpqHeapFetch *hf, const GpuIvfpqRerankSpec *spec,
 									   const float *queries, int64 nq, const int64 *labels, const double *lower,

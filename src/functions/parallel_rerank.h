@@ -27,7 +27,8 @@
 static inline int64
 GpuIvfpqRerankGroup(int want)
 {
-	return Max((int64) 1, Min((int64) 1024, (int64) (16 * 1024 * 1024) / ((int64) Max(want, 1) * 24)));
+	/* GpuIvfpqRerankBoundedBatch's state: about 48 bytes per candidate (k <= want). */
+	return Max((int64) 1, Min((int64) 1024, (int64) (16 * 1024 * 1024) / ((int64) Max(want, 1) * 48)));
 }
 
 /*
