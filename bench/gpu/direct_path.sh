@@ -210,20 +210,31 @@ if [ "${WAIT_AB:-0}" = 1 ]; then
   restart_with ""
 fi
 
+# Serving threads of the GPU process (IN_FLIGHT=1): with two or more, a
+# thread whose batch is queued lets go of the device while it waits, and
+# the next takes its searches when that batch is near its expected end, so
+# that batches queue one behind the other (IN_FLIGHT_VALUES, default
+# "1 2 1 2": each value twice, in turn; IN_FLIGHT_CLIENTS default "1 64 128").
+# LEAD_AB="10 30 60": then 64 and 128 clients at two threads with the
+# server restarted for each GPU_IVFPQ_PIPELINE_LEAD_US (how long before the
+# batch in flight is expected to end the next one takes its searches).
 if [ "${IN_FLIGHT:-1}" = 1 ]; then
-say ""
-say "## 64 clients by gpu_ivfpq.batches_in_flight (serving threads of the GPU process; 0: one per GPU)"
-say "| batches_in_flight | k-NN QPS | p50 ms | mean batch |"
-say "|---|---|---|---|"
-for f in 1 2 3; do
-  set_reload gpu_ivfpq.batches_in_flight "$f"
-  IFS='|' read -r _ _ _ b0 q0 _ _ < <(snap)
-  read -r knn knn50 _ < <(bench 64 "$work/knn.sql")
-  IFS='|' read -r _ _ _ b1 q1 _ _ < <(snap)
-  say "$(awk -v f="$f" -v k="$knn" -v p="$knn50" -v b="$((b1 - b0))" -v q="$((q1 - q0))" 'BEGIN {
-    printf "| %d | %d | %.3f | %.1f |", f, k, p, (b > 0 ? q / b : 0) }')"
-done
-set_reload gpu_ivfpq.batches_in_flight
+  say ""
+  say "## gpu_ivfpq.batches_in_flight (serving threads of the GPU process; 0: one per GPU)"
+  setting_rows batches_in_flight "${IN_FLIGHT_VALUES:-1 2 1 2}" "${IN_FLIGHT_CLIENTS:-1 64 128}"
+fi
+if [ -n "${LEAD_AB:-}" ]; then
+  say ""
+  say "## The pipeline's lead (GPU_IVFPQ_PIPELINE_LEAD_US, two serving threads; the server restarted for each)"
+  say "| lead us | clients | k-NN QPS | p50 ms | mean batch | GPU us per batch |"
+  say "|---|---|---|---|---|---|"
+  set_reload gpu_ivfpq.batches_in_flight 2
+  for l in $LEAD_AB; do
+    restart_with "GPU_IVFPQ_PIPELINE_LEAD_US=$l"
+    for c in 64 128; do knn_row "$l" "$c"; done
+  done
+  set_reload gpu_ivfpq.batches_in_flight
+  restart_with ""
 fi
 
 # Two lanes on one GPU: the GPU process opens GPU 0 twice (two device

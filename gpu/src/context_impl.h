@@ -22,6 +22,7 @@ struct GpuContext::Impl {
     cudaDeviceProp props{};
     bool async_alloc = false;  // stream-ordered allocator available
     size_t budget = 0, in_use = 0, peak = 0;
+    GpuContext::WaitHandover handover;  // set_wait_handover
 
     // Scratch arena: a stack of bump allocations reused across calls, so
     // that small searches (batch 1) do not pay cudaMalloc each time.

@@ -151,6 +151,8 @@ int GpuContext::device() const { return impl_->device; }
 void GpuContext::make_current() const { GPU_CUDA_CHECK(cudaSetDevice(impl_->device)); }
 void* GpuContext::stream() const { return impl_->stream; }
 void GpuContext::synchronize() const { GPU_CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
+void GpuContext::set_wait_handover(const WaitHandover& h) { impl_->handover = h; }
+GpuContext::WaitHandover GpuContext::wait_handover() const { return impl_->handover; }
 size_t GpuContext::budget() const { return impl_->budget; }
 size_t GpuContext::bytes_in_use() const { return impl_->in_use; }
 size_t GpuContext::bytes_peak() const { return impl_->peak; }

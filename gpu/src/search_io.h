@@ -10,7 +10,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <atomic>
 #include <cstring>
+#include <deque>
 #include <exception>
 
 #include "context_impl.h"
@@ -31,13 +33,62 @@ struct SearchIo {
         for (cudaEvent_t e : ev)
             if (e)
                 cudaEventDestroy(e);  // nothing to report from a destructor
+        for (IoSlot& s : io_slots)
+            if (s.done)
+                cudaEventDestroy(s.done);
     }
 
     GpuContext& io_ctx;
     // A small search's inputs and answers staged in page-locked memory (one
-    // copy each way instead of a driver-staged copy per pageable buffer).
-    PinnedHost io_host;
-    size_t zero_copy_calls = 0;  // host_search calls that read or wrote io_host in place
+    // copy each way instead of a driver-staged copy per pageable buffer):
+    // a slot per call in flight. A call that hands the context over while
+    // it waits (GpuContext::WaitHandover) keeps its slot until it has read
+    // its answers, so that the calls other threads queue meanwhile stage
+    // theirs in other slots. Slots are taken under the context's exclusive
+    // use and never move (a deque), and given back from any thread.
+    struct IoSlot {
+        PinnedHost host;
+        cudaEvent_t done = nullptr;  // recorded after the call's device work
+        std::atomic<bool> busy{false};
+    };
+    std::deque<IoSlot> io_slots;
+    IoSlot& take_slot()
+    {
+        for (IoSlot& s : io_slots) {
+            bool idle = false;
+            if (s.busy.compare_exchange_strong(idle, true, std::memory_order_acquire))
+                return s;
+        }
+        IoSlot& s = io_slots.emplace_back();
+        s.busy.store(true, std::memory_order_relaxed);
+        return s;
+    }
+    struct SlotHeld {
+        IoSlot* s;
+        ~SlotHeld()
+        {
+            if (s)
+                s->busy.store(false, std::memory_order_release);
+        }
+    };
+    // Between a call's yield and reclaim (GpuContext::WaitHandover):
+    // reclaimed at the end of the scope, a failed wait included.
+    struct HandedOver {
+        GpuContext::WaitHandover h;
+        explicit HandedOver(const GpuContext::WaitHandover& w) : h(w)
+        {
+            if (h.yield)
+                h.yield(h.arg);
+        }
+        ~HandedOver()
+        {
+            if (h.yield && h.reclaim)
+                h.reclaim(h.arg);
+        }
+        HandedOver(const HandedOver&) = delete;
+        HandedOver& operator=(const HandedOver&) = delete;
+    };
+    size_t zero_copy_calls = 0;  // host_search calls that read or wrote their staging in place
     SearchGraphs graphs;
 
     // Bench aid (set_stage_timing): events at the stage boundaries of a
@@ -85,12 +136,12 @@ struct SearchIo {
     // the answers (and in-range counts) copied back, one wait at the end.
     // For a small batch the device work between the copies replays a CUDA
     // graph (search_graphs.h; the copies stay outside it; with zero copy
-    // below its kernel holds pointers into io_host, and graphs are keyed by
-    // them, so one replays only while io_host is where it was captured);
+    // below its kernel holds pointers into its staging slot, and graphs are
+    // keyed by them, so one replays only with the slot it was captured on);
     // with timed and a stage timer
     // (set_stage_timing), the call's stages are added to it instead.
     // Calls whose inputs and answers take at most this many bytes stage them
-    // in io_host.
+    // in a staging slot.
     static constexpr size_t kStagedIoBytes = size_t(4) << 20;
     // zero_copy (kZeroCopyIn, kZeroCopyOut): the device work reads its
     // inputs from, or writes its answers into, the page-locked staging
@@ -129,9 +180,12 @@ struct SearchIo {
         out_sz.take<int64_t>(nm);
         const size_t in_bytes = in_sz.size(), out_bytes = out_sz.size();
         const bool staged_io = in_bytes + out_bytes <= kStagedIoBytes;
-        char* in_host = staged_io ? io_host.reserve(in_bytes + out_bytes) : nullptr;
+        SlotHeld held{staged_io ? &take_slot() : nullptr};
+        char* in_host = staged_io ? held.s->host.reserve(in_bytes + out_bytes) : nullptr;
         char* out_host = staged_io ? in_host + in_bytes : nullptr;
-        if (!staged_io || !io_host.mapped())
+        if (staged_io && !held.s->done)
+            GPU_CUDA_CHECK(cudaEventCreateWithFlags(&held.s->done, cudaEventDisableTiming));
+        if (!staged_io || !held.s->host.mapped())
             zero_copy = 0;
         const bool zc_in = zero_copy & kZeroCopyIn, zc_out = zero_copy & kZeroCopyOut;
         zero_copy_calls += zero_copy != 0;
@@ -226,8 +280,15 @@ struct SearchIo {
             mark(kEvDownload);
             // The scratch scope ends here; later work on the stream is ordered after it.
         }
-        ctx.synchronize();
-        if (staged_io) {
+        if (!staged_io) {
+            ctx.synchronize();
+        } else {
+            // The wait is for this call's work alone (an event, not the
+            // stream): with the context handed over, other threads' calls
+            // may be queued behind it meanwhile.
+            GPU_CUDA_CHECK(cudaEventRecord(held.s->done, stream));
+            HandedOver over(stages != nullptr ? GpuContext::WaitHandover{} : ctx.wait_handover());
+            GPU_CUDA_CHECK(cudaEventSynchronize(held.s->done));
             std::memcpy(dist, hd, nq * k * sizeof(Dist));
             std::memcpy(labels, hl, nq * k * sizeof(int64_t));
             if (nm)

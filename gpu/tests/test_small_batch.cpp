@@ -6,11 +6,14 @@
 // k and nprobe up to the path's limit, key ranges, and the shapes that must
 // keep the staged path.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <set>
+#include <thread>
 
 #include "exact_fixture.h"
 #include "gpu_ivfpq/ivfpq_index.h"
@@ -582,4 +585,98 @@ TEST(SmallBatch, WarpAndThreadRowsSameBits)
             }
             idx->set_small_cluster(0);
         }
+}
+
+// Calls that hand the context over while they wait (GpuContext::
+// WaitHandover, as the GPU process's device lease does): four threads take
+// turns on one context through a mutex, each call letting go of it once its
+// work is queued, so that other threads' calls queue behind it and wait at
+// the same time. Every answer must be the one the same call gets alone, on
+// both paths (one launch, and the staged pipeline past small_batch_max), and
+// calls must have overlapped.
+namespace {
+struct TakeTurns {
+    std::mutex m;
+    gpuivfpq::gpu::GpuContext* c = nullptr;
+    std::atomic<int> waiting{0}, most{0};
+};
+struct Turn {
+    TakeTurns* t;
+    static void yield(void* p)
+    {
+        Turn& u = *static_cast<Turn*>(p);
+        const int w = u.t->waiting.fetch_add(1) + 1;
+        int most = u.t->most.load();
+        while (w > most && !u.t->most.compare_exchange_weak(most, w)) {
+        }
+        u.t->m.unlock();
+    }
+    static void reclaim(void* p)
+    {
+        Turn& u = *static_cast<Turn*>(p);
+        u.t->m.lock();
+        u.t->waiting.fetch_sub(1);
+        u.t->c->set_wait_handover({&Turn::yield, &Turn::reclaim, p});
+    }
+};
+}  // namespace
+
+TEST(SmallBatch, HandedOverCallsQueueBehindEachOther)
+{
+    GPU_REQUIRE_DEVICE();
+    const uint64_t s = seed(4403);
+    ExactFixture f(128, 64, 32, 8000, 64, Metric::L2, s);
+    auto idx = f.keyed();
+    idx->set_small_batch_max(8);  // 16 and 33 take the staged pipeline
+    const size_t k = 20, nprobe = 12;
+    const size_t sizes[] = {1, 5, 8, 16, 33};
+    auto queries = [&](size_t call) {
+        const size_t nq = sizes[call % 5];
+        std::vector<float> q(nq * f.d);
+        for (size_t i = 0; i < nq; ++i) {
+            const size_t r = (call * 7 + i) % f.nq;
+            std::copy(f.q.begin() + r * f.d, f.q.begin() + (r + 1) * f.d, q.begin() + i * f.d);
+        }
+        return q;
+    };
+    const size_t kCalls = 40;
+    std::vector<std::vector<double>> want_d(kCalls);
+    std::vector<std::vector<int64_t>> want_l(kCalls);
+    for (size_t c = 0; c < kCalls; ++c) {
+        const std::vector<float> q = queries(c);
+        const size_t nq = q.size() / f.d;
+        want_d[c].resize(nq * k);
+        want_l[c].resize(nq * k);
+        idx->search_exact(q.data(), nq, k, nprobe, want_d[c].data(), want_l[c].data());
+    }
+    TakeTurns turns;
+    turns.c = &ctx();
+    std::atomic<int> wrong{0};
+    std::vector<std::thread> threads;
+    for (int th = 0; th < 4; ++th)
+        threads.emplace_back([&, th] {
+            Turn me{&turns};
+            for (int rep = 0; rep < 3; ++rep)
+                for (size_t c = size_t(th); c < kCalls; c += 4) {
+                    const std::vector<float> q = queries(c);
+                    const size_t nq = q.size() / f.d;
+                    std::vector<double> dd(nq * k, -1.0);
+                    std::vector<int64_t> dl(nq * k, -5);
+                    std::lock_guard<std::mutex> g(turns.m);
+                    ctx().set_wait_handover({&Turn::yield, &Turn::reclaim, &me});
+                    try {
+                        idx->search_exact(q.data(), nq, k, nprobe, dd.data(), dl.data());
+                    } catch (...) {
+                        wrong++;
+                    }
+                    ctx().set_wait_handover({});
+                    if (dl != want_l[c] || std::memcmp(dd.data(), want_d[c].data(), dd.size() * sizeof(double)) != 0)
+                        wrong++;
+                }
+        });
+    for (auto& t : threads)
+        t.join();
+    EXPECT_EQ(wrong.load(), 0);
+    EXPECT_GE(turns.most.load(), 2) << "no two calls waited at once";
+    EXPECT_EQ(turns.waiting.load(), 0);
 }

@@ -249,6 +249,10 @@ public:
     }
 
     std::string description() const override { return gpu::device_description(device_); }
+    void set_wait_handover(void (*yield)(void*), void (*reclaim)(void*), void* arg) override
+    {
+        ctx_.set_wait_handover(GpuContext::WaitHandover{yield, reclaim, arg});
+    }
     size_t memory_capacity() const override { return ctx_.budget(); }
     size_t mirror_bytes(const MirrorSpec& s, size_t n) const override
     {

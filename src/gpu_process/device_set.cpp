@@ -106,13 +106,32 @@ DeviceSet::Lease::Lease(DeviceSet& set, size_t i) : set_(set), i_(i)
     s.waiting++;
     lock_ = std::unique_lock<std::mutex>(s.mu);
     start_ns_ = now_ns();
+    s.dev->set_wait_handover(&Lease::yield, &Lease::reclaim, this);
 }
 
 DeviceSet::Lease::~Lease()
 {
     Slot& s = *set_.slots_[i_];
-    s.busy_ns += now_ns() - start_ns_;
+    s.dev->set_wait_handover(nullptr, nullptr, nullptr);
+    // Leases overlap while one waits handed over: their union is counted.
+    const uint64_t end = now_ns(), from = std::max(start_ns_, s.busy_until_ns);
+    if (end > from)
+        s.busy_ns += end - from;
+    s.busy_until_ns = std::max(s.busy_until_ns, end);
     s.waiting--;
+}
+
+void DeviceSet::Lease::yield(void* lease)
+{
+    static_cast<Lease*>(lease)->lock_.unlock();
+}
+
+void DeviceSet::Lease::reclaim(void* lease)
+{
+    Lease& l = *static_cast<Lease*>(lease);
+    l.lock_.lock();
+    // Another thread's lease held the device meanwhile and set its own.
+    l.set_.slots_[l.i_]->dev->set_wait_handover(&Lease::yield, &Lease::reclaim, &l);
 }
 
 size_t DeviceSet::least_busy(const std::vector<size_t>& candidates) const

@@ -60,6 +60,10 @@ public:
     size_t budget(size_t i) const { return slots_[i]->budget; }
 
     // Exclusive use of one device by the calling thread; counts the use.
+    // A search call under it lets go of the device while it waits for its
+    // own work and takes it back after (ComputeDevice::set_wait_handover),
+    // so that another thread's batch is queued on the device meanwhile and
+    // starts as this one ends. Busy time counts the union of the leases.
     class Lease {
     public:
         Lease(DeviceSet& set, size_t i);
@@ -70,6 +74,8 @@ public:
         ComputeDevice& device() { return set_.device(i_); }
 
     private:
+        static void yield(void* lease);
+        static void reclaim(void* lease);
         DeviceSet& set_;
         size_t i_;
         std::unique_lock<std::mutex> lock_;
@@ -95,6 +101,7 @@ private:
         std::atomic<bool> alive{true};
         std::atomic<int> waiting{0};
         std::atomic<uint64_t> queries{0}, batches{0}, busy_ns{0};
+        uint64_t busy_until_ns = 0;  // the latest lease's end (under mu)
         size_t budget = 0;
     };
     std::vector<std::unique_ptr<Slot>> slots_;

@@ -3,6 +3,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/prctl.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -70,6 +71,12 @@ void guarded(Fn&& fn, queue::Result& result, std::string& error)
     }
 }
 
+uint64_t pipeline_lead_ns()
+{
+    const char* v = std::getenv("GPU_IVFPQ_PIPELINE_LEAD_US");
+    return v ? uint64_t(std::clamp(std::atoi(v), 0, 1000)) * 1000 : QueryServer::kPipelineLeadNs;
+}
+
 int bucket_of(size_t n)
 {
     int b = 0;
@@ -82,9 +89,11 @@ int bucket_of(size_t n)
 
 QueryServer::QueryServer(queue::Queue q, MirrorStore& store, DeviceSet& devices, DeviceLock& device_lock,
                          void (*on_device_failed)(), int threads)
-    : q_(q), store_(store), devices_(devices), device_lock_(device_lock), on_device_failed_(on_device_failed)
+    : q_(q), store_(store), devices_(devices), device_lock_(device_lock), on_device_failed_(on_device_failed),
+      pacer_(pipeline_lead_ns(), kPipelineMaxWaitNs)
 {
     garbage_ = std::getenv("GPU_IVFPQ_TEST_GARBAGE_ANSWERS") != nullptr;
+
     threads = std::min(threads, queue::kMaxServers);
     if (threads <= 0)
         return;  // driven by serve_once (tests)
@@ -242,8 +251,66 @@ void QueryServer::run_jobs()
     }
 }
 
+uint64_t BatchPacer::latest_other(int t) const
+{
+    uint64_t end = 0;
+    for (int u = 0; u < queue::kMaxServers; u++)
+        if (u != t)
+            end = std::max(end, end_[u].load(std::memory_order_acquire));
+    return end;
+}
+
+uint64_t BatchPacer::wait_ns(int t, uint64_t now) const
+{
+    const uint64_t end = latest_other(t);
+    if (end == 0 || now + lead_ >= end)
+        return 0;
+    return std::min(end - lead_ - now, max_wait_);
+}
+
+void BatchPacer::begins(int t, uint64_t now)
+{
+    end_[t].store(std::max(now, latest_other(t)) + batch_ns(), std::memory_order_release);
+}
+
+void BatchPacer::ends(int t, uint64_t start, uint64_t end)
+{
+    end_[t].store(0, std::memory_order_release);
+    if (start == 0 || end <= start)
+        return;
+    uint64_t before = last_end_.load(std::memory_order_acquire);
+    const uint64_t prev = before;
+    while (before < end && !last_end_.compare_exchange_weak(before, end, std::memory_order_acq_rel))
+        ;
+    const uint64_t from = std::max(start, std::min(prev, end));
+    const uint64_t took = end - from;
+    const uint64_t avg = batch_ns_.load(std::memory_order_relaxed);
+    batch_ns_.store(avg == 0 ? took : (avg * 7 + took) / 8, std::memory_order_relaxed);
+}
+
+void QueryServer::pace(int t)
+{
+    const uint64_t until = queue::now_ns() + kPipelineMaxWaitNs;
+    while (!stop_.load(std::memory_order_relaxed)) {
+        const uint64_t now = queue::now_ns();
+        const uint64_t left = now >= until ? 0 : std::min(pacer_.wait_ns(t, now), until - now);
+        if (left == 0)
+            return;
+        // Sleep most of the way (the thread's timer slack is 1 us: loop),
+        // then spin; a batch that ends early clears its expected end.
+        if (left > 20000)
+            std::this_thread::sleep_for(std::chrono::nanoseconds(std::min<uint64_t>(left - 15000, 50000)));
+        else
+            cpu_relax();
+    }
+}
+
 void QueryServer::loop(int t)
 {
+#ifdef PR_SET_TIMERSLACK
+    // pace() sleeps for tens of microseconds; the default slack is 50.
+    (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+#endif
     uint64_t last_work = 0;
     while (!stop_.load(std::memory_order_relaxed)) {
         // seen first: a job queued after this check bumps submit_seq past
@@ -522,6 +589,7 @@ bool QueryServer::serve_once(int t)
     queue::Header& h = q_.header();
     size_t limit = std::clamp<uint32_t>(h.batch_size.load(std::memory_order_relaxed), 1,
                                         std::min(queue::kMaxBatchSize, q_.slots()));
+    pace(t);
     uint64_t now = queue::now_ns();
     if (held.size() < limit)
         q_.take(taken, limit - held.size());
@@ -646,6 +714,14 @@ void QueryServer::serve_batch(int t, std::vector<Held>& ready)
             }
             if (mirror != nullptr && md == d) {
                 found = true;
+                struct InFlight {
+                    BatchPacer& p;
+                    int t;
+                    uint64_t& start;
+                    uint64_t& end;
+                    ~InFlight() { p.ends(t, start, end); }
+                } in_flight{pacer_, t, device_start, device_end};
+                pacer_.begins(t, queue::now_ns());
                 device_start = queue::now_ns();
                 dists = run_search(*mirror, queries.data(), nq, d, k, r0.nprobe,
                                       filtered ? key_lo.data() : nullptr, filtered ? key_hi.data() : nullptr,

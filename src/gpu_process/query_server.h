@@ -34,6 +34,35 @@
 namespace gpuivfpq {
 namespace gpuproc {
 
+// When serving threads take their searches so that their batches queue
+// on the device one behind the other (QueryServer::kPipelineLeadNs): each
+// thread's batch in flight has an expected end, from a moving average of
+// the time a batch keeps the device, counted from when the device could
+// start it (its own start, or the end of the batch queued before it).
+// Thread-safe; times in ns of one clock.
+class BatchPacer {
+public:
+    BatchPacer(uint64_t lead_ns, uint64_t max_wait_ns) : lead_(lead_ns), max_wait_(max_wait_ns) {}
+    // How much longer thread t should wait at now before taking searches
+    // (0: take them now): until the latest expected end of the other
+    // threads' batches is within the lead, and never more than max_wait.
+    uint64_t wait_ns(int t, uint64_t now) const;
+    // Thread t's batch goes to the device at now: queued behind the others.
+    void begins(int t, uint64_t now);
+    // It came back: started (was handed to the device) at start, ended at
+    // end; start 0 (a call that failed): no time is learnt from it.
+    void ends(int t, uint64_t start, uint64_t end);
+    uint64_t batch_ns() const { return batch_ns_.load(std::memory_order_relaxed); }
+    uint64_t expected_end(int t) const { return end_[t].load(std::memory_order_acquire); }
+
+private:
+    uint64_t latest_other(int t) const;
+    const uint64_t lead_, max_wait_;
+    std::atomic<uint64_t> end_[queue::kMaxServers] = {};
+    std::atomic<uint64_t> last_end_{0};
+    std::atomic<uint64_t> batch_ns_{0};
+};
+
 class QueryServer {
 public:
     // device_lock: searches hold it shared, the request loop (which loads,
@@ -52,6 +81,19 @@ public:
     // batch to the next; one batch per GPU keeps batches large, and large
     // batches cost the GPU less per search).
     static int default_servers(size_t devices) { return int(std::max<size_t>(1, devices)); }
+
+    // Several serving threads keep batches in flight one behind the other:
+    // a thread whose device work is queued lets go of the device while it
+    // waits (DeviceSet::Lease), and the next thread takes its searches only
+    // when the batches in flight are this close to their expected end, so
+    // that its batch is queued on the device just before the GPU would go
+    // idle, and holds what arrived meanwhile rather than splitting the
+    // queue at once into small batches (whose fixed cost per launch would
+    // cost more than the idle gap saves). GPU_IVFPQ_PIPELINE_LEAD_US in
+    // the server's environment overrides it (diagnostics).
+    static constexpr uint64_t kPipelineLeadNs = 30000;
+    // The longest a thread waits so (an estimate gone wrong costs no more).
+    static constexpr uint64_t kPipelineMaxWaitNs = 2000000;
 
     // Delivery threads, and the fewest answers worth a share of their own.
     // Waking a backend costs a futex wake-up (3-5 us on a 16-core host), so
@@ -103,6 +145,9 @@ private:
         queue::SearchRequest req;
     };
     void loop(int t);
+    // Before thread t takes searches: waits while another thread's batch
+    // is in flight and more than the lead from its expected end.
+    void pace(int t);
     void serve_batch(int t, std::vector<Held>& ready);
     void serve_metric(int t, const Item* items, size_t n, uint64_t start);
     // The device for a batch of serving thread t: behind a request that
@@ -177,6 +222,7 @@ private:
     std::atomic<int> jobs_queued_{0};
     void run_jobs();
     std::vector<std::thread> threads_;
+    BatchPacer pacer_{kPipelineLeadNs, kPipelineMaxWaitNs};
     // Tests only (GPU_IVFPQ_TEST_GARBAGE_ANSWERS in the environment): every
     // answer is overwritten with one of several malformed ones, so that
     // the tests see backends refuse what a misbehaving process writes.

@@ -11,7 +11,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
@@ -441,6 +444,109 @@ TEST(MultiDevice, ReplicasServeConcurrentBatches)
         used += d.batches > 0 ? 1 : 0;
     }
     EXPECT_GE(used, 2u);  // more than one replica answered
+}
+
+// A device that only records what a lease asks of it: the wait handover
+// its search calls would use (set_wait_handover).
+class HandoverDevice final : public ComputeDevice {
+public:
+    HandoverDevice() : inner_(make_cpu_emulation_device()) {}
+    std::string description() const override { return "handover emulation"; }
+    size_t memory_capacity() const override { return inner_->memory_capacity(); }
+    size_t mirror_bytes(const MirrorSpec& s, size_t n) const override { return inner_->mirror_bytes(s, n); }
+    std::unique_ptr<Mirror> create_mirror(const MirrorSpec& spec) override { return inner_->create_mirror(spec); }
+    void train(const float* x, size_t n, size_t d, size_t lists, size_t m, Metric metric,
+               const IvfPqTrainParams& p, float* c, float* cb) override
+    {
+        inner_->train(x, n, d, lists, m, metric, p, c, cb);
+    }
+    void exact_knn(const float* q, size_t nq, const float* b, size_t n, size_t d, Metric metric, size_t k,
+                   float* dist, int64_t* labels) override
+    {
+        inner_->exact_knn(q, nq, b, n, d, metric, k, dist, labels);
+    }
+    void encode(const MirrorSpec& s, const float* x, size_t n, int32_t* l, uint8_t* c) override
+    {
+        inner_->encode(s, x, n, l, c);
+    }
+    void set_wait_handover(void (*yield)(void*), void (*reclaim)(void*), void* arg) override
+    {
+        yield_ = yield;
+        reclaim_ = reclaim;
+        arg_ = arg;
+    }
+    // What a search call reads under its lease, before it waits.
+    struct Handover {
+        void (*yield)(void*);
+        void (*reclaim)(void*);
+        void* arg;
+    };
+    Handover handover() const { return {yield_, reclaim_, arg_}; }
+
+private:
+    std::unique_ptr<ComputeDevice> inner_;
+    void (*yield_)(void*) = nullptr;
+    void (*reclaim_)(void*) = nullptr;
+    void* arg_ = nullptr;
+};
+
+// A call waiting for its device work hands the device over (as the CUDA
+// device's search calls do): another thread's lease is granted meanwhile,
+// so that its batch is queued behind; the waiting call then takes the
+// device back with its own handover, and the device's busy time counts
+// the overlapping leases once. Without the handover the second lease would
+// wait for the first, which waits for the second: the test times out.
+TEST(MultiDevice, ALeaseHandsTheDeviceOverWhileItsCallWaits)
+{
+    HandoverDevice dev;
+    DeviceSet set(dev);
+    std::mutex m;
+    std::condition_variable cv;
+    bool yielded = false, second_done = false;
+    void* first_arg = nullptr;
+    bool took_back = false, restored = false;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::thread first([&] {
+        DeviceSet::Lease lease(set, 0);
+        const HandoverDevice::Handover h = dev.handover();
+        ASSERT_NE(h.yield, nullptr);
+        first_arg = h.arg;
+        h.yield(h.arg);  // the call's work is queued: it waits
+        {
+            std::unique_lock<std::mutex> g(m);
+            yielded = true;
+            cv.notify_all();
+            took_back = cv.wait_for(g, std::chrono::seconds(10), [&] { return second_done; });
+        }
+        h.reclaim(h.arg);
+        restored = dev.handover().arg == first_arg;
+    });
+    std::thread second([&] {
+        {
+            std::unique_lock<std::mutex> g(m);
+            cv.wait(g, [&] { return yielded; });
+        }
+        {
+            DeviceSet::Lease lease(set, 0);  // granted while the first waits
+            EXPECT_NE(dev.handover().arg, first_arg);
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        std::lock_guard<std::mutex> g(m);
+        second_done = true;
+        cv.notify_all();
+    });
+    first.join();
+    second.join();
+    const uint64_t wall = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                       std::chrono::steady_clock::now() - t0)
+                                       .count());
+    EXPECT_TRUE(took_back);
+    EXPECT_TRUE(restored);  // its own handover again, for its next call
+    EXPECT_EQ(dev.handover().arg, nullptr);  // no lease: none
+    const std::vector<DeviceInfo> info = set.info({0});
+    ASSERT_EQ(info.size(), 1u);
+    EXPECT_GE(info[0].busy_ns, uint64_t(20000000));
+    EXPECT_LE(info[0].busy_ns, wall);  // the union, not the sum
 }
 
 }  // namespace

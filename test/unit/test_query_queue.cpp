@@ -15,6 +15,7 @@
 #include <string>
 #include <shared_mutex>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "engine/error.h"
@@ -475,7 +476,10 @@ TEST_F(QueryServer, HiddenMirrorAnswersLoadingUntilRevealed)
 // with its own query's answer, whether the serving threads sleep at once or
 // poll (gpu_ivfpq.gpu_poll); batches above kDeliveryShare are delivered in
 // shares by the delivery threads.
-class ThreadsServe : public QueryServer, public ::testing::WithParamInterface<uint32_t> {};
+// (gpu_poll microseconds, serving threads at work): two threads pace their
+// batches one behind the other (BatchPacer).
+class ThreadsServe : public QueryServer,
+                     public ::testing::WithParamInterface<std::tuple<uint32_t, uint32_t>> {};
 
 TEST_P(ThreadsServe, ConcurrentClients)
 {
@@ -483,7 +487,8 @@ TEST_P(ThreadsServe, ConcurrentClients)
     ASSERT_NE(load_fixture(store, f, key), nullptr);
     const uint32_t clients = 24, rounds = 30, k = 5, nprobe = 3;
     Segment seg(clients);
-    seg.q.header().poll_us.store(GetParam());
+    seg.q.header().poll_us.store(std::get<0>(GetParam()));
+    seg.q.header().servers.store(std::get<1>(GetParam()));
     gpuproc::DeviceLock lock;
     // Reference answers first (the store is not shared with the server yet).
     std::vector<int64_t> want(clients * rounds * k);
@@ -523,7 +528,46 @@ TEST_P(ThreadsServe, ConcurrentClients)
     EXPECT_GT(shared, 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(QueryServer, ThreadsServe, ::testing::Values(0u, 200u));
+INSTANTIATE_TEST_SUITE_P(QueryServer, ThreadsServe,
+                         ::testing::Values(std::make_tuple(0u, 1u), std::make_tuple(200u, 1u),
+                                           std::make_tuple(0u, 2u)));
+
+// The pacing of serving threads' batches: a thread waits until the batch in
+// flight is within the lead of its expected end (never longer than the
+// cap); a batch queued behind another is expected to end one batch time
+// after it, and the time it teaches is counted from that end, not from
+// when it was queued.
+TEST(BatchPacer, BatchesQueueOneBehindTheOther)
+{
+    const uint64_t us = 1000, lead = 30 * us;
+    gpuproc::BatchPacer p(lead, 500 * us);
+    EXPECT_EQ(p.wait_ns(1, 0), 0u);  // nothing in flight
+    p.begins(0, 1000 * us);          // no batch time learnt yet: ends at once
+    EXPECT_EQ(p.wait_ns(1, 1000 * us), 0u);
+    p.ends(0, 1000 * us, 1100 * us);
+    EXPECT_EQ(p.batch_ns(), 100 * us);
+    EXPECT_EQ(p.wait_ns(1, 1100 * us), 0u);  // ended: cleared
+
+    p.begins(0, 2000 * us);  // expected end 2100
+    EXPECT_EQ(p.expected_end(0), 2100 * us);
+    EXPECT_EQ(p.wait_ns(0, 2000 * us), 0u);  // a thread never waits for itself
+    EXPECT_EQ(p.wait_ns(1, 2000 * us), 70 * us);
+    EXPECT_EQ(p.wait_ns(1, 2060 * us), 10 * us);
+    EXPECT_EQ(p.wait_ns(1, 2070 * us), 0u);
+    p.begins(1, 2070 * us);  // queued behind thread 0's: starts at 2100
+    EXPECT_EQ(p.expected_end(1), 2200 * us);
+    EXPECT_EQ(p.wait_ns(2, 2070 * us), 100 * us);  // a third waits for the later one
+    p.ends(0, 2000 * us, 2100 * us);
+    p.ends(1, 2070 * us, 2200 * us);  // kept the device from 2100: 100 us, not 130
+    EXPECT_EQ(p.batch_ns(), 100 * us);
+    p.ends(2, 0, 0);  // a failed call teaches nothing
+    EXPECT_EQ(p.batch_ns(), 100 * us);
+
+    // An estimate gone wrong costs no more than the cap.
+    p.ends(0, 3000 * us, 3000 * us + 100000 * us);
+    p.begins(0, 200000 * us);
+    EXPECT_EQ(p.wait_ns(1, 200000 * us), 500 * us);
+}
 
 // run_between_batches (the change log's appends): with no serving thread
 // the caller is told to run the job itself; with serving threads busy

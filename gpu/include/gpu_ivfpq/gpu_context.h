@@ -53,6 +53,23 @@ public:
     void* stream() const;  // the cudaStream_t, as void* to keep CUDA out of this header
     void synchronize() const;
 
+    // A search call whose inputs and answers are staged in page-locked
+    // memory may let other host threads queue work on this context's
+    // stream while it waits for its own: yield(arg) is called once the
+    // call's device work is queued, before it waits, and reclaim(arg) once
+    // it has read its answers (also when the wait fails). The caller's own
+    // locking decides who may use the context in between (the GPU
+    // process's device lease); the call touches nothing of the context but
+    // its own staging and event meanwhile. None by default: the context is
+    // one thread's. Set and read under the caller's exclusive use.
+    struct WaitHandover {
+        void (*yield)(void*) = nullptr;
+        void (*reclaim)(void*) = nullptr;
+        void* arg = nullptr;
+    };
+    void set_wait_handover(const WaitHandover& h);
+    WaitHandover wait_handover() const;
+
     size_t budget() const;
     size_t bytes_in_use() const;   // live allocations, scratch included
     size_t bytes_peak() const;
