@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <new>
 #include <tuple>
 
@@ -251,26 +252,34 @@ void QueryServer::run_jobs()
     }
 }
 
-uint64_t BatchPacer::latest_other(int t) const
+uint64_t BatchPacer::device_free(int t, size_t devices) const
 {
-    uint64_t end = 0;
+    uint64_t ends[queue::kMaxServers];
+    size_t n = 0;
     for (int u = 0; u < queue::kMaxServers; u++)
-        if (u != t)
-            end = std::max(end, end_[u].load(std::memory_order_acquire));
-    return end;
+        if (u != t) {
+            const uint64_t e = end_[u].load(std::memory_order_acquire);
+            if (e != 0)
+                ends[n++] = e;
+        }
+    devices = std::max<size_t>(devices, 1);
+    if (n < devices)
+        return 0;
+    std::nth_element(ends, ends + (devices - 1), ends + n, std::greater<uint64_t>());
+    return ends[devices - 1];
 }
 
-uint64_t BatchPacer::wait_ns(int t, uint64_t now) const
+uint64_t BatchPacer::wait_ns(int t, uint64_t now, size_t devices) const
 {
-    const uint64_t end = latest_other(t);
+    const uint64_t end = device_free(t, devices);
     if (end == 0 || now + lead_ >= end)
         return 0;
     return std::min(end - lead_ - now, max_wait_);
 }
 
-void BatchPacer::begins(int t, uint64_t now)
+void BatchPacer::begins(int t, uint64_t now, size_t devices)
 {
-    end_[t].store(std::max(now, latest_other(t)) + batch_ns(), std::memory_order_release);
+    end_[t].store(std::max(now, device_free(t, devices)) + batch_ns(), std::memory_order_release);
 }
 
 void BatchPacer::ends(int t, uint64_t start, uint64_t end)
@@ -290,10 +299,11 @@ void BatchPacer::ends(int t, uint64_t start, uint64_t end)
 
 void QueryServer::pace(int t)
 {
+    const size_t devices = devices_.alive_devices().size();
     const uint64_t until = queue::now_ns() + kPipelineMaxWaitNs;
     while (!stop_.load(std::memory_order_relaxed)) {
         const uint64_t now = queue::now_ns();
-        const uint64_t left = now >= until ? 0 : std::min(pacer_.wait_ns(t, now), until - now);
+        const uint64_t left = now >= until ? 0 : std::min(pacer_.wait_ns(t, now, devices), until - now);
         if (left == 0)
             return;
         // Sleep most of the way (the thread's timer slack is 1 us: loop),
@@ -721,7 +731,7 @@ void QueryServer::serve_batch(int t, std::vector<Held>& ready)
                     uint64_t& end;
                     ~InFlight() { p.ends(t, start, end); }
                 } in_flight{pacer_, t, device_start, device_end};
-                pacer_.begins(t, queue::now_ns());
+                pacer_.begins(t, queue::now_ns(), devices_.alive_devices().size());
                 device_start = queue::now_ns();
                 dists = run_search(*mirror, queries.data(), nq, d, k, r0.nprobe,
                                       filtered ? key_lo.data() : nullptr, filtered ? key_hi.data() : nullptr,

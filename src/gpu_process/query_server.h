@@ -35,20 +35,23 @@ namespace gpuivfpq {
 namespace gpuproc {
 
 // When serving threads take their searches so that their batches queue
-// on the device one behind the other (QueryServer::kPipelineLeadNs): each
+// on the devices one behind the other (QueryServer::kPipelineLeadNs): each
 // thread's batch in flight has an expected end, from a moving average of
-// the time a batch keeps the device, counted from when the device could
+// the time a batch keeps a device, counted from when the device could
 // start it (its own start, or the end of the batch queued before it).
-// Thread-safe; times in ns of one clock.
+// With `devices` devices, a device is free once fewer than that many of
+// the other batches are expected to run past a moment: the devices-th
+// latest expected end. Thread-safe; times in ns of one clock.
 class BatchPacer {
 public:
     BatchPacer(uint64_t lead_ns, uint64_t max_wait_ns) : lead_(lead_ns), max_wait_(max_wait_ns) {}
     // How much longer thread t should wait at now before taking searches
-    // (0: take them now): until the latest expected end of the other
-    // threads' batches is within the lead, and never more than max_wait.
-    uint64_t wait_ns(int t, uint64_t now) const;
-    // Thread t's batch goes to the device at now: queued behind the others.
-    void begins(int t, uint64_t now);
+    // (0: take them now): until a device is free within the lead, and
+    // never more than max_wait.
+    uint64_t wait_ns(int t, uint64_t now, size_t devices = 1) const;
+    // Thread t's batch goes to a device at now: queued behind the batch
+    // that frees one first when every device is taken.
+    void begins(int t, uint64_t now, size_t devices = 1);
     // It came back: started (was handed to the device) at start, ended at
     // end; start 0 (a call that failed): no time is learnt from it.
     void ends(int t, uint64_t start, uint64_t end);
@@ -56,7 +59,9 @@ public:
     uint64_t expected_end(int t) const { return end_[t].load(std::memory_order_acquire); }
 
 private:
-    uint64_t latest_other(int t) const;
+    // The devices-th latest expected end of the other threads' batches
+    // (0: fewer are in flight).
+    uint64_t device_free(int t, size_t devices) const;
     const uint64_t lead_, max_wait_;
     std::atomic<uint64_t> end_[queue::kMaxServers] = {};
     std::atomic<uint64_t> last_end_{0};

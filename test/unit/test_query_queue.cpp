@@ -563,8 +563,21 @@ TEST(BatchPacer, BatchesQueueOneBehindTheOther)
     p.ends(2, 0, 0);  // a failed call teaches nothing
     EXPECT_EQ(p.batch_ns(), 100 * us);
 
+    // Two devices: a thread waits only while both are taken, until one of
+    // them frees (the second latest end), and a batch then queues there.
+    p.begins(0, 3000 * us, 2);  // ends 3100
+    EXPECT_EQ(p.wait_ns(1, 3000 * us, 2), 0u);  // the other device is free
+    p.begins(1, 3000 * us, 2);  // on the other device: ends 3100 too
+    p.ends(0, 3000 * us, 3100 * us);
+    p.begins(0, 3100 * us, 2);  // ends 3200
+    EXPECT_EQ(p.wait_ns(2, 3010 * us, 2), 60 * us);  // 3100 - 30 - 3010
+    p.begins(2, 3070 * us, 2);  // behind the one that frees at 3100
+    EXPECT_EQ(p.expected_end(2), 3200 * us);
+    for (int u : {0, 1, 2})
+        p.ends(u, 0, 0);
+
     // An estimate gone wrong costs no more than the cap.
-    p.ends(0, 3000 * us, 3000 * us + 100000 * us);
+    p.ends(0, 4000 * us, 4000 * us + 100000 * us);
     p.begins(0, 200000 * us);
     EXPECT_EQ(p.wait_ns(1, 200000 * us), 500 * us);
 }
