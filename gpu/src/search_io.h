@@ -77,12 +77,14 @@ struct SearchIo {
         GpuContext::WaitHandover h;
         explicit HandedOver(const GpuContext::WaitHandover& w) : h(w)
         {
+            if (!h.yield || !h.reclaim)
+                h = GpuContext::WaitHandover{};  // both or none
             if (h.yield)
                 h.yield(h.arg);
         }
         ~HandedOver()
         {
-            if (h.yield && h.reclaim)
+            if (h.reclaim)
                 h.reclaim(h.arg);
         }
         HandedOver(const HandedOver&) = delete;
