@@ -154,7 +154,7 @@ _PG_init(void)
 							NULL, NULL, NULL);
 	DefineCustomIntVariable("gpu_ivfpq.batches_in_flight",
 							"How many scan batches the GPU process runs at once (0 = one per GPU).",
-							"Each batch has a serving thread of the GPU process: on several GPUs they run side by side, each on the least busy replica.",
+							"Each batch has a serving thread of the GPU process: on several GPUs they run side by side, each on the least busy replica; on one GPU a batch is queued behind the one running, taken when that one is about to end.",
 							&gpu_ivfpq_batches_in_flight, 0, 0, 8, PGC_SIGHUP, 0, NULL, NULL, NULL);
 	DefineCustomIntVariable("gpu_ivfpq.gpu_timeout",
 							"How long the GPU service waits for one GPU call before it restarts the GPU process (0 = no limit).",
