@@ -568,8 +568,24 @@ void GpuRabitqIndex::search(const float* queries, size_t nq, size_t k, size_t np
     require(queries && dist && labels, "GPU RaBitQ search: null pointer");
     const size_t ld = nprobe * std::max<size_t>(I.max_len, 1);
     const size_t tile = std::max<size_t>(1, std::min<size_t>({nq, kTileBytes / (ld * sizeof(float)), 65535}));
+    // A handover (GpuContext::WaitHandover) lets go of the context for good
+    // at its call's wait: only the last tile's call may use it.
+    const GpuContext::WaitHandover handover = I.io_ctx.wait_handover();
+    struct Restore {
+        GpuContext& c;
+        GpuContext::WaitHandover h;
+        bool armed = true;
+        ~Restore()
+        {
+            if (armed)
+                c.set_wait_handover(h);
+        }
+    } restore{I.io_ctx, handover};
     for (size_t t0 = 0; t0 < nq; t0 += tile) {
         const size_t nt = std::min(tile, nq - t0);
+        const bool last = t0 + nt >= nq;
+        I.io_ctx.set_wait_handover(last ? handover : GpuContext::WaitHandover{});
+        restore.armed = !last;  // the last call's handover is its own to use
         KeyRange r;
         if (ranges) {
             r.lo = ranges->lo + t0;

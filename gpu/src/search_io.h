@@ -14,6 +14,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <thread>
 
 #include "context_impl.h"
 #include "cuda_check.h"
@@ -52,24 +53,36 @@ struct SearchIo {
         std::atomic<bool> busy{false};
     };
     std::deque<IoSlot> io_slots;
+    // At most this many slots an index (each up to kStagedIoBytes of
+    // page-locked memory): a call finding them all taken waits for one,
+    // which its holder gives back once it has read its answers, without the
+    // context (so the wait cannot be for the caller itself).
+    static constexpr size_t kMaxIoSlots = 4;
     IoSlot& take_slot()
     {
-        for (IoSlot& s : io_slots) {
-            bool idle = false;
-            if (s.busy.compare_exchange_strong(idle, true, std::memory_order_acquire))
+        for (;;) {
+            for (IoSlot& s : io_slots) {
+                bool idle = false;
+                if (s.busy.compare_exchange_strong(idle, true, std::memory_order_acquire))
+                    return s;
+            }
+            if (io_slots.size() < kMaxIoSlots) {
+                IoSlot& s = io_slots.emplace_back();
+                s.busy.store(true, std::memory_order_relaxed);
                 return s;
+            }
+            std::this_thread::yield();
         }
-        IoSlot& s = io_slots.emplace_back();
-        s.busy.store(true, std::memory_order_relaxed);
-        return s;
     }
     struct SlotHeld {
         IoSlot* s;
-        ~SlotHeld()
+        void release()
         {
             if (s)
                 s->busy.store(false, std::memory_order_release);
+            s = nullptr;
         }
+        ~SlotHeld() { release(); }
     };
     // Between a call's yield and reclaim (GpuContext::WaitHandover):
     // reclaimed at the end of the scope, a failed wait included.
@@ -295,6 +308,7 @@ struct SearchIo {
             std::memcpy(labels, hl, nq * k * sizeof(int64_t));
             if (nm)
                 std::memcpy(ranges->matched, hm, nq * sizeof(int64_t));
+            held.release();  // before the reclaim: a slot never waits on the context
         }
         if (!timed)
             return;

@@ -5,6 +5,8 @@
 // metric, code widths with 16-, 4- and 1-byte code loads, odd dimensions,
 // k and nprobe up to the path's limit, key ranges, and the shapes that must
 // keep the staged path.
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -599,12 +601,16 @@ struct TakeTurns {
     std::mutex m;
     gpuivfpq::gpu::GpuContext* c = nullptr;
     std::atomic<int> waiting{0}, most{0};
+    std::atomic<int> pending_at_yield{0};  // yields with the call's work not yet done
 };
 struct Turn {
     TakeTurns* t;
     static void yield(void* p)
     {
         Turn& u = *static_cast<Turn*>(p);
+        // Yielded before the wait: the call's own work is still queued.
+        if (cudaStreamQuery(static_cast<cudaStream_t>(u.t->c->stream())) == cudaErrorNotReady)
+            u.t->pending_at_yield++;
         const int w = u.t->waiting.fetch_add(1) + 1;
         int most = u.t->most.load();
         while (w > most && !u.t->most.compare_exchange_weak(most, w)) {
@@ -614,8 +620,8 @@ struct Turn {
     static void reclaim(void* p)
     {
         Turn& u = *static_cast<Turn*>(p);
+        u.t->waiting.fetch_sub(1);  // its wait is over: it no longer counts
         u.t->m.lock();
-        u.t->waiting.fetch_sub(1);
         u.t->c->set_wait_handover({&Turn::yield, &Turn::reclaim, p});
     }
 };
@@ -678,5 +684,6 @@ TEST(SmallBatch, HandedOverCallsQueueBehindEachOther)
         t.join();
     EXPECT_EQ(wrong.load(), 0);
     EXPECT_GE(turns.most.load(), 2) << "no two calls waited at once";
+    EXPECT_GT(turns.pending_at_yield.load(), 0) << "no call yielded before its work was done";
     EXPECT_EQ(turns.waiting.load(), 0);
 }

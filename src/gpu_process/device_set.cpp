@@ -105,33 +105,43 @@ DeviceSet::Lease::Lease(DeviceSet& set, size_t i) : set_(set), i_(i)
     Slot& s = *set_.slots_[i];
     s.waiting++;
     lock_ = std::unique_lock<std::mutex>(s.mu);
-    start_ns_ = now_ns();
-    s.dev->set_wait_handover(&Lease::yield, &Lease::reclaim, this);
+    std::lock_guard<std::mutex> g(s.acct);
+    if (s.active++ == 0)
+        s.active_since_ns = now_ns();
 }
 
 DeviceSet::Lease::~Lease()
 {
     Slot& s = *set_.slots_[i_];
-    s.dev->set_wait_handover(nullptr, nullptr, nullptr);
-    // Leases overlap while one waits handed over: their union is counted.
-    const uint64_t end = now_ns(), from = std::max(start_ns_, s.busy_until_ns);
-    if (end > from)
-        s.busy_ns += end - from;
-    s.busy_until_ns = std::max(s.busy_until_ns, end);
+    if (held() && installed_)
+        s.dev->set_wait_handover(nullptr, nullptr, nullptr);
+    {
+        std::lock_guard<std::mutex> g(s.acct);
+        if (--s.active == 0)
+            s.busy_ns += now_ns() - s.active_since_ns;
+    }
     s.waiting--;
+}
+
+void DeviceSet::Lease::hand_over_at_wait()
+{
+    if (!held() || installed_)
+        return;
+    set_.slots_[i_]->dev->set_wait_handover(&Lease::yield, &Lease::keep_away, this);
+    installed_ = true;
 }
 
 void DeviceSet::Lease::yield(void* lease)
 {
-    static_cast<Lease*>(lease)->lock_.unlock();
+    Lease& l = *static_cast<Lease*>(lease);
+    // The next holder installs its own handover, or none.
+    l.set_.slots_[l.i_]->dev->set_wait_handover(nullptr, nullptr, nullptr);
+    l.lock_.unlock();
 }
 
-void DeviceSet::Lease::reclaim(void* lease)
+void DeviceSet::Lease::keep_away(void*)
 {
-    Lease& l = *static_cast<Lease*>(lease);
-    l.lock_.lock();
-    // Another thread's lease held the device meanwhile and set its own.
-    l.set_.slots_[l.i_]->dev->set_wait_handover(&Lease::yield, &Lease::reclaim, &l);
+    // The call has its answers: the device stays with whoever holds it now.
 }
 
 size_t DeviceSet::least_busy(const std::vector<size_t>& candidates) const

@@ -59,11 +59,9 @@ public:
     void set_budget(size_t bytes);
     size_t budget(size_t i) const { return slots_[i]->budget; }
 
-    // Exclusive use of one device by the calling thread; counts the use.
-    // A search call under it lets go of the device while it waits for its
-    // own work and takes it back after (ComputeDevice::set_wait_handover),
-    // so that another thread's batch is queued on the device meanwhile and
-    // starts as this one ends. Busy time counts the union of the leases.
+    // Exclusive use of one device by the calling thread; counts the use
+    // (busy time: the union of the leases, which overlap once one is
+    // handed over).
     class Lease {
     public:
         Lease(DeviceSet& set, size_t i);
@@ -72,14 +70,23 @@ public:
         Lease& operator=(const Lease&) = delete;
         size_t index() const { return i_; }
         ComputeDevice& device() { return set_.device(i_); }
+        // The next search call under this lease lets go of the device for
+        // good once its work is queued, before it waits for it
+        // (ComputeDevice::set_wait_handover), so that another thread's
+        // batch is queued behind it and starts as it ends; the call then
+        // reads its answers and returns without the device. So it must be
+        // the lease's last use of the device.
+        void hand_over_at_wait();
+        // Whether the lease still holds the device.
+        bool held() const { return lock_.owns_lock(); }
 
     private:
         static void yield(void* lease);
-        static void reclaim(void* lease);
+        static void keep_away(void* lease);
         DeviceSet& set_;
         size_t i_;
         std::unique_lock<std::mutex> lock_;
-        uint64_t start_ns_;
+        bool installed_ = false;
     };
     // The device among candidates with the fewest calls running or waiting
     // (ties: the one with fewer queries so far), for a replica's search.
@@ -101,7 +108,11 @@ private:
         std::atomic<bool> alive{true};
         std::atomic<int> waiting{0};
         std::atomic<uint64_t> queries{0}, batches{0}, busy_ns{0};
-        uint64_t busy_until_ns = 0;  // the latest lease's end (under mu)
+        // Leases under way and since when (under acct): busy time is
+        // counted while at least one is.
+        std::mutex acct;
+        int active = 0;
+        uint64_t active_since_ns = 0;
         size_t budget = 0;
     };
     std::vector<std::unique_ptr<Slot>> slots_;

@@ -59,27 +59,39 @@ void PlacedMirror::drop_failed()
 
 // Runs call on part j's device; a failure that left the device unusable
 // marks it failed (the caller may retry elsewhere).
-void PlacedMirror::run_on(size_t j, const std::function<void(Mirror&)>& call)
+void PlacedMirror::run_on(size_t j, const std::function<void(Mirror&)>& call, bool hand_over)
 {
     DeviceSet::Lease lease(set_, devices_[j]);
+    if (hand_over)
+        lease.hand_over_at_wait();
     try {
         call(*parts_[j]);
     } catch (const Error& e) {
-        if (e.kind() == ErrorKind::Internal)
-            (void)set_.check_health(devices_[j]);
+        if (e.kind() == ErrorKind::Internal) {
+            // The health check waits on the device's stream: not while
+            // another thread may be using it.
+            if (lease.held()) {
+                (void)set_.check_health(devices_[j]);
+            } else {
+                DeviceSet::Lease again(set_, devices_[j]);
+                (void)set_.check_health(devices_[j]);
+            }
+        }
         throw;
     }
 }
 
-void PlacedMirror::on_replicas(size_t nq, size_t tile, const Call& call)
+void PlacedMirror::on_replicas(size_t nq, size_t tile, const Call& call, bool hand_over)
 {
     // A share of queries in tiles (bounded device scratch), on one replica.
     auto run_share = [&](size_t j, size_t first, size_t count) {
+        const size_t step = tile == 0 ? std::max<size_t>(count, 1) : tile;
+        // A share of one call hands the device over while it waits; one of
+        // several tiles keeps it for the next.
         run_on(j, [&](Mirror& m) {
-            size_t step = tile == 0 ? std::max<size_t>(count, 1) : tile;
             for (size_t t = 0; t < count; t += step)
                 call(m, first + t, std::min(step, count - t));
-        });
+        }, hand_over && count <= step);
         set_.count_search(devices_[j], count);
     };
     for (;;) {
@@ -203,7 +215,7 @@ void PlacedMirror::search(const float* queries, size_t nq, size_t k, size_t npro
             KeyRanges r;
             m.search(queries + first * d_, count, k, nprobe, dist + first * k, labels + first * k,
                      sub_ranges(ranges, first, r));
-        });
+        }, true);
         return;
     }
     for (size_t t = 0; t < nq; t += kTile) {
@@ -242,7 +254,7 @@ void PlacedMirror::search_exact(const float* queries, size_t nq, size_t k, size_
             KeyRanges r;
             m.search_exact(queries + first * d_, count, k, nprobe, dist + first * k, labels + first * k,
                            sub_ranges(ranges, first, r));
-        });
+        }, true);
         return;
     }
     for (size_t t = 0; t < nq; t += kTile) {

@@ -66,9 +66,14 @@ private:
     using Call = std::function<void(Mirror&, size_t first, size_t count)>;
     // call(mirror, first, count) over [0, nq): one replica, or a share each;
     // within a share in tiles of tile queries (0: one call).
-    void on_replicas(size_t nq, size_t tile, const Call& call);
+    // hand_over: a share of one call lets go of its device while that call
+    // waits (searches: each Mirror call is one device call that hands over
+    // at most at its end).
+    void on_replicas(size_t nq, size_t tile, const Call& call, bool hand_over = false);
     void on_shards(size_t nq, const std::function<void(Mirror&, size_t shard)>& call);
-    void run_on(size_t part, const std::function<void(Mirror&)>& call);
+    // hand_over: call makes one search call, the lease's last use of the
+    // device, which lets go of it while it waits (DeviceSet::Lease).
+    void run_on(size_t part, const std::function<void(Mirror&)>& call, bool hand_over = false);
     void shard_search(const float* queries, size_t nq, size_t k, size_t nprobe, float* dist, int64_t* labels,
                       const KeyRanges* ranges);
     void shard_search_exact(const float* queries, size_t nq, size_t k, size_t nprobe, double* dist,

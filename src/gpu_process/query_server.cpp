@@ -282,7 +282,7 @@ void BatchPacer::begins(int t, uint64_t now, size_t devices)
     end_[t].store(std::max(now, device_free(t, devices)) + batch_ns(), std::memory_order_release);
 }
 
-void BatchPacer::ends(int t, uint64_t start, uint64_t end)
+void BatchPacer::ends(int t, uint64_t start, uint64_t end, size_t devices)
 {
     end_[t].store(0, std::memory_order_release);
     if (start == 0 || end <= start)
@@ -291,7 +291,11 @@ void BatchPacer::ends(int t, uint64_t start, uint64_t end)
     const uint64_t prev = before;
     while (before < end && !last_end_.compare_exchange_weak(before, end, std::memory_order_acq_rel))
         ;
-    const uint64_t from = std::max(start, std::min(prev, end));
+    // On one device a batch queued behind another starts when that one
+    // ends; on several, the last end may be another device's, and the
+    // call's own time is taken (a batch queued behind another there
+    // counts its wait too).
+    const uint64_t from = devices <= 1 ? std::max(start, std::min(prev, end)) : start;
     const uint64_t took = end - from;
     const uint64_t avg = batch_ns_.load(std::memory_order_relaxed);
     batch_ns_.store(avg == 0 ? took : (avg * 7 + took) / 8, std::memory_order_relaxed);
@@ -444,8 +448,12 @@ void QueryServer::fail_group(const Item* items, size_t n, queue::Result result, 
         st.failed.fetch_add(n, std::memory_order_relaxed);
     if (result == queue::Result::Error) {
         std::shared_lock<DeviceLock> lock(device_lock_);
-        for (size_t dev : devices_.alive_devices())
+        for (size_t dev : devices_.alive_devices()) {
+            // The check waits on the device's stream: not while another
+            // thread uses it (a graph capture there would fail it).
+            DeviceSet::Lease lease(devices_, dev);
             (void)devices_.check_health(dev);
+        }
         if (devices_.alive_devices().empty() && on_device_failed_ != nullptr)
             on_device_failed_();
     }
@@ -729,8 +737,9 @@ void QueryServer::serve_batch(int t, std::vector<Held>& ready)
                     int t;
                     uint64_t& start;
                     uint64_t& end;
-                    ~InFlight() { p.ends(t, start, end); }
-                } in_flight{pacer_, t, device_start, device_end};
+                    size_t devices;
+                    ~InFlight() { p.ends(t, start, end, devices); }
+                } in_flight{pacer_, t, device_start, device_end, devices_.alive_devices().size()};
                 pacer_.begins(t, queue::now_ns(), devices_.alive_devices().size());
                 device_start = queue::now_ns();
                 dists = run_search(*mirror, queries.data(), nq, d, k, r0.nprobe,

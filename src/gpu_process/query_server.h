@@ -54,7 +54,7 @@ public:
     void begins(int t, uint64_t now, size_t devices = 1);
     // It came back: started (was handed to the device) at start, ended at
     // end; start 0 (a call that failed): no time is learnt from it.
-    void ends(int t, uint64_t start, uint64_t end);
+    void ends(int t, uint64_t start, uint64_t end, size_t devices = 1);
     uint64_t batch_ns() const { return batch_ns_.load(std::memory_order_relaxed); }
     uint64_t expected_end(int t) const { return end_[t].load(std::memory_order_acquire); }
 

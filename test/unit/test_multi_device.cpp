@@ -490,45 +490,56 @@ private:
     void* arg_ = nullptr;
 };
 
-// A call waiting for its device work hands the device over (as the CUDA
-// device's search calls do): another thread's lease is granted meanwhile,
-// so that its batch is queued behind; the waiting call then takes the
-// device back with its own handover, and the device's busy time counts
-// the overlapping leases once. Without the handover the second lease would
-// wait for the first, which waits for the second: the test times out.
+// A lease that opts in (hand_over_at_wait, as a replica's search share
+// does) lets go of its device for good when its call yields (as the CUDA
+// device's search calls do once their work is queued): another thread's
+// lease is granted at once, so that its batch is queued behind; a lease
+// that does not opt in installs no handover; and the device's busy time
+// is the union of the overlapping leases, from the first one's start to
+// the last one's end. Without the handover the second lease would wait
+// for the first, which waits for the second: the waits time out and fail.
 TEST(MultiDevice, ALeaseHandsTheDeviceOverWhileItsCallWaits)
 {
     HandoverDevice dev;
     DeviceSet set(dev);
     std::mutex m;
     std::condition_variable cv;
-    bool yielded = false, second_done = false;
+    bool yielded = false, second_done = false, second_ran = false;
+    bool held_after = true, took_turn = false;
     void* first_arg = nullptr;
-    bool took_back = false, restored = false;
+    void* second_sees = &dev;
     const auto t0 = std::chrono::steady_clock::now();
     std::thread first([&] {
         DeviceSet::Lease lease(set, 0);
+        EXPECT_EQ(dev.handover().arg, nullptr);  // none until asked for
+        lease.hand_over_at_wait();
         const HandoverDevice::Handover h = dev.handover();
-        ASSERT_NE(h.yield, nullptr);
         first_arg = h.arg;
-        h.yield(h.arg);  // the call's work is queued: it waits
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));  // staging and queuing
+        if (h.yield != nullptr && h.reclaim != nullptr) {
+            h.yield(h.arg);  // the call's work is queued: it waits
+            held_after = lease.held();
+        }
         {
             std::unique_lock<std::mutex> g(m);
             yielded = true;
             cv.notify_all();
-            took_back = cv.wait_for(g, std::chrono::seconds(10), [&] { return second_done; });
+            took_turn = cv.wait_for(g, std::chrono::seconds(10), [&] { return second_done; });
         }
-        h.reclaim(h.arg);
-        restored = dev.handover().arg == first_arg;
+        if (h.reclaim != nullptr)
+            h.reclaim(h.arg);  // the answers are read: the device stays with the other
+        EXPECT_FALSE(lease.held());
     });
     std::thread second([&] {
         {
             std::unique_lock<std::mutex> g(m);
-            cv.wait(g, [&] { return yielded; });
+            if (!cv.wait_for(g, std::chrono::seconds(10), [&] { return yielded; }))
+                return;
         }
         {
             DeviceSet::Lease lease(set, 0);  // granted while the first waits
-            EXPECT_NE(dev.handover().arg, first_arg);
+            second_sees = dev.handover().arg;
+            second_ran = true;
             std::this_thread::sleep_for(std::chrono::milliseconds(20));
         }
         std::lock_guard<std::mutex> g(m);
@@ -540,13 +551,16 @@ TEST(MultiDevice, ALeaseHandsTheDeviceOverWhileItsCallWaits)
     const uint64_t wall = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                        std::chrono::steady_clock::now() - t0)
                                        .count());
-    EXPECT_TRUE(took_back);
-    EXPECT_TRUE(restored);  // its own handover again, for its next call
-    EXPECT_EQ(dev.handover().arg, nullptr);  // no lease: none
+    EXPECT_NE(first_arg, nullptr);
+    EXPECT_FALSE(held_after);
+    EXPECT_TRUE(second_ran);
+    EXPECT_TRUE(took_turn);
+    EXPECT_EQ(second_sees, nullptr);  // the first's handover went with it
+    EXPECT_EQ(dev.handover().arg, nullptr);
     const std::vector<DeviceInfo> info = set.info({0});
     ASSERT_EQ(info.size(), 1u);
-    EXPECT_GE(info[0].busy_ns, uint64_t(20000000));
-    EXPECT_LE(info[0].busy_ns, wall);  // the union, not the sum
+    EXPECT_GE(info[0].busy_ns, uint64_t(30000000));  // 10 ms alone, then 20 overlapped
+    EXPECT_LE(info[0].busy_ns, wall);                // the union, not the sum
 }
 
 }  // namespace
