@@ -207,13 +207,17 @@ struct SearchIo {
         // An error after device work was queued leaves that work reading or
         // writing the staging: the stream is drained before the staging
         // can be written again (by the next call) or freed.
+        // Once the call's event is recorded, that event is what is waited
+        // for: the call may no longer hold the context (a handover), and
+        // another thread may be capturing a graph on its stream.
         struct DrainOnError {
             cudaStream_t s;
             bool armed;
+            cudaEvent_t ev = nullptr;
             ~DrainOnError()
             {
                 if (armed && std::uncaught_exceptions() > 0 &&
-                    cudaStreamSynchronize(s) != cudaSuccess)
+                    (ev ? cudaEventSynchronize(ev) : cudaStreamSynchronize(s)) != cudaSuccess)
                     (void)cudaGetLastError();
             }
         } drain{stream, staged_io};
@@ -302,6 +306,7 @@ struct SearchIo {
             // stream): with the context handed over, other threads' calls
             // may be queued behind it meanwhile.
             GPU_CUDA_CHECK(cudaEventRecord(held.s->done, stream));
+            drain.ev = held.s->done;
             HandedOver over(stages != nullptr ? GpuContext::WaitHandover{} : ctx.wait_handover());
             GPU_CUDA_CHECK(cudaEventSynchronize(held.s->done));
             std::memcpy(dist, hd, nq * k * sizeof(Dist));
