@@ -7,10 +7,10 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <atomic>
 #include <cstring>
 #include <deque>
 #include <exception>

@@ -140,9 +140,10 @@ public:
     virtual void unpin_host(void* /*p*/) {}
     // While a search call of the calling thread waits for its own device
     // work, it may let other threads queue theirs: it calls yield(arg)
-    // before the wait and reclaim(arg) after (DeviceSet::Lease sets this
-    // for the thread that holds the device; null: none). Devices whose
-    // calls finish before they return (the CPU emulation) ignore it.
+    // before the wait and reclaim(arg) after (a DeviceSet::Lease that asks
+    // for it sets this for its thread, which then lets go of the device for
+    // good; null: none). Devices whose calls finish before they return
+    // (the CPU emulation) ignore it.
     virtual void set_wait_handover(void (* /*yield*/)(void*), void (* /*reclaim*/)(void*), void* /*arg*/) {}
     // Whether the device still works after a failed call: false after a
     // sticky error (a CUDA context that every later call would fail on),
