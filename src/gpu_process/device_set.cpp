@@ -43,6 +43,14 @@ DeviceSet::DeviceSet(ComputeDevice& only)
     set_budget(0);
 }
 
+size_t DeviceSet::alive_count() const
+{
+    size_t n = 0;
+    for (size_t i = 0; i < slots_.size(); i++)
+        n += alive(i) ? 1 : 0;
+    return n;
+}
+
 std::vector<size_t> DeviceSet::alive_devices() const
 {
     std::vector<size_t> out;

@@ -42,6 +42,7 @@ public:
     ComputeDevice& device(size_t i) { return *slots_[i]->dev; }
     bool alive(size_t i) const { return slots_[i]->alive.load(); }
     std::vector<size_t> alive_devices() const;
+    size_t alive_count() const;  // alive_devices().size(), with no allocation
     // After a failed call on device i: false (and the device marked failed)
     // when the device is no longer usable.
     bool check_health(size_t i);

@@ -303,7 +303,7 @@ void BatchPacer::ends(int t, uint64_t start, uint64_t end, size_t devices)
 
 void QueryServer::pace(int t)
 {
-    const size_t devices = devices_.alive_devices().size();
+    const size_t devices = devices_.alive_count();
     const uint64_t until = queue::now_ns() + kPipelineMaxWaitNs;
     while (!stop_.load(std::memory_order_relaxed)) {
         const uint64_t now = queue::now_ns();
@@ -739,8 +739,8 @@ void QueryServer::serve_batch(int t, std::vector<Held>& ready)
                     uint64_t& end;
                     size_t devices;
                     ~InFlight() { p.ends(t, start, end, devices); }
-                } in_flight{pacer_, t, device_start, device_end, devices_.alive_devices().size()};
-                pacer_.begins(t, queue::now_ns(), devices_.alive_devices().size());
+                } in_flight{pacer_, t, device_start, device_end, devices_.alive_count()};
+                pacer_.begins(t, queue::now_ns(), in_flight.devices);
                 device_start = queue::now_ns();
                 dists = run_search(*mirror, queries.data(), nq, d, k, r0.nprobe,
                                       filtered ? key_lo.data() : nullptr, filtered ? key_hi.data() : nullptr,
